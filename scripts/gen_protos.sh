@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Regenerates the committed Python stubs (and their .pyi) from protos/.
+# CI runs this and fails when the result differs from what is committed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -f quarry/v1/*_pb2.py quarry/v1/*_pb2.pyi quarry/v1/*_pb2_grpc.py quarry/v1/*_pb2_grpc.pyi
+python -m grpc_tools.protoc \
+  --proto_path=protos \
+  --python_out=. \
+  --mypy_out=. \
+  --grpc_python_out=. \
+  --mypy_grpc_out=. \
+  protos/quarry/v1/*.proto
