@@ -288,7 +288,7 @@ class AppendRequest(_message.Message):
     SOURCES_FIELD_NUMBER: _builtins.int
     thread_id: _builtins.str
     request_id: _builtins.str
-    """Idempotency key, unique per thread (up to 128 printable ASCII characters,
+    """Required idempotency key, unique per thread (up to 128 printable ASCII characters,
     no spaces). Retrying with the same key returns the original entry.
     """
     kind: Global___EntryKind.ValueType

@@ -1,0 +1,97 @@
+"""The `quarry` command: `serve` one service, or bring the whole mesh `up`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from quarry.config import QuarrySettings
+from quarry.services import SERVICES
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quarry", description="Quarry deep-research mesh")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run one service in the foreground")
+    serve.add_argument("service", choices=sorted(SERVICES))
+    serve.add_argument("--address", help="HOST:PORT to listen on (port 0 picks a free one)")
+    serve.add_argument("--port-file", type=Path, help="write the bound HOST:PORT here once serving")
+
+    up = commands.add_parser("up", help="start every service as its own process")
+    up.add_argument("--data-dir", type=Path, help="where SQLite databases live (default: QUARRY_DATA_DIR)")
+    up.add_argument(
+        "--ephemeral-ports", action="store_true", help="bind every service to a free port instead of its default"
+    )
+    up.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for each service")
+    return parser
+
+
+def _configure_logging(level: str, service: str) -> None:
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    logging.basicConfig(
+        level=level.upper(),
+        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def _serve(service_name: str, address: str | None, port_file: Path | None) -> int:
+    spec = SERVICES[service_name]
+    common = QuarrySettings()
+    settings = spec.settings(**({"address": address} if address else {}))
+    host = await spec.build(settings, common)
+    from quarry.server import serve_until_signalled
+
+    async def announce_port() -> None:
+        await host.wait_started()
+        if port_file is not None:
+            tmp = port_file.with_suffix(".tmp")
+            tmp.write_text(host.address)
+            tmp.replace(port_file)  # atomic: readers never see a partial address
+
+    announcer = asyncio.create_task(announce_port())
+    try:
+        await serve_until_signalled(host)
+    finally:
+        announcer.cancel()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        common = QuarrySettings()
+    except ValidationError as error:
+        print(f"quarry: invalid configuration:\n{error}", file=sys.stderr)
+        return 2
+    if args.command == "serve":
+        _configure_logging(common.log_level, args.service)
+        try:
+            return asyncio.run(_serve(args.service, args.address, args.port_file))
+        except ValidationError as error:
+            print(f"quarry: invalid configuration:\n{error}", file=sys.stderr)
+            return 2
+    if args.command == "up":
+        from quarry.launcher import Announcer, run_mesh
+
+        if args.data_dir:
+            os.environ["QUARRY_DATA_DIR"] = str(args.data_dir.resolve())
+        addresses = {name: "127.0.0.1:0" for name in SERVICES} if args.ephemeral_ports else {}
+        return asyncio.run(
+            run_mesh(
+                list(SERVICES),
+                addresses=addresses,
+                ready_timeout=args.ready_timeout,
+                stop_timeout=common.shutdown_grace_seconds + 5.0,
+                announce=Announcer(),
+            )
+        )
+    raise AssertionError(f"unhandled command {args.command}")

@@ -1,0 +1,105 @@
+"""Configuration from QUARRY_* environment variables and an optional TOML file.
+
+Precedence, highest first: explicit arguments, environment variables, the file
+named by QUARRY_CONFIG_FILE (its [quarry] table for shared settings, and one table
+per service, e.g. [scratchpad]), then defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+CONFIG_FILE_ENV = "QUARRY_CONFIG_FILE"
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "quarry"
+
+
+def _config_table(table: str) -> dict[str, Any]:
+    path = os.environ.get(CONFIG_FILE_ENV)
+    if not path:
+        return {}
+    with open(path, "rb") as handle:
+        document = tomllib.load(handle)
+    section = document.get(table, {})
+    if not isinstance(section, dict):
+        raise ValueError(f"{path}: [{table}] must be a table")
+    return section
+
+
+class _Settings(BaseSettings):
+    """Base for settings classes: environment first, then the config file's table."""
+
+    config_table: ClassVar[str]
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        file_settings = InitSettingsSource(settings_cls, init_kwargs=_config_table(cls.config_table))
+        return (init_settings, env_settings, file_settings)
+
+
+class QuarrySettings(_Settings):
+    """Settings every process shares."""
+
+    model_config = SettingsConfigDict(env_prefix="QUARRY_", extra="ignore")
+    config_table: ClassVar[str] = "quarry"
+
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    # Seconds in-flight RPCs get to finish after SIGTERM before they are cancelled.
+    shutdown_grace_seconds: float = Field(default=5.0, ge=0, le=300)
+    log_level: str = "INFO"
+
+
+class ServiceSettings(_Settings):
+    """Settings of one service process; subclasses set the prefix and defaults."""
+
+    service_name: ClassVar[str]
+
+    address: str
+    # SQLAlchemy URL; empty means a SQLite file under the data directory.
+    database_url: str = ""
+
+    @field_validator("address")
+    @classmethod
+    def _address_has_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"address must be HOST:PORT, got {value!r}")
+        return value
+
+    def resolved_database_url(self, data_dir: Path) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{data_dir / f'{self.service_name}.db'}"
+
+
+class ScratchpadSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="QUARRY_SCRATCHPAD_", extra="ignore")
+    config_table: ClassVar[str] = "scratchpad"
+    service_name: ClassVar[str] = "scratchpad"
+
+    address: str = "127.0.0.1:7411"
+    max_content_bytes: int = Field(default=64 * 1024, ge=1, le=16 * 1024 * 1024)
+    max_sources: int = Field(default=32, ge=0, le=1000)
+    # Appends that queue behind one in-flight transaction commit together.
+    max_batch: int = Field(default=256, ge=1, le=10_000)

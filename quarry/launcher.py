@@ -1,0 +1,159 @@
+"""`quarry up`: every service as its own OS process, supervised until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+READY_POLL_SECONDS = 0.1
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+@dataclass
+class RunningService:
+    name: str
+    process: asyncio.subprocess.Process
+    port_file: Path
+    address: str = ""
+
+
+async def _wait_ready(service: RunningService, deadline: float) -> None:
+    """Wait for the child to write its bound address, then for health to say SERVING."""
+    loop = asyncio.get_running_loop()
+    while not service.address:
+        if service.process.returncode is not None:
+            raise LaunchError(f"{service.name} exited with status {service.process.returncode} while starting")
+        if loop.time() > deadline:
+            raise LaunchError(f"{service.name} did not bind an address in time")
+        if service.port_file.exists():
+            service.address = service.port_file.read_text().strip()
+        else:
+            await asyncio.sleep(READY_POLL_SECONDS)
+    async with grpc.aio.insecure_channel(service.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if service.process.returncode is not None:
+                raise LaunchError(f"{service.name} exited with status {service.process.returncode} while starting")
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise LaunchError(f"{service.name} did not report SERVING in time")
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                response = await stub.Check(health_pb2.HealthCheckRequest(), timeout=min(remaining, 2.0))
+                if response.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            await asyncio.sleep(READY_POLL_SECONDS)
+
+
+async def _stop(services: Sequence[RunningService], timeout: float) -> None:
+    """SIGTERM every child (reverse start order), then SIGKILL whoever outlives the timeout."""
+    for service in reversed(services):
+        if service.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                service.process.send_signal(signal.SIGTERM)
+    for service in reversed(services):
+        try:
+            await asyncio.wait_for(service.process.wait(), timeout)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                service.process.kill()
+            await service.process.wait()
+
+
+async def run_mesh(
+    names: Sequence[str],
+    *,
+    addresses: dict[str, str],
+    ready_timeout: float,
+    stop_timeout: float,
+    announce: "Announcer",
+) -> int:
+    """Start the named services, announce them once all serve, and supervise until told to stop.
+
+    Returns 0 after a requested stop, 1 when a service failed to start or died.
+    """
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop_requested.set)
+    services: list[RunningService] = []
+    with tempfile.TemporaryDirectory(prefix="quarry-up-") as run_dir:
+        try:
+            for name in names:
+                port_file = Path(run_dir) / f"{name}.addr"
+                command = [sys.executable, "-m", "quarry", "serve", name, "--port-file", str(port_file)]
+                if name in addresses:
+                    command += ["--address", addresses[name]]
+                process = await asyncio.create_subprocess_exec(*command, env=os.environ.copy())
+                service = RunningService(name, process, port_file)
+                services.append(service)
+                starting = asyncio.create_task(_wait_ready(service, loop.time() + ready_timeout))
+                stopping = asyncio.create_task(stop_requested.wait())
+                await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                stopping.cancel()
+                if stop_requested.is_set():
+                    starting.cancel()
+                    return 0
+                starting.result()
+            announce.ready([(s.name, s.address, s.process.pid) for s in services])
+            exits = [asyncio.create_task(s.process.wait()) for s in services]
+            stopping = asyncio.create_task(stop_requested.wait())
+            done, _ = await asyncio.wait({*exits, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            for task in exits:
+                task.cancel()
+            if stop_requested.is_set():
+                announce.stopping()
+                return 0
+            dead = [s for s in services if s.process.returncode is not None]
+            announce.failed(", ".join(f"{s.name} exited with status {s.process.returncode}" for s in dead))
+            return 1
+        except LaunchError as error:
+            announce.failed(str(error))
+            return 1
+        finally:
+            await _stop(services, stop_timeout)
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+
+
+class Announcer:
+    """Prints what `quarry up` is doing; a class so tests and other front ends can replace it."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self._console = Console(highlight=False)
+
+    def ready(self, services: Sequence[tuple[str, str, int]]) -> None:
+        from rich.table import Table
+
+        table = Table(title="quarry is up", title_justify="left")
+        table.add_column("service")
+        table.add_column("address")
+        table.add_column("pid", justify="right")
+        for name, address, pid in services:
+            table.add_row(name, address, str(pid))
+        self._console.print(table)
+        # One plain line per service, stable for scripts: "<name> <address>".
+        for name, address, _pid in services:
+            print(f"serving {name} {address}", flush=True)
+        self._console.print("Ctrl-C stops every service.")
+
+    def stopping(self) -> None:
+        self._console.print("stopping…")
+
+    def failed(self, reason: str) -> None:
+        self._console.print(f"[red]quarry up failed:[/red] {reason}")

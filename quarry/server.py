@@ -1,0 +1,229 @@
+"""The service kernel: a grpc.aio server with health, reflection and error translation.
+
+`create_server` builds and binds a server (tests bind port 0); `ServiceHost` owns
+start and stop of one service process, including graceful shutdown on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from quarry.errors import QuarryError, internal_status, to_rpc_status
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServiceRegistration:
+    """One gRPC service to serve: its full name and how to add its servicer."""
+
+    full_name: str
+    register: Callable[[grpc.aio.Server], None]
+
+
+async def _translate_errors(context: grpc.aio.ServicerContext, error: BaseException) -> None:
+    if isinstance(error, QuarryError):
+        await context.abort_with_status(to_rpc_status(error))
+    log.exception("unhandled error in RPC", exc_info=error)
+    await context.abort_with_status(internal_status())
+
+
+def _wrap_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await behavior(request, context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as error:
+            await _translate_errors(context, error)
+
+    return wrapper
+
+
+def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for response in behavior(request, context):
+                yield response
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as error:
+            await _translate_errors(context, error)
+
+    return wrapper
+
+
+class ErrorTranslationInterceptor(grpc.aio.ServerInterceptor):
+    """The one place domain errors become gRPC statuses; anything else is INTERNAL and logged."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary(handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_stream(handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+
+@dataclass
+class BoundServer:
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    service_names: list[str] = field(default_factory=list)
+
+    async def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ["", *self.service_names]:
+            await self.health.set(name, status)
+
+
+def create_server(address: str, services: Sequence[ServiceRegistration]) -> tuple[BoundServer, int]:
+    """Build a server for `services` plus health and reflection, bound to `address`.
+
+    Returns the server and the port it bound (useful with port 0). The owner
+    starts it and reports health with `set_serving`.
+    """
+    server = grpc.aio.server(
+        interceptors=[ErrorTranslationInterceptor()],
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for service in services:
+        service.register(server)
+    names = [service.full_name for service in services]
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+    )
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    return BoundServer(server=server, port=port, health=health_servicer, service_names=names), port
+
+
+Hook = Callable[[], Awaitable[None]]
+
+
+class ServiceHost:
+    """Owns one service's server from start to a graceful stop.
+
+    Shutdown order: health turns NOT_SERVING (load balancers stop routing), the
+    server stops taking RPCs and gives in-flight ones `grace` seconds while the
+    `on_drain` hooks end streams and finish queued work, then `on_stopped` hooks
+    release resources such as database pools.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        services: Sequence[ServiceRegistration],
+        *,
+        grace: float = 5.0,
+        on_drain: Sequence[Hook] = (),
+        on_stopped: Sequence[Hook] = (),
+    ) -> None:
+        self._address = address
+        self._services = services
+        self._grace = grace
+        self._on_drain = list(on_drain)
+        self._on_stopped = list(on_stopped)
+        self._bound: BoundServer | None = None
+        self._started = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self.port = 0
+
+    @property
+    def address(self) -> str:
+        host = self._address.rpartition(":")[0]
+        return f"{host}:{self.port}"
+
+    async def start(self) -> int:
+        self._bound, self.port = create_server(self._address, self._services)
+        await self._bound.server.start()
+        await self._bound.set_serving(True)
+        self._started.set()
+        log.info("serving %s on %s", ", ".join(self._bound.service_names), self.address)
+        return self.port
+
+    async def wait_started(self) -> None:
+        await self._started.wait()
+
+    async def shutdown(self) -> None:
+        if self._bound is None or self._stopped.is_set():
+            return
+        self._stopped.set()
+        await self._bound.set_serving(False)
+        stopping = asyncio.create_task(self._bound.server.stop(self._grace))
+        for hook in self._on_drain:
+            await _run_hook(hook)
+        await stopping
+        for hook in self._on_stopped:
+            await _run_hook(hook)
+        log.info("stopped %s", self.address)
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    async def __aenter__(self) -> ServiceHost:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.shutdown()
+
+
+async def _run_hook(hook: Hook) -> None:
+    try:
+        await hook()
+    except Exception:
+        log.exception("shutdown hook %r failed", hook)
+
+
+async def serve_until_signalled(host: ServiceHost) -> None:
+    """Start `host` and run until SIGTERM or SIGINT, then shut it down gracefully."""
+    loop = asyncio.get_running_loop()
+    requested = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, requested.set)
+    try:
+        await host.start()
+        await requested.wait()
+        log.info("shutdown requested")
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(signum)
+        await host.shutdown()

@@ -1,0 +1,44 @@
+"""The services a Quarry mesh runs, and how to build each one's host.
+
+Services are imported lazily so one process loads only the service it runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import cast
+
+from quarry.config import QuarrySettings, ServiceSettings
+from quarry.server import ServiceHost
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    settings_class: str  # "module:Class"
+    builder: str  # "module:function"
+
+    def settings(self, **overrides: object) -> ServiceSettings:
+        settings_type = cast(type[ServiceSettings], _load(self.settings_class))
+        return settings_type(**overrides)
+
+    async def build(self, settings: ServiceSettings, common: QuarrySettings) -> ServiceHost:
+        build = cast(Callable[[ServiceSettings, QuarrySettings], Awaitable[ServiceHost]], _load(self.builder))
+        return await build(settings, common)
+
+
+def _load(target: str) -> object:
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+# Start order for `quarry up`: dependencies first.
+SERVICES: dict[str, ServiceSpec] = {
+    "scratchpad": ServiceSpec(
+        name="scratchpad",
+        settings_class="quarry.config:ScratchpadSettings",
+        builder="scratchpad_svc.service:build_host",
+    ),
+}

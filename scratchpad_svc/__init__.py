@@ -1,0 +1,1 @@
+"""The scratchpad service: the shared research plane of threads and typed entries."""

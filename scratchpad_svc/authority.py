@@ -1,0 +1,38 @@
+"""Which roles may write which entry kinds: enforced here, in code, never by prompt."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from quarry.errors import PermissionDenied
+from quarry.identity import Role
+from scratchpad_svc.model import EntryKind
+
+WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
+    {
+        # The supervisor seeds the thread, coordinates and writes the synthesis;
+        # it never records findings or verdicts itself.
+        Role.SUPERVISOR: frozenset(
+            {EntryKind.SEED, EntryKind.MARKER, EntryKind.NOTE, EntryKind.SYNTHESIS}
+        ),
+        # Researchers promote verified findings and coordinate with each other.
+        Role.RESEARCHER: frozenset(
+            {EntryKind.FINDING, EntryKind.MARKER, EntryKind.ACKNOWLEDGEMENT, EntryKind.NOTE}
+        ),
+        # Verifiers judge findings; they do not add findings of their own.
+        Role.VERIFIER: frozenset({EntryKind.VERDICT, EntryKind.ACKNOWLEDGEMENT, EntryKind.NOTE}),
+    }
+)
+
+
+def may_write(role: Role, kind: EntryKind) -> bool:
+    return kind in WRITABLE_KINDS[role]
+
+
+def check_may_write(role: Role, kind: EntryKind) -> None:
+    if not may_write(role, kind):
+        raise PermissionDenied(
+            f"role {role.value!r} may not write {kind.value!r} entries",
+            reason="KIND_NOT_PERMITTED_FOR_ROLE",
+            metadata={"role": role.value, "kind": kind.value},
+        )

@@ -1,0 +1,89 @@
+"""Scratchpad domain types, free of protobuf and SQL."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from quarry.identity import Principal, Role
+
+
+class EntryKind(enum.StrEnum):
+    SEED = "seed"
+    FINDING = "finding"
+    MARKER = "marker"
+    ACKNOWLEDGEMENT = "acknowledgement"
+    NOTE = "note"
+    VERDICT = "verdict"
+    SYNTHESIS = "synthesis"
+
+
+@dataclass(frozen=True)
+class Source:
+    url: str
+    title: str = ""
+    excerpt: str = ""
+
+
+@dataclass(frozen=True)
+class Thread:
+    thread_id: str
+    title: str
+    labels: dict[str, str]
+    create_time: datetime
+    last_sequence_no: int
+
+
+@dataclass(frozen=True)
+class Entry:
+    thread_id: str
+    sequence_no: int
+    request_id: str
+    kind: EntryKind
+    author: Principal
+    content: str
+    sources: tuple[Source, ...]
+    create_time: datetime
+
+
+@dataclass(frozen=True)
+class NewThread:
+    """A CreateThread request; thread_id and request_id may be empty."""
+
+    thread_id: str = ""
+    title: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class AppendCommand:
+    """An Append request as received. kind and role are None when unknown or unspecified."""
+
+    thread_id: str
+    request_id: str
+    kind: EntryKind | None
+    author_id: str
+    role: Role | None
+    content: str
+    sources: tuple[Source, ...] = ()
+
+    def fingerprint(self) -> str:
+        """Identifies the payload, so a reused request_id with other content is caught."""
+        payload = [
+            self.kind,
+            self.author_id,
+            self.role,
+            self.content,
+            [[s.url, s.title, s.excerpt] for s in self.sources],
+        ]
+        return hashlib.sha256(json.dumps(payload, ensure_ascii=False).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    entry: Entry
+    replayed: bool

@@ -1,0 +1,189 @@
+"""The scratchpad domain: validation, authority, group commit and watching."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from quarry.errors import QuarryError, Unavailable
+from scratchpad_svc.authority import check_may_write
+from scratchpad_svc.commits import CommitSignal
+from scratchpad_svc.model import AppendCommand, AppendResult, Entry, EntryKind, NewThread, Thread
+from scratchpad_svc.store import ScratchpadStore
+from scratchpad_svc.validation import (
+    Limits,
+    encode_page_token,
+    read_cursor,
+    require_thread_id,
+    validate_append,
+    validate_new_thread,
+)
+
+log = logging.getLogger(__name__)
+
+# How long a watcher sleeps without a wake-up before it reads again anyway; a
+# safety net for a lost notification, not the delivery path.
+WATCH_POLL_SECONDS = 1.0
+WATCH_BATCH = 500
+
+
+@dataclass(frozen=True)
+class ReadPage:
+    entries: list[Entry]
+    next_page_token: str
+    last_sequence_no: int
+
+
+@dataclass
+class _Pending:
+    command: AppendCommand
+    future: asyncio.Future[AppendResult]
+
+
+class ScratchpadClosed(Unavailable):
+    def __init__(self) -> None:
+        super().__init__("the scratchpad is shutting down; reconnect", reason="SHUTTING_DOWN")
+
+
+class Scratchpad:
+    """Owns the scratchpad's behaviour; the servicer only translates protos to calls here."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        limits: Limits,
+        *,
+        signal: CommitSignal | None = None,
+        max_batch: int = 256,
+        write_concurrency: int = 4,
+    ) -> None:
+        self._store = ScratchpadStore(engine)
+        self._limits = limits
+        self.signal = signal or CommitSignal()
+        self._max_batch = max_batch
+        self._write_slots = asyncio.Semaphore(write_concurrency)
+        self._pending: defaultdict[str, deque[_Pending]] = defaultdict(deque)
+        self._flushers: dict[str, asyncio.Task[None]] = {}
+        self._closed = False
+
+    async def create_thread(self, request: NewThread) -> Thread:
+        validate_new_thread(request)
+        return await self._store.create_thread(request)
+
+    async def get_thread(self, thread_id: str) -> Thread:
+        require_thread_id(thread_id)
+        return await self._store.get_thread(thread_id)
+
+    async def append(self, command: AppendCommand) -> AppendResult:
+        """Validate, check authority, then commit with whatever else is queued for the thread."""
+        validate_append(command, self._limits)
+        assert command.role is not None and command.kind is not None
+        check_may_write(command.role, command.kind)
+        if self._closed:
+            raise ScratchpadClosed()
+        future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+        self._pending[command.thread_id].append(_Pending(command, future))
+        if command.thread_id not in self._flushers:
+            self._flushers[command.thread_id] = asyncio.create_task(self._flush(command.thread_id))
+        return await future
+
+    async def _flush(self, thread_id: str) -> None:
+        """Commit queued appends of one thread, a batch per transaction, until none are left.
+
+        One flusher per thread per process, so appends to a thread never contend
+        with each other here; replicas serialise on the counter row instead.
+        """
+        queue = self._pending[thread_id]
+        try:
+            while queue:
+                batch = [queue.popleft() for _ in range(min(len(queue), self._max_batch))]
+                batch = [item for item in batch if not item.future.done()]  # drop cancelled callers
+                if not batch:
+                    continue
+                async with self._write_slots:
+                    try:
+                        outcome = await self._store.append_batch(thread_id, [item.command for item in batch])
+                    except QuarryError as error:
+                        self._fail(batch, error)
+                        continue
+                    except Exception as error:  # the database is unreachable or failed
+                        log.exception("append batch to thread %s failed", thread_id)
+                        self._fail(batch, Unavailable(f"could not commit the append: {type(error).__name__}"))
+                        continue
+                self.signal.publish(thread_id)
+                for item, result in zip(batch, outcome.results, strict=True):
+                    if item.future.done():
+                        continue
+                    if isinstance(result, QuarryError):
+                        item.future.set_exception(result)
+                    else:
+                        item.future.set_result(result)
+        finally:
+            del self._flushers[thread_id]
+            if not queue:
+                del self._pending[thread_id]
+
+    @staticmethod
+    def _fail(batch: Sequence[_Pending], error: QuarryError) -> None:
+        for item in batch:
+            if not item.future.done():
+                item.future.set_exception(error)
+
+    async def read(
+        self,
+        thread_id: str,
+        *,
+        after_sequence_no: int = 0,
+        page_size: int = 0,
+        page_token: str = "",
+        kinds: Sequence[EntryKind] = (),
+    ) -> ReadPage:
+        cursor = read_cursor(thread_id, after_sequence_no, page_size, page_token)
+        entries, last = await self._store.read(thread_id, cursor.after_sequence_no, cursor.limit, kinds)
+        # The page is full, or kind filtering skipped rows: more may follow up to `last`.
+        scanned_to = entries[-1].sequence_no if entries else last
+        more = len(entries) == cursor.limit and scanned_to < last
+        return ReadPage(
+            entries=entries,
+            next_page_token=encode_page_token(thread_id, scanned_to) if more else "",
+            last_sequence_no=last,
+        )
+
+    async def watch(
+        self, thread_id: str, *, after_sequence_no: int = 0, kinds: Sequence[EntryKind] = ()
+    ) -> AsyncIterator[Entry]:
+        """Entries after a sequence number: the committed backlog, then each new commit.
+
+        Runs until the caller stops iterating or the scratchpad closes.
+        """
+        cursor = read_cursor(thread_id, after_sequence_no, WATCH_BATCH, "")
+        after = cursor.after_sequence_no
+        await self._store.get_thread(thread_id)  # NOT_FOUND before the stream starts
+        while not self._closed:
+            # Subscribe before reading, so a commit between the read and the wait still wakes us.
+            waiter = self.signal.subscribe(thread_id)
+            try:
+                entries, last = await self._store.read(thread_id, after, WATCH_BATCH, kinds)
+                for entry in entries:
+                    yield entry
+                # With a kind filter the read can skip rows; resume after what was scanned.
+                after = entries[-1].sequence_no if len(entries) == WATCH_BATCH else max(after, last)
+                if len(entries) == WATCH_BATCH:
+                    continue
+                await asyncio.wait({waiter}, timeout=WATCH_POLL_SECONDS)
+            finally:
+                self.signal.unsubscribe(thread_id, waiter)
+        raise ScratchpadClosed()
+
+    async def close(self) -> None:
+        """Stop taking appends, let queued ones commit, and end every Watch."""
+        self._closed = True
+        self.signal.publish_all()
+        flushers = list(self._flushers.values())
+        if flushers:
+            await asyncio.gather(*flushers, return_exceptions=True)

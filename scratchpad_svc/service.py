@@ -1,0 +1,58 @@
+"""Assembles the scratchpad process: settings, schema upgrade, domain, servicer, host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+
+from quarry.config import QuarrySettings, ScratchpadSettings
+from quarry.db import create_engine, database_url, is_postgres, upgrade_schema_async
+from quarry.server import ServiceHost, ServiceRegistration
+from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
+from scratchpad_svc.commits import CommitSignal, PostgresCommitListener
+from scratchpad_svc.scratchpad import Scratchpad
+from scratchpad_svc.servicer import ScratchpadServicer
+from scratchpad_svc.validation import Limits
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+VERSION_TABLE = "alembic_version_scratchpad"
+SERVICE_NAME = scratchpad_pb2.DESCRIPTOR.services_by_name["ScratchpadService"].full_name
+
+
+async def build_host(
+    settings: ScratchpadSettings | None = None, common: QuarrySettings | None = None
+) -> ServiceHost:
+    """Upgrade the schema and return a ready-to-start host for the scratchpad."""
+    settings = settings or ScratchpadSettings()
+    common = common or QuarrySettings()
+    url = settings.resolved_database_url(common.data_dir)
+    await upgrade_schema_async(url, MIGRATIONS, VERSION_TABLE)
+    engine = create_engine(url)
+    signal = CommitSignal()
+    scratchpad = Scratchpad(
+        engine,
+        Limits(max_content_bytes=settings.max_content_bytes, max_sources=settings.max_sources),
+        signal=signal,
+        max_batch=settings.max_batch,
+    )
+    listener = None
+    if is_postgres(engine):
+        listener = PostgresCommitListener(database_url(url, asynchronous=True), signal)
+        listener.start()
+
+    def register(server: grpc.aio.Server) -> None:
+        scratchpad_pb2_grpc.add_ScratchpadServiceServicer_to_server(ScratchpadServicer(scratchpad), server)
+
+    async def release() -> None:
+        if listener is not None:
+            await listener.stop()
+        await engine.dispose()
+
+    return ServiceHost(
+        settings.address,
+        [ServiceRegistration(SERVICE_NAME, register)],
+        grace=common.shutdown_grace_seconds,
+        on_drain=[scratchpad.close],
+        on_stopped=[release],
+    )

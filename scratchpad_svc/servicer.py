@@ -1,0 +1,125 @@
+"""ScratchpadService over gRPC: translates quarry.v1 messages to Scratchpad calls and back."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from quarry.convert import role_from_proto, role_to_proto, timestamp
+from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
+from scratchpad_svc.model import AppendCommand, Entry, EntryKind, NewThread, Source, Thread
+from scratchpad_svc.scratchpad import Scratchpad
+
+_KIND_FROM_PROTO = {
+    scratchpad_pb2.ENTRY_KIND_SEED: EntryKind.SEED,
+    scratchpad_pb2.ENTRY_KIND_FINDING: EntryKind.FINDING,
+    scratchpad_pb2.ENTRY_KIND_MARKER: EntryKind.MARKER,
+    scratchpad_pb2.ENTRY_KIND_ACKNOWLEDGEMENT: EntryKind.ACKNOWLEDGEMENT,
+    scratchpad_pb2.ENTRY_KIND_NOTE: EntryKind.NOTE,
+    scratchpad_pb2.ENTRY_KIND_VERDICT: EntryKind.VERDICT,
+    scratchpad_pb2.ENTRY_KIND_SYNTHESIS: EntryKind.SYNTHESIS,
+}
+_KIND_TO_PROTO = {kind: number for number, kind in _KIND_FROM_PROTO.items()}
+
+
+def kind_from_proto(value: int) -> EntryKind | None:
+    return _KIND_FROM_PROTO.get(value)  # type: ignore[call-overload]
+
+
+def kind_to_proto(kind: EntryKind) -> scratchpad_pb2.EntryKind.ValueType:
+    return _KIND_TO_PROTO[kind]
+
+
+def kinds_filter(values: list[int]) -> list[EntryKind]:
+    """Unknown numbers in a filter match nothing, so they are simply dropped."""
+    return [kind for kind in map(kind_from_proto, values) if kind is not None]
+
+
+def thread_to_proto(thread: Thread) -> scratchpad_pb2.Thread:
+    return scratchpad_pb2.Thread(
+        thread_id=thread.thread_id,
+        title=thread.title,
+        labels=thread.labels,
+        create_time=timestamp(thread.create_time),
+        last_sequence_no=thread.last_sequence_no,
+    )
+
+
+def entry_to_proto(entry: Entry) -> scratchpad_pb2.Entry:
+    return scratchpad_pb2.Entry(
+        thread_id=entry.thread_id,
+        sequence_no=entry.sequence_no,
+        kind=kind_to_proto(entry.kind),
+        author=common_pb2.Principal(principal_id=entry.author.principal_id, role=role_to_proto(entry.author.role)),
+        content=entry.content,
+        sources=[common_pb2.Source(url=s.url, title=s.title, excerpt=s.excerpt) for s in entry.sources],
+        create_time=timestamp(entry.create_time),
+        request_id=entry.request_id,
+    )
+
+
+class ScratchpadServicer(scratchpad_pb2_grpc.ScratchpadServiceServicer):
+    def __init__(self, scratchpad: Scratchpad) -> None:
+        self._scratchpad = scratchpad
+
+    async def CreateThread(
+        self, request: scratchpad_pb2.CreateThreadRequest, context: grpc.aio.ServicerContext
+    ) -> scratchpad_pb2.CreateThreadResponse:
+        thread = await self._scratchpad.create_thread(
+            NewThread(
+                thread_id=request.thread_id,
+                title=request.title,
+                labels=dict(request.labels),
+                request_id=request.request_id,
+            )
+        )
+        return scratchpad_pb2.CreateThreadResponse(thread=thread_to_proto(thread))
+
+    async def GetThread(
+        self, request: scratchpad_pb2.GetThreadRequest, context: grpc.aio.ServicerContext
+    ) -> scratchpad_pb2.GetThreadResponse:
+        thread = await self._scratchpad.get_thread(request.thread_id)
+        return scratchpad_pb2.GetThreadResponse(thread=thread_to_proto(thread))
+
+    async def Append(
+        self, request: scratchpad_pb2.AppendRequest, context: grpc.aio.ServicerContext
+    ) -> scratchpad_pb2.AppendResponse:
+        result = await self._scratchpad.append(
+            AppendCommand(
+                thread_id=request.thread_id,
+                request_id=request.request_id,
+                kind=kind_from_proto(request.kind),
+                author_id=request.author.principal_id,
+                role=role_from_proto(request.author.role),
+                content=request.content,
+                sources=tuple(Source(url=s.url, title=s.title, excerpt=s.excerpt) for s in request.sources),
+            )
+        )
+        return scratchpad_pb2.AppendResponse(entry=entry_to_proto(result.entry), replayed=result.replayed)
+
+    async def Read(
+        self, request: scratchpad_pb2.ReadRequest, context: grpc.aio.ServicerContext
+    ) -> scratchpad_pb2.ReadResponse:
+        page = await self._scratchpad.read(
+            request.thread_id,
+            after_sequence_no=request.after_sequence_no,
+            page_size=request.page_size,
+            page_token=request.page_token,
+            kinds=kinds_filter(list(request.kinds)),
+        )
+        return scratchpad_pb2.ReadResponse(
+            entries=[entry_to_proto(entry) for entry in page.entries],
+            next_page_token=page.next_page_token,
+            last_sequence_no=page.last_sequence_no,
+        )
+
+    async def Watch(  # type: ignore[override]
+        self, request: scratchpad_pb2.WatchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[scratchpad_pb2.WatchResponse]:
+        async for entry in self._scratchpad.watch(
+            request.thread_id,
+            after_sequence_no=request.after_sequence_no,
+            kinds=kinds_filter(list(request.kinds)),
+        ):
+            yield scratchpad_pb2.WatchResponse(entry=entry_to_proto(entry))

@@ -1,0 +1,145 @@
+"""Request validation: every problem found is reported as a field violation, all at once."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass
+
+from quarry.errors import FieldViolation, InvalidArgument
+from scratchpad_svc.model import AppendCommand, EntryKind, NewThread
+
+THREAD_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+# Printable ASCII without spaces: UUIDs, "run:call_abc", "delegation/42" all fit.
+REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
+PRINCIPAL_ID = re.compile(r"[\x21-\x7e]{1,256}")
+SOURCE_SCHEMES = ("http://", "https://", "corpus://")
+MAX_URL_CHARS = 2048
+MAX_TITLE_CHARS = 1024
+MAX_THREAD_TITLE_CHARS = 1024
+MAX_LABELS = 64
+MAX_LABEL_CHARS = 256
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_content_bytes: int
+    max_sources: int
+
+
+def thread_id_violation(field: str, value: str) -> FieldViolation | None:
+    if not value:
+        return FieldViolation(field, "required")
+    if not THREAD_ID.fullmatch(value):
+        return FieldViolation(field, "must be 1-63 characters of a-z, 0-9 and '-', starting with a letter or digit")
+    return None
+
+
+def require_thread_id(value: str, field: str = "thread_id") -> None:
+    violation = thread_id_violation(field, value)
+    if violation:
+        raise InvalidArgument([violation])
+
+
+def validate_new_thread(request: NewThread) -> None:
+    violations: list[FieldViolation] = []
+    if request.thread_id:
+        violation = thread_id_violation("thread_id", request.thread_id)
+        if violation:
+            violations.append(violation)
+    if request.request_id and not REQUEST_ID.fullmatch(request.request_id):
+        violations.append(FieldViolation("request_id", "must be 1-128 printable ASCII characters without spaces"))
+    if len(request.title) > MAX_THREAD_TITLE_CHARS:
+        violations.append(FieldViolation("title", f"at most {MAX_THREAD_TITLE_CHARS} characters"))
+    if len(request.labels) > MAX_LABELS:
+        violations.append(FieldViolation("labels", f"at most {MAX_LABELS} labels"))
+    for key, value in request.labels.items():
+        if not key or len(key) > MAX_LABEL_CHARS or len(value) > MAX_LABEL_CHARS:
+            violations.append(FieldViolation(f"labels[{key!r}]", f"keys 1-{MAX_LABEL_CHARS} characters, values at most {MAX_LABEL_CHARS}"))
+    if violations:
+        raise InvalidArgument(violations)
+
+
+def validate_append(command: AppendCommand, limits: Limits) -> None:
+    violations: list[FieldViolation] = []
+    violation = thread_id_violation("thread_id", command.thread_id)
+    if violation:
+        violations.append(violation)
+    if not command.request_id:
+        violations.append(FieldViolation("request_id", "required: it makes retries safe"))
+    elif not REQUEST_ID.fullmatch(command.request_id):
+        violations.append(FieldViolation("request_id", "must be 1-128 printable ASCII characters without spaces"))
+    if command.kind is None:
+        kinds = ", ".join(kind.value for kind in EntryKind)
+        violations.append(FieldViolation("kind", f"unknown or unspecified; one of: {kinds}"))
+    if not command.author_id:
+        violations.append(FieldViolation("author.principal_id", "required"))
+    elif not PRINCIPAL_ID.fullmatch(command.author_id):
+        violations.append(FieldViolation("author.principal_id", "must be 1-256 printable ASCII characters without spaces"))
+    if command.role is None:
+        violations.append(FieldViolation("author.role", "unknown or unspecified"))
+    if not command.content.strip():
+        violations.append(FieldViolation("content", "must not be empty"))
+    else:
+        size = len(command.content.encode())
+        if size > limits.max_content_bytes:
+            violations.append(FieldViolation("content", f"{size} bytes exceeds the limit of {limits.max_content_bytes}"))
+    if len(command.sources) > limits.max_sources:
+        violations.append(FieldViolation("sources", f"at most {limits.max_sources} sources"))
+    for index, source in enumerate(command.sources):
+        field = f"sources[{index}]"
+        if not source.url.startswith(SOURCE_SCHEMES) or len(source.url) > MAX_URL_CHARS:
+            violations.append(FieldViolation(f"{field}.url", f"must be an http(s):// or corpus:// URL of at most {MAX_URL_CHARS} characters"))
+        if len(source.title) > MAX_TITLE_CHARS:
+            violations.append(FieldViolation(f"{field}.title", f"at most {MAX_TITLE_CHARS} characters"))
+        if len(source.excerpt.encode()) > limits.max_content_bytes:
+            violations.append(FieldViolation(f"{field}.excerpt", f"exceeds the limit of {limits.max_content_bytes} bytes"))
+    if violations:
+        raise InvalidArgument(violations)
+
+
+@dataclass(frozen=True)
+class ReadCursor:
+    after_sequence_no: int
+    limit: int
+
+
+def read_cursor(thread_id: str, after_sequence_no: int, page_size: int, page_token: str) -> ReadCursor:
+    violations: list[FieldViolation] = []
+    violation = thread_id_violation("thread_id", thread_id)
+    if violation:
+        violations.append(violation)
+    if after_sequence_no < 0:
+        violations.append(FieldViolation("after_sequence_no", "must not be negative"))
+    if page_size < 0:
+        violations.append(FieldViolation("page_size", "must not be negative"))
+    after = after_sequence_no
+    if page_token:
+        decoded = decode_page_token(page_token)
+        if decoded is None or decoded[0] != thread_id:
+            violations.append(FieldViolation("page_token", "not a token from a Read of this thread"))
+        else:
+            after = decoded[1]
+    if violations:
+        raise InvalidArgument(violations)
+    limit = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+    return ReadCursor(after_sequence_no=after, limit=limit)
+
+
+def encode_page_token(thread_id: str, after_sequence_no: int) -> str:
+    return base64.urlsafe_b64encode(f"v1:{thread_id}:{after_sequence_no}".encode()).decode().rstrip("=")
+
+
+def decode_page_token(token: str) -> tuple[str, int] | None:
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+    version, _, rest = raw.partition(":")
+    thread_id, _, after = rest.rpartition(":")
+    if version != "v1" or not THREAD_ID.fullmatch(thread_id) or not after.isdigit():
+        return None
+    return thread_id, int(after)
