@@ -1,0 +1,135 @@
+"""Typed async clients for Quarry services, with the retry rules the services expect.
+
+Mutations carry a request_id, so a client can retry them after UNAVAILABLE or a
+deadline without risking a duplicate: the service answers a repeat with the
+original result.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
+
+from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
+
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+def is_retryable(error: BaseException) -> bool:
+    return isinstance(error, grpc.aio.AioRpcError) and error.code() in RETRYABLE
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long to keep retrying a safe-to-repeat call, and how each attempt is bounded."""
+
+    total_seconds: float = 30.0
+    attempt_timeout: float = 10.0
+    initial_backoff: float = 0.05
+    max_backoff: float = 2.0
+
+    def retrying(self) -> AsyncRetrying:
+        return AsyncRetrying(
+            retry=retry_if_exception(is_retryable),
+            stop=stop_after_delay(self.total_seconds),
+            wait=wait_exponential_jitter(initial=self.initial_backoff, max=self.max_backoff),
+            reraise=True,
+        )
+
+
+def insecure_channel(address: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(
+        address,
+        options=[
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.max_receive_message_length", 8 * 1024 * 1024),
+        ],
+    )
+
+
+class ScratchpadClient:
+    def __init__(self, channel: grpc.aio.Channel, retry: RetryPolicy | None = None) -> None:
+        self._stub = scratchpad_pb2_grpc.ScratchpadServiceStub(channel)
+        self._retry = retry or RetryPolicy()
+
+    async def create_thread(
+        self, *, thread_id: str = "", title: str = "", labels: dict[str, str] | None = None, request_id: str = ""
+    ) -> scratchpad_pb2.Thread:
+        request = scratchpad_pb2.CreateThreadRequest(
+            thread_id=thread_id, title=title, labels=labels or {}, request_id=request_id or str(uuid.uuid4())
+        )
+        async for attempt in self._retry.retrying():
+            with attempt:
+                response = await self._stub.CreateThread(request, timeout=self._retry.attempt_timeout)
+        return response.thread
+
+    async def append(
+        self,
+        thread_id: str,
+        *,
+        kind: scratchpad_pb2.EntryKind.ValueType,
+        author: common_pb2.Principal,
+        content: str,
+        sources: Sequence[common_pb2.Source] = (),
+        request_id: str = "",
+    ) -> scratchpad_pb2.AppendResponse:
+        """Append once in effect: retries reuse the request_id, so a lost reply never duplicates."""
+        request = scratchpad_pb2.AppendRequest(
+            thread_id=thread_id,
+            request_id=request_id or str(uuid.uuid4()),
+            kind=kind,
+            author=author,
+            content=content,
+            sources=sources,
+        )
+        async for attempt in self._retry.retrying():
+            with attempt:
+                response = await self._stub.Append(request, timeout=self._retry.attempt_timeout)
+        return response
+
+    async def read_all(
+        self, thread_id: str, *, after_sequence_no: int = 0, page_size: int = 1000
+    ) -> list[scratchpad_pb2.Entry]:
+        """Every entry committed after `after_sequence_no`, following pages to the end."""
+        entries: list[scratchpad_pb2.Entry] = []
+        token = ""
+        while True:
+            request = scratchpad_pb2.ReadRequest(
+                thread_id=thread_id, after_sequence_no=after_sequence_no, page_size=page_size, page_token=token
+            )
+            async for attempt in self._retry.retrying():
+                with attempt:
+                    page = await self._stub.Read(request, timeout=self._retry.attempt_timeout)
+            entries.extend(page.entries)
+            token = page.next_page_token
+            if not token:
+                return entries
+
+    async def watch(
+        self, thread_id: str, *, after_sequence_no: int = 0, max_reconnects: int = 100
+    ) -> AsyncIterator[scratchpad_pb2.Entry]:
+        """Entries as they commit; reconnects after UNAVAILABLE from the last one received."""
+        after = after_sequence_no
+        reconnects = 0
+        while True:
+            try:
+                stream = self._stub.Watch(scratchpad_pb2.WatchRequest(thread_id=thread_id, after_sequence_no=after))
+                async for response in stream:
+                    reconnects = 0
+                    after = response.entry.sequence_no
+                    yield response.entry
+                return
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE or reconnects >= max_reconnects:
+                    raise
+                reconnects += 1
+                async for attempt in self._retry.retrying():
+                    with attempt:
+                        await self._stub.GetThread(
+                            scratchpad_pb2.GetThreadRequest(thread_id=thread_id), timeout=self._retry.attempt_timeout
+                        )
