@@ -36,7 +36,7 @@ class RetryPolicy:
         return AsyncRetrying(
             retry=retry_if_exception(is_retryable),
             stop=stop_after_delay(self.total_seconds),
-            wait=wait_exponential_jitter(initial=self.initial_backoff, max=self.max_backoff),
+            wait=wait_exponential_jitter(multiplier=self.initial_backoff, max=self.max_backoff),
             reraise=True,
         )
 
@@ -66,6 +66,13 @@ class ScratchpadClient:
         async for attempt in self._retry.retrying():
             with attempt:
                 response = await self._stub.CreateThread(request, timeout=self._retry.attempt_timeout)
+        return response.thread
+
+    async def get_thread(self, thread_id: str) -> scratchpad_pb2.Thread:
+        request = scratchpad_pb2.GetThreadRequest(thread_id=thread_id)
+        async for attempt in self._retry.retrying():
+            with attempt:
+                response = await self._stub.GetThread(request, timeout=self._retry.attempt_timeout)
         return response.thread
 
     async def append(
@@ -128,8 +135,4 @@ class ScratchpadClient:
                 if error.code() != grpc.StatusCode.UNAVAILABLE or reconnects >= max_reconnects:
                     raise
                 reconnects += 1
-                async for attempt in self._retry.retrying():
-                    with attempt:
-                        await self._stub.GetThread(
-                            scratchpad_pb2.GetThreadRequest(thread_id=thread_id), timeout=self._retry.attempt_timeout
-                        )
+                await self.get_thread(thread_id)  # waits, with backoff, until the service answers again

@@ -154,16 +154,19 @@ class Scratchpad:
             last_sequence_no=last,
         )
 
-    async def watch(
+    async def open_watch(
         self, thread_id: str, *, after_sequence_no: int = 0, kinds: Sequence[EntryKind] = ()
     ) -> AsyncIterator[Entry]:
-        """Entries after a sequence number: the committed backlog, then each new commit.
+        """Check the request and the thread now, then return the stream of entries.
 
-        Runs until the caller stops iterating or the scratchpad closes.
+        The stream yields the committed backlog after `after_sequence_no`, then
+        each new commit, until the caller stops iterating or the scratchpad closes.
         """
         cursor = read_cursor(thread_id, after_sequence_no, WATCH_BATCH, "")
-        after = cursor.after_sequence_no
-        await self._store.get_thread(thread_id)  # NOT_FOUND before the stream starts
+        await self._store.get_thread(thread_id)
+        return self._watch(thread_id, cursor.after_sequence_no, kinds)
+
+    async def _watch(self, thread_id: str, after: int, kinds: Sequence[EntryKind]) -> AsyncIterator[Entry]:
         while not self._closed:
             # Subscribe before reading, so a commit between the read and the wait still wakes us.
             waiter = self.signal.subscribe(thread_id)
@@ -171,10 +174,11 @@ class Scratchpad:
                 entries, last = await self._store.read(thread_id, after, WATCH_BATCH, kinds)
                 for entry in entries:
                     yield entry
-                # With a kind filter the read can skip rows; resume after what was scanned.
-                after = entries[-1].sequence_no if len(entries) == WATCH_BATCH else max(after, last)
                 if len(entries) == WATCH_BATCH:
+                    after = entries[-1].sequence_no
                     continue
+                # A kind filter can skip rows: resume after everything scanned.
+                after = max(after, last)
                 await asyncio.wait({waiter}, timeout=WATCH_POLL_SECONDS)
             finally:
                 self.signal.unsubscribe(thread_id, waiter)

@@ -117,9 +117,12 @@ class ScratchpadServicer(scratchpad_pb2_grpc.ScratchpadServiceServicer):
     async def Watch(  # type: ignore[override]
         self, request: scratchpad_pb2.WatchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[scratchpad_pb2.WatchResponse]:
-        async for entry in self._scratchpad.watch(
+        entries = await self._scratchpad.open_watch(
             request.thread_id,
             after_sequence_no=request.after_sequence_no,
             kinds=kinds_filter(list(request.kinds)),
-        ):
+        )
+        # Headers now tell the client the watch is established, before any entry exists.
+        await context.send_initial_metadata(())
+        async for entry in entries:
             yield scratchpad_pb2.WatchResponse(entry=entry_to_proto(entry))

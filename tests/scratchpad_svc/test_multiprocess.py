@@ -1,0 +1,179 @@
+"""The scratchpad as a real process, written by real client processes.
+
+These are the slow tests (`-m slow`); each runs on SQLite and on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from quarry.client import RetryPolicy, ScratchpadClient, insecure_channel
+from quarry.v1 import scratchpad_pb2
+from tests.conftest import ServiceProcess, free_port, start_service, stop_service
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def service_env(database_url: str, data_dir: Path) -> dict[str, str]:
+    return {"QUARRY_SCRATCHPAD_DATABASE_URL": database_url, "QUARRY_DATA_DIR": str(data_dir), "QUARRY_LOG_LEVEL": "WARNING"}
+
+
+def start_writers(address: str, thread_id: str, writers: int, count: int) -> list[subprocess.Popen[str]]:
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.scratchpad_svc.writer", address, thread_id, str(writer), str(count)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for writer in range(writers)
+    ]
+
+
+async def collect_writers(processes: list[subprocess.Popen[str]], timeout: float) -> list[list[dict[str, object]]]:
+    """Each writer's acknowledged appends, in the order it made them."""
+    outputs = []
+    for process in processes:
+        stdout, stderr = await asyncio.to_thread(process.communicate, timeout=timeout)
+        assert process.returncode == 0, f"writer failed:\n{stderr[-3000:]}"
+        outputs.append([json.loads(line) for line in stdout.splitlines()])
+    return outputs
+
+
+async def watch_until(client: ScratchpadClient, thread_id: str, count: int, opened: asyncio.Event) -> list[scratchpad_pb2.Entry]:
+    received: list[scratchpad_pb2.Entry] = []
+    stream: AsyncIterator[scratchpad_pb2.Entry] = client.watch(thread_id, after_sequence_no=0)
+    opened.set()
+    async for entry in stream:
+        received.append(entry)
+        if len(received) == count:
+            break
+    return received
+
+
+async def tail_with_reads(client: ScratchpadClient, thread_id: str, count: int) -> list[int]:
+    """A reader that keeps resuming "after the last sequence number I saw" while writers write."""
+    seen: list[int] = []
+    for _ in range(100_000):  # bounded; each round sleeps briefly when nothing is new
+        entries = await client.read_all(thread_id, after_sequence_no=seen[-1] if seen else 0, page_size=97)
+        seen.extend(entry.sequence_no for entry in entries)
+        if len(seen) >= count:
+            return seen
+        if not entries:
+            await asyncio.sleep(0.005)
+    raise AssertionError(f"reader saw only {len(seen)} of {count}")
+
+
+def assert_gap_free(entries: list[scratchpad_pb2.Entry], total: int) -> None:
+    assert [entry.sequence_no for entry in entries] == list(range(1, total + 1))
+    assert len({entry.request_id for entry in entries}) == total
+
+
+async def test_eight_writer_processes_get_one_gap_free_order(database_url: str, tmp_path: Path) -> None:
+    writers, per_writer = 8, 500
+    total = writers * per_writer
+    service = await asyncio.to_thread(start_service, "scratchpad", service_env(database_url, tmp_path), tmp_path)
+    try:
+        async with insecure_channel(service.address) as channel:
+            client = ScratchpadClient(channel)
+            thread = await client.create_thread(title="eight writers")
+            opened = asyncio.Event()
+            watcher = asyncio.create_task(watch_until(client, thread.thread_id, total, opened))
+            await opened.wait()
+            await asyncio.sleep(0.2)  # the Watch is streaming before the first writer starts
+            tailers = [asyncio.create_task(tail_with_reads(client, thread.thread_id, total)) for _ in range(2)]
+            outputs = await collect_writers(start_writers(service.address, thread.thread_id, writers, per_writer), 300)
+
+            acknowledged = [record["seq"] for output in outputs for record in output]
+            assert sorted(acknowledged) == list(range(1, total + 1))
+            for output in outputs:
+                sequence = [record["seq"] for record in output]
+                assert sequence == sorted(sequence), "one writer's appends committed out of order"
+
+            stored = await client.read_all(thread.thread_id, page_size=333)
+            assert_gap_free(stored, total)
+            by_request = {entry.request_id: entry.sequence_no for entry in stored}
+            for output in outputs:
+                for record in output:
+                    assert by_request[record["request_id"]] == record["seq"]
+
+            for tailer in tailers:
+                assert await asyncio.wait_for(tailer, 60) == list(range(1, total + 1))
+            watched = await asyncio.wait_for(watcher, 60)
+            assert_gap_free(watched, total)
+            assert [e.request_id for e in watched] == [e.request_id for e in stored]
+    finally:
+        assert stop_service(service) == 0, service.log()
+
+
+async def test_writers_survive_sigkill_and_restart_without_loss_or_duplicates(database_url: str, tmp_path: Path) -> None:
+    writers, per_writer = 8, 300
+    total = writers * per_writer
+    port = free_port()
+    env = service_env(database_url, tmp_path)
+    service = await asyncio.to_thread(start_service, "scratchpad", env, tmp_path, port=port)
+    restarted: ServiceProcess | None = None
+    try:
+        async with insecure_channel(service.address) as channel:
+            client = ScratchpadClient(channel, RetryPolicy(total_seconds=90, max_backoff=0.5))
+            thread = await client.create_thread(title="crash")
+            opened = asyncio.Event()
+            watcher = asyncio.create_task(watch_until(client, thread.thread_id, total, opened))
+            await opened.wait()
+            processes = start_writers(service.address, thread.thread_id, writers, per_writer)
+
+            # Kill the server hard in the middle of the writes.
+            for _ in range(6000):
+                written_before_kill = (await client.get_thread(thread.thread_id)).last_sequence_no
+                if written_before_kill >= total // 3:
+                    break
+                await asyncio.sleep(0.01)
+            service.process.send_signal(signal.SIGKILL)
+            service.process.wait(10)
+            assert await asyncio.to_thread(_wait_port_free, port)
+            restarted = await asyncio.to_thread(start_service, "scratchpad", env, tmp_path, port=port)
+
+            outputs = await collect_writers(processes, 300)
+            assert total // 3 <= written_before_kill < total, "the kill did not land in the middle of the writes"
+            stored = await client.read_all(thread.thread_id, page_size=1000)
+            assert_gap_free(stored, total)
+            expected = {f"w{writer}-{index}" for writer in range(writers) for index in range(per_writer)}
+            assert {entry.request_id for entry in stored} == expected
+            by_request = {entry.request_id: entry.sequence_no for entry in stored}
+            for output in outputs:
+                for record in output:
+                    assert by_request[record["request_id"]] == record["seq"]
+            # The watch reconnected after the kill and resumed from its last entry.
+            watched = await asyncio.wait_for(watcher, 60)
+            assert_gap_free(watched, total)
+    finally:
+        if service.process.poll() is None:
+            service.process.kill()
+        if restarted is not None:
+            assert stop_service(restarted) == 0, restarted.log()
+
+
+def _wait_port_free(port: int) -> bool:
+    for _ in range(200):
+        with socket.socket() as sock:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("127.0.0.1", port))
+                return True
+            except OSError:
+                time.sleep(0.05)
+    return False
+
