@@ -11,8 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
+from sqlalchemy.exc import SQLAlchemyError
 
 from quarry.config import QuarrySettings
+from quarry.db import UnsupportedDatabase
 from quarry.services import SERVICES
 
 
@@ -79,6 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValidationError as error:
             print(f"quarry: invalid configuration:\n{error}", file=sys.stderr)
             return 2
+        except (UnsupportedDatabase, SQLAlchemyError, OSError) as error:
+            # Startup failures a user can fix: say what failed, without a traceback.
+            print(f"quarry serve {args.service}: cannot start: {error}", file=sys.stderr)
+            return 1
     if args.command == "up":
         from quarry.launcher import Announcer, run_mesh
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -52,10 +53,15 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaita
     return wrapper
 
 
-def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+def _wrap_stream(behavior: Callable[..., Any]) -> Callable[..., AsyncIterator[Any]]:
     async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         try:
-            async for response in behavior(request, context):
+            responses = behavior(request, context)
+            if inspect.isawaitable(responses):
+                # A handler that streams with context.write() instead of yielding.
+                await responses
+                return
+            async for response in responses:
                 yield response
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
@@ -128,9 +134,10 @@ def create_server(address: str, services: Sequence[ServiceRegistration]) -> tupl
     reflection.enable_server_reflection(
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
     )
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"could not bind {address}")
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as error:  # grpc reports a failed bind this way
+        raise OSError(f"could not bind {address}: is the port in use?") from error
     return BoundServer(server=server, port=port, health=health_servicer, service_names=names), port
 
 

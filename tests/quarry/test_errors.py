@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import grpc
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+from quarry.errors import FieldViolation, InvalidArgument, NotFound, PermissionDenied, to_rpc_status
+
+
+def decode(status: grpc.Status) -> status_pb2.Status:
+    (key, value), = status.trailing_metadata
+    assert key == "grpc-status-details-bin"
+    return status_pb2.Status.FromString(value)
+
+
+def test_invalid_argument_carries_error_info_and_every_violation() -> None:
+    error = InvalidArgument([FieldViolation("content", "empty"), FieldViolation("kind", "unknown")])
+    status = to_rpc_status(error)
+    assert status.code == grpc.StatusCode.INVALID_ARGUMENT
+    details = decode(status)
+    assert details.code == code_pb2.INVALID_ARGUMENT
+    bad_request = error_details_pb2.BadRequest()
+    assert details.details[1].Unpack(bad_request)
+    assert [(v.field, v.description) for v in bad_request.field_violations] == [("content", "empty"), ("kind", "unknown")]
+    info = error_details_pb2.ErrorInfo()
+    assert details.details[0].Unpack(info)
+    assert info.domain == "quarry.dev"
+
+
+def test_not_found_names_the_resource_and_field() -> None:
+    details = decode(to_rpc_status(NotFound("thread", "t-1", field="thread_id")))
+    info, resource, bad_request = error_details_pb2.ErrorInfo(), error_details_pb2.ResourceInfo(), error_details_pb2.BadRequest()
+    assert details.details[0].Unpack(info) and info.reason == "THREAD_NOT_FOUND"
+    assert details.details[1].Unpack(resource) and resource.resource_name == "t-1"
+    assert details.details[2].Unpack(bad_request) and bad_request.field_violations[0].field == "thread_id"
+
+
+def test_permission_denied_keeps_its_reason_and_metadata() -> None:
+    error = PermissionDenied("no", reason="KIND_NOT_PERMITTED_FOR_ROLE", metadata={"role": "researcher"})
+    status = to_rpc_status(error)
+    assert status.code == grpc.StatusCode.PERMISSION_DENIED
+    info = error_details_pb2.ErrorInfo()
+    assert decode(status).details[0].Unpack(info)
+    assert info.reason == "KIND_NOT_PERMITTED_FOR_ROLE" and info.metadata["role"] == "researcher"
