@@ -9,17 +9,17 @@ from google.protobuf import timestamp_pb2
 from quarry.identity import Role
 from quarry.v1 import common_pb2
 
-_ROLE_FROM_PROTO = {
-    common_pb2.ROLE_SUPERVISOR: Role.SUPERVISOR,
-    common_pb2.ROLE_RESEARCHER: Role.RESEARCHER,
-    common_pb2.ROLE_VERIFIER: Role.VERIFIER,
+_ROLE_TO_PROTO: dict[Role, common_pb2.Role.ValueType] = {
+    Role.SUPERVISOR: common_pb2.ROLE_SUPERVISOR,
+    Role.RESEARCHER: common_pb2.ROLE_RESEARCHER,
+    Role.VERIFIER: common_pb2.ROLE_VERIFIER,
 }
-_ROLE_TO_PROTO = {role: number for number, role in _ROLE_FROM_PROTO.items()}
+_ROLE_FROM_PROTO: dict[int, Role] = {number: role for role, number in _ROLE_TO_PROTO.items()}
 
 
 def role_from_proto(value: int) -> Role | None:
     """None for ROLE_UNSPECIFIED and for numbers this build does not know."""
-    return _ROLE_FROM_PROTO.get(value)  # type: ignore[call-overload]
+    return _ROLE_FROM_PROTO.get(value)
 
 
 def role_to_proto(role: Role) -> common_pb2.Role.ValueType:

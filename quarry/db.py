@@ -163,9 +163,7 @@ def json_type() -> sa.types.TypeEngine[Any]:
     return sa.JSON().with_variant(JSONB(), "postgresql")
 
 
-async def run_in_transaction(
-    engine: AsyncEngine, work: Callable[[AsyncConnection], Awaitable[T]], *, write: bool
-) -> T:
+async def run_in_transaction(engine: AsyncEngine, work: Callable[[AsyncConnection], Awaitable[T]], *, write: bool) -> T:
     """Run `work` in one transaction; writes take SQLite's write lock up front."""
     async with engine.connect() as connection:
         if write and engine.dialect.name == "sqlite":

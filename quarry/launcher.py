@@ -57,15 +57,15 @@ async def _wait_ready(service: RunningService, deadline: float) -> None:
             await asyncio.sleep(READY_POLL_SECONDS)
 
 
-async def _stop(services: Sequence[RunningService], timeout: float) -> None:
-    """SIGTERM every child (reverse start order), then SIGKILL whoever outlives the timeout."""
+async def _stop(services: Sequence[RunningService], grace: float) -> None:
+    """SIGTERM every child (reverse start order), then SIGKILL whoever outlives the grace period."""
     for service in reversed(services):
         if service.process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 service.process.send_signal(signal.SIGTERM)
     for service in reversed(services):
         try:
-            await asyncio.wait_for(service.process.wait(), timeout)
+            await asyncio.wait_for(service.process.wait(), grace)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 service.process.kill()
@@ -78,7 +78,7 @@ async def run_mesh(
     addresses: dict[str, str],
     ready_timeout: float,
     stop_timeout: float,
-    announce: "Announcer",
+    announce: Announcer,
 ) -> int:
     """Start the named services, announce them once all serve, and supervise until told to stop.
 
@@ -110,7 +110,7 @@ async def run_mesh(
             announce.ready([(s.name, s.address, s.process.pid) for s in services])
             exits = [asyncio.create_task(s.process.wait()) for s in services]
             stopping = asyncio.create_task(stop_requested.wait())
-            done, _ = await asyncio.wait({*exits, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({*exits, stopping}, return_when=asyncio.FIRST_COMPLETED)
             stopping.cancel()
             for task in exits:
                 task.cancel()

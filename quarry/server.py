@@ -13,7 +13,7 @@ import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -25,6 +25,12 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
+if TYPE_CHECKING:
+    Context = grpc.aio.ServicerContext[Any, Any]
+    _Interceptor = grpc.aio.ServerInterceptor[Any, Any]
+else:  # grpc's classes are not subscriptable at run time
+    _Interceptor = grpc.aio.ServerInterceptor
+
 
 @dataclass(frozen=True)
 class ServiceRegistration:
@@ -34,15 +40,16 @@ class ServiceRegistration:
     register: Callable[[grpc.aio.Server], None]
 
 
-async def _translate_errors(context: grpc.aio.ServicerContext, error: BaseException) -> None:
+async def _translate_errors(context: Context, error: BaseException) -> None:
     if isinstance(error, QuarryError):
-        await context.abort_with_status(to_rpc_status(error))
+        # grpc-stubs predates abort_with_status on the aio context.
+        await context.abort_with_status(to_rpc_status(error))  # type: ignore[attr-defined]
     log.exception("unhandled error in RPC", exc_info=error)
-    await context.abort_with_status(internal_status())
+    await context.abort_with_status(internal_status())  # type: ignore[attr-defined]
 
 
 def _wrap_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def wrapper(request: Any, context: Context) -> Any:
         try:
             return await behavior(request, context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
@@ -54,7 +61,7 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaita
 
 
 def _wrap_stream(behavior: Callable[..., Any]) -> Callable[..., AsyncIterator[Any]]:
-    async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def wrapper(request: Any, context: Context) -> AsyncIterator[Any]:
         try:
             responses = behavior(request, context)
             if inspect.isawaitable(responses):
@@ -71,14 +78,14 @@ def _wrap_stream(behavior: Callable[..., Any]) -> Callable[..., AsyncIterator[An
     return wrapper
 
 
-class ErrorTranslationInterceptor(grpc.aio.ServerInterceptor):
+class ErrorTranslationInterceptor(_Interceptor):
     """The one place domain errors become gRPC statuses; anything else is INTERNAL and logged."""
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
@@ -101,13 +108,11 @@ class ErrorTranslationInterceptor(grpc.aio.ServerInterceptor):
 class BoundServer:
     server: grpc.aio.Server
     port: int
-    health: health.aio.HealthServicer
+    health: Any  # grpc_health.v1.health.aio.HealthServicer, which grpc-stubs does not describe
     service_names: list[str] = field(default_factory=list)
 
     async def set_serving(self, serving: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ["", *self.service_names]:
             await self.health.set(name, status)
 
@@ -126,7 +131,7 @@ def create_server(address: str, services: Sequence[ServiceRegistration]) -> tupl
             ("grpc.so_reuseport", 0),
         ],
     )
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for service in services:
         service.register(server)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from quarry.config import QuarrySettings, ServiceSettings
 from quarry.server import ServiceHost
@@ -20,7 +20,7 @@ class ServiceSpec:
     settings_class: str  # "module:Class"
     builder: str  # "module:function"
 
-    def settings(self, **overrides: object) -> ServiceSettings:
+    def settings(self, **overrides: Any) -> ServiceSettings:
         settings_type = cast(type[ServiceSettings], _load(self.settings_class))
         return settings_type(**overrides)
 

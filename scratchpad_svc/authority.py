@@ -12,13 +12,9 @@ WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
     {
         # The supervisor seeds the thread, coordinates and writes the synthesis;
         # it never records findings or verdicts itself.
-        Role.SUPERVISOR: frozenset(
-            {EntryKind.SEED, EntryKind.MARKER, EntryKind.NOTE, EntryKind.SYNTHESIS}
-        ),
+        Role.SUPERVISOR: frozenset({EntryKind.SEED, EntryKind.MARKER, EntryKind.NOTE, EntryKind.SYNTHESIS}),
         # Researchers promote verified findings and coordinate with each other.
-        Role.RESEARCHER: frozenset(
-            {EntryKind.FINDING, EntryKind.MARKER, EntryKind.ACKNOWLEDGEMENT, EntryKind.NOTE}
-        ),
+        Role.RESEARCHER: frozenset({EntryKind.FINDING, EntryKind.MARKER, EntryKind.ACKNOWLEDGEMENT, EntryKind.NOTE}),
         # Verifiers judge findings; they do not add findings of their own.
         Role.VERIFIER: frozenset({EntryKind.VERDICT, EntryKind.ACKNOWLEDGEMENT, EntryKind.NOTE}),
     }

@@ -20,9 +20,7 @@ VERSION_TABLE = "alembic_version_scratchpad"
 SERVICE_NAME = scratchpad_pb2.DESCRIPTOR.services_by_name["ScratchpadService"].full_name
 
 
-async def build_host(
-    settings: ScratchpadSettings | None = None, common: QuarrySettings | None = None
-) -> ServiceHost:
+async def build_host(settings: ScratchpadSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
     """Upgrade the schema and return a ready-to-start host for the scratchpad."""
     settings = settings or ScratchpadSettings()
     common = common or QuarrySettings()

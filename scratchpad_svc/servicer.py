@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -11,20 +12,20 @@ from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
 from scratchpad_svc.model import AppendCommand, Entry, EntryKind, NewThread, Source, Thread
 from scratchpad_svc.scratchpad import Scratchpad
 
-_KIND_FROM_PROTO = {
-    scratchpad_pb2.ENTRY_KIND_SEED: EntryKind.SEED,
-    scratchpad_pb2.ENTRY_KIND_FINDING: EntryKind.FINDING,
-    scratchpad_pb2.ENTRY_KIND_MARKER: EntryKind.MARKER,
-    scratchpad_pb2.ENTRY_KIND_ACKNOWLEDGEMENT: EntryKind.ACKNOWLEDGEMENT,
-    scratchpad_pb2.ENTRY_KIND_NOTE: EntryKind.NOTE,
-    scratchpad_pb2.ENTRY_KIND_VERDICT: EntryKind.VERDICT,
-    scratchpad_pb2.ENTRY_KIND_SYNTHESIS: EntryKind.SYNTHESIS,
+_KIND_TO_PROTO: dict[EntryKind, scratchpad_pb2.EntryKind.ValueType] = {
+    EntryKind.SEED: scratchpad_pb2.ENTRY_KIND_SEED,
+    EntryKind.FINDING: scratchpad_pb2.ENTRY_KIND_FINDING,
+    EntryKind.MARKER: scratchpad_pb2.ENTRY_KIND_MARKER,
+    EntryKind.ACKNOWLEDGEMENT: scratchpad_pb2.ENTRY_KIND_ACKNOWLEDGEMENT,
+    EntryKind.NOTE: scratchpad_pb2.ENTRY_KIND_NOTE,
+    EntryKind.VERDICT: scratchpad_pb2.ENTRY_KIND_VERDICT,
+    EntryKind.SYNTHESIS: scratchpad_pb2.ENTRY_KIND_SYNTHESIS,
 }
-_KIND_TO_PROTO = {kind: number for number, kind in _KIND_FROM_PROTO.items()}
+_KIND_FROM_PROTO: dict[int, EntryKind] = {number: kind for kind, number in _KIND_TO_PROTO.items()}
 
 
 def kind_from_proto(value: int) -> EntryKind | None:
-    return _KIND_FROM_PROTO.get(value)  # type: ignore[call-overload]
+    return _KIND_FROM_PROTO.get(value)
 
 
 def kind_to_proto(kind: EntryKind) -> scratchpad_pb2.EntryKind.ValueType:
@@ -64,7 +65,7 @@ class ScratchpadServicer(scratchpad_pb2_grpc.ScratchpadServiceServicer):
         self._scratchpad = scratchpad
 
     async def CreateThread(
-        self, request: scratchpad_pb2.CreateThreadRequest, context: grpc.aio.ServicerContext
+        self, request: scratchpad_pb2.CreateThreadRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scratchpad_pb2.CreateThreadResponse:
         thread = await self._scratchpad.create_thread(
             NewThread(
@@ -77,13 +78,13 @@ class ScratchpadServicer(scratchpad_pb2_grpc.ScratchpadServiceServicer):
         return scratchpad_pb2.CreateThreadResponse(thread=thread_to_proto(thread))
 
     async def GetThread(
-        self, request: scratchpad_pb2.GetThreadRequest, context: grpc.aio.ServicerContext
+        self, request: scratchpad_pb2.GetThreadRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scratchpad_pb2.GetThreadResponse:
         thread = await self._scratchpad.get_thread(request.thread_id)
         return scratchpad_pb2.GetThreadResponse(thread=thread_to_proto(thread))
 
     async def Append(
-        self, request: scratchpad_pb2.AppendRequest, context: grpc.aio.ServicerContext
+        self, request: scratchpad_pb2.AppendRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scratchpad_pb2.AppendResponse:
         result = await self._scratchpad.append(
             AppendCommand(
@@ -99,7 +100,7 @@ class ScratchpadServicer(scratchpad_pb2_grpc.ScratchpadServiceServicer):
         return scratchpad_pb2.AppendResponse(entry=entry_to_proto(result.entry), replayed=result.replayed)
 
     async def Read(
-        self, request: scratchpad_pb2.ReadRequest, context: grpc.aio.ServicerContext
+        self, request: scratchpad_pb2.ReadRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scratchpad_pb2.ReadResponse:
         page = await self._scratchpad.read(
             request.thread_id,
@@ -114,8 +115,8 @@ class ScratchpadServicer(scratchpad_pb2_grpc.ScratchpadServiceServicer):
             last_sequence_no=page.last_sequence_no,
         )
 
-    async def Watch(  # type: ignore[override]
-        self, request: scratchpad_pb2.WatchRequest, context: grpc.aio.ServicerContext
+    async def Watch(
+        self, request: scratchpad_pb2.WatchRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[scratchpad_pb2.WatchResponse]:
         entries = await self._scratchpad.open_watch(
             request.thread_id,

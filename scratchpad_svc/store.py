@@ -77,7 +77,7 @@ class ScratchpadStore:
 
     async def create_thread(self, request: NewThread) -> Thread:
         thread_id = request.thread_id or str(uuid.uuid4())
-        row = {
+        row: dict[str, Any] = {
             "thread_id": thread_id,
             "title": request.title,
             "labels": dict(request.labels),
@@ -119,7 +119,7 @@ class ScratchpadStore:
         if request_id:
             condition = sa.or_(threads.c.request_id == request_id, condition)
         async with self._engine.connect() as connection:
-            rows = (await connection.execute(sa.select(threads).where(condition))).all()
+            rows = list((await connection.execute(sa.select(threads).where(condition))).all())
         # Prefer the thread the request_id created.
         rows.sort(key=lambda r: r.request_id != request_id)
         return self._Found(_thread(rows[0]), rows[0].request_id) if rows else None
@@ -142,9 +142,7 @@ class ScratchpadStore:
 
         async def work(connection: AsyncConnection) -> tuple[list[Entry], int]:
             last = (
-                await connection.execute(
-                    sa.select(threads.c.last_sequence_no).where(threads.c.thread_id == thread_id)
-                )
+                await connection.execute(sa.select(threads.c.last_sequence_no).where(threads.c.thread_id == thread_id))
             ).scalar()
             if last is None:
                 raise NotFound("thread", thread_id, field="thread_id")
@@ -224,9 +222,7 @@ class ScratchpadStore:
         fresh = _first_per_request_id([c for c in commands if c.request_id not in existing])
         created = await self._insert(connection, thread_id, fresh, first_sequence_no=last + 1)
         last += len(fresh)
-        await connection.execute(
-            threads.update().where(threads.c.thread_id == thread_id).values(last_sequence_no=last)
-        )
+        await connection.execute(threads.update().where(threads.c.thread_id == thread_id).values(last_sequence_no=last))
         return self._outcome(commands, created, existing, last)
 
     async def _insert(

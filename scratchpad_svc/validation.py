@@ -58,7 +58,11 @@ def validate_new_thread(request: NewThread) -> None:
         violations.append(FieldViolation("labels", f"at most {MAX_LABELS} labels"))
     for key, value in request.labels.items():
         if not key or len(key) > MAX_LABEL_CHARS or len(value) > MAX_LABEL_CHARS:
-            violations.append(FieldViolation(f"labels[{key!r}]", f"keys 1-{MAX_LABEL_CHARS} characters, values at most {MAX_LABEL_CHARS}"))
+            violations.append(
+                FieldViolation(
+                    f"labels[{key!r}]", f"keys 1-{MAX_LABEL_CHARS} characters, values at most {MAX_LABEL_CHARS}"
+                )
+            )
     if violations:
         raise InvalidArgument(violations)
 
@@ -78,7 +82,9 @@ def validate_append(command: AppendCommand, limits: Limits) -> None:
     if not command.author_id:
         violations.append(FieldViolation("author.principal_id", "required"))
     elif not PRINCIPAL_ID.fullmatch(command.author_id):
-        violations.append(FieldViolation("author.principal_id", "must be 1-256 printable ASCII characters without spaces"))
+        violations.append(
+            FieldViolation("author.principal_id", "must be 1-256 printable ASCII characters without spaces")
+        )
     if command.role is None:
         violations.append(FieldViolation("author.role", "unknown or unspecified"))
     if not command.content.strip():
@@ -86,17 +92,25 @@ def validate_append(command: AppendCommand, limits: Limits) -> None:
     else:
         size = len(command.content.encode())
         if size > limits.max_content_bytes:
-            violations.append(FieldViolation("content", f"{size} bytes exceeds the limit of {limits.max_content_bytes}"))
+            violations.append(
+                FieldViolation("content", f"{size} bytes exceeds the limit of {limits.max_content_bytes}")
+            )
     if len(command.sources) > limits.max_sources:
         violations.append(FieldViolation("sources", f"at most {limits.max_sources} sources"))
     for index, source in enumerate(command.sources):
         field = f"sources[{index}]"
         if not source.url.startswith(SOURCE_SCHEMES) or len(source.url) > MAX_URL_CHARS:
-            violations.append(FieldViolation(f"{field}.url", f"must be an http(s):// or corpus:// URL of at most {MAX_URL_CHARS} characters"))
+            violations.append(
+                FieldViolation(
+                    f"{field}.url", f"must be an http(s):// or corpus:// URL of at most {MAX_URL_CHARS} characters"
+                )
+            )
         if len(source.title) > MAX_TITLE_CHARS:
             violations.append(FieldViolation(f"{field}.title", f"at most {MAX_TITLE_CHARS} characters"))
         if len(source.excerpt.encode()) > limits.max_content_bytes:
-            violations.append(FieldViolation(f"{field}.excerpt", f"exceeds the limit of {limits.max_content_bytes} bytes"))
+            violations.append(
+                FieldViolation(f"{field}.excerpt", f"exceeds the limit of {limits.max_content_bytes} bytes")
+            )
     if violations:
         raise InvalidArgument(violations)
 

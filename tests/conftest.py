@@ -74,7 +74,17 @@ def start_service(
     log_path = workdir / f"{name}.log"
     log_file = log_path.open("ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", "quarry", "serve", name, "--address", f"127.0.0.1:{port}", "--port-file", str(port_file)],
+        [
+            sys.executable,
+            "-m",
+            "quarry",
+            "serve",
+            name,
+            "--address",
+            f"127.0.0.1:{port}",
+            "--port-file",
+            str(port_file),
+        ],
         env={**os.environ, **env},
         stdout=log_file,
         stderr=subprocess.STDOUT,
@@ -97,4 +107,3 @@ def stop_service(service: ServiceProcess, timeout: float = 20.0) -> int:
     if service.process.poll() is None:
         service.process.terminate()
     return service.process.wait(timeout)
-

@@ -7,7 +7,7 @@ from quarry.errors import FieldViolation, InvalidArgument, NotFound, PermissionD
 
 
 def decode(status: grpc.Status) -> status_pb2.Status:
-    (key, value), = status.trailing_metadata
+    ((key, value),) = status.trailing_metadata
     assert key == "grpc-status-details-bin"
     return status_pb2.Status.FromString(value)
 
@@ -20,7 +20,10 @@ def test_invalid_argument_carries_error_info_and_every_violation() -> None:
     assert details.code == code_pb2.INVALID_ARGUMENT
     bad_request = error_details_pb2.BadRequest()
     assert details.details[1].Unpack(bad_request)
-    assert [(v.field, v.description) for v in bad_request.field_violations] == [("content", "empty"), ("kind", "unknown")]
+    assert [(v.field, v.description) for v in bad_request.field_violations] == [
+        ("content", "empty"),
+        ("kind", "unknown"),
+    ]
     info = error_details_pb2.ErrorInfo()
     assert details.details[0].Unpack(info)
     assert info.domain == "quarry.dev"
@@ -28,7 +31,11 @@ def test_invalid_argument_carries_error_info_and_every_violation() -> None:
 
 def test_not_found_names_the_resource_and_field() -> None:
     details = decode(to_rpc_status(NotFound("thread", "t-1", field="thread_id")))
-    info, resource, bad_request = error_details_pb2.ErrorInfo(), error_details_pb2.ResourceInfo(), error_details_pb2.BadRequest()
+    info, resource, bad_request = (
+        error_details_pb2.ErrorInfo(),
+        error_details_pb2.ResourceInfo(),
+        error_details_pb2.BadRequest(),
+    )
     assert details.details[0].Unpack(info) and info.reason == "THREAD_NOT_FOUND"
     assert details.details[1].Unpack(resource) and resource.resource_name == "t-1"
     assert details.details[2].Unpack(bad_request) and bad_request.field_violations[0].field == "thread_id"

@@ -94,7 +94,9 @@ async def test_read_filters_by_kind(stub: Stub, make_thread: MakeThread) -> None
     assert [entry.request_id for entry in findings] == ["f1", "f2"]
 
 
-async def test_watch_delivers_backlog_then_live_commits_and_resumes(client: ScratchpadClient, stub: Stub, make_thread: MakeThread) -> None:
+async def test_watch_delivers_backlog_then_live_commits_and_resumes(
+    client: ScratchpadClient, stub: Stub, make_thread: MakeThread
+) -> None:
     thread_id = await make_thread()
     for index in range(3):
         await stub.Append(finding(thread_id, f"old-{index}"))
@@ -123,7 +125,9 @@ async def test_watch_with_kind_filter_skips_other_kinds(stub: Stub, make_thread:
     call.cancel()
 
 
-async def test_shutdown_ends_watch_with_unavailable(scratchpad_host: ServiceHost, stub: Stub, make_thread: MakeThread) -> None:
+async def test_shutdown_ends_watch_with_unavailable(
+    scratchpad_host: ServiceHost, stub: Stub, make_thread: MakeThread
+) -> None:
     thread_id = await make_thread()
     call = stub.Watch(scratchpad_pb2.WatchRequest(thread_id=thread_id))
     await call.initial_metadata()

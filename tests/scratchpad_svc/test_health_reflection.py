@@ -19,7 +19,9 @@ async def test_health_answers_serving_for_server_and_service(channel: grpc.aio.C
         assert response.status == health_pb2.HealthCheckResponse.SERVING
 
 
-async def test_health_turns_not_serving_when_shutdown_begins(scratchpad_host: ServiceHost, channel: grpc.aio.Channel) -> None:
+async def test_health_turns_not_serving_when_shutdown_begins(
+    scratchpad_host: ServiceHost, channel: grpc.aio.Channel
+) -> None:
     stub = health_pb2_grpc.HealthStub(channel)
     watch = stub.Watch(health_pb2.HealthCheckRequest(service="quarry.v1.ScratchpadService"))
     assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING

@@ -27,7 +27,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def service_env(database_url: str, data_dir: Path) -> dict[str, str]:
-    return {"QUARRY_SCRATCHPAD_DATABASE_URL": database_url, "QUARRY_DATA_DIR": str(data_dir), "QUARRY_LOG_LEVEL": "WARNING"}
+    return {
+        "QUARRY_SCRATCHPAD_DATABASE_URL": database_url,
+        "QUARRY_DATA_DIR": str(data_dir),
+        "QUARRY_LOG_LEVEL": "WARNING",
+    }
 
 
 def start_writers(address: str, thread_id: str, writers: int, count: int) -> list[subprocess.Popen[str]]:
@@ -43,17 +47,19 @@ def start_writers(address: str, thread_id: str, writers: int, count: int) -> lis
     ]
 
 
-async def collect_writers(processes: list[subprocess.Popen[str]], timeout: float) -> list[list[dict[str, object]]]:
+async def collect_writers(processes: list[subprocess.Popen[str]], wait_seconds: float) -> list[list[dict[str, object]]]:
     """Each writer's acknowledged appends, in the order it made them."""
     outputs = []
     for process in processes:
-        stdout, stderr = await asyncio.to_thread(process.communicate, timeout=timeout)
+        stdout, stderr = await asyncio.to_thread(process.communicate, timeout=wait_seconds)
         assert process.returncode == 0, f"writer failed:\n{stderr[-3000:]}"
         outputs.append([json.loads(line) for line in stdout.splitlines()])
     return outputs
 
 
-async def watch_until(client: ScratchpadClient, thread_id: str, count: int, opened: asyncio.Event) -> list[scratchpad_pb2.Entry]:
+async def watch_until(
+    client: ScratchpadClient, thread_id: str, count: int, opened: asyncio.Event
+) -> list[scratchpad_pb2.Entry]:
     received: list[scratchpad_pb2.Entry] = []
     stream: AsyncIterator[scratchpad_pb2.Entry] = client.watch(thread_id, after_sequence_no=0)
     opened.set()
@@ -119,7 +125,9 @@ async def test_eight_writer_processes_get_one_gap_free_order(database_url: str, 
         assert stop_service(service) == 0, service.log()
 
 
-async def test_writers_survive_sigkill_and_restart_without_loss_or_duplicates(database_url: str, tmp_path: Path) -> None:
+async def test_writers_survive_sigkill_and_restart_without_loss_or_duplicates(
+    database_url: str, tmp_path: Path
+) -> None:
     writers, per_writer = 8, 300
     total = writers * per_writer
     port = free_port()
@@ -176,4 +184,3 @@ def _wait_port_free(port: int) -> bool:
             except OSError:
                 time.sleep(0.05)
     return False
-

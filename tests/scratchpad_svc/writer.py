@@ -29,7 +29,11 @@ async def write(address: str, thread_id: str, writer: int, count: int) -> None:
                 content=f"writer {writer} finding {index}",
                 sources=[common_pb2.Source(url=f"https://example.org/{writer}/{index}", excerpt="finding")],
             )
-            record = {"request_id": response.entry.request_id, "seq": response.entry.sequence_no, "replayed": response.replayed}
+            record = {
+                "request_id": response.entry.request_id,
+                "seq": response.entry.sequence_no,
+                "replayed": response.replayed,
+            }
             print(json.dumps(record), flush=True)
 
 

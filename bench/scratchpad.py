@@ -1,0 +1,240 @@
+"""Scratchpad benchmark: append throughput and latency, and Watch delivery latency.
+
+    python3 bench/scratchpad.py [--appends 4000] [--backends sqlite,postgresql]
+        [--postgres-url postgresql://postgres@127.0.0.1:5432/test]
+
+For each backend it starts `quarry serve scratchpad` as its own process and drives
+it over gRPC from separate client processes:
+  - 1 client: sequential appends, latency of each;
+  - 8 clients: 8 processes appending concurrently to one thread;
+  - Watch: a watcher streaming from the thread while one client appends;
+    latency is measured from the moment the append is sent to the moment the
+    watcher receives the entry, so it includes the commit (an upper bound).
+Prints figures only; it never passes or fails on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import psycopg
+from sqlalchemy.engine import make_url
+
+from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
+
+AUTHOR = common_pb2.Principal(principal_id="bench", role=common_pb2.ROLE_RESEARCHER)
+CONTENT = "A benchmark finding of ordinary size. " * 8  # ~300 bytes
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def append_request(thread_id: str, request_id: str, content: str = CONTENT) -> scratchpad_pb2.AppendRequest:
+    return scratchpad_pb2.AppendRequest(
+        thread_id=thread_id,
+        request_id=request_id,
+        kind=scratchpad_pb2.ENTRY_KIND_FINDING,
+        author=AUTHOR,
+        content=content,
+        sources=[common_pb2.Source(url="https://example.org/bench", title="bench", excerpt="finding")],
+    )
+
+
+async def _append_many(address: str, thread_id: str, prefix: str, count: int) -> list[float]:
+    latencies = []
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = scratchpad_pb2_grpc.ScratchpadServiceStub(channel)
+        await stub.GetThread(scratchpad_pb2.GetThreadRequest(thread_id=thread_id))  # connect first
+        for index in range(count):
+            started = time.perf_counter()
+            await stub.Append(append_request(thread_id, f"{prefix}-{index}"), timeout=30)
+            latencies.append(time.perf_counter() - started)
+    return latencies
+
+
+def client_process(address: str, thread_id: str, prefix: str, count: int, barrier: object, results: object) -> None:
+    barrier.wait()  # type: ignore[attr-defined]
+    started = time.perf_counter()
+    latencies = asyncio.run(_append_many(address, thread_id, prefix, count))
+    results.put((started, time.perf_counter(), latencies))  # type: ignore[attr-defined]
+
+
+@dataclass
+class AppendFigures:
+    clients: int
+    appends: int
+    seconds: float
+    latencies: list[float]
+
+    def row(self) -> str:
+        ms = [value * 1000 for value in self.latencies]
+        return (
+            f"{self.clients:>7} {self.appends:>7} {self.appends / self.seconds:>10.0f} "
+            f"{percentile(ms, 0.5):>8.2f} {percentile(ms, 0.99):>8.2f}"
+        )
+
+
+def run_clients(address: str, thread_id: str, clients: int, total: int) -> AppendFigures:
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(clients)
+    results = context.Queue()
+    per_client = total // clients
+    processes = [
+        context.Process(
+            target=client_process,
+            args=(address, thread_id, f"c{clients}-{i}-{uuid.uuid4().hex[:6]}", per_client, barrier, results),
+        )
+        for i in range(clients)
+    ]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=600) for _ in processes]
+    for process in processes:
+        process.join(60)
+    begin = min(start for start, _, _ in outcomes)
+    end = max(stop for _, stop, _ in outcomes)
+    latencies = [value for _, _, values in outcomes for value in values]
+    return AppendFigures(clients, per_client * clients, end - begin, latencies)
+
+
+async def watch_latency(address: str, thread_id: str, count: int) -> list[float]:
+    """Milliseconds from an append being sent to a watcher receiving that entry."""
+    sent: dict[str, float] = {}
+    received: dict[str, float] = {}
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = scratchpad_pb2_grpc.ScratchpadServiceStub(channel)
+        after = (await stub.GetThread(scratchpad_pb2.GetThreadRequest(thread_id=thread_id))).thread.last_sequence_no
+        call = stub.Watch(scratchpad_pb2.WatchRequest(thread_id=thread_id, after_sequence_no=after))
+        await call.initial_metadata()
+
+        async def watch() -> None:
+            while len(received) < count:
+                response = await call.read()
+                received[response.entry.request_id] = time.perf_counter()
+
+        watcher = asyncio.create_task(watch())
+        async with grpc.aio.insecure_channel(address) as writer_channel:
+            writer = scratchpad_pb2_grpc.ScratchpadServiceStub(writer_channel)
+            for index in range(count):
+                request_id = f"watch-{index}"
+                sent[request_id] = time.perf_counter()
+                await writer.Append(append_request(thread_id, request_id))
+                await asyncio.sleep(0.002)  # a steady stream, not a burst
+        await asyncio.wait_for(watcher, 60)
+        call.cancel()
+    return [(received[key] - sent[key]) * 1000 for key in sent]
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def start_server(database_url: str, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port_file = workdir / "scratchpad.addr"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "quarry",
+            "serve",
+            "scratchpad",
+            "--address",
+            "127.0.0.1:0",
+            "--port-file",
+            str(port_file),
+        ],
+        env={**os.environ, "QUARRY_SCRATCHPAD_DATABASE_URL": database_url, "QUARRY_LOG_LEVEL": "WARNING"},
+    )
+    for _ in range(600):
+        if port_file.exists():
+            return process, port_file.read_text().strip()
+        if process.poll() is not None:
+            break
+        time.sleep(0.05)
+    process.kill()
+    raise RuntimeError("the scratchpad did not start")
+
+
+def fresh_postgres_schema(url: str) -> tuple[str, str]:
+    schema = f"bench_{uuid.uuid4().hex[:10]}"
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as connection:
+        connection.execute(f'CREATE SCHEMA "{schema}"')
+    scoped = make_url(url).update_query_dict({"options": f"-csearch_path={schema}"})
+    return scoped.render_as_string(hide_password=False), schema
+
+
+def drop_postgres_schema(url: str, schema: str) -> None:
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as connection:
+        connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def bench_backend(name: str, database_url: str, appends: int, watch_count: int) -> None:
+    with tempfile.TemporaryDirectory() as workdir:
+        server, address = start_server(database_url, Path(workdir))
+        try:
+            with grpc.insecure_channel(address) as channel:
+                stub = scratchpad_pb2_grpc.ScratchpadServiceStub(channel)
+                thread_id = stub.CreateThread(scratchpad_pb2.CreateThreadRequest(title="bench")).thread.thread_id
+            run_clients(address, thread_id, 1, 200)  # warm up
+            print(f"\n{name}: appends to one thread")
+            print(f"{'clients':>7} {'appends':>7} {'appends/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
+            for clients in (1, 8):
+                print(run_clients(address, thread_id, clients, appends).row(), flush=True)
+            latencies = asyncio.run(watch_latency(address, thread_id, watch_count))
+            print(
+                f"{name}: Watch delivery, append sent -> entry received, {watch_count} entries: "
+                f"p50 {percentile(latencies, 0.5):.2f} ms, p99 {percentile(latencies, 0.99):.2f} ms, "
+                f"max {max(latencies):.2f} ms, mean {statistics.fmean(latencies):.2f} ms"
+            )
+            print(f"{name}: server peak RSS {peak_rss_mib(server.pid):.0f} MiB")
+        finally:
+            server.terminate()
+            server.wait(30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--appends", type=int, default=4000)
+    parser.add_argument("--watch-entries", type=int, default=1000)
+    parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get("QUARRY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+    )
+    args = parser.parse_args()
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, grpcio {grpc.__version__}")
+    for backend in args.backends.split(","):
+        if backend == "sqlite":
+            with tempfile.TemporaryDirectory() as data:
+                bench_backend("sqlite", f"sqlite:///{data}/scratchpad.db", args.appends, args.watch_entries)
+        elif backend == "postgresql":
+            url, schema = fresh_postgres_schema(args.postgres_url)
+            try:
+                bench_backend("postgresql", url, args.appends, args.watch_entries)
+            finally:
+                drop_postgres_schema(args.postgres_url, schema)
+        else:
+            raise SystemExit(f"unknown backend {backend!r}")
+
+
+if __name__ == "__main__":
+    main()
