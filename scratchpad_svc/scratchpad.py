@@ -8,8 +8,7 @@ from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from quarry.db import Database
 from quarry.errors import QuarryError, Unavailable
 from scratchpad_svc.authority import check_may_write
 from scratchpad_svc.commits import CommitSignal
@@ -55,14 +54,14 @@ class Scratchpad:
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        database: Database,
         limits: Limits,
         *,
         signal: CommitSignal | None = None,
         max_batch: int = 256,
         write_concurrency: int = 4,
     ) -> None:
-        self._store = ScratchpadStore(engine)
+        self._store = ScratchpadStore(database)
         self._limits = limits
         self.signal = signal or CommitSignal()
         self._max_batch = max_batch

@@ -7,7 +7,7 @@ from pathlib import Path
 import grpc
 
 from quarry.config import QuarrySettings, ScratchpadSettings
-from quarry.db import create_engine, database_url, is_postgres, upgrade_schema_async
+from quarry.db import Database, upgrade_schema_async
 from quarry.server import ServiceHost, ServiceRegistration
 from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
 from scratchpad_svc.commits import CommitSignal, PostgresCommitListener
@@ -26,17 +26,17 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
     common = common or QuarrySettings()
     url = settings.resolved_database_url(common.data_dir)
     await upgrade_schema_async(url, MIGRATIONS, VERSION_TABLE)
-    engine = create_engine(url)
+    database = Database(url)
     signal = CommitSignal()
     scratchpad = Scratchpad(
-        engine,
+        database,
         Limits(max_content_bytes=settings.max_content_bytes, max_sources=settings.max_sources),
         signal=signal,
         max_batch=settings.max_batch,
     )
     listener = None
-    if is_postgres(engine):
-        listener = PostgresCommitListener(database_url(url, asynchronous=True), signal)
+    if database.is_postgres:
+        listener = PostgresCommitListener(database.url, signal)
         listener.start()
 
     def register(server: grpc.aio.Server) -> None:
@@ -45,7 +45,7 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
     async def release() -> None:
         if listener is not None:
             await listener.stop()
-        await engine.dispose()
+        await database.close()
 
     return ServiceHost(
         settings.address,

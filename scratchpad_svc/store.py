@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,10 +11,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from quarry.db import is_postgres, run_in_transaction
+from quarry.db import Database
 from quarry.errors import AlreadyExists, NotFound, QuarryError
 from quarry.identity import Principal, Role
 from scratchpad_svc.model import AppendCommand, AppendResult, Entry, EntryKind, NewThread, Source, Thread
@@ -70,100 +72,185 @@ def _request_reused(command: AppendCommand, original: Entry) -> AlreadyExists:
     )
 
 
+# One statement, one round trip, one implicit transaction: lock and advance the
+# counter, insert the batch numbered from it, and notify other replicas on commit.
+# The counter row lock orders concurrent writers, so sequence numbers follow
+# commit order with no gaps.
+_POSTGRES_APPEND = sa.text(
+    """
+    WITH counter AS (
+        UPDATE scratchpad_threads SET last_sequence_no = last_sequence_no + :n
+        WHERE thread_id = :thread_id
+        RETURNING last_sequence_no
+    ), inserted AS (
+        INSERT INTO scratchpad_entries (thread_id, sequence_no, request_id, fingerprint, kind,
+                                        author_id, author_role, content, sources, create_time)
+        SELECT :thread_id, counter.last_sequence_no - :n + batch.position, batch.request_id,
+               batch.fingerprint, batch.kind, batch.author_id, batch.author_role, batch.content,
+               CAST(batch.sources AS jsonb), :create_time
+        FROM counter, unnest(
+            CAST(:positions AS bigint[]), CAST(:request_ids AS text[]), CAST(:fingerprints AS text[]),
+            CAST(:kinds AS text[]), CAST(:author_ids AS text[]), CAST(:author_roles AS text[]),
+            CAST(:contents AS text[]), CAST(:sources AS text[])
+        ) AS batch(position, request_id, fingerprint, kind, author_id, author_role, content, sources)
+    )
+    SELECT (SELECT last_sequence_no FROM counter) AS last_sequence_no, pg_notify(:channel, :thread_id)
+    """
+)
+
+
+def _entry_row(entry: Entry, fingerprint: str) -> dict[str, Any]:
+    return {
+        "thread_id": entry.thread_id,
+        "sequence_no": entry.sequence_no,
+        "request_id": entry.request_id,
+        "fingerprint": fingerprint,
+        "kind": entry.kind.value,
+        "author_id": entry.author.principal_id,
+        "author_role": entry.author.role.value,
+        "content": entry.content,
+        "sources": [{"url": s.url, "title": s.title, "excerpt": s.excerpt} for s in entry.sources],
+        "create_time": entry.create_time,
+    }
+
+
+def _new_entries(
+    thread_id: str, commands: Sequence[AppendCommand], first_sequence_no: int
+) -> dict[str, tuple[str, Entry]]:
+    """The entries a batch creates, by request_id, with their payload fingerprints."""
+    now = datetime.now(UTC)
+    created: dict[str, tuple[str, Entry]] = {}
+    for offset, command in enumerate(commands):
+        assert command.kind is not None and command.role is not None  # validated before batching
+        created[command.request_id] = (
+            command.fingerprint(),
+            Entry(
+                thread_id=thread_id,
+                sequence_no=first_sequence_no + offset,
+                request_id=command.request_id,
+                kind=command.kind,
+                author=Principal(command.author_id, command.role),
+                content=command.content,
+                sources=command.sources,
+                create_time=now,
+            ),
+        )
+    return created
+
+
+def _outcome(
+    commands: Sequence[AppendCommand],
+    created: dict[str, tuple[str, Entry]],
+    existing: dict[str, tuple[str, Entry]],
+    last: int,
+) -> BatchOutcome:
+    results: list[AppendResult | QuarryError] = []
+    answered: set[str] = set()
+    for command in commands:
+        if command.request_id in existing:
+            fingerprint, entry = existing[command.request_id]
+            replayed = True
+        else:
+            fingerprint, entry = created[command.request_id]
+            # The first command with a new request_id wrote it; later ones in the batch are retries.
+            replayed = command.request_id in answered
+        answered.add(command.request_id)
+        if fingerprint != command.fingerprint():
+            results.append(_request_reused(command, entry))
+        else:
+            results.append(AppendResult(entry=entry, replayed=replayed))
+    return BatchOutcome(results=results, last_sequence_no=last)
+
+
 class ScratchpadStore:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
-        self._notify = is_postgres(engine)
+    """Async facade; each method's SQL runs as one transaction in a database thread."""
+
+    def __init__(self, database: Database) -> None:
+        self._db = database
 
     async def create_thread(self, request: NewThread) -> Thread:
-        thread_id = request.thread_id or str(uuid.uuid4())
-        row: dict[str, Any] = {
-            "thread_id": thread_id,
-            "title": request.title,
-            "labels": dict(request.labels),
-            "create_time": datetime.now(UTC),
+        thread = Thread(
+            thread_id=request.thread_id or str(uuid.uuid4()),
+            title=request.title,
+            labels=dict(request.labels),
+            create_time=datetime.now(UTC),
+            last_sequence_no=0,
+        )
+        row = {
+            "thread_id": thread.thread_id,
+            "title": thread.title,
+            "labels": thread.labels,
+            "create_time": thread.create_time,
             "last_sequence_no": 0,
             "request_id": request.request_id or None,
         }
-
-        async def insert(connection: AsyncConnection) -> None:
-            await connection.execute(threads.insert().values(row))
-
         try:
-            await run_in_transaction(self._engine, insert, write=True)
+            await self._db.write(lambda connection: connection.execute(threads.insert().values(row)))
         except IntegrityError:
-            # Either the request_id or the chosen thread_id exists: a retry, or a clash.
-            existing = await self._find_thread(request.request_id, thread_id)
+            # The request_id or the chosen thread_id exists: a retry, or a clash.
+            existing = await self._db.read(lambda c: self._find_thread(c, request.request_id, thread.thread_id))
             if existing is None:
                 raise
             if request.request_id and existing.request_id == request.request_id:
-                return existing.thread
+                return _thread(existing)
             raise AlreadyExists(
-                f"thread {thread_id!r} already exists", reason="THREAD_EXISTS", metadata={"thread_id": thread_id}
+                f"thread {thread.thread_id!r} already exists",
+                reason="THREAD_EXISTS",
+                metadata={"thread_id": thread.thread_id},
             ) from None
-        return Thread(
-            thread_id=thread_id,
-            title=request.title,
-            labels=dict(request.labels),
-            create_time=row["create_time"],
-            last_sequence_no=0,
-        )
+        return thread
 
-    @dataclass(frozen=True)
-    class _Found:
-        thread: Thread
-        request_id: str | None
-
-    async def _find_thread(self, request_id: str, thread_id: str) -> _Found | None:
+    @staticmethod
+    def _find_thread(connection: Connection, request_id: str, thread_id: str) -> sa.Row[Any] | None:
         condition = threads.c.thread_id == thread_id
         if request_id:
             condition = sa.or_(threads.c.request_id == request_id, condition)
-        async with self._engine.connect() as connection:
-            rows = list((await connection.execute(sa.select(threads).where(condition))).all())
-        # Prefer the thread the request_id created.
-        rows.sort(key=lambda r: r.request_id != request_id)
-        return self._Found(_thread(rows[0]), rows[0].request_id) if rows else None
+        rows = list(connection.execute(sa.select(threads).where(condition)).all())
+        rows.sort(key=lambda row: row.request_id != request_id)  # the thread the request_id made first
+        return rows[0] if rows else None
 
     async def get_thread(self, thread_id: str) -> Thread:
-        async with self._engine.connect() as connection:
-            row = (await connection.execute(sa.select(threads).where(threads.c.thread_id == thread_id))).first()
-        if row is None:
-            raise NotFound("thread", thread_id, field="thread_id")
-        return _thread(row)
+        def work(connection: Connection) -> Thread:
+            row = connection.execute(sa.select(threads).where(threads.c.thread_id == thread_id)).first()
+            if row is None:
+                raise NotFound("thread", thread_id, field="thread_id")
+            return _thread(row)
+
+        return await self._db.read(work)
 
     async def read(
         self, thread_id: str, after_sequence_no: int, limit: int, kinds: Sequence[EntryKind] = ()
     ) -> tuple[list[Entry], int]:
         """Committed entries after a sequence number, and the thread's last sequence number.
 
-        Entries are bounded by the counter read first: the counter and the entries
-        up to it commit together, so the page never skips an entry that commits later.
+        Entries are bounded by the counter read in the same snapshot; the counter and
+        the entries up to it commit together, so a reader resuming after the last
+        entry it saw never skips one that commits later.
         """
 
-        async def work(connection: AsyncConnection) -> tuple[list[Entry], int]:
-            last = (
-                await connection.execute(sa.select(threads.c.last_sequence_no).where(threads.c.thread_id == thread_id))
-            ).scalar()
-            if last is None:
-                raise NotFound("thread", thread_id, field="thread_id")
-            if last <= after_sequence_no:
-                return [], last
-            query = (
-                sa.select(entries)
-                .where(
-                    entries.c.thread_id == thread_id,
-                    entries.c.sequence_no > after_sequence_no,
-                    entries.c.sequence_no <= last,
-                )
-                .order_by(entries.c.sequence_no)
-                .limit(limit)
-            )
-            if kinds:
-                query = query.where(entries.c.kind.in_([kind.value for kind in kinds]))
-            rows = (await connection.execute(query)).all()
-            return [_entry(row) for row in rows], last
+        join = [
+            entries.c.thread_id == threads.c.thread_id,
+            entries.c.sequence_no > after_sequence_no,
+            entries.c.sequence_no <= threads.c.last_sequence_no,
+        ]
+        if kinds:
+            join.append(entries.c.kind.in_([kind.value for kind in kinds]))
+        # One statement: the counter and the entries it bounds come from one snapshot.
+        query = (
+            sa.select(threads.c.last_sequence_no.label("thread_last_sequence_no"), *entries.c)
+            .select_from(threads.outerjoin(entries, sa.and_(*join)))
+            .where(threads.c.thread_id == thread_id)
+            .order_by(entries.c.sequence_no)
+            .limit(limit)
+        )
 
-        return await run_in_transaction(self._engine, work, write=False)
+        def work(connection: Connection) -> tuple[list[Entry], int]:
+            rows = connection.execute(query).all()
+            if not rows:
+                raise NotFound("thread", thread_id, field="thread_id")
+            return [_entry(row) for row in rows if row.sequence_no is not None], rows[0].thread_last_sequence_no
+
+        return await self._db.read_statement(work)
 
     async def append_batch(self, thread_id: str, commands: Sequence[AppendCommand]) -> BatchOutcome:
         """Commit a batch of appends to one thread in one transaction.
@@ -174,118 +261,80 @@ class ScratchpadStore:
         """
         unique = _first_per_request_id(commands)
         try:
-            return await run_in_transaction(
-                self._engine, lambda c: self._append_new(c, thread_id, commands, unique), write=True
-            )
+            if self._db.is_postgres:
+                return await self._db.write_autocommit(
+                    lambda c: self._append_new_postgres(c, thread_id, commands, unique)
+                )
+            return await self._db.write(lambda c: self._append_new(c, thread_id, commands, unique))
         except IntegrityError:
-            return await run_in_transaction(
-                self._engine, lambda c: self._append_resolving(c, thread_id, commands), write=True
-            )
+            return await self._db.write(lambda c: self._append_resolving(c, thread_id, commands))
 
-    async def _append_new(
-        self,
-        connection: AsyncConnection,
-        thread_id: str,
-        commands: Sequence[AppendCommand],
-        unique: list[AppendCommand],
+    @staticmethod
+    def _append_new(
+        connection: Connection, thread_id: str, commands: Sequence[AppendCommand], unique: list[AppendCommand]
     ) -> BatchOutcome:
-        last = (
-            await connection.execute(
-                threads.update()
-                .where(threads.c.thread_id == thread_id)
-                .values(last_sequence_no=threads.c.last_sequence_no + len(unique))
-                .returning(threads.c.last_sequence_no)
-            )
+        last = connection.execute(
+            threads.update()
+            .where(threads.c.thread_id == thread_id)
+            .values(last_sequence_no=threads.c.last_sequence_no + len(unique))
+            .returning(threads.c.last_sequence_no)
         ).scalar()
         if last is None:
             raise NotFound("thread", thread_id, field="thread_id")
-        created = await self._insert(connection, thread_id, unique, first_sequence_no=last - len(unique) + 1)
-        return self._outcome(commands, created, {}, last)
+        created = _new_entries(thread_id, unique, first_sequence_no=last - len(unique) + 1)
+        connection.execute(entries.insert(), [_entry_row(entry, fp) for fp, entry in created.values()])
+        return _outcome(commands, created, {}, last)
 
-    async def _append_resolving(
-        self, connection: AsyncConnection, thread_id: str, commands: Sequence[AppendCommand]
+    @staticmethod
+    def _append_new_postgres(
+        connection: Connection, thread_id: str, commands: Sequence[AppendCommand], unique: list[AppendCommand]
     ) -> BatchOutcome:
-        last = (
-            await connection.execute(
-                sa.select(threads.c.last_sequence_no).where(threads.c.thread_id == thread_id).with_for_update()
-            )
+        created = _new_entries(thread_id, unique, first_sequence_no=1)  # renumbered below
+        rows = [_entry_row(entry, fp) for fp, entry in created.values()]
+        result = connection.execute(
+            _POSTGRES_APPEND,
+            {
+                "thread_id": thread_id,
+                "n": len(rows),
+                "create_time": rows[0]["create_time"],
+                "channel": NOTIFY_CHANNEL,
+                "positions": list(range(1, len(rows) + 1)),
+                "request_ids": [row["request_id"] for row in rows],
+                "fingerprints": [row["fingerprint"] for row in rows],
+                "kinds": [row["kind"] for row in rows],
+                "author_ids": [row["author_id"] for row in rows],
+                "author_roles": [row["author_role"] for row in rows],
+                "contents": [row["content"] for row in rows],
+                "sources": [json.dumps(row["sources"]) for row in rows],
+            },
+        ).one()
+        if result.last_sequence_no is None:
+            raise NotFound("thread", thread_id, field="thread_id")
+        first = result.last_sequence_no - len(rows) + 1
+        renumbered = {
+            request_id: (fp, dataclasses.replace(entry, sequence_no=first + index))
+            for index, (request_id, (fp, entry)) in enumerate(created.items())
+        }
+        return _outcome(commands, renumbered, {}, result.last_sequence_no)
+
+    @staticmethod
+    def _append_resolving(connection: Connection, thread_id: str, commands: Sequence[AppendCommand]) -> BatchOutcome:
+        last = connection.execute(
+            sa.select(threads.c.last_sequence_no).where(threads.c.thread_id == thread_id).with_for_update()
         ).scalar()
         if last is None:
             raise NotFound("thread", thread_id, field="thread_id")
         request_ids = list({command.request_id for command in commands})
-        rows = (
-            await connection.execute(
-                sa.select(entries).where(entries.c.thread_id == thread_id, entries.c.request_id.in_(request_ids))
-            )
+        rows = connection.execute(
+            sa.select(entries).where(entries.c.thread_id == thread_id, entries.c.request_id.in_(request_ids))
         ).all()
         existing = {row.request_id: (row.fingerprint, _entry(row)) for row in rows}
         fresh = _first_per_request_id([c for c in commands if c.request_id not in existing])
-        created = await self._insert(connection, thread_id, fresh, first_sequence_no=last + 1)
-        last += len(fresh)
-        await connection.execute(threads.update().where(threads.c.thread_id == thread_id).values(last_sequence_no=last))
-        return self._outcome(commands, created, existing, last)
-
-    async def _insert(
-        self, connection: AsyncConnection, thread_id: str, commands: list[AppendCommand], first_sequence_no: int
-    ) -> dict[str, tuple[str, Entry]]:
-        if not commands:
-            return {}
-        now = datetime.now(UTC)
-        rows = []
-        created: dict[str, tuple[str, Entry]] = {}
-        for offset, command in enumerate(commands):
-            assert command.kind is not None and command.role is not None  # validated before batching
-            fingerprint = command.fingerprint()
-            entry = Entry(
-                thread_id=thread_id,
-                sequence_no=first_sequence_no + offset,
-                request_id=command.request_id,
-                kind=command.kind,
-                author=Principal(command.author_id, command.role),
-                content=command.content,
-                sources=command.sources,
-                create_time=now,
-            )
-            created[command.request_id] = (fingerprint, entry)
-            rows.append(
-                {
-                    "thread_id": thread_id,
-                    "sequence_no": entry.sequence_no,
-                    "request_id": entry.request_id,
-                    "fingerprint": fingerprint,
-                    "kind": entry.kind.value,
-                    "author_id": entry.author.principal_id,
-                    "author_role": entry.author.role.value,
-                    "content": entry.content,
-                    "sources": [{"url": s.url, "title": s.title, "excerpt": s.excerpt} for s in entry.sources],
-                    "create_time": now,
-                }
-            )
-        await connection.execute(entries.insert(), rows)
-        if self._notify:
-            await connection.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, thread_id)))
-        return created
-
-    @staticmethod
-    def _outcome(
-        commands: Sequence[AppendCommand],
-        created: dict[str, tuple[str, Entry]],
-        existing: dict[str, tuple[str, Entry]],
-        last: int,
-    ) -> BatchOutcome:
-        results: list[AppendResult | QuarryError] = []
-        answered: set[str] = set()
-        for command in commands:
-            if command.request_id in existing:
-                fingerprint, entry = existing[command.request_id]
-                replayed = True
-            else:
-                fingerprint, entry = created[command.request_id]
-                # The first command with a new request_id wrote it; later ones in the batch are retries.
-                replayed = command.request_id in answered
-            answered.add(command.request_id)
-            if fingerprint != command.fingerprint():
-                results.append(_request_reused(command, entry))
-            else:
-                results.append(AppendResult(entry=entry, replayed=replayed))
-        return BatchOutcome(results=results, last_sequence_no=last)
+        created = _new_entries(thread_id, fresh, first_sequence_no=last + 1)
+        if created:
+            connection.execute(entries.insert(), [_entry_row(entry, fp) for fp, entry in created.values()])
+            last += len(created)
+            connection.execute(threads.update().where(threads.c.thread_id == thread_id).values(last_sequence_no=last))
+            if connection.dialect.name == "postgresql":
+                connection.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, thread_id)))
+        return _outcome(commands, created, existing, last)
