@@ -27,9 +27,11 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psycopg
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy.engine import make_url
 
 from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
@@ -54,41 +56,57 @@ def append_request(thread_id: str, request_id: str, content: str = CONTENT) -> s
     )
 
 
-async def _append_many(address: str, thread_id: str, prefix: str, count: int) -> list[float]:
-    latencies = []
+async def _call_many(address: str, thread_id: str, prefix: str, count: int, in_flight: int, noop: bool) -> list[float]:
+    """`count` appends (or no-op health checks) over one channel, `in_flight` at a time."""
+    latencies: list[float] = []
     async with grpc.aio.insecure_channel(address) as channel:
         stub = scratchpad_pb2_grpc.ScratchpadServiceStub(channel)
+        health = health_pb2_grpc.HealthStub(channel)
         await stub.GetThread(scratchpad_pb2.GetThreadRequest(thread_id=thread_id))  # connect first
-        for index in range(count):
-            started = time.perf_counter()
-            await stub.Append(append_request(thread_id, f"{prefix}-{index}"), timeout=30)
-            latencies.append(time.perf_counter() - started)
+
+        async def lane(lane_index: int) -> None:
+            for index in range(lane_index, count, in_flight):
+                started = time.perf_counter()
+                if noop:
+                    await health.Check(health_pb2.HealthCheckRequest(), timeout=30)
+                else:
+                    await stub.Append(append_request(thread_id, f"{prefix}-{index}"), timeout=30)
+                latencies.append(time.perf_counter() - started)
+
+        await asyncio.gather(*(lane(i) for i in range(in_flight)))
     return latencies
 
 
-def client_process(address: str, thread_id: str, prefix: str, count: int, barrier: object, results: object) -> None:
-    barrier.wait()  # type: ignore[attr-defined]
+def client_process(
+    address: str, thread_id: str, prefix: str, count: int, in_flight: int, noop: bool, barrier: Any, results: Any
+) -> None:
+    barrier.wait()
     started = time.perf_counter()
-    latencies = asyncio.run(_append_many(address, thread_id, prefix, count))
-    results.put((started, time.perf_counter(), latencies))  # type: ignore[attr-defined]
+    latencies = asyncio.run(_call_many(address, thread_id, prefix, count, in_flight, noop))
+    results.put((started, time.perf_counter(), latencies))
 
 
 @dataclass
-class AppendFigures:
-    clients: int
-    appends: int
+class CallFigures:
+    label: str
+    calls: int
     seconds: float
     latencies: list[float]
 
     def row(self) -> str:
         ms = [value * 1000 for value in self.latencies]
         return (
-            f"{self.clients:>7} {self.appends:>7} {self.appends / self.seconds:>10.0f} "
+            f"{self.label:<34} {self.calls:>7} {self.calls / self.seconds:>9.0f} "
             f"{percentile(ms, 0.5):>8.2f} {percentile(ms, 0.99):>8.2f}"
         )
 
 
-def run_clients(address: str, thread_id: str, clients: int, total: int) -> AppendFigures:
+HEADER = f"{'workload':<34} {'calls':>7} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8}"
+
+
+def run_clients(
+    address: str, thread_id: str, clients: int, total: int, *, in_flight: int = 1, noop: bool = False
+) -> CallFigures:
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(clients)
     results = context.Queue()
@@ -96,7 +114,7 @@ def run_clients(address: str, thread_id: str, clients: int, total: int) -> Appen
     processes = [
         context.Process(
             target=client_process,
-            args=(address, thread_id, f"c{clients}-{i}-{uuid.uuid4().hex[:6]}", per_client, barrier, results),
+            args=(address, thread_id, f"{i}-{uuid.uuid4().hex}", per_client, in_flight, noop, barrier, results),
         )
         for i in range(clients)
     ]
@@ -108,7 +126,11 @@ def run_clients(address: str, thread_id: str, clients: int, total: int) -> Appen
     begin = min(start for start, _, _ in outcomes)
     end = max(stop for _, stop, _ in outcomes)
     latencies = [value for _, _, values in outcomes for value in values]
-    return AppendFigures(clients, per_client * clients, end - begin, latencies)
+    what = "no-op health check" if noop else "append"
+    label = f"{what}, {clients} client{'s' if clients > 1 else ''}" + (
+        f" x{in_flight} in flight" if in_flight > 1 else ""
+    )
+    return CallFigures(label, per_client * clients, end - begin, latencies)
 
 
 async def watch_latency(address: str, thread_id: str, count: int) -> list[float]:
@@ -195,10 +217,14 @@ def bench_backend(name: str, database_url: str, appends: int, watch_count: int) 
                 stub = scratchpad_pb2_grpc.ScratchpadServiceStub(channel)
                 thread_id = stub.CreateThread(scratchpad_pb2.CreateThreadRequest(title="bench")).thread.thread_id
             run_clients(address, thread_id, 1, 200)  # warm up
-            print(f"\n{name}: appends to one thread")
-            print(f"{'clients':>7} {'appends':>7} {'appends/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
+            print(f"\n{name}: one thread, separate client processes")
+            print(HEADER)
             for clients in (1, 8):
                 print(run_clients(address, thread_id, clients, appends).row(), flush=True)
+            print(run_clients(address, thread_id, 1, appends, in_flight=16).row(), flush=True)
+            # The same server answering an RPC that does nothing: the gRPC ceiling on this machine.
+            for clients in (1, 8):
+                print(run_clients(address, thread_id, clients, appends, noop=True).row(), flush=True)
             latencies = asyncio.run(watch_latency(address, thread_id, watch_count))
             print(
                 f"{name}: Watch delivery, append sent -> entry received, {watch_count} entries: "

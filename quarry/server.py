@@ -81,27 +81,40 @@ def _wrap_stream(behavior: Callable[..., Any]) -> Callable[..., AsyncIterator[An
 class ErrorTranslationInterceptor(_Interceptor):
     """The one place domain errors become gRPC statuses; anything else is INTERNAL and logged."""
 
-    async def intercept_service(
+    def __init__(self) -> None:
+        # Handlers are fixed once the server starts, so each method is wrapped once.
+        self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any] | None] = {}
+
+    async def intercept_service(  # type: ignore[override]  # grpc returns None for unknown methods
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        method = handler_call_details.method
+        if method in self._wrapped:
+            return self._wrapped[method]
+        handler = _wrap_handler(await continuation(handler_call_details))
+        if handler is not None:  # unknown methods stay uncached, so junk names cannot grow the map
+            self._wrapped[method] = handler
         return handler
+
+
+def _wrap_handler(handler: grpc.RpcMethodHandler[Any, Any] | None) -> grpc.RpcMethodHandler[Any, Any] | None:
+    if handler is None:
+        return None
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(
+            _wrap_unary(handler.unary_unary),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(
+            _wrap_stream(handler.unary_stream),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    return handler
 
 
 @dataclass
