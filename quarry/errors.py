@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -44,10 +45,24 @@ class QuarryError(Exception):
         self.metadata = dict(metadata or {})
 
     def details(self) -> list[any_pb2.Any]:
-        info = error_details_pb2.ErrorInfo(reason=self.reason, domain=ERROR_DOMAIN, metadata=self.metadata)
-        packed = any_pb2.Any()
-        packed.Pack(info)
-        return [packed]
+        return [_pack(error_details_pb2.ErrorInfo(reason=self.reason, domain=ERROR_DOMAIN, metadata=self.metadata))]
+
+
+def _pack(message: Message) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+def _bad_request(violations: Iterable[FieldViolation]) -> any_pb2.Any:
+    return _pack(
+        error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+                for v in violations
+            ]
+        )
+    )
 
 
 class InvalidArgument(QuarryError):
@@ -68,15 +83,7 @@ class InvalidArgument(QuarryError):
         super().__init__(message or f"invalid request: {summary}", reason=reason)
 
     def details(self) -> list[any_pb2.Any]:
-        bad_request = error_details_pb2.BadRequest(
-            field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
-                for v in self.violations
-            ]
-        )
-        packed = any_pb2.Any()
-        packed.Pack(bad_request)
-        return [*super().details(), packed]
+        return [*super().details(), _bad_request(self.violations)]
 
 
 class NotFound(QuarryError):
@@ -94,25 +101,12 @@ class NotFound(QuarryError):
         self.field = field
 
     def details(self) -> list[any_pb2.Any]:
-        resource = any_pb2.Any()
-        resource.Pack(
-            error_details_pb2.ResourceInfo(resource_type=self.resource_type, resource_name=self.resource_name)
-        )
-        extra = [resource]
+        resource = error_details_pb2.ResourceInfo(resource_type=self.resource_type, resource_name=self.resource_name)
+        details = [*super().details(), _pack(resource)]
         if self.field:
             # Name the request field that referred to the missing resource.
-            bad_request = any_pb2.Any()
-            bad_request.Pack(
-                error_details_pb2.BadRequest(
-                    field_violations=[
-                        error_details_pb2.BadRequest.FieldViolation(
-                            field=self.field, description=f"no {self.resource_type} with this id"
-                        )
-                    ]
-                )
-            )
-            extra.append(bad_request)
-        return [*super().details(), *extra]
+            details.append(_bad_request([FieldViolation(self.field, f"no {self.resource_type} with this id")]))
+        return details
 
 
 class AlreadyExists(QuarryError):
