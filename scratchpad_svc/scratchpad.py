@@ -25,9 +25,6 @@ from scratchpad_svc.validation import (
 
 log = logging.getLogger(__name__)
 
-# How long a watcher sleeps without a wake-up before it reads again anyway; a
-# safety net for a lost notification, not the delivery path.
-WATCH_POLL_SECONDS = 1.0
 WATCH_BATCH = 500
 
 
@@ -60,11 +57,15 @@ class Scratchpad:
         signal: CommitSignal | None = None,
         max_batch: int = 256,
         write_concurrency: int = 4,
+        watch_poll_seconds: float = 1.0,
     ) -> None:
         self._store = ScratchpadStore(database)
         self._limits = limits
         self.signal = signal or CommitSignal()
         self._max_batch = max_batch
+        # How long a watcher waits without a wake-up before it reads again anyway:
+        # a safety net for a lost notification, not the delivery path.
+        self._watch_poll_seconds = watch_poll_seconds
         self._write_slots = asyncio.Semaphore(write_concurrency)
         self._pending: defaultdict[str, deque[_Pending]] = defaultdict(deque)
         self._flushers: dict[str, asyncio.Task[None]] = {}
@@ -178,7 +179,7 @@ class Scratchpad:
                     continue
                 # A kind filter can skip rows: resume after everything scanned.
                 after = max(after, last)
-                await asyncio.wait({waiter}, timeout=WATCH_POLL_SECONDS)
+                await asyncio.wait({waiter}, timeout=self._watch_poll_seconds)
             finally:
                 self.signal.unsubscribe(thread_id, waiter)
         raise ScratchpadClosed()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -24,15 +25,12 @@ def _postgres_conninfo() -> str:
     return make_url(POSTGRES_URL).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-@pytest.fixture(params=BACKENDS)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty database per test: a SQLite file, or a new PostgreSQL schema.
+@contextlib.contextmanager
+def postgres_schema_url() -> Iterator[str]:
+    """A URL whose connections use a new, empty PostgreSQL schema, dropped afterwards.
 
     PostgreSQL must be reachable: a missing database fails the test, it is never skipped.
     """
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'test.db'}"
-        return
     schema = f"test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(_postgres_conninfo(), autocommit=True) as connection:
         connection.execute(f'CREATE SCHEMA "{schema}"')
@@ -42,6 +40,16 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     finally:
         with psycopg.connect(_postgres_conninfo(), autocommit=True) as connection:
             connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database per test: a SQLite file, or a new PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'test.db'}"
+        return
+    with postgres_schema_url() as url:
+        yield url
 
 
 def free_port() -> int:

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from quarry.client import RetryPolicy, ScratchpadClient, insecure_channel
-from quarry.v1 import scratchpad_pb2
-from tests.conftest import ServiceProcess, free_port, start_service, stop_service
+from quarry.v1 import common_pb2, scratchpad_pb2
+from tests.conftest import ServiceProcess, free_port, postgres_schema_url, start_service, stop_service
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,9 @@ def service_env(database_url: str, data_dir: Path) -> dict[str, str]:
     }
 
 
-def start_writers(address: str, thread_id: str, writers: int, count: int) -> list[subprocess.Popen[str]]:
+def start_writers(
+    address: str, thread_id: str, writers: int, count: int, first_writer: int = 0
+) -> list[subprocess.Popen[str]]:
     return [
         subprocess.Popen(
             [sys.executable, "-m", "tests.scratchpad_svc.writer", address, thread_id, str(writer), str(count)],
@@ -43,7 +45,7 @@ def start_writers(address: str, thread_id: str, writers: int, count: int) -> lis
             stderr=subprocess.PIPE,
             text=True,
         )
-        for writer in range(writers)
+        for writer in range(first_writer, first_writer + writers)
     ]
 
 
@@ -184,3 +186,56 @@ def _wait_port_free(port: int) -> bool:
             except OSError:
                 time.sleep(0.05)
     return False
+
+
+async def test_two_replicas_on_one_postgres_share_one_order_and_wake_each_others_watchers(
+    tmp_path: Path,
+) -> None:
+    writers, per_writer = 4, 250
+    total = writers * per_writer
+    with postgres_schema_url() as database_url:
+        # Watchers never re-read on a timer here: only NOTIFY from the other replica can wake them.
+        env = {**service_env(database_url, tmp_path), "QUARRY_SCRATCHPAD_WATCH_POLL_SECONDS": "3600"}
+        first = await asyncio.to_thread(start_service, "scratchpad", env, tmp_path)
+        second = await asyncio.to_thread(start_service, "scratchpad", env, tmp_path)
+        try:
+            async with insecure_channel(first.address) as channel_a, insecure_channel(second.address) as channel_b:
+                client_a, client_b = ScratchpadClient(channel_a), ScratchpadClient(channel_b)
+                thread = await client_a.create_thread(title="replicas")
+                # The watcher is on replica A; half the writers write through replica B.
+                opened = asyncio.Event()
+                watcher = asyncio.create_task(watch_until(client_a, thread.thread_id, total + 1, opened))
+                await opened.wait()
+                processes = [
+                    *start_writers(first.address, thread.thread_id, writers // 2, per_writer),
+                    *start_writers(
+                        second.address, thread.thread_id, writers // 2, per_writer, first_writer=writers // 2
+                    ),
+                ]
+                await collect_writers(processes, 300)
+                # The last entry goes through replica B alone, after every other write.
+                await client_b.append(
+                    thread.thread_id,
+                    request_id="last",
+                    kind=scratchpad_pb2.ENTRY_KIND_NOTE,
+                    author=common_pb2.Principal(principal_id="b", role=common_pb2.ROLE_RESEARCHER),
+                    content="written through replica B",
+                )
+                assert_gap_free(await client_b.read_all(thread.thread_id), total + 1)
+                watched = await asyncio.wait_for(watcher, 60)
+                assert_gap_free(watched, total + 1)
+                assert watched[-1].request_id == "last"
+                # Retrying through the other replica returns the original entry.
+                original = next(entry for entry in watched if entry.request_id == "w0-0")
+                again = await client_b.append(
+                    thread.thread_id,
+                    request_id="w0-0",
+                    kind=original.kind,
+                    author=original.author,
+                    content=original.content,
+                    sources=list(original.sources),
+                )
+                assert again.replayed and again.entry == original
+        finally:
+            assert stop_service(first) == 0, first.log()
+            assert stop_service(second) == 0, second.log()
