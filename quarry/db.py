@@ -22,6 +22,8 @@ from alembic.config import Config
 from alembic.runtime.environment import EnvironmentContext
 from sqlalchemy.engine import URL, Connection, Dialect, make_url
 
+from quarry.errors import Unavailable
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -29,6 +31,11 @@ T = TypeVar("T")
 # Execution option that makes a SQLite transaction take the write lock up front,
 # so two writers never deadlock upgrading a read lock.
 SQLITE_WRITE = {"sqlite_begin": "BEGIN IMMEDIATE"}
+
+
+POSTGRES_SESSION_LIMITS = (
+    "SET statement_timeout = '30s'; SET lock_timeout = '10s'; SET idle_in_transaction_session_timeout = '60s'"
+)
 
 
 class UnsupportedDatabase(ValueError):
@@ -78,7 +85,16 @@ def create_engine(url: str, *, pool_size: int = 5) -> sa.Engine:
     # No pre-ping: it costs a round trip per checkout. A connection that died with
     # its server fails its statement once (reported as UNAVAILABLE, safe to retry)
     # and SQLAlchemy then replaces the pool's connections.
-    return sa.create_engine(target, pool_size=pool_size, max_overflow=0)
+    engine = sa.create_engine(target, pool_size=pool_size, max_overflow=0)
+
+    @sa.event.listens_for(engine, "connect")
+    def _bound_waits(dbapi_connection: Any, _record: Any) -> None:
+        # A stuck peer must not hold a thread's counter row, or our threads, forever.
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(POSTGRES_SESSION_LIMITS)
+        dbapi_connection.commit()
+
+    return engine
 
 
 class Database:
@@ -103,19 +119,29 @@ class Database:
 
     async def write(self, work: Callable[[Connection], T]) -> T:
         """Run `work` in one write transaction (SQLite takes its write lock up front)."""
-        return await asyncio.get_running_loop().run_in_executor(self._writer, self._transaction, work, True)
+        return await self._run(self._writer, self._transaction, work, True)
 
     async def write_autocommit(self, work: Callable[[Connection], T]) -> T:
         """Run `work` with each statement its own transaction: for single-statement writes."""
-        return await asyncio.get_running_loop().run_in_executor(self._writer, self._autocommit, work)
+        return await self._run(self._writer, self._autocommit, work)
 
     async def read(self, work: Callable[[Connection], T]) -> T:
         """Run `work` in one read transaction."""
-        return await asyncio.get_running_loop().run_in_executor(self._reader, self._transaction, work, False)
+        return await self._run(self._reader, self._transaction, work, False)
 
     async def read_statement(self, work: Callable[[Connection], T]) -> T:
         """Run a single-statement read without BEGIN/ROLLBACK round trips; one statement sees one snapshot."""
-        return await asyncio.get_running_loop().run_in_executor(self._reader, self._autocommit, work)
+        return await self._run(self._reader, self._autocommit, work)
+
+    @staticmethod
+    async def _run(executor: ThreadPoolExecutor, function: Callable[..., T], *args: Any) -> T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
+        except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError) as error:
+            # The database is down, restarting, locked or out of reach: worth a retry,
+            # which every Quarry mutation makes safe with its request_id.
+            log.warning("database unavailable: %s", error)
+            raise Unavailable("the database is unavailable; retry", reason="DATABASE_UNAVAILABLE") from error
 
     def _transaction(self, work: Callable[[Connection], T], write: bool) -> T:
         with self.engine.connect() as connection:

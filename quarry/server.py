@@ -207,20 +207,20 @@ class ServiceHost:
         await self._started.wait()
 
     async def shutdown(self) -> None:
-        if self._bound is None or self._stopped.is_set():
+        """Stop gracefully; idempotent. Every hook is bounded by the grace period."""
+        if self._stopped.is_set():
             return
         self._stopped.set()
-        await self._bound.set_serving(False)
-        stopping = asyncio.create_task(self._bound.server.stop(self._grace))
-        for hook in self._on_drain:
-            await _run_hook(hook)
-        await stopping
+        if self._bound is not None:
+            await self._bound.set_serving(False)
+            stopping = asyncio.create_task(self._bound.server.stop(self._grace))
+            for hook in self._on_drain:
+                await _run_hook(hook, self._grace)
+            await stopping
+        # Also after a failed start: the hooks release what the builder opened.
         for hook in self._on_stopped:
-            await _run_hook(hook)
+            await _run_hook(hook, self._grace)
         log.info("stopped %s", self.address)
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
 
     async def __aenter__(self) -> ServiceHost:
         await self.start()
@@ -230,9 +230,11 @@ class ServiceHost:
         await self.shutdown()
 
 
-async def _run_hook(hook: Hook) -> None:
+async def _run_hook(hook: Hook, limit_seconds: float) -> None:
     try:
-        await hook()
+        await asyncio.wait_for(hook(), max(limit_seconds, 1.0))
+    except TimeoutError:
+        log.error("shutdown hook %r did not finish within %.1fs; moving on", hook, limit_seconds)
     except Exception:
         log.exception("shutdown hook %r failed", hook)
 
@@ -248,7 +250,8 @@ async def serve_until_signalled(host: ServiceHost) -> None:
         await requested.wait()
         log.info("shutdown requested")
     finally:
+        # The handlers stay until shutdown is done, so a second signal cannot cut the drain short.
+        await host.shutdown()
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signum)
-        await host.shutdown()

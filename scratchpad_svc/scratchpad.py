@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from quarry.db import Database
-from quarry.errors import QuarryError, Unavailable
+from quarry.errors import Internal, QuarryError, Unavailable
 from scratchpad_svc.authority import check_may_write
 from scratchpad_svc.commits import CommitSignal
 from scratchpad_svc.model import AppendCommand, AppendResult, Entry, EntryKind, NewThread, Thread
@@ -103,30 +103,39 @@ class Scratchpad:
             while queue:
                 batch = [queue.popleft() for _ in range(min(len(queue), self._max_batch))]
                 batch = [item for item in batch if not item.future.done()]  # drop cancelled callers
-                if not batch:
-                    continue
-                async with self._write_slots:
-                    try:
-                        outcome = await self._store.append_batch(thread_id, [item.command for item in batch])
-                    except QuarryError as error:
-                        self._fail(batch, error)
-                        continue
-                    except Exception as error:  # the database is unreachable or failed
-                        log.exception("append batch to thread %s failed", thread_id)
-                        self._fail(batch, Unavailable(f"could not commit the append: {type(error).__name__}"))
-                        continue
-                self.signal.publish(thread_id)
-                for item, result in zip(batch, outcome.results, strict=True):
-                    if item.future.done():
-                        continue
-                    if isinstance(result, QuarryError):
-                        item.future.set_exception(result)
-                    else:
-                        item.future.set_result(result)
+                if batch:
+                    async with self._write_slots:
+                        await self._commit(thread_id, batch)
         finally:
             del self._flushers[thread_id]
             if not queue:
                 del self._pending[thread_id]
+
+    async def _commit(self, thread_id: str, batch: list[_Pending]) -> None:
+        """Commit one batch and answer its callers. Never raises."""
+        try:
+            outcome = await self._store.append_batch(thread_id, [item.command for item in batch])
+        except QuarryError as error:  # the thread is missing, or the database is unavailable
+            self._fail(batch, error)
+            return
+        except Exception:
+            if len(batch) > 1:
+                # Something in the batch broke the statement: commit each alone, so
+                # only the culprit fails.
+                for item in batch:
+                    await self._commit(thread_id, [item])
+                return
+            log.exception("append to thread %s failed", thread_id)
+            self._fail(batch, Internal("the append could not be committed"))
+            return
+        self.signal.publish(thread_id)
+        for item, result in zip(batch, outcome.results, strict=True):
+            if item.future.done():
+                continue
+            if isinstance(result, QuarryError):
+                item.future.set_exception(result)
+            else:
+                item.future.set_result(result)
 
     @staticmethod
     def _fail(batch: Sequence[_Pending], error: QuarryError) -> None:

@@ -20,6 +20,8 @@ MAX_TITLE_CHARS = 1024
 MAX_THREAD_TITLE_CHARS = 1024
 MAX_LABELS = 64
 MAX_LABEL_CHARS = 256
+SEQUENCE_NO = re.compile(r"[0-9]{1,19}")
+MAX_SEQUENCE_NO = 2**63 - 1
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 
@@ -28,6 +30,13 @@ MAX_PAGE_SIZE = 1000
 class Limits:
     max_content_bytes: int
     max_sources: int
+
+
+def _nul_violations(fields: dict[str, str]) -> list[FieldViolation]:
+    """PostgreSQL text and jsonb cannot store NUL; refuse it on every backend alike."""
+    return [
+        FieldViolation(field, "must not contain NUL characters") for field, value in fields.items() if "\x00" in value
+    ]
 
 
 def thread_id_violation(field: str, value: str) -> FieldViolation | None:
@@ -56,6 +65,8 @@ def validate_new_thread(request: NewThread) -> None:
         violations.append(FieldViolation("title", f"at most {MAX_THREAD_TITLE_CHARS} characters"))
     if len(request.labels) > MAX_LABELS:
         violations.append(FieldViolation("labels", f"at most {MAX_LABELS} labels"))
+    texts = {"title": request.title, **{f"labels[{key!r}]": key + value for key, value in request.labels.items()}}
+    violations.extend(_nul_violations(texts))
     for key, value in request.labels.items():
         if not key or len(key) > MAX_LABEL_CHARS or len(value) > MAX_LABEL_CHARS:
             violations.append(
@@ -111,6 +122,12 @@ def validate_append(command: AppendCommand, limits: Limits) -> None:
             violations.append(
                 FieldViolation(f"{field}.excerpt", f"exceeds the limit of {limits.max_content_bytes} bytes")
             )
+        violations.extend(
+            _nul_violations(
+                {f"{field}.url": source.url, f"{field}.title": source.title, f"{field}.excerpt": source.excerpt}
+            )
+        )
+    violations.extend(_nul_violations({"content": command.content, "author.principal_id": command.author_id}))
     if violations:
         raise InvalidArgument(violations)
 
@@ -154,6 +171,8 @@ def decode_page_token(token: str) -> tuple[str, int] | None:
         return None
     version, _, rest = raw.partition(":")
     thread_id, _, after = rest.rpartition(":")
-    if version != "v1" or not THREAD_ID.fullmatch(thread_id) or not after.isdigit():
+    if version != "v1" or not THREAD_ID.fullmatch(thread_id) or not SEQUENCE_NO.fullmatch(after):
+        return None
+    if int(after) > MAX_SEQUENCE_NO:
         return None
     return thread_id, int(after)
