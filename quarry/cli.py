@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("service", choices=sorted(SERVICES))
     serve.add_argument("--address", help="HOST:PORT to listen on (port 0 picks a free one)")
     serve.add_argument("--port-file", type=Path, help="write the bound HOST:PORT here once serving")
+    # Set by `quarry up`: stop when that process dies, however it dies.
+    serve.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
 
     up = commands.add_parser("up", help="start every service as its own process")
     up.add_argument("--data-dir", type=Path, help="where SQLite databases live (default: QUARRY_DATA_DIR)")
@@ -34,6 +37,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for each service")
     return parser
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGTERM this process when its parent dies (a no-op elsewhere)."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_pdeathsig, signal.SIGTERM) != 0:
+        return
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _configure_logging(level: str, service: str) -> None:
@@ -76,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "serve":
         _configure_logging(common.log_level, args.service)
+        if args.parent_pid:
+            exit_with_parent(args.parent_pid)
         try:
             return asyncio.run(_serve(args.service, args.address, args.port_file))
         except ValidationError as error:

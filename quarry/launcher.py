@@ -94,9 +94,11 @@ async def run_mesh(
             for name in names:
                 port_file = Path(run_dir) / f"{name}.addr"
                 command = [sys.executable, "-m", "quarry", "serve", name, "--port-file", str(port_file)]
+                command += ["--parent-pid", str(os.getpid())]
                 if name in addresses:
                     command += ["--address", addresses[name]]
-                process = await asyncio.create_subprocess_exec(*command, env=os.environ.copy())
+                # A session of its own: Ctrl-C reaches only us, and we stop the children in order.
+                process = await asyncio.create_subprocess_exec(*command, env=os.environ.copy(), start_new_session=True)
                 service = RunningService(name, process, port_file)
                 services.append(service)
                 starting = asyncio.create_task(_wait_ready(service, loop.time() + ready_timeout))

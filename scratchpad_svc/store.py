@@ -55,6 +55,15 @@ def _entry(row: sa.Row[Any]) -> Entry:
     )
 
 
+def _same_thread_request(request: NewThread, thread: Thread) -> bool:
+    """Whether a CreateThread retry asks for the thread its request_id already made."""
+    return (
+        request.thread_id in ("", thread.thread_id)
+        and request.title == thread.title
+        and dict(request.labels) == thread.labels
+    )
+
+
 def _first_per_request_id(commands: Sequence[AppendCommand]) -> list[AppendCommand]:
     """The commands that create entries: the first of each request_id, in request order."""
     first: dict[str, AppendCommand] = {}
@@ -192,7 +201,15 @@ class ScratchpadStore:
             if existing is None:
                 raise
             if request.request_id and existing.request_id == request.request_id:
-                return _thread(existing)
+                original = _thread(existing)
+                if _same_thread_request(request, original):
+                    return original
+                raise AlreadyExists(
+                    f"request_id {request.request_id!r} already created thread {original.thread_id!r} "
+                    "with other fields",
+                    reason="REQUEST_ID_REUSED",
+                    metadata={"request_id": request.request_id, "thread_id": original.thread_id},
+                ) from None
             raise AlreadyExists(
                 f"thread {thread.thread_id!r} already exists",
                 reason="THREAD_EXISTS",

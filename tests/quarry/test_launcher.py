@@ -86,3 +86,22 @@ def test_up_fails_clearly_when_a_service_cannot_start(tmp_path: Path) -> None:
     assert process.returncode == 1
     assert "scratchpad exited with status" in stdout
     assert "unsupported database" in stdout
+
+
+def test_services_stop_when_quarry_up_is_killed(tmp_path: Path) -> None:
+    process = start_up(tmp_path)
+    try:
+        wait_for_addresses(process, {"scratchpad"})
+        children = child_pids(process.pid)
+        assert children
+        process.kill()  # no chance to clean up: the kernel's parent-death signal must do it
+        process.wait(10)
+        for pid in children:
+            for _ in range(400):
+                if not alive(pid):
+                    break
+                time.sleep(0.05)
+            assert not alive(pid), f"service process {pid} outlived a killed quarry up"
+    finally:
+        if process.poll() is None:
+            process.kill()

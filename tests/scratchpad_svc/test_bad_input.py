@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -13,6 +14,10 @@ from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
 from tests.scratchpad_svc.conftest import MAX_CONTENT_BYTES, RESEARCHER, finding
 
 Stub = scratchpad_pb2_grpc.ScratchpadServiceStub
+
+
+def encode(raw: str) -> str:
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
 def violations(error: grpc.aio.AioRpcError) -> dict[str, str]:
@@ -56,6 +61,8 @@ BAD_APPENDS: list[tuple[str, dict[str, object], str]] = [
     ("blank content", {"content": "   \n"}, "content"),
     ("oversized content", {"content": "x" * (MAX_CONTENT_BYTES + 1)}, "content"),
     ("oversized multibyte content", {"content": "é" * (MAX_CONTENT_BYTES // 2 + 1)}, "content"),
+    ("NUL in content", {"content": "before\x00after"}, "content"),
+    ("NUL in excerpt", {"sources": [common_pb2.Source(url="https://a.b", excerpt="x\x00")]}, "sources[0].excerpt"),
     ("unspecified kind", {"kind": scratchpad_pb2.ENTRY_KIND_UNSPECIFIED}, "kind"),
     ("unknown kind", {"kind": 999}, "kind"),
     ("unspecified role", {"author": common_pb2.Principal(principal_id="w")}, "author.role"),
@@ -129,10 +136,12 @@ async def test_watch_of_unknown_or_malformed_thread_fails_before_streaming(stub:
 async def test_read_rejects_bad_paging(stub: Stub, make_thread: Callable[[], Awaitable[str]]) -> None:
     thread_id = await make_thread()
     other = await make_thread()
+    forged = [encode(f"v1:{thread_id}:{after}") for after in ["²", "9" * 30, "-1", ""]]
     for request, field in [
         (scratchpad_pb2.ReadRequest(thread_id=thread_id, after_sequence_no=-1), "after_sequence_no"),
         (scratchpad_pb2.ReadRequest(thread_id=thread_id, page_size=-5), "page_size"),
         (scratchpad_pb2.ReadRequest(thread_id=thread_id, page_token="garbage!"), "page_token"),
+        *[(scratchpad_pb2.ReadRequest(thread_id=thread_id, page_token=token), "page_token") for token in forged],
     ]:
         error = await expect_error(stub.Read(request), grpc.StatusCode.INVALID_ARGUMENT)
         assert field in violations(error)
@@ -211,3 +220,21 @@ async def test_create_thread_is_idempotent_by_request_id(stub: Stub) -> None:
     first = await stub.CreateThread(scratchpad_pb2.CreateThreadRequest(title="t", request_id="create-1"))
     again = await stub.CreateThread(scratchpad_pb2.CreateThreadRequest(title="t", request_id="create-1"))
     assert first.thread.thread_id == again.thread.thread_id
+
+
+async def test_create_thread_request_id_reused_for_another_thread_is_already_exists(stub: Stub) -> None:
+    await stub.CreateThread(scratchpad_pb2.CreateThreadRequest(thread_id="a1", request_id="create-2"))
+    error = await expect_error(
+        stub.CreateThread(scratchpad_pb2.CreateThreadRequest(thread_id="b2", request_id="create-2")),
+        grpc.StatusCode.ALREADY_EXISTS,
+    )
+    assert error_reason(error) == "REQUEST_ID_REUSED"
+    await expect_error(stub.GetThread(scratchpad_pb2.GetThreadRequest(thread_id="b2")), grpc.StatusCode.NOT_FOUND)
+
+
+async def test_create_thread_rejects_nul_in_title_and_labels(stub: Stub) -> None:
+    error = await expect_error(
+        stub.CreateThread(scratchpad_pb2.CreateThreadRequest(title="t\x00", labels={"k": "v\x00"})),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    assert {"title", "labels['k']"} <= set(violations(error))

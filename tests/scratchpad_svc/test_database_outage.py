@@ -1,0 +1,53 @@
+"""When PostgreSQL drops our connections, calls fail as UNAVAILABLE (retryable) and then recover."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import grpc
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from quarry.client import ScratchpadClient
+from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
+from tests.conftest import POSTGRES_URL
+from tests.scratchpad_svc.conftest import RESEARCHER, finding
+
+
+def terminate_other_backends() -> int:
+    conninfo = make_url(POSTGRES_URL).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as connection:
+        rows = connection.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            " AND query NOT ILIKE '%LISTEN%'"
+        ).fetchall()
+    return len(rows)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+async def test_dropped_connections_are_unavailable_then_recover(
+    stub: scratchpad_pb2_grpc.ScratchpadServiceStub,
+    client: ScratchpadClient,
+    make_thread: Callable[[], Awaitable[str]],
+) -> None:
+    thread_id = await make_thread()
+    await stub.Append(finding(thread_id, "before"))
+    assert terminate_other_backends() > 0
+    codes = []
+    for _ in range(10):  # each pooled connection fails once, then the pool is rebuilt
+        try:
+            await stub.GetThread(scratchpad_pb2.GetThreadRequest(thread_id=thread_id))
+            break
+        except grpc.aio.AioRpcError as error:
+            codes.append(error.code())
+    assert codes and set(codes) == {grpc.StatusCode.UNAVAILABLE}
+    # The product client retries UNAVAILABLE, and the append lands exactly once.
+    terminate_other_backends()
+    response = await client.append(
+        thread_id, request_id="after", kind=scratchpad_pb2.ENTRY_KIND_FINDING, author=RESEARCHER, content="after"
+    )
+    assert response.entry.sequence_no == 2
+    page = await stub.Read(scratchpad_pb2.ReadRequest(thread_id=thread_id))
+    assert [entry.request_id for entry in page.entries] == ["before", "after"]
