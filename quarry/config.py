@@ -104,4 +104,4 @@ class ScratchpadSettings(ServiceSettings):
     # Appends that queue behind one in-flight transaction commit together.
     max_batch: int = Field(default=256, ge=1, le=10_000)
     # Watchers re-read after this long without a commit signal (a safety net only).
-    watch_poll_seconds: float = Field(default=1.0, gt=0, le=3600)
+    watch_poll_seconds: float = Field(default=5.0, gt=0, le=3600)

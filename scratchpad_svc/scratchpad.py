@@ -57,7 +57,7 @@ class Scratchpad:
         signal: CommitSignal | None = None,
         max_batch: int = 256,
         write_concurrency: int = 4,
-        watch_poll_seconds: float = 1.0,
+        watch_poll_seconds: float = 5.0,
     ) -> None:
         self._store = ScratchpadStore(database)
         self._limits = limits
@@ -107,9 +107,10 @@ class Scratchpad:
                     async with self._write_slots:
                         await self._commit(thread_id, batch)
         finally:
+            # Only a cancelled flusher leaves items behind; their callers must not wait forever.
+            self._fail(list(queue), ScratchpadClosed())
             del self._flushers[thread_id]
-            if not queue:
-                del self._pending[thread_id]
+            del self._pending[thread_id]
 
     async def _commit(self, thread_id: str, batch: list[_Pending]) -> None:
         """Commit one batch and answer its callers. Never raises."""
