@@ -124,6 +124,16 @@ class FailedPrecondition(QuarryError):
     default_reason = "FAILED_PRECONDITION"
 
 
+class ResourceExhausted(QuarryError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    default_reason = "RESOURCE_EXHAUSTED"
+
+
+class Unauthenticated(QuarryError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+    default_reason = "UNAUTHENTICATED"
+
+
 class Unavailable(QuarryError):
     code = grpc.StatusCode.UNAVAILABLE
     default_reason = "UNAVAILABLE"

@@ -30,22 +30,34 @@ class _JobStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobState.Val
     JOB_STATE_UNSPECIFIED: _JobState.ValueType  # 0
     JOB_STATE_PENDING: _JobState.ValueType  # 1
     JOB_STATE_RUNNING: _JobState.ValueType  # 2
-    JOB_STATE_SUCCEEDED: _JobState.ValueType  # 3
+    JOB_STATE_COMPLETED: _JobState.ValueType  # 3
+    """Ended with exit code 0."""
     JOB_STATE_FAILED: _JobState.ValueType  # 4
-    JOB_STATE_EXITED: _JobState.ValueType  # 5
+    """Ended with a non-zero exit code or a signal."""
+    JOB_STATE_TIMED_OUT: _JobState.ValueType  # 5
+    JOB_STATE_CANCELLED: _JobState.ValueType  # 6
+    JOB_STATE_EXITED: _JobState.ValueType  # 7
     """The process is gone and its exit status cannot be known."""
-    JOB_STATE_NOT_FOUND: _JobState.ValueType  # 6
+    JOB_STATE_UNKNOWN: _JobState.ValueType  # 8
+    """The state could not be learned within the configured polls; given up."""
+    JOB_STATE_NOT_FOUND: _JobState.ValueType  # 9
 
 class JobState(_JobState, metaclass=_JobStateEnumTypeWrapper): ...
 
 JOB_STATE_UNSPECIFIED: JobState.ValueType  # 0
 JOB_STATE_PENDING: JobState.ValueType  # 1
 JOB_STATE_RUNNING: JobState.ValueType  # 2
-JOB_STATE_SUCCEEDED: JobState.ValueType  # 3
+JOB_STATE_COMPLETED: JobState.ValueType  # 3
+"""Ended with exit code 0."""
 JOB_STATE_FAILED: JobState.ValueType  # 4
-JOB_STATE_EXITED: JobState.ValueType  # 5
+"""Ended with a non-zero exit code or a signal."""
+JOB_STATE_TIMED_OUT: JobState.ValueType  # 5
+JOB_STATE_CANCELLED: JobState.ValueType  # 6
+JOB_STATE_EXITED: JobState.ValueType  # 7
 """The process is gone and its exit status cannot be known."""
-JOB_STATE_NOT_FOUND: JobState.ValueType  # 6
+JOB_STATE_UNKNOWN: JobState.ValueType  # 8
+"""The state could not be learned within the configured polls; given up."""
+JOB_STATE_NOT_FOUND: JobState.ValueType  # 9
 Global___JobState: _TypeAlias = JobState  # noqa: Y015
 
 @_typing.final
@@ -147,6 +159,9 @@ class ListGpusResponse(_message.Message):
 
     GPUS_FIELD_NUMBER: _builtins.int
     SAMPLE_TIME_FIELD_NUMBER: _builtins.int
+    UNAVAILABLE_REASON_FIELD_NUMBER: _builtins.int
+    unavailable_reason: _builtins.str
+    """Why the list is empty (no driver, no GPUs), when it is."""
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]: ...
     @_builtins.property
@@ -156,10 +171,11 @@ class ListGpusResponse(_message.Message):
         *,
         gpus: _abc.Iterable[Global___Gpu] | None = ...,
         sample_time: _timestamp_pb2.Timestamp | None = ...,
+        unavailable_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sample_time", b"sample_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "sample_time", b"sample_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "sample_time", b"sample_time", "unavailable_reason", b"unavailable_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -196,6 +212,8 @@ class WatchGpusResponse(_message.Message):
 
     GPUS_FIELD_NUMBER: _builtins.int
     SAMPLE_TIME_FIELD_NUMBER: _builtins.int
+    UNAVAILABLE_REASON_FIELD_NUMBER: _builtins.int
+    unavailable_reason: _builtins.str
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]: ...
     @_builtins.property
@@ -205,10 +223,11 @@ class WatchGpusResponse(_message.Message):
         *,
         gpus: _abc.Iterable[Global___Gpu] | None = ...,
         sample_time: _timestamp_pb2.Timestamp | None = ...,
+        unavailable_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sample_time", b"sample_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "sample_time", b"sample_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "sample_time", b"sample_time", "unavailable_reason", b"unavailable_reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -384,17 +403,128 @@ class WatchJobResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STATUS_FIELD_NUMBER: _builtins.int
+    NEW_LOG_LINES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def status(self) -> Global___JobStatus: ...
+    @_builtins.property
+    def new_log_lines(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Log lines written since the previous response."""
+
     def __init__(
         self,
         *,
         status: Global___JobStatus | None = ...,
+        new_log_lines: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["new_log_lines", b"new_log_lines", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchJobResponse: _TypeAlias = WatchJobResponse  # noqa: Y015
+
+@_typing.final
+class LocalCommand(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ARGV_FIELD_NUMBER: _builtins.int
+    WORKING_DIRECTORY_FIELD_NUMBER: _builtins.int
+    LOG_PATH_FIELD_NUMBER: _builtins.int
+    working_directory: _builtins.str
+    log_path: _builtins.str
+    """stdout and stderr go here."""
+    @_builtins.property
+    def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        argv: _abc.Iterable[_builtins.str] | None = ...,
+        working_directory: _builtins.str = ...,
+        log_path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "log_path", b"log_path", "working_directory", b"working_directory"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LocalCommand: _TypeAlias = LocalCommand  # noqa: Y015
+
+@_typing.final
+class SlurmSubmission(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_FIELD_NUMBER: _builtins.int
+    SCRIPT_PATH_FIELD_NUMBER: _builtins.int
+    SBATCH_ARGS_FIELD_NUMBER: _builtins.int
+    host: _builtins.str
+    """The configured login host sbatch runs on."""
+    script_path: _builtins.str
+    @_builtins.property
+    def sbatch_args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        host: _builtins.str = ...,
+        script_path: _builtins.str = ...,
+        sbatch_args: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "sbatch_args", b"sbatch_args", "script_path", b"script_path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SlurmSubmission: _TypeAlias = SlurmSubmission  # noqa: Y015
+
+@_typing.final
+class SubmitJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LOCAL_FIELD_NUMBER: _builtins.int
+    SLURM_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    @_builtins.property
+    def local(self) -> Global___LocalCommand: ...
+    @_builtins.property
+    def slurm(self) -> Global___SlurmSubmission: ...
+    def __init__(
+        self,
+        *,
+        local: Global___LocalCommand | None = ...,
+        slurm: Global___SlurmSubmission | None = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "local", b"local", "slurm", b"slurm"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "local", b"local", "request_id", b"request_id", "slurm", b"slurm"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_job: _TypeAlias = _typing.Literal["local", "slurm"]  # noqa: Y015
+    _WhichOneofArgType_job: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_job) -> _WhichOneofReturnType_job | None: ...
+
+Global___SubmitJobRequest: _TypeAlias = SubmitJobRequest  # noqa: Y015
+
+@_typing.final
+class SubmitJobResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job(self) -> Global___JobRef:
+        """Watch it with WatchJob."""
+
+    def __init__(
+        self,
+        *,
+        job: Global___JobRef | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitJobResponse: _TypeAlias = SubmitJobResponse  # noqa: Y015

@@ -46,6 +46,11 @@ class MonitorServiceStub:
                 request_serializer=quarry_dot_v1_dot_monitor__pb2.WatchGpusRequest.SerializeToString,
                 response_deserializer=quarry_dot_v1_dot_monitor__pb2.WatchGpusResponse.FromString,
                 _registered_method=True)
+        self.SubmitJob = channel.unary_unary(
+                '/quarry.v1.MonitorService/SubmitJob',
+                request_serializer=quarry_dot_v1_dot_monitor__pb2.SubmitJobRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_monitor__pb2.SubmitJobResponse.FromString,
+                _registered_method=True)
         self.WatchJob = channel.unary_stream(
                 '/quarry.v1.MonitorService/WatchJob',
                 request_serializer=quarry_dot_v1_dot_monitor__pb2.WatchJobRequest.SerializeToString,
@@ -59,7 +64,9 @@ class MonitorServiceServicer:
     """
 
     def ListGpus(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """GPUs of a host. A host without a usable NVIDIA driver answers an empty
+        list and the reason, not an error.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -71,8 +78,16 @@ class MonitorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitJob(self, request, context):
+        """Starts a job: a local command, or a Slurm batch script over SSH.
+        Idempotent by request_id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchJob(self, request, context):
-        """Streams a job's status on each change until it reaches a terminal state.
+        """Streams a job's state changes and new log lines until it ends.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -90,6 +105,11 @@ def add_MonitorServiceServicer_to_server(servicer, server):
                     servicer.WatchGpus,
                     request_deserializer=quarry_dot_v1_dot_monitor__pb2.WatchGpusRequest.FromString,
                     response_serializer=quarry_dot_v1_dot_monitor__pb2.WatchGpusResponse.SerializeToString,
+            ),
+            'SubmitJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitJob,
+                    request_deserializer=quarry_dot_v1_dot_monitor__pb2.SubmitJobRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_monitor__pb2.SubmitJobResponse.SerializeToString,
             ),
             'WatchJob': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchJob,
@@ -153,6 +173,33 @@ class MonitorService:
             '/quarry.v1.MonitorService/WatchGpus',
             quarry_dot_v1_dot_monitor__pb2.WatchGpusRequest.SerializeToString,
             quarry_dot_v1_dot_monitor__pb2.WatchGpusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.MonitorService/SubmitJob',
+            quarry_dot_v1_dot_monitor__pb2.SubmitJobRequest.SerializeToString,
+            quarry_dot_v1_dot_monitor__pb2.SubmitJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,10 +36,17 @@ class MonitorServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> MonitorServiceAsyncStub: ...
     ListGpus: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.ListGpusRequest, _monitor_pb2.ListGpusResponse]
+    """GPUs of a host. A host without a usable NVIDIA driver answers an empty
+    list and the reason, not an error.
+    """
     WatchGpus: _grpc.UnaryStreamMultiCallable[_monitor_pb2.WatchGpusRequest, _monitor_pb2.WatchGpusResponse]
     """Streams a GPU sample every interval until the client cancels."""
+    SubmitJob: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.SubmitJobRequest, _monitor_pb2.SubmitJobResponse]
+    """Starts a job: a local command, or a Slurm batch script over SSH.
+    Idempotent by request_id.
+    """
     WatchJob: _grpc.UnaryStreamMultiCallable[_monitor_pb2.WatchJobRequest, _monitor_pb2.WatchJobResponse]
-    """Streams a job's status on each change until it reaches a terminal state."""
+    """Streams a job's state changes and new log lines until it ends."""
 
 @_typing.type_check_only
 class MonitorServiceAsyncStub(MonitorServiceStub):
@@ -49,10 +56,17 @@ class MonitorServiceAsyncStub(MonitorServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListGpus: _aio.UnaryUnaryMultiCallable[_monitor_pb2.ListGpusRequest, _monitor_pb2.ListGpusResponse]  # type: ignore[assignment]
+    """GPUs of a host. A host without a usable NVIDIA driver answers an empty
+    list and the reason, not an error.
+    """
     WatchGpus: _aio.UnaryStreamMultiCallable[_monitor_pb2.WatchGpusRequest, _monitor_pb2.WatchGpusResponse]  # type: ignore[assignment]
     """Streams a GPU sample every interval until the client cancels."""
+    SubmitJob: _aio.UnaryUnaryMultiCallable[_monitor_pb2.SubmitJobRequest, _monitor_pb2.SubmitJobResponse]  # type: ignore[assignment]
+    """Starts a job: a local command, or a Slurm batch script over SSH.
+    Idempotent by request_id.
+    """
     WatchJob: _aio.UnaryStreamMultiCallable[_monitor_pb2.WatchJobRequest, _monitor_pb2.WatchJobResponse]  # type: ignore[assignment]
-    """Streams a job's status on each change until it reaches a terminal state."""
+    """Streams a job's state changes and new log lines until it ends."""
 
 class MonitorServiceServicer(metaclass=_abc_1.ABCMeta):
     """Observes compute without spending model tokens: GPUs through NVML, remote
@@ -64,7 +78,10 @@ class MonitorServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _monitor_pb2.ListGpusRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_monitor_pb2.ListGpusResponse, _abc.Awaitable[_monitor_pb2.ListGpusResponse]]: ...
+    ) -> _typing.Union[_monitor_pb2.ListGpusResponse, _abc.Awaitable[_monitor_pb2.ListGpusResponse]]:
+        """GPUs of a host. A host without a usable NVIDIA driver answers an empty
+        list and the reason, not an error.
+        """
 
     @_abc_1.abstractmethod
     def WatchGpus(
@@ -75,11 +92,21 @@ class MonitorServiceServicer(metaclass=_abc_1.ABCMeta):
         """Streams a GPU sample every interval until the client cancels."""
 
     @_abc_1.abstractmethod
+    def SubmitJob(
+        self,
+        request: _monitor_pb2.SubmitJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_monitor_pb2.SubmitJobResponse, _abc.Awaitable[_monitor_pb2.SubmitJobResponse]]:
+        """Starts a job: a local command, or a Slurm batch script over SSH.
+        Idempotent by request_id.
+        """
+
+    @_abc_1.abstractmethod
     def WatchJob(
         self,
         request: _monitor_pb2.WatchJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_monitor_pb2.WatchJobResponse], _abc.AsyncIterator[_monitor_pb2.WatchJobResponse]]:
-        """Streams a job's status on each change until it reaches a terminal state."""
+        """Streams a job's state changes and new log lines until it ends."""
 
 def add_MonitorServiceServicer_to_server(servicer: MonitorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

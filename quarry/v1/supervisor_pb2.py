@@ -26,9 +26,10 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from quarry.v1 import common_pb2 as quarry_dot_v1_dot_common__pb2
 from quarry.v1 import scratchpad_pb2 as quarry_dot_v1_dot_scratchpad__pb2
+from quarry.v1 import worker_pb2 as quarry_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aquarry/v1/supervisor.proto\x12\tquarry.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16quarry/v1/common.proto\x1a\x1aquarry/v1/scratchpad.proto\"\x92\x01\n\nRunOptions\x12\x1c\n\x14max_supervisor_turns\x18\x01 \x01(\x05\x12\x18\n\x10worker_max_turns\x18\x02 \x01(\x05\x12 \n\x18max_parallel_delegations\x18\x03 \x01(\x05\x12*\n\x07timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"g\n\x08\x43itation\x12\x0e\n\x06number\x18\x01 \x01(\x05\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0f\n\x07\x65xcerpt\x18\x04 \x01(\t\x12\x1e\n\x16scratchpad_sequence_no\x18\x05 \x01(\x03\"B\n\x06Report\x12\x10\n\x08markdown\x18\x01 \x01(\t\x12&\n\tcitations\x18\x02 \x03(\x0b\x32\x13.quarry.v1.Citation\"B\n\x08RunError\x12%\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x17.quarry.v1.RunErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x83\x04\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08question\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.quarry.v1.RunState\x12&\n\x07options\x18\x04 \x01(\x0b\x32\x15.quarry.v1.RunOptions\x12\x1c\n\x14scratchpad_thread_id\x18\x05 \x01(\t\x12!\n\x06report\x18\x06 \x01(\x0b\x32\x11.quarry.v1.Report\x12\"\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x13.quarry.v1.RunError\x12\x1f\n\x05usage\x18\x08 \x01(\x0b\x32\x10.quarry.v1.Usage\x12\x1e\n\x16last_event_sequence_no\x18\t \x01(\x03\x12*\n\x06labels\x18\n \x03(\x0b\x32\x1a.quarry.v1.Run.LabelsEntry\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc6\x01\n\x0fStartRunRequest\x12\x10\n\x08question\x18\x01 \x01(\t\x12&\n\x07options\x18\x02 \x01(\x0b\x32\x15.quarry.v1.RunOptions\x12\x36\n\x06labels\x18\x03 \x03(\x0b\x32&.quarry.v1.StartRunRequest.LabelsEntry\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"/\n\x10StartRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.quarry.v1.Run\"=\n\x10StreamRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x19\n\x11\x61\x66ter_sequence_no\x18\x02 \x01(\x03\"7\n\x11StreamRunResponse\x12\"\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x13.quarry.v1.RunEvent\"\x8b\x03\n\x08RunEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0bsequence_no\x18\x02 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x06status\x18\x04 \x01(\x0b\x32\x1e.quarry.v1.ResearchStatusEventH\x00\x12\x30\n\nscratchpad\x18\x05 \x01(\x0b\x32\x1a.quarry.v1.ScratchpadEventH\x00\x12.\n\treasoning\x18\x06 \x01(\x0b\x32\x19.quarry.v1.ReasoningEventH\x00\x12*\n\x07\x63ontent\x18\x07 \x01(\x0b\x32\x17.quarry.v1.ContentEventH\x00\x12\x31\n\tcompleted\x18\x08 \x01(\x0b\x32\x1c.quarry.v1.RunCompletedEventH\x00\x12+\n\x06\x66\x61iled\x18\t \x01(\x0b\x32\x19.quarry.v1.RunFailedEventH\x00\x42\t\n\x07payload\"f\n\x13ResearchStatusEvent\x12\'\n\x05phase\x18\x01 \x01(\x0e\x32\x18.quarry.v1.ResearchPhase\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x15\n\rdelegation_id\x18\x03 \x01(\t\"\x8c\x01\n\x0fScratchpadEvent\x12\x1e\n\x16scratchpad_sequence_no\x18\x01 \x01(\x03\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.quarry.v1.EntryKind\x12$\n\x06\x61uthor\x18\x03 \x01(\x0b\x32\x14.quarry.v1.Principal\x12\x0f\n\x07preview\x18\x04 \x01(\t\"\x1f\n\x0eReasoningEvent\x12\r\n\x05\x64\x65lta\x18\x01 \x01(\t\"\x1d\n\x0c\x43ontentEvent\x12\r\n\x05\x64\x65lta\x18\x01 \x01(\t\"W\n\x11RunCompletedEvent\x12!\n\x06report\x18\x01 \x01(\x0b\x32\x11.quarry.v1.Report\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.quarry.v1.Usage\"U\n\x0eRunFailedEvent\x12\"\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x13.quarry.v1.RunError\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.quarry.v1.Usage\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"-\n\x0eGetRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.quarry.v1.Run\"\\\n\x0fListRunsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.quarry.v1.RunState\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.quarry.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"0\n\x11\x43\x61ncelRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.quarry.v1.Run*\x9a\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10RUN_STATE_QUEUED\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x17\n\x13RUN_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x12\x17\n\x13RUN_STATE_CANCELLED\x10\x05*\xdc\x01\n\x0cRunErrorCode\x12\x1e\n\x1aRUN_ERROR_CODE_UNSPECIFIED\x10\x00\x12!\n\x1dRUN_ERROR_CODE_PROVIDER_ERROR\x10\x01\x12(\n$RUN_ERROR_CODE_TURN_BUDGET_EXHAUSTED\x10\x02\x12$\n RUN_ERROR_CODE_DEADLINE_EXCEEDED\x10\x03\x12\x1c\n\x18RUN_ERROR_CODE_CANCELLED\x10\x04\x12\x1b\n\x17RUN_ERROR_CODE_INTERNAL\x10\x05*\x9c\x02\n\rResearchPhase\x12\x1e\n\x1aRESEARCH_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n\x16RESEARCH_PHASE_STARTED\x10\x01\x12\x1b\n\x17RESEARCH_PHASE_PLANNING\x10\x02\x12#\n\x1fRESEARCH_PHASE_WORKER_DELEGATED\x10\x03\x12%\n!RESEARCH_PHASE_WORKER_RESEARCHING\x10\x04\x12#\n\x1fRESEARCH_PHASE_WORKER_COMPLETED\x10\x05\x12 \n\x1cRESEARCH_PHASE_WORKER_FAILED\x10\x06\x12\x1f\n\x1bRESEARCH_PHASE_SYNTHESIZING\x10\x07\x32\xee\x02\n\x11SupervisorService\x12\x43\n\x08StartRun\x12\x1a.quarry.v1.StartRunRequest\x1a\x1b.quarry.v1.StartRunResponse\x12H\n\tStreamRun\x12\x1b.quarry.v1.StreamRunRequest\x1a\x1c.quarry.v1.StreamRunResponse0\x01\x12=\n\x06GetRun\x12\x18.quarry.v1.GetRunRequest\x1a\x19.quarry.v1.GetRunResponse\x12\x43\n\x08ListRuns\x12\x1a.quarry.v1.ListRunsRequest\x1a\x1b.quarry.v1.ListRunsResponse\x12\x46\n\tCancelRun\x12\x1b.quarry.v1.CancelRunRequest\x1a\x1c.quarry.v1.CancelRunResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aquarry/v1/supervisor.proto\x12\tquarry.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16quarry/v1/common.proto\x1a\x1aquarry/v1/scratchpad.proto\x1a\x16quarry/v1/worker.proto\"\xa6\x01\n\nRunOptions\x12\x1c\n\x14max_supervisor_turns\x18\x01 \x01(\x05\x12\x18\n\x10worker_max_turns\x18\x02 \x01(\x05\x12 \n\x18max_parallel_delegations\x18\x03 \x01(\x05\x12*\n\x07timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nmax_tokens\x18\x05 \x01(\x03\"t\n\x08RunUsage\x12$\n\nsupervisor\x18\x01 \x01(\x0b\x32\x10.quarry.v1.Usage\x12!\n\x07workers\x18\x02 \x01(\x0b\x32\x10.quarry.v1.Usage\x12\x1f\n\x05total\x18\x03 \x01(\x0b\x32\x10.quarry.v1.Usage\"g\n\x08\x43itation\x12\x0e\n\x06number\x18\x01 \x01(\x05\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0f\n\x07\x65xcerpt\x18\x04 \x01(\t\x12\x1e\n\x16scratchpad_sequence_no\x18\x05 \x01(\x03\"B\n\x06Report\x12\x10\n\x08markdown\x18\x01 \x01(\t\x12&\n\tcitations\x18\x02 \x03(\x0b\x32\x13.quarry.v1.Citation\"B\n\x08RunError\x12%\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x17.quarry.v1.RunErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x86\x04\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08question\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.quarry.v1.RunState\x12&\n\x07options\x18\x04 \x01(\x0b\x32\x15.quarry.v1.RunOptions\x12\x1c\n\x14scratchpad_thread_id\x18\x05 \x01(\t\x12!\n\x06report\x18\x06 \x01(\x0b\x32\x11.quarry.v1.Report\x12\"\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x13.quarry.v1.RunError\x12\"\n\x05usage\x18\x08 \x01(\x0b\x32\x13.quarry.v1.RunUsage\x12\x1e\n\x16last_event_sequence_no\x18\t \x01(\x03\x12*\n\x06labels\x18\n \x03(\x0b\x32\x1a.quarry.v1.Run.LabelsEntry\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc6\x01\n\x0fStartRunRequest\x12\x10\n\x08question\x18\x01 \x01(\t\x12&\n\x07options\x18\x02 \x01(\x0b\x32\x15.quarry.v1.RunOptions\x12\x36\n\x06labels\x18\x03 \x03(\x0b\x32&.quarry.v1.StartRunRequest.LabelsEntry\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"/\n\x10StartRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.quarry.v1.Run\"=\n\x10StreamRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x19\n\x11\x61\x66ter_sequence_no\x18\x02 \x01(\x03\"7\n\x11StreamRunResponse\x12\"\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x13.quarry.v1.RunEvent\"\xbe\x03\n\x08RunEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0bsequence_no\x18\x02 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x06status\x18\x04 \x01(\x0b\x32\x1e.quarry.v1.ResearchStatusEventH\x00\x12\x30\n\nscratchpad\x18\x05 \x01(\x0b\x32\x1a.quarry.v1.ScratchpadEventH\x00\x12.\n\treasoning\x18\x06 \x01(\x0b\x32\x19.quarry.v1.ReasoningEventH\x00\x12*\n\x07\x63ontent\x18\x07 \x01(\x0b\x32\x17.quarry.v1.ContentEventH\x00\x12\x31\n\tcompleted\x18\x08 \x01(\x0b\x32\x1c.quarry.v1.RunCompletedEventH\x00\x12+\n\x06\x66\x61iled\x18\t \x01(\x0b\x32\x19.quarry.v1.RunFailedEventH\x00\x12\x31\n\tcancelled\x18\n \x01(\x0b\x32\x1c.quarry.v1.RunCancelledEventH\x00\x42\t\n\x07payload\"\xd6\x01\n\x13ResearchStatusEvent\x12\'\n\x05phase\x18\x01 \x01(\x0e\x32\x18.quarry.v1.ResearchPhase\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x15\n\rdelegation_id\x18\x03 \x01(\t\x12\x38\n\x12\x64\x65legation_outcome\x18\x04 \x01(\x0e\x32\x1c.quarry.v1.DelegationOutcome\x12\x34\n\x10\x64\x65legation_error\x18\x05 \x01(\x0b\x32\x1a.quarry.v1.DelegationError\"\x8c\x01\n\x0fScratchpadEvent\x12\x1e\n\x16scratchpad_sequence_no\x18\x01 \x01(\x03\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.quarry.v1.EntryKind\x12$\n\x06\x61uthor\x18\x03 \x01(\x0b\x32\x14.quarry.v1.Principal\x12\x0f\n\x07preview\x18\x04 \x01(\t\"\x1f\n\x0eReasoningEvent\x12\r\n\x05\x64\x65lta\x18\x01 \x01(\t\"\x1d\n\x0c\x43ontentEvent\x12\r\n\x05\x64\x65lta\x18\x01 \x01(\t\"\x95\x01\n\x11RunCompletedEvent\x12!\n\x06report\x18\x01 \x01(\x0b\x32\x11.quarry.v1.Report\x12\"\n\x05usage\x18\x02 \x01(\x0b\x32\x13.quarry.v1.RunUsage\x12\x19\n\x11removed_citations\x18\x03 \x01(\x05\x12\x1e\n\x16token_budget_exhausted\x18\x04 \x01(\x08\"X\n\x0eRunFailedEvent\x12\"\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x13.quarry.v1.RunError\x12\"\n\x05usage\x18\x02 \x01(\x0b\x32\x13.quarry.v1.RunUsage\"G\n\x11RunCancelledEvent\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\"\n\x05usage\x18\x02 \x01(\x0b\x32\x13.quarry.v1.RunUsage\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"-\n\x0eGetRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.quarry.v1.Run\"\\\n\x0fListRunsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.quarry.v1.RunState\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.quarry.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"0\n\x11\x43\x61ncelRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.quarry.v1.Run*\x9a\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10RUN_STATE_QUEUED\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x17\n\x13RUN_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x12\x17\n\x13RUN_STATE_CANCELLED\x10\x05*\xdc\x01\n\x0cRunErrorCode\x12\x1e\n\x1aRUN_ERROR_CODE_UNSPECIFIED\x10\x00\x12!\n\x1dRUN_ERROR_CODE_PROVIDER_ERROR\x10\x01\x12(\n$RUN_ERROR_CODE_TURN_BUDGET_EXHAUSTED\x10\x02\x12$\n RUN_ERROR_CODE_DEADLINE_EXCEEDED\x10\x03\x12\x1c\n\x18RUN_ERROR_CODE_CANCELLED\x10\x04\x12\x1b\n\x17RUN_ERROR_CODE_INTERNAL\x10\x05*\x9c\x02\n\rResearchPhase\x12\x1e\n\x1aRESEARCH_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n\x16RESEARCH_PHASE_STARTED\x10\x01\x12\x1b\n\x17RESEARCH_PHASE_PLANNING\x10\x02\x12#\n\x1fRESEARCH_PHASE_WORKER_DELEGATED\x10\x03\x12%\n!RESEARCH_PHASE_WORKER_RESEARCHING\x10\x04\x12#\n\x1fRESEARCH_PHASE_WORKER_COMPLETED\x10\x05\x12 \n\x1cRESEARCH_PHASE_WORKER_FAILED\x10\x06\x12\x1f\n\x1bRESEARCH_PHASE_SYNTHESIZING\x10\x07\x32\xee\x02\n\x11SupervisorService\x12\x43\n\x08StartRun\x12\x1a.quarry.v1.StartRunRequest\x1a\x1b.quarry.v1.StartRunResponse\x12H\n\tStreamRun\x12\x1b.quarry.v1.StreamRunRequest\x1a\x1c.quarry.v1.StreamRunResponse0\x01\x12=\n\x06GetRun\x12\x18.quarry.v1.GetRunRequest\x1a\x19.quarry.v1.GetRunResponse\x12\x43\n\x08ListRuns\x12\x1a.quarry.v1.ListRunsRequest\x1a\x1b.quarry.v1.ListRunsResponse\x12\x46\n\tCancelRun\x12\x1b.quarry.v1.CancelRunRequest\x1a\x1c.quarry.v1.CancelRunResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,60 +40,64 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RUN_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_STARTRUNREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_RUNSTATE']._serialized_start=2673
-  _globals['_RUNSTATE']._serialized_end=2827
-  _globals['_RUNERRORCODE']._serialized_start=2830
-  _globals['_RUNERRORCODE']._serialized_end=3050
-  _globals['_RESEARCHPHASE']._serialized_start=3053
-  _globals['_RESEARCHPHASE']._serialized_end=3337
-  _globals['_RUNOPTIONS']._serialized_start=159
-  _globals['_RUNOPTIONS']._serialized_end=305
-  _globals['_CITATION']._serialized_start=307
-  _globals['_CITATION']._serialized_end=410
-  _globals['_REPORT']._serialized_start=412
-  _globals['_REPORT']._serialized_end=478
-  _globals['_RUNERROR']._serialized_start=480
-  _globals['_RUNERROR']._serialized_end=546
-  _globals['_RUN']._serialized_start=549
-  _globals['_RUN']._serialized_end=1064
-  _globals['_RUN_LABELSENTRY']._serialized_start=1019
-  _globals['_RUN_LABELSENTRY']._serialized_end=1064
-  _globals['_STARTRUNREQUEST']._serialized_start=1067
-  _globals['_STARTRUNREQUEST']._serialized_end=1265
-  _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_start=1019
-  _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_end=1064
-  _globals['_STARTRUNRESPONSE']._serialized_start=1267
-  _globals['_STARTRUNRESPONSE']._serialized_end=1314
-  _globals['_STREAMRUNREQUEST']._serialized_start=1316
-  _globals['_STREAMRUNREQUEST']._serialized_end=1377
-  _globals['_STREAMRUNRESPONSE']._serialized_start=1379
-  _globals['_STREAMRUNRESPONSE']._serialized_end=1434
-  _globals['_RUNEVENT']._serialized_start=1437
-  _globals['_RUNEVENT']._serialized_end=1832
-  _globals['_RESEARCHSTATUSEVENT']._serialized_start=1834
-  _globals['_RESEARCHSTATUSEVENT']._serialized_end=1936
-  _globals['_SCRATCHPADEVENT']._serialized_start=1939
-  _globals['_SCRATCHPADEVENT']._serialized_end=2079
-  _globals['_REASONINGEVENT']._serialized_start=2081
-  _globals['_REASONINGEVENT']._serialized_end=2112
-  _globals['_CONTENTEVENT']._serialized_start=2114
-  _globals['_CONTENTEVENT']._serialized_end=2143
-  _globals['_RUNCOMPLETEDEVENT']._serialized_start=2145
-  _globals['_RUNCOMPLETEDEVENT']._serialized_end=2232
-  _globals['_RUNFAILEDEVENT']._serialized_start=2234
-  _globals['_RUNFAILEDEVENT']._serialized_end=2319
-  _globals['_GETRUNREQUEST']._serialized_start=2321
-  _globals['_GETRUNREQUEST']._serialized_end=2352
-  _globals['_GETRUNRESPONSE']._serialized_start=2354
-  _globals['_GETRUNRESPONSE']._serialized_end=2399
-  _globals['_LISTRUNSREQUEST']._serialized_start=2401
-  _globals['_LISTRUNSREQUEST']._serialized_end=2493
-  _globals['_LISTRUNSRESPONSE']._serialized_start=2495
-  _globals['_LISTRUNSRESPONSE']._serialized_end=2568
-  _globals['_CANCELRUNREQUEST']._serialized_start=2570
-  _globals['_CANCELRUNREQUEST']._serialized_end=2620
-  _globals['_CANCELRUNRESPONSE']._serialized_start=2622
-  _globals['_CANCELRUNRESPONSE']._serialized_end=2670
-  _globals['_SUPERVISORSERVICE']._serialized_start=3340
-  _globals['_SUPERVISORSERVICE']._serialized_end=3706
+  _globals['_RUNSTATE']._serialized_start=3141
+  _globals['_RUNSTATE']._serialized_end=3295
+  _globals['_RUNERRORCODE']._serialized_start=3298
+  _globals['_RUNERRORCODE']._serialized_end=3518
+  _globals['_RESEARCHPHASE']._serialized_start=3521
+  _globals['_RESEARCHPHASE']._serialized_end=3805
+  _globals['_RUNOPTIONS']._serialized_start=183
+  _globals['_RUNOPTIONS']._serialized_end=349
+  _globals['_RUNUSAGE']._serialized_start=351
+  _globals['_RUNUSAGE']._serialized_end=467
+  _globals['_CITATION']._serialized_start=469
+  _globals['_CITATION']._serialized_end=572
+  _globals['_REPORT']._serialized_start=574
+  _globals['_REPORT']._serialized_end=640
+  _globals['_RUNERROR']._serialized_start=642
+  _globals['_RUNERROR']._serialized_end=708
+  _globals['_RUN']._serialized_start=711
+  _globals['_RUN']._serialized_end=1229
+  _globals['_RUN_LABELSENTRY']._serialized_start=1184
+  _globals['_RUN_LABELSENTRY']._serialized_end=1229
+  _globals['_STARTRUNREQUEST']._serialized_start=1232
+  _globals['_STARTRUNREQUEST']._serialized_end=1430
+  _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_start=1184
+  _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_end=1229
+  _globals['_STARTRUNRESPONSE']._serialized_start=1432
+  _globals['_STARTRUNRESPONSE']._serialized_end=1479
+  _globals['_STREAMRUNREQUEST']._serialized_start=1481
+  _globals['_STREAMRUNREQUEST']._serialized_end=1542
+  _globals['_STREAMRUNRESPONSE']._serialized_start=1544
+  _globals['_STREAMRUNRESPONSE']._serialized_end=1599
+  _globals['_RUNEVENT']._serialized_start=1602
+  _globals['_RUNEVENT']._serialized_end=2048
+  _globals['_RESEARCHSTATUSEVENT']._serialized_start=2051
+  _globals['_RESEARCHSTATUSEVENT']._serialized_end=2265
+  _globals['_SCRATCHPADEVENT']._serialized_start=2268
+  _globals['_SCRATCHPADEVENT']._serialized_end=2408
+  _globals['_REASONINGEVENT']._serialized_start=2410
+  _globals['_REASONINGEVENT']._serialized_end=2441
+  _globals['_CONTENTEVENT']._serialized_start=2443
+  _globals['_CONTENTEVENT']._serialized_end=2472
+  _globals['_RUNCOMPLETEDEVENT']._serialized_start=2475
+  _globals['_RUNCOMPLETEDEVENT']._serialized_end=2624
+  _globals['_RUNFAILEDEVENT']._serialized_start=2626
+  _globals['_RUNFAILEDEVENT']._serialized_end=2714
+  _globals['_RUNCANCELLEDEVENT']._serialized_start=2716
+  _globals['_RUNCANCELLEDEVENT']._serialized_end=2787
+  _globals['_GETRUNREQUEST']._serialized_start=2789
+  _globals['_GETRUNREQUEST']._serialized_end=2820
+  _globals['_GETRUNRESPONSE']._serialized_start=2822
+  _globals['_GETRUNRESPONSE']._serialized_end=2867
+  _globals['_LISTRUNSREQUEST']._serialized_start=2869
+  _globals['_LISTRUNSREQUEST']._serialized_end=2961
+  _globals['_LISTRUNSRESPONSE']._serialized_start=2963
+  _globals['_LISTRUNSRESPONSE']._serialized_end=3036
+  _globals['_CANCELRUNREQUEST']._serialized_start=3038
+  _globals['_CANCELRUNREQUEST']._serialized_end=3088
+  _globals['_CANCELRUNRESPONSE']._serialized_start=3090
+  _globals['_CANCELRUNRESPONSE']._serialized_end=3138
+  _globals['_SUPERVISORSERVICE']._serialized_start=3808
+  _globals['_SUPERVISORSERVICE']._serialized_end=4174
 # @@protoc_insertion_point(module_scope)

@@ -12,6 +12,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from quarry.v1 import common_pb2 as _common_pb2
 from quarry.v1 import scratchpad_pb2 as _scratchpad_pb2
+from quarry.v1 import worker_pb2 as _worker_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -104,12 +105,17 @@ class RunOptions(_message.Message):
     WORKER_MAX_TURNS_FIELD_NUMBER: _builtins.int
     MAX_PARALLEL_DELEGATIONS_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
+    MAX_TOKENS_FIELD_NUMBER: _builtins.int
     max_supervisor_turns: _builtins.int
-    """Bound on supervisor turns; 0 means the server default."""
+    """Bound on supervisor turns; 0 means the default (12)."""
     worker_max_turns: _builtins.int
     """Bound on each worker's turns; 0 means the default (8)."""
     max_parallel_delegations: _builtins.int
     """Bound on delegations running at once; 0 means the server default."""
+    max_tokens: _builtins.int
+    """Token budget for the whole run, all tiers; 0 means unbounded. Once reached,
+    no new delegation starts and the report is written from what exists.
+    """
     @_builtins.property
     def timeout(self) -> _duration_pb2.Duration:
         """Wall-clock limit for the whole run; unset means the server default."""
@@ -121,14 +127,45 @@ class RunOptions(_message.Message):
         worker_max_turns: _builtins.int = ...,
         max_parallel_delegations: _builtins.int = ...,
         timeout: _duration_pb2.Duration | None = ...,
+        max_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_parallel_delegations", b"max_parallel_delegations", "max_supervisor_turns", b"max_supervisor_turns", "timeout", b"timeout", "worker_max_turns", b"worker_max_turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_parallel_delegations", b"max_parallel_delegations", "max_supervisor_turns", b"max_supervisor_turns", "max_tokens", b"max_tokens", "timeout", b"timeout", "worker_max_turns", b"worker_max_turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunOptions: _TypeAlias = RunOptions  # noqa: Y015
+
+@_typing.final
+class RunUsage(_message.Message):
+    """Token usage of a run, by model tier."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUPERVISOR_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def supervisor(self) -> _common_pb2.Usage: ...
+    @_builtins.property
+    def workers(self) -> _common_pb2.Usage: ...
+    @_builtins.property
+    def total(self) -> _common_pb2.Usage: ...
+    def __init__(
+        self,
+        *,
+        supervisor: _common_pb2.Usage | None = ...,
+        workers: _common_pb2.Usage | None = ...,
+        total: _common_pb2.Usage | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["supervisor", b"supervisor", "total", b"total", "workers", b"workers"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["supervisor", b"supervisor", "total", b"total", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunUsage: _TypeAlias = RunUsage  # noqa: Y015
 
 @_typing.final
 class Citation(_message.Message):
@@ -262,7 +299,7 @@ class Run(_message.Message):
         """Set when state is RUN_STATE_FAILED or RUN_STATE_CANCELLED."""
 
     @_builtins.property
-    def usage(self) -> _common_pb2.Usage: ...
+    def usage(self) -> Global___RunUsage: ...
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -281,7 +318,7 @@ class Run(_message.Message):
         scratchpad_thread_id: _builtins.str = ...,
         report: Global___Report | None = ...,
         error: Global___RunError | None = ...,
-        usage: _common_pb2.Usage | None = ...,
+        usage: Global___RunUsage | None = ...,
         last_event_sequence_no: _builtins.int = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
@@ -425,6 +462,7 @@ class RunEvent(_message.Message):
     CONTENT_FIELD_NUMBER: _builtins.int
     COMPLETED_FIELD_NUMBER: _builtins.int
     FAILED_FIELD_NUMBER: _builtins.int
+    CANCELLED_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     sequence_no: _builtins.int
     """Per-run, starts at 1, no gaps."""
@@ -442,6 +480,8 @@ class RunEvent(_message.Message):
     def completed(self) -> Global___RunCompletedEvent: ...
     @_builtins.property
     def failed(self) -> Global___RunFailedEvent: ...
+    @_builtins.property
+    def cancelled(self) -> Global___RunCancelledEvent: ...
     def __init__(
         self,
         *,
@@ -454,12 +494,13 @@ class RunEvent(_message.Message):
         content: Global___ContentEvent | None = ...,
         completed: Global___RunCompletedEvent | None = ...,
         failed: Global___RunFailedEvent | None = ...,
+        cancelled: Global___RunCancelledEvent | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["completed", b"completed", "content", b"content", "create_time", b"create_time", "failed", b"failed", "payload", b"payload", "reasoning", b"reasoning", "scratchpad", b"scratchpad", "status", b"status"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "completed", b"completed", "content", b"content", "create_time", b"create_time", "failed", b"failed", "payload", b"payload", "reasoning", b"reasoning", "scratchpad", b"scratchpad", "status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed", b"completed", "content", b"content", "create_time", b"create_time", "failed", b"failed", "payload", b"payload", "reasoning", b"reasoning", "run_id", b"run_id", "scratchpad", b"scratchpad", "sequence_no", b"sequence_no", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "completed", b"completed", "content", b"content", "create_time", b"create_time", "failed", b"failed", "payload", b"payload", "reasoning", b"reasoning", "run_id", b"run_id", "scratchpad", b"scratchpad", "sequence_no", b"sequence_no", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["status", "scratchpad", "reasoning", "content", "completed", "failed"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["status", "scratchpad", "reasoning", "content", "completed", "failed", "cancelled"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 
@@ -472,20 +513,30 @@ class ResearchStatusEvent(_message.Message):
     PHASE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     DELEGATION_ID_FIELD_NUMBER: _builtins.int
+    DELEGATION_OUTCOME_FIELD_NUMBER: _builtins.int
+    DELEGATION_ERROR_FIELD_NUMBER: _builtins.int
     phase: Global___ResearchPhase.ValueType
     message: _builtins.str
     delegation_id: _builtins.str
     """Set for worker phases."""
+    delegation_outcome: _worker_pb2.DelegationOutcome.ValueType
+    """Set for RESEARCH_PHASE_WORKER_COMPLETED and RESEARCH_PHASE_WORKER_FAILED."""
+    @_builtins.property
+    def delegation_error(self) -> _worker_pb2.DelegationError:
+        """Set for RESEARCH_PHASE_WORKER_FAILED."""
+
     def __init__(
         self,
         *,
         phase: Global___ResearchPhase.ValueType = ...,
         message: _builtins.str = ...,
         delegation_id: _builtins.str = ...,
+        delegation_outcome: _worker_pb2.DelegationOutcome.ValueType = ...,
+        delegation_error: _worker_pb2.DelegationError | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delegation_error", b"delegation_error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delegation_id", b"delegation_id", "message", b"message", "phase", b"phase"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delegation_error", b"delegation_error", "delegation_id", b"delegation_id", "delegation_outcome", b"delegation_outcome", "message", b"message", "phase", b"phase"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -573,19 +624,27 @@ class RunCompletedEvent(_message.Message):
 
     REPORT_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    REMOVED_CITATIONS_FIELD_NUMBER: _builtins.int
+    TOKEN_BUDGET_EXHAUSTED_FIELD_NUMBER: _builtins.int
+    removed_citations: _builtins.int
+    """Citations in the draft that resolved to no verified source and were removed."""
+    token_budget_exhausted: _builtins.bool
+    """True when the token budget stopped further delegation."""
     @_builtins.property
     def report(self) -> Global___Report: ...
     @_builtins.property
-    def usage(self) -> _common_pb2.Usage: ...
+    def usage(self) -> Global___RunUsage: ...
     def __init__(
         self,
         *,
         report: Global___Report | None = ...,
-        usage: _common_pb2.Usage | None = ...,
+        usage: Global___RunUsage | None = ...,
+        removed_citations: _builtins.int = ...,
+        token_budget_exhausted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["report", b"report", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["report", b"report", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed_citations", b"removed_citations", "report", b"report", "token_budget_exhausted", b"token_budget_exhausted", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -593,7 +652,7 @@ Global___RunCompletedEvent: _TypeAlias = RunCompletedEvent  # noqa: Y015
 
 @_typing.final
 class RunFailedEvent(_message.Message):
-    """Terminal: the run failed or was cancelled."""
+    """Terminal: the run failed."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -602,12 +661,12 @@ class RunFailedEvent(_message.Message):
     @_builtins.property
     def error(self) -> Global___RunError: ...
     @_builtins.property
-    def usage(self) -> _common_pb2.Usage: ...
+    def usage(self) -> Global___RunUsage: ...
     def __init__(
         self,
         *,
         error: Global___RunError | None = ...,
-        usage: _common_pb2.Usage | None = ...,
+        usage: Global___RunUsage | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -616,6 +675,31 @@ class RunFailedEvent(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunFailedEvent: _TypeAlias = RunFailedEvent  # noqa: Y015
+
+@_typing.final
+class RunCancelledEvent(_message.Message):
+    """Terminal: the run was cancelled."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    @_builtins.property
+    def usage(self) -> Global___RunUsage: ...
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        usage: Global___RunUsage | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunCancelledEvent: _TypeAlias = RunCancelledEvent  # noqa: Y015
 
 @_typing.final
 class GetRunRequest(_message.Message):

@@ -299,14 +299,20 @@ class DelegationProgress(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     SUMMARY_FIELD_NUMBER: _builtins.int
     SCRATCHPAD_SEQUENCE_NO_FIELD_NUMBER: _builtins.int
+    MAX_TURNS_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
     delegation_id: _builtins.str
     turn: _builtins.int
-    """1-based model turn the event belongs to."""
+    """1-based model turn the event belongs to ("turn 3 of 8")."""
     kind: Global___ProgressKind.ValueType
     summary: _builtins.str
     """Short human-readable description; never page text."""
     scratchpad_sequence_no: _builtins.int
     """Set for PROGRESS_KIND_SCRATCHPAD_APPENDED."""
+    max_turns: _builtins.int
+    """The delegation's turn budget."""
+    tool_name: _builtins.str
+    """Set for PROGRESS_KIND_TOOL_CALLED."""
     def __init__(
         self,
         *,
@@ -315,10 +321,12 @@ class DelegationProgress(_message.Message):
         kind: Global___ProgressKind.ValueType = ...,
         summary: _builtins.str = ...,
         scratchpad_sequence_no: _builtins.int = ...,
+        max_turns: _builtins.int = ...,
+        tool_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delegation_id", b"delegation_id", "kind", b"kind", "scratchpad_sequence_no", b"scratchpad_sequence_no", "summary", b"summary", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delegation_id", b"delegation_id", "kind", b"kind", "max_turns", b"max_turns", "scratchpad_sequence_no", b"scratchpad_sequence_no", "summary", b"summary", "tool_name", b"tool_name", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -411,12 +419,17 @@ class Delegation(_message.Message):
     RESULT_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     END_TIME_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     delegation_id: _builtins.str
     run_id: _builtins.str
     conversation_id: _builtins.str
     scratchpad_thread_id: _builtins.str
     role: _common_pb2.Role.ValueType
     state: Global___DelegationState.ValueType
+    last_error: _builtins.str
+    """The error the delegation ended with; empty unless it failed."""
+    tool_call_id: _builtins.str
     @_builtins.property
     def task(self) -> Global___ResearchTask: ...
     @_builtins.property
@@ -440,10 +453,12 @@ class Delegation(_message.Message):
         result: Global___DelegationResult | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         end_time: _timestamp_pb2.Timestamp | None = ...,
+        last_error: _builtins.str = ...,
+        tool_call_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "result", b"result", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "delegation_id", b"delegation_id", "end_time", b"end_time", "result", b"result", "role", b"role", "run_id", b"run_id", "scratchpad_thread_id", b"scratchpad_thread_id", "state", b"state", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "delegation_id", b"delegation_id", "end_time", b"end_time", "last_error", b"last_error", "result", b"result", "role", b"role", "run_id", b"run_id", "scratchpad_thread_id", b"scratchpad_thread_id", "state", b"state", "task", b"task", "tool_call_id", b"tool_call_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
