@@ -34,6 +34,7 @@ import psycopg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy.engine import make_url
 
+from quarry.launcher import serve_command
 from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
 
 AUTHOR = common_pb2.Principal(principal_id="bench", role=common_pb2.ROLE_RESEARCHER)
@@ -171,17 +172,7 @@ def peak_rss_mib(pid: int) -> float:
 def start_server(database_url: str, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     port_file = workdir / "scratchpad.addr"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "quarry",
-            "serve",
-            "scratchpad",
-            "--address",
-            "127.0.0.1:0",
-            "--port-file",
-            str(port_file),
-        ],
+        serve_command("scratchpad", port_file, address="127.0.0.1:0"),
         env={**os.environ, "QUARRY_SCRATCHPAD_DATABASE_URL": database_url, "QUARRY_LOG_LEVEL": "WARNING"},
     )
     for _ in range(600):

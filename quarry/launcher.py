@@ -22,6 +22,18 @@ class LaunchError(RuntimeError):
     pass
 
 
+def serve_command(
+    name: str, port_file: Path, *, address: str | None = None, parent_pid: int | None = None
+) -> list[str]:
+    """The command line that runs one service in its own process and reports its bound address."""
+    command = [sys.executable, "-m", "quarry", "serve", name, "--port-file", str(port_file)]
+    if address:
+        command += ["--address", address]
+    if parent_pid:
+        command += ["--parent-pid", str(parent_pid)]
+    return command
+
+
 @dataclass
 class RunningService:
     name: str
@@ -93,10 +105,7 @@ async def run_mesh(
         try:
             for name in names:
                 port_file = Path(run_dir) / f"{name}.addr"
-                command = [sys.executable, "-m", "quarry", "serve", name, "--port-file", str(port_file)]
-                command += ["--parent-pid", str(os.getpid())]
-                if name in addresses:
-                    command += ["--address", addresses[name]]
+                command = serve_command(name, port_file, address=addresses.get(name), parent_pid=os.getpid())
                 # A session of its own: Ctrl-C reaches only us, and we stop the children in order.
                 process = await asyncio.create_subprocess_exec(*command, env=os.environ.copy(), start_new_session=True)
                 service = RunningService(name, process, port_file)

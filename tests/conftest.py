@@ -6,7 +6,6 @@ import contextlib
 import os
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +15,8 @@ from pathlib import Path
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
+
+from quarry.launcher import serve_command
 
 POSTGRES_URL = os.environ.get("QUARRY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", "postgresql"]
@@ -82,17 +83,7 @@ def start_service(
     log_path = workdir / f"{name}.log"
     log_file = log_path.open("ab")
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "quarry",
-            "serve",
-            name,
-            "--address",
-            f"127.0.0.1:{port}",
-            "--port-file",
-            str(port_file),
-        ],
+        serve_command(name, port_file, address=f"127.0.0.1:{port}"),
         env={**os.environ, **env},
         stdout=log_file,
         stderr=subprocess.STDOUT,
