@@ -33,6 +33,7 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
         Limits(max_content_bytes=settings.max_content_bytes, max_sources=settings.max_sources),
         signal=signal,
         max_batch=settings.max_batch,
+        watch_poll_seconds=settings.watch_poll_seconds,
     )
     listener = None
     if database.is_postgres:

@@ -13,12 +13,22 @@ from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
 from scratchpad_svc.service import build_host
 
 MAX_CONTENT_BYTES = 1024
+MAX_SOURCES = 3
+MAX_BATCH = 4
 
 
 @pytest.fixture
 async def scratchpad_host(database_url: str, tmp_path: Path) -> AsyncIterator[ServiceHost]:
     """The scratchpad in this process, on a free port, over the parametrised database."""
-    settings = ScratchpadSettings(address="127.0.0.1:0", database_url=database_url, max_content_bytes=MAX_CONTENT_BYTES)
+    settings = ScratchpadSettings(
+        address="127.0.0.1:0",
+        database_url=database_url,
+        max_content_bytes=MAX_CONTENT_BYTES,
+        max_sources=MAX_SOURCES,
+        max_batch=MAX_BATCH,
+        # No timer wake-ups: a Watch test passes only if commits really signal watchers.
+        watch_poll_seconds=3600,
+    )
     host = await build_host(settings, QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=1))
     async with host:
         yield host

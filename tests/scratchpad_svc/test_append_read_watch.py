@@ -36,11 +36,21 @@ async def test_batch_mixing_new_and_repeated_request_ids_stays_gap_free(stub: St
     await stub.Append(finding(thread_id, "old"))
     requests = [finding(thread_id, request_id) for request_id in ["a", "old", "b", "a", "c", "old"]]
     responses = await asyncio.gather(*(stub.Append(request) for request in requests))
+    assert responses[0].entry == responses[3].entry and responses[1].entry == responses[5].entry
     by_request = {r.entry.request_id: r.entry.sequence_no for r in responses}
     assert by_request["old"] == 1
     assert sorted({by_request[k] for k in "abc"}) == [2, 3, 4]
     page = await stub.Read(scratchpad_pb2.ReadRequest(thread_id=thread_id))
     assert [entry.sequence_no for entry in page.entries] == [1, 2, 3, 4]
+
+
+async def test_concurrent_appends_beyond_one_batch_are_gap_free(stub: Stub, make_thread: MakeThread) -> None:
+    thread_id = await make_thread()
+    responses = await asyncio.gather(*(stub.Append(finding(thread_id, f"r-{i}")) for i in range(30)))
+    assert sorted(r.entry.sequence_no for r in responses) == list(range(1, 31))
+    page = await stub.Read(scratchpad_pb2.ReadRequest(thread_id=thread_id))
+    assert [e.sequence_no for e in page.entries] == list(range(1, 31))
+    assert {e.request_id for e in page.entries} == {f"r-{i}" for i in range(30)}
 
 
 async def test_entry_round_trips_every_field(stub: Stub, make_thread: MakeThread) -> None:

@@ -11,7 +11,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
-from tests.scratchpad_svc.conftest import MAX_CONTENT_BYTES, RESEARCHER, finding
+from tests.scratchpad_svc.conftest import MAX_CONTENT_BYTES, MAX_SOURCES, RESEARCHER, finding
 
 Stub = scratchpad_pb2_grpc.ScratchpadServiceStub
 
@@ -71,6 +71,11 @@ BAD_APPENDS: list[tuple[str, dict[str, object], str]] = [
     ("missing request_id", {"request_id": ""}, "request_id"),
     ("request_id with spaces", {"request_id": "has space"}, "request_id"),
     ("request_id too long", {"request_id": "r" * 129}, "request_id"),
+    (
+        "too many sources",
+        {"sources": [common_pb2.Source(url=f"https://a.b/{i}") for i in range(MAX_SOURCES + 1)]},
+        "sources",
+    ),
     ("source without scheme", {"sources": [common_pb2.Source(url="example.org")]}, "sources[0].url"),
     ("source with file scheme", {"sources": [common_pb2.Source(url="file:///etc/passwd")]}, "sources[0].url"),
     (
