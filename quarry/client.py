@@ -8,13 +8,20 @@ original result.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
+
+__all__ = [
+    "RetryPolicy",
+    "ScratchpadClient",
+    "insecure_channel",
+    "is_retryable",
+]
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
@@ -118,14 +125,26 @@ class ScratchpadClient:
                 return entries
 
     async def watch(
-        self, thread_id: str, *, after_sequence_no: int = 0, max_reconnects: int = 100
+        self,
+        thread_id: str,
+        *,
+        after_sequence_no: int = 0,
+        max_reconnects: int = 100,
+        on_established: Callable[[], None] | None = None,
     ) -> AsyncIterator[scratchpad_pb2.Entry]:
-        """Entries as they commit; reconnects after UNAVAILABLE from the last one received."""
+        """Entries as they commit; reconnects after UNAVAILABLE from the last one received.
+
+        `on_established` is called each time the service has accepted the stream,
+        before any entry arrives: from then on no commit can be missed.
+        """
         after = after_sequence_no
         reconnects = 0
         while True:
             try:
                 stream = self._stub.Watch(scratchpad_pb2.WatchRequest(thread_id=thread_id, after_sequence_no=after))
+                await stream.initial_metadata()
+                if on_established is not None:
+                    on_established()
                 async for response in stream:
                     reconnects = 0
                     after = response.entry.sequence_no

@@ -20,6 +20,12 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+__all__ = [
+    "QuarrySettings",
+    "ScratchpadSettings",
+    "ServiceSettings",
+]
+
 CONFIG_FILE_ENV = "QUARRY_CONFIG_FILE"
 
 

@@ -24,9 +24,21 @@ from sqlalchemy.engine import URL, Connection, Dialect, make_url
 
 from quarry.errors import Unavailable
 
+__all__ = [
+    "Database",
+    "UTCDateTime",
+    "UnsupportedDatabase",
+    "create_engine",
+    "database_url",
+    "json_type",
+    "run_migrations",
+    "upgrade_schema",
+    "upgrade_schema_async",
+]
+
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 # Execution option that makes a SQLite transaction take the write lock up front,
 # so two writers never deadlock upgrading a read lock.
@@ -117,24 +129,24 @@ class Database:
         self._writer = ThreadPoolExecutor(writers, thread_name_prefix="db-write")
         self._reader = ThreadPoolExecutor(readers, thread_name_prefix="db-read")
 
-    async def write(self, work: Callable[[Connection], T]) -> T:
+    async def write(self, work: Callable[[Connection], _T]) -> _T:
         """Run `work` in one write transaction (SQLite takes its write lock up front)."""
         return await self._run(self._writer, self._transaction, work, True)
 
-    async def write_autocommit(self, work: Callable[[Connection], T]) -> T:
+    async def write_autocommit(self, work: Callable[[Connection], _T]) -> _T:
         """Run `work` with each statement its own transaction: for single-statement writes."""
         return await self._run(self._writer, self._autocommit, work)
 
-    async def read(self, work: Callable[[Connection], T]) -> T:
+    async def read(self, work: Callable[[Connection], _T]) -> _T:
         """Run `work` in one read transaction."""
         return await self._run(self._reader, self._transaction, work, False)
 
-    async def read_statement(self, work: Callable[[Connection], T]) -> T:
+    async def read_statement(self, work: Callable[[Connection], _T]) -> _T:
         """Run a single-statement read without BEGIN/ROLLBACK round trips; one statement sees one snapshot."""
         return await self._run(self._reader, self._autocommit, work)
 
     @staticmethod
-    async def _run(executor: ThreadPoolExecutor, function: Callable[..., T], *args: Any) -> T:
+    async def _run(executor: ThreadPoolExecutor, function: Callable[..., _T], *args: Any) -> _T:
         try:
             return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
         except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError) as error:
@@ -143,14 +155,14 @@ class Database:
             log.warning("database unavailable: %s", error)
             raise Unavailable("the database is unavailable; retry", reason="DATABASE_UNAVAILABLE") from error
 
-    def _transaction(self, work: Callable[[Connection], T], write: bool) -> T:
+    def _transaction(self, work: Callable[[Connection], _T], write: bool) -> _T:
         with self.engine.connect() as connection:
             if write and not self.is_postgres:
                 connection = connection.execution_options(**SQLITE_WRITE)
             with connection.begin():
                 return work(connection)
 
-    def _autocommit(self, work: Callable[[Connection], T]) -> T:
+    def _autocommit(self, work: Callable[[Connection], _T]) -> _T:
         with self.engine.connect() as connection:
             return work(connection.execution_options(isolation_level="AUTOCOMMIT"))
 

@@ -15,6 +15,23 @@ from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+__all__ = [
+    "AlreadyExists",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "FieldViolation",
+    "Internal",
+    "InvalidArgument",
+    "NotFound",
+    "PermissionDenied",
+    "QuarryError",
+    "ResourceExhausted",
+    "Unauthenticated",
+    "Unavailable",
+    "internal_status",
+    "to_rpc_status",
+]
+
 ERROR_DOMAIN = "quarry.dev"
 
 

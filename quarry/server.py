@@ -21,6 +21,15 @@ from grpc_reflection.v1alpha import reflection
 
 from quarry.errors import QuarryError, internal_status, to_rpc_status
 
+__all__ = [
+    "BoundServer",
+    "ErrorTranslationInterceptor",
+    "ServiceHost",
+    "ServiceRegistration",
+    "create_server",
+    "serve_until_signalled",
+]
+
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024

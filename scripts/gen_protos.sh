@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -f quarry/v1/*_pb2.py quarry/v1/*_pb2.pyi quarry/v1/*_pb2_grpc.py quarry/v1/*_pb2_grpc.pyi
-python -m grpc_tools.protoc \
+python3 -m grpc_tools.protoc \
   --proto_path=protos \
   --python_out=. \
   --mypy_out=. \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import time
@@ -12,8 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import psycopg
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy.engine import make_url
 
 from quarry.launcher import serve_command
@@ -22,12 +25,27 @@ POSTGRES_URL = os.environ.get("QUARRY_TEST_POSTGRES_URL", "postgresql://postgres
 BACKENDS = ["sqlite", "postgresql"]
 
 
+@pytest.fixture(autouse=True)
+def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A developer's own QUARRY_* settings must not change what the tests see."""
+    for name in list(os.environ):
+        if name.startswith("QUARRY_") and name != "QUARRY_TEST_POSTGRES_URL":
+            monkeypatch.delenv(name)
+
+
 def _postgres_conninfo() -> str:
     return make_url(POSTGRES_URL).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+@dataclass(frozen=True)
+class PostgresSchema:
+    url: str
+    # Every connection through `url` carries this application_name, so a test can find its own.
+    application_name: str
+
+
 @contextlib.contextmanager
-def postgres_schema_url() -> Iterator[str]:
+def postgres_schema() -> Iterator[PostgresSchema]:
     """A URL whose connections use a new, empty PostgreSQL schema, dropped afterwards.
 
     PostgreSQL must be reachable: a missing database fails the test, it is never skipped.
@@ -35,9 +53,9 @@ def postgres_schema_url() -> Iterator[str]:
     schema = f"test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(_postgres_conninfo(), autocommit=True) as connection:
         connection.execute(f'CREATE SCHEMA "{schema}"')
-    url = make_url(POSTGRES_URL).update_query_dict({"options": f"-csearch_path={schema}"})
+    url = make_url(POSTGRES_URL).update_query_dict({"options": f"-csearch_path={schema}", "application_name": schema})
     try:
-        yield url.render_as_string(hide_password=False)
+        yield PostgresSchema(url.render_as_string(hide_password=False), schema)
     finally:
         with psycopg.connect(_postgres_conninfo(), autocommit=True) as connection:
             connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
@@ -49,14 +67,22 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'test.db'}"
         return
-    with postgres_schema_url() as url:
-        yield url
+    with postgres_schema() as schema:
+        yield schema.url
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def reusable_port() -> int:
+    """A free port below the kernel's ephemeral range, so no outgoing connection takes it
+    while a test restarts a server on it."""
+    for _ in range(200):
+        port = random.randint(20_000, 32_000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000")
 
 
 @dataclass
@@ -76,33 +102,46 @@ def start_service(
     name: str, env: dict[str, str], workdir: Path, *, port: int = 0, timeout: float = 60.0
 ) -> ServiceProcess:
     """Start `quarry serve NAME` and wait until it has bound its address and reports SERVING."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
     port_file = workdir / f"{name}-{uuid.uuid4().hex[:6]}.addr"
-    log_path = workdir / f"{name}.log"
-    log_file = log_path.open("ab")
-    process = subprocess.Popen(
-        serve_command(name, port_file, address=f"127.0.0.1:{port}"),
-        env={**os.environ, **env},
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-    )
-    log_file.close()
-    deadline = time.monotonic() + timeout
-    while not port_file.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"{name} did not start:\n{log_path.read_text()}")
-        time.sleep(0.05)
-    address = port_file.read_text().strip()
-    with grpc.insecure_channel(address) as channel:
-        response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
-        assert response.status == health_pb2.HealthCheckResponse.SERVING
+    log_path = workdir / f"{name}-{uuid.uuid4().hex[:6]}.log"
+    with log_path.open("ab") as log_file:
+        process = subprocess.Popen(
+            serve_command(name, port_file, address=f"127.0.0.1:{port}"),
+            env={**os.environ, **env},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + timeout
+        while not port_file.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start:\n{log_path.read_text()}")
+            time.sleep(0.05)
+        address = port_file.read_text().strip()
+        with grpc.insecure_channel(address) as channel:
+            response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert response.status == health_pb2.HealthCheckResponse.SERVING
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
     return ServiceProcess(name, address, process, log_path)
 
 
-def stop_service(service: ServiceProcess, timeout: float = 20.0) -> int:
+def stop_service(service: ServiceProcess, timeout: float = 20.0) -> int | None:
+    """SIGTERM and wait; returns the exit status, or None when it had to be killed."""
     if service.process.poll() is None:
         service.process.terminate()
-    return service.process.wait(timeout)
+    try:
+        return service.process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        service.process.kill()
+        service.process.wait()
+        return None
+
+
+def kill_all(processes: list[subprocess.Popen[str]] | list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

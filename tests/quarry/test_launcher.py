@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -16,30 +19,69 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 pytestmark = pytest.mark.slow
 
 
-def start_up(tmp_path: Path, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "quarry", "up", "--ephemeral-ports", "--data-dir", str(tmp_path / "data")],
-        env={**os.environ, "QUARRY_LOG_LEVEL": "WARNING", **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+class QuarryUp:
+    """A `quarry up` process whose output is read on a thread, so waiting on it has a deadline."""
+
+    def __init__(self, tmp_path: Path, **env: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "quarry", "up", "--ephemeral-ports", "--data-dir", str(tmp_path / "data")],
+            # TMPDIR: its run directory lands in tmp_path even when it is killed before cleaning up.
+            env={**os.environ, "QUARRY_LOG_LEVEL": "WARNING", "TMPDIR": str(tmp_path), **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.output: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def next_line(self, deadline: float) -> str | None:
+        try:
+            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError("quarry up said nothing in time:\n" + "".join(self.output)) from None
+        if line is not None:
+            self.output.append(line)
+        return line
+
+    def addresses(self, services: set[str], timeout: float = 60) -> dict[str, str]:
+        found: dict[str, str] = {}
+        deadline = time.monotonic() + timeout
+        while set(found) != services:
+            line = self.next_line(deadline)
+            assert line is not None, "quarry up ended early:\n" + "".join(self.output)
+            if line.startswith("serving "):
+                _, name, address = line.split()
+                found[name] = address
+        return found
+
+    def rest_of_output(self, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while self.next_line(deadline) is not None:
+            pass
+        return "".join(self.output)
 
 
-def wait_for_addresses(process: subprocess.Popen[str], services: set[str], timeout: float = 60) -> dict[str, str]:
-    assert process.stdout is not None
-    addresses: dict[str, str] = {}
-    deadline = time.monotonic() + timeout
-    output = []
-    while set(addresses) != services:
-        assert time.monotonic() < deadline, "".join(output)
-        line = process.stdout.readline()
-        assert line, "quarry up ended early:\n" + "".join(output)
-        output.append(line)
-        if line.startswith("serving "):
-            _, name, address = line.split()
-            addresses[name] = address
-    return addresses
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Callable[..., QuarryUp]]:
+    started: list[QuarryUp] = []
+
+    def start(**env: str) -> QuarryUp:
+        instance = QuarryUp(tmp_path, **env)
+        started.append(instance)
+        return instance
+
+    yield start
+    for instance in started:
+        if instance.process.poll() is None:
+            instance.process.kill()
+            instance.process.wait()
 
 
 def alive(pid: int) -> bool:
@@ -47,61 +89,59 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
 
 
 def child_pids(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False).stdout
-    return [int(line) for line in out.split()]
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:  # the field after the state is the parent pid
+            children.append(int(stat.parent.name))
+    return children
+
+
+def wait_gone(pids: list[int], timeout: float = 20) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
-def test_up_serves_every_service_and_stops_them_all(tmp_path: Path, stop_signal: signal.Signals) -> None:
-    process = start_up(tmp_path)
-    try:
-        addresses = wait_for_addresses(process, {"scratchpad"})
-        children = child_pids(process.pid)
-        assert len(children) == len(addresses)
-        for address in addresses.values():
-            with grpc.insecure_channel(address) as channel:
-                response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
-                assert response.status == health_pb2.HealthCheckResponse.SERVING
-        assert (tmp_path / "data" / "scratchpad.db").exists()
-        process.send_signal(stop_signal)
-        assert process.wait(30) == 0
-        for pid in children:
-            for _ in range(100):
-                if not alive(pid):
-                    break
-                time.sleep(0.05)
-            assert not alive(pid), f"service process {pid} outlived quarry up"
-    finally:
-        if process.poll() is None:
-            process.kill()
+def test_up_serves_every_service_and_stops_them_all(
+    up: Callable[..., QuarryUp], tmp_path: Path, stop_signal: signal.Signals
+) -> None:
+    mesh = up()
+    addresses = mesh.addresses({"scratchpad"})
+    children = child_pids(mesh.process.pid)
+    assert len(children) == len(addresses)
+    for address in addresses.values():
+        with grpc.insecure_channel(address) as channel:
+            response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert response.status == health_pb2.HealthCheckResponse.SERVING
+    assert (tmp_path / "data" / "scratchpad.db").exists()
+    mesh.process.send_signal(stop_signal)
+    assert mesh.process.wait(30) == 0
+    assert wait_gone(children) == [], "a service process outlived quarry up"
 
 
-def test_up_fails_clearly_when_a_service_cannot_start(tmp_path: Path) -> None:
-    process = start_up(tmp_path, QUARRY_SCRATCHPAD_DATABASE_URL="mysql://nowhere/db")
-    stdout, _ = process.communicate(timeout=60)
-    assert process.returncode == 1
-    assert "scratchpad exited with status" in stdout
-    assert "unsupported database" in stdout
+def test_up_fails_clearly_when_a_service_cannot_start(up: Callable[..., QuarryUp]) -> None:
+    mesh = up(QUARRY_SCRATCHPAD_DATABASE_URL="mysql://nowhere/db")
+    output = mesh.rest_of_output()
+    assert mesh.process.wait(30) == 1
+    assert "scratchpad exited with status" in output
+    assert "unsupported database" in output
 
 
-def test_services_stop_when_quarry_up_is_killed(tmp_path: Path) -> None:
-    process = start_up(tmp_path)
-    try:
-        wait_for_addresses(process, {"scratchpad"})
-        children = child_pids(process.pid)
-        assert children
-        process.kill()  # no chance to clean up: the kernel's parent-death signal must do it
-        process.wait(10)
-        for pid in children:
-            for _ in range(400):
-                if not alive(pid):
-                    break
-                time.sleep(0.05)
-            assert not alive(pid), f"service process {pid} outlived a killed quarry up"
-    finally:
-        if process.poll() is None:
-            process.kill()
+def test_services_stop_when_quarry_up_is_killed(up: Callable[..., QuarryUp]) -> None:
+    mesh = up()
+    mesh.addresses({"scratchpad"})
+    children = child_pids(mesh.process.pid)
+    assert children
+    mesh.process.kill()  # no chance to clean up: the kernel's parent-death signal must do it
+    mesh.process.wait(10)
+    assert wait_gone(children) == [], "a service process outlived a killed quarry up"

@@ -12,14 +12,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from quarry.client import RetryPolicy, ScratchpadClient, insecure_channel
 from quarry.v1 import common_pb2, scratchpad_pb2
-from tests.conftest import ServiceProcess, free_port, postgres_schema_url, start_service, stop_service
+from tests.conftest import ServiceProcess, kill_all, postgres_schema, reusable_port, start_service, stop_service
 
 pytestmark = pytest.mark.slow
 
@@ -34,19 +34,51 @@ def service_env(database_url: str, data_dir: Path) -> dict[str, str]:
     }
 
 
-def start_writers(
-    address: str, thread_id: str, writers: int, count: int, first_writer: int = 0
-) -> list[subprocess.Popen[str]]:
-    return [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.scratchpad_svc.writer", address, thread_id, str(writer), str(count)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for writer in range(first_writer, first_writer + writers)
-    ]
+class Processes:
+    """Every process a test starts; whatever is still running at teardown is stopped or killed."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.services: list[ServiceProcess] = []
+        self.writers: list[subprocess.Popen[str]] = []
+
+    async def service(self, env: dict[str, str], *, port: int = 0) -> ServiceProcess:
+        service = await asyncio.to_thread(start_service, "scratchpad", env, self.workdir, port=port)
+        self.services.append(service)
+        return service
+
+    def start_writers(
+        self, address: str, thread_id: str, writers: int, count: int, first_writer: int = 0
+    ) -> list[subprocess.Popen[str]]:
+        started = [
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.scratchpad_svc.writer", address, thread_id, str(writer), str(count)],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for writer in range(first_writer, first_writer + writers)
+        ]
+        self.writers.extend(started)
+        return started
+
+    def assert_services_stop_cleanly(self) -> None:
+        for service in self.services:
+            if service.process.poll() is None:
+                assert stop_service(service) == 0, service.log()
+
+    def close(self) -> None:
+        kill_all(self.writers)
+        for service in self.services:
+            stop_service(service)
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    tracked = Processes(tmp_path)
+    yield tracked
+    tracked.close()
 
 
 async def collect_writers(processes: list[subprocess.Popen[str]], wait_seconds: float) -> list[list[dict[str, object]]]:
@@ -62,10 +94,9 @@ async def collect_writers(processes: list[subprocess.Popen[str]], wait_seconds: 
 async def watch_until(
     client: ScratchpadClient, thread_id: str, count: int, opened: asyncio.Event
 ) -> list[scratchpad_pb2.Entry]:
+    """Watch from 0 until `count` entries arrived; `opened` is set once the service accepted the stream."""
     received: list[scratchpad_pb2.Entry] = []
-    stream: AsyncIterator[scratchpad_pb2.Entry] = client.watch(thread_id, after_sequence_no=0)
-    opened.set()
-    async for entry in stream:
+    async for entry in client.watch(thread_id, after_sequence_no=0, on_established=opened.set):
         received.append(entry)
         if len(received) == count:
             break
@@ -90,90 +121,82 @@ def assert_gap_free(entries: list[scratchpad_pb2.Entry], total: int) -> None:
     assert len({entry.request_id for entry in entries}) == total
 
 
-async def test_eight_writer_processes_get_one_gap_free_order(database_url: str, tmp_path: Path) -> None:
+async def test_eight_writer_processes_get_one_gap_free_order(database_url: str, processes: Processes) -> None:
     writers, per_writer = 8, 500
     total = writers * per_writer
-    service = await asyncio.to_thread(start_service, "scratchpad", service_env(database_url, tmp_path), tmp_path)
-    try:
-        async with insecure_channel(service.address) as channel:
-            client = ScratchpadClient(channel)
-            thread = await client.create_thread(title="eight writers")
-            opened = asyncio.Event()
-            watcher = asyncio.create_task(watch_until(client, thread.thread_id, total, opened))
-            await opened.wait()
-            await asyncio.sleep(0.2)  # the Watch is streaming before the first writer starts
-            tailers = [asyncio.create_task(tail_with_reads(client, thread.thread_id, total)) for _ in range(2)]
-            outputs = await collect_writers(start_writers(service.address, thread.thread_id, writers, per_writer), 300)
+    service = await processes.service(service_env(database_url, processes.workdir))
+    async with insecure_channel(service.address) as channel:
+        client = ScratchpadClient(channel)
+        thread = await client.create_thread(title="eight writers")
+        opened = asyncio.Event()
+        watcher = asyncio.create_task(watch_until(client, thread.thread_id, total, opened))
+        await asyncio.wait_for(opened.wait(), 30)  # the Watch is live before the first writer starts
+        tailers = [asyncio.create_task(tail_with_reads(client, thread.thread_id, total)) for _ in range(2)]
+        started = processes.start_writers(service.address, thread.thread_id, writers, per_writer)
+        outputs = await collect_writers(started, 300)
 
-            acknowledged = [record["seq"] for output in outputs for record in output]
-            assert sorted(acknowledged) == list(range(1, total + 1))
-            for output in outputs:
-                sequence = [record["seq"] for record in output]
-                assert sequence == sorted(sequence), "one writer's appends committed out of order"
+        acknowledged = [record["seq"] for output in outputs for record in output]
+        assert sorted(acknowledged) == list(range(1, total + 1))
+        for output in outputs:
+            sequence = [record["seq"] for record in output]
+            assert sequence == sorted(sequence), "one writer's appends committed out of order"
 
-            stored = await client.read_all(thread.thread_id, page_size=333)
-            assert_gap_free(stored, total)
-            by_request = {entry.request_id: entry.sequence_no for entry in stored}
-            for output in outputs:
-                for record in output:
-                    assert by_request[record["request_id"]] == record["seq"]
+        stored = await client.read_all(thread.thread_id, page_size=333)
+        assert_gap_free(stored, total)
+        by_request = {entry.request_id: entry.sequence_no for entry in stored}
+        for output in outputs:
+            for record in output:
+                assert by_request[record["request_id"]] == record["seq"]
 
-            for tailer in tailers:
-                assert await asyncio.wait_for(tailer, 60) == list(range(1, total + 1))
-            watched = await asyncio.wait_for(watcher, 60)
-            assert_gap_free(watched, total)
-            assert [e.request_id for e in watched] == [e.request_id for e in stored]
-    finally:
-        assert stop_service(service) == 0, service.log()
+        for tailer in tailers:
+            assert await asyncio.wait_for(tailer, 60) == list(range(1, total + 1))
+        watched = await asyncio.wait_for(watcher, 60)
+        assert_gap_free(watched, total)
+        assert [e.request_id for e in watched] == [e.request_id for e in stored]
+    processes.assert_services_stop_cleanly()
 
 
 async def test_writers_survive_sigkill_and_restart_without_loss_or_duplicates(
-    database_url: str, tmp_path: Path
+    database_url: str, processes: Processes
 ) -> None:
     writers, per_writer = 8, 300
     total = writers * per_writer
-    port = free_port()
-    env = service_env(database_url, tmp_path)
-    service = await asyncio.to_thread(start_service, "scratchpad", env, tmp_path, port=port)
-    restarted: ServiceProcess | None = None
-    try:
-        async with insecure_channel(service.address) as channel:
-            client = ScratchpadClient(channel, RetryPolicy(total_seconds=90, max_backoff=0.5))
-            thread = await client.create_thread(title="crash")
-            opened = asyncio.Event()
-            watcher = asyncio.create_task(watch_until(client, thread.thread_id, total, opened))
-            await opened.wait()
-            processes = start_writers(service.address, thread.thread_id, writers, per_writer)
+    port = reusable_port()
+    env = service_env(database_url, processes.workdir)
+    service = await processes.service(env, port=port)
+    async with insecure_channel(service.address) as channel:
+        client = ScratchpadClient(channel, RetryPolicy(total_seconds=90, max_backoff=0.5))
+        thread = await client.create_thread(title="crash")
+        opened = asyncio.Event()
+        watcher = asyncio.create_task(watch_until(client, thread.thread_id, total, opened))
+        await asyncio.wait_for(opened.wait(), 30)
+        started = processes.start_writers(service.address, thread.thread_id, writers, per_writer)
 
-            # Kill the server hard in the middle of the writes.
-            for _ in range(6000):
-                written_before_kill = (await client.get_thread(thread.thread_id)).last_sequence_no
-                if written_before_kill >= total // 3:
-                    break
-                await asyncio.sleep(0.01)
-            service.process.send_signal(signal.SIGKILL)
-            service.process.wait(10)
-            assert await asyncio.to_thread(_wait_port_free, port)
-            restarted = await asyncio.to_thread(start_service, "scratchpad", env, tmp_path, port=port)
+        # Kill the server hard in the middle of the writes.
+        for _ in range(6000):
+            written_before_kill = (await client.get_thread(thread.thread_id)).last_sequence_no
+            if written_before_kill >= total // 3:
+                break
+            await asyncio.sleep(0.01)
+        service.process.send_signal(signal.SIGKILL)
+        service.process.wait(10)
+        assert await asyncio.to_thread(_wait_port_free, port)
+        await processes.service(env, port=port)
 
-            outputs = await collect_writers(processes, 300)
-            assert total // 3 <= written_before_kill < total, "the kill did not land in the middle of the writes"
-            stored = await client.read_all(thread.thread_id, page_size=1000)
-            assert_gap_free(stored, total)
-            expected = {f"w{writer}-{index}" for writer in range(writers) for index in range(per_writer)}
-            assert {entry.request_id for entry in stored} == expected
-            by_request = {entry.request_id: entry.sequence_no for entry in stored}
-            for output in outputs:
-                for record in output:
-                    assert by_request[record["request_id"]] == record["seq"]
-            # The watch reconnected after the kill and resumed from its last entry.
-            watched = await asyncio.wait_for(watcher, 60)
-            assert_gap_free(watched, total)
-    finally:
-        if service.process.poll() is None:
-            service.process.kill()
-        if restarted is not None:
-            assert stop_service(restarted) == 0, restarted.log()
+        outputs = await collect_writers(started, 300)
+        assert total // 3 <= written_before_kill < total, "the kill did not land in the middle of the writes"
+        stored = await client.read_all(thread.thread_id, page_size=1000)
+        assert_gap_free(stored, total)
+        expected = {f"w{writer}-{index}" for writer in range(writers) for index in range(per_writer)}
+        assert {entry.request_id for entry in stored} == expected
+        by_request = {entry.request_id: entry.sequence_no for entry in stored}
+        for output in outputs:
+            for record in output:
+                assert by_request[record["request_id"]] == record["seq"]
+        # The watch reconnected after the kill and resumed from its last entry.
+        watched = await asyncio.wait_for(watcher, 60)
+        assert_gap_free(watched, total)
+    processes.assert_services_stop_cleanly()
 
 
 def _wait_port_free(port: int) -> bool:
@@ -189,53 +212,50 @@ def _wait_port_free(port: int) -> bool:
 
 
 async def test_two_replicas_on_one_postgres_share_one_order_and_wake_each_others_watchers(
-    tmp_path: Path,
+    processes: Processes,
 ) -> None:
     writers, per_writer = 4, 250
     total = writers * per_writer
-    with postgres_schema_url() as database_url:
+    with postgres_schema() as schema:
         # Watchers never re-read on a timer here: only NOTIFY from the other replica can wake them.
-        env = {**service_env(database_url, tmp_path), "QUARRY_SCRATCHPAD_WATCH_POLL_SECONDS": "3600"}
-        first = await asyncio.to_thread(start_service, "scratchpad", env, tmp_path)
-        second = await asyncio.to_thread(start_service, "scratchpad", env, tmp_path)
-        try:
-            async with insecure_channel(first.address) as channel_a, insecure_channel(second.address) as channel_b:
-                client_a, client_b = ScratchpadClient(channel_a), ScratchpadClient(channel_b)
-                thread = await client_a.create_thread(title="replicas")
-                # The watcher is on replica A; half the writers write through replica B.
-                opened = asyncio.Event()
-                watcher = asyncio.create_task(watch_until(client_a, thread.thread_id, total + 1, opened))
-                await opened.wait()
-                processes = [
-                    *start_writers(first.address, thread.thread_id, writers // 2, per_writer),
-                    *start_writers(
-                        second.address, thread.thread_id, writers // 2, per_writer, first_writer=writers // 2
-                    ),
-                ]
-                await collect_writers(processes, 300)
-                # The last entry goes through replica B alone, after every other write.
-                await client_b.append(
-                    thread.thread_id,
-                    request_id="last",
-                    kind=scratchpad_pb2.ENTRY_KIND_NOTE,
-                    author=common_pb2.Principal(principal_id="b", role=common_pb2.ROLE_RESEARCHER),
-                    content="written through replica B",
-                )
-                assert_gap_free(await client_b.read_all(thread.thread_id), total + 1)
-                watched = await asyncio.wait_for(watcher, 60)
-                assert_gap_free(watched, total + 1)
-                assert watched[-1].request_id == "last"
-                # Retrying through the other replica returns the original entry.
-                original = next(entry for entry in watched if entry.request_id == "w0-0")
-                again = await client_b.append(
-                    thread.thread_id,
-                    request_id="w0-0",
-                    kind=original.kind,
-                    author=original.author,
-                    content=original.content,
-                    sources=list(original.sources),
-                )
-                assert again.replayed and again.entry == original
-        finally:
-            assert stop_service(first) == 0, first.log()
-            assert stop_service(second) == 0, second.log()
+        env = {**service_env(schema.url, processes.workdir), "QUARRY_SCRATCHPAD_WATCH_POLL_SECONDS": "3600"}
+        first = await processes.service(env)
+        second = await processes.service(env)
+        async with insecure_channel(first.address) as channel_a, insecure_channel(second.address) as channel_b:
+            client_a, client_b = ScratchpadClient(channel_a), ScratchpadClient(channel_b)
+            thread = await client_a.create_thread(title="replicas")
+            # The watcher is on replica A; half the writers write through replica B.
+            opened = asyncio.Event()
+            watcher = asyncio.create_task(watch_until(client_a, thread.thread_id, total + 1, opened))
+            await asyncio.wait_for(opened.wait(), 30)
+            started = [
+                *processes.start_writers(first.address, thread.thread_id, writers // 2, per_writer),
+                *processes.start_writers(
+                    second.address, thread.thread_id, writers // 2, per_writer, first_writer=writers // 2
+                ),
+            ]
+            await collect_writers(started, 300)
+            # The last entry goes through replica B alone, after every other write.
+            await client_b.append(
+                thread.thread_id,
+                request_id="last",
+                kind=scratchpad_pb2.ENTRY_KIND_NOTE,
+                author=common_pb2.Principal(principal_id="b", role=common_pb2.ROLE_RESEARCHER),
+                content="written through replica B",
+            )
+            assert_gap_free(await client_b.read_all(thread.thread_id), total + 1)
+            watched = await asyncio.wait_for(watcher, 60)
+            assert_gap_free(watched, total + 1)
+            assert watched[-1].request_id == "last"
+            # Retrying through the other replica returns the original entry.
+            original = next(entry for entry in watched if entry.request_id == "w0-0")
+            again = await client_b.append(
+                thread.thread_id,
+                request_id="w0-0",
+                kind=original.kind,
+                author=original.author,
+                content=original.content,
+                sources=list(original.sources),
+            )
+            assert again.replayed and again.entry == original
+        processes.assert_services_stop_cleanly()
