@@ -10,27 +10,51 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
+from pydantic_settings import BaseSettings
 from sqlalchemy.exc import SQLAlchemyError
 
-from quarry.config import QuarrySettings
+from quarry.config import ConfigurationError, QuarrySettings, describe_invalid
 from quarry.db import UnsupportedDatabase
+from quarry.server import ServiceHost, serve_until_signalled
 from quarry.services import SERVICES
+
+CONFIGURATION_HELP = """configuration:
+  QUARRY_* environment variables (QUARRY_DATA_DIR, QUARRY_LOG_LEVEL,
+  QUARRY_SCRATCHPAD_ADDRESS, QUARRY_SCRATCHPAD_DATABASE_URL, ...), or a TOML
+  file named by QUARRY_CONFIG_FILE with a [quarry] table and one table per
+  service ([scratchpad]); the environment wins. README.md lists every setting."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="quarry", description="Quarry deep-research mesh")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="quarry",
+        description="Quarry deep-research mesh",
+        epilog=CONFIGURATION_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command")
 
-    serve = commands.add_parser("serve", help="run one service in the foreground")
+    serve = commands.add_parser(
+        "serve",
+        help="run one service in the foreground",
+        epilog=CONFIGURATION_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     serve.add_argument("service", choices=sorted(SERVICES))
     serve.add_argument("--address", help="HOST:PORT to listen on (port 0 picks a free one)")
     serve.add_argument("--port-file", type=Path, help="write the bound HOST:PORT here once serving")
     # Set by `quarry up`: stop when that process dies, however it dies.
     serve.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
 
-    up = commands.add_parser("up", help="start every service as its own process")
+    up = commands.add_parser(
+        "up",
+        help="start every service as its own process",
+        epilog=CONFIGURATION_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     up.add_argument("--data-dir", type=Path, help="where SQLite databases live (default: QUARRY_DATA_DIR)")
     up.add_argument(
         "--ephemeral-ports", action="store_true", help="bind every service to a free port instead of its default"
@@ -62,13 +86,7 @@ def _configure_logging(level: str, service: str) -> None:
     )
 
 
-async def _serve(service_name: str, address: str | None, port_file: Path | None) -> int:
-    spec = SERVICES[service_name]
-    common = QuarrySettings()
-    settings = spec.settings(**({"address": address} if address else {}))
-    host = await spec.build(settings, common)
-    from quarry.server import serve_until_signalled
-
+async def _serve(host: ServiceHost, port_file: Path | None) -> int:
     async def announce_port() -> None:
         await host.wait_started()
         if port_file is not None:
@@ -84,22 +102,40 @@ async def _serve(service_name: str, address: str | None, port_file: Path | None)
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+SettingsT = TypeVar("SettingsT", bound=BaseSettings)
+
+
+def _load(settings_type: type[SettingsT], **overrides: Any) -> SettingsT:
     try:
-        common = QuarrySettings()
+        return settings_type(**overrides)
     except ValidationError as error:
-        print(f"quarry: invalid configuration:\n{error}", file=sys.stderr)
+        raise ConfigurationError(describe_invalid(settings_type, error)) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        common = _load(QuarrySettings)
+        if args.command == "serve":
+            spec = SERVICES[args.service]
+            settings = _load(spec.settings_type(), **({"address": args.address} if args.address else {}))
+    except ConfigurationError as error:
+        print(f"quarry: {error}", file=sys.stderr)
         return 2
     if args.command == "serve":
         _configure_logging(common.log_level, args.service)
         if args.parent_pid:
             exit_with_parent(args.parent_pid)
+
+        async def build_and_serve() -> int:
+            return await _serve(await spec.build(settings, common), args.port_file)
+
         try:
-            return asyncio.run(_serve(args.service, args.address, args.port_file))
-        except ValidationError as error:
-            print(f"quarry: invalid configuration:\n{error}", file=sys.stderr)
-            return 2
+            return asyncio.run(build_and_serve())
         except (UnsupportedDatabase, SQLAlchemyError, OSError) as error:
             # Startup failures a user can fix: say what failed, without a traceback.
             print(f"quarry serve {args.service}: cannot start: {error}", file=sys.stderr)
@@ -116,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 addresses=addresses,
                 ready_timeout=args.ready_timeout,
                 stop_timeout=common.shutdown_grace_seconds + 5.0,
-                announce=Announcer(),
+                announce=Announcer(data_dir=Path(os.environ.get("QUARRY_DATA_DIR") or common.data_dir)),
             )
         )
     raise AssertionError(f"unhandled command {args.command}")

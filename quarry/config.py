@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -21,9 +21,11 @@ from pydantic_settings import (
 )
 
 __all__ = [
+    "ConfigurationError",
     "QuarrySettings",
     "ScratchpadSettings",
     "ServiceSettings",
+    "describe_invalid",
 ]
 
 CONFIG_FILE_ENV = "QUARRY_CONFIG_FILE"
@@ -34,16 +36,42 @@ def _default_data_dir() -> Path:
     return Path(base) / "quarry"
 
 
-def _config_table(table: str) -> dict[str, Any]:
+class ConfigurationError(ValueError):
+    """Settings that cannot be used, said in the words a user configures them with."""
+
+
+def _config_table(table: str, known: set[str]) -> dict[str, Any]:
     path = os.environ.get(CONFIG_FILE_ENV)
     if not path:
         return {}
-    with open(path, "rb") as handle:
-        document = tomllib.load(handle)
+    try:
+        with open(path, "rb") as handle:
+            document = tomllib.load(handle)
+    except OSError as error:
+        raise ConfigurationError(f"cannot read {CONFIG_FILE_ENV}={path}: {error.strerror}") from error
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigurationError(f"{path} is not valid TOML: {error}") from error
     section = document.get(table, {})
     if not isinstance(section, dict):
-        raise ValueError(f"{path}: [{table}] must be a table")
+        raise ConfigurationError(f"{path}: [{table}] must be a table")
+    unknown = sorted(set(section) - known)
+    if unknown:
+        # A misspelt key would otherwise be ignored silently.
+        raise ConfigurationError(
+            f"{path}: unknown key(s) in [{table}]: {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
     return section
+
+
+def describe_invalid(settings_class: type[BaseSettings], error: ValidationError) -> str:
+    """A ValidationError as lines naming the environment variable and the file key to fix."""
+    prefix = settings_class.model_config.get("env_prefix", "")
+    table = getattr(settings_class, "config_table", "")
+    lines = []
+    for problem in error.errors():
+        field = ".".join(str(part) for part in problem["loc"])
+        lines.append(f"  {prefix}{field.upper()} (or [{table}] {field} in {CONFIG_FILE_ENV}): {problem['msg']}")
+    return "invalid configuration:\n" + "\n".join(lines)
 
 
 class _Settings(BaseSettings):
@@ -60,7 +88,8 @@ class _Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        file_settings = InitSettingsSource(settings_cls, init_kwargs=_config_table(cls.config_table))
+        known = set(settings_cls.model_fields)
+        file_settings = InitSettingsSource(settings_cls, init_kwargs=_config_table(cls.config_table, known))
         return (init_settings, env_settings, file_settings)
 
 
@@ -73,7 +102,12 @@ class QuarrySettings(_Settings):
     data_dir: Path = Field(default_factory=_default_data_dir)
     # Seconds in-flight RPCs get to finish after SIGTERM before they are cancelled.
     shutdown_grace_seconds: float = Field(default=5.0, ge=0, le=300)
-    log_level: str = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_case_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
 
 class ServiceSettings(_Settings):

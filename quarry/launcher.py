@@ -143,10 +143,11 @@ async def run_mesh(
 class Announcer:
     """Prints what `quarry up` is doing; a class so tests and other front ends can replace it."""
 
-    def __init__(self) -> None:
+    def __init__(self, data_dir: Path) -> None:
         from rich.console import Console
 
         self._console = Console(highlight=False)
+        self._data_dir = data_dir
 
     def ready(self, services: Sequence[tuple[str, str, int]]) -> None:
         from rich.table import Table
@@ -161,7 +162,7 @@ class Announcer:
         # One plain line per service, stable for scripts: "<name> <address>".
         for name, address, _pid in services:
             print(f"serving {name} {address}", flush=True)
-        self._console.print("Ctrl-C stops every service.")
+        self._console.print(f"data: {self._data_dir}\nCtrl-C stops every service.")
 
     def stopping(self) -> None:
         self._console.print("stopping…")

@@ -164,7 +164,10 @@ def create_server(address: str, services: Sequence[ServiceRegistration]) -> tupl
     try:
         port = server.add_insecure_port(address)
     except RuntimeError as error:  # grpc reports a failed bind this way
-        raise OSError(f"could not bind {address}: is the port in use?") from error
+        raise OSError(
+            f"could not bind {address}: is the port in use? Choose another address in the service's "
+            "*_ADDRESS setting, or run `quarry up --ephemeral-ports`"
+        ) from error
     return BoundServer(server=server, port=port, health=health_servicer, service_names=names), port
 
 
@@ -229,7 +232,8 @@ class ServiceHost:
         # Also after a failed start: the hooks release what the builder opened.
         for hook in self._on_stopped:
             await _run_hook(hook, self._grace)
-        log.info("stopped %s", self.address)
+        if self._bound is not None:
+            log.info("stopped %s", self.address)
 
     async def __aenter__(self) -> ServiceHost:
         await self.start()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from quarry.config import QuarrySettings, ServiceSettings
 from quarry.server import ServiceHost
@@ -20,9 +20,8 @@ class ServiceSpec:
     settings_class: str  # "module:Class"
     builder: str  # "module:function"
 
-    def settings(self, **overrides: Any) -> ServiceSettings:
-        settings_type = cast(type[ServiceSettings], _load(self.settings_class))
-        return settings_type(**overrides)
+    def settings_type(self) -> type[ServiceSettings]:
+        return cast(type[ServiceSettings], _load(self.settings_class))
 
     async def build(self, settings: ServiceSettings, common: QuarrySettings) -> ServiceHost:
         build = cast(Callable[[ServiceSettings, QuarrySettings], Awaitable[ServiceHost]], _load(self.builder))

@@ -27,8 +27,9 @@ def may_write(role: Role, kind: EntryKind) -> bool:
 
 def check_may_write(role: Role, kind: EntryKind) -> None:
     if not may_write(role, kind):
+        allowed = ", ".join(sorted(f"ENTRY_KIND_{k.name}" for k in WRITABLE_KINDS[role]))
         raise PermissionDenied(
-            f"role {role.value!r} may not write {kind.value!r} entries",
+            f"ROLE_{role.name} may not write ENTRY_KIND_{kind.name} entries; it may write {allowed}",
             reason="KIND_NOT_PERMITTED_FOR_ROLE",
             metadata={"role": role.value, "kind": kind.value},
         )

@@ -8,12 +8,14 @@ import re
 from dataclasses import dataclass
 
 from quarry.errors import FieldViolation, InvalidArgument
+from quarry.identity import Role
 from scratchpad_svc.model import AppendCommand, EntryKind, NewThread
 
 THREAD_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 # Printable ASCII without spaces: UUIDs, "run:call_abc", "delegation/42" all fit.
 REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 PRINCIPAL_ID = re.compile(r"[\x21-\x7e]{1,256}")
+ROLES = ", ".join(f"ROLE_{role.name}" for role in Role)
 SOURCE_SCHEMES = ("http://", "https://", "corpus://")
 MAX_URL_CHARS = 2048
 MAX_TITLE_CHARS = 1024
@@ -88,7 +90,7 @@ def validate_append(command: AppendCommand, limits: Limits) -> None:
     elif not REQUEST_ID.fullmatch(command.request_id):
         violations.append(FieldViolation("request_id", "must be 1-128 printable ASCII characters without spaces"))
     if command.kind is None:
-        kinds = ", ".join(kind.value for kind in EntryKind)
+        kinds = ", ".join(f"ENTRY_KIND_{kind.name}" for kind in EntryKind)
         violations.append(FieldViolation("kind", f"unknown or unspecified; one of: {kinds}"))
     if not command.author_id:
         violations.append(FieldViolation("author.principal_id", "required"))
@@ -97,7 +99,7 @@ def validate_append(command: AppendCommand, limits: Limits) -> None:
             FieldViolation("author.principal_id", "must be 1-256 printable ASCII characters without spaces")
         )
     if command.role is None:
-        violations.append(FieldViolation("author.role", "unknown or unspecified"))
+        violations.append(FieldViolation("author.role", f"unknown or unspecified; one of: {ROLES}"))
     if not command.content.strip():
         violations.append(FieldViolation("content", "must not be empty"))
     else:

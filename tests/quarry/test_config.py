@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from quarry.config import QuarrySettings, ScratchpadSettings
+from quarry.cli import main
+from quarry.config import ConfigurationError, QuarrySettings, ScratchpadSettings
 
 
 def test_defaults_use_sqlite_under_the_data_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,3 +45,49 @@ def test_bad_values_are_rejected(variable: str, value: str, monkeypatch: pytest.
     monkeypatch.setenv(variable, value)
     with pytest.raises(ValidationError):
         ScratchpadSettings()
+
+
+def test_unknown_key_in_the_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "quarry.toml"
+    config.write_text("[scratchpad]\nmax_content_byte = 10\n")
+    monkeypatch.setenv("QUARRY_CONFIG_FILE", str(config))
+    with pytest.raises(ConfigurationError, match="max_content_byte"):
+        ScratchpadSettings()
+
+
+@pytest.mark.parametrize(
+    ("contents", "expected"),
+    [(None, "cannot read"), ("[scratchpad\n", "not valid TOML"), ("scratchpad = 5\n", "must be a table")],
+)
+def test_unreadable_config_file_is_a_configuration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, contents: str | None, expected: str
+) -> None:
+    config = tmp_path / "quarry.toml"
+    if contents is not None:
+        config.write_text(contents)
+    monkeypatch.setenv("QUARRY_CONFIG_FILE", str(config))
+    with pytest.raises(ConfigurationError, match=expected):
+        ScratchpadSettings()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("QUARRY_LOG_LEVEL", "verbose", "QUARRY_LOG_LEVEL"),
+        ("QUARRY_SCRATCHPAD_MAX_CONTENT_BYTES", "lots", "QUARRY_SCRATCHPAD_MAX_CONTENT_BYTES"),
+        ("QUARRY_CONFIG_FILE", "/nonexistent/quarry.toml", "cannot read"),
+    ],
+)
+def test_cli_reports_bad_configuration_in_one_clear_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], variable: str, value: str, named: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    assert main(["serve", "scratchpad"]) == 2
+    error = capsys.readouterr().err
+    assert named in error
+    assert "Traceback" not in error
+
+
+def test_log_level_is_case_insensitive(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUARRY_LOG_LEVEL", "debug")
+    assert QuarrySettings().log_level == "DEBUG"

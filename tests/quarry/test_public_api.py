@@ -34,7 +34,13 @@ PUBLIC_API = {
         "to_rpc_status",
     },
     quarry.client: {"RetryPolicy", "ScratchpadClient", "insecure_channel", "is_retryable"},
-    quarry.config: {"QuarrySettings", "ScratchpadSettings", "ServiceSettings"},
+    quarry.config: {
+        "ConfigurationError",
+        "QuarrySettings",
+        "ScratchpadSettings",
+        "ServiceSettings",
+        "describe_invalid",
+    },
     quarry.db: {
         "Database",
         "UTCDateTime",
