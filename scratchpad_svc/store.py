@@ -1,4 +1,4 @@
-"""SQL access for threads and entries (SQLAlchemy Core, async)."""
+"""SQL access for threads and entries: SQLAlchemy Core, each unit of work one transaction in a database thread."""
 
 from __future__ import annotations
 
