@@ -1,0 +1,120 @@
+"""Tools the model may call: typed parameters, capability expansion, and correlated execution.
+
+Every tool call gets exactly one result, in the order the model made the
+calls, whatever happens: an unknown tool, arguments that do not validate, a
+tool that reports a problem, or a tool that crashes all become error results
+the model can read and act on. Only cancellation escapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from quarry.agent.messages import Message, ToolCall, tool_result
+
+log = logging.getLogger(__name__)
+
+Params = TypeVar("Params", bound=BaseModel)
+Context = TypeVar("Context")
+
+
+class ToolError(Exception):
+    """A problem the model should hear about as the tool's result, e.g. "page not read yet"."""
+
+
+@dataclass(frozen=True)
+class Tool(Generic[Params, Context]):
+    name: str
+    description: str
+    parameters: type[Params]
+    run: Callable[[Params, Context], Awaitable[str]]
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function-tool declaration."""
+        parameters = self.parameters.model_json_schema()
+        parameters.pop("title", None)
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": parameters},
+        }
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    call: ToolCall
+    content: str
+    is_error: bool
+
+    def message(self) -> Message:
+        return tool_result(self.call.id, self.content)
+
+
+class ToolRegistry(Generic[Context]):
+    """The concrete tools one role carries, looked up by name."""
+
+    def __init__(self, tools: Iterable[Tool[Any, Context]]) -> None:
+        self._tools: dict[str, Tool[Any, Context]] = {}
+        for tool in tools:
+            if tool.name in self._tools:
+                raise ValueError(f"two tools are named {tool.name!r}")
+            self._tools[tool.name] = tool
+
+    @classmethod
+    def for_capabilities(
+        cls,
+        catalog: Iterable[Tool[Any, Context]],
+        capabilities: Mapping[str, Sequence[str]],
+        subscribed: Sequence[str],
+    ) -> ToolRegistry[Context]:
+        """Expand the logical capabilities a role subscribes to into its concrete tools."""
+        by_name = {tool.name: tool for tool in catalog}
+        unknown = [name for name in subscribed if name not in capabilities]
+        if unknown:
+            raise ValueError(f"unknown capabilities: {', '.join(unknown)}")
+        names = [tool for capability in subscribed for tool in capabilities[capability]]
+        missing = [name for name in names if name not in by_name]
+        if missing:
+            raise ValueError(f"capabilities name tools that do not exist: {', '.join(missing)}")
+        return cls(by_name[name] for name in dict.fromkeys(names))
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return [tool.schema() for tool in self._tools.values()]
+
+    async def run_calls(self, calls: Sequence[ToolCall], context: Context) -> list[ToolOutcome]:
+        """Run the calls of one assistant message concurrently; one outcome per call, in call order."""
+        return list(await asyncio.gather(*(self._run_one(call, context) for call in calls)))
+
+    async def _run_one(self, call: ToolCall, context: Context) -> ToolOutcome:
+        tool = self._tools.get(call.name)
+        if tool is None:
+            known = ", ".join(self._tools) or "none"
+            return ToolOutcome(call, f"error: there is no tool named {call.name!r}; available: {known}", True)
+        try:
+            params = tool.parameters.model_validate_json(call.arguments or "{}")
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in error.errors()
+            )
+            return ToolOutcome(call, f"error: invalid arguments for {call.name}: {problems}", True)
+        try:
+            return ToolOutcome(call, await tool.run(params, context), False)
+        except ToolError as error:
+            return ToolOutcome(call, f"error: {error}", True)
+        except Exception:
+            log.exception("tool %s failed (call %s)", call.name, call.id)
+            return ToolOutcome(call, f"error: {call.name} failed unexpectedly; try another approach", True)
+
+
+def arguments_json(arguments: Mapping[str, Any]) -> str:
+    return json.dumps(arguments, ensure_ascii=False)
