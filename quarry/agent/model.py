@@ -1,0 +1,208 @@
+"""One client for any OpenAI-compatible chat endpoint (OpenAI, Together, vLLM, Ollama, llama.cpp).
+
+Streams every reply, collects native tool calls (or parses the text protocol
+for models without them), and retries only what is safe to retry: a 429 or a
+5xx answered before any output, honouring Retry-After, bounded in attempts
+and in time. Anything else, including a stream that breaks after text has
+arrived, is raised as ProviderError; it is never turned into text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import inspect
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from quarry.agent import text_protocol
+from quarry.agent.messages import Message, ToolCall
+
+TextListener = Callable[[str], Awaitable[None] | None]
+
+
+class ProviderError(Exception):
+    """The model provider failed; the run that asked must fail honestly."""
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    base_url: str
+    model: str
+    api_key: str = "unused"
+    # False for models without native tool calling: tools go through the text protocol.
+    native_tools: bool = True
+    # Seconds one request may take, streaming included.
+    request_timeout: float = 120.0
+    max_attempts: int = 4
+    # Total seconds spent retrying one completion, waits included.
+    retry_budget: float = 60.0
+    temperature: float | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens)
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    message: Message
+    usage: Usage
+    finish_reason: str
+    # Text-protocol blocks that could not be read, to tell the model about.
+    protocol_errors: list[str] = field(default_factory=list)
+
+
+def _retry_after(error: openai.APIStatusError) -> float | None:
+    headers = error.response.headers
+    if "retry-after-ms" in headers:
+        try:
+            return float(headers["retry-after-ms"]) / 1000
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value)
+        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+
+
+def _retryable(error: Exception) -> bool:
+    return isinstance(error, openai.APIStatusError) and (error.status_code == 429 or error.status_code >= 500)
+
+
+class ModelClient:
+    def __init__(self, settings: ModelSettings) -> None:
+        self.settings = settings
+        # Retries are ours (see complete); the SDK's would also retry mid-stream failures.
+        self._client = openai.AsyncOpenAI(
+            base_url=settings.base_url, api_key=settings.api_key, max_retries=0, timeout=settings.request_timeout
+        )
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] = (),
+        *,
+        call_id_prefix: str,
+        on_text: TextListener | None = None,
+    ) -> ModelReply:
+        """One assistant turn. Raises ProviderError when the provider fails for good."""
+        deadline = time.monotonic() + self.settings.retry_budget
+        for attempt in range(1, self.settings.max_attempts + 1):
+            emitted = False
+
+            async def forward(text: str) -> None:
+                nonlocal emitted
+                emitted = True
+                if on_text is not None:
+                    result = on_text(text)
+                    if inspect.isawaitable(result):
+                        await result
+
+            try:
+                return await self._stream(messages, tools, call_id_prefix, forward)
+            except ProviderError:
+                raise
+            except Exception as error:  # the SDK, httpx or a broken stream: all are provider failures
+                if emitted or not _retryable(error) or attempt == self.settings.max_attempts:
+                    raise ProviderError(f"model request failed: {_describe(error)}") from error
+                assert isinstance(error, openai.APIStatusError)
+                wait = _retry_after(error)
+                if wait is None:
+                    wait = min(8.0, 0.25 * 2 ** (attempt - 1)) * (0.5 + random.random())
+                if time.monotonic() + wait > deadline:
+                    raise ProviderError(
+                        f"model request failed: {_describe(error)}; retrying would pass the retry budget"
+                    ) from error
+                await asyncio.sleep(wait)
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    async def _stream(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]],
+        call_id_prefix: str,
+        forward: Callable[[str], Awaitable[None]],
+    ) -> ModelReply:
+        native = self.settings.native_tools
+        payload: list[dict[str, Any]]
+        if native:
+            payload = [message.to_openai() for message in messages]
+        else:
+            payload = text_protocol.render_history(messages)
+            if tools:
+                payload = _with_tool_instructions(payload, text_protocol.instructions(tools))
+        request: dict[str, Any] = {
+            "model": self.settings.model,
+            "messages": payload,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if native and tools:
+            request["tools"] = list(tools)
+        if self.settings.temperature is not None:
+            request["temperature"] = self.settings.temperature
+        stream = await self._client.chat.completions.create(**request)
+        text: list[str] = []
+        calls: dict[int, dict[str, str]] = {}
+        usage = Usage()
+        finish_reason = ""
+        async for chunk in stream:
+            if chunk.usage is not None:
+                usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
+            for choice in chunk.choices:
+                if choice.finish_reason:
+                    finish_reason = choice.finish_reason
+                delta = choice.delta
+                if delta.content:
+                    text.append(delta.content)
+                    await forward(delta.content)
+                for call in delta.tool_calls or ():
+                    slot = calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
+                    if call.id:
+                        slot["id"] = call.id
+                    if call.function is not None:
+                        slot["name"] += call.function.name or ""
+                        slot["arguments"] += call.function.arguments or ""
+        content = "".join(text)
+        if not finish_reason:
+            raise ProviderError("the model stream ended without a finish reason")
+        if native:
+            tool_calls = tuple(
+                ToolCall(slot["id"] or f"{call_id_prefix}-{index}", slot["name"], slot["arguments"] or "{}")
+                for index, slot in sorted(calls.items())
+            )
+            return ModelReply(Message("assistant", content, tool_calls=tool_calls), usage, finish_reason)
+        parsed = text_protocol.parse_reply(content, call_id_prefix=call_id_prefix)
+        return ModelReply(
+            Message("assistant", content, tool_calls=tuple(parsed.calls)), usage, finish_reason, parsed.errors
+        )
+
+
+def _with_tool_instructions(payload: list[dict[str, Any]], instructions: str) -> list[dict[str, Any]]:
+    if payload and payload[0]["role"] == "system":
+        return [{"role": "system", "content": f"{payload[0]['content']}\n\n{instructions}"}, *payload[1:]]
+    return [{"role": "system", "content": instructions}, *payload]
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, openai.APIStatusError):
+        return f"HTTP {error.status_code}: {error.message}"
+    return f"{type(error).__name__}: {error}"

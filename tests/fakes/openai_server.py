@@ -1,0 +1,208 @@
+"""A scripted OpenAI-compatible chat server on 127.0.0.1, for tests.
+
+Real HTTP, so the real `openai` client and its failure paths run. Each
+request to /v1/chat/completions takes the next step of the script: a reply
+(text and/or tool calls, streamed or not) or a fault (an HTTP error, a 429
+with Retry-After, a stall, a connection dropped after partial text). Every
+request is recorded for assertions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    arguments: dict[str, Any] | str  # a str is sent verbatim, e.g. malformed JSON
+    id: str = ""
+
+
+@dataclass(frozen=True)
+class Reply:
+    content: str = ""
+    calls: tuple[Call, ...] = ()
+    input_tokens: int = 10
+    output_tokens: int = 5
+    # How many pieces the content is streamed in.
+    chunks: int = 3
+
+
+@dataclass(frozen=True)
+class HttpError:
+    status: int
+    retry_after: str | None = None
+    message: str = "scripted failure"
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Accept the request, then say nothing for this long."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class DropAfter:
+    """Stream this text, then cut the connection without finishing."""
+
+    text: str
+
+
+Step = Reply | HttpError | Stall | DropAfter
+
+
+@dataclass
+class ScriptedModel:
+    steps: deque[Step] = field(default_factory=deque)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    request_times: list[float] = field(default_factory=list)
+    base_url: str = ""
+    _runner: web.AppRunner | None = None
+    _closing: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def script(self, *steps: Step) -> None:
+        self.steps.extend(steps)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+
+    async def stop(self) -> None:
+        self._closing.set()  # ends stalls, so shutdown does not wait for them
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": "scripted", "object": "model", "owned_by": "tests"}]}
+        )
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        self.request_times.append(time.monotonic())
+        if not self.steps:
+            return web.json_response({"error": {"message": "the script has no more steps"}}, status=500)
+        step = self.steps.popleft()
+        if isinstance(step, HttpError):
+            headers = {"retry-after": step.retry_after} if step.retry_after is not None else {}
+            return web.json_response({"error": {"message": step.message}}, status=step.status, headers=headers)
+        if isinstance(step, Stall):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), step.seconds)
+            return web.json_response({"error": {"message": "stalled"}}, status=500)
+        if not body.get("stream"):
+            assert isinstance(step, Reply), "faults mid-stream need stream=true"
+            return web.json_response(_completion(body, step))
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        if isinstance(step, DropAfter):
+            await response.write(_sse(_chunk(body, {"role": "assistant", "content": step.text})))
+            await asyncio.sleep(0.05)
+            assert request.transport is not None
+            request.transport.abort()  # no finish_reason, no [DONE]: a broken stream
+            return response
+        for chunk in _chunks(body, step):
+            await response.write(_sse(chunk))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+def _chunk(body: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": body.get("model", "scripted"),
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def _arguments(call: Call) -> str:
+    return call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+
+
+def _chunks(body: dict[str, Any], step: Reply) -> list[dict[str, Any]]:
+    chunks = [_chunk(body, {"role": "assistant", "content": ""})]
+    size = max(1, -(-len(step.content) // max(1, step.chunks)))
+    for start in range(0, len(step.content), size):
+        chunks.append(_chunk(body, {"content": step.content[start : start + size]}))
+    for index, call in enumerate(step.calls):
+        arguments = _arguments(call)
+        half = len(arguments) // 2  # arguments arrive in pieces, as real providers send them
+        chunks.append(
+            _chunk(
+                body,
+                {
+                    "tool_calls": [
+                        {
+                            "index": index,
+                            "id": call.id or f"call_{len(body['messages'])}_{index}",
+                            "type": "function",
+                            "function": {"name": call.name, "arguments": arguments[:half]},
+                        }
+                    ]
+                },
+            )
+        )
+        chunks.append(_chunk(body, {"tool_calls": [{"index": index, "function": {"arguments": arguments[half:]}}]}))
+    chunks.append(_chunk(body, {}, "tool_calls" if step.calls else "stop"))
+    chunks.append(
+        {
+            **_chunk(body, {}),
+            "choices": [],
+            "usage": {
+                "prompt_tokens": step.input_tokens,
+                "completion_tokens": step.output_tokens,
+                "total_tokens": step.input_tokens + step.output_tokens,
+            },
+        }
+    )
+    return chunks
+
+
+def _completion(body: dict[str, Any], step: Reply) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": step.content}
+    if step.calls:
+        message["tool_calls"] = [
+            {
+                "id": call.id or f"call_{index}",
+                "type": "function",
+                "function": {"name": call.name, "arguments": _arguments(call)},
+            }
+            for index, call in enumerate(step.calls)
+        ]
+    return {
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion",
+        "created": 0,
+        "model": body.get("model", "scripted"),
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if step.calls else "stop"}],
+        "usage": {
+            "prompt_tokens": step.input_tokens,
+            "completion_tokens": step.output_tokens,
+            "total_tokens": step.input_tokens + step.output_tokens,
+        },
+    }

@@ -1,0 +1,119 @@
+"""The model client over real HTTP against the scripted OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from quarry.agent.messages import system, user
+from quarry.agent.model import ModelClient, ModelSettings, ProviderError
+from tests.fakes.openai_server import Call, DropAfter, HttpError, Reply, ScriptedModel, Stall
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "perform_web_search",
+            "description": "search",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+        },
+    }
+]
+HISTORY = [system("You research."), user("How tall is the Eiffel Tower?")]
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[ScriptedModel]:
+    server = ScriptedModel()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+def client(model: ScriptedModel, **overrides: object) -> ModelClient:
+    settings = {"base_url": model.base_url, "model": "scripted", "retry_budget": 10.0, **overrides}
+    return ModelClient(ModelSettings(**settings))  # type: ignore[arg-type]
+
+
+async def test_streamed_text_and_parallel_native_tool_calls(model: ScriptedModel) -> None:
+    model.script(
+        Reply(
+            content="Searching two ways.",
+            calls=(
+                Call("perform_web_search", {"query": "eiffel"}, "c1"),
+                Call("perform_web_search", {"query": "tower"}, "c2"),
+            ),
+            input_tokens=42,
+            output_tokens=7,
+        )
+    )
+    pieces: list[str] = []
+    reply = await client(model).complete(HISTORY, TOOLS, call_id_prefix="t1", on_text=pieces.append)
+    assert reply.message.content == "Searching two ways." == "".join(pieces)
+    assert len(pieces) > 1, "text arrives as it streams"
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in reply.message.tool_calls] == [
+        ("c1", "perform_web_search", {"query": "eiffel"}),
+        ("c2", "perform_web_search", {"query": "tower"}),
+    ]
+    assert (reply.usage.input_tokens, reply.usage.output_tokens) == (42, 7)
+    assert reply.finish_reason == "tool_calls"
+    sent = model.requests[0]
+    assert sent["tools"] == TOOLS and sent["stream"] is True
+    assert [m["role"] for m in sent["messages"]] == ["system", "user"]
+
+
+async def test_429_and_5xx_are_retried_honouring_retry_after(model: ScriptedModel) -> None:
+    model.script(HttpError(429, retry_after="1"), HttpError(503), Reply(content="fine"))
+    reply = await client(model).complete(HISTORY, call_id_prefix="t1")
+    assert reply.message.content == "fine"
+    assert len(model.requests) == 3
+    # The scripted server measures it, not the test's clock: the second request waited for Retry-After.
+    assert model.request_times[1] - model.request_times[0] >= 0.95
+
+
+async def test_retries_are_bounded_by_attempts(model: ScriptedModel) -> None:
+    model.script(*[HttpError(500)] * 5)
+    with pytest.raises(ProviderError, match="HTTP 500"):
+        await client(model, max_attempts=3).complete(HISTORY, call_id_prefix="t1")
+    assert len(model.requests) == 3
+
+
+async def test_a_retry_after_beyond_the_budget_is_not_waited_for(model: ScriptedModel) -> None:
+    model.script(HttpError(429, retry_after="3600"), Reply(content="too late"))
+    with pytest.raises(ProviderError, match="retry budget"):
+        await client(model).complete(HISTORY, call_id_prefix="t1")
+    assert len(model.requests) == 1
+
+
+async def test_other_client_errors_are_not_retried(model: ScriptedModel) -> None:
+    model.script(HttpError(400, message="bad request"), Reply(content="unused"))
+    with pytest.raises(ProviderError, match="HTTP 400"):
+        await client(model).complete(HISTORY, call_id_prefix="t1")
+    assert len(model.requests) == 1
+
+
+async def test_a_stream_broken_after_text_fails_and_is_not_retried(model: ScriptedModel) -> None:
+    model.script(DropAfter("The tower is 3"), Reply(content="would be a retry"))
+    pieces: list[str] = []
+    with pytest.raises(ProviderError):
+        await client(model).complete(HISTORY, call_id_prefix="t1", on_text=pieces.append)
+    assert "".join(pieces) == "The tower is 3"
+    assert len(model.requests) == 1
+
+
+async def test_a_stall_past_the_request_timeout_fails(model: ScriptedModel) -> None:
+    model.script(Stall(30))
+    with pytest.raises(ProviderError, match="Timeout"):
+        await client(model, request_timeout=0.5).complete(HISTORY, call_id_prefix="t1")
+
+
+async def test_text_protocol_for_models_without_native_tools(model: ScriptedModel) -> None:
+    block = '<tool_call>{"name": "perform_web_search", "arguments": {"query": "eiffel"}}</tool_call>'
+    model.script(Reply(content=f"Let me look.\n{block}"))
+    reply = await client(model, native_tools=False).complete(HISTORY, TOOLS, call_id_prefix="t4")
+    assert [(c.id, c.name) for c in reply.message.tool_calls] == [("t4-1", "perform_web_search")]
+    sent = model.requests[0]
+    assert "tools" not in sent
+    assert "<tool_call>" in sent["messages"][0]["content"], "the tools are taught in the system prompt"
