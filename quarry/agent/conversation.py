@@ -1,0 +1,114 @@
+"""Conversations persisted in order: history is rebuilt by sequence number, never by clock.
+
+Each conversation has a counter advanced in the same transaction as its
+message inserts, so sequence numbers start at 1, have no gaps, and follow
+commit order even when two writes land in the same microsecond. The tables
+belong to whichever service runs the agent; its migrations create them from
+`metadata` here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from quarry.agent.messages import Message, ToolCall
+from quarry.db import Database, UTCDateTime, json_type
+from quarry.errors import NotFound
+
+metadata = sa.MetaData()
+
+conversations = sa.Table(
+    "agent_conversations",
+    metadata,
+    sa.Column("conversation_id", sa.String(128), primary_key=True),
+    sa.Column("last_sequence_no", sa.BigInteger, nullable=False),
+    sa.Column("create_time", UTCDateTime, nullable=False),
+)
+
+messages = sa.Table(
+    "agent_messages",
+    metadata,
+    sa.Column(
+        "conversation_id",
+        sa.String(128),
+        sa.ForeignKey("agent_conversations.conversation_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("sequence_no", sa.BigInteger, primary_key=True),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("content", sa.Text, nullable=False),
+    sa.Column("tool_calls", json_type(), nullable=False),
+    sa.Column("tool_call_id", sa.String(256), nullable=False),
+    # Event time only; the order is sequence_no.
+    sa.Column("create_time", UTCDateTime, nullable=False),
+)
+
+
+def _row(conversation_id: str, sequence_no: int, message: Message, now: datetime) -> dict[str, Any]:
+    return {
+        "conversation_id": conversation_id,
+        "sequence_no": sequence_no,
+        "role": message.role,
+        "content": message.content,
+        "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls],
+        "tool_call_id": message.tool_call_id,
+        "create_time": now,
+    }
+
+
+def _message(row: sa.Row[Any]) -> Message:
+    return Message(
+        role=row.role,
+        content=row.content,
+        tool_calls=tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in row.tool_calls),
+        tool_call_id=row.tool_call_id,
+    )
+
+
+class ConversationStore:
+    def __init__(self, database: Database) -> None:
+        self._db = database
+
+    async def create(self, conversation_id: str) -> None:
+        row = {"conversation_id": conversation_id, "last_sequence_no": 0, "create_time": datetime.now(UTC)}
+        await self._db.write(lambda connection: connection.execute(conversations.insert().values(row)))
+
+    async def append(self, conversation_id: str, batch: Sequence[Message]) -> list[int]:
+        """Persist messages in order, atomically; returns their sequence numbers."""
+        if not batch:
+            return []
+
+        def work(connection: Connection) -> list[int]:
+            last = connection.execute(
+                conversations.update()
+                .where(conversations.c.conversation_id == conversation_id)
+                .values(last_sequence_no=conversations.c.last_sequence_no + len(batch))
+                .returning(conversations.c.last_sequence_no)
+            ).scalar()
+            if last is None:
+                raise NotFound("conversation", conversation_id)
+            first = last - len(batch) + 1
+            now = datetime.now(UTC)
+            rows = [_row(conversation_id, first + offset, message, now) for offset, message in enumerate(batch)]
+            connection.execute(messages.insert(), rows)
+            return [row["sequence_no"] for row in rows]
+
+        return await self._db.write(work)
+
+    async def history(self, conversation_id: str) -> list[Message]:
+        """Every message of the conversation in persistence order."""
+
+        def work(connection: Connection) -> list[Message]:
+            rows = connection.execute(
+                sa.select(messages)
+                .where(messages.c.conversation_id == conversation_id)
+                .order_by(messages.c.sequence_no)
+            ).all()
+            return [_message(row) for row in rows]
+
+        return await self._db.read(work)
