@@ -1,0 +1,123 @@
+"""The bounded tool loop: call the model, run the tools it asks for, repeat, within hard limits.
+
+Both the supervisor and the worker run this loop; they differ only in the
+tools they pass and in what they do with the answer. A run ends in exactly
+one of: an answer, TurnBudgetExhausted, TokenBudgetExhausted, or the
+provider's ProviderError. Deadlines and cancellation come from the caller
+(asyncio timeouts and task cancellation) and interrupt the model call and
+the tools alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from quarry.agent.conversation import ConversationStore
+from quarry.agent.messages import Message, ToolCall, user
+from quarry.agent.model import ModelClient, Usage
+from quarry.agent.tools import ToolOutcome, ToolRegistry
+from quarry.agent.truncation import truncate
+
+Context = TypeVar("Context")
+
+DEFAULT_MAX_TURNS = 8
+
+
+class LoopFailure(Exception):
+    """The loop stopped without an answer."""
+
+
+class TurnBudgetExhausted(LoopFailure):
+    pass
+
+
+class TokenBudgetExhausted(LoopFailure):
+    pass
+
+
+@dataclass(frozen=True)
+class LoopLimits:
+    max_turns: int = DEFAULT_MAX_TURNS
+    # Input plus output tokens over the whole run; 0 means no token bound.
+    max_tokens: int = 0
+    # Token budget for the history sent with each model call.
+    context_tokens: int = 96_000
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError("max_turns must be at least 1")
+
+
+class LoopObserver:
+    """Progress hooks; the default ignores everything. Never sees page text, only names and ids."""
+
+    async def turn_started(self, turn: int, max_turns: int) -> None:
+        return None
+
+    async def tool_called(self, turn: int, call: ToolCall) -> None:
+        return None
+
+    async def tool_finished(self, turn: int, outcome: ToolOutcome) -> None:
+        return None
+
+    async def text(self, delta: str) -> None:
+        return None
+
+
+class AgentRun(Generic[Context]):
+    """One bounded run over one conversation. `turns` and `usage` stay readable after a failure."""
+
+    def __init__(
+        self,
+        model: ModelClient,
+        tools: ToolRegistry[Context],
+        store: ConversationStore,
+        conversation_id: str,
+        limits: LoopLimits,
+        observer: LoopObserver | None = None,
+    ) -> None:
+        self._model = model
+        self._tools = tools
+        self._store = store
+        self._conversation_id = conversation_id
+        self._limits = limits
+        self._observer = observer or LoopObserver()
+        self.turns = 0
+        self.usage = Usage()
+
+    async def run(self, context: Context) -> str:
+        """Loop until the model answers without calling a tool; returns that answer."""
+        schemas = self._tools.schemas()
+        while self.turns < self._limits.max_turns:
+            self.turns += 1
+            turn = self.turns
+            await self._observer.turn_started(turn, self._limits.max_turns)
+            history = truncate(await self._store.history(self._conversation_id), self._limits.context_tokens)
+            reply = await self._model.complete(history, schemas, call_id_prefix=f"t{turn}", on_text=self._observer.text)
+            self.usage += reply.usage
+            await self._store.append(self._conversation_id, [reply.message])
+            self._check_tokens()
+            calls = reply.message.tool_calls
+            if not calls and not reply.protocol_errors:
+                return reply.message.content
+            outcomes = await self._run_tools(turn, calls, context)
+            follow_up: list[Message] = [outcome.message() for outcome in outcomes]
+            if reply.protocol_errors:
+                follow_up.append(user("Some tool_call blocks could not be used: " + "; ".join(reply.protocol_errors)))
+            await self._store.append(self._conversation_id, follow_up)
+        raise TurnBudgetExhausted(f"no answer within {self._limits.max_turns} turns")
+
+    async def _run_tools(self, turn: int, calls: Sequence[ToolCall], context: Context) -> list[ToolOutcome]:
+        for call in calls:
+            await self._observer.tool_called(turn, call)
+        outcomes = await self._tools.run_calls(calls, context)
+        for outcome in outcomes:
+            await self._observer.tool_finished(turn, outcome)
+        return outcomes
+
+    def _check_tokens(self) -> None:
+        spent = self.usage.input_tokens + self.usage.output_tokens
+        if self._limits.max_tokens and spent > self._limits.max_tokens:
+            raise TokenBudgetExhausted(f"{spent} tokens used, over the budget of {self._limits.max_tokens}")
