@@ -70,12 +70,17 @@ async def store(tmp_path: Path) -> AsyncIterator[ConversationStore]:
 
 
 async def start(
-    store: ConversationStore, model: ScriptedModel, limits: LoopLimits, *, native: bool = True
+    store: ConversationStore,
+    model: ScriptedModel,
+    limits: LoopLimits,
+    *,
+    native: bool = True,
+    observer: LoopObserver | None = None,
 ) -> AgentRun[list[str]]:
     await store.create("conv")
     await store.append("conv", [system("You research."), user("How tall is the Eiffel Tower?")])
     client = ModelClient(ModelSettings(base_url=model.base_url, model="scripted", native_tools=native, retry_budget=5))
-    return AgentRun(client, TOOLS, store, "conv", limits, Recorder())
+    return AgentRun(client, TOOLS, store, "conv", limits, observer)
 
 
 async def test_parallel_calls_each_get_their_own_result_then_the_answer(
