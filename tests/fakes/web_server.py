@@ -1,0 +1,64 @@
+"""A local fixture web on 127.0.0.1 for tests: pages, redirects, and a SearXNG-style search."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+ARTICLE = """<!doctype html>
+<html><head><title>The Eiffel Tower</title></head>
+<body>
+<nav>Home | About | Contact</nav>
+<article>
+<h1>The Eiffel Tower</h1>
+<p>The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France.
+It is named after the engineer Gustave Eiffel, whose company designed and built the tower
+from 1887 to 1889.</p>
+<p>The tower is 330 metres tall, about the same height as an 81-storey building, and the
+tallest structure in Paris.</p>
+</article>
+<footer>Copyright fixture web</footer>
+</body></html>
+"""
+
+
+@dataclass
+class FixtureWeb:
+    pages: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # path -> (content type, body)
+    hits: list[str] = field(default_factory=list)
+    base_url: str = ""
+    port: int = 0
+    _runner: web.AppRunner | None = None
+
+    def add(self, path: str, body: str | bytes, content_type: str = "text/html; charset=utf-8") -> str:
+        self.pages[path] = (content_type, body.encode() if isinstance(body, str) else body)
+        return f"{self.base_url}{path}"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/redirect", self._redirect)
+        app.router.add_get("/{path:.*}", self._page)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.add("/article.html", ARTICLE)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _redirect(self, request: web.Request) -> web.Response:
+        self.hits.append(str(request.rel_url))
+        raise web.HTTPFound(request.query["to"])
+
+    async def _page(self, request: web.Request) -> web.Response:
+        path = "/" + request.match_info["path"]
+        self.hits.append(path)
+        if path not in self.pages:
+            raise web.HTTPNotFound()
+        content_type, body = self.pages[path]
+        return web.Response(body=body, headers={"content-type": content_type})

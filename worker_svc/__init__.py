@@ -1,0 +1,1 @@
+"""The worker service: bounded research agents behind WorkerService.Delegate."""

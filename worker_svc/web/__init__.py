@@ -1,0 +1,1 @@
+"""Reading the web safely: guarded fetching, extraction, and paged page views."""
