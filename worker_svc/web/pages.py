@@ -1,0 +1,162 @@
+"""Pages as the research tools see them: extracted text, cut into fixed-size chunks.
+
+A page is fetched once per URL (a bounded LRU cache), its readable text
+extracted (trafilatura for HTML, pypdf for PDF, as-is for plain text and
+Markdown), and served a chunk at a time ("page n of m") with in-page search.
+Quotes are checked against the same text, after folding case and whitespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import httpx
+import trafilatura
+from pypdf import PdfReader
+from pypdf.errors import PdfReadError
+
+DEFAULT_CHUNK_CHARS = 4000
+DEFAULT_MAX_BYTES = 5 * 1024 * 1024
+
+
+class PageError(Exception):
+    """A page that cannot be read; the message is for the model."""
+
+
+def normalize(text: str) -> str:
+    """Case- and whitespace-insensitive form used to match quotes against page text."""
+    return " ".join(text.split()).casefold()
+
+
+def _chunk(text: str, size: int) -> list[str]:
+    """Split on whitespace near `size` characters so words stay whole."""
+    chunks: list[str] = []
+    start = 0
+    while start < len(text):
+        end = min(len(text), start + size)
+        if end < len(text):
+            cut = text.rfind(" ", start + size // 2, end)
+            end = cut if cut > start else end
+        chunks.append(text[start:end].strip())
+        start = end
+    return [chunk for chunk in chunks if chunk] or [""]
+
+
+@dataclass(frozen=True)
+class Hit:
+    chunk: int  # 1-based, as shown to the model
+    excerpt: str
+
+
+@dataclass(frozen=True)
+class Page:
+    url: str
+    title: str
+    text: str
+    chunks: tuple[str, ...]
+
+    def view(self, number: int) -> str:
+        """Chunk `number` (1-based) with its header."""
+        if not 1 <= number <= len(self.chunks):
+            raise PageError(f"{self.url} has pages 1 to {len(self.chunks)}; there is no page {number}")
+        header = f"{self.title}\n{self.url}\npage {number} of {len(self.chunks)}"
+        return f"{header}\n\n{self.chunks[number - 1]}"
+
+    def search(self, query: str, *, context_chars: int = 160, max_hits: int = 10) -> list[Hit]:
+        needle = query.casefold().strip()
+        if not needle:
+            raise PageError("the search text is empty")
+        hits: list[Hit] = []
+        for number, chunk in enumerate(self.chunks, start=1):
+            folded = chunk.casefold()
+            position = folded.find(needle)
+            while position != -1 and len(hits) < max_hits:
+                start, end = max(0, position - context_chars), position + len(needle) + context_chars
+                hits.append(Hit(number, " ".join(chunk[start:end].split())))
+                position = folded.find(needle, position + len(needle))
+        return hits
+
+    def contains(self, quote: str) -> bool:
+        needle = normalize(quote)
+        return bool(needle) and needle in normalize(self.text)
+
+
+def extract(url: str, content_type: str, body: bytes) -> tuple[str, str]:
+    """(title, text) of a document; raises PageError for what cannot be read."""
+    kind = content_type.split(";")[0].strip().lower()
+    if kind == "application/pdf" or body.startswith(b"%PDF-"):
+        return _extract_pdf(url, body)
+    if kind in ("text/html", "application/xhtml+xml") or (not kind and body.lstrip()[:1] == b"<"):
+        html = body.decode("utf-8", errors="replace")
+        text = trafilatura.extract(html, url=url, include_comments=False, favor_recall=True)
+        metadata = trafilatura.extract_metadata(html, default_url=url)
+        title = (metadata.title if metadata is not None and metadata.title else "") or url
+        if not text:
+            raise PageError(f"{url} has no readable text")
+        return title, text
+    if kind.startswith("text/") or kind in ("application/json", "application/xml"):
+        return url, body.decode("utf-8", errors="replace")
+    raise PageError(f"{url} is {kind or 'of an unknown type'}, which cannot be read as text")
+
+
+def _extract_pdf(url: str, body: bytes) -> tuple[str, str]:
+    try:
+        reader = PdfReader(io.BytesIO(body))
+        text = "\n\n".join(page.extract_text() or "" for page in reader.pages)
+        title = str(reader.metadata.title) if reader.metadata and reader.metadata.title else url
+    except (PdfReadError, ValueError, KeyError) as error:
+        raise PageError(f"{url} is a PDF that cannot be read ({error})") from error
+    if not text.strip():
+        raise PageError(f"{url} is a PDF without extractable text")
+    return title, text
+
+
+class PageReader:
+    """Fetches, extracts and caches pages by URL."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        chunk_chars: int = DEFAULT_CHUNK_CHARS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        cache_size: int = 256,
+    ) -> None:
+        self._client = client
+        self._chunk_chars = chunk_chars
+        self._max_bytes = max_bytes
+        self._cache_size = cache_size
+        self._cache: OrderedDict[str, Page] = OrderedDict()
+
+    async def read(self, url: str) -> Page:
+        page = self._cache.get(url)
+        if page is not None:
+            self._cache.move_to_end(url)
+            return page
+        content_type, body = await self._fetch(url)
+        # Extraction is CPU work; keep it off the event loop.
+        title, text = await asyncio.to_thread(extract, url, content_type, body)
+        page = Page(url=url, title=title, text=text, chunks=tuple(_chunk(text, self._chunk_chars)))
+        self._cache[url] = page
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return page
+
+    async def _fetch(self, url: str) -> tuple[str, bytes]:
+        if not url.startswith(("http://", "https://")):
+            raise PageError(f"{url} is not an http(s) URL")
+        try:
+            async with self._client.stream("GET", url) as response:
+                if response.status_code != 200:
+                    raise PageError(f"{url} answered HTTP {response.status_code}")
+                body = bytearray()
+                async for piece in response.aiter_bytes():
+                    body.extend(piece)
+                    if len(body) > self._max_bytes:
+                        raise PageError(f"{url} is larger than {self._max_bytes} bytes")
+                return response.headers.get("content-type", ""), bytes(body)
+        except httpx.HTTPError as error:
+            raise PageError(f"{url} could not be fetched: {error}") from error
