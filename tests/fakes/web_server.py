@@ -38,6 +38,9 @@ class FixtureWeb:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/redirect", self._redirect)
+        app.router.add_get("/search", self._searxng)
+        app.router.add_post("/tavily/search", self._tavily)
+        app.router.add_get("/brave/res/v1/web/search", self._brave)
         app.router.add_get("/{path:.*}", self._page)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
@@ -50,6 +53,34 @@ class FixtureWeb:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+    def _matches(self, query: str) -> list[dict[str, str]]:
+        """Indexed pages whose text contains every word of the query."""
+        words = query.casefold().split()
+        found = []
+        for path, (content_type, body) in self.pages.items():
+            text = body.decode("utf-8", errors="replace").casefold()
+            if "html" in content_type and all(word in text for word in words):
+                found.append({"title": path.strip("/"), "url": f"{self.base_url}{path}", "content": text[:120]})
+        return found
+
+    async def _searxng(self, request: web.Request) -> web.Response:
+        self.hits.append("/search")
+        if request.query.get("format") != "json":
+            raise web.HTTPForbidden()
+        return web.json_response({"query": request.query["q"], "results": self._matches(request.query["q"])})
+
+    async def _tavily(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if request.headers.get("authorization") != "Bearer test-key":
+            raise web.HTTPUnauthorized()
+        return web.json_response({"results": self._matches(body["query"])[: body.get("max_results", 5)]})
+
+    async def _brave(self, request: web.Request) -> web.Response:
+        if request.headers.get("x-subscription-token") != "test-key":
+            raise web.HTTPUnauthorized()
+        results = [{**r, "description": r["content"]} for r in self._matches(request.query["q"])]
+        return web.json_response({"web": {"results": results}})
 
     async def _redirect(self, request: web.Request) -> web.Response:
         self.hits.append(str(request.rel_url))
