@@ -60,7 +60,32 @@ def _parser() -> argparse.ArgumentParser:
         "--ephemeral-ports", action="store_true", help="bind every service to a free port instead of its default"
     )
     up.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for each service")
+
+    corpus = commands.add_parser("corpus", help="the local document corpus the workers search")
+    corpus_commands = corpus.add_subparsers(dest="corpus_command", required=True)
+    index = corpus_commands.add_parser(
+        "index", help="index (or re-index) a folder of Markdown, HTML, text and PDF files"
+    )
+    index.add_argument("folder", type=Path)
+    index.add_argument("--index", type=Path, help="index file (default: corpus.db in the data directory)")
     return parser
+
+
+def _index_corpus(folder: Path, index: Path) -> int:
+    from worker_svc.corpus import Corpus
+
+    try:
+        report = Corpus(index).index_folder(folder)
+    except OSError as error:
+        print(f"quarry corpus index: {error}", file=sys.stderr)
+        return 2
+    for path, why in report.skipped:
+        print(f"skipped {path}: {why}", file=sys.stderr)
+    print(
+        f"{index}: {len(report.added)} added, {len(report.updated)} updated, {len(report.removed)} removed, "
+        f"{report.unchanged} unchanged, {len(report.skipped)} skipped"
+    )
+    return 0
 
 
 def exit_with_parent(parent_pid: int) -> None:
@@ -155,4 +180,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 announce=Announcer(data_dir=Path(os.environ.get("QUARRY_DATA_DIR") or common.data_dir)),
             )
         )
+    if args.command == "corpus":
+        return _index_corpus(args.folder, args.index or common.data_dir / "corpus.db")
     raise AssertionError(f"unhandled command {args.command}")

@@ -12,6 +12,7 @@ import asyncio
 import io
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Protocol
 
 import httpx
 import trafilatura
@@ -114,18 +115,26 @@ def _extract_pdf(url: str, body: bytes) -> tuple[str, str]:
     return title, text
 
 
+class DocumentSource(Protocol):
+    """Where `corpus://` URLs are read from."""
+
+    async def read(self, url: str) -> tuple[str, str]: ...
+
+
 class PageReader:
-    """Fetches, extracts and caches pages by URL."""
+    """Fetches, extracts and caches pages by URL; `corpus://` URLs come from the local index."""
 
     def __init__(
         self,
         client: httpx.AsyncClient,
         *,
+        corpus: DocumentSource | None = None,
         chunk_chars: int = DEFAULT_CHUNK_CHARS,
         max_bytes: int = DEFAULT_MAX_BYTES,
         cache_size: int = 256,
     ) -> None:
         self._client = client
+        self._corpus = corpus
         self._chunk_chars = chunk_chars
         self._max_bytes = max_bytes
         self._cache_size = cache_size
@@ -136,9 +145,14 @@ class PageReader:
         if page is not None:
             self._cache.move_to_end(url)
             return page
-        content_type, body = await self._fetch(url)
-        # Extraction is CPU work; keep it off the event loop.
-        title, text = await asyncio.to_thread(extract, url, content_type, body)
+        if url.startswith("corpus://"):
+            if self._corpus is None:
+                raise PageError("no local corpus is configured")
+            title, text = await self._corpus.read(url)
+        else:
+            content_type, body = await self._fetch(url)
+            # Extraction is CPU work; keep it off the event loop.
+            title, text = await asyncio.to_thread(extract, url, content_type, body)
         page = Page(url=url, title=title, text=text, chunks=tuple(_chunk(text, self._chunk_chars)))
         self._cache[url] = page
         while len(self._cache) > self._cache_size:
