@@ -22,7 +22,8 @@ from quarry.agent.messages import Message, ToolCall, tool_result
 log = logging.getLogger(__name__)
 
 Params = TypeVar("Params", bound=BaseModel)
-Context = TypeVar("Context")
+# Contravariant: a tool that needs less of its context serves any richer one.
+Context = TypeVar("Context", contravariant=True)
 
 
 class ToolError(Exception):
