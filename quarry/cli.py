@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         addresses = {name: "127.0.0.1:0" for name in SERVICES} if args.ephemeral_ports else {}
         return asyncio.run(
             run_mesh(
-                list(SERVICES),
+                list(SERVICES.values()),
                 addresses=addresses,
                 ready_timeout=args.ready_timeout,
                 stop_timeout=common.shutdown_grace_seconds + 5.0,

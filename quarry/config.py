@@ -25,6 +25,7 @@ __all__ = [
     "QuarrySettings",
     "ScratchpadSettings",
     "ServiceSettings",
+    "WorkerSettings",
     "describe_invalid",
 ]
 
@@ -145,3 +146,33 @@ class ScratchpadSettings(ServiceSettings):
     max_batch: int = Field(default=256, ge=1, le=10_000)
     # Watchers re-read after this long without a commit signal (a safety net only).
     watch_poll_seconds: float = Field(default=5.0, gt=0, le=3600)
+
+
+class WorkerSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="QUARRY_WORKER_", extra="ignore")
+    config_table: ClassVar[str] = "worker"
+    service_name: ClassVar[str] = "worker"
+
+    address: str = "127.0.0.1:7412"
+    # The scratchpad this worker promotes findings to.
+    scratchpad_address: str = "127.0.0.1:7411"
+    # Any OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 for vLLM.
+    model_base_url: str = "http://127.0.0.1:8000/v1"
+    model_name: str = "default"
+    model_api_key: str = "unused"
+    # False for models without native tool calling: tools go through a text protocol.
+    model_native_tools: bool = True
+    model_request_timeout: float = Field(default=120.0, gt=0)
+    max_concurrent_delegations: int = Field(default=64, ge=1, le=10_000)
+    # Used when a Delegate request sets no timeout.
+    default_timeout_seconds: float = Field(default=600.0, gt=0)
+    context_tokens: int = Field(default=96_000, ge=1000)
+    # corpus, searxng, tavily or brave
+    search_backend: Literal["corpus", "searxng", "tavily", "brave"] = "corpus"
+    searxng_url: str = ""
+    search_api_key: str = ""
+    # The local corpus index (`quarry corpus index`); empty means corpus.db in the data directory.
+    corpus_index: str = ""
+    # Internal addresses page fetching may reach anyway: "HOST:PORT" or CIDR, comma-separated.
+    fetch_allow: str = ""
+    page_chunk_chars: int = Field(default=4000, ge=200, le=100_000)

@@ -15,6 +15,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from quarry.services import ServiceSpec
+
 READY_POLL_SECONDS = 0.1
 
 
@@ -85,7 +87,7 @@ async def _stop(services: Sequence[RunningService], grace: float) -> None:
 
 
 async def run_mesh(
-    names: Sequence[str],
+    specs: Sequence[ServiceSpec],
     *,
     addresses: dict[str, str],
     ready_timeout: float,
@@ -103,11 +105,16 @@ async def run_mesh(
     services: list[RunningService] = []
     with tempfile.TemporaryDirectory(prefix="quarry-up-") as run_dir:
         try:
-            for name in names:
+            for spec in specs:
+                name = spec.name
+                env = os.environ.copy()
+                for needed, variable in spec.needs.items():
+                    # Started earlier (SERVICES lists dependencies first), so its address is known.
+                    env[variable] = next(s.address for s in services if s.name == needed)
                 port_file = Path(run_dir) / f"{name}.addr"
                 command = serve_command(name, port_file, address=addresses.get(name), parent_pid=os.getpid())
                 # A session of its own: Ctrl-C reaches only us, and we stop the children in order.
-                process = await asyncio.create_subprocess_exec(*command, env=os.environ.copy(), start_new_session=True)
+                process = await asyncio.create_subprocess_exec(*command, env=env, start_new_session=True)
                 service = RunningService(name, process, port_file)
                 services.append(service)
                 starting = asyncio.create_task(_wait_ready(service, loop.time() + ready_timeout))

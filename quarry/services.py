@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 from quarry.config import QuarrySettings, ServiceSettings
@@ -19,6 +19,8 @@ class ServiceSpec:
     name: str
     settings_class: str  # "module:Class"
     builder: str  # "module:function"
+    # Services this one calls, and the variable through which `quarry up` tells it their address.
+    needs: dict[str, str] = field(default_factory=dict)
 
     def settings_type(self) -> type[ServiceSettings]:
         return cast(type[ServiceSettings], _load(self.settings_class))
@@ -39,5 +41,11 @@ SERVICES: dict[str, ServiceSpec] = {
         name="scratchpad",
         settings_class="quarry.config:ScratchpadSettings",
         builder="scratchpad_svc.service:build_host",
+    ),
+    "worker": ServiceSpec(
+        name="worker",
+        settings_class="quarry.config:WorkerSettings",
+        builder="worker_svc.service:build_host",
+        needs={"scratchpad": "QUARRY_WORKER_SCRATCHPAD_ADDRESS"},
     ),
 }

@@ -16,9 +16,14 @@ from pathlib import Path
 import grpc
 import psycopg
 import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy.engine import make_url
 
+from quarry.db import create_engine, upgrade_schema
 from quarry.launcher import serve_command
 
 POSTGRES_URL = os.environ.get("QUARRY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -69,6 +74,23 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         return
     with postgres_schema() as schema:
         yield schema.url
+
+
+def assert_migrations_build_the_schema(
+    database_url: str, migrations: Path, version_table: str, metadata: sa.MetaData
+) -> None:
+    """A service's migrations reach head, build exactly `metadata`, and re-run harmlessly."""
+    upgrade_schema(database_url, migrations, version_table)
+    upgrade_schema(database_url, migrations, version_table)  # a restart re-runs them
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(connection, opts={"version_table": version_table})
+            assert context.get_current_revision() == ScriptDirectory(str(migrations)).get_current_head()
+            assert compare_metadata(context, metadata) == []
+            assert set(metadata.tables) | {version_table} <= set(sa.inspect(connection).get_table_names())
+    finally:
+        engine.dispose()
 
 
 def reusable_port() -> int:

@@ -116,7 +116,7 @@ def test_up_serves_every_service_and_stops_them_all(
     up: Callable[..., QuarryUp], tmp_path: Path, stop_signal: signal.Signals
 ) -> None:
     mesh = up()
-    addresses = mesh.addresses({"scratchpad"})
+    addresses = mesh.addresses({"scratchpad", "worker"})
     children = child_pids(mesh.process.pid)
     assert len(children) == len(addresses)
     for address in addresses.values():
@@ -139,7 +139,7 @@ def test_up_fails_clearly_when_a_service_cannot_start(up: Callable[..., QuarryUp
 
 def test_services_stop_when_quarry_up_is_killed(up: Callable[..., QuarryUp]) -> None:
     mesh = up()
-    mesh.addresses({"scratchpad"})
+    mesh.addresses({"scratchpad", "worker"})
     children = child_pids(mesh.process.pid)
     assert children
     mesh.process.kill()  # no chance to clean up: the kernel's parent-death signal must do it

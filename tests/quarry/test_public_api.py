@@ -39,6 +39,7 @@ PUBLIC_API = {
         "QuarrySettings",
         "ScratchpadSettings",
         "ServiceSettings",
+        "WorkerSettings",
         "describe_invalid",
     },
     quarry.db: {

@@ -1,0 +1,123 @@
+"""Delegation domain types, free of protobuf and SQL."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+
+from quarry.identity import Role
+
+
+class ErrorCode(enum.StrEnum):
+    PROVIDER_ERROR = "provider_error"
+    TURN_BUDGET_EXHAUSTED = "turn_budget_exhausted"
+    TOKEN_BUDGET_EXHAUSTED = "token_budget_exhausted"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    CANCELLED = "cancelled"
+    INTERNAL = "internal"
+
+
+@dataclass(frozen=True)
+class DelegationRequest:
+    delegation_id: str
+    run_id: str
+    tool_call_id: str
+    scratchpad_thread_id: str
+    objective: str
+    criteria: tuple[str, ...] = ()
+    input_refs: tuple[str, ...] = ()
+    role: Role | None = Role.RESEARCHER  # None when the request named an unknown role
+    max_turns: int = 0  # 0: the default
+    timeout_seconds: float = 0.0  # 0: the server default
+    max_tokens: int = 0  # 0: no token bound
+
+
+@dataclass(frozen=True)
+class Started:
+    delegation_id: str
+    conversation_id: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    delegation_id: str
+    turn: int
+    max_turns: int
+    kind: str  # "turn", "tool" or "appended"
+    summary: str
+    tool_name: str = ""
+    sequence_no: int = 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The one terminal result of a delegation. A failure never carries a summary."""
+
+    delegation_id: str
+    tool_call_id: str
+    conversation_id: str
+    succeeded: bool
+    summary: str = ""
+    error_code: ErrorCode | None = None
+    error_message: str = ""
+    promoted: tuple[int, ...] = ()
+    turns: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    model_calls: int = 0
+    tool_calls: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "succeeded": self.succeeded,
+            "summary": self.summary,
+            "error_code": self.error_code.value if self.error_code else None,
+            "error_message": self.error_message,
+            "promoted": list(self.promoted),
+            "turns": self.turns,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "model_calls": self.model_calls,
+            "tool_calls": self.tool_calls,
+        }
+
+    @classmethod
+    def from_json(cls, delegation_id: str, tool_call_id: str, conversation_id: str, data: dict[str, object]) -> Outcome:
+        code = data.get("error_code")
+        return cls(
+            delegation_id=delegation_id,
+            tool_call_id=tool_call_id,
+            conversation_id=conversation_id,
+            succeeded=bool(data["succeeded"]),
+            summary=str(data.get("summary", "")),
+            error_code=ErrorCode(str(code)) if code else None,
+            error_message=str(data.get("error_message", "")),
+            promoted=tuple(int(n) for n in data.get("promoted", []) or []),  # type: ignore[attr-defined]
+            turns=int(data.get("turns", 0)),  # type: ignore[call-overload]
+            input_tokens=int(data.get("input_tokens", 0)),  # type: ignore[call-overload]
+            output_tokens=int(data.get("output_tokens", 0)),  # type: ignore[call-overload]
+            model_calls=int(data.get("model_calls", 0)),  # type: ignore[call-overload]
+            tool_calls=int(data.get("tool_calls", 0)),  # type: ignore[call-overload]
+        )
+
+
+Event = Started | Progress | Outcome
+
+
+@dataclass(frozen=True)
+class DelegationRecord:
+    delegation_id: str
+    run_id: str
+    tool_call_id: str
+    conversation_id: str
+    scratchpad_thread_id: str
+    role: Role
+    objective: str
+    criteria: tuple[str, ...]
+    input_refs: tuple[str, ...]
+    state: str  # running, succeeded, failed
+    outcome: Outcome | None
+    last_error: str
+    create_time: datetime
+    end_time: datetime | None = None

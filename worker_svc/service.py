@@ -1,0 +1,106 @@
+"""Assembles the worker process: settings, schema upgrade, model, tools, worker, servicer, host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import httpx
+
+from quarry.agent.conversation import ConversationStore
+from quarry.agent.model import ModelClient, ModelSettings
+from quarry.client import ScratchpadClient, insecure_channel
+from quarry.config import QuarrySettings, WorkerSettings
+from quarry.convert import role_to_proto
+from quarry.db import Database, upgrade_schema_async
+from quarry.server import ServiceHost, ServiceRegistration
+from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from worker_svc.corpus import Corpus
+from worker_svc.model import DelegationRequest
+from worker_svc.servicer import WorkerServicer
+from worker_svc.store import DelegationStore
+from worker_svc.tools import DelegationContext
+from worker_svc.web.fetch import AddressPolicy, guarded_client
+from worker_svc.web.pages import PageReader
+from worker_svc.web.search import BraveBackend, SearchBackend, SearxngBackend, TavilyBackend
+from worker_svc.worker import Worker, WorkerLimits
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+VERSION_TABLE = "alembic_version_worker"
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
+
+
+def search_backend(settings: WorkerSettings, corpus: Corpus, http: httpx.AsyncClient) -> SearchBackend:
+    if settings.search_backend == "searxng":
+        return SearxngBackend(http, settings.searxng_url)
+    if settings.search_backend == "tavily":
+        return TavilyBackend(http, settings.search_api_key)
+    if settings.search_backend == "brave":
+        return BraveBackend(http, settings.search_api_key)
+    return corpus
+
+
+async def build_host(settings: WorkerSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
+    settings = settings or WorkerSettings()
+    common = common or QuarrySettings()
+    url = settings.resolved_database_url(common.data_dir)
+    await upgrade_schema_async(url, MIGRATIONS, VERSION_TABLE)
+    database = Database(url)
+    model = ModelClient(
+        ModelSettings(
+            base_url=settings.model_base_url,
+            model=settings.model_name,
+            api_key=settings.model_api_key,
+            native_tools=settings.model_native_tools,
+            request_timeout=settings.model_request_timeout,
+        )
+    )
+    channel = insecure_channel(settings.scratchpad_address)
+    scratchpad = ScratchpadClient(channel)
+    corpus = Corpus(Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db")
+    search_http = httpx.AsyncClient(timeout=30)
+    policy = AddressPolicy(allow=tuple(entry.strip() for entry in settings.fetch_allow.split(",") if entry.strip()))
+    web = guarded_client(policy)
+    # One page cache for the process: pages are public, what each delegation read is tracked per context.
+    pages = PageReader(web, corpus=corpus, chunk_chars=settings.page_chunk_chars)
+    search = search_backend(settings, corpus, search_http)
+
+    def context_for(request: DelegationRequest) -> DelegationContext:
+        assert request.role is not None
+        return DelegationContext(
+            scratchpad=scratchpad,
+            scratchpad_thread_id=request.scratchpad_thread_id,
+            author=common_pb2.Principal(principal_id=request.delegation_id, role=role_to_proto(request.role)),
+            search=search,
+            pages=pages,
+        )
+
+    worker = Worker(
+        model=model,
+        conversations=ConversationStore(database),
+        delegations=DelegationStore(database),
+        context_for=context_for,
+        limits=WorkerLimits(
+            max_concurrent=settings.max_concurrent_delegations,
+            default_timeout_seconds=settings.default_timeout_seconds,
+            context_tokens=settings.context_tokens,
+        ),
+    )
+
+    def register(server: grpc.aio.Server) -> None:
+        worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(worker), server)
+
+    async def release() -> None:
+        await model.close()
+        await web.aclose()
+        await search_http.aclose()
+        await channel.close(None)
+        await database.close()
+
+    return ServiceHost(
+        settings.address,
+        [ServiceRegistration(SERVICE_NAME, register)],
+        grace=common.shutdown_grace_seconds,
+        on_drain=[worker.close],
+        on_stopped=[release],
+    )

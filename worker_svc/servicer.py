@@ -1,0 +1,132 @@
+"""WorkerService over gRPC: translates quarry.v1 messages to Worker calls and back."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from quarry.convert import role_from_proto, role_to_proto, timestamp
+from quarry.errors import NotFound
+from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from worker_svc.model import DelegationRequest, ErrorCode, Event, Outcome, Progress, Started
+from worker_svc.worker import Worker
+
+_ERROR_CODES: dict[ErrorCode, worker_pb2.DelegationErrorCode.ValueType] = {
+    ErrorCode.PROVIDER_ERROR: worker_pb2.DELEGATION_ERROR_CODE_PROVIDER_ERROR,
+    ErrorCode.TURN_BUDGET_EXHAUSTED: worker_pb2.DELEGATION_ERROR_CODE_TURN_BUDGET_EXHAUSTED,
+    ErrorCode.TOKEN_BUDGET_EXHAUSTED: worker_pb2.DELEGATION_ERROR_CODE_TOKEN_BUDGET_EXHAUSTED,
+    ErrorCode.DEADLINE_EXCEEDED: worker_pb2.DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED,
+    ErrorCode.CANCELLED: worker_pb2.DELEGATION_ERROR_CODE_CANCELLED,
+    ErrorCode.INTERNAL: worker_pb2.DELEGATION_ERROR_CODE_INTERNAL,
+}
+_PROGRESS_KINDS: dict[str, worker_pb2.ProgressKind.ValueType] = {
+    "turn": worker_pb2.PROGRESS_KIND_TURN_STARTED,
+    "tool": worker_pb2.PROGRESS_KIND_TOOL_CALLED,
+    "appended": worker_pb2.PROGRESS_KIND_SCRATCHPAD_APPENDED,
+}
+
+
+def request_from_proto(request: worker_pb2.DelegateRequest) -> DelegationRequest:
+    budget = request.budget
+    return DelegationRequest(
+        delegation_id=request.delegation_id,
+        run_id=request.run_id,
+        tool_call_id=request.tool_call_id,
+        scratchpad_thread_id=request.scratchpad_thread_id,
+        objective=request.task.objective,
+        criteria=tuple(request.task.criteria),
+        input_refs=tuple(request.task.input_refs),
+        role=role_from_proto(request.role),
+        max_turns=budget.max_turns,
+        timeout_seconds=budget.timeout.ToTimedelta().total_seconds() if budget.HasField("timeout") else 0.0,
+        max_tokens=budget.max_tokens,
+    )
+
+
+def result_to_proto(outcome: Outcome) -> worker_pb2.DelegationResult:
+    result = worker_pb2.DelegationResult(
+        delegation_id=outcome.delegation_id,
+        outcome=worker_pb2.DELEGATION_OUTCOME_SUCCEEDED if outcome.succeeded else worker_pb2.DELEGATION_OUTCOME_FAILED,
+        summary=outcome.summary,
+        promoted_sequence_nos=list(outcome.promoted),
+        turns_used=outcome.turns,
+        usage=common_pb2.Usage(
+            input_tokens=outcome.input_tokens,
+            output_tokens=outcome.output_tokens,
+            model_calls=outcome.model_calls,
+            tool_calls=outcome.tool_calls,
+        ),
+        conversation_id=outcome.conversation_id,
+        tool_call_id=outcome.tool_call_id,
+    )
+    if not outcome.succeeded:
+        code = _ERROR_CODES[outcome.error_code] if outcome.error_code else worker_pb2.DELEGATION_ERROR_CODE_INTERNAL
+        result.error.CopyFrom(worker_pb2.DelegationError(code=code, message=outcome.error_message))
+    return result
+
+
+def event_to_proto(event: Event) -> worker_pb2.DelegateResponse:
+    if isinstance(event, Started):
+        return worker_pb2.DelegateResponse(
+            started=worker_pb2.DelegationStarted(
+                delegation_id=event.delegation_id, conversation_id=event.conversation_id
+            )
+        )
+    if isinstance(event, Progress):
+        return worker_pb2.DelegateResponse(
+            progress=worker_pb2.DelegationProgress(
+                delegation_id=event.delegation_id,
+                turn=event.turn,
+                max_turns=event.max_turns,
+                kind=_PROGRESS_KINDS[event.kind],
+                summary=event.summary,
+                tool_name=event.tool_name,
+                scratchpad_sequence_no=event.sequence_no,
+            )
+        )
+    return worker_pb2.DelegateResponse(result=result_to_proto(event))
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+
+    async def Delegate(
+        self, request: worker_pb2.DelegateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[worker_pb2.DelegateResponse]:
+        events = await self._worker.delegate(request_from_proto(request))
+        async for event in events:
+            yield event_to_proto(event)
+
+    async def GetDelegation(
+        self, request: worker_pb2.GetDelegationRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> worker_pb2.GetDelegationResponse:
+        record = await self._worker.get(request.delegation_id)
+        if record is None:
+            raise NotFound("delegation", request.delegation_id, field="delegation_id")
+        states = {
+            "running": worker_pb2.DELEGATION_STATE_RUNNING,
+            "succeeded": worker_pb2.DELEGATION_STATE_SUCCEEDED,
+            "failed": worker_pb2.DELEGATION_STATE_FAILED,
+        }
+        delegation = worker_pb2.Delegation(
+            delegation_id=record.delegation_id,
+            run_id=record.run_id,
+            conversation_id=record.conversation_id,
+            scratchpad_thread_id=record.scratchpad_thread_id,
+            role=role_to_proto(record.role),
+            task=worker_pb2.ResearchTask(
+                objective=record.objective, criteria=list(record.criteria), input_refs=list(record.input_refs)
+            ),
+            state=states[record.state],
+            create_time=timestamp(record.create_time),
+            last_error=record.last_error,
+            tool_call_id=record.tool_call_id,
+        )
+        if record.outcome is not None:
+            delegation.result.CopyFrom(result_to_proto(record.outcome))
+        if record.end_time is not None:
+            delegation.end_time.CopyFrom(timestamp(record.end_time))
+        return worker_pb2.GetDelegationResponse(delegation=delegation)

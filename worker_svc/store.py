@@ -1,0 +1,95 @@
+"""Delegation records: what ran, its state, last_error and timestamps, and its recorded outcome."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from quarry.db import Database
+from quarry.errors import FailedPrecondition
+from quarry.identity import Role
+from worker_svc.model import DelegationRecord, DelegationRequest, Outcome
+from worker_svc.schema import delegations
+
+
+def _record(row: sa.Row[Any]) -> DelegationRecord:
+    outcome = (
+        Outcome.from_json(row.delegation_id, row.tool_call_id, row.conversation_id, row.result)
+        if row.result is not None
+        else None
+    )
+    return DelegationRecord(
+        delegation_id=row.delegation_id,
+        run_id=row.run_id,
+        tool_call_id=row.tool_call_id,
+        conversation_id=row.conversation_id,
+        scratchpad_thread_id=row.scratchpad_thread_id,
+        role=Role(row.role),
+        objective=row.task["objective"],
+        criteria=tuple(row.task["criteria"]),
+        input_refs=tuple(row.task["input_refs"]),
+        state=row.state,
+        outcome=outcome,
+        last_error=row.last_error,
+        create_time=row.create_time,
+        end_time=row.end_time,
+    )
+
+
+class DelegationStore:
+    def __init__(self, database: Database) -> None:
+        self._db = database
+
+    async def get(self, delegation_id: str) -> DelegationRecord | None:
+        def work(connection: Connection) -> DelegationRecord | None:
+            row = connection.execute(sa.select(delegations).where(delegations.c.delegation_id == delegation_id)).first()
+            return _record(row) if row is not None else None
+
+        return await self._db.read(work)
+
+    async def start(self, request: DelegationRequest, conversation_id: str) -> None:
+        """Record a delegation as running; a second start of the same id is refused."""
+        assert request.role is not None
+        row = {
+            "delegation_id": request.delegation_id,
+            "run_id": request.run_id,
+            "tool_call_id": request.tool_call_id,
+            "conversation_id": conversation_id,
+            "scratchpad_thread_id": request.scratchpad_thread_id,
+            "role": request.role.value,
+            "task": {
+                "objective": request.objective,
+                "criteria": list(request.criteria),
+                "input_refs": list(request.input_refs),
+            },
+            "state": "running",
+            "result": None,
+            "last_error": "",
+            "create_time": datetime.now(UTC),
+            "end_time": None,
+        }
+        try:
+            await self._db.write(lambda connection: connection.execute(delegations.insert().values(row)))
+        except IntegrityError:
+            raise FailedPrecondition(
+                f"delegation {request.delegation_id!r} is already running",
+                reason="DELEGATION_RUNNING",
+                metadata={"delegation_id": request.delegation_id},
+            ) from None
+
+    async def finish(self, outcome: Outcome) -> None:
+        values = {
+            "state": "succeeded" if outcome.succeeded else "failed",
+            "result": outcome.to_json(),
+            "last_error": "" if outcome.succeeded else f"{outcome.error_code}: {outcome.error_message}",
+            "end_time": datetime.now(UTC),
+        }
+        await self._db.write(
+            lambda connection: connection.execute(
+                delegations.update().where(delegations.c.delegation_id == outcome.delegation_id).values(values)
+            )
+        )

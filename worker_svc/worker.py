@@ -1,0 +1,251 @@
+"""Runs delegations: one bounded agent run per Delegate call, always ending in one Outcome.
+
+Each delegation gets a fresh conversation (never the scratchpad thread), the
+tools its role subscribes to, and hard bounds: turns, tokens and a deadline.
+The outcome is recorded before it is sent, so a repeated Delegate with the
+same delegation_id returns it without running again. A provider failure, an
+exhausted budget, a deadline and a cancellation are distinct failures, and a
+failure never carries the partial prose the model produced before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from quarry.agent.conversation import ConversationStore
+from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TokenBudgetExhausted, TurnBudgetExhausted
+from quarry.agent.messages import ToolCall, system, user
+from quarry.agent.model import ModelClient, ProviderError
+from quarry.agent.tools import ToolOutcome
+from quarry.errors import FieldViolation, InvalidArgument, ResourceExhausted
+from quarry.identity import Role
+from worker_svc.model import DelegationRecord, DelegationRequest, ErrorCode, Event, Outcome, Progress, Started
+from worker_svc.store import DelegationStore
+from worker_svc.tools import DelegationContext, tools_for
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TURNS = 8
+MAX_TURNS_LIMIT = 64
+MAX_OBJECTIVE_CHARS = 16_000
+_ID = re.compile(r"[\x21-\x7e]{1,256}")
+_THREAD_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+ROLE_CAPABILITIES: dict[Role, list[str]] = {
+    Role.RESEARCHER: ["web_search", "scratchpad"],
+    Role.VERIFIER: ["web_search", "scratchpad"],
+}
+
+ROLE_INSTRUCTIONS: dict[Role, str] = {
+    Role.RESEARCHER: (
+        "You are a research worker. Read the shared scratchpad first: it holds the task's seed and what other "
+        "workers found. Search, read pages, and verify. Promote only verified findings with append_scratchpad "
+        "(kind 'finding'), each citing pages you read in this task with excerpts quoted exactly. Add a 'marker' "
+        "or an 'acknowledgement' when the task asks for one. Finish with a short summary of what you promoted."
+    ),
+    Role.VERIFIER: (
+        "You are a verifier. Read the scratchpad, re-read the sources the findings cite, and record a 'verdict' "
+        "for each finding you checked, quoting the passage that supports or contradicts it. Finish with a short "
+        "summary of your verdicts."
+    ),
+}
+
+
+@dataclass(frozen=True)
+class WorkerLimits:
+    max_concurrent: int = 64
+    default_timeout_seconds: float = 600.0
+    context_tokens: int = 96_000
+
+
+def validate(request: DelegationRequest) -> None:
+    violations: list[FieldViolation] = []
+    for name in ("delegation_id", "run_id"):
+        value = getattr(request, name)
+        if not _ID.fullmatch(value):
+            violations.append(FieldViolation(name, "required: 1-256 printable ASCII characters without spaces"))
+    if request.tool_call_id and not _ID.fullmatch(request.tool_call_id):
+        violations.append(FieldViolation("tool_call_id", "1-256 printable ASCII characters without spaces"))
+    if not _THREAD_ID.fullmatch(request.scratchpad_thread_id):
+        violations.append(FieldViolation("scratchpad_thread_id", "required: a scratchpad thread id"))
+    if not request.objective.strip():
+        violations.append(FieldViolation("task.objective", "required"))
+    elif len(request.objective) > MAX_OBJECTIVE_CHARS:
+        violations.append(FieldViolation("task.objective", f"at most {MAX_OBJECTIVE_CHARS} characters"))
+    if request.role not in ROLE_CAPABILITIES:
+        roles = ", ".join(f"ROLE_{role.name}" for role in ROLE_CAPABILITIES)
+        violations.append(FieldViolation("role", f"a worker runs one of: {roles}"))
+    if not 0 <= request.max_turns <= MAX_TURNS_LIMIT:
+        violations.append(FieldViolation("budget.max_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)"))
+    if request.timeout_seconds < 0:
+        violations.append(FieldViolation("budget.timeout", "must not be negative"))
+    if request.max_tokens < 0:
+        violations.append(FieldViolation("budget.max_tokens", "must not be negative"))
+    if violations:
+        raise InvalidArgument(violations)
+
+
+def task_message(request: DelegationRequest) -> str:
+    parts = [f"Task: {request.objective}"]
+    if request.criteria:
+        parts.append("Criteria:\n" + "\n".join(f"- {c}" for c in request.criteria))
+    if request.input_refs:
+        parts.append("Inputs:\n" + "\n".join(f"- {r}" for r in request.input_refs))
+    return "\n\n".join(parts)
+
+
+class _Progress(LoopObserver):
+    """Turns loop callbacks into Progress events on the delegation's queue."""
+
+    def __init__(self, delegation_id: str, context: DelegationContext, queue: asyncio.Queue[Event]) -> None:
+        self._id = delegation_id
+        self._context = context
+        self._queue = queue
+        self._reported = 0
+        self.max_turns = 0
+        self.tool_calls = 0
+
+    async def turn_started(self, turn: int, max_turns: int) -> None:
+        self.max_turns = max_turns
+        await self._queue.put(Progress(self._id, turn, max_turns, "turn", f"turn {turn} of {max_turns}"))
+
+    async def tool_called(self, turn: int, call: ToolCall) -> None:
+        self.tool_calls += 1
+        await self._queue.put(Progress(self._id, turn, self.max_turns, "tool", f"calling {call.name}", call.name))
+
+    async def tool_finished(self, turn: int, outcome: ToolOutcome) -> None:
+        while self._reported < len(self._context.promoted):
+            sequence_no = self._context.promoted[self._reported]
+            self._reported += 1
+            await self._queue.put(
+                Progress(self._id, turn, self.max_turns, "appended", f"scratchpad entry {sequence_no}", "", sequence_no)
+            )
+
+
+class Worker:
+    def __init__(
+        self,
+        *,
+        model: ModelClient,
+        conversations: ConversationStore,
+        delegations: DelegationStore,
+        context_for: Callable[[DelegationRequest], DelegationContext],
+        limits: WorkerLimits,
+    ) -> None:
+        self._model = model
+        self._conversations = conversations
+        self._delegations = delegations
+        self._context_for = context_for
+        self._limits = limits
+        self._running: dict[str, asyncio.Task[Outcome]] = {}
+
+    async def get(self, delegation_id: str) -> DelegationRecord | None:
+        return await self._delegations.get(delegation_id)
+
+    async def delegate(self, request: DelegationRequest) -> AsyncIterator[Event]:
+        """Check the request, then return its event stream; the stream's last event is its Outcome."""
+        validate(request)
+        existing = await self._delegations.get(request.delegation_id)
+        if existing is not None and existing.outcome is not None:
+            return _replay(existing)
+        if len(self._running) >= self._limits.max_concurrent:
+            raise ResourceExhausted(
+                f"this worker already runs {self._limits.max_concurrent} delegations; try another worker or later",
+                reason="TOO_MANY_DELEGATIONS",
+            )
+        conversation_id = f"conv-{uuid.uuid4()}"
+        await self._delegations.start(request, conversation_id)  # refuses a delegation_id already running
+        return self._stream(request, conversation_id)
+
+    async def _stream(self, request: DelegationRequest, conversation_id: str) -> AsyncIterator[Event]:
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        task = asyncio.create_task(self._execute(request, conversation_id, queue))
+        self._running[request.delegation_id] = task
+        task.add_done_callback(lambda _: self._running.pop(request.delegation_id, None))
+        try:
+            yield Started(request.delegation_id, conversation_id)
+            while True:
+                event = await queue.get()
+                yield event
+                if isinstance(event, Outcome):
+                    return
+        finally:
+            if not task.done():  # the caller went away: cancel the model call and the tools too
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(task)
+
+    async def _execute(self, request: DelegationRequest, conversation_id: str, queue: asyncio.Queue[Event]) -> Outcome:
+        assert request.role is not None
+        context = self._context_for(request)
+        observer = _Progress(request.delegation_id, context, queue)
+        limits = LoopLimits(
+            max_turns=request.max_turns or DEFAULT_MAX_TURNS,
+            max_tokens=request.max_tokens,
+            context_tokens=self._limits.context_tokens,
+        )
+        tools = tools_for(ROLE_CAPABILITIES[request.role])
+        run = AgentRun(self._model, tools, self._conversations, conversation_id, limits, observer)
+        timeout = request.timeout_seconds or self._limits.default_timeout_seconds
+
+        def ended(code: ErrorCode | None, message: str = "", summary: str = "") -> Outcome:
+            return Outcome(
+                delegation_id=request.delegation_id,
+                tool_call_id=request.tool_call_id,
+                conversation_id=conversation_id,
+                succeeded=code is None,
+                summary=summary if code is None else "",  # partial prose is never a result
+                error_code=code,
+                error_message=message,
+                promoted=tuple(context.promoted),
+                turns=run.turns,
+                input_tokens=run.usage.input_tokens,
+                output_tokens=run.usage.output_tokens,
+                model_calls=run.turns,
+                tool_calls=observer.tool_calls,
+            )
+
+        try:
+            await self._conversations.create(conversation_id)
+            await self._conversations.append(
+                conversation_id, [system(ROLE_INSTRUCTIONS[request.role]), user(task_message(request))]
+            )
+            async with asyncio.timeout(timeout):
+                answer = await run.run(context)
+            outcome = ended(None, summary=answer)
+        except TurnBudgetExhausted as error:
+            outcome = ended(ErrorCode.TURN_BUDGET_EXHAUSTED, str(error))
+        except TokenBudgetExhausted as error:
+            outcome = ended(ErrorCode.TOKEN_BUDGET_EXHAUSTED, str(error))
+        except ProviderError as error:
+            outcome = ended(ErrorCode.PROVIDER_ERROR, str(error))
+        except TimeoutError:
+            outcome = ended(ErrorCode.DEADLINE_EXCEEDED, f"the delegation ran past its {timeout:g} s deadline")
+        except asyncio.CancelledError:
+            await asyncio.shield(self._delegations.finish(ended(ErrorCode.CANCELLED, "the delegation was cancelled")))
+            raise
+        except Exception as error:
+            log.exception("delegation %s failed", request.delegation_id)
+            outcome = ended(ErrorCode.INTERNAL, f"the worker failed: {type(error).__name__}")
+        await self._delegations.finish(outcome)  # recorded before it is reported
+        await queue.put(outcome)
+        return outcome
+
+    async def close(self) -> None:
+        """Cancel every running delegation; each records a cancelled outcome."""
+        tasks = list(self._running.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _replay(record: DelegationRecord) -> AsyncIterator[Event]:
+    assert record.outcome is not None
+    yield Started(record.delegation_id, record.conversation_id)
+    yield record.outcome
