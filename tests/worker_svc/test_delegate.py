@@ -1,0 +1,224 @@
+"""WorkerService.Delegate over real gRPC: one correlated result, honest failures, bounds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2
+
+from quarry.client import ScratchpadClient, insecure_channel
+from quarry.config import QuarrySettings, ScratchpadSettings, WorkerSettings
+from quarry.v1 import common_pb2, scratchpad_pb2, worker_pb2, worker_pb2_grpc
+from scratchpad_svc.service import build_host as build_scratchpad
+from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel, Stall
+from tests.fakes.web_server import FixtureWeb
+from worker_svc.service import build_host as build_worker
+
+
+@dataclass
+class Mesh:
+    model: ScriptedModel
+    site: FixtureWeb
+    worker: worker_pb2_grpc.WorkerServiceStub
+    scratchpad: ScratchpadClient
+    thread_id: str
+
+    def request(self, delegation_id: str = "run-1:call-1", **budget: object) -> worker_pb2.DelegateRequest:
+        return worker_pb2.DelegateRequest(
+            delegation_id=delegation_id,
+            run_id="run-1",
+            tool_call_id=delegation_id.split(":")[-1],
+            scratchpad_thread_id=self.thread_id,
+            task=worker_pb2.ResearchTask(objective="Find the height of the Eiffel Tower.", criteria=["cite a source"]),
+            role=common_pb2.ROLE_RESEARCHER,
+            budget=worker_pb2.DelegationBudget(**budget),  # type: ignore[arg-type]
+        )
+
+    async def delegate(self, request: worker_pb2.DelegateRequest) -> list[worker_pb2.DelegateResponse]:
+        return [response async for response in self.worker.Delegate(request, timeout=60)]
+
+
+@pytest.fixture
+async def mesh(tmp_path: Path) -> AsyncIterator[Mesh]:
+    model, site = ScriptedModel(), FixtureWeb()
+    await model.start()
+    await site.start()
+    common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=2)
+    scratchpad_host = await build_scratchpad(ScratchpadSettings(address="127.0.0.1:0"), common)
+    async with scratchpad_host:
+        worker_host = await build_worker(
+            WorkerSettings(
+                address="127.0.0.1:0",
+                scratchpad_address=scratchpad_host.address,
+                model_base_url=model.base_url,
+                model_name="scripted",
+                search_backend="searxng",
+                searxng_url=site.base_url,
+                fetch_allow=f"127.0.0.1:{site.port}",
+                max_concurrent_delegations=2,
+            ),
+            common,
+        )
+        async with (
+            worker_host,
+            insecure_channel(worker_host.address) as worker_channel,
+            insecure_channel(scratchpad_host.address) as scratchpad_channel,
+        ):
+            scratchpad = ScratchpadClient(scratchpad_channel)
+            thread = await scratchpad.create_thread(title="eiffel")
+            await scratchpad.append(
+                thread.thread_id,
+                kind=scratchpad_pb2.ENTRY_KIND_SEED,
+                author=common_pb2.Principal(principal_id="supervisor", role=common_pb2.ROLE_SUPERVISOR),
+                content="Find the height of the Eiffel Tower.",
+            )
+            yield Mesh(model, site, worker_pb2_grpc.WorkerServiceStub(worker_channel), scratchpad, thread.thread_id)
+    await model.stop()
+    await site.stop()
+
+
+def finding(url: str) -> dict[str, object]:
+    return {
+        "kind": "finding",
+        "content": "The Eiffel Tower is 330 m tall.",
+        "sources": [{"url": url, "title": "The Eiffel Tower", "excerpt": "The tower is 330 metres tall"}],
+    }
+
+
+async def test_a_delegation_streams_progress_and_ends_in_one_result(mesh: Mesh) -> None:
+    article = f"{mesh.site.base_url}/article.html"
+    mesh.model.script(
+        Reply(calls=(Call("read_scratchpad", {}, "a"), Call("perform_web_search", {"query": "eiffel tower"}, "b"))),
+        Reply(calls=(Call("read_web_page", {"url": article}, "c"),)),
+        Reply(calls=(Call("append_scratchpad", finding(article), "d"),)),
+        Reply(content="Promoted entry 2: the tower is 330 m tall."),
+    )
+    events = await mesh.delegate(mesh.request())
+    kinds = [event.WhichOneof("event") for event in events]
+    assert kinds[0] == "started" and kinds[-1] == "result" and kinds.count("result") == 1
+    result = events[-1].result
+    assert result.delegation_id == "run-1:call-1" and result.tool_call_id == "call-1"
+    assert result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED
+    assert result.summary == "Promoted entry 2: the tower is 330 m tall."
+    assert list(result.promoted_sequence_nos) == [2]
+    assert result.turns_used == 4 and result.usage.input_tokens == 40
+    conversation_id = events[0].started.conversation_id
+    assert conversation_id and conversation_id != mesh.thread_id and result.conversation_id == conversation_id
+    progress = [e.progress for e in events if e.WhichOneof("event") == "progress"]
+    assert [(p.turn, p.max_turns) for p in progress if p.kind == worker_pb2.PROGRESS_KIND_TURN_STARTED] == [
+        (1, 8),
+        (2, 8),
+        (3, 8),
+        (4, 8),
+    ]
+    assert [p.tool_name for p in progress if p.kind == worker_pb2.PROGRESS_KIND_TOOL_CALLED] == [
+        "read_scratchpad",
+        "perform_web_search",
+        "read_web_page",
+        "append_scratchpad",
+    ]
+    assert [p.scratchpad_sequence_no for p in progress if p.kind == worker_pb2.PROGRESS_KIND_SCRATCHPAD_APPENDED] == [2]
+    # The conversation stayed private: the scratchpad holds the seed and the finding only.
+    entries = await mesh.scratchpad.read_all(mesh.thread_id)
+    assert [e.kind for e in entries] == [scratchpad_pb2.ENTRY_KIND_SEED, scratchpad_pb2.ENTRY_KIND_FINDING]
+    assert entries[1].author.principal_id == "run-1:call-1"
+
+    recorded = (
+        await mesh.worker.GetDelegation(worker_pb2.GetDelegationRequest(delegation_id="run-1:call-1"))
+    ).delegation
+    assert recorded.state == worker_pb2.DELEGATION_STATE_SUCCEEDED and recorded.result == result
+    assert recorded.end_time.seconds >= recorded.create_time.seconds > 0
+
+    # A repeated Delegate returns the recorded result without running again.
+    requests_before = len(mesh.model.requests)
+    again = await mesh.delegate(mesh.request())
+    assert again[-1].result == result and len(mesh.model.requests) == requests_before
+
+
+async def test_provider_failure_after_partial_text_is_a_failed_result_without_the_text(mesh: Mesh) -> None:
+    article = f"{mesh.site.base_url}/article.html"
+    mesh.model.script(
+        Reply(calls=(Call("read_web_page", {"url": article}, "a"),)),
+        Reply(calls=(Call("append_scratchpad", finding(article), "b"),)),
+        DropAfter("The Eiffel Tower is 33"),
+    )
+    events = await mesh.delegate(mesh.request())
+    result = events[-1].result
+    assert result.outcome == worker_pb2.DELEGATION_OUTCOME_FAILED
+    assert result.error.code == worker_pb2.DELEGATION_ERROR_CODE_PROVIDER_ERROR
+    assert result.summary == "" and "33" not in str(events)
+    assert list(result.promoted_sequence_nos) == [2], "entries promoted before the failure stay and are listed"
+    recorded = (
+        await mesh.worker.GetDelegation(worker_pb2.GetDelegationRequest(delegation_id="run-1:call-1"))
+    ).delegation
+    assert recorded.state == worker_pb2.DELEGATION_STATE_FAILED
+    assert recorded.last_error.startswith("provider_error")
+
+
+async def test_turn_budget_and_deadline_are_distinct_failures(mesh: Mesh) -> None:
+    mesh.model.script(*[Reply(calls=(Call("read_scratchpad", {}, f"c{i}"),)) for i in range(3)])
+    turns = await mesh.delegate(mesh.request("run-1:turns", max_turns=3))
+    assert turns[-1].result.error.code == worker_pb2.DELEGATION_ERROR_CODE_TURN_BUDGET_EXHAUSTED
+    assert turns[-1].result.turns_used == 3
+
+    mesh.model.script(Stall(30))
+    deadline = await mesh.delegate(mesh.request("run-1:slow", timeout=duration_pb2.Duration(seconds=1)))
+    assert deadline[-1].result.error.code == worker_pb2.DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED
+
+
+async def test_a_cancelled_stream_cancels_the_delegation(mesh: Mesh) -> None:
+    mesh.model.script(Stall(30))
+    call = mesh.worker.Delegate(mesh.request("run-1:cancel"))
+    assert (await call.read()).WhichOneof("event") == "started"
+    assert (await call.read()).progress.kind == worker_pb2.PROGRESS_KIND_TURN_STARTED
+    call.cancel()
+    for _ in range(200):
+        recorded = (
+            await mesh.worker.GetDelegation(worker_pb2.GetDelegationRequest(delegation_id="run-1:cancel"))
+        ).delegation
+        if recorded.state != worker_pb2.DELEGATION_STATE_RUNNING:
+            break
+        await asyncio.sleep(0.05)
+    assert recorded.state == worker_pb2.DELEGATION_STATE_FAILED
+    assert recorded.result.error.code == worker_pb2.DELEGATION_ERROR_CODE_CANCELLED
+
+
+async def test_too_many_delegations_is_resource_exhausted(mesh: Mesh) -> None:
+    mesh.model.script(Stall(30), Stall(30))
+    calls = [mesh.worker.Delegate(mesh.request(f"run-1:busy-{i}")) for i in range(2)]
+    for call in calls:
+        await call.read()
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await mesh.delegate(mesh.request("run-1:one-too-many"))
+    assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    for call in calls:
+        call.cancel()
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"delegation_id": ""}, "delegation_id"),
+        ({"run_id": "has space"}, "run_id"),
+        ({"scratchpad_thread_id": "Not-A-Thread"}, "scratchpad_thread_id"),
+        ({"task": worker_pb2.ResearchTask(objective="  ")}, "task.objective"),
+        ({"role": common_pb2.ROLE_SUPERVISOR}, "role"),
+        ({"budget": worker_pb2.DelegationBudget(max_turns=1000)}, "budget.max_turns"),
+    ],
+)
+async def test_bad_requests_are_invalid_argument(mesh: Mesh, change: dict[str, object], field: str) -> None:
+    request = mesh.request()
+    for name, value in change.items():
+        if isinstance(value, worker_pb2.ResearchTask | worker_pb2.DelegationBudget):
+            getattr(request, name).CopyFrom(value)
+        else:
+            setattr(request, name, value)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await mesh.delegate(request)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in (raised.value.details() or "")
