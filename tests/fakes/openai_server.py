@@ -14,6 +14,7 @@ import contextlib
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,8 @@ class Reply:
     output_tokens: int = 5
     # How many pieces the content is streamed in.
     chunks: int = 3
+    # Seconds to "think" before the first byte.
+    delay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,10 @@ Step = Reply | HttpError | Stall | DropAfter
 @dataclass
 class ScriptedModel:
     steps: deque[Step] = field(default_factory=deque)
+    # Chooses the answer, from the request, once the script is used up (benchmarks).
+    default: Callable[[dict[str, Any]], Step] | None = None
+    # Seconds spent answering each request, measured here (the model's share of a run).
+    service_times: list[float] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     request_times: list[float] = field(default_factory=list)
     base_url: str = ""
@@ -98,9 +105,22 @@ class ScriptedModel:
         body = await request.json()
         self.requests.append(body)
         self.request_times.append(time.monotonic())
-        if not self.steps:
+        started = time.perf_counter()
+        try:
+            return await self._answer(request, body)
+        finally:
+            self.service_times.append(time.perf_counter() - started)
+
+    async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        if not self.steps and self.default is None:
             return web.json_response({"error": {"message": "the script has no more steps"}}, status=500)
-        step = self.steps.popleft()
+        if self.steps:
+            step = self.steps.popleft()
+        else:
+            assert self.default is not None
+            step = self.default(body)
+        if isinstance(step, Reply) and step.delay:
+            await asyncio.sleep(step.delay)
         if isinstance(step, HttpError):
             headers = {"retry-after": step.retry_after} if step.retry_after is not None else {}
             return web.json_response({"error": {"message": step.message}}, status=step.status, headers=headers)

@@ -1,0 +1,168 @@
+"""Worker benchmark: mesh overhead per turn and per delegation, and concurrent delegations per process.
+
+    python3 bench/worker.py [--delegations 40] [--concurrent 200] [--latency 0.5]
+
+Starts `quarry serve scratchpad` and `quarry serve worker` as their own
+processes (SQLite), with the scripted OpenAI-compatible model in this process.
+  - Overhead: sequential delegations of two turns each (read_scratchpad, then
+    the answer) against a model that answers at once. Overhead = the
+    Delegate call's wall time minus the time the model server spent answering,
+    divided per delegation and per turn.
+  - Concurrency: N delegations at once against a model that takes `latency`
+    seconds per turn; reports how many succeeded, the wall time, and the
+    worker's peak RSS.
+Prints figures only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from quarry.client import ScratchpadClient, insecure_channel
+from quarry.launcher import serve_command
+from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def start(name: str, env: dict[str, str], workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port_file = workdir / f"{name}.addr"
+    process = subprocess.Popen(serve_command(name, port_file, address="127.0.0.1:0"), env={**os.environ, **env})
+    for _ in range(600):
+        if port_file.exists():
+            return process, port_file.read_text().strip()
+        if process.poll() is not None:
+            break
+        time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(f"{name} did not start")
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def two_turns(latency: float) -> Any:
+    def answer(body: dict[str, Any]) -> Step:
+        if body["messages"][-1]["role"] == "tool":
+            return Reply(content="done", delay=latency)
+        return Reply(calls=(Call("read_scratchpad", {}),), delay=latency)
+
+    return answer
+
+
+async def delegate(
+    stub: worker_pb2_grpc.WorkerServiceStub, thread_id: str, delegation_id: str
+) -> worker_pb2.DelegationResult:
+    request = worker_pb2.DelegateRequest(
+        delegation_id=delegation_id,
+        run_id="bench",
+        tool_call_id=delegation_id,
+        scratchpad_thread_id=thread_id,
+        task=worker_pb2.ResearchTask(objective="Read the scratchpad and report."),
+        role=common_pb2.ROLE_RESEARCHER,
+    )
+    result = None
+    async for event in stub.Delegate(request, timeout=600):
+        if event.WhichOneof("event") == "result":
+            result = event.result
+    assert result is not None
+    return result
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    model = ScriptedModel()
+    await model.start()
+    with tempfile.TemporaryDirectory() as workdir_name:
+        workdir = Path(workdir_name)
+        env = {"QUARRY_DATA_DIR": str(workdir), "QUARRY_LOG_LEVEL": "WARNING"}
+        scratchpad, scratchpad_address = start("scratchpad", env, workdir)
+        worker, worker_address = start(
+            "worker",
+            {
+                **env,
+                "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad_address,
+                "QUARRY_WORKER_MODEL_BASE_URL": model.base_url,
+                "QUARRY_WORKER_MODEL_NAME": "scripted",
+                "QUARRY_WORKER_MAX_CONCURRENT_DELEGATIONS": str(args.concurrent + 10),
+            },
+            workdir,
+        )
+        try:
+            async with (
+                insecure_channel(scratchpad_address) as sp_channel,
+                grpc.aio.insecure_channel(worker_address) as channel,
+            ):
+                thread = await ScratchpadClient(sp_channel).create_thread(title="bench")
+                stub = worker_pb2_grpc.WorkerServiceStub(channel)
+
+                model.default = two_turns(0.0)
+                await delegate(stub, thread.thread_id, "warm-up")
+                per_delegation: list[float] = []
+                for index in range(args.delegations):
+                    model.service_times.clear()
+                    started = time.perf_counter()
+                    result = await delegate(stub, thread.thread_id, f"seq-{index}")
+                    elapsed = time.perf_counter() - started
+                    assert result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED, result
+                    per_delegation.append((elapsed - sum(model.service_times)) * 1000)
+                per_turn = [value / 2 for value in per_delegation]
+                print(f"mesh overhead, {args.delegations} sequential delegations of 2 turns, zero-latency model:")
+                for label, values in (("per delegation", per_delegation), ("per turn", per_turn)):
+                    p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
+                    print(f"  {label}: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+
+                model.default = two_turns(args.latency)
+                started = time.perf_counter()
+                results = await asyncio.gather(
+                    *(delegate(stub, thread.thread_id, f"par-{index}") for index in range(args.concurrent)),
+                    return_exceptions=True,
+                )
+                elapsed = time.perf_counter() - started
+                succeeded = sum(
+                    1
+                    for r in results
+                    if isinstance(r, worker_pb2.DelegationResult)
+                    and r.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED
+                )
+                print(
+                    f"{args.concurrent} concurrent delegations, {args.latency * 1000:.0f} ms per model turn (2 turns): "
+                    f"{succeeded} succeeded in {elapsed:.2f} s (ideal {2 * args.latency:.2f} s); "
+                    f"worker peak RSS {peak_rss_mib(worker.pid):.0f} MiB"
+                )
+        finally:
+            for process in (worker, scratchpad):
+                process.terminate()
+                process.wait(30)
+    await model.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--delegations", type=int, default=40)
+    parser.add_argument("--concurrent", type=int, default=200)
+    parser.add_argument("--latency", type=float, default=0.5)
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
