@@ -9,6 +9,7 @@ the model can read and act on. Only cancellation escapes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -38,13 +39,15 @@ class Tool(Generic[Params, Context]):
     run: Callable[[Params, Context], Awaitable[str]]
 
     def schema(self) -> dict[str, Any]:
-        """The OpenAI function-tool declaration."""
-        parameters = self.parameters.model_json_schema()
-        parameters.pop("title", None)
-        return {
-            "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": parameters},
-        }
+        """The OpenAI function-tool declaration (built once per tool: pydantic's schema generation is slow)."""
+        return _declaration(self.name, self.description, self.parameters)
+
+
+@functools.cache
+def _declaration(name: str, description: str, parameters: type[BaseModel]) -> dict[str, Any]:
+    schema = parameters.model_json_schema()
+    schema.pop("title", None)
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
 
 
 @dataclass(frozen=True)
