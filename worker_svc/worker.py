@@ -144,6 +144,7 @@ class Worker:
         self._context_for = context_for
         self._limits = limits
         self._running: dict[str, asyncio.Task[Outcome]] = {}
+        self._admitting = 0
 
     async def get(self, delegation_id: str) -> DelegationRecord | None:
         return await self._delegations.get(delegation_id)
@@ -154,20 +155,26 @@ class Worker:
         existing = await self._delegations.get(request.delegation_id)
         if existing is not None and existing.outcome is not None:
             return _replay(existing)
-        if len(self._running) >= self._limits.max_concurrent:
+        if len(self._running) + self._admitting >= self._limits.max_concurrent:
             raise ResourceExhausted(
                 f"this worker already runs {self._limits.max_concurrent} delegations; try another worker or later",
                 reason="TOO_MANY_DELEGATIONS",
             )
         conversation_id = f"conv-{uuid.uuid4()}"
-        await self._delegations.start(request, conversation_id)  # refuses a delegation_id already running
-        return self._stream(request, conversation_id)
-
-    async def _stream(self, request: DelegationRequest, conversation_id: str) -> AsyncIterator[Event]:
+        self._admitting += 1  # holds the slot across the await, so concurrent calls cannot overshoot
+        try:
+            await self._delegations.start(request, conversation_id)  # refuses a delegation_id already running
+        finally:
+            self._admitting -= 1
         queue: asyncio.Queue[Event] = asyncio.Queue()
         task = asyncio.create_task(self._execute(request, conversation_id, queue))
         self._running[request.delegation_id] = task
         task.add_done_callback(lambda _: self._running.pop(request.delegation_id, None))
+        return self._stream(request, conversation_id, task, queue)
+
+    async def _stream(
+        self, request: DelegationRequest, conversation_id: str, task: asyncio.Task[Outcome], queue: asyncio.Queue[Event]
+    ) -> AsyncIterator[Event]:
         try:
             yield Started(request.delegation_id, conversation_id)
             while True:
