@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,8 @@ class Mesh:
 
 
 @pytest.fixture
-async def mesh(tmp_path: Path) -> AsyncIterator[Mesh]:
+async def mesh(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Mesh]:
+    native_tools = getattr(request, "param", True)
     model, site = ScriptedModel(), FixtureWeb()
     await model.start()
     await site.start()
@@ -61,6 +63,7 @@ async def mesh(tmp_path: Path) -> AsyncIterator[Mesh]:
                 searxng_url=site.base_url,
                 fetch_allow=f"127.0.0.1:{site.port}",
                 max_concurrent_delegations=2,
+                model_native_tools=native_tools,
             ),
             common,
         )
@@ -222,3 +225,23 @@ async def test_bad_requests_are_invalid_argument(mesh: Mesh, change: dict[str, o
         await mesh.delegate(request)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert field in (raised.value.details() or "")
+
+
+@pytest.mark.parametrize("mesh", [False], indirect=True)
+async def test_text_tool_protocol_end_to_end_for_a_model_without_native_tools(mesh: Mesh) -> None:
+    article = f"{mesh.site.base_url}/article.html"
+    read = json.dumps({"name": "read_web_page", "arguments": {"url": article}})
+    append = json.dumps({"name": "append_scratchpad", "arguments": finding(article)})
+    example = '```\n<tool_call>{"name": "ignored"}</tool_call>\n```'
+    mesh.model.script(
+        Reply(content=f"Reading the page.\n<tool_call>{read}</tool_call>"),
+        Reply(content=f"Promoting.\n{example}\n<tool_call>{append}</tool_call>"),
+        Reply(content="Done: entry 2."),
+    )
+    events = await mesh.delegate(mesh.request())
+    result = events[-1].result
+    assert result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED and list(result.promoted_sequence_nos) == [2]
+    assert all("tools" not in request for request in mesh.model.requests)
+    assert "<tool_call>" in mesh.model.requests[0]["messages"][0]["content"], "tools are taught in the system prompt"
+    tool_names = [e.progress.tool_name for e in events if e.progress.kind == worker_pb2.PROGRESS_KIND_TOOL_CALLED]
+    assert tool_names == ["read_web_page", "append_scratchpad"], "the fenced example was not executed"
