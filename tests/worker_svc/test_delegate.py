@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from quarry.client import ScratchpadClient, insecure_channel
 from quarry.config import QuarrySettings, ScratchpadSettings, WorkerSettings
 from quarry.v1 import common_pb2, scratchpad_pb2, worker_pb2, worker_pb2_grpc
 from scratchpad_svc.service import build_host as build_scratchpad
+from tests.conftest import ServiceProcess, start_service, stop_service
 from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel, Stall
 from tests.fakes.web_server import FixtureWeb
 from worker_svc.service import build_host as build_worker
@@ -44,33 +46,73 @@ class Mesh:
         return [response async for response in self.worker.Delegate(request, timeout=60)]
 
 
-@pytest.fixture
-async def mesh(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Mesh]:
-    native_tools = getattr(request, "param", True)
-    model, site = ScriptedModel(), FixtureWeb()
-    await model.start()
-    await site.start()
+IN_PROCESS = ("in-process", True)
+PROCESSES = pytest.param(("processes", True), marks=pytest.mark.slow, id="processes")
+
+
+def worker_settings(
+    model: ScriptedModel, site: FixtureWeb, scratchpad_address: str, native_tools: bool
+) -> dict[str, str]:
+    """The worker's configuration, as the environment variables a deployment would set."""
+    return {
+        "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad_address,
+        "QUARRY_WORKER_MODEL_BASE_URL": model.base_url,
+        "QUARRY_WORKER_MODEL_NAME": "scripted",
+        "QUARRY_WORKER_MODEL_NATIVE_TOOLS": str(native_tools).lower(),
+        "QUARRY_WORKER_SEARCH_BACKEND": "searxng",
+        "QUARRY_WORKER_SEARXNG_URL": site.base_url,
+        "QUARRY_WORKER_FETCH_ALLOW": f"127.0.0.1:{site.port}",
+        "QUARRY_WORKER_MAX_CONCURRENT_DELEGATIONS": "2",
+    }
+
+
+@asynccontextmanager
+async def in_process(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, native_tools: bool
+) -> AsyncIterator[tuple[str, str]]:
+    """Scratchpad and worker hosts in this process (fast; real gRPC over real sockets)."""
     common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=2)
     scratchpad_host = await build_scratchpad(ScratchpadSettings(address="127.0.0.1:0"), common)
     async with scratchpad_host:
-        worker_host = await build_worker(
-            WorkerSettings(
-                address="127.0.0.1:0",
-                scratchpad_address=scratchpad_host.address,
-                model_base_url=model.base_url,
-                model_name="scripted",
-                search_backend="searxng",
-                searxng_url=site.base_url,
-                fetch_allow=f"127.0.0.1:{site.port}",
-                max_concurrent_delegations=2,
-                model_native_tools=native_tools,
-            ),
-            common,
-        )
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in worker_settings(model, site, scratchpad_host.address, native_tools).items():
+                patch.setenv(name, value)
+            settings = WorkerSettings(address="127.0.0.1:0")
+        async with await build_worker(settings, common) as worker_host:
+            yield scratchpad_host.address, worker_host.address
+
+
+@asynccontextmanager
+async def processes(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, native_tools: bool
+) -> AsyncIterator[tuple[str, str]]:
+    """Scratchpad and worker as their own OS processes, configured through the environment."""
+    common = {"QUARRY_DATA_DIR": str(tmp_path), "QUARRY_LOG_LEVEL": "WARNING", "QUARRY_SHUTDOWN_GRACE_SECONDS": "2"}
+    started: list[ServiceProcess] = []
+    try:
+        started.append(await asyncio.to_thread(start_service, "scratchpad", common, tmp_path))
+        env = {**common, **worker_settings(model, site, started[0].address, native_tools)}
+        started.append(await asyncio.to_thread(start_service, "worker", env, tmp_path))
+        yield started[0].address, started[1].address
+        for service in reversed(started):
+            assert stop_service(service) == 0, service.log()
+    finally:
+        for service in started:
+            stop_service(service)
+
+
+@pytest.fixture(params=[IN_PROCESS, PROCESSES], ids=["in-process", "processes"])
+async def mesh(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Mesh]:
+    mode, native_tools = request.param
+    model, site = ScriptedModel(), FixtureWeb()
+    await model.start()
+    await site.start()
+    start = in_process if mode == "in-process" else processes
+    try:
         async with (
-            worker_host,
-            insecure_channel(worker_host.address) as worker_channel,
-            insecure_channel(scratchpad_host.address) as scratchpad_channel,
+            start(tmp_path, model, site, native_tools) as (scratchpad_address, worker_address),
+            insecure_channel(worker_address) as worker_channel,
+            insecure_channel(scratchpad_address) as scratchpad_channel,
         ):
             scratchpad = ScratchpadClient(scratchpad_channel)
             thread = await scratchpad.create_thread(title="eiffel")
@@ -81,8 +123,9 @@ async def mesh(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[
                 content="Find the height of the Eiffel Tower.",
             )
             yield Mesh(model, site, worker_pb2_grpc.WorkerServiceStub(worker_channel), scratchpad, thread.thread_id)
-    await model.stop()
-    await site.stop()
+    finally:
+        await model.stop()
+        await site.stop()
 
 
 def finding(url: str) -> dict[str, object]:
@@ -203,6 +246,7 @@ async def test_too_many_delegations_is_resource_exhausted(mesh: Mesh) -> None:
         call.cancel()
 
 
+@pytest.mark.parametrize("mesh", [IN_PROCESS], ids=["in-process"], indirect=True)
 @pytest.mark.parametrize(
     ("change", "field"),
     [
@@ -227,7 +271,12 @@ async def test_bad_requests_are_invalid_argument(mesh: Mesh, change: dict[str, o
     assert field in (raised.value.details() or "")
 
 
-@pytest.mark.parametrize("mesh", [False], indirect=True)
+@pytest.mark.parametrize(
+    "mesh",
+    [("in-process", False), pytest.param(("processes", False), marks=pytest.mark.slow)],
+    ids=["in-process", "processes"],
+    indirect=True,
+)
 async def test_text_tool_protocol_end_to_end_for_a_model_without_native_tools(mesh: Mesh) -> None:
     article = f"{mesh.site.base_url}/article.html"
     read = json.dumps({"name": "read_web_page", "arguments": {"url": article}})
