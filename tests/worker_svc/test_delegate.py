@@ -128,11 +128,11 @@ async def mesh(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[
         await site.stop()
 
 
-def finding(url: str) -> dict[str, object]:
+def finding(url: str, excerpt: str = "The tower is 330 metres tall") -> dict[str, object]:
     return {
         "kind": "finding",
         "content": "The Eiffel Tower is 330 m tall.",
-        "sources": [{"url": url, "title": "The Eiffel Tower", "excerpt": "The tower is 330 metres tall"}],
+        "sources": [{"url": url, "title": "The Eiffel Tower", "excerpt": excerpt}],
     }
 
 
@@ -141,6 +141,7 @@ async def test_a_delegation_streams_progress_and_ends_in_one_result(mesh: Mesh) 
     mesh.model.script(
         Reply(calls=(Call("read_scratchpad", {}, "a"), Call("perform_web_search", {"query": "eiffel tower"}, "b"))),
         Reply(calls=(Call("read_web_page", {"url": article}, "c"),)),
+        Reply(calls=(Call("append_scratchpad", finding(article, "The tower is 300 metres tall"), "wrong"),)),
         Reply(calls=(Call("append_scratchpad", finding(article), "d"),)),
         Reply(content="Promoted entry 2: the tower is 330 m tall."),
     )
@@ -152,20 +153,20 @@ async def test_a_delegation_streams_progress_and_ends_in_one_result(mesh: Mesh) 
     assert result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED
     assert result.summary == "Promoted entry 2: the tower is 330 m tall."
     assert list(result.promoted_sequence_nos) == [2]
-    assert result.turns_used == 4 and result.usage.input_tokens == 40
+    assert result.turns_used == 5 and result.usage.input_tokens == 50
+    rejected = [m for m in mesh.model.requests[3]["messages"] if m.get("tool_call_id") == "wrong"]
+    assert "does not occur" in rejected[0]["content"], "a misquote is refused, and the corrected append lands"
     conversation_id = events[0].started.conversation_id
     assert conversation_id and conversation_id != mesh.thread_id and result.conversation_id == conversation_id
     progress = [e.progress for e in events if e.WhichOneof("event") == "progress"]
     assert [(p.turn, p.max_turns) for p in progress if p.kind == worker_pb2.PROGRESS_KIND_TURN_STARTED] == [
-        (1, 8),
-        (2, 8),
-        (3, 8),
-        (4, 8),
+        (turn, 8) for turn in range(1, 6)
     ]
     assert [p.tool_name for p in progress if p.kind == worker_pb2.PROGRESS_KIND_TOOL_CALLED] == [
         "read_scratchpad",
         "perform_web_search",
         "read_web_page",
+        "append_scratchpad",
         "append_scratchpad",
     ]
     assert [p.scratchpad_sequence_no for p in progress if p.kind == worker_pb2.PROGRESS_KIND_SCRATCHPAD_APPENDED] == [2]
