@@ -90,14 +90,19 @@ class AgentRun(Generic[Context]):
     async def run(self, context: Context) -> str:
         """Loop until the model answers without calling a tool; returns that answer."""
         schemas = self._tools.schemas()
+        # This run is the conversation's only writer: read it once, then keep the copy in step.
+        history = await self._store.history(self._conversation_id)
         while self.turns < self._limits.max_turns:
             self.turns += 1
             turn = self.turns
             await self._observer.turn_started(turn, self._limits.max_turns)
-            history = truncate(await self._store.history(self._conversation_id), self._limits.context_tokens)
-            reply = await self._model.complete(history, schemas, call_id_prefix=f"t{turn}", on_text=self._observer.text)
+            context_window = truncate(history, self._limits.context_tokens)
+            reply = await self._model.complete(
+                context_window, schemas, call_id_prefix=f"t{turn}", on_text=self._observer.text
+            )
             self.usage += reply.usage
             await self._store.append(self._conversation_id, [reply.message])
+            history.append(reply.message)
             self._check_tokens()
             calls = reply.message.tool_calls
             if not calls and not reply.protocol_errors:
@@ -107,6 +112,7 @@ class AgentRun(Generic[Context]):
             if reply.protocol_errors:
                 follow_up.append(user("Some tool_call blocks could not be used: " + "; ".join(reply.protocol_errors)))
             await self._store.append(self._conversation_id, follow_up)
+            history.extend(follow_up)
         raise TurnBudgetExhausted(f"no answer within {self._limits.max_turns} turns")
 
     async def _run_tools(self, turn: int, calls: Sequence[ToolCall], context: Context) -> list[ToolOutcome]:
