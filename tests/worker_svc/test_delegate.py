@@ -192,13 +192,13 @@ async def test_provider_failure_after_partial_text_is_a_failed_result_without_th
     mesh.model.script(
         Reply(calls=(Call("read_web_page", {"url": article}, "a"),)),
         Reply(calls=(Call("append_scratchpad", finding(article), "b"),)),
-        DropAfter("The Eiffel Tower is 33"),
+        DropAfter("PARTIAL-PROSE The Eiffel Tower is 33"),
     )
     events = await mesh.delegate(mesh.request())
     result = events[-1].result
     assert result.outcome == worker_pb2.DELEGATION_OUTCOME_FAILED
     assert result.error.code == worker_pb2.DELEGATION_ERROR_CODE_PROVIDER_ERROR
-    assert result.summary == "" and "33" not in str(events)
+    assert result.summary == "" and "PARTIAL-PROSE" not in str(events)
     assert list(result.promoted_sequence_nos) == [2], "entries promoted before the failure stay and are listed"
     recorded = (
         await mesh.worker.GetDelegation(worker_pb2.GetDelegationRequest(delegation_id="run-1:call-1"))
