@@ -20,7 +20,6 @@ import asyncio
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,18 +31,13 @@ from typing import Any
 import grpc
 import psycopg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from harness import peak_rss_mib, percentile, start_service
 from sqlalchemy.engine import make_url
 
-from quarry.launcher import serve_command
 from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
 
 AUTHOR = common_pb2.Principal(principal_id="bench", role=common_pb2.ROLE_RESEARCHER)
 CONTENT = "A benchmark finding of ordinary size. " * 8  # ~300 bytes
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 def append_request(thread_id: str, request_id: str, content: str = CONTENT) -> scratchpad_pb2.AppendRequest:
@@ -162,29 +156,6 @@ async def watch_latency(address: str, thread_id: str, count: int) -> list[float]
     return [(received[key] - sent[key]) * 1000 for key in sent]
 
 
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def start_server(database_url: str, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port_file = workdir / "scratchpad.addr"
-    process = subprocess.Popen(
-        serve_command("scratchpad", port_file, address="127.0.0.1:0"),
-        env={**os.environ, "QUARRY_SCRATCHPAD_DATABASE_URL": database_url, "QUARRY_LOG_LEVEL": "WARNING"},
-    )
-    for _ in range(600):
-        if port_file.exists():
-            return process, port_file.read_text().strip()
-        if process.poll() is not None:
-            break
-        time.sleep(0.05)
-    process.kill()
-    raise RuntimeError("the scratchpad did not start")
-
-
 def fresh_postgres_schema(url: str) -> tuple[str, str]:
     schema = f"bench_{uuid.uuid4().hex[:10]}"
     conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
@@ -202,7 +173,11 @@ def drop_postgres_schema(url: str, schema: str) -> None:
 
 def bench_backend(name: str, database_url: str, appends: int, watch_count: int) -> None:
     with tempfile.TemporaryDirectory() as workdir:
-        server, address = start_server(database_url, Path(workdir))
+        server, address = start_service(
+            "scratchpad",
+            {"QUARRY_SCRATCHPAD_DATABASE_URL": database_url, "QUARRY_LOG_LEVEL": "WARNING"},
+            Path(workdir),
+        )
         try:
             with grpc.insecure_channel(address) as channel:
                 stub = scratchpad_pb2_grpc.ScratchpadServiceStub(channel)

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,38 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from harness import peak_rss_mib, percentile, start_service
 
 from quarry.client import ScratchpadClient, insecure_channel
-from quarry.launcher import serve_command
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
-def start(name: str, env: dict[str, str], workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port_file = workdir / f"{name}.addr"
-    process = subprocess.Popen(serve_command(name, port_file, address="127.0.0.1:0"), env={**os.environ, **env})
-    for _ in range(600):
-        if port_file.exists():
-            return process, port_file.read_text().strip()
-        if process.poll() is not None:
-            break
-        time.sleep(0.05)
-    process.kill()
-    raise RuntimeError(f"{name} did not start")
-
-
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def two_turns(latency: float) -> Any:
@@ -95,8 +68,8 @@ async def main_async(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as workdir_name:
         workdir = Path(workdir_name)
         env = {"QUARRY_DATA_DIR": str(workdir), "QUARRY_LOG_LEVEL": "WARNING"}
-        scratchpad, scratchpad_address = start("scratchpad", env, workdir)
-        worker, worker_address = start(
+        scratchpad, scratchpad_address = start_service("scratchpad", env, workdir)
+        worker, worker_address = start_service(
             "worker",
             {
                 **env,

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +25,8 @@ from sqlalchemy.engine import make_url
 
 from quarry.db import create_engine, upgrade_schema
 from quarry.launcher import serve_command
+from tests.fakes.openai_server import ScriptedModel
+from tests.fakes.web_server import FixtureWeb
 
 POSTGRES_URL = os.environ.get("QUARRY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", "postgresql"]
@@ -36,6 +38,24 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("QUARRY_") and name != "QUARRY_TEST_POSTGRES_URL":
             monkeypatch.delenv(name)
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[ScriptedModel]:
+    """The scripted OpenAI-compatible model server on 127.0.0.1."""
+    server = ScriptedModel()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def site() -> AsyncIterator[FixtureWeb]:
+    """The fixture web on 127.0.0.1."""
+    fixture = FixtureWeb()
+    await fixture.start()
+    yield fixture
+    await fixture.stop()
 
 
 def _postgres_conninfo() -> str:

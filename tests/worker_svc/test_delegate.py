@@ -102,30 +102,25 @@ async def processes(
 
 
 @pytest.fixture(params=[IN_PROCESS, PROCESSES], ids=["in-process", "processes"])
-async def mesh(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Mesh]:
+async def mesh(
+    tmp_path: Path, request: pytest.FixtureRequest, model: ScriptedModel, site: FixtureWeb
+) -> AsyncIterator[Mesh]:
     mode, native_tools = request.param
-    model, site = ScriptedModel(), FixtureWeb()
-    await model.start()
-    await site.start()
     start = in_process if mode == "in-process" else processes
-    try:
-        async with (
-            start(tmp_path, model, site, native_tools) as (scratchpad_address, worker_address),
-            insecure_channel(worker_address) as worker_channel,
-            insecure_channel(scratchpad_address) as scratchpad_channel,
-        ):
-            scratchpad = ScratchpadClient(scratchpad_channel)
-            thread = await scratchpad.create_thread(title="eiffel")
-            await scratchpad.append(
-                thread.thread_id,
-                kind=scratchpad_pb2.ENTRY_KIND_SEED,
-                author=common_pb2.Principal(principal_id="supervisor", role=common_pb2.ROLE_SUPERVISOR),
-                content="Find the height of the Eiffel Tower.",
-            )
-            yield Mesh(model, site, worker_pb2_grpc.WorkerServiceStub(worker_channel), scratchpad, thread.thread_id)
-    finally:
-        await model.stop()
-        await site.stop()
+    async with (
+        start(tmp_path, model, site, native_tools) as (scratchpad_address, worker_address),
+        insecure_channel(worker_address) as worker_channel,
+        insecure_channel(scratchpad_address) as scratchpad_channel,
+    ):
+        scratchpad = ScratchpadClient(scratchpad_channel)
+        thread = await scratchpad.create_thread(title="eiffel")
+        await scratchpad.append(
+            thread.thread_id,
+            kind=scratchpad_pb2.ENTRY_KIND_SEED,
+            author=common_pb2.Principal(principal_id="supervisor", role=common_pb2.ROLE_SUPERVISOR),
+            content="Find the height of the Eiffel Tower.",
+        )
+        yield Mesh(model, site, worker_pb2_grpc.WorkerServiceStub(worker_channel), scratchpad, thread.thread_id)
 
 
 def finding(url: str, excerpt: str = "The tower is 330 metres tall") -> dict[str, object]:

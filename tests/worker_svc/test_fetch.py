@@ -17,14 +17,6 @@ from worker_svc.web.fetch import AddressPolicy, BlockedAddress, guarded_client
 
 
 @pytest.fixture
-async def site() -> AsyncIterator[FixtureWeb]:
-    fixture = FixtureWeb()
-    await fixture.start()
-    yield fixture
-    await fixture.stop()
-
-
-@pytest.fixture
 async def client(site: FixtureWeb) -> AsyncIterator[httpx.AsyncClient]:
     async with guarded_client(AddressPolicy(allow=(f"127.0.0.1:{site.port}",)), timeout=5) as http:
         yield http

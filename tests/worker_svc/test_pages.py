@@ -13,14 +13,6 @@ from worker_svc.web.pages import PageError, PageReader, extract
 
 
 @pytest.fixture
-async def site() -> AsyncIterator[FixtureWeb]:
-    fixture = FixtureWeb()
-    await fixture.start()
-    yield fixture
-    await fixture.stop()
-
-
-@pytest.fixture
 async def reader(site: FixtureWeb) -> AsyncIterator[PageReader]:
     async with guarded_client(AddressPolicy(allow=(f"127.0.0.1:{site.port}",)), timeout=5) as client:
         yield PageReader(client, chunk_chars=120, max_bytes=64 * 1024)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -14,22 +13,6 @@ from tests.fakes.openai_server import Call, Reply, ScriptedModel
 from tests.fakes.web_server import FixtureWeb
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-async def model() -> AsyncIterator[ScriptedModel]:
-    server = ScriptedModel()
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
-async def site() -> AsyncIterator[FixtureWeb]:
-    fixture = FixtureWeb()
-    await fixture.start()
-    yield fixture
-    await fixture.stop()
 
 
 async def test_delegation_across_processes_with_ssrf_refused(

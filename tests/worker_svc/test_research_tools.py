@@ -40,10 +40,7 @@ class Bench:
 
 
 @pytest.fixture
-async def bench(tmp_path: Path) -> AsyncIterator[Bench]:
-    model, site = ScriptedModel(), FixtureWeb()
-    await model.start()
-    await site.start()
+async def bench(tmp_path: Path, model: ScriptedModel, site: FixtureWeb) -> AsyncIterator[Bench]:
     host = await build_host(
         ScratchpadSettings(address="127.0.0.1:0", database_url=f"sqlite:///{tmp_path / 'scratchpad.db'}"),
         QuarrySettings(data_dir=tmp_path),
@@ -79,8 +76,6 @@ async def bench(tmp_path: Path) -> AsyncIterator[Bench]:
         yield Bench(model, site, scratchpad, thread.thread_id, context, run)
         await client.close()
     await database.close()
-    await model.stop()
-    await site.stop()
 
 
 def tool_results(request: dict[str, object]) -> dict[str, str]:

@@ -12,12 +12,9 @@ from worker_svc.web.search import BraveBackend, SearchBackend, SearchError, Sear
 
 
 @pytest.fixture
-async def site() -> AsyncIterator[FixtureWeb]:
-    fixture = FixtureWeb()
-    await fixture.start()
-    fixture.add("/louvre.html", "<html><body><p>The Louvre is a museum in Paris.</p></body></html>")
-    yield fixture
-    await fixture.stop()
+def louvre(site: FixtureWeb) -> FixtureWeb:
+    site.add("/louvre.html", "<html><body><p>The Louvre is a museum in Paris.</p></body></html>")
+    return site
 
 
 @pytest.fixture
@@ -34,7 +31,8 @@ def backends(site: FixtureWeb, http: httpx.AsyncClient, key: str = "test-key") -
     ]
 
 
-async def test_every_backend_returns_titled_results(site: FixtureWeb, http: httpx.AsyncClient) -> None:
+async def test_every_backend_returns_titled_results(louvre: FixtureWeb, http: httpx.AsyncClient) -> None:
+    site = louvre
     for backend in backends(site, http):
         results = await backend.search("eiffel tower", 5)
         assert [r.url for r in results] == [f"{site.base_url}/article.html"], type(backend).__name__

@@ -54,14 +54,6 @@ class Recorder(LoopObserver):
 
 
 @pytest.fixture
-async def model() -> AsyncIterator[ScriptedModel]:
-    server = ScriptedModel()
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[ConversationStore]:
     database = Database(f"sqlite:///{tmp_path / 'agent.db'}")
     metadata.create_all(database.engine)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -22,14 +21,6 @@ TOOLS = [
     }
 ]
 HISTORY = [system("You research."), user("How tall is the Eiffel Tower?")]
-
-
-@pytest.fixture
-async def model() -> AsyncIterator[ScriptedModel]:
-    server = ScriptedModel()
-    await server.start()
-    yield server
-    await server.stop()
 
 
 def client(model: ScriptedModel, **overrides: object) -> ModelClient:
