@@ -23,7 +23,7 @@ from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TokenBudgetExh
 from quarry.agent.messages import ToolCall, system, user
 from quarry.agent.model import ModelClient, ProviderError
 from quarry.agent.tools import ToolOutcome
-from quarry.errors import FieldViolation, InvalidArgument, ResourceExhausted
+from quarry.errors import FailedPrecondition, FieldViolation, InvalidArgument, ResourceExhausted
 from quarry.identity import Role
 from worker_svc.model import DelegationRecord, DelegationRequest, ErrorCode, Event, Outcome, Progress, Started
 from worker_svc.store import DelegationStore
@@ -154,6 +154,7 @@ class Worker:
         validate(request)
         existing = await self._delegations.get(request.delegation_id)
         if existing is not None and existing.outcome is not None:
+            _check_same_request(existing, request)
             return _replay(existing)
         if len(self._running) + self._admitting >= self._limits.max_concurrent:
             raise ResourceExhausted(
@@ -161,16 +162,24 @@ class Worker:
                 reason="TOO_MANY_DELEGATIONS",
             )
         conversation_id = f"conv-{uuid.uuid4()}"
+        queue: asyncio.Queue[Event] = asyncio.Queue()
         self._admitting += 1  # holds the slot across the await, so concurrent calls cannot overshoot
         try:
-            await self._delegations.start(request, conversation_id)  # refuses a delegation_id already running
+            # Shielded: once the row says "running", a task that ends it must exist, even if our caller
+            # is cancelled meanwhile (the task then runs to its recorded outcome unobserved).
+            task = await asyncio.shield(self._admit(request, conversation_id, queue))
         finally:
             self._admitting -= 1
-        queue: asyncio.Queue[Event] = asyncio.Queue()
+        return self._stream(request, conversation_id, task, queue)
+
+    async def _admit(
+        self, request: DelegationRequest, conversation_id: str, queue: asyncio.Queue[Event]
+    ) -> asyncio.Task[Outcome]:
+        await self._delegations.start(request, conversation_id)  # refuses a delegation_id already running
         task = asyncio.create_task(self._execute(request, conversation_id, queue))
         self._running[request.delegation_id] = task
         task.add_done_callback(lambda _: self._running.pop(request.delegation_id, None))
-        return self._stream(request, conversation_id, task, queue)
+        return task
 
     async def _stream(
         self, request: DelegationRequest, conversation_id: str, task: asyncio.Task[Outcome], queue: asyncio.Queue[Event]
@@ -178,7 +187,15 @@ class Worker:
         try:
             yield Started(request.delegation_id, conversation_id)
             while True:
-                event = await queue.get()
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    if queue.empty():  # the run ended without reporting: never leave the caller waiting
+                        yield self._lost(request, conversation_id, task)
+                        return
+                    continue
+                event = getter.result()
                 yield event
                 if isinstance(event, Outcome):
                     return
@@ -188,18 +205,26 @@ class Worker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(task)
 
-    async def _execute(self, request: DelegationRequest, conversation_id: str, queue: asyncio.Queue[Event]) -> Outcome:
-        assert request.role is not None
-        context = self._context_for(request)
-        observer = _Progress(request.delegation_id, context, queue)
-        limits = LoopLimits(
-            max_turns=request.max_turns or DEFAULT_MAX_TURNS,
-            max_tokens=request.max_tokens,
-            context_tokens=self._limits.context_tokens,
+    @staticmethod
+    def _lost(request: DelegationRequest, conversation_id: str, task: asyncio.Task[Outcome]) -> Outcome:
+        log.error("delegation %s ended without an outcome", request.delegation_id)
+        return Outcome(
+            delegation_id=request.delegation_id,
+            tool_call_id=request.tool_call_id,
+            conversation_id=conversation_id,
+            succeeded=False,
+            error_code=ErrorCode.CANCELLED if task.cancelled() else ErrorCode.INTERNAL,
+            error_message="the delegation ended without a result",
         )
-        tools = tools_for(ROLE_CAPABILITIES[request.role])
-        run = AgentRun(self._model, tools, self._conversations, conversation_id, limits, observer)
+
+    async def _execute(self, request: DelegationRequest, conversation_id: str, queue: asyncio.Queue[Event]) -> Outcome:
+        """Run the delegation; whatever happens, record and queue exactly one Outcome."""
+        assert request.role is not None
+        run: AgentRun[DelegationContext] | None = None
+        context: DelegationContext | None = None
+        observer: _Progress | None = None
         timeout = request.timeout_seconds or self._limits.default_timeout_seconds
+        deadline = asyncio.timeout(timeout)
 
         def ended(code: ErrorCode | None, message: str = "", summary: str = "") -> Outcome:
             return Outcome(
@@ -210,20 +235,29 @@ class Worker:
                 summary=summary if code is None else "",  # partial prose is never a result
                 error_code=code,
                 error_message=message,
-                promoted=tuple(context.promoted),
-                turns=run.turns,
-                input_tokens=run.usage.input_tokens,
-                output_tokens=run.usage.output_tokens,
-                model_calls=run.turns,
-                tool_calls=observer.tool_calls,
+                promoted=tuple(context.promoted) if context else (),
+                turns=run.turns if run else 0,
+                input_tokens=run.usage.input_tokens if run else 0,
+                output_tokens=run.usage.output_tokens if run else 0,
+                model_calls=run.turns if run else 0,
+                tool_calls=observer.tool_calls if observer else 0,
             )
 
         try:
-            await self._conversations.create(conversation_id)
-            await self._conversations.append(
-                conversation_id, [system(ROLE_INSTRUCTIONS[request.role]), user(task_message(request))]
+            context = self._context_for(request)
+            observer = _Progress(request.delegation_id, context, queue)
+            limits = LoopLimits(
+                max_turns=request.max_turns or DEFAULT_MAX_TURNS,
+                max_tokens=request.max_tokens,
+                context_tokens=self._limits.context_tokens,
             )
-            async with asyncio.timeout(timeout):
+            tools = tools_for(ROLE_CAPABILITIES[request.role])
+            run = AgentRun(self._model, tools, self._conversations, conversation_id, limits, observer)
+            async with deadline:
+                await self._conversations.create(conversation_id)
+                await self._conversations.append(
+                    conversation_id, [system(ROLE_INSTRUCTIONS[request.role]), user(task_message(request))]
+                )
                 answer = await run.run(context)
             outcome = ended(None, summary=answer)
         except TurnBudgetExhausted as error:
@@ -232,24 +266,50 @@ class Worker:
             outcome = ended(ErrorCode.TOKEN_BUDGET_EXHAUSTED, str(error))
         except ProviderError as error:
             outcome = ended(ErrorCode.PROVIDER_ERROR, str(error))
-        except TimeoutError:
-            outcome = ended(ErrorCode.DEADLINE_EXCEEDED, f"the delegation ran past its {timeout:g} s deadline")
+        except TimeoutError as error:
+            if not deadline.expired():  # a timeout from somewhere else is a fault, not the deadline
+                log.exception("delegation %s failed", request.delegation_id)
+                outcome = ended(ErrorCode.INTERNAL, f"the worker failed: {type(error).__name__}")
+            else:
+                outcome = ended(ErrorCode.DEADLINE_EXCEEDED, f"the delegation ran past its {timeout:g} s deadline")
         except asyncio.CancelledError:
-            await asyncio.shield(self._delegations.finish(ended(ErrorCode.CANCELLED, "the delegation was cancelled")))
+            cancelled = ended(ErrorCode.CANCELLED, "the delegation was cancelled")
+            queue.put_nowait(cancelled)  # a caller still listening (a shutdown) gets its correlated result
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._delegations.finish(cancelled))
             raise
         except Exception as error:
             log.exception("delegation %s failed", request.delegation_id)
             outcome = ended(ErrorCode.INTERNAL, f"the worker failed: {type(error).__name__}")
-        await self._delegations.finish(outcome)  # recorded before it is reported
-        await queue.put(outcome)
+        try:
+            await self._delegations.finish(outcome)  # recorded before it is reported
+        except Exception:
+            # The caller still gets its result; GetDelegation may say "running" until the database is back.
+            log.exception("could not record the outcome of delegation %s", request.delegation_id)
+        queue.put_nowait(outcome)
         return outcome
 
     async def close(self) -> None:
-        """Cancel every running delegation; each records a cancelled outcome."""
+        """Cancel every running delegation; each reports and records a cancelled outcome."""
         tasks = list(self._running.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _check_same_request(record: DelegationRecord, request: DelegationRequest) -> None:
+    """A delegation_id names one request: a different one under the same id is refused, not answered."""
+    if (record.run_id, record.tool_call_id, record.objective, record.scratchpad_thread_id) != (
+        request.run_id,
+        request.tool_call_id,
+        request.objective,
+        request.scratchpad_thread_id,
+    ):
+        raise FailedPrecondition(
+            f"delegation_id {request.delegation_id!r} was already used for a different request",
+            reason="DELEGATION_ID_REUSED",
+            metadata={"delegation_id": request.delegation_id},
+        )
 
 
 async def _replay(record: DelegationRecord) -> AsyncIterator[Event]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,8 @@ class Mesh:
     worker: worker_pb2_grpc.WorkerServiceStub
     scratchpad: ScratchpadClient
     thread_id: str
+    # Begins the worker's graceful shutdown (SIGTERM for a process).
+    stop_worker: Callable[[], Awaitable[None]]
 
     def request(self, delegation_id: str = "run-1:call-1", **budget: object) -> worker_pb2.DelegateRequest:
         return worker_pb2.DelegateRequest(
@@ -69,7 +71,7 @@ def worker_settings(
 @asynccontextmanager
 async def in_process(
     tmp_path: Path, model: ScriptedModel, site: FixtureWeb, native_tools: bool
-) -> AsyncIterator[tuple[str, str]]:
+) -> AsyncIterator[tuple[str, str, Callable[[], Awaitable[None]]]]:
     """Scratchpad and worker hosts in this process (fast; real gRPC over real sockets)."""
     common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=2)
     scratchpad_host = await build_scratchpad(ScratchpadSettings(address="127.0.0.1:0"), common)
@@ -79,13 +81,13 @@ async def in_process(
                 patch.setenv(name, value)
             settings = WorkerSettings(address="127.0.0.1:0")
         async with await build_worker(settings, common) as worker_host:
-            yield scratchpad_host.address, worker_host.address
+            yield scratchpad_host.address, worker_host.address, worker_host.shutdown
 
 
 @asynccontextmanager
 async def processes(
     tmp_path: Path, model: ScriptedModel, site: FixtureWeb, native_tools: bool
-) -> AsyncIterator[tuple[str, str]]:
+) -> AsyncIterator[tuple[str, str, Callable[[], Awaitable[None]]]]:
     """Scratchpad and worker as their own OS processes, configured through the environment."""
     common = {"QUARRY_DATA_DIR": str(tmp_path), "QUARRY_LOG_LEVEL": "WARNING", "QUARRY_SHUTDOWN_GRACE_SECONDS": "2"}
     started: list[ServiceProcess] = []
@@ -93,7 +95,11 @@ async def processes(
         started.append(await asyncio.to_thread(start_service, "scratchpad", common, tmp_path))
         env = {**common, **worker_settings(model, site, started[0].address, native_tools)}
         started.append(await asyncio.to_thread(start_service, "worker", env, tmp_path))
-        yield started[0].address, started[1].address
+
+        async def terminate_worker() -> None:
+            started[1].process.terminate()
+
+        yield started[0].address, started[1].address, terminate_worker
         for service in reversed(started):
             assert stop_service(service) == 0, service.log()
     finally:
@@ -108,7 +114,7 @@ async def mesh(
     mode, native_tools = request.param
     start = in_process if mode == "in-process" else processes
     async with (
-        start(tmp_path, model, site, native_tools) as (scratchpad_address, worker_address),
+        start(tmp_path, model, site, native_tools) as (scratchpad_address, worker_address, stop_worker),
         insecure_channel(worker_address) as worker_channel,
         insecure_channel(scratchpad_address) as scratchpad_channel,
     ):
@@ -120,7 +126,8 @@ async def mesh(
             author=common_pb2.Principal(principal_id="supervisor", role=common_pb2.ROLE_SUPERVISOR),
             content="Find the height of the Eiffel Tower.",
         )
-        yield Mesh(model, site, worker_pb2_grpc.WorkerServiceStub(worker_channel), scratchpad, thread.thread_id)
+        stub = worker_pb2_grpc.WorkerServiceStub(worker_channel)
+        yield Mesh(model, site, stub, scratchpad, thread.thread_id, stop_worker)
 
 
 def finding(url: str, excerpt: str = "The tower is 330 metres tall") -> dict[str, object]:
@@ -290,3 +297,26 @@ async def test_text_tool_protocol_end_to_end_for_a_model_without_native_tools(me
     assert "<tool_call>" in mesh.model.requests[0]["messages"][0]["content"], "tools are taught in the system prompt"
     tool_names = [e.progress.tool_name for e in events if e.progress.kind == worker_pb2.PROGRESS_KIND_TOOL_CALLED]
     assert tool_names == ["read_web_page", "append_scratchpad"], "the fenced example was not executed"
+
+
+async def test_shutdown_ends_running_delegations_with_a_correlated_cancelled_result(mesh: Mesh) -> None:
+    mesh.model.script(Stall(30))
+    call = mesh.worker.Delegate(mesh.request("run-1:interrupted"))
+    assert (await call.read()).WhichOneof("event") == "started"
+    assert (await call.read()).progress.kind == worker_pb2.PROGRESS_KIND_TURN_STARTED
+    await mesh.stop_worker()
+    last = await asyncio.wait_for(call.read(), 30)
+    assert last.WhichOneof("event") == "result"
+    assert last.result.delegation_id == "run-1:interrupted"
+    assert last.result.error.code == worker_pb2.DELEGATION_ERROR_CODE_CANCELLED
+
+
+@pytest.mark.parametrize("mesh", [IN_PROCESS], ids=["in-process"], indirect=True)
+async def test_a_delegation_id_reused_for_another_request_is_refused(mesh: Mesh) -> None:
+    mesh.model.script(Reply(content="done"))
+    await mesh.delegate(mesh.request("run-1:same"))
+    other = mesh.request("run-1:same")
+    other.task.objective = "Something else entirely."
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await mesh.delegate(other)
+    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
