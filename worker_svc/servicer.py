@@ -40,7 +40,8 @@ def request_from_proto(request: worker_pb2.DelegateRequest) -> DelegationRequest
         input_refs=tuple(request.task.input_refs),
         role=role_from_proto(request.role),
         max_turns=budget.max_turns,
-        timeout_seconds=budget.timeout.ToTimedelta().total_seconds() if budget.HasField("timeout") else 0.0,
+        # Computed by hand: ToTimedelta overflows on absurd values, which validation should refuse.
+        timeout_seconds=budget.timeout.seconds + budget.timeout.nanos / 1e9 if budget.HasField("timeout") else 0.0,
         max_tokens=budget.max_tokens,
     )
 

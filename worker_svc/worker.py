@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_TURNS = 8
 MAX_TURNS_LIMIT = 64
 MAX_OBJECTIVE_CHARS = 16_000
+MAX_TIMEOUT_SECONDS = 24 * 3600
 _ID = re.compile(r"[\x21-\x7e]{1,256}")
 _THREAD_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
@@ -83,8 +84,8 @@ def validate(request: DelegationRequest) -> None:
         violations.append(FieldViolation("role", f"a worker runs one of: {roles}"))
     if not 0 <= request.max_turns <= MAX_TURNS_LIMIT:
         violations.append(FieldViolation("budget.max_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)"))
-    if request.timeout_seconds < 0:
-        violations.append(FieldViolation("budget.timeout", "must not be negative"))
+    if not 0 <= request.timeout_seconds <= MAX_TIMEOUT_SECONDS:
+        violations.append(FieldViolation("budget.timeout", f"between 0 and {MAX_TIMEOUT_SECONDS} seconds"))
     if request.max_tokens < 0:
         violations.append(FieldViolation("budget.max_tokens", "must not be negative"))
     if violations:

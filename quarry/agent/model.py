@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import inspect
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -64,20 +65,22 @@ class ModelReply:
 
 
 def _retry_after(error: openai.APIStatusError) -> float | None:
+    """Seconds the provider asked us to wait, or None when it said nothing usable."""
     headers = error.response.headers
-    if "retry-after-ms" in headers:
-        try:
-            return float(headers["retry-after-ms"]) / 1000
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
+    candidates: list[float] = []
     try:
-        return max(0.0, float(value))
-    except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value)
-        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+        if "retry-after-ms" in headers:
+            candidates.append(float(headers["retry-after-ms"]) / 1000)
+        if "retry-after" in headers:
+            value = headers["retry-after"]
+            try:
+                candidates.append(float(value))
+            except ValueError:
+                candidates.append(email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (ValueError, TypeError, OverflowError):
+        pass  # a malformed header is no instruction
+    usable = [value for value in candidates if math.isfinite(value)]
+    return max(0.0, usable[0]) if usable else None
 
 
 def _retryable(error: Exception) -> bool:
@@ -160,6 +163,14 @@ class ModelClient:
         if self.settings.temperature is not None:
             request["temperature"] = self.settings.temperature
         stream = await self._client.chat.completions.create(**request)
+        try:
+            return await self._collect(stream, native, call_id_prefix, forward)
+        finally:
+            await stream.close()  # also on failure and cancellation: the connection is not left open
+
+    async def _collect(
+        self, stream: Any, native: bool, call_id_prefix: str, forward: Callable[[str], Awaitable[None]]
+    ) -> ModelReply:
         text: list[str] = []
         calls: dict[int, dict[str, str]] = {}
         usage = Usage()

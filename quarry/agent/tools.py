@@ -22,6 +22,8 @@ from quarry.agent.messages import Message, ToolCall, tool_result
 
 log = logging.getLogger(__name__)
 
+MAX_CALLS_PER_TURN = 16
+
 Params = TypeVar("Params", bound=BaseModel)
 # Contravariant: a tool that needs less of its context serves any richer one.
 Context = TypeVar("Context", contravariant=True)
@@ -96,8 +98,17 @@ class ToolRegistry(Generic[Context]):
         return [tool.schema() for tool in self._tools.values()]
 
     async def run_calls(self, calls: Sequence[ToolCall], context: Context) -> list[ToolOutcome]:
-        """Run the calls of one assistant message concurrently; one outcome per call, in call order."""
-        return list(await asyncio.gather(*(self._run_one(call, context) for call in calls)))
+        """Run the calls of one assistant message concurrently; one outcome per call, in call order.
+
+        At most MAX_CALLS_PER_TURN run; the rest are answered with an error, so that
+        every call still gets its result and one reply cannot fan out without bound.
+        """
+        running = calls[:MAX_CALLS_PER_TURN]
+        outcomes = list(await asyncio.gather(*(self._run_one(call, context) for call in running)))
+        for call in calls[MAX_CALLS_PER_TURN:]:
+            message = f"error: at most {MAX_CALLS_PER_TURN} tool calls run per turn; repeat this one later"
+            outcomes.append(ToolOutcome(call, message, True))
+        return outcomes
 
     async def _run_one(self, call: ToolCall, context: Context) -> ToolOutcome:
         tool = self._tools.get(call.name)
@@ -115,6 +126,13 @@ class ToolRegistry(Generic[Context]):
             return ToolOutcome(call, await tool.run(params, context), False)
         except ToolError as error:
             return ToolOutcome(call, f"error: {error}", True)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # we are being cancelled: let it through
+            # A library raised CancelledError on its own (e.g. a call on a closed channel): a tool failure.
+            log.warning("tool %s raised CancelledError without being cancelled (call %s)", call.name, call.id)
+            return ToolOutcome(call, f"error: {call.name} was interrupted; try again", True)
         except Exception:
             log.exception("tool %s failed (call %s)", call.name, call.id)
             return ToolOutcome(call, f"error: {call.name} failed unexpectedly; try another approach", True)

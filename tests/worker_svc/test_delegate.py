@@ -259,6 +259,10 @@ async def test_too_many_delegations_is_resource_exhausted(mesh: Mesh) -> None:
         ({"task": worker_pb2.ResearchTask(objective="  ")}, "task.objective"),
         ({"role": common_pb2.ROLE_SUPERVISOR}, "role"),
         ({"budget": worker_pb2.DelegationBudget(max_turns=1000)}, "budget.max_turns"),
+        (
+            {"budget": worker_pb2.DelegationBudget(timeout=duration_pb2.Duration(seconds=315_576_000_000))},
+            "budget.timeout",
+        ),
     ],
 )
 async def test_bad_requests_are_invalid_argument(mesh: Mesh, change: dict[str, object], field: str) -> None:

@@ -43,6 +43,12 @@ async def test_the_allowlisted_fixture_is_fetched(client: httpx.AsyncClient, sit
         "http://[::ffff:127.0.0.1]/",  # IPv4-mapped loopback
         "http://[fd00:ec2::254]/",  # IPv6 metadata (unique local)
         "http://0.0.0.0/",
+        "http://[64:ff9b::a00:1]/",  # NAT64 of 10.0.0.1
+        "http://[64:ff9b::a9fe:a9fe]/",  # NAT64 of the metadata service
+        "http://[64:ff9b:1::a00:1]/",  # local-use NAT64
+        "http://[2002:a00:1::1]/",  # 6to4 of 10.0.0.1
+        "http://[::a00:1]/",  # IPv4-compatible
+        "http://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/",  # Teredo
     ],
 )
 async def test_internal_addresses_are_refused(client: httpx.AsyncClient, url: str) -> None:
@@ -70,5 +76,7 @@ def test_policy_rules() -> None:
     assert policy.permits(ipaddress.ip_address("10.20.3.4"), 443)
     assert not policy.permits(ipaddress.ip_address("10.21.0.1"), 443)
     assert not policy.permits(ipaddress.ip_address("224.0.0.1"), 80)
+    assert policy.permits(ipaddress.ip_address("64:ff9b::5db8:d822"), 80), "NAT64 of a public address is fine"
+    assert policy.permits(ipaddress.ip_address("2606:4700::1111"), 443)
     with pytest.raises(ValueError):
         AddressPolicy(allow=("not-an-entry",))

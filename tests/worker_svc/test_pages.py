@@ -52,6 +52,8 @@ async def test_quotes_match_after_folding_case_and_whitespace(reader: PageReader
     assert page.contains("the tower is 330 METRES\n   tall")
     assert not page.contains("The tower is 300 metres tall")
     assert not page.contains("   ")
+    assert not page.contains("is 33"), "too short to prove anything"
+    assert not page.contains("tower is 330 metre"), "whole words only"
 
 
 async def test_pdf_text_is_read(reader: PageReader, site: FixtureWeb) -> None:

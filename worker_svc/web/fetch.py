@@ -39,13 +39,34 @@ class AddressPolicy:
             _parse_entry(entry)  # fail at configuration time, not at the first fetch
 
     def permits(self, address: IPAddress, port: int) -> bool:
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
         for entry in self.allow:
             network, allowed_port = _parse_entry(entry)
             if address in network and allowed_port in (None, port):
                 return True
+        embedded = _embedded_ipv4(address)
+        if embedded is not None:
+            return self.permits(embedded, port)
+        if isinstance(address, ipaddress.IPv6Address) and any(address in net for net in _TRANSLATION_NETWORKS):
+            return False  # IPv4-compatible, local-use NAT64 or Teredo: where it leads cannot be checked
         return address.is_global and not address.is_multicast
+
+
+# IPv6 ranges that stand for IPv4 hosts without a checkable embedding.
+_TRANSLATION_NETWORKS = tuple(
+    ipaddress.IPv6Network(net) for net in ("::/96", "64:ff9b:1::/48", "2001::/32", "100::/64")
+)
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries (mapped, well-known NAT64, 6to4), judged in its place."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return address.sixtofour
 
 
 def _parse_entry(entry: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int | None]:

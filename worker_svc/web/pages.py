@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
@@ -21,6 +22,8 @@ from pypdf.errors import PdfReadError
 
 DEFAULT_CHUNK_CHARS = 4000
 DEFAULT_MAX_BYTES = 5 * 1024 * 1024
+# A quote shorter than this ("is 33", "t") proves nothing about a page.
+MIN_QUOTE_CHARS = 12
 
 
 class PageError(Exception):
@@ -81,8 +84,11 @@ class Page:
         return hits
 
     def contains(self, quote: str) -> bool:
+        """Whether the page says `quote`: whole words, case and whitespace folded, long enough to mean something."""
         needle = normalize(quote)
-        return bool(needle) and needle in normalize(self.text)
+        if len(needle) < MIN_QUOTE_CHARS:
+            return False
+        return re.search(rf"(?<!\w){re.escape(needle)}(?!\w)", normalize(self.text)) is not None
 
 
 def extract(url: str, content_type: str, body: bytes) -> tuple[str, str]:

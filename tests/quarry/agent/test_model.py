@@ -64,6 +64,12 @@ async def test_429_and_5xx_are_retried_honouring_retry_after(model: ScriptedMode
     assert model.request_times[1] - model.request_times[0] >= 0.95
 
 
+async def test_a_malformed_retry_after_falls_back_to_backoff(model: ScriptedModel) -> None:
+    model.script(HttpError(429, retry_after="soon"), HttpError(503, retry_after="nan"), Reply(content="fine"))
+    assert (await client(model).complete(HISTORY, call_id_prefix="t1")).message.content == "fine"
+    assert len(model.requests) == 3
+
+
 async def test_retries_are_bounded_by_attempts(model: ScriptedModel) -> None:
     model.script(*[HttpError(500)] * 5)
     with pytest.raises(ProviderError, match="HTTP 500"):

@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from quarry.agent.messages import ToolCall
-from quarry.agent.tools import Tool, ToolError, ToolRegistry
+from quarry.agent.tools import MAX_CALLS_PER_TURN, Tool, ToolError, ToolRegistry
 
 
 class Query(BaseModel):
@@ -98,3 +98,24 @@ async def test_cancellation_is_not_turned_into_a_result() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_calls_beyond_the_per_turn_cap_are_answered_with_errors() -> None:
+    registry = ToolRegistry.for_capabilities(CATALOG, CAPABILITIES, ["web_search"])
+    calls = [
+        ToolCall(f"c{i}", "perform_web_search", '{"query": "q", "limit": 1}') for i in range(MAX_CALLS_PER_TURN + 4)
+    ]
+    seen: list[str] = []
+    outcomes = await registry.run_calls(calls, seen)
+    assert [o.call.id for o in outcomes] == [c.id for c in calls]
+    assert len(seen) == MAX_CALLS_PER_TURN
+    assert all(o.is_error and "at most" in o.content for o in outcomes[MAX_CALLS_PER_TURN:])
+
+
+async def test_a_stray_cancelled_error_from_a_tool_is_a_tool_failure() -> None:
+    async def closed_channel(params: Empty, context: list[str]) -> str:
+        raise asyncio.CancelledError  # what grpc.aio does on a closed channel, without any cancellation
+
+    registry = ToolRegistry([Tool("rpc", "calls a service", Empty, closed_channel)])
+    (outcome,) = await registry.run_calls([ToolCall("c1", "rpc", "{}")], [])
+    assert outcome.is_error and "interrupted" in outcome.content
