@@ -83,3 +83,15 @@ async def test_unreadable_pages_are_errors_for_the_model(reader: PageReader, sit
 def test_broken_pdf_is_an_error() -> None:
     with pytest.raises(PageError):
         extract("http://x/broken.pdf", "application/pdf", b"%PDF-1.4 garbage")
+
+
+async def test_the_cache_is_bounded_by_size(site: FixtureWeb) -> None:
+    urls = [site.add(f"/doc{i}.txt", f"document {i} " + "word " * 2000, "text/plain") for i in range(5)]
+    async with guarded_client(AddressPolicy(allow=(f"127.0.0.1:{site.port}",)), timeout=5) as client:
+        reader = PageReader(client, cache_chars=25_000)
+        for url in urls:
+            await reader.read(url)
+        await reader.read(urls[-1])
+        assert site.hits.count("/doc4.txt") == 1, "the newest page is still cached"
+        await reader.read(urls[0])
+        assert site.hits.count("/doc0.txt") == 2, "the oldest was evicted to stay within the size bound"

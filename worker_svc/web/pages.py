@@ -22,6 +22,8 @@ from pypdf.errors import PdfReadError
 
 DEFAULT_CHUNK_CHARS = 4000
 DEFAULT_MAX_BYTES = 5 * 1024 * 1024
+# Text past this many characters is not kept (about 500 pages of a book).
+MAX_TEXT_CHARS = 2_000_000
 # A quote shorter than this ("is 33", "t") proves nothing about a page.
 MIN_QUOTE_CHARS = 12
 
@@ -138,12 +140,16 @@ class PageReader:
         chunk_chars: int = DEFAULT_CHUNK_CHARS,
         max_bytes: int = DEFAULT_MAX_BYTES,
         cache_size: int = 256,
+        cache_chars: int = 64_000_000,
     ) -> None:
         self._client = client
         self._corpus = corpus
         self._chunk_chars = chunk_chars
         self._max_bytes = max_bytes
         self._cache_size = cache_size
+        # Bounded by size as well as count: one extracted PDF can hold millions of characters.
+        self._cache_chars = cache_chars
+        self._cached_chars = 0
         self._cache: OrderedDict[str, Page] = OrderedDict()
 
     async def read(self, url: str) -> Page:
@@ -159,10 +165,14 @@ class PageReader:
             content_type, body = await self._fetch(url)
             # Extraction is CPU work; keep it off the event loop.
             title, text = await asyncio.to_thread(extract, url, content_type, body)
+        text = text[:MAX_TEXT_CHARS]
         page = Page(url=url, title=title, text=text, chunks=tuple(_chunk(text, self._chunk_chars)))
-        self._cache[url] = page
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        if url not in self._cache:  # two concurrent reads of one URL cache it once
+            self._cache[url] = page
+            self._cached_chars += len(text)
+        while self._cache and (len(self._cache) > self._cache_size or self._cached_chars > self._cache_chars):
+            _, evicted = self._cache.popitem(last=False)
+            self._cached_chars -= len(evicted.text)
         return page
 
     async def _fetch(self, url: str) -> tuple[str, bytes]:
