@@ -91,6 +91,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(worker), server)
 
     async def release() -> None:
+        pages.close()
         await model.close()
         await web.aclose()
         await search_http.aclose()

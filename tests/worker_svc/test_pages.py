@@ -95,3 +95,18 @@ async def test_the_cache_is_bounded_by_size(site: FixtureWeb) -> None:
         assert site.hits.count("/doc4.txt") == 1, "the newest page is still cached"
         await reader.read(urls[0])
         assert site.hits.count("/doc0.txt") == 2, "the oldest was evicted to stay within the size bound"
+
+
+async def test_extraction_has_a_time_limit(site: FixtureWeb) -> None:
+    async with guarded_client(AddressPolicy(allow=(f"127.0.0.1:{site.port}",)), timeout=5) as client:
+        # A zero limit cannot be met: extraction always happens on another thread.
+        reader = PageReader(client, extract_seconds=0)
+        with pytest.raises(PageError, match="too long to extract"):
+            await reader.read(f"{site.base_url}/article.html")
+        reader.close()
+
+
+async def test_pages_are_fetched_uncompressed(site: FixtureWeb) -> None:
+    async with guarded_client(AddressPolicy(allow=(f"127.0.0.1:{site.port}",)), timeout=5) as client:
+        response = await client.get(f"{site.base_url}/article.html")
+        assert response.request.headers["accept-encoding"] == "identity"

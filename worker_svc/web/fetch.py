@@ -137,5 +137,6 @@ def guarded_client(policy: AddressPolicy, *, timeout: float = 20.0, max_redirect
         max_redirects=max_redirects,
         timeout=timeout,
         trust_env=False,
-        headers={"user-agent": "quarry-research/0.1 (+https://github.com/quarry)"},
+        # identity: the size limit then counts what arrives, so a small compressed body cannot inflate.
+        headers={"user-agent": "quarry-research/0.1", "accept-encoding": "identity"},
     )

@@ -12,6 +12,7 @@ import asyncio
 import io
 import re
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -141,6 +142,7 @@ class PageReader:
         max_bytes: int = DEFAULT_MAX_BYTES,
         cache_size: int = 256,
         cache_chars: int = 64_000_000,
+        extract_seconds: float = 30.0,
     ) -> None:
         self._client = client
         self._corpus = corpus
@@ -151,6 +153,10 @@ class PageReader:
         self._cache_chars = cache_chars
         self._cached_chars = 0
         self._cache: OrderedDict[str, Page] = OrderedDict()
+        # Extraction gets its own small pool and a time limit, so hostile documents cannot
+        # starve the default pool (DNS lookups, corpus reads) or hold a delegation forever.
+        self._extractors = ThreadPoolExecutor(2, thread_name_prefix="extract")
+        self._extract_seconds = extract_seconds
 
     async def read(self, url: str) -> Page:
         page = self._cache.get(url)
@@ -163,8 +169,13 @@ class PageReader:
             title, text = await self._corpus.read(url)
         else:
             content_type, body = await self._fetch(url)
-            # Extraction is CPU work; keep it off the event loop.
-            title, text = await asyncio.to_thread(extract, url, content_type, body)
+            loop = asyncio.get_running_loop()
+            try:
+                title, text = await asyncio.wait_for(
+                    loop.run_in_executor(self._extractors, extract, url, content_type, body), self._extract_seconds
+                )
+            except TimeoutError:
+                raise PageError(f"{url} took too long to extract") from None
         text = text[:MAX_TEXT_CHARS]
         page = Page(url=url, title=title, text=text, chunks=tuple(_chunk(text, self._chunk_chars)))
         if url not in self._cache:  # two concurrent reads of one URL cache it once
@@ -174,6 +185,9 @@ class PageReader:
             _, evicted = self._cache.popitem(last=False)
             self._cached_chars -= len(evicted.text)
         return page
+
+    def close(self) -> None:
+        self._extractors.shutdown(wait=False, cancel_futures=True)
 
     async def _fetch(self, url: str) -> tuple[str, bytes]:
         if not url.startswith(("http://", "https://")):
