@@ -1,0 +1,1 @@
+"""The supervisor service: plans, delegates to workers, and writes the cited report."""

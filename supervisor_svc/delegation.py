@@ -1,0 +1,121 @@
+"""The supervisor's side of delegation: every Delegate call ends in exactly one correlated result.
+
+Whatever happens to the worker — unreachable, overloaded, a broken stream, a
+deadline, or a stream that ends without its result — the tool call that asked
+for the delegation gets one DelegationResult carrying its delegation_id: the
+worker's own, or an error made here. Workers are addressed as a list of
+targets used round-robin; a delegation refused as UNAVAILABLE or
+RESOURCE_EXHAUSTED before any event is tried once more on the next worker with
+the same delegation_id (the worker de-duplicates by it).
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+
+from quarry.client import insecure_channel
+from quarry.v1 import worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+EventListener = Callable[[worker_pb2.DelegateResponse], Awaitable[None] | None]
+
+# Refusals that happen before a worker starts anything: another worker may take the delegation.
+_TRY_ELSEWHERE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+_ERROR_CODES = {
+    grpc.StatusCode.UNAVAILABLE: worker_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: worker_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED: worker_pb2.DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED: worker_pb2.DELEGATION_ERROR_CODE_CANCELLED,
+    grpc.StatusCode.INVALID_ARGUMENT: worker_pb2.DELEGATION_ERROR_CODE_INVALID_TASK,
+    grpc.StatusCode.FAILED_PRECONDITION: worker_pb2.DELEGATION_ERROR_CODE_INVALID_TASK,
+}
+
+
+def failed(
+    request: worker_pb2.DelegateRequest, code: worker_pb2.DelegationErrorCode.ValueType, message: str
+) -> worker_pb2.DelegationResult:
+    return worker_pb2.DelegationResult(
+        delegation_id=request.delegation_id,
+        tool_call_id=request.tool_call_id,
+        outcome=worker_pb2.DELEGATION_OUTCOME_FAILED,
+        error=worker_pb2.DelegationError(code=code, message=message),
+    )
+
+
+class DelegationClient:
+    def __init__(self, targets: Sequence[str]) -> None:
+        if not targets:
+            raise ValueError("at least one worker target is needed")
+        self._targets = list(targets)
+        self._channels = [insecure_channel(target) for target in self._targets]
+        self._stubs = [worker_pb2_grpc.WorkerServiceStub(channel) for channel in self._channels]
+        self._turn = itertools.cycle(range(len(self._stubs)))
+
+    async def close(self) -> None:
+        for channel in self._channels:
+            await channel.close(None)
+
+    async def delegate(
+        self,
+        request: worker_pb2.DelegateRequest,
+        *,
+        deadline_seconds: float | None = None,
+        on_event: EventListener | None = None,
+    ) -> worker_pb2.DelegationResult:
+        """Run one delegation on some worker; never raises except when the caller is cancelled."""
+        for attempt in (1, 2):
+            index = next(self._turn)
+            outcome = await self._attempt(self._stubs[index], request, deadline_seconds, on_event)
+            if isinstance(outcome, worker_pb2.DelegationResult):
+                return outcome
+            error, events_seen = outcome
+            if attempt == 1 and not events_seen and error.code() in _TRY_ELSEWHERE:
+                log.warning(
+                    "worker %s refused %s (%s); trying another",
+                    self._targets[index],
+                    request.delegation_id,
+                    error.code().name,
+                )
+                continue
+            code = _ERROR_CODES.get(error.code(), worker_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE)
+            return failed(request, code, f"worker {self._targets[index]}: {error.code().name}: {error.details()}")
+        raise AssertionError("unreachable: the second attempt always returns")
+
+    async def _attempt(
+        self,
+        stub: worker_pb2_grpc.WorkerServiceStub,
+        request: worker_pb2.DelegateRequest,
+        deadline_seconds: float | None,
+        on_event: EventListener | None,
+    ) -> worker_pb2.DelegationResult | tuple[grpc.aio.AioRpcError, bool]:
+        events_seen = False
+        # The generated stub is typed for sync grpc; on an aio channel the call is an async iterator.
+        stream: Any = stub.Delegate(request, timeout=deadline_seconds)
+        try:
+            async for response in stream:
+                events_seen = True
+                if response.WhichOneof("event") == "result":
+                    if response.result.delegation_id != request.delegation_id:
+                        return failed(
+                            request,
+                            worker_pb2.DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION,
+                            f"the worker answered for delegation {response.result.delegation_id!r}",
+                        )
+                    result: worker_pb2.DelegationResult = response.result
+                    return result
+                if on_event is not None:
+                    handled = on_event(response)
+                    if inspect.isawaitable(handled):
+                        await handled
+        except grpc.aio.AioRpcError as error:
+            return error, events_seen
+        return failed(
+            request, worker_pb2.DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION, "the worker's stream ended without a result"
+        )
