@@ -31,6 +31,7 @@ __all__ = [
     "create_engine",
     "database_url",
     "json_type",
+    "reserve_sequence_numbers",
     "run_migrations",
     "upgrade_schema",
     "upgrade_schema_async",
@@ -246,3 +247,21 @@ def json_type() -> sa.types.TypeEngine[Any]:
     from sqlalchemy.dialects.postgresql import JSONB
 
     return sa.JSON().with_variant(JSONB(), "postgresql")
+
+
+def reserve_sequence_numbers(
+    connection: Connection, counters: sa.Table, key: sa.ColumnElement[bool], count: int
+) -> int | None:
+    """Advance a `last_sequence_no` counter row by `count`; returns the first reserved number.
+
+    The update locks the row until the transaction ends, so writers of one
+    sequence take turns and the numbers they insert follow commit order with no
+    gaps. None when no row matches `key`.
+    """
+    last = connection.execute(
+        counters.update()
+        .where(key)
+        .values(last_sequence_no=counters.c.last_sequence_no + count)
+        .returning(counters.c.last_sequence_no)
+    ).scalar()
+    return None if last is None else int(last) - count + 1

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from quarry.db import Database
+from quarry.db import Database, reserve_sequence_numbers
 from quarry.errors import AlreadyExists, NotFound, QuarryError
 from quarry.identity import Principal, Role
 from scratchpad_svc.model import AppendCommand, AppendResult, Entry, EntryKind, NewThread, Source, Thread
@@ -290,16 +290,12 @@ class ScratchpadStore:
     def _append_new(
         connection: Connection, thread_id: str, commands: Sequence[AppendCommand], unique: list[AppendCommand]
     ) -> BatchOutcome:
-        last = connection.execute(
-            threads.update()
-            .where(threads.c.thread_id == thread_id)
-            .values(last_sequence_no=threads.c.last_sequence_no + len(unique))
-            .returning(threads.c.last_sequence_no)
-        ).scalar()
-        if last is None:
+        first = reserve_sequence_numbers(connection, threads, threads.c.thread_id == thread_id, len(unique))
+        if first is None:
             raise NotFound("thread", thread_id, field="thread_id")
-        created = _new_entries(thread_id, unique, first_sequence_no=last - len(unique) + 1)
+        created = _new_entries(thread_id, unique, first_sequence_no=first)
         connection.execute(entries.insert(), [_entry_row(entry, fp) for fp, entry in created.values()])
+        last = first + len(unique) - 1
         return _outcome(commands, created, {}, last)
 
     @staticmethod

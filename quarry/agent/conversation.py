@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from quarry.agent.messages import Message, ToolCall
-from quarry.db import Database, UTCDateTime, json_type
+from quarry.db import Database, UTCDateTime, json_type, reserve_sequence_numbers
 from quarry.errors import NotFound
 
 metadata = sa.MetaData()
@@ -84,15 +84,10 @@ class ConversationStore:
             return []
 
         def work(connection: Connection) -> list[int]:
-            last = connection.execute(
-                conversations.update()
-                .where(conversations.c.conversation_id == conversation_id)
-                .values(last_sequence_no=conversations.c.last_sequence_no + len(batch))
-                .returning(conversations.c.last_sequence_no)
-            ).scalar()
-            if last is None:
+            key = conversations.c.conversation_id == conversation_id
+            first = reserve_sequence_numbers(connection, conversations, key, len(batch))
+            if first is None:
                 raise NotFound("conversation", conversation_id)
-            first = last - len(batch) + 1
             now = datetime.now(UTC)
             rows = [_row(conversation_id, first + offset, message, now) for offset, message in enumerate(batch)]
             connection.execute(messages.insert(), rows)

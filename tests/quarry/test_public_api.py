@@ -49,6 +49,7 @@ PUBLIC_API = {
         "create_engine",
         "database_url",
         "json_type",
+        "reserve_sequence_numbers",
         "run_migrations",
         "upgrade_schema",
         "upgrade_schema_async",
