@@ -8,15 +8,18 @@ original result.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import TracebackType
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
-from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
+from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc, supervisor_pb2, supervisor_pb2_grpc
 
 __all__ = [
+    "TERMINAL_EVENTS",
+    "QuarryClient",
     "RetryPolicy",
     "ScratchpadClient",
     "insecure_channel",
@@ -155,3 +158,103 @@ class ScratchpadClient:
                     raise
                 reconnects += 1
                 await self.get_thread(thread_id)  # waits, with backoff, until the service answers again
+
+
+TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
+
+
+class QuarryClient:
+    """The public research API: start runs, follow their events, fetch, list and cancel them.
+
+    Use it as an async context manager, which owns the channel::
+
+        async with QuarryClient.connect("127.0.0.1:7410") as quarry:
+            run = await quarry.start_run("How tall is the Eiffel Tower?")
+            async for event in quarry.stream_run(run.run_id):
+                ...
+    """
+
+    def __init__(self, channel: grpc.aio.Channel, retry: RetryPolicy | None = None) -> None:
+        self._channel = channel
+        self._stub = supervisor_pb2_grpc.SupervisorServiceStub(channel)
+        self._retry = retry or RetryPolicy()
+
+    @classmethod
+    def connect(cls, address: str, retry: RetryPolicy | None = None) -> QuarryClient:
+        return cls(insecure_channel(address), retry)
+
+    async def __aenter__(self) -> QuarryClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        await self._channel.close(None)
+
+    async def start_run(
+        self,
+        question: str,
+        *,
+        options: supervisor_pb2.RunOptions | None = None,
+        labels: Mapping[str, str] | None = None,
+        request_id: str = "",
+    ) -> supervisor_pb2.Run:
+        """Start a run; retried safely (the request_id makes a repeat return the same run)."""
+        request = supervisor_pb2.StartRunRequest(
+            question=question, options=options, labels=labels or {}, request_id=request_id or str(uuid.uuid4())
+        )
+        async for attempt in self._retry.retrying():
+            with attempt:
+                response = await self._stub.StartRun(request, timeout=self._retry.attempt_timeout)
+        return response.run
+
+    async def get_run(self, run_id: str) -> supervisor_pb2.Run:
+        request = supervisor_pb2.GetRunRequest(run_id=run_id)
+        async for attempt in self._retry.retrying():
+            with attempt:
+                response = await self._stub.GetRun(request, timeout=self._retry.attempt_timeout)
+        return response.run
+
+    async def list_runs(
+        self,
+        *,
+        page_size: int = 0,
+        page_token: str = "",
+        state: supervisor_pb2.RunState.ValueType = supervisor_pb2.RUN_STATE_UNSPECIFIED,
+    ) -> supervisor_pb2.ListRunsResponse:
+        request = supervisor_pb2.ListRunsRequest(page_size=page_size, page_token=page_token, state=state)
+        async for attempt in self._retry.retrying():
+            with attempt:
+                response = await self._stub.ListRuns(request, timeout=self._retry.attempt_timeout)
+        return response
+
+    async def cancel_run(self, run_id: str, reason: str = "") -> supervisor_pb2.Run:
+        request = supervisor_pb2.CancelRunRequest(run_id=run_id, reason=reason)
+        async for attempt in self._retry.retrying():
+            with attempt:
+                response = await self._stub.CancelRun(request, timeout=self._retry.attempt_timeout + 15)
+        return response.run
+
+    async def stream_run(
+        self, run_id: str, *, after_sequence_no: int = 0, max_reconnects: int = 100
+    ) -> AsyncIterator[supervisor_pb2.RunEvent]:
+        """The run's events in order until its terminal event, re-attaching after UNAVAILABLE from the
+        last one received: nothing is missed and nothing comes twice."""
+        after = after_sequence_no
+        reconnects = 0
+        while True:
+            try:
+                stream = self._stub.StreamRun(supervisor_pb2.StreamRunRequest(run_id=run_id, after_sequence_no=after))
+                async for response in stream:
+                    reconnects = 0
+                    event = response.event
+                    after = event.sequence_no
+                    yield event
+                    if event.WhichOneof("payload") in TERMINAL_EVENTS:
+                        return
+                return
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE or reconnects >= max_reconnects:
+                    raise
+                reconnects += 1
+                await self.get_run(run_id)  # waits, with backoff, until the service answers again

@@ -22,9 +22,11 @@ from pydantic_settings import (
 
 __all__ = [
     "ConfigurationError",
+    "ModelTier",
     "QuarrySettings",
     "ScratchpadSettings",
     "ServiceSettings",
+    "SupervisorSettings",
     "WorkerSettings",
     "describe_invalid",
 ]
@@ -104,6 +106,14 @@ class QuarrySettings(_Settings):
     # Seconds in-flight RPCs get to finish after SIGTERM before they are cancelled.
     shutdown_grace_seconds: float = Field(default=5.0, ge=0, le=300)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    # The model endpoint every tier uses unless its own settings name another
+    # (any OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 for vLLM).
+    model_base_url: str = "http://127.0.0.1:8000/v1"
+    model_name: str = "default"
+    model_api_key: str = "unused"
+    # False for models without native tool calling: tools go through a text protocol.
+    model_native_tools: bool = True
+    model_request_timeout: float = Field(default=120.0, gt=0)
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -148,7 +158,17 @@ class ScratchpadSettings(ServiceSettings):
     watch_poll_seconds: float = Field(default=5.0, gt=0, le=3600)
 
 
-class WorkerSettings(ServiceSettings):
+class ModelTier(ServiceSettings):
+    """A service that calls a model: its tier's endpoint, falling back field by field to [quarry]'s."""
+
+    model_base_url: str = ""
+    model_name: str = ""
+    model_api_key: str = ""
+    model_native_tools: bool | None = None
+    model_request_timeout: float | None = Field(default=None, gt=0)
+
+
+class WorkerSettings(ModelTier):
     model_config = SettingsConfigDict(env_prefix="QUARRY_WORKER_", extra="ignore")
     config_table: ClassVar[str] = "worker"
     service_name: ClassVar[str] = "worker"
@@ -156,13 +176,6 @@ class WorkerSettings(ServiceSettings):
     address: str = "127.0.0.1:7412"
     # The scratchpad this worker promotes findings to.
     scratchpad_address: str = "127.0.0.1:7411"
-    # Any OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 for vLLM.
-    model_base_url: str = "http://127.0.0.1:8000/v1"
-    model_name: str = "default"
-    model_api_key: str = "unused"
-    # False for models without native tool calling: tools go through a text protocol.
-    model_native_tools: bool = True
-    model_request_timeout: float = Field(default=120.0, gt=0)
     max_concurrent_delegations: int = Field(default=64, ge=1, le=10_000)
     # Used when a Delegate request sets no timeout.
     default_timeout_seconds: float = Field(default=600.0, gt=0)
@@ -176,3 +189,26 @@ class WorkerSettings(ServiceSettings):
     # Internal addresses page fetching may reach anyway: "HOST:PORT" or CIDR, comma-separated.
     fetch_allow: str = ""
     page_chunk_chars: int = Field(default=4000, ge=200, le=100_000)
+
+
+class SupervisorSettings(ModelTier):
+    model_config = SettingsConfigDict(env_prefix="QUARRY_SUPERVISOR_", extra="ignore")
+    config_table: ClassVar[str] = "supervisor"
+    service_name: ClassVar[str] = "supervisor"
+
+    address: str = "127.0.0.1:7410"
+    scratchpad_address: str = "127.0.0.1:7411"
+    # Worker processes, comma-separated HOST:PORT; delegations go round-robin over them.
+    worker_addresses: str = "127.0.0.1:7412"
+    # Used when a run sets no timeout.
+    default_run_timeout_seconds: float = Field(default=1800.0, gt=0)
+    # Delegations one run may have in flight, when the run does not say.
+    max_parallel_delegations: int = Field(default=4, ge=1, le=64)
+    # Runs this process executes at once; StartRun beyond it is RESOURCE_EXHAUSTED.
+    max_active_runs: int = Field(default=32, ge=1, le=10_000)
+    # A run whose supervisor stops renewing its lease this long is ended as failed.
+    run_lease_seconds: float = Field(default=30.0, ge=1, le=3600)
+    context_tokens: int = Field(default=96_000, ge=1000)
+
+    def worker_targets(self) -> list[str]:
+        return [target.strip() for target in self.worker_addresses.split(",") if target.strip()]

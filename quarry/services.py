@@ -48,4 +48,10 @@ SERVICES: dict[str, ServiceSpec] = {
         builder="worker_svc.service:build_host",
         needs={"scratchpad": "QUARRY_WORKER_SCRATCHPAD_ADDRESS"},
     ),
+    "supervisor": ServiceSpec(
+        name="supervisor",
+        settings_class="quarry.config:SupervisorSettings",
+        builder="supervisor_svc.service:build_host",
+        needs={"scratchpad": "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS", "worker": "QUARRY_SUPERVISOR_WORKER_ADDRESSES"},
+    ),
 }

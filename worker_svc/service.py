@@ -46,15 +46,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
     url = settings.resolved_database_url(common.data_dir)
     await upgrade_schema_async(url, MIGRATIONS, VERSION_TABLE)
     database = Database(url)
-    model = ModelClient(
-        ModelSettings(
-            base_url=settings.model_base_url,
-            model=settings.model_name,
-            api_key=settings.model_api_key,
-            native_tools=settings.model_native_tools,
-            request_timeout=settings.model_request_timeout,
-        )
-    )
+    model = ModelClient(ModelSettings.for_tier(settings, common))
     channel = insecure_channel(settings.scratchpad_address)
     scratchpad = ScratchpadClient(channel)
     corpus = Corpus(Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db")

@@ -17,12 +17,15 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import openai
 
 from quarry.agent import text_protocol
 from quarry.agent.messages import Message, ToolCall
+
+if TYPE_CHECKING:
+    from quarry.config import ModelTier, QuarrySettings
 
 TextListener = Callable[[str], Awaitable[None] | None]
 
@@ -44,6 +47,17 @@ class ModelSettings:
     # Total seconds spent retrying one completion, waits included.
     retry_budget: float = 60.0
     temperature: float | None = None
+
+    @classmethod
+    def for_tier(cls, tier: ModelTier, common: QuarrySettings) -> ModelSettings:
+        """A tier's model: each of its settings that is unset falls back to the shared one."""
+        return cls(
+            base_url=tier.model_base_url or common.model_base_url,
+            model=tier.model_name or common.model_name,
+            api_key=tier.model_api_key or common.model_api_key,
+            native_tools=common.model_native_tools if tier.model_native_tools is None else tier.model_native_tools,
+            request_timeout=tier.model_request_timeout or common.model_request_timeout,
+        )
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ the model can read and act on. Only cancellation escapes.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import json
 import logging
@@ -27,6 +28,14 @@ MAX_CALLS_PER_TURN = 16
 Params = TypeVar("Params", bound=BaseModel)
 # Contravariant: a tool that needs less of its context serves any richer one.
 Context = TypeVar("Context", contravariant=True)
+
+
+_current_call: contextvars.ContextVar[ToolCall] = contextvars.ContextVar("quarry_tool_call")
+
+
+def current_call() -> ToolCall:
+    """The call a tool is running for (each call runs in its own task, so parallel calls each see theirs)."""
+    return _current_call.get()
 
 
 class ToolError(Exception):
@@ -111,6 +120,7 @@ class ToolRegistry(Generic[Context]):
         return outcomes
 
     async def _run_one(self, call: ToolCall, context: Context) -> ToolOutcome:
+        _current_call.set(call)
         tool = self._tools.get(call.name)
         if tool is None:
             known = ", ".join(self._tools) or "none"

@@ -55,7 +55,6 @@ class _RunErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunError
     DESCRIPTOR: _descriptor.EnumDescriptor
     RUN_ERROR_CODE_UNSPECIFIED: _RunErrorCode.ValueType  # 0
     RUN_ERROR_CODE_PROVIDER_ERROR: _RunErrorCode.ValueType  # 1
-    RUN_ERROR_CODE_TURN_BUDGET_EXHAUSTED: _RunErrorCode.ValueType  # 2
     RUN_ERROR_CODE_DEADLINE_EXCEEDED: _RunErrorCode.ValueType  # 3
     RUN_ERROR_CODE_CANCELLED: _RunErrorCode.ValueType  # 4
     RUN_ERROR_CODE_INTERNAL: _RunErrorCode.ValueType  # 5
@@ -64,7 +63,6 @@ class RunErrorCode(_RunErrorCode, metaclass=_RunErrorCodeEnumTypeWrapper): ...
 
 RUN_ERROR_CODE_UNSPECIFIED: RunErrorCode.ValueType  # 0
 RUN_ERROR_CODE_PROVIDER_ERROR: RunErrorCode.ValueType  # 1
-RUN_ERROR_CODE_TURN_BUDGET_EXHAUSTED: RunErrorCode.ValueType  # 2
 RUN_ERROR_CODE_DEADLINE_EXCEEDED: RunErrorCode.ValueType  # 3
 RUN_ERROR_CODE_CANCELLED: RunErrorCode.ValueType  # 4
 RUN_ERROR_CODE_INTERNAL: RunErrorCode.ValueType  # 5
@@ -597,7 +595,9 @@ Global___ReasoningEvent: _TypeAlias = ReasoningEvent  # noqa: Y015
 
 @_typing.final
 class ContentEvent(_message.Message):
-    """Report text, streamed as it arrives."""
+    """Report text, streamed as it arrives. Provisional until the completed event:
+    a run that fails afterwards has no report.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -626,10 +626,15 @@ class RunCompletedEvent(_message.Message):
     USAGE_FIELD_NUMBER: _builtins.int
     REMOVED_CITATIONS_FIELD_NUMBER: _builtins.int
     TOKEN_BUDGET_EXHAUSTED_FIELD_NUMBER: _builtins.int
+    TURN_BUDGET_EXHAUSTED_FIELD_NUMBER: _builtins.int
     removed_citations: _builtins.int
     """Citations in the draft that resolved to no verified source and were removed."""
     token_budget_exhausted: _builtins.bool
     """True when the token budget stopped further delegation."""
+    turn_budget_exhausted: _builtins.bool
+    """True when the supervisor turn bound stopped the research phase; the report
+    was written from the findings promoted until then.
+    """
     @_builtins.property
     def report(self) -> Global___Report: ...
     @_builtins.property
@@ -641,10 +646,11 @@ class RunCompletedEvent(_message.Message):
         usage: Global___RunUsage | None = ...,
         removed_citations: _builtins.int = ...,
         token_budget_exhausted: _builtins.bool = ...,
+        turn_budget_exhausted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["report", b"report", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed_citations", b"removed_citations", "report", b"report", "token_budget_exhausted", b"token_budget_exhausted", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed_citations", b"removed_citations", "report", b"report", "token_budget_exhausted", b"token_budget_exhausted", "turn_budget_exhausted", b"turn_budget_exhausted", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

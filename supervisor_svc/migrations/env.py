@@ -1,0 +1,9 @@
+from typing import cast
+
+from alembic import context
+from alembic.runtime.environment import EnvironmentContext
+
+from quarry.db import run_migrations
+from supervisor_svc.schema import metadata
+
+run_migrations(cast(EnvironmentContext, context), metadata)

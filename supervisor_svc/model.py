@@ -1,0 +1,203 @@
+"""Run domain types and the checks a StartRun request must pass, free of SQL."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from quarry.errors import FieldViolation, InvalidArgument
+
+DEFAULT_SUPERVISOR_TURNS = 12
+DEFAULT_WORKER_TURNS = 8
+MAX_TURNS_LIMIT = 64
+MAX_PARALLEL_LIMIT = 64
+MAX_QUESTION_CHARS = 16_000
+MAX_TIMEOUT_SECONDS = 24 * 3600
+MAX_LABELS = 64
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,256}")
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_.-]{0,62}")
+_RUN_ID = re.compile(r"run-[0-9a-f]{32}")
+
+
+class RunState(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def ended(self) -> bool:
+        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED)
+
+
+ACTIVE_STATES = (RunState.QUEUED.value, RunState.RUNNING.value)
+
+
+class RunErrorCode(enum.StrEnum):
+    PROVIDER_ERROR = "provider_error"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    CANCELLED = "cancelled"
+    INTERNAL = "internal"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    max_supervisor_turns: int = 0  # 0: DEFAULT_SUPERVISOR_TURNS
+    worker_max_turns: int = 0  # 0: the worker's default
+    max_parallel_delegations: int = 0  # 0: the server's default
+    timeout_seconds: float = 0.0  # 0: the server's default
+    max_tokens: int = 0  # 0: no token budget
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunOptions:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class TierUsage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    model_calls: int = 0
+    tool_calls: int = 0
+
+    def __add__(self, other: TierUsage) -> TierUsage:
+        return TierUsage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.model_calls + other.model_calls,
+            self.tool_calls + other.tool_calls,
+        )
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class RunUsage:
+    supervisor: TierUsage = TierUsage()
+    workers: TierUsage = TierUsage()
+
+    @property
+    def total(self) -> TierUsage:
+        return self.supervisor + self.workers
+
+    def to_json(self) -> dict[str, Any]:
+        return {"supervisor": asdict(self.supervisor), "workers": asdict(self.workers)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunUsage:
+        return cls(TierUsage(**data.get("supervisor", {})), TierUsage(**data.get("workers", {})))
+
+
+@dataclass(frozen=True)
+class Citation:
+    number: int
+    url: str
+    title: str
+    excerpt: str
+    sequence_no: int  # the scratchpad entry it comes from
+
+
+@dataclass(frozen=True)
+class Report:
+    markdown: str
+    citations: tuple[Citation, ...] = ()
+    removed_citations: int = 0
+    token_budget_exhausted: bool = False
+    turn_budget_exhausted: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["citations"] = [asdict(citation) for citation in self.citations]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Report:
+        citations = tuple(Citation(**citation) for citation in data.get("citations", []))
+        return cls(**{**data, "citations": citations})
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    question: str
+    options: RunOptions = RunOptions()
+    labels: dict[str, str] = field(default_factory=dict)
+    request_id: str = ""
+
+    def digest(self) -> str:
+        """What a request_id stands for: a repeat must ask for the same run."""
+        payload = json.dumps([self.question, self.options.to_json(), self.labels], sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    question: str
+    state: RunState
+    options: RunOptions
+    labels: dict[str, str]
+    scratchpad_thread_id: str
+    report: Report | None
+    error_code: RunErrorCode | None
+    last_error: str
+    usage: RunUsage
+    last_sequence_no: int
+    create_time: datetime
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+
+
+def validate_start(request: StartRequest) -> None:
+    """Every problem with a StartRun request at once, as field violations."""
+    violations: list[FieldViolation] = []
+    question = request.question
+    if not question.strip():
+        violations.append(FieldViolation("question", "required"))
+    elif len(question) > MAX_QUESTION_CHARS:
+        violations.append(FieldViolation("question", f"at most {MAX_QUESTION_CHARS} characters"))
+    if "\x00" in question:
+        violations.append(FieldViolation("question", "must not contain NUL characters"))
+    options = request.options
+    if not 0 <= options.max_supervisor_turns <= MAX_TURNS_LIMIT:
+        violations.append(
+            FieldViolation("options.max_supervisor_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)")
+        )
+    if not 0 <= options.worker_max_turns <= MAX_TURNS_LIMIT:
+        violations.append(FieldViolation("options.worker_max_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)"))
+    if not 0 <= options.max_parallel_delegations <= MAX_PARALLEL_LIMIT:
+        violations.append(
+            FieldViolation("options.max_parallel_delegations", f"between 1 and {MAX_PARALLEL_LIMIT} (0: default)")
+        )
+    if not 0 <= options.timeout_seconds <= MAX_TIMEOUT_SECONDS:
+        violations.append(FieldViolation("options.timeout", f"between 0 and {MAX_TIMEOUT_SECONDS} seconds"))
+    if options.max_tokens < 0:
+        violations.append(FieldViolation("options.max_tokens", "must not be negative"))
+    if len(request.labels) > MAX_LABELS:
+        violations.append(FieldViolation("labels", f"at most {MAX_LABELS} labels"))
+    for key, value in request.labels.items():
+        if not _LABEL_KEY.fullmatch(key):
+            violations.append(
+                FieldViolation(f"labels[{key!r}]", "keys are lowercase letters, digits, _ . -, starting with a letter")
+            )
+        if len(value) > 256 or "\x00" in value:
+            violations.append(FieldViolation(f"labels[{key!r}]", "values are at most 256 characters, without NUL"))
+    if request.request_id and not _REQUEST_ID.fullmatch(request.request_id):
+        violations.append(FieldViolation("request_id", "1-256 printable ASCII characters without spaces"))
+    if violations:
+        raise InvalidArgument(violations)
+
+
+def validate_run_id(run_id: str, field_name: str = "run_id") -> None:
+    if not _RUN_ID.fullmatch(run_id):
+        raise InvalidArgument([FieldViolation(field_name, "not a run id (run-<32 hex digits>)")])

@@ -1,0 +1,67 @@
+"""Assembles the supervisor process: settings, schema upgrade, model, clients, supervisor, servicer, host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+
+from quarry.agent.conversation import ConversationStore
+from quarry.agent.model import ModelClient, ModelSettings
+from quarry.client import ScratchpadClient, insecure_channel
+from quarry.config import QuarrySettings, SupervisorSettings
+from quarry.db import Database, upgrade_schema_async
+from quarry.server import ServiceHost, ServiceRegistration
+from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
+from supervisor_svc.delegation import DelegationClient
+from supervisor_svc.research import RunDependencies
+from supervisor_svc.servicer import SupervisorServicer
+from supervisor_svc.store import RunStore
+from supervisor_svc.supervisor import Supervisor, SupervisorLimits
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+VERSION_TABLE = "alembic_version_supervisor"
+SERVICE_NAME = supervisor_pb2.DESCRIPTOR.services_by_name["SupervisorService"].full_name
+
+
+async def build_host(settings: SupervisorSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
+    settings = settings or SupervisorSettings()
+    common = common or QuarrySettings()
+    url = settings.resolved_database_url(common.data_dir)
+    await upgrade_schema_async(url, MIGRATIONS, VERSION_TABLE)
+    database = Database(url)
+    model = ModelClient(ModelSettings.for_tier(settings, common))
+    channel = insecure_channel(settings.scratchpad_address)
+    delegations = DelegationClient(settings.worker_targets())
+    supervisor = Supervisor(
+        RunStore(database),
+        RunDependencies(
+            model=model,
+            conversations=ConversationStore(database),
+            scratchpad=ScratchpadClient(channel),
+            delegations=delegations,
+            default_timeout_seconds=settings.default_run_timeout_seconds,
+            default_parallel=settings.max_parallel_delegations,
+            context_tokens=settings.context_tokens,
+        ),
+        SupervisorLimits(max_active_runs=settings.max_active_runs, lease_seconds=settings.run_lease_seconds),
+    )
+
+    def register(server: grpc.aio.Server) -> None:
+        supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(SupervisorServicer(supervisor), server)
+
+    async def release() -> None:
+        await model.close()
+        await delegations.close()
+        await channel.close(None)
+        await database.close()
+
+    host = ServiceHost(
+        settings.address,
+        [ServiceRegistration(SERVICE_NAME, register)],
+        grace=common.shutdown_grace_seconds,
+        on_drain=[supervisor.close],
+        on_stopped=[release],
+    )
+    await supervisor.start()
+    return host

@@ -1,0 +1,259 @@
+"""Runs and their event logs in the supervisor's database.
+
+Event sequence numbers come from a counter on the run's row, advanced in the
+same transaction as the event inserts, so they start at 1, have no gaps and
+follow commit order. An event is only accepted while the run is active, so the
+terminal event is always the last one, whichever process writes it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from quarry.db import Database, reserve_sequence_numbers
+from quarry.errors import AlreadyExists, FieldViolation, InvalidArgument
+from quarry.v1 import supervisor_pb2
+from supervisor_svc.model import (
+    ACTIVE_STATES,
+    Report,
+    RunErrorCode,
+    RunOptions,
+    RunRecord,
+    RunState,
+    RunUsage,
+    StartRequest,
+)
+from supervisor_svc.schema import run_events, runs
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+
+
+class RunEnded(Exception):
+    """The run has ended (or does not exist): it takes no more events."""
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    sequence_no: int
+    payload: bytes
+    terminal: bool
+
+
+def _record(row: sa.Row[Any]) -> RunRecord:
+    return RunRecord(
+        run_id=row.run_id,
+        question=row.question,
+        state=RunState(row.state),
+        options=RunOptions.from_json(row.options),
+        labels=dict(row.labels),
+        scratchpad_thread_id=row.scratchpad_thread_id,
+        report=Report.from_json(row.report) if row.report is not None else None,
+        error_code=RunErrorCode(row.error_code) if row.error_code else None,
+        last_error=row.last_error,
+        usage=RunUsage.from_json(row.usage),
+        last_sequence_no=row.last_sequence_no,
+        create_time=row.create_time,
+        start_time=row.start_time,
+        end_time=row.end_time,
+    )
+
+
+def _page_token(record: RunRecord, state: str) -> str:
+    raw = f"v1|{state}|{record.create_time.isoformat()}|{record.run_id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_page_token(token: str, state: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        version, token_state, when, run_id = raw.split("|")
+        if version != "v1" or token_state != state:
+            raise ValueError(token)
+        return datetime.fromisoformat(when), run_id
+    except (binascii.Error, UnicodeDecodeError, ValueError) as error:
+        raise InvalidArgument(
+            [FieldViolation("page_token", "not a token from a ListRuns call with the same filter")]
+        ) from error
+
+
+class RunStore:
+    def __init__(self, database: Database) -> None:
+        self._db = database
+
+    async def create(
+        self, run_id: str, request: StartRequest, scratchpad_thread_id: str, owner: str
+    ) -> tuple[RunRecord, bool]:
+        """Record a new queued run; with a request_id seen before, the run it started (created=False)."""
+        now = datetime.now(UTC)
+        digest = request.digest()
+        row = {
+            "run_id": run_id,
+            "request_id": request.request_id or None,
+            "request_digest": digest,
+            "question": request.question,
+            "options": request.options.to_json(),
+            "labels": request.labels,
+            "scratchpad_thread_id": scratchpad_thread_id,
+            "state": RunState.QUEUED.value,
+            "report": None,
+            "error_code": "",
+            "last_error": "",
+            "usage": RunUsage().to_json(),
+            "last_sequence_no": 0,
+            "owner": owner,
+            "heartbeat_time": now,
+            "cancel_reason": None,
+            "create_time": now,
+        }
+        try:
+            await self._db.write(lambda connection: connection.execute(runs.insert().values(row)))
+        except IntegrityError:
+            existing = await self._by_request_id(request.request_id) if request.request_id else None
+            if existing is None:
+                raise
+            if existing[1] != digest:
+                raise AlreadyExists(
+                    f"request_id {request.request_id!r} already started a different run",
+                    reason="REQUEST_ID_REUSED",
+                    metadata={"run_id": existing[0].run_id},
+                ) from None
+            return existing[0], False
+        record = await self.get(run_id)
+        assert record is not None
+        return record, True
+
+    async def _by_request_id(self, request_id: str) -> tuple[RunRecord, str] | None:
+        def work(connection: Connection) -> tuple[RunRecord, str] | None:
+            row = connection.execute(sa.select(runs).where(runs.c.request_id == request_id)).first()
+            return (_record(row), row.request_digest) if row is not None else None
+
+        return await self._db.read(work)
+
+    async def get(self, run_id: str) -> RunRecord | None:
+        def work(connection: Connection) -> RunRecord | None:
+            row = connection.execute(sa.select(runs).where(runs.c.run_id == run_id)).first()
+            return _record(row) if row is not None else None
+
+        return await self._db.read_statement(work)
+
+    async def list_runs(self, page_size: int, page_token: str, state: RunState | None) -> tuple[list[RunRecord], str]:
+        """Newest first; the token carries the filter, so a page cannot silently change what it lists."""
+        if page_size < 0:
+            raise InvalidArgument([FieldViolation("page_size", "must not be negative")])
+        limit = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        state_name = state.value if state else ""
+        query = sa.select(runs).order_by(runs.c.create_time.desc(), runs.c.run_id.desc()).limit(limit + 1)
+        if state is not None:
+            query = query.where(runs.c.state == state.value)
+        if page_token:
+            when, run_id = _decode_page_token(page_token, state_name)
+            query = query.where(
+                sa.or_(runs.c.create_time < when, sa.and_(runs.c.create_time == when, runs.c.run_id < run_id))
+            )
+
+        def work(connection: Connection) -> list[RunRecord]:
+            return [_record(row) for row in connection.execute(query)]
+
+        found = await self._db.read_statement(work)
+        page = found[:limit]
+        return page, _page_token(page[-1], state_name) if len(found) > limit else ""
+
+    async def append(
+        self,
+        run_id: str,
+        events: Sequence[supervisor_pb2.RunEvent],
+        *,
+        terminal: bool = False,
+        values: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Number and store events (and update the run's columns) in one transaction.
+
+        Raises RunEnded when the run is no longer active: nothing follows a terminal event.
+        """
+        now = datetime.now(UTC)
+
+        def work(connection: Connection) -> list[int]:
+            active = sa.and_(runs.c.run_id == run_id, runs.c.state.in_(ACTIVE_STATES))
+            first = reserve_sequence_numbers(connection, runs, active, len(events))
+            if first is None:
+                raise RunEnded(run_id)
+            rows = []
+            for offset, event in enumerate(events):
+                event.run_id = run_id
+                event.sequence_no = first + offset
+                event.create_time.FromDatetime(now)
+                last = offset == len(events) - 1
+                rows.append(
+                    {
+                        "run_id": run_id,
+                        "sequence_no": event.sequence_no,
+                        "payload": event.SerializeToString(),
+                        "terminal": terminal and last,
+                        "create_time": now,
+                    }
+                )
+            if rows:
+                connection.execute(run_events.insert(), rows)
+            if values:
+                connection.execute(runs.update().where(runs.c.run_id == run_id).values(values))
+            return [event.sequence_no for event in events]
+
+        return await self._db.write(work)
+
+    async def update(self, run_id: str, values: dict[str, Any]) -> None:
+        await self._db.write(
+            lambda connection: connection.execute(runs.update().where(runs.c.run_id == run_id).values(values))
+        )
+
+    async def events_after(self, run_id: str, after: int, limit: int = 500) -> list[StoredEvent]:
+        query = (
+            sa.select(run_events.c.sequence_no, run_events.c.payload, run_events.c.terminal)
+            .where(run_events.c.run_id == run_id, run_events.c.sequence_no > after)
+            .order_by(run_events.c.sequence_no)
+            .limit(limit)
+        )
+
+        def work(connection: Connection) -> list[StoredEvent]:
+            return [StoredEvent(row.sequence_no, bytes(row.payload), row.terminal) for row in connection.execute(query)]
+
+        return await self._db.read_statement(work)
+
+    async def heartbeat(self, owner: str) -> list[tuple[str, str]]:
+        """Renew this process's lease on its active runs; returns (run_id, reason) for cancellations asked
+        elsewhere."""
+        now = datetime.now(UTC)
+
+        def work(connection: Connection) -> list[tuple[str, str]]:
+            mine = sa.and_(runs.c.owner == owner, runs.c.state.in_(ACTIVE_STATES))
+            connection.execute(runs.update().where(mine).values(heartbeat_time=now))
+            rows = connection.execute(
+                sa.select(runs.c.run_id, runs.c.cancel_reason).where(mine, runs.c.cancel_reason.is_not(None))
+            )
+            return [(row.run_id, row.cancel_reason) for row in rows]
+
+        return await self._db.write(work)
+
+    async def request_cancel(self, run_id: str, reason: str) -> None:
+        active = sa.and_(runs.c.run_id == run_id, runs.c.state.in_(ACTIVE_STATES), runs.c.cancel_reason.is_(None))
+        await self._db.write(
+            lambda connection: connection.execute(runs.update().where(active).values(cancel_reason=reason))
+        )
+
+    async def orphaned(self, stale_before: datetime) -> list[RunRecord]:
+        """Active runs whose owner stopped renewing the lease before `stale_before`."""
+
+        def work(connection: Connection) -> list[RunRecord]:
+            query = sa.select(runs).where(runs.c.state.in_(ACTIVE_STATES), runs.c.heartbeat_time < stale_before)
+            return [_record(row) for row in connection.execute(query)]
+
+        return await self._db.read(work)

@@ -1,0 +1,195 @@
+"""Owns the runs of one supervisor process: starts, cancels, streams and leases them.
+
+Each run executes as an asyncio task here. Its row carries a lease (owner and
+heartbeat): this process renews its runs' leases, picks up cancellations asked
+of another replica, and ends as failed any run whose owner stopped renewing —
+so a crashed supervisor never leaves a run "running" with streams waiting on it
+forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from quarry.errors import FieldViolation, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from quarry.v1 import supervisor_pb2
+from supervisor_svc import events
+from supervisor_svc.events import EventBus, RunEventLog
+from supervisor_svc.model import (
+    RunErrorCode,
+    RunRecord,
+    RunState,
+    StartRequest,
+    validate_run_id,
+    validate_start,
+)
+from supervisor_svc.research import ResearchRun, RunDependencies
+from supervisor_svc.store import RunEnded, RunStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SupervisorLimits:
+    max_active_runs: int = 32
+    # A run whose owner has not renewed its lease for this long is ended as failed.
+    lease_seconds: float = 30.0
+    # Streams re-read this often without a local signal (events written by another replica).
+    stream_poll_seconds: float = 1.0
+    # How long CancelRun waits for the run to record its end.
+    cancel_wait_seconds: float = 10.0
+
+
+class Supervisor:
+    def __init__(self, store: RunStore, deps: RunDependencies, limits: SupervisorLimits) -> None:
+        self._store = store
+        self._deps = deps
+        self._limits = limits
+        self._bus = EventBus()
+        self._owner = f"supervisor-{uuid.uuid4().hex[:12]}"
+        self._runs: dict[str, tuple[ResearchRun, asyncio.Task[None]]] = {}
+        self._closing = asyncio.Event()
+        self._housekeeping: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._housekeeping = asyncio.create_task(self._keep_leases())
+
+    # -- the public operations ---------------------------------------------------------------
+
+    async def start_run(self, request: StartRequest) -> RunRecord:
+        validate_start(request)
+        if self._closing.is_set():
+            raise Unavailable("the supervisor is shutting down; retry", reason="SHUTTING_DOWN")
+        if len(self._runs) >= self._limits.max_active_runs:
+            raise ResourceExhausted(
+                f"this supervisor already runs {self._limits.max_active_runs} research runs; retry later",
+                reason="TOO_MANY_RUNS",
+            )
+        run_id = f"run-{uuid.uuid4().hex}"
+        record, created = await self._store.create(run_id, request, scratchpad_thread_id=run_id, owner=self._owner)
+        if created:
+            research = ResearchRun(record, RunEventLog(self._store, self._bus, run_id), self._deps)
+            task = asyncio.create_task(research.execute(), name=run_id)
+            self._runs[run_id] = (research, task)
+            task.add_done_callback(lambda _: self._runs.pop(run_id, None))
+        return record
+
+    async def get(self, run_id: str) -> RunRecord:
+        validate_run_id(run_id)
+        record = await self._store.get(run_id)
+        if record is None:
+            raise NotFound("run", run_id, field="run_id")
+        return record
+
+    async def list_runs(self, page_size: int, page_token: str, state: RunState | None) -> tuple[list[RunRecord], str]:
+        return await self._store.list_runs(page_size, page_token, state)
+
+    async def cancel(self, run_id: str, reason: str) -> RunRecord:
+        record = await self.get(run_id)
+        if record.state.ended:
+            return record
+        reason = reason.strip()[:1000] or "cancelled by the client"
+        running = self._runs.get(run_id)
+        if running is not None:
+            research, task = running
+            research.cancel_reason = reason
+            task.cancel()
+            await asyncio.wait([task], timeout=self._limits.cancel_wait_seconds)
+        else:  # another replica runs it: it sees the request on its next heartbeat
+            await self._store.request_cancel(run_id, reason)
+            await self._wait_ended(run_id)
+        return await self.get(run_id)
+
+    async def _wait_ended(self, run_id: str) -> None:
+        deadline = asyncio.get_running_loop().time() + self._limits.cancel_wait_seconds
+        while asyncio.get_running_loop().time() < deadline:
+            record = await self._store.get(run_id)
+            if record is None or record.state.ended:
+                return
+            await asyncio.sleep(0.2)
+
+    async def events(self, run_id: str, after_sequence_no: int) -> AsyncIterator[supervisor_pb2.RunEvent]:
+        """Events after `after_sequence_no`, in order, until the terminal one; waits for new ones."""
+        await self.get(run_id)
+        if after_sequence_no < 0:
+            raise InvalidArgument([FieldViolation("after_sequence_no", "must not be negative")])
+        return self._follow(run_id, after_sequence_no)
+
+    async def _follow(self, run_id: str, after: int) -> AsyncIterator[supervisor_pb2.RunEvent]:
+        while True:
+            signal = self._bus.signal(run_id)  # before the read, so no commit after it goes unnoticed
+            batch = await self._store.events_after(run_id, after)
+            for stored in batch:
+                event = supervisor_pb2.RunEvent.FromString(stored.payload)
+                yield event
+                after = stored.sequence_no
+                if stored.terminal:
+                    return
+            if batch:
+                continue
+            if self._closing.is_set():
+                raise Unavailable("the supervisor is shutting down; re-attach to another", reason="SHUTTING_DOWN")
+            closing = asyncio.ensure_future(self._closing.wait())
+            woken = asyncio.ensure_future(signal.wait())
+            try:
+                await asyncio.wait(
+                    {closing, woken}, timeout=self._limits.stream_poll_seconds, return_when="FIRST_COMPLETED"
+                )
+            finally:
+                closing.cancel()
+                woken.cancel()
+
+    # -- leases --------------------------------------------------------------------------------
+
+    async def _keep_leases(self) -> None:
+        interval = self._limits.lease_seconds / 3
+        while True:
+            try:
+                for run_id, reason in await self._store.heartbeat(self._owner):
+                    running = self._runs.get(run_id)
+                    if running is not None and not running[1].done():
+                        running[0].cancel_reason = reason
+                        running[1].cancel()
+                await self._end_orphans()
+            except Exception:
+                log.exception("could not renew run leases; retrying")
+            await asyncio.sleep(interval)
+
+    async def _end_orphans(self) -> None:
+        stale = datetime.now(UTC) - timedelta(seconds=self._limits.lease_seconds)
+        for record in await self._store.orphaned(stale):
+            if record.run_id in self._runs:
+                continue
+            message = "the supervisor executing this run stopped before it ended"
+            with contextlib.suppress(RunEnded):  # another replica got there first
+                await self._store.append(
+                    record.run_id,
+                    [events.failed(RunErrorCode.INTERNAL, message, record.usage)],
+                    terminal=True,
+                    values={
+                        "state": RunState.FAILED.value,
+                        "error_code": RunErrorCode.INTERNAL.value,
+                        "last_error": message,
+                        "end_time": datetime.now(UTC),
+                    },
+                )
+                log.warning("run %s: lease expired; ended as failed", record.run_id)
+            self._bus.notify(record.run_id)
+
+    async def close(self) -> None:
+        """Cancel every run (each records its cancelled end) and end the streams."""
+        self._closing.set()
+        for research, task in list(self._runs.values()):
+            research.cancel_reason = "the supervisor shut down"
+            task.cancel()
+        await asyncio.gather(*(task for _, task in self._runs.values()), return_exceptions=True)
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeping

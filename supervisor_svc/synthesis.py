@@ -1,0 +1,117 @@
+"""The report: numbered sources from verified scratchpad findings, and citations checked as they stream.
+
+Sources are numbered from the scratchpad only: each source of a finding (or
+verdict) written by a worker, whose excerpt the worker's tools verified
+against a page it read before the scratchpad accepted it. The model cites them
+as [n]. Its text passes through CitationFilter on the way to the client: a
+citation naming no source is cut out there and counted, so what streams and
+what is stored are the same report, and no citation in it resolves to nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from quarry.agent.messages import Message, system, user
+from quarry.agent.scratchpad_tools import KIND_NAMES
+from quarry.v1 import common_pb2, scratchpad_pb2
+from supervisor_svc.model import Citation
+
+# Entries whose sources a worker verified before the scratchpad accepted them.
+_VERIFIED_KINDS = {scratchpad_pb2.ENTRY_KIND_FINDING, scratchpad_pb2.ENTRY_KIND_VERDICT}
+_WORKER_ROLES = {common_pb2.ROLE_RESEARCHER, common_pb2.ROLE_VERIFIER}
+_CITATION = re.compile(r"\s*\d{1,6}(\s*,\s*\d{1,6})*\s*")
+_MAX_MARKER = 48
+
+INSTRUCTIONS = (
+    "You write the final report of a research run, in Markdown. Use only the verified findings and numbered "
+    "sources given to you; cite every claim with the source numbers in square brackets, like [1] or [2, 3]. "
+    "Never cite a number that is not in the list. If the findings do not answer the question, say what is "
+    "known and what remains open. Do not add a bibliography: the sources are attached to the report."
+)
+
+
+def verified_sources(entries: Sequence[scratchpad_pb2.Entry]) -> list[Citation]:
+    """The citable sources, numbered from 1 in scratchpad order; one number per (url, excerpt)."""
+    sources: list[Citation] = []
+    seen: set[tuple[str, str]] = set()
+    for entry in entries:
+        if entry.kind not in _VERIFIED_KINDS or entry.author.role not in _WORKER_ROLES:
+            continue
+        for source in entry.sources:
+            key = (source.url, source.excerpt)
+            if not source.excerpt or key in seen:
+                continue
+            seen.add(key)
+            sources.append(Citation(len(sources) + 1, source.url, source.title, source.excerpt, entry.sequence_no))
+    return sources
+
+
+def synthesis_messages(
+    question: str, entries: Sequence[scratchpad_pb2.Entry], sources: Sequence[Citation], notes: str
+) -> list[Message]:
+    numbers = {(source.url, source.excerpt): source.number for source in sources}
+    findings = []
+    for entry in entries:
+        if entry.kind not in _VERIFIED_KINDS or entry.author.role not in _WORKER_ROLES:
+            continue
+        cited = sorted({numbers[(s.url, s.excerpt)] for s in entry.sources if (s.url, s.excerpt) in numbers})
+        marks = "".join(f"[{n}]" for n in cited)
+        findings.append(f"- ({KIND_NAMES.get(entry.kind, 'entry')} {entry.sequence_no}) {entry.content} {marks}")
+    listed = [f'[{s.number}] {s.title or s.url} — {s.url}\n    "{s.excerpt}"' for s in sources]
+    parts = [f"Question: {question}"]
+    parts.append("Verified findings:\n" + ("\n".join(findings) if findings else "(none were promoted)"))
+    parts.append("Sources:\n" + ("\n".join(listed) if listed else "(none)"))
+    if notes.strip():
+        parts.append(f"Notes from the research phase:\n{notes.strip()}")
+    return [system(INSTRUCTIONS), user("\n\n".join(parts))]
+
+
+@dataclass
+class CitationFilter:
+    """Streams report text through, holding back a possible [n, m] marker until it closes."""
+
+    sources: dict[int, Citation]
+    removed: int = 0
+    cited: set[int] = field(default_factory=set)
+    _pending: str = ""
+
+    def feed(self, text: str) -> str:
+        out: list[str] = []
+        for char in text:
+            if not self._pending:
+                if char == "[":
+                    self._pending = char
+                else:
+                    out.append(char)
+                continue
+            if char == "]":
+                out.append(self._resolve(self._pending[1:]))
+                self._pending = ""
+            elif char == "[":
+                out.append(self._pending)  # not a marker after all; a new one may start here
+                self._pending = char
+            elif char in "0123456789, " and len(self._pending) < _MAX_MARKER:
+                self._pending += char
+            else:
+                out.append(self._pending + char)
+                self._pending = ""
+        return "".join(out)
+
+    def finish(self) -> str:
+        rest, self._pending = self._pending, ""
+        return rest
+
+    def _resolve(self, inner: str) -> str:
+        if not _CITATION.fullmatch(inner):
+            return f"[{inner}]"
+        numbers = [int(part) for part in inner.split(",")]
+        valid = [n for n in dict.fromkeys(numbers) if n in self.sources]
+        self.removed += len(numbers) - len(valid)
+        self.cited.update(valid)
+        return f"[{', '.join(str(n) for n in valid)}]" if valid else ""
+
+    def citations(self) -> tuple[Citation, ...]:
+        return tuple(self.sources[n] for n in sorted(self.cited))

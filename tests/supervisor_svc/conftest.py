@@ -1,0 +1,85 @@
+"""A whole mesh in this process (scratchpad, two workers, supervisor): real gRPC over real sockets."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from quarry.client import QuarryClient, ScratchpadClient, insecure_channel
+from quarry.config import QuarrySettings, ScratchpadSettings, SupervisorSettings, WorkerSettings
+from quarry.server import ServiceHost
+from quarry.v1 import supervisor_pb2
+from scratchpad_svc.service import build_host as build_scratchpad
+from supervisor_svc.service import build_host as build_supervisor
+from tests.fakes.choreography import Choreography
+from tests.fakes.openai_server import ScriptedModel
+from tests.fakes.web_server import FixtureWeb
+from worker_svc.service import build_host as build_worker
+
+HISTORY = """<!doctype html><html><head><title>Building the tower</title></head><body><article>
+<h1>Building the tower</h1>
+<p>Construction of the Eiffel Tower began in January 1887 and the tower opened to the public in May 1889.</p>
+<p>About three hundred workers joined together some eighteen thousand pieces of wrought iron.</p>
+</article></body></html>"""
+
+
+@dataclass
+class Mesh:
+    supervisor: ServiceHost
+    workers: list[ServiceHost]
+    scratchpad_address: str
+    client: QuarryClient
+    scratchpad: ScratchpadClient
+    script: Choreography
+    site: FixtureWeb
+
+    async def events(self, run_id: str, after: int = 0) -> list[supervisor_pb2.RunEvent]:
+        return [event async for event in self.client.stream_run(run_id, after_sequence_no=after)]
+
+
+def worker_settings(address: str, database: Path, scratchpad: str, model: ScriptedModel, site: FixtureWeb) -> WorkerSettings:
+    return WorkerSettings(
+        address=address,
+        database_url=f"sqlite:///{database}",
+        scratchpad_address=scratchpad,
+        model_base_url=model.base_url,
+        model_name="scripted",
+        search_backend="searxng",
+        searxng_url=site.base_url,
+        fetch_allow=f"127.0.0.1:{site.port}",
+    )
+
+
+@pytest.fixture
+async def mesh(tmp_path: Path, model: ScriptedModel, site: FixtureWeb) -> AsyncIterator[Mesh]:
+    script = Choreography()
+    model.default = script
+    site.add("/history.html", HISTORY)
+    common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=2)
+    async with await build_scratchpad(ScratchpadSettings(address="127.0.0.1:0"), common) as scratchpad:
+        workers = [
+            await build_worker(
+                worker_settings("127.0.0.1:0", tmp_path / f"worker{n}.db", scratchpad.address, model, site), common
+            )
+            for n in range(2)
+        ]
+        async with workers[0], workers[1]:
+            supervisor = await build_supervisor(
+                SupervisorSettings(
+                    address="127.0.0.1:0",
+                    scratchpad_address=scratchpad.address,
+                    worker_addresses=",".join(worker.address for worker in workers),
+                    model_base_url=model.base_url,
+                    model_name="scripted",
+                ),
+                common,
+            )
+            async with (
+                supervisor,
+                QuarryClient.connect(supervisor.address) as client,
+                insecure_channel(scratchpad.address) as channel,
+            ):
+                yield Mesh(supervisor, workers, scratchpad.address, client, ScratchpadClient(channel), script, site)
