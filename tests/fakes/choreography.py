@@ -7,6 +7,7 @@ workers can each follow their own script whatever order their calls arrive in.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,7 @@ def agent_of(body: dict[str, Any]) -> str:
 class Choreography:
     scripts: dict[str, deque[Step]] = field(default_factory=dict)
     requests: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    arrivals: dict[str, list[float]] = field(default_factory=dict)  # time.monotonic() of each request
 
     def add(self, agent: str, *steps: Step) -> None:
         self.scripts.setdefault(agent, deque()).extend(steps)
@@ -43,6 +45,7 @@ class Choreography:
     def __call__(self, body: dict[str, Any]) -> Step:
         agent = agent_of(body)
         self.requests.setdefault(agent, []).append(body)
+        self.arrivals.setdefault(agent, []).append(time.monotonic())
         steps = self.scripts.get(agent)
         if not steps:
             return HttpError(400, message=f"no script left for {agent!r}")

@@ -7,10 +7,9 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
 from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
+from tests.rpc import error_reason, expect_error, violations
 from tests.scratchpad_svc.conftest import MAX_CONTENT_BYTES, MAX_SOURCES, RESEARCHER, finding
 
 Stub = scratchpad_pb2_grpc.ScratchpadServiceStub
@@ -18,36 +17,6 @@ Stub = scratchpad_pb2_grpc.ScratchpadServiceStub
 
 def encode(raw: str) -> str:
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def violations(error: grpc.aio.AioRpcError) -> dict[str, str]:
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
-    assert status is not None, "error carries no google.rpc.Status details"
-    found: dict[str, str] = {}
-    for detail in status.details:
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad_request = error_details_pb2.BadRequest()
-            detail.Unpack(bad_request)
-            found.update({v.field: v.description for v in bad_request.field_violations})
-    return found
-
-
-def error_reason(error: grpc.aio.AioRpcError) -> str:
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
-    assert status is not None
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return info.reason
-    raise AssertionError("no ErrorInfo detail")
-
-
-async def expect_error(call: Awaitable[object], code: grpc.StatusCode) -> grpc.aio.AioRpcError:
-    with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await call
-    assert raised.value.code() == code, raised.value.details()
-    return raised.value
 
 
 async def assert_nothing_written(stub: Stub, thread_id: str) -> None:

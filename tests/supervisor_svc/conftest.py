@@ -36,11 +36,17 @@ class Mesh:
     script: Choreography
     site: FixtureWeb
 
+    @property
+    def worker_addresses(self) -> list[str]:
+        return [worker.address for worker in self.workers]
+
     async def events(self, run_id: str, after: int = 0) -> list[supervisor_pb2.RunEvent]:
         return [event async for event in self.client.stream_run(run_id, after_sequence_no=after)]
 
 
-def worker_settings(address: str, database: Path, scratchpad: str, model: ScriptedModel, site: FixtureWeb) -> WorkerSettings:
+def worker_settings(
+    address: str, database: Path, scratchpad: str, model: ScriptedModel, site: FixtureWeb
+) -> WorkerSettings:
     return WorkerSettings(
         address=address,
         database_url=f"sqlite:///{database}",
@@ -54,7 +60,8 @@ def worker_settings(address: str, database: Path, scratchpad: str, model: Script
 
 
 @pytest.fixture
-async def mesh(tmp_path: Path, model: ScriptedModel, site: FixtureWeb) -> AsyncIterator[Mesh]:
+async def mesh(tmp_path: Path, model: ScriptedModel, site: FixtureWeb, database_url: str) -> AsyncIterator[Mesh]:
+    """The supervisor's database is SQLite or PostgreSQL (each test runs on both)."""
     script = Choreography()
     model.default = script
     site.add("/history.html", HISTORY)
@@ -70,6 +77,7 @@ async def mesh(tmp_path: Path, model: ScriptedModel, site: FixtureWeb) -> AsyncI
             supervisor = await build_supervisor(
                 SupervisorSettings(
                     address="127.0.0.1:0",
+                    database_url=database_url,
                     scratchpad_address=scratchpad.address,
                     worker_addresses=",".join(worker.address for worker in workers),
                     model_base_url=model.base_url,

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from quarry.v1 import supervisor_pb2
+import asyncio
+
+import grpc
+import pytest
+
+from quarry.client import insecure_channel
+from quarry.v1 import supervisor_pb2, worker_pb2, worker_pb2_grpc
 from tests.fakes.choreography import REPORT, SUPERVISOR
-from tests.fakes.openai_server import Call, Reply
+from tests.fakes.openai_server import Call, DropAfter, Reply, Stall
+from tests.rpc import error_reason, expect_error, violations
 from tests.supervisor_svc.conftest import Mesh
 
 
@@ -51,3 +58,207 @@ async def test_a_run_delegates_and_reports_with_verified_citations(mesh: Mesh) -
     assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED
     assert stored.report == completed.report
     assert stored.last_event_sequence_no == events[-1].sequence_no
+
+
+def answer_at_once(mesh: Mesh, report: str = "Nothing was researched.") -> None:
+    mesh.script.add(SUPERVISOR, Reply(content="No research needed."))
+    mesh.script.add(REPORT, Reply(content=report))
+
+
+async def test_a_client_that_reattaches_misses_nothing_and_sees_nothing_twice(mesh: Mesh) -> None:
+    researcher(mesh, "Find the height", "/article.html", "The tower is 330 m tall.", "The tower is 330 metres tall")
+    mesh.script.add(
+        SUPERVISOR,
+        Reply(calls=(Call("delegate_research", {"objective": "Find the height"}, "d1"),)),
+        Reply(content="Done.", delay=0.2),
+    )
+    mesh.script.add(REPORT, Reply(content="It is 330 metres tall [1]. " * 20, chunks=10, delay=0.2))
+    run = await mesh.client.start_run("How tall is the Eiffel Tower?")
+    seen: list[supervisor_pb2.RunEvent] = []
+    attaches = 0
+    while not seen or seen[-1].WhichOneof("payload") != "completed":
+        attaches += 1
+        assert attaches < 200
+        after = seen[-1].sequence_no if seen else 0
+        async for event in mesh.client.stream_run(run.run_id, after_sequence_no=after):
+            seen.append(event)
+            break  # disconnect after every event
+    assert [e.sequence_no for e in seen] == list(range(1, len(seen) + 1))
+    assert seen == await mesh.events(run.run_id)
+    assert attaches == len(seen) > 5
+    tail = await mesh.events(run.run_id, after=len(seen) - 2)
+    assert [e.sequence_no for e in tail] == [len(seen) - 1, len(seen)]
+
+
+async def test_parallel_delegations_in_one_turn_run_at_once(mesh: Mesh) -> None:
+    for name in ("Task one", "Task two"):
+        mesh.script.add(name, Reply(content="waited", delay=0.5))
+    mesh.script.add(
+        SUPERVISOR,
+        Reply(
+            calls=(
+                Call("delegate_research", {"objective": "Task one"}, "a"),
+                Call("delegate_research", {"objective": "Task two"}, "b"),
+            )
+        ),
+        Reply(content="Both done."),
+    )
+    mesh.script.add(REPORT, Reply(content="Report."))
+    run = await mesh.client.start_run("Two things at once?")
+    events = await mesh.events(run.run_id)
+    assert events[-1].WhichOneof("payload") == "completed"
+    # Each worker's reply waits 0.5 s after its request: the second arrived before the first could be answered.
+    one, two = (mesh.script.arrivals[name][0] for name in ("Task one", "Task two"))
+    assert abs(one - two) < 0.5
+    phases = [e.status.phase for e in events if e.HasField("status")]
+    delegated = [n for n, p in enumerate(phases) if p == supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED]
+    finished = [n for n, p in enumerate(phases) if p == supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED]
+    assert len(delegated) == 2 and len(finished) == 2 and max(delegated) < min(finished)
+    tool_results = mesh.script.tool_results(SUPERVISOR)
+    assert len(tool_results) == 2 and all("succeeded" in result for result in tool_results)
+
+
+async def wait_for_phase(mesh: Mesh, run_id: str, phase: supervisor_pb2.ResearchPhase.ValueType) -> int:
+    async for event in mesh.client.stream_run(run_id):
+        if event.status.phase == phase:
+            return event.sequence_no
+    raise AssertionError("the run ended before that phase")
+
+
+async def test_cancel_run_stops_its_workers_and_ends_the_run_cancelled(mesh: Mesh) -> None:
+    mesh.script.add("Research slowly", Stall(60))
+    mesh.script.add(SUPERVISOR, Reply(calls=(Call("delegate_research", {"objective": "Research slowly"}, "d1"),)))
+    run = await mesh.client.start_run("Slow question?")
+    await wait_for_phase(mesh, run.run_id, supervisor_pb2.RESEARCH_PHASE_WORKER_RESEARCHING)
+    cancelled = await mesh.client.cancel_run(run.run_id, reason="user pressed Ctrl-C")
+    assert cancelled.state == supervisor_pb2.RUN_STATE_CANCELLED
+    assert cancelled.error.code == supervisor_pb2.RUN_ERROR_CODE_CANCELLED
+    events = await mesh.events(run.run_id)
+    assert events[-1].cancelled.reason == "user pressed Ctrl-C"
+    delegation_id = next(e.status.delegation_id for e in events if e.status.delegation_id)
+    states = set()
+    for _ in range(100):  # the worker records the cancellation as its task unwinds
+        states = {await delegation_state(address, delegation_id) for address in mesh.worker_addresses}
+        if worker_pb2.DELEGATION_STATE_RUNNING not in states:
+            break
+        await asyncio.sleep(0.05)
+    assert worker_pb2.DELEGATION_STATE_FAILED in states, states
+    again = await mesh.client.cancel_run(run.run_id)  # cancelling an ended run changes nothing
+    assert again.state == supervisor_pb2.RUN_STATE_CANCELLED and again.error.message == "user pressed Ctrl-C"
+
+
+async def delegation_state(address: str, delegation_id: str) -> int:
+    async with insecure_channel(address) as channel:
+        try:
+            response = await worker_pb2_grpc.WorkerServiceStub(channel).GetDelegation(
+                worker_pb2.GetDelegationRequest(delegation_id=delegation_id)
+            )
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.NOT_FOUND
+            return -1
+    if response.delegation.state == worker_pb2.DELEGATION_STATE_FAILED:
+        assert response.delegation.result.error.code == worker_pb2.DELEGATION_ERROR_CODE_CANCELLED
+    return response.delegation.state
+
+
+async def test_the_token_budget_stops_further_delegation(mesh: Mesh) -> None:
+    mesh.script.add("Spend tokens", Reply(content="spent", input_tokens=400, output_tokens=100))
+    mesh.script.add(
+        SUPERVISOR,
+        Reply(calls=(Call("delegate_research", {"objective": "Spend tokens"}, "d1"),)),
+        Reply(calls=(Call("delegate_research", {"objective": "Never runs"}, "d2"),)),
+    )
+    mesh.script.add(REPORT, Reply(content="From what exists."))
+    run = await mesh.client.start_run("Budgeted?", options=supervisor_pb2.RunOptions(max_tokens=300))
+    events = await mesh.events(run.run_id)
+    completed = events[-1].completed
+    assert completed.token_budget_exhausted and not completed.turn_budget_exhausted
+    assert completed.report.markdown == "From what exists."
+    delegated = [e for e in events if e.status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED]
+    assert len(delegated) == 1
+    assert len(mesh.script.requests[SUPERVISOR]) == 1  # no turn after the budget was spent
+    assert "Never runs" not in mesh.script.requests
+    assert completed.usage.workers.input_tokens == 400 and completed.usage.workers.output_tokens == 100
+    assert completed.usage.total.input_tokens == completed.usage.supervisor.input_tokens + 400
+
+
+async def test_the_turn_bound_ends_research_and_the_report_says_so(mesh: Mesh) -> None:
+    mesh.script.add(SUPERVISOR, *(Reply(calls=(Call("read_scratchpad", {}, f"r{n}"),)) for n in range(2)))
+    mesh.script.add(REPORT, Reply(content="Partial picture."))
+    run = await mesh.client.start_run("Endless?", options=supervisor_pb2.RunOptions(max_supervisor_turns=2))
+    events = await mesh.events(run.run_id)
+    assert events[-1].completed.turn_budget_exhausted
+    assert events[-1].completed.usage.supervisor.model_calls == 3  # two research turns and the report
+
+
+async def test_a_provider_failure_fails_the_run_honestly(mesh: Mesh) -> None:
+    mesh.script.add(SUPERVISOR, Reply(content="Nothing to do."))
+    mesh.script.add(REPORT, DropAfter("The tower is"))
+    run = await mesh.client.start_run("Will the report break?")
+    events = await mesh.events(run.run_id)
+    failed = events[-1].failed
+    assert failed.error.code == supervisor_pb2.RUN_ERROR_CODE_PROVIDER_ERROR
+    stored = await mesh.client.get_run(run.run_id)
+    assert stored.state == supervisor_pb2.RUN_STATE_FAILED and not stored.HasField("report")
+    assert "model request failed" in stored.error.message
+    assert stored.HasField("end_time") and stored.HasField("start_time")
+
+
+async def test_runs_are_listed_newest_first_in_pages(mesh: Mesh) -> None:
+    ids = []
+    for n in range(3):
+        answer_at_once(mesh)
+        run = await mesh.client.start_run(f"Question {n}?", labels={"batch": "b1"})
+        await mesh.events(run.run_id)
+        ids.append(run.run_id)
+    first = await mesh.client.list_runs(page_size=2)
+    second = await mesh.client.list_runs(page_size=2, page_token=first.next_page_token)
+    assert [r.run_id for r in first.runs] + [r.run_id for r in second.runs] == ids[::-1]
+    assert not second.next_page_token and first.runs[0].labels == {"batch": "b1"}
+    failed = await mesh.client.list_runs(state=supervisor_pb2.RUN_STATE_FAILED)
+    assert list(failed.runs) == []
+    error = await expect_error(
+        mesh.client.list_runs(page_token=first.next_page_token, state=supervisor_pb2.RUN_STATE_FAILED),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    assert "page_token" in violations(error)
+
+
+async def test_start_run_is_idempotent_by_request_id(mesh: Mesh) -> None:
+    answer_at_once(mesh)
+    first = await mesh.client.start_run("Once?", request_id="req-1")
+    again = await mesh.client.start_run("Once?", request_id="req-1")
+    assert again.run_id == first.run_id
+    error = await expect_error(mesh.client.start_run("Other?", request_id="req-1"), grpc.StatusCode.ALREADY_EXISTS)
+    assert error_reason(error) == "REQUEST_ID_REUSED"
+    await mesh.events(first.run_id)
+    assert len((await mesh.client.list_runs()).runs) == 1
+
+
+async def test_bad_requests_name_their_fields(mesh: Mesh) -> None:
+    options = supervisor_pb2.RunOptions(max_supervisor_turns=-1, worker_max_turns=65, max_parallel_delegations=99)
+    options.timeout.FromSeconds(10**9)
+    error = await expect_error(
+        mesh.client.start_run(" ", options=options, labels={"Bad Key": "x"}), grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert set(violations(error)) == {
+        "question",
+        "options.max_supervisor_turns",
+        "options.worker_max_turns",
+        "options.max_parallel_delegations",
+        "options.timeout",
+        "labels['Bad Key']",
+    }
+    error = await expect_error(mesh.client.get_run("nope"), grpc.StatusCode.INVALID_ARGUMENT)
+    assert "run_id" in violations(error)
+    await expect_error(mesh.client.get_run("run-" + "0" * 32), grpc.StatusCode.NOT_FOUND)
+    await expect_error(mesh.client.cancel_run("run-" + "0" * 32), grpc.StatusCode.NOT_FOUND)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await mesh.events("run-" + "0" * 32)
+    assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+    answer_at_once(mesh)
+    run = await mesh.client.start_run("Fine?")
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await mesh.events(run.run_id, after=-1)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    await mesh.events(run.run_id)
