@@ -23,6 +23,7 @@ from pydantic_settings import (
 __all__ = [
     "ConfigurationError",
     "ModelTier",
+    "MonitorSettings",
     "QuarrySettings",
     "ScratchpadSettings",
     "ServiceSettings",
@@ -212,3 +213,11 @@ class SupervisorSettings(ModelTier):
 
     def worker_targets(self) -> list[str]:
         return [target.strip() for target in self.worker_addresses.split(",") if target.strip()]
+
+
+class MonitorSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="QUARRY_MONITOR_", extra="ignore")
+    config_table: ClassVar[str] = "monitor"
+    service_name: ClassVar[str] = "monitor"
+
+    address: str = "127.0.0.1:7413"

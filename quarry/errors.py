@@ -28,6 +28,7 @@ __all__ = [
     "ResourceExhausted",
     "Unauthenticated",
     "Unavailable",
+    "Unimplemented",
     "internal_status",
     "to_rpc_status",
 ]
@@ -159,6 +160,11 @@ class Unavailable(QuarryError):
 class DeadlineExceeded(QuarryError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
     default_reason = "DEADLINE_EXCEEDED"
+
+
+class Unimplemented(QuarryError):
+    code = grpc.StatusCode.UNIMPLEMENTED
+    default_reason = "UNIMPLEMENTED"
 
 
 class Internal(QuarryError):

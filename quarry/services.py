@@ -48,6 +48,11 @@ SERVICES: dict[str, ServiceSpec] = {
         builder="worker_svc.service:build_host",
         needs={"scratchpad": "QUARRY_WORKER_SCRATCHPAD_ADDRESS"},
     ),
+    "monitor": ServiceSpec(
+        name="monitor",
+        settings_class="quarry.config:MonitorSettings",
+        builder="monitor_svc.service:build_host",
+    ),
     "supervisor": ServiceSpec(
         name="supervisor",
         settings_class="quarry.config:SupervisorSettings",

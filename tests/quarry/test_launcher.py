@@ -16,6 +16,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from quarry.services import SERVICES
+
 pytestmark = pytest.mark.slow
 
 
@@ -116,7 +118,7 @@ def test_up_serves_every_service_and_stops_them_all(
     up: Callable[..., QuarryUp], tmp_path: Path, stop_signal: signal.Signals
 ) -> None:
     mesh = up()
-    addresses = mesh.addresses({"scratchpad", "worker"})
+    addresses = mesh.addresses(set(SERVICES))
     children = child_pids(mesh.process.pid)
     assert len(children) == len(addresses)
     for address in addresses.values():
@@ -139,7 +141,7 @@ def test_up_fails_clearly_when_a_service_cannot_start(up: Callable[..., QuarryUp
 
 def test_services_stop_when_quarry_up_is_killed(up: Callable[..., QuarryUp]) -> None:
     mesh = up()
-    mesh.addresses({"scratchpad", "worker"})
+    mesh.addresses(set(SERVICES))
     children = child_pids(mesh.process.pid)
     assert children
     mesh.process.kill()  # no chance to clean up: the kernel's parent-death signal must do it

@@ -1,0 +1,1 @@
+"""MonitorService: observation of compute at zero model cost."""
