@@ -18,12 +18,12 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc, supervisor_pb2, supervisor_pb2_grpc
 
 __all__ = [
-    "TERMINAL_EVENTS",
     "QuarryClient",
     "RetryPolicy",
     "ScratchpadClient",
     "insecure_channel",
     "is_retryable",
+    "is_terminal",
 ]
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -160,7 +160,12 @@ class ScratchpadClient:
                 await self.get_thread(thread_id)  # waits, with backoff, until the service answers again
 
 
-TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
+_TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
+
+
+def is_terminal(event: supervisor_pb2.RunEvent) -> bool:
+    """True for a run's last event: completed, failed or cancelled."""
+    return event.WhichOneof("payload") in _TERMINAL_EVENTS
 
 
 class QuarryClient:
@@ -250,7 +255,7 @@ class QuarryClient:
                     event = response.event
                     after = event.sequence_no
                     yield event
-                    if event.WhichOneof("payload") in TERMINAL_EVENTS:
+                    if is_terminal(event):
                         return
                 return
             except grpc.aio.AioRpcError as error:

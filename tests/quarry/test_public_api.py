@@ -35,12 +35,12 @@ PUBLIC_API = {
         "to_rpc_status",
     },
     quarry.client: {
-        "TERMINAL_EVENTS",
         "QuarryClient",
         "RetryPolicy",
         "ScratchpadClient",
         "insecure_channel",
         "is_retryable",
+        "is_terminal",
     },
     quarry.config: {
         "ConfigurationError",
