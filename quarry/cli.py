@@ -68,6 +68,36 @@ def _parser() -> argparse.ArgumentParser:
     )
     index.add_argument("folder", type=Path)
     index.add_argument("--index", type=Path, help="index file (default: corpus.db in the data directory)")
+
+    address_help = "the supervisor's HOST:PORT (default: QUARRY_SUPERVISOR_ADDRESS, else 127.0.0.1:7410)"
+    ask = commands.add_parser("ask", help="research a question and follow the run live")
+    ask.add_argument("question")
+    ask.add_argument("--address", help=address_help)
+    ask.add_argument("--json", action="store_true", help="print one JSON object per event instead")
+    ask.add_argument("--max-turns", type=int, default=0, help="bound on supervisor turns (default 12)")
+    ask.add_argument("--worker-max-turns", type=int, default=0, help="bound on each worker's turns (default 8)")
+    ask.add_argument("--parallel", type=int, default=0, help="delegations at once (default: the server's)")
+    ask.add_argument("--max-tokens", type=int, default=0, help="token budget for the whole run (default: none)")
+    ask.add_argument("--timeout", type=float, default=0, help="seconds the run may take (default: the server's)")
+
+    runs = commands.add_parser("runs", help="list research runs or show one")
+    runs_commands = runs.add_subparsers(dest="runs_command", required=True)
+    runs_list = runs_commands.add_parser("list", help="the newest runs")
+    runs_list.add_argument("--state", choices=["queued", "running", "succeeded", "failed", "cancelled"])
+    runs_list.add_argument("--limit", type=int, default=20)
+    runs_list.add_argument("--json", action="store_true")
+    runs_list.add_argument("--address", help=address_help)
+    runs_show = runs_commands.add_parser("show", help="one run: state, report, citations, usage")
+    runs_show.add_argument("run_id")
+    runs_show.add_argument("--json", action="store_true")
+    runs_show.add_argument("--address", help=address_help)
+
+    commands.add_parser(
+        "doctor",
+        help="check services, model endpoint, search backend and databases",
+        epilog=CONFIGURATION_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     return parser
 
 
@@ -127,6 +157,27 @@ async def _serve(host: ServiceHost, port_file: Path | None) -> int:
     return 0
 
 
+def _client_command(args: argparse.Namespace) -> int:
+    from quarry import ask
+    from quarry.config import SupervisorSettings
+    from quarry.v1 import supervisor_pb2
+
+    address = args.address or _load(SupervisorSettings).address
+    if args.command == "runs":
+        if args.runs_command == "list":
+            return ask.run_client_command(ask.list_runs(address, args.state or "", args.limit, as_json=args.json))
+        return ask.run_client_command(ask.show_run(address, args.run_id, as_json=args.json))
+    options = supervisor_pb2.RunOptions(
+        max_supervisor_turns=args.max_turns,
+        worker_max_turns=args.worker_max_turns,
+        max_parallel_delegations=args.parallel,
+        max_tokens=args.max_tokens,
+    )
+    if args.timeout:
+        options.timeout.FromNanoseconds(int(args.timeout * 1e9))
+    return ask.run_client_command(ask.ask(address, args.question, options, as_json=args.json))
+
+
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)
 
 
@@ -182,4 +233,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.command == "corpus":
         return _index_corpus(args.folder, args.index or common.data_dir / "corpus.db")
+    if args.command in ("ask", "runs"):
+        return _client_command(args)
+    if args.command == "doctor":
+        from quarry.doctor import doctor
+
+        try:
+            return doctor(common)
+        except ConfigurationError as error:
+            print(f"quarry: {error}", file=sys.stderr)
+            return 2
     raise AssertionError(f"unhandled command {args.command}")

@@ -19,7 +19,9 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from alembic.migration import MigrationContext
 from alembic.runtime.environment import EnvironmentContext
+from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL, Connection, Dialect, make_url
 
 from quarry.errors import Unavailable
@@ -33,6 +35,7 @@ __all__ = [
     "json_type",
     "reserve_sequence_numbers",
     "run_migrations",
+    "schema_revisions",
     "upgrade_schema",
     "upgrade_schema_async",
 ]
@@ -183,8 +186,7 @@ def upgrade_schema(url: str, migrations: Path, version_table: str) -> None:
     if engine.dialect.name == "sqlite":
         _prepare_sqlite(engine, engine.url)
     postgres = engine.dialect.name == "postgresql"
-    config = Config()
-    config.set_main_option("script_location", str(migrations))
+    config = _alembic_config(migrations)
     config.attributes["version_table"] = version_table
     lock_key = int.from_bytes(hashlib.sha256(version_table.encode()).digest()[:8], "big", signed=True)
     try:
@@ -202,6 +204,32 @@ def upgrade_schema(url: str, migrations: Path, version_table: str) -> None:
                     connection.commit()
     finally:
         engine.dispose()
+
+
+def schema_revisions(url: str, migrations: Path, version_table: str) -> tuple[str | None, str | None]:
+    """(the revision the database is at, the newest the code has); None where there is none yet.
+
+    Reads only: a SQLite file that does not exist is not created.
+    """
+    head = ScriptDirectory.from_config(_alembic_config(migrations)).get_current_head()
+    parsed = database_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database and not Path(parsed.database).exists():
+        return None, head
+    engine = sa.create_engine(parsed, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            current = MigrationContext.configure(
+                connection, opts={"version_table": version_table}
+            ).get_current_revision()
+    finally:
+        engine.dispose()
+    return current, head
+
+
+def _alembic_config(migrations: Path) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(migrations))
+    return config
 
 
 async def upgrade_schema_async(url: str, migrations: Path, version_table: str) -> None:

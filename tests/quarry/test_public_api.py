@@ -62,6 +62,7 @@ PUBLIC_API = {
         "json_type",
         "reserve_sequence_numbers",
         "run_migrations",
+        "schema_revisions",
         "upgrade_schema",
         "upgrade_schema_async",
     },

@@ -35,6 +35,7 @@ class Mesh:
     scratchpad: ScratchpadClient
     script: Choreography
     site: FixtureWeb
+    supervisor_database_url: str
 
     @property
     def worker_addresses(self) -> list[str]:
@@ -90,4 +91,13 @@ async def mesh(tmp_path: Path, model: ScriptedModel, site: FixtureWeb, database_
                 QuarryClient.connect(supervisor.address) as client,
                 insecure_channel(scratchpad.address) as channel,
             ):
-                yield Mesh(supervisor, workers, scratchpad.address, client, ScratchpadClient(channel), script, site)
+                yield Mesh(
+                    supervisor,
+                    workers,
+                    scratchpad.address,
+                    client,
+                    ScratchpadClient(channel),
+                    script,
+                    site,
+                    database_url,
+                )

@@ -1,0 +1,234 @@
+"""`quarry ask`, `quarry runs list` and `quarry runs show`: the public API from a terminal.
+
+`ask` starts a run and follows it: live with rich (delegations and their
+turns, scratchpad entries as they land, the report as it streams), or one JSON
+object per event with --json. Ctrl-C cancels the run and waits for its
+cancelled event; a second Ctrl-C leaves at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.markdown import Markdown
+from rich.table import Table
+from rich.text import Text
+
+from quarry.client import QuarryClient, is_terminal
+from quarry.v1 import scratchpad_pb2, supervisor_pb2, worker_pb2
+
+EXIT_FAILED = 1
+EXIT_CANCELLED = 130
+_SHOWN_ENTRIES = 8
+
+
+def _name(enum: type, value: int, prefix: str) -> str:
+    return str(enum.Name(value)).removeprefix(prefix).lower().replace("_", " ")  # type: ignore[attr-defined]
+
+
+@dataclass
+class _Delegation:
+    objective: str
+    progress: str = "delegated"
+    outcome: str = ""
+
+
+@dataclass
+class RunView:
+    """What the live display shows, folded from the events so far."""
+
+    question: str
+    phase: str = "starting"
+    delegations: dict[str, _Delegation] = field(default_factory=dict)
+    entries: list[str] = field(default_factory=list)
+    report: str = ""
+
+    def apply(self, event: supervisor_pb2.RunEvent) -> None:
+        payload = event.WhichOneof("payload")
+        if payload == "status":
+            status = event.status
+            self.phase = _name(supervisor_pb2.ResearchPhase, status.phase, "RESEARCH_PHASE_")
+            if status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED:
+                self.delegations[status.delegation_id] = _Delegation(status.message)
+            elif status.delegation_id in self.delegations:
+                delegation = self.delegations[status.delegation_id]
+                if status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_RESEARCHING:
+                    delegation.progress = status.message
+                elif status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED:
+                    delegation.outcome = "[green]succeeded[/]"
+                elif status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_FAILED:
+                    code = _name(worker_pb2.DelegationErrorCode, status.delegation_error.code, "DELEGATION_ERROR_CODE_")
+                    delegation.outcome = f"[red]failed: {code}[/]"
+        elif payload == "scratchpad":
+            entry = event.scratchpad
+            kind = _name(scratchpad_pb2.EntryKind, entry.kind, "ENTRY_KIND_")
+            self.entries.append(f"[{entry.scratchpad_sequence_no}] {kind}: {entry.preview}")
+        elif payload == "content":
+            self.report += event.content.delta
+
+    def render(self) -> RenderableType:
+        parts: list[RenderableType] = [Text.from_markup(f"[bold]{self.question}[/]  [dim]{self.phase}[/]")]
+        if self.delegations:
+            table = Table("delegation", "task", "progress", "outcome", expand=True)
+            for delegation_id, delegation in self.delegations.items():
+                table.add_row(
+                    delegation_id.rsplit(".", 2)[-2], delegation.objective[:80], delegation.progress, delegation.outcome
+                )
+            parts.append(table)
+        if self.entries:
+            shown = [Text(line[:160]) for line in self.entries[-_SHOWN_ENTRIES:]]
+            parts.append(Group(Text("scratchpad", style="bold"), *shown))
+        if self.report:
+            parts.append(Markdown(self.report))
+        return Group(*parts)
+
+
+def _summary(console: Console, event: supervisor_pb2.RunEvent) -> None:
+    payload = event.WhichOneof("payload")
+    if payload == "completed":
+        completed = event.completed
+        console.print(Markdown(completed.report.markdown))
+        if completed.report.citations:
+            table = Table("#", "source", "quote", "entry", title="citations")
+            for citation in completed.report.citations:
+                table.add_row(
+                    str(citation.number),
+                    citation.title or citation.url,
+                    citation.excerpt[:100],
+                    str(citation.scratchpad_sequence_no),
+                )
+            console.print(table)
+        notes = []
+        if completed.removed_citations:
+            notes.append(f"{completed.removed_citations} unverifiable citation(s) removed")
+        if completed.token_budget_exhausted:
+            notes.append("the token budget stopped further research")
+        if completed.turn_budget_exhausted:
+            notes.append("the turn bound stopped further research")
+        total = completed.usage.total
+        notes.append(f"{total.input_tokens + total.output_tokens} tokens in {total.model_calls} model calls")
+        console.print(Text("; ".join(notes), style="dim"))
+    elif payload == "failed":
+        error = event.failed.error
+        code = _name(supervisor_pb2.RunErrorCode, error.code, "RUN_ERROR_CODE_")
+        console.print(f"[red]run failed[/] ({code}): {error.message}")
+    else:
+        console.print(f"[yellow]run cancelled[/]: {event.cancelled.reason}")
+
+
+def exit_code(event: supervisor_pb2.RunEvent | None) -> int:
+    if event is not None and event.HasField("completed"):
+        return 0
+    return EXIT_CANCELLED if event is not None and event.HasField("cancelled") else EXIT_FAILED
+
+
+async def ask(address: str, question: str, options: supervisor_pb2.RunOptions, *, as_json: bool) -> int:
+    console = Console()
+    async with QuarryClient.connect(address) as client:
+        run = await client.start_run(question, options=options)
+        if not as_json:
+            console.print(f"[dim]run {run.run_id} (Ctrl-C cancels it)[/]")
+        interrupted = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def on_interrupt() -> None:
+            if interrupted.is_set():
+                raise SystemExit(EXIT_CANCELLED)  # a second Ctrl-C: leave now
+            interrupted.set()
+
+        async def cancel_when_interrupted() -> None:
+            await interrupted.wait()
+            await client.cancel_run(run.run_id, reason="cancelled from quarry ask (Ctrl-C)")
+
+        loop.add_signal_handler(signal.SIGINT, on_interrupt)
+        canceller = asyncio.create_task(cancel_when_interrupted())
+        view = RunView(question)
+        last: supervisor_pb2.RunEvent | None = None
+        display = contextlib.nullcontext() if as_json else Live(console=console, auto_refresh=False, transient=True)
+        try:
+            with display as live:
+                async for last in client.stream_run(run.run_id):
+                    if as_json:
+                        print(json.dumps(json_format.MessageToDict(last)), flush=True)
+                    elif live is not None:
+                        view.apply(last)
+                        live.update(view.render(), refresh=True)
+        finally:
+            canceller.cancel()
+            loop.remove_signal_handler(signal.SIGINT)
+    if last is None or not is_terminal(last):
+        print("quarry ask: the run's event stream ended without a result", file=sys.stderr)
+        return EXIT_FAILED
+    if not as_json:
+        _summary(console, last)
+    return exit_code(last)
+
+
+async def list_runs(address: str, state: str, limit: int, *, as_json: bool) -> int:
+    state_value = (
+        supervisor_pb2.RunState.Value(f"RUN_STATE_{state.upper()}") if state else supervisor_pb2.RUN_STATE_UNSPECIFIED
+    )
+    async with QuarryClient.connect(address) as client:
+        response = await client.list_runs(page_size=limit, state=state_value)
+    if as_json:
+        for run in response.runs:
+            print(json.dumps(json_format.MessageToDict(run)))
+        return 0
+    table = Table("run", "state", "created", "question")
+    for run in response.runs:
+        table.add_row(
+            run.run_id,
+            _name(supervisor_pb2.RunState, run.state, "RUN_STATE_"),
+            run.create_time.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"),
+            run.question[:70],
+        )
+    Console().print(table)
+    return 0
+
+
+async def show_run(address: str, run_id: str, *, as_json: bool) -> int:
+    async with QuarryClient.connect(address) as client:
+        run = await client.get_run(run_id)
+    if as_json:
+        print(json.dumps(json_format.MessageToDict(run)))
+        return 0
+    console = Console()
+    console.print(f"[bold]{run.question}[/]")
+    console.print(f"{run.run_id}: {_name(supervisor_pb2.RunState, run.state, 'RUN_STATE_')}")
+    if run.HasField("error"):
+        console.print(f"[red]{run.error.message}[/]")
+    if run.HasField("report"):
+        console.print(Markdown(run.report.markdown))
+        for citation in run.report.citations:
+            console.print(
+                f'[{citation.number}] {citation.title or citation.url} <{citation.url}>: "{citation.excerpt}"'
+            )
+    total = run.usage.total
+    console.print(
+        Text(f"{total.input_tokens + total.output_tokens} tokens, {total.model_calls} model calls", style="dim")
+    )
+    return 0
+
+
+def describe_rpc_error(error: grpc.aio.AioRpcError) -> str:
+    return f"{error.code().name}: {error.details()}"
+
+
+def run_client_command(command: Coroutine[Any, Any, int]) -> int:
+    """Run a client command; a refusal from the service is one line on stderr, not a traceback."""
+    try:
+        return asyncio.run(command)
+    except grpc.aio.AioRpcError as error:
+        print(f"quarry: {describe_rpc_error(error)}", file=sys.stderr)
+        return EXIT_FAILED

@@ -1,0 +1,187 @@
+"""`quarry doctor`: is this installation able to answer a question? One verdict per line.
+
+Checks each service's gRPC health, the model endpoint of each tier (reachable,
+the model known to it, one tiny completion), the workers' search backend, and
+each service database's migration state. Reads only: nothing is created or
+upgraded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import httpx
+import openai
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rich.console import Console
+
+from quarry.agent.model import ModelSettings
+from quarry.client import insecure_channel
+from quarry.config import (
+    MonitorSettings,
+    QuarrySettings,
+    ScratchpadSettings,
+    ServiceSettings,
+    SupervisorSettings,
+    WorkerSettings,
+)
+from quarry.db import schema_revisions
+
+TIMEOUT_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    check: str
+    ok: bool
+    detail: str
+    # A warning: worth knowing, not a reason the installation cannot work.
+    warning: bool = False
+
+
+async def service_health(name: str, address: str) -> Verdict:
+    async with insecure_channel(address) as channel:
+        try:
+            response = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=TIMEOUT_SECONDS / 2
+            )
+        except grpc.aio.AioRpcError as error:
+            return Verdict(f"{name} service", False, f"{address}: {error.code().name} ({error.details()})")
+    serving = response.status == health_pb2.HealthCheckResponse.SERVING
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+    return Verdict(f"{name} service", serving, f"{address}: {status}")
+
+
+async def model_endpoint(tier: str, settings: ModelSettings) -> list[Verdict]:
+    name = f"{tier} model"
+    client = openai.AsyncOpenAI(
+        base_url=settings.base_url, api_key=settings.api_key, timeout=TIMEOUT_SECONDS, max_retries=0
+    )
+    try:
+        try:
+            served = [model.id async for model in client.models.list()]
+        except openai.APIError as error:
+            return [Verdict(name, False, f"{settings.base_url} is not reachable: {error}")]
+        verdicts = [Verdict(f"{name} endpoint", True, f"{settings.base_url} answers")]
+        if settings.model not in served:
+            listed = ", ".join(served[:10]) or "none"
+            verdicts.append(Verdict(f"{name} name", False, f"{settings.model!r} is not served there; served: {listed}"))
+            return verdicts
+        verdicts.append(Verdict(f"{name} name", True, f"{settings.model!r} is served"))
+        try:
+            reply = await client.chat.completions.create(
+                model=settings.model, messages=[{"role": "user", "content": "Reply with the word OK."}], max_tokens=4
+            )
+        except openai.APIError as error:
+            verdicts.append(Verdict(f"{name} completion", False, f"a one-line completion failed: {error}"))
+            return verdicts
+        text = (reply.choices[0].message.content or "").strip() if reply.choices else ""
+        verdicts.append(Verdict(f"{name} completion", True, f"answered {text[:40]!r}"))
+        return verdicts
+    finally:
+        await client.close()
+
+
+async def search_backend(settings: WorkerSettings, common: QuarrySettings) -> Verdict:
+    backend = settings.search_backend
+    if backend == "corpus":
+        index = Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db"
+        if not index.exists():
+            return Verdict("search (corpus)", False, f"no index at {index}; run `quarry corpus index FOLDER`")
+        try:
+            with sqlite3.connect(f"file:{index}?mode=ro", uri=True) as connection:
+                (documents,) = connection.execute("SELECT count(*) FROM documents").fetchone()
+        except sqlite3.Error as error:
+            return Verdict("search (corpus)", False, f"{index} is not a corpus index: {error}")
+        return Verdict("search (corpus)", documents > 0, f"{index}: {documents} documents")
+    if backend == "searxng":
+        try:
+            async with httpx.AsyncClient(timeout=TIMEOUT_SECONDS) as http:
+                response = await http.get(
+                    f"{settings.searxng_url.rstrip('/')}/search", params={"q": "test", "format": "json"}
+                )
+                response.raise_for_status()
+                results = response.json().get("results", [])
+        except (httpx.HTTPError, ValueError) as error:
+            return Verdict("search (searxng)", False, f"{settings.searxng_url}: {error}")
+        return Verdict("search (searxng)", True, f"{settings.searxng_url} answers ({len(results)} results for 'test')")
+    if not settings.search_api_key:
+        return Verdict(f"search ({backend})", False, "QUARRY_WORKER_SEARCH_API_KEY is not set")
+    return Verdict(f"search ({backend})", True, "an API key is set (not called: it would spend quota)", warning=True)
+
+
+def database_state(name: str, url: str, migrations: Path, version_table: str) -> Verdict:
+    check = f"{name} database"
+    try:
+        current, head = schema_revisions(url, migrations, version_table)
+    except Exception as error:  # any driver error is the verdict
+        return Verdict(check, False, f"cannot read it: {type(error).__name__}: {error}")
+    if current is None:
+        return Verdict(check, True, "not created yet; the service creates it on start", warning=True)
+    if current != head:
+        return Verdict(check, False, f"at revision {current}, the code needs {head}; restart the service to upgrade")
+    return Verdict(check, True, f"at the newest revision ({head})")
+
+
+def _databases() -> list[tuple[str, ServiceSettings, Path, str]]:
+    import scratchpad_svc.service
+    import supervisor_svc.service
+    import worker_svc.service
+
+    return [
+        (
+            "scratchpad",
+            ScratchpadSettings(),
+            scratchpad_svc.service.MIGRATIONS,
+            scratchpad_svc.service.VERSION_TABLE,
+        ),
+        ("worker", WorkerSettings(), worker_svc.service.MIGRATIONS, worker_svc.service.VERSION_TABLE),
+        ("supervisor", SupervisorSettings(), supervisor_svc.service.MIGRATIONS, supervisor_svc.service.VERSION_TABLE),
+    ]
+
+
+async def diagnose(common: QuarrySettings, report: Callable[[Verdict], None]) -> list[Verdict]:
+    supervisor, worker, monitor = SupervisorSettings(), WorkerSettings(), MonitorSettings()
+    scratchpad = ScratchpadSettings()
+    checks: list[Awaitable[Verdict | list[Verdict]]] = [
+        service_health("supervisor", supervisor.address),
+        *(service_health("worker", target) for target in supervisor.worker_targets()),
+        service_health("scratchpad", scratchpad.address),
+        service_health("monitor", monitor.address),
+    ]
+    tiers = {"supervisor": ModelSettings.for_tier(supervisor, common), "worker": ModelSettings.for_tier(worker, common)}
+    if tiers["supervisor"] == tiers["worker"]:
+        checks.append(model_endpoint("shared", tiers["supervisor"]))
+    else:
+        checks.extend(model_endpoint(tier, settings) for tier, settings in tiers.items())
+    checks.append(search_backend(worker, common))
+    for name, settings, migrations, table in _databases():
+        url = settings.resolved_database_url(common.data_dir)
+        checks.append(asyncio.to_thread(database_state, name, url, migrations, table))
+    verdicts: list[Verdict] = []
+    for result in await asyncio.gather(*checks):
+        for verdict in result if isinstance(result, list) else [result]:
+            verdicts.append(verdict)
+            report(verdict)
+    return verdicts
+
+
+def print_verdict(console: Console) -> Callable[[Verdict], None]:
+    def report(verdict: Verdict) -> None:
+        mark = "[yellow]warn[/]" if verdict.warning else "[green] ok [/]" if verdict.ok else "[red]FAIL[/]"
+        console.print(f"{mark}  {verdict.check}: {verdict.detail}", highlight=False)
+
+    return report
+
+
+def doctor(common: QuarrySettings) -> int:
+    console = Console()
+    verdicts = asyncio.run(diagnose(common, print_verdict(console)))
+    failed = [v for v in verdicts if not v.ok]
+    console.print(f"{len(failed)} problem(s) found" if failed else "everything needed to answer a question is in place")
+    return 1 if failed else 0

@@ -1,0 +1,119 @@
+"""`quarry ask`, `quarry runs` and `quarry doctor` as a user runs them: real processes against a real mesh."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitor_svc.service import build_host as build_monitor
+from quarry.config import MonitorSettings, QuarrySettings
+from quarry.v1 import supervisor_pb2
+from tests.fakes.choreography import REPORT, SUPERVISOR
+from tests.fakes.openai_server import Call, Reply, ScriptedModel, Stall
+from tests.supervisor_svc.conftest import Mesh
+
+
+@pytest.fixture
+def database_url(tmp_path: Path) -> str:
+    """The command line is what is tested here; the stores run on both databases elsewhere."""
+    return f"sqlite:///{tmp_path / 'supervisor.db'}"
+
+
+async def quarry(*args: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "quarry",
+        *args,
+        env={**os.environ, "COLUMNS": "160", **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+
+
+async def finish(process: asyncio.subprocess.Process) -> tuple[int, str]:
+    output, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, output.decode()
+
+
+async def test_ask_json_prints_one_event_per_line_and_runs_list_and_show_find_the_run(mesh: Mesh) -> None:
+    mesh.script.add(SUPERVISOR, Reply(content="Nothing to delegate."))
+    mesh.script.add(REPORT, Reply(content="The answer is **42**."))
+    code, output = await finish(
+        await quarry("ask", "--json", "What is the answer?", "--address", mesh.supervisor.address)
+    )
+    assert code == 0, output
+    events = [json.loads(line) for line in output.splitlines()]
+    assert [int(event["sequenceNo"]) for event in events] == list(range(1, len(events) + 1))
+    assert events[-1]["completed"]["report"]["markdown"] == "The answer is **42**."
+    run_id = events[0]["runId"]
+    code, listed = await finish(await quarry("runs", "list", "--address", mesh.supervisor.address))
+    assert code == 0 and run_id in listed and "succeeded" in listed
+    code, shown = await finish(await quarry("runs", "show", run_id, "--address", mesh.supervisor.address))
+    assert code == 0 and "The answer is 42." in shown
+    code, missing = await finish(await quarry("runs", "show", "run-" + "0" * 32, "--address", mesh.supervisor.address))
+    assert code == 1 and "NOT_FOUND" in missing and "Traceback" not in missing
+
+
+async def test_ask_shows_progress_and_ctrl_c_cancels_the_run(mesh: Mesh) -> None:
+    mesh.script.add("Research forever", Stall(60))
+    mesh.script.add(SUPERVISOR, Reply(calls=(Call("delegate_research", {"objective": "Research forever"}, "d1"),)))
+    process = await quarry("ask", "Will this be cancelled?", "--address", mesh.supervisor.address)
+    for _ in range(400):
+        if "Research forever" in mesh.script.requests:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the worker never asked the model")
+    process.send_signal(signal.SIGINT)
+    code, output = await finish(process)
+    assert code == 130, output
+    assert "run cancelled" in output and "Ctrl-C" in output
+    [run] = (await mesh.client.list_runs()).runs
+    assert run.state == supervisor_pb2.RUN_STATE_CANCELLED
+
+
+async def test_doctor_gives_a_verdict_per_line(mesh: Mesh, model: ScriptedModel, tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "note.md").write_text("# Note\n\nThe corpus has one document.\n")
+    code, _ = await finish(
+        await quarry("corpus", "index", str(tmp_path / "docs"), "--index", str(tmp_path / "corpus.db"))
+    )
+    assert code == 0
+    monitor = await build_monitor(MonitorSettings(address="127.0.0.1:0"), QuarrySettings(data_dir=tmp_path))
+    env = {
+        "QUARRY_DATA_DIR": str(tmp_path),
+        "QUARRY_SUPERVISOR_ADDRESS": mesh.supervisor.address,
+        "QUARRY_SUPERVISOR_WORKER_ADDRESSES": ",".join(mesh.worker_addresses),
+        "QUARRY_SCRATCHPAD_ADDRESS": mesh.scratchpad_address,
+        "QUARRY_MODEL_BASE_URL": model.base_url,
+        "QUARRY_MODEL_NAME": "scripted",
+        "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{tmp_path / 'worker0.db'}",
+        "QUARRY_SUPERVISOR_DATABASE_URL": mesh.supervisor_database_url,
+    }
+    async with monitor:
+        env["QUARRY_MONITOR_ADDRESS"] = monitor.address
+        model.script(Reply(content="OK"))
+        code, output = await finish(await quarry("doctor", env=env))
+        assert code == 0, output
+        lines = output.splitlines()
+        for check in ("supervisor service", "worker service", "scratchpad service", "monitor service"):
+            assert any(line.startswith(" ok ") and check in line for line in lines), (check, output)
+        for check in ("shared model endpoint", "shared model name", "shared model completion", "search (corpus)"):
+            assert any(line.startswith(" ok ") and check in line for line in lines), (check, output)
+        for check in ("scratchpad database", "worker database", "supervisor database"):
+            assert any(line.startswith(" ok ") and check in line and "newest revision" in line for line in lines), (
+                output
+            )
+        code, output = await finish(await quarry("doctor", env={**env, "QUARRY_MODEL_NAME": "no-such-model"}))
+    assert code == 1
+    assert any(line.startswith("FAIL") and "'no-such-model' is not served" in line for line in output.splitlines())
+    code, output = await finish(await quarry("doctor", env={**env, "QUARRY_MONITOR_ADDRESS": monitor.address}))
+    assert code == 1 and any(line.startswith("FAIL") and "monitor service" in line for line in output.splitlines())
