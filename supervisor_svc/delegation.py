@@ -49,6 +49,16 @@ def failed(
     )
 
 
+async def _notify(listener: EventListener, response: worker_pb2.DelegateResponse) -> None:
+    """Progress is for watching: a listener that fails must not cost the delegation its result."""
+    try:
+        handled = listener(response)
+        if inspect.isawaitable(handled):
+            await handled
+    except Exception:
+        log.exception("a delegation event listener failed")
+
+
 class DelegationClient:
     def __init__(self, targets: Sequence[str]) -> None:
         if not targets:
@@ -111,11 +121,11 @@ class DelegationClient:
                     result: worker_pb2.DelegationResult = response.result
                     return result
                 if on_event is not None:
-                    handled = on_event(response)
-                    if inspect.isawaitable(handled):
-                        await handled
+                    await _notify(on_event, response)
         except grpc.aio.AioRpcError as error:
             return error, events_seen
+        finally:
+            stream.cancel()  # a no-op once the call has ended; otherwise the worker stops too
         return failed(
             request, worker_pb2.DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION, "the worker's stream ended without a result"
         )

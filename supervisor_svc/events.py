@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -110,11 +111,15 @@ class EventBus:
     """Wakes the streams waiting on a run when its events commit (in this process)."""
 
     def __init__(self) -> None:
-        self._signals: dict[str, asyncio.Event] = {}
+        # Weak: a run's entry lives only while a stream waits on it.
+        self._signals: weakref.WeakValueDictionary[str, asyncio.Event] = weakref.WeakValueDictionary()
 
     def signal(self, run_id: str) -> asyncio.Event:
-        """Take this before reading: it is set by the next commit after this call."""
-        return self._signals.setdefault(run_id, asyncio.Event())
+        """Take this before reading (and keep it): it is set by the next commit after this call."""
+        signal = self._signals.get(run_id)
+        if signal is None:
+            signal = self._signals[run_id] = asyncio.Event()
+        return signal
 
     def notify(self, run_id: str) -> None:
         signal = self._signals.pop(run_id, None)

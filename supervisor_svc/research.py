@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import grpc
 from google.protobuf import duration_pb2
 from pydantic import BaseModel, Field
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TurnBudgetExhausted
@@ -30,6 +30,7 @@ from quarry.agent.model import ModelClient, ProviderError
 from quarry.agent.scratchpad_tools import SCRATCHPAD_TOOLS, SourceParam
 from quarry.agent.tools import Tool, ToolError, ToolOutcome, ToolRegistry, current_call
 from quarry.client import ScratchpadClient
+from quarry.errors import Unavailable
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from supervisor_svc import events
 from supervisor_svc.delegation import DelegationClient
@@ -43,6 +44,7 @@ from supervisor_svc.model import (
     RunUsage,
     TierUsage,
 )
+from supervisor_svc.store import RunEnded
 from supervisor_svc.synthesis import CitationFilter, synthesis_messages, verified_sources
 
 log = logging.getLogger(__name__)
@@ -163,6 +165,8 @@ class ResearchRun:
         self._synthesis_usage = TierUsage()
         self.worker_usage = TierUsage()
         self.supervisor_tool_calls = 0
+        self._turns_without_call = 0
+        self._in_flight = 0
         self.cancel_reason = "cancelled"
         self.reasoning = TextStream(events.reasoning, self._emit_one)
         self._content = TextStream(events.content, self._emit_one)
@@ -176,7 +180,7 @@ class ResearchRun:
         own = TierUsage(
             agent.usage.input_tokens if agent else 0,
             agent.usage.output_tokens if agent else 0,
-            agent.turns if agent else 0,
+            (agent.turns - self._turns_without_call) if agent else 0,
             self.supervisor_tool_calls,
         )
         return RunUsage(supervisor=own + self._synthesis_usage, workers=self.worker_usage)
@@ -186,8 +190,10 @@ class ResearchRun:
         return None if not budget else budget - self.usage().total.tokens
 
     def check_budget(self) -> None:
+        """Called as a turn starts, before its model call: a spent budget ends research there."""
         left = self._tokens_left()
         if left is not None and left <= 0:
+            self._turns_without_call = 1
             raise BudgetSpent
 
     # -- events ---------------------------------------------------------------------------
@@ -220,14 +226,18 @@ class ResearchRun:
             async for entry in self._deps.scratchpad.watch(self.record.scratchpad_thread_id):
                 # Shielded: an event stored but not yet counted would be published twice by the final flush.
                 await asyncio.shield(self._publish_entries([entry]))
-        except grpc.aio.AioRpcError as error:  # the final read still reports every entry
-            log.warning("run %s: scratchpad watch ended: %s", self.run_id, error.code().name)
+        except Exception as error:  # live updates stop; the final read still reports every entry
+            log.warning("run %s: scratchpad watch ended: %s", self.run_id, error)
 
-    async def _flush_entries(self) -> None:
-        entries = await self._deps.scratchpad.read_all(
-            self.record.scratchpad_thread_id, after_sequence_no=self._entries_published
-        )
-        await self._publish_entries(entries)
+    async def _flush_entries_if_possible(self) -> None:
+        """Report the entries the watch has not: the run's end must not wait on, or fail with, the scratchpad."""
+        try:
+            entries = await self._deps.scratchpad.read_all(
+                self.record.scratchpad_thread_id, after_sequence_no=self._entries_published
+            )
+            await self._publish_entries(entries)
+        except Exception as error:
+            log.warning("run %s: could not report the last scratchpad entries: %s", self.run_id, error)
 
     # -- delegation -----------------------------------------------------------------------
 
@@ -237,27 +247,11 @@ class ResearchRun:
         delegation_id = f"{self.run_id}.{self._delegations}.{call.id[:40]}"
         async with self._parallel:
             self.check_budget_for_tool()
-            request = worker_pb2.DelegateRequest(
-                delegation_id=delegation_id,
-                run_id=self.run_id,
-                tool_call_id=call.id,
-                scratchpad_thread_id=self.record.scratchpad_thread_id,
-                task=worker_pb2.ResearchTask(
-                    objective=params.objective, criteria=params.criteria, input_refs=params.input_refs
-                ),
-                role=_ROLES[params.role],
-                budget=worker_pb2.DelegationBudget(
-                    max_turns=self.record.options.worker_max_turns,
-                    max_tokens=max(self._tokens_left() or 0, 0),
-                    timeout=duration_pb2.Duration(seconds=max(int(self._deadline - time.monotonic()), 1)),
-                ),
-            )
-            await self._status(
-                supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED, params.objective[:200], delegation_id=delegation_id
-            )
-            result = await self._deps.delegations.delegate(
-                request, deadline_seconds=max(self._deadline - time.monotonic(), 1.0) + 5.0, on_event=self._progress
-            )
+            self._in_flight += 1
+            try:
+                result = await self._run_delegation(params, call, delegation_id)
+            finally:
+                self._in_flight -= 1
         usage = result.usage
         self.worker_usage += TierUsage(usage.input_tokens, usage.output_tokens, usage.model_calls, usage.tool_calls)
         succeeded = result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED
@@ -271,6 +265,37 @@ class ResearchRun:
             values={"usage": self.usage().to_json()},
         )
         return render_result(delegation_id, result)
+
+    async def _run_delegation(
+        self, params: DelegateParams, call: ToolCall, delegation_id: str
+    ) -> worker_pb2.DelegationResult:
+        await self._status(
+            supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED, params.objective[:200], delegation_id=delegation_id
+        )
+        # Computed after the event above: by then every delegation of this turn has counted itself in flight.
+        request = worker_pb2.DelegateRequest(
+            delegation_id=delegation_id,
+            run_id=self.run_id,
+            tool_call_id=call.id,
+            scratchpad_thread_id=self.record.scratchpad_thread_id,
+            task=worker_pb2.ResearchTask(
+                objective=params.objective, criteria=params.criteria, input_refs=params.input_refs
+            ),
+            role=_ROLES[params.role],
+            budget=worker_pb2.DelegationBudget(
+                max_turns=self.record.options.worker_max_turns,
+                max_tokens=self._worker_token_share(),
+                timeout=duration_pb2.Duration(seconds=max(int(self._deadline - time.monotonic()), 1)),
+            ),
+        )
+        return await self._deps.delegations.delegate(
+            request, deadline_seconds=max(self._deadline - time.monotonic(), 1.0) + 5.0, on_event=self._progress
+        )
+
+    def _worker_token_share(self) -> int:
+        """Each delegation in flight gets an equal part of what is left, so together they stay in budget."""
+        left = self._tokens_left()
+        return 0 if left is None else max(left // max(self._in_flight, 1), 1)
 
     def check_budget_for_tool(self) -> None:
         left = self._tokens_left()
@@ -305,7 +330,7 @@ class ResearchRun:
                 watcher = asyncio.create_task(self._watch_scratchpad())
                 report = await self._research_and_report()
             await self._stop_watching(watcher)
-            await self._flush_entries()
+            await self._flush_entries_if_possible()
             await self._end(events.completed(report, self.usage()), RunState.SUCCEEDED, report=report)
         except asyncio.CancelledError:
             await asyncio.shield(self._end_cancelled(watcher))
@@ -428,19 +453,30 @@ class ResearchRun:
         }
         if error:
             values["error_code"], values["last_error"] = error[0].value, error[1]
-        await self._log.emit(event, terminal=True, values=values)
+        # The end must be recorded: a database that is briefly away is waited for (bounded), since a run
+        # left active would only be ended later, as failed, by the lease sweep.
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(Unavailable),
+            stop=stop_after_delay(30),
+            wait=wait_exponential(multiplier=0.1, max=2),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    await self._log.emit(event, terminal=True, values=values)
+        except RunEnded:
+            log.warning("run %s had already been ended elsewhere", self.run_id)
 
     async def _fail(self, watcher: asyncio.Task[None] | None, code: RunErrorCode, message: str) -> None:
         await self._stop_watching(watcher)
-        with contextlib.suppress(Exception):  # the scratchpad may be what failed; the terminal event matters more
-            await self._flush_entries()
+        await self._flush_entries_if_possible()
         await self._end(events.failed(code, message, self.usage()), RunState.FAILED, error=(code, message))
 
     async def _end_cancelled(self, watcher: asyncio.Task[None] | None) -> None:
         try:
             await self._stop_watching(watcher)
-            with contextlib.suppress(Exception):
-                await self._flush_entries()
+            await self._flush_entries_if_possible()
             await self._end(
                 events.cancelled(self.cancel_reason, self.usage()),
                 RunState.CANCELLED,

@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 
 from quarry.convert import timestamp
+from quarry.errors import FieldViolation, InvalidArgument
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
 from supervisor_svc.events import error_to_proto, report_to_proto, usage_to_proto
 from supervisor_svc.model import RunOptions, RunRecord, RunState, StartRequest
@@ -104,6 +105,8 @@ class SupervisorServicer(supervisor_pb2_grpc.SupervisorServiceServicer):
         self, request: supervisor_pb2.ListRunsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> supervisor_pb2.ListRunsResponse:
         state = _STATES_FROM_PROTO.get(request.state)
+        if state is None and request.state != supervisor_pb2.RUN_STATE_UNSPECIFIED:
+            raise InvalidArgument([FieldViolation("state", "not a RunState this server knows")])
         records, token = await self._supervisor.list_runs(request.page_size, request.page_token, state)
         return supervisor_pb2.ListRunsResponse(runs=[run_to_proto(r) for r in records], next_page_token=token)
 

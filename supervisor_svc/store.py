@@ -118,19 +118,26 @@ class RunStore:
         try:
             await self._db.write(lambda connection: connection.execute(runs.insert().values(row)))
         except IntegrityError:
-            existing = await self._by_request_id(request.request_id) if request.request_id else None
+            existing = await self.by_request_id(request.request_id, request) if request.request_id else None
             if existing is None:
                 raise
-            if existing[1] != digest:
-                raise AlreadyExists(
-                    f"request_id {request.request_id!r} already started a different run",
-                    reason="REQUEST_ID_REUSED",
-                    metadata={"run_id": existing[0].run_id},
-                ) from None
-            return existing[0], False
+            return existing, False
         record = await self.get(run_id)
         assert record is not None
         return record, True
+
+    async def by_request_id(self, request_id: str, request: StartRequest) -> RunRecord | None:
+        """The run a request_id started, if any; ALREADY_EXISTS when it asked for something else."""
+        existing = await self._by_request_id(request_id)
+        if existing is None:
+            return None
+        if existing[1] != request.digest():
+            raise AlreadyExists(
+                f"request_id {request_id!r} already started a different run",
+                reason="REQUEST_ID_REUSED",
+                metadata={"run_id": existing[0].run_id},
+            )
+        return existing[0]
 
     async def _by_request_id(self, request_id: str) -> tuple[RunRecord, str] | None:
         def work(connection: Connection) -> tuple[RunRecord, str] | None:
@@ -228,13 +235,15 @@ class RunStore:
 
         return await self._db.read_statement(work)
 
-    async def heartbeat(self, owner: str) -> list[tuple[str, str]]:
-        """Renew this process's lease on its active runs; returns (run_id, reason) for cancellations asked
-        elsewhere."""
+    async def heartbeat(self, owner: str, run_ids: Sequence[str]) -> list[tuple[str, str]]:
+        """Renew the lease on the runs this process still executes (a run whose task is gone is left to
+        expire); returns (run_id, reason) for cancellations asked of another replica."""
         now = datetime.now(UTC)
+        if not run_ids:
+            return []
 
         def work(connection: Connection) -> list[tuple[str, str]]:
-            mine = sa.and_(runs.c.owner == owner, runs.c.state.in_(ACTIVE_STATES))
+            mine = sa.and_(runs.c.owner == owner, runs.c.run_id.in_(run_ids), runs.c.state.in_(ACTIVE_STATES))
             connection.execute(runs.update().where(mine).values(heartbeat_time=now))
             rows = connection.execute(
                 sa.select(runs.c.run_id, runs.c.cancel_reason).where(mine, runs.c.cancel_reason.is_not(None))

@@ -42,7 +42,7 @@ class SupervisorLimits:
     lease_seconds: float = 30.0
     # Streams re-read this often without a local signal (events written by another replica).
     stream_poll_seconds: float = 1.0
-    # How long CancelRun waits for the run to record its end.
+    # How long CancelRun waits for the run to record its end (longer than a heartbeat interval).
     cancel_wait_seconds: float = 10.0
 
 
@@ -54,6 +54,7 @@ class Supervisor:
         self._bus = EventBus()
         self._owner = f"supervisor-{uuid.uuid4().hex[:12]}"
         self._runs: dict[str, tuple[ResearchRun, asyncio.Task[None]]] = {}
+        self._starting = 0
         self._closing = asyncio.Event()
         self._housekeeping: asyncio.Task[None] | None = None
 
@@ -64,13 +65,25 @@ class Supervisor:
 
     async def start_run(self, request: StartRequest) -> RunRecord:
         validate_start(request)
+        if request.request_id:  # a retry gets its run back, whatever the load now
+            existing = await self._store.by_request_id(request.request_id, request)
+            if existing is not None:
+                return existing
         if self._closing.is_set():
             raise Unavailable("the supervisor is shutting down; retry", reason="SHUTTING_DOWN")
-        if len(self._runs) >= self._limits.max_active_runs:
+        if len(self._runs) + self._starting >= self._limits.max_active_runs:
             raise ResourceExhausted(
                 f"this supervisor already runs {self._limits.max_active_runs} research runs; retry later",
                 reason="TOO_MANY_RUNS",
             )
+        self._starting += 1  # holds the slot across the awaits, so concurrent calls cannot overshoot
+        try:
+            # Shielded: once the row exists, its task must too, even if the caller goes away meanwhile.
+            return await asyncio.shield(self._create_and_launch(request))
+        finally:
+            self._starting -= 1
+
+    async def _create_and_launch(self, request: StartRequest) -> RunRecord:
         run_id = f"run-{uuid.uuid4().hex}"
         record, created = await self._store.create(run_id, request, scratchpad_thread_id=run_id, owner=self._owner)
         if created:
@@ -116,12 +129,18 @@ class Supervisor:
 
     async def events(self, run_id: str, after_sequence_no: int) -> AsyncIterator[supervisor_pb2.RunEvent]:
         """Events after `after_sequence_no`, in order, until the terminal one; waits for new ones."""
-        await self.get(run_id)
+        validate_run_id(run_id)
         if after_sequence_no < 0:
             raise InvalidArgument([FieldViolation("after_sequence_no", "must not be negative")])
+        record = await self.get(run_id)
+        if after_sequence_no > record.last_sequence_no:
+            raise InvalidArgument(
+                [FieldViolation("after_sequence_no", f"the run's newest event is {record.last_sequence_no}")]
+            )
         return self._follow(run_id, after_sequence_no)
 
     async def _follow(self, run_id: str, after: int) -> AsyncIterator[supervisor_pb2.RunEvent]:
+        ended = False
         while True:
             signal = self._bus.signal(run_id)  # before the read, so no commit after it goes unnoticed
             batch = await self._store.events_after(run_id, after)
@@ -132,6 +151,12 @@ class Supervisor:
                 if stored.terminal:
                     return
             if batch:
+                continue
+            record = await self._store.get(run_id)
+            if record is None or record.state.ended:
+                if ended:
+                    return  # resumed after the terminal event: there is nothing more to send
+                ended = True  # one more read: the end may have committed after the last one
                 continue
             if self._closing.is_set():
                 raise Unavailable("the supervisor is shutting down; re-attach to another", reason="SHUTTING_DOWN")
@@ -148,10 +173,11 @@ class Supervisor:
     # -- leases --------------------------------------------------------------------------------
 
     async def _keep_leases(self) -> None:
-        interval = self._limits.lease_seconds / 3
+        # Often enough that a CancelRun taken by another replica reaches the run within a few seconds.
+        interval = min(self._limits.lease_seconds / 3, 2.0)
         while True:
             try:
-                for run_id, reason in await self._store.heartbeat(self._owner):
+                for run_id, reason in await self._store.heartbeat(self._owner, list(self._runs)):
                     running = self._runs.get(run_id)
                     if running is not None and not running[1].done():
                         running[0].cancel_reason = reason

@@ -10,7 +10,6 @@ what is stored are the same report, and no citation in it resolves to nothing.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,8 +21,11 @@ from supervisor_svc.model import Citation
 # Entries whose sources a worker verified before the scratchpad accepted them.
 _VERIFIED_KINDS = {scratchpad_pb2.ENTRY_KIND_FINDING, scratchpad_pb2.ENTRY_KIND_VERDICT}
 _WORKER_ROLES = {common_pb2.ROLE_RESEARCHER, common_pb2.ROLE_VERIFIER}
-_CITATION = re.compile(r"\s*\d{1,6}(\s*,\s*\d{1,6})*\s*")
-_MAX_MARKER = 48
+_EN_DASH = "\u2013"
+_MARKER_CHARS = frozenset("0123456789,- \n" + _EN_DASH)
+_MAX_MARKER = 200
+_OVERFLOW = "[\x00"  # the state of a marker that grew past _MAX_MARKER
+_MAX_RANGE = 50
 
 INSTRUCTIONS = (
     "You write the final report of a research run, in Markdown. Use only the verified findings and numbered "
@@ -71,7 +73,11 @@ def synthesis_messages(
 
 @dataclass
 class CitationFilter:
-    """Streams report text through, holding back a possible [n, m] marker until it closes."""
+    """Streams report text through, holding back a possible [n, m] or [n-m] marker until it closes.
+
+    Every number in a marker that names no source is removed and counted; a
+    marker too long to be a citation list is removed whole and counted once.
+    """
 
     sources: dict[int, Citation]
     removed: int = 0
@@ -93,8 +99,16 @@ class CitationFilter:
             elif char == "[":
                 out.append(self._pending)  # not a marker after all; a new one may start here
                 self._pending = char
-            elif char in "0123456789, " and len(self._pending) < _MAX_MARKER:
-                self._pending += char
+            elif self._pending == _OVERFLOW:
+                if char not in _MARKER_CHARS:  # never closed: the swallowed marker is gone, and counted
+                    self.removed += 1
+                    out.append(char)
+                    self._pending = ""
+            elif char in _MARKER_CHARS:
+                if len(self._pending) < _MAX_MARKER:
+                    self._pending += char
+                else:
+                    self._pending = _OVERFLOW  # too long to be a citation list: dropped and counted
             else:
                 out.append(self._pending + char)
                 self._pending = ""
@@ -102,16 +116,40 @@ class CitationFilter:
 
     def finish(self) -> str:
         rest, self._pending = self._pending, ""
+        if rest == _OVERFLOW:
+            self.removed += 1
+            return ""
         return rest
 
     def _resolve(self, inner: str) -> str:
-        if not _CITATION.fullmatch(inner):
-            return f"[{inner}]"
-        numbers = [int(part) for part in inner.split(",")]
+        if inner == _OVERFLOW[1:]:
+            self.removed += 1
+            return ""
+        numbers = _numbers(inner)
+        if numbers is None:
+            return f"[{inner}]"  # no number in it: not a citation
         valid = [n for n in dict.fromkeys(numbers) if n in self.sources]
-        self.removed += len(numbers) - len(valid)
+        self.removed += len({n for n in numbers if n not in self.sources})
         self.cited.update(valid)
         return f"[{', '.join(str(n) for n in valid)}]" if valid else ""
 
     def citations(self) -> tuple[Citation, ...]:
         return tuple(self.sources[n] for n in sorted(self.cited))
+
+
+def _numbers(inner: str) -> list[int] | None:
+    """The numbers a marker names ("1, 3-5" is 1, 3, 4, 5); None when it names none."""
+    numbers: list[int] = []
+    for part in inner.replace(_EN_DASH, "-").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        low, dash, high = part.partition("-")
+        if not low.strip().isdigit() or (dash and not high.strip().isdigit()):
+            return None
+        first, last = int(low), int(high) if dash else int(low)
+        if last < first or last - first > _MAX_RANGE:
+            numbers.append(-1)  # names something, but no source list this long: unresolvable
+            continue
+        numbers.extend(range(first, last + 1))
+    return numbers or None

@@ -34,6 +34,14 @@ class ProviderError(Exception):
     """The model provider failed; the run that asked must fail honestly."""
 
 
+class _ListenerFailed(Exception):
+    """The caller's text listener raised: its error, not a provider failure."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 @dataclass(frozen=True)
 class ModelSettings:
     base_url: str
@@ -129,14 +137,19 @@ class ModelClient:
                 nonlocal emitted
                 emitted = True
                 if on_text is not None:
-                    result = on_text(text)
-                    if inspect.isawaitable(result):
-                        await result
+                    try:
+                        result = on_text(text)
+                        if inspect.isawaitable(result):
+                            await result
+                    except Exception as error:
+                        raise _ListenerFailed(error) from error
 
             try:
                 return await self._stream(messages, tools, call_id_prefix, forward)
             except ProviderError:
                 raise
+            except _ListenerFailed as failed:
+                raise failed.error from None
             except Exception as error:  # the SDK, httpx or a broken stream: all are provider failures
                 if emitted or not _retryable(error) or attempt == self.settings.max_attempts:
                     raise ProviderError(f"model request failed: {_describe(error)}") from error
@@ -177,13 +190,22 @@ class ModelClient:
         if self.settings.temperature is not None:
             request["temperature"] = self.settings.temperature
         stream = await self._client.chat.completions.create(**request)
+        # With the text protocol, tool_call blocks arrive as text: the listener gets the prose once it
+        # is parsed, so a tool call is never passed on as text.
+        live = native or not tools
         try:
-            return await self._collect(stream, native, call_id_prefix, forward)
+            return await self._collect(stream, native, call_id_prefix, forward, live=live)
         finally:
             await stream.close()  # also on failure and cancellation: the connection is not left open
 
     async def _collect(
-        self, stream: Any, native: bool, call_id_prefix: str, forward: Callable[[str], Awaitable[None]]
+        self,
+        stream: Any,
+        native: bool,
+        call_id_prefix: str,
+        forward: Callable[[str], Awaitable[None]],
+        *,
+        live: bool,
     ) -> ModelReply:
         text: list[str] = []
         calls: dict[int, dict[str, str]] = {}
@@ -198,7 +220,8 @@ class ModelClient:
                 delta = choice.delta
                 if delta.content:
                     text.append(delta.content)
-                    await forward(delta.content)
+                    if live:
+                        await forward(delta.content)
                 for call in delta.tool_calls or ():
                     slot = calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
                     if call.id:
@@ -216,6 +239,8 @@ class ModelClient:
             )
             return ModelReply(Message("assistant", content, tool_calls=tool_calls), usage, finish_reason)
         parsed = text_protocol.parse_reply(content, call_id_prefix=call_id_prefix)
+        if not live and parsed.prose:
+            await forward(parsed.prose)
         return ModelReply(
             Message("assistant", content, tool_calls=tuple(parsed.calls)), usage, finish_reason, parsed.errors
         )

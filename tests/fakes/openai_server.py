@@ -73,6 +73,8 @@ class ScriptedModel:
     service_times: list[float] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     request_times: list[float] = field(default_factory=list)
+    # (arrival, last byte sent, request body), each by time.monotonic(): benchmarks time hops with these.
+    exchanges: list[tuple[float, float, dict[str, Any]]] = field(default_factory=list)
     base_url: str = ""
     _runner: web.AppRunner | None = None
     _closing: asyncio.Event = field(default_factory=asyncio.Event)
@@ -104,12 +106,14 @@ class ScriptedModel:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
-        self.request_times.append(time.monotonic())
+        arrival = time.monotonic()
+        self.request_times.append(arrival)
         started = time.perf_counter()
         try:
             return await self._answer(request, body)
         finally:
             self.service_times.append(time.perf_counter() - started)
+            self.exchanges.append((arrival, time.monotonic(), body))
 
     async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         if not self.steps and self.default is None:

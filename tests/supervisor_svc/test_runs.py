@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 
 import grpc
 import pytest
 
 from quarry.client import insecure_channel
+from quarry.db import Database
 from quarry.v1 import supervisor_pb2, worker_pb2, worker_pb2_grpc
+from supervisor_svc.model import StartRequest
+from supervisor_svc.store import RunStore
 from tests.fakes.choreography import REPORT, SUPERVISOR
 from tests.fakes.openai_server import Call, DropAfter, Reply, Stall
 from tests.rpc import error_reason, expect_error, violations
@@ -262,3 +266,35 @@ async def test_bad_requests_name_their_fields(mesh: Mesh) -> None:
         await mesh.events(run.run_id, after=-1)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     await mesh.events(run.run_id)
+
+
+async def test_reattaching_at_or_past_the_end(mesh: Mesh) -> None:
+    answer_at_once(mesh)
+    run = await mesh.client.start_run("Short?")
+    events = await mesh.events(run.run_id)
+    last = events[-1].sequence_no
+    assert await mesh.events(run.run_id, after=last) == []  # nothing more, and the stream ends
+    error = await expect_error(mesh.events(run.run_id, after=last + 1), grpc.StatusCode.INVALID_ARGUMENT)
+    assert "after_sequence_no" in violations(error)
+
+
+async def test_a_run_whose_supervisor_stopped_is_ended_as_failed_when_its_lease_expires(mesh: Mesh) -> None:
+    database = Database(mesh.supervisor_database_url)
+    store = RunStore(database)
+    try:
+        orphan, _ = await store.create(
+            "run-" + "a" * 32, StartRequest("Left behind?"), scratchpad_thread_id="run-" + "a" * 32, owner="gone"
+        )
+        await store.update(orphan.run_id, {"heartbeat_time": datetime.now(UTC) - timedelta(hours=1)})
+    finally:
+        await database.close()
+    events = await asyncio.wait_for(mesh.events(orphan.run_id), 30)  # the sweep runs every 2 s
+    [ended] = events
+    assert ended.failed.error.code == supervisor_pb2.RUN_ERROR_CODE_INTERNAL
+    assert "stopped before it ended" in ended.failed.error.message
+    assert (await mesh.client.get_run(orphan.run_id)).state == supervisor_pb2.RUN_STATE_FAILED
+
+
+async def test_list_runs_refuses_an_unknown_state(mesh: Mesh) -> None:
+    error = await expect_error(mesh.client.list_runs(state=99), grpc.StatusCode.INVALID_ARGUMENT)  # type: ignore[arg-type]
+    assert "state" in violations(error)

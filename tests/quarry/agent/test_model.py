@@ -114,3 +114,25 @@ async def test_text_protocol_for_models_without_native_tools(model: ScriptedMode
     sent = model.requests[0]
     assert "tools" not in sent
     assert "<tool_call>" in sent["messages"][0]["content"], "the tools are taught in the system prompt"
+
+
+async def test_text_protocol_tool_blocks_never_reach_the_text_listener(model: ScriptedModel) -> None:
+    block = '<tool_call>{"name": "perform_web_search", "arguments": {"query": "eiffel"}}</tool_call>'
+    model.script(Reply(content=f"Let me look.\n{block}", chunks=6), Reply(content="A plain answer.", chunks=4))
+    pieces: list[str] = []
+    text_client = client(model, native_tools=False)
+    await text_client.complete(HISTORY, TOOLS, call_id_prefix="t5", on_text=pieces.append)
+    assert pieces == ["Let me look."], "with tools, only the parsed prose is passed on"
+    pieces.clear()
+    await text_client.complete(HISTORY, (), call_id_prefix="t6", on_text=pieces.append)
+    assert "".join(pieces) == "A plain answer." and len(pieces) > 1, "without tools, text streams as it comes"
+
+
+async def test_a_failing_text_listener_is_its_own_error_not_a_provider_failure(model: ScriptedModel) -> None:
+    model.script(Reply(content="Some text."))
+
+    def listener(text: str) -> None:
+        raise LookupError("the caller's own problem")
+
+    with pytest.raises(LookupError, match="the caller's own problem"):
+        await client(model).complete(HISTORY, call_id_prefix="t7", on_text=listener)

@@ -1,0 +1,236 @@
+"""Research-run benchmark: the supervisor's context, parallel delegations, and the delegate hop.
+
+    python3 bench/run.py [--page-kb 200] [--latency 0.3] [--hops 30]
+
+Starts the scratchpad, two workers and the supervisor as `quarry serve`
+processes (SQLite); the scripted OpenAI-compatible model and the fixture web
+run in this process. The model reports prompt tokens as the request's
+characters / 4, so token figures scale with what each agent really sends.
+  1. Context: one run of 4 parallel delegations whose workers each read three
+     4,000-character chunks of a large page and promote one finding. Prints the
+     supervisor's largest prompt (research turns and the report call) against
+     all tokens the run used (goal <= 10%).
+  2. Parallelism: the wall time of the delegation phase with k = 4 parallel
+     delegations against one delegation alone, with `latency` seconds per model
+     turn (goal <= 1.2x).
+  3. Delegate hop: sequential single delegations; from the last byte of the
+     supervisor's model reply that asks for a delegation to the arrival of the
+     worker's first model request (goal p50 <= 1 ms, p99 <= 5 ms). This span
+     covers the supervisor parsing the reply, recording the "delegated" event,
+     the Delegate RPC, and the worker recording the delegation and its
+     conversation before calling the model.
+Prints figures only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from harness import percentile, start_service
+
+from quarry.client import QuarryClient
+from quarry.v1 import supervisor_pb2
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, agent_of
+from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
+from tests.fakes.web_server import FixtureWeb
+
+WORDS = "The lattice tower of wrought iron stands on the Champ de Mars in Paris and draws crowds every day. "
+
+
+def large_page(title: str, kilobytes: int) -> str:
+    body = "".join(f"<p>{WORDS * 4} Paragraph {n} of {title}.</p>\n" for n in range(kilobytes * 1024 // 420))
+    return f"<!doctype html><html><head><title>{title}</title></head><body><article>{body}</article></body></html>"
+
+
+def counting(choreography: Choreography) -> Any:
+    """The choreography's steps, with usage as a real model would report it (about 4 characters a token)."""
+
+    def answer(body: dict[str, Any]) -> Step:
+        step = choreography(body)
+        if not isinstance(step, Reply):
+            return step
+        sent = len(json.dumps(body["messages"])) // 4
+        produced = (len(step.content) + sum(len(json.dumps(call.arguments)) for call in step.calls)) // 4
+        return dataclasses.replace(step, input_tokens=sent, output_tokens=max(produced, 1))
+
+    return answer
+
+
+def researcher(choreography: Choreography, objective: str, url: str, latency: float) -> None:
+    choreography.add(
+        objective,
+        Reply(calls=(Call("read_web_page", {"url": url}, "read"),), delay=latency),
+        Reply(calls=(Call("scroll_web_page", {"url": url, "page": 2}, "scroll-2"),), delay=latency),
+        Reply(calls=(Call("scroll_web_page", {"url": url, "page": 3}, "scroll-3"),), delay=latency),
+        Reply(
+            calls=(
+                Call(
+                    "append_scratchpad",
+                    {
+                        "kind": "finding",
+                        "content": f"{objective}: the tower stands on the Champ de Mars.",
+                        "sources": [{"url": url, "excerpt": "stands on the Champ de Mars in Paris"}],
+                    },
+                    "promote",
+                ),
+            ),
+            delay=latency,
+        ),
+        Reply(content="Promoted one finding.", delay=latency),
+    )
+
+
+async def run_once(client: QuarryClient, question: str) -> list[supervisor_pb2.RunEvent]:
+    run = await client.start_run(question, options=supervisor_pb2.RunOptions(max_supervisor_turns=64))
+    events = [event async for event in client.stream_run(run.run_id)]
+    assert events[-1].HasField("completed"), events[-1]
+    return events
+
+
+def fan_out(choreography: Choreography, objectives: list[str], urls: list[str], latency: float) -> None:
+    for objective, url in zip(objectives, urls, strict=True):
+        researcher(choreography, objective, url, latency)
+    calls = tuple(Call("delegate_research", {"objective": o}, f"d{n}") for n, o in enumerate(objectives))
+    choreography.add(
+        SUPERVISOR,
+        Reply(content="Four angles at once.", calls=calls),
+        Reply(calls=(Call("read_scratchpad", {}, "check"),)),
+        Reply(content="Enough."),
+    )
+    choreography.add(REPORT, Reply(content="The tower stands on the Champ de Mars [1]. " * 8))
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    model, site = ScriptedModel(), FixtureWeb()
+    await model.start()
+    await site.start()
+    urls = [site.add(f"/large-{n}.html", large_page(f"Page {n}", args.page_kb)) for n in range(4)]
+    processes = []
+    with tempfile.TemporaryDirectory() as workdir_name:
+        workdir = Path(workdir_name)
+        env = {
+            "QUARRY_DATA_DIR": str(workdir),
+            "QUARRY_LOG_LEVEL": "WARNING",
+            "QUARRY_MODEL_BASE_URL": model.base_url,
+            "QUARRY_MODEL_NAME": "scripted",
+        }
+        try:
+            scratchpad, scratchpad_address = start_service("scratchpad", env, workdir)
+            processes.append(scratchpad)
+            workers = []
+            for n in range(2):
+                (workdir / f"w{n}").mkdir()
+                worker, address = start_service(
+                    "worker",
+                    {
+                        **env,
+                        "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{workdir / f'worker{n}.db'}",
+                        "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad_address,
+                        "QUARRY_WORKER_FETCH_ALLOW": f"127.0.0.1:{site.port}",
+                    },
+                    workdir / f"w{n}",
+                )
+                processes.append(worker)
+                workers.append(address)
+            supervisor, supervisor_address = start_service(
+                "supervisor",
+                {
+                    **env,
+                    "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS": scratchpad_address,
+                    "QUARRY_SUPERVISOR_WORKER_ADDRESSES": ",".join(workers),
+                },
+                workdir,
+            )
+            processes.append(supervisor)
+            async with QuarryClient.connect(supervisor_address) as client:
+                await context_share(model, client, urls)
+                await parallel_ratio(model, client, urls, args.latency)
+                await delegate_hop(model, client, urls[0], args.hops)
+        finally:
+            for process in reversed(processes):
+                process.terminate()
+                process.wait(30)
+    await site.stop()
+    await model.stop()
+
+
+async def context_share(model: ScriptedModel, client: QuarryClient, urls: list[str]) -> None:
+    choreography = Choreography()
+    model.default = counting(choreography)
+    model.exchanges.clear()
+    objectives = [f"Angle {n}" for n in range(4)]
+    fan_out(choreography, objectives, urls, 0.0)
+    events = await run_once(client, "Where does the tower stand?")
+    usage = events[-1].completed.usage
+    prompts = [
+        len(json.dumps(body["messages"])) // 4
+        for _, _, body in model.exchanges
+        if agent_of(body) in (SUPERVISOR, REPORT)
+    ]
+    total = usage.total.input_tokens + usage.total.output_tokens
+    largest = max(prompts)
+    print(
+        f"context: supervisor's largest prompt {largest} tokens of {total} used in the run "
+        f"({100 * largest / total:.1f}%; goal <= 10%); workers {usage.workers.input_tokens} in / "
+        f"{usage.workers.output_tokens} out over {usage.workers.model_calls} calls, supervisor "
+        f"{usage.supervisor.input_tokens} in over {usage.supervisor.model_calls} calls"
+    )
+
+
+async def parallel_ratio(model: ScriptedModel, client: QuarryClient, urls: list[str], latency: float) -> None:
+    phases = {}
+    for k in (1, 4):
+        choreography = Choreography()
+        model.default = counting(choreography)
+        objectives = [f"Parallel {k}-{n}" for n in range(k)]
+        fan_out(choreography, objectives, urls[:k], latency)
+        await run_once(client, f"{k} at once?")
+        first, second = choreography.arrivals[SUPERVISOR][:2]
+        phases[k] = second - first
+    print(
+        f"parallelism: k=4 delegation phase {phases[4]:.2f} s, one alone {phases[1]:.2f} s "
+        f"({phases[4] / phases[1]:.2f}x; goal <= 1.2x; {latency * 1000:.0f} ms per model turn, 5 turns each)"
+    )
+
+
+async def delegate_hop(model: ScriptedModel, client: QuarryClient, url: str, hops: int) -> None:
+    choreography = Choreography()
+    model.default = choreography
+    for n in range(hops):
+        choreography.add(f"Hop {n}", Reply(content="done"))
+        choreography.add(SUPERVISOR, Reply(calls=(Call("delegate_research", {"objective": f"Hop {n}"}, f"h{n}"),)))
+    choreography.add(SUPERVISOR, Reply(content="Enough."))
+    choreography.add(REPORT, Reply(content="Report."))
+    model.exchanges.clear()
+    await run_once(client, "How fast is a hop?")
+    supervisor_ends = [end for _, end, body in model.exchanges if agent_of(body) == SUPERVISOR]
+    worker_starts = sorted(arrival for arrival, _, body in model.exchanges if agent_of(body).startswith("Hop "))
+    values = []
+    for start in worker_starts:
+        asked = max(end for end in supervisor_ends if end <= start)
+        values.append((start - asked) * 1000)
+    print(
+        f"delegate hop, {len(values)} sequential delegations: p50 {percentile(values, 0.5):.2f} ms, "
+        f"p99 {percentile(values, 0.99):.2f} ms (goal p50 <= 1 ms, p99 <= 5 ms)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--page-kb", type=int, default=200)
+    parser.add_argument("--latency", type=float, default=0.3)
+    parser.add_argument("--hops", type=int, default=30)
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
