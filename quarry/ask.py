@@ -185,13 +185,14 @@ async def list_runs(address: str, state: str, limit: int, *, as_json: bool) -> i
         for run in response.runs:
             print(json.dumps(json_format.MessageToDict(run)))
         return 0
-    table = Table("run", "state", "created", "question")
+    table = Table("state", "created", "question")
+    table.add_column("run", no_wrap=True)  # whole, so it can be copied into `quarry runs show`
     for run in response.runs:
         table.add_row(
-            run.run_id,
             _name(supervisor_pb2.RunState, run.state, "RUN_STATE_"),
             run.create_time.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"),
             run.question[:70],
+            run.run_id,
         )
     Console().print(table)
     return 0
