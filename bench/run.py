@@ -192,7 +192,8 @@ async def parallel_ratio(model: ScriptedModel, client: QuarryClient, urls: list[
         choreography = Choreography()
         model.default = counting(choreography)
         objectives = [f"Parallel {k}-{n}" for n in range(k)]
-        fan_out(choreography, objectives, urls[:k], latency)
+        # URLs no worker has read yet (the query makes them new to the page cache): both runs extract pages.
+        fan_out(choreography, objectives, [f"{url}?run={k}" for url in urls[:k]], latency)
         await run_once(client, f"{k} at once?")
         first, second = choreography.arrivals[SUPERVISOR][:2]
         phases[k] = second - first

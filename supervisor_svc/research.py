@@ -269,10 +269,19 @@ class ResearchRun:
     async def _run_delegation(
         self, params: DelegateParams, call: ToolCall, delegation_id: str
     ) -> worker_pb2.DelegationResult:
-        await self._status(
-            supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED, params.objective[:200], delegation_id=delegation_id
+        # The "delegated" event is written while the call goes out (it is not on the hop to the worker);
+        # the delegation's later events wait for it, so the order on the wire stays the order of events.
+        announced = asyncio.ensure_future(
+            self._status(
+                supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED, params.objective[:200], delegation_id=delegation_id
+            )
         )
-        # Computed after the event above: by then every delegation of this turn has counted itself in flight.
+
+        async def progress(response: worker_pb2.DelegateResponse) -> None:
+            await announced
+            await self._progress(response)
+
+        await asyncio.sleep(0)  # lets every delegation of this turn count itself in flight first
         request = worker_pb2.DelegateRequest(
             delegation_id=delegation_id,
             run_id=self.run_id,
@@ -288,9 +297,12 @@ class ResearchRun:
                 timeout=duration_pb2.Duration(seconds=max(int(self._deadline - time.monotonic()), 1)),
             ),
         )
-        return await self._deps.delegations.delegate(
-            request, deadline_seconds=max(self._deadline - time.monotonic(), 1.0) + 5.0, on_event=self._progress
-        )
+        try:
+            return await self._deps.delegations.delegate(
+                request, deadline_seconds=max(self._deadline - time.monotonic(), 1.0) + 5.0, on_event=progress
+            )
+        finally:
+            await announced
 
     def _worker_token_share(self) -> int:
         """Each delegation in flight gets an equal part of what is left, so together they stay in budget."""
@@ -360,17 +372,14 @@ class ResearchRun:
         await self._status(supervisor_pb2.RESEARCH_PHASE_PLANNING, "planning the research")
         conversation_id = f"sup-{self.run_id}"
         conversations = self._deps.conversations
-        await conversations.create(conversation_id)
-        await conversations.append(
-            conversation_id,
-            [
-                system(INSTRUCTIONS),
-                user(
-                    f"Research question: {self.record.question}\n\nThe scratchpad holds the seed as entry 1. "
-                    "Plan, delegate, and check the findings."
-                ),
-            ],
-        )
+        opening = [
+            system(INSTRUCTIONS),
+            user(
+                f"Research question: {self.record.question}\n\nThe scratchpad holds the seed as entry 1. "
+                "Plan, delegate, and check the findings."
+            ),
+        ]
+        await conversations.create(conversation_id, opening)
         context = SupervisorContext(
             research=self,
             scratchpad=self._deps.scratchpad,
@@ -382,7 +391,7 @@ class ResearchRun:
         notes = ""
         token_budget = turn_budget = False
         try:
-            notes = await self._agent.run(context)
+            notes = await self._agent.run(context, history=list(opening))
         except TurnBudgetExhausted:
             turn_budget = True
         except BudgetSpent:

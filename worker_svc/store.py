@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -9,6 +10,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from quarry.agent.conversation import insert_conversation
+from quarry.agent.messages import Message
 from quarry.db import Database
 from quarry.errors import FailedPrecondition
 from quarry.identity import Role
@@ -51,8 +54,9 @@ class DelegationStore:
 
         return await self._db.read(work)
 
-    async def start(self, request: DelegationRequest, conversation_id: str) -> None:
-        """Record a delegation as running; a second start of the same id is refused."""
+    async def start(self, request: DelegationRequest, conversation_id: str, opening: Sequence[Message]) -> None:
+        """Record a delegation as running, with its new conversation, in one transaction; a second start of
+        the same id is refused."""
         assert request.role is not None
         row = {
             "delegation_id": request.delegation_id,
@@ -73,7 +77,12 @@ class DelegationStore:
             "end_time": None,
         }
         try:
-            await self._db.write(lambda connection: connection.execute(delegations.insert().values(row)))
+
+            def work(connection: Connection) -> None:
+                connection.execute(delegations.insert().values(row))
+                insert_conversation(connection, conversation_id, opening)
+
+            await self._db.write(work)
         except IntegrityError:
             raise FailedPrecondition(
                 f"delegation {request.delegation_id!r} is already running",

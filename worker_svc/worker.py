@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TokenBudgetExhausted, TurnBudgetExhausted
-from quarry.agent.messages import ToolCall, system, user
+from quarry.agent.messages import Message, ToolCall, system, user
 from quarry.agent.model import ModelClient, ProviderError
 from quarry.agent.tools import ToolOutcome
 from quarry.errors import FailedPrecondition, FieldViolation, InvalidArgument, ResourceExhausted
@@ -176,8 +176,11 @@ class Worker:
     async def _admit(
         self, request: DelegationRequest, conversation_id: str, queue: asyncio.Queue[Event]
     ) -> asyncio.Task[Outcome]:
-        await self._delegations.start(request, conversation_id)  # refuses a delegation_id already running
-        task = asyncio.create_task(self._execute(request, conversation_id, queue))
+        assert request.role is not None
+        opening = [system(ROLE_INSTRUCTIONS[request.role]), user(task_message(request))]
+        # Refuses a delegation_id already running; creates the conversation in the same transaction.
+        await self._delegations.start(request, conversation_id, opening)
+        task = asyncio.create_task(self._execute(request, conversation_id, opening, queue))
         self._running[request.delegation_id] = task
         task.add_done_callback(lambda _: self._running.pop(request.delegation_id, None))
         return task
@@ -218,7 +221,9 @@ class Worker:
             error_message="the delegation ended without a result",
         )
 
-    async def _execute(self, request: DelegationRequest, conversation_id: str, queue: asyncio.Queue[Event]) -> Outcome:
+    async def _execute(
+        self, request: DelegationRequest, conversation_id: str, opening: list[Message], queue: asyncio.Queue[Event]
+    ) -> Outcome:
         """Run the delegation; whatever happens, record and queue exactly one Outcome."""
         assert request.role is not None
         run: AgentRun[DelegationContext] | None = None
@@ -255,11 +260,7 @@ class Worker:
             tools = tools_for(ROLE_CAPABILITIES[request.role])
             run = AgentRun(self._model, tools, self._conversations, conversation_id, limits, observer)
             async with deadline:
-                await self._conversations.create(conversation_id)
-                await self._conversations.append(
-                    conversation_id, [system(ROLE_INSTRUCTIONS[request.role]), user(task_message(request))]
-                )
-                answer = await run.run(context)
+                answer = await run.run(context, history=list(opening))
             outcome = ended(None, summary=answer)
         except TurnBudgetExhausted as error:
             outcome = ended(ErrorCode.TURN_BUDGET_EXHAUSTED, str(error))

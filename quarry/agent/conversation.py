@@ -70,13 +70,23 @@ def _message(row: sa.Row[Any]) -> Message:
     )
 
 
+def insert_conversation(connection: Connection, conversation_id: str, opening: Sequence[Message] = ()) -> None:
+    """A new conversation and its opening messages (numbered from 1), inside the caller's transaction."""
+    now = datetime.now(UTC)
+    row = {"conversation_id": conversation_id, "last_sequence_no": len(opening), "create_time": now}
+    connection.execute(conversations.insert().values(row))
+    if opening:
+        rows = [_row(conversation_id, n, message, now) for n, message in enumerate(opening, start=1)]
+        connection.execute(messages.insert(), rows)
+
+
 class ConversationStore:
     def __init__(self, database: Database) -> None:
         self._db = database
 
-    async def create(self, conversation_id: str) -> None:
-        row = {"conversation_id": conversation_id, "last_sequence_no": 0, "create_time": datetime.now(UTC)}
-        await self._db.write(lambda connection: connection.execute(conversations.insert().values(row)))
+    async def create(self, conversation_id: str, opening: Sequence[Message] = ()) -> None:
+        """A new conversation, with its opening messages in the same transaction."""
+        await self._db.write(lambda connection: insert_conversation(connection, conversation_id, opening))
 
     async def append(self, conversation_id: str, batch: Sequence[Message]) -> list[int]:
         """Persist messages in order, atomically; returns their sequence numbers."""

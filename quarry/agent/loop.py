@@ -87,11 +87,15 @@ class AgentRun(Generic[Context]):
         self.turns = 0
         self.usage = Usage()
 
-    async def run(self, context: Context) -> str:
-        """Loop until the model answers without calling a tool; returns that answer."""
+    async def run(self, context: Context, history: list[Message] | None = None) -> str:
+        """Loop until the model answers without calling a tool; returns that answer.
+
+        `history` is the conversation as stored, when the caller has it (it just wrote it); otherwise
+        it is read. This run is the conversation's only writer, so the copy is then kept in step.
+        """
         schemas = self._tools.schemas()
-        # This run is the conversation's only writer: read it once, then keep the copy in step.
-        history = await self._store.history(self._conversation_id)
+        if history is None:
+            history = await self._store.history(self._conversation_id)
         while self.turns < self._limits.max_turns:
             self.turns += 1
             turn = self.turns

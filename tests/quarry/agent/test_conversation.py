@@ -61,3 +61,9 @@ async def test_conversations_are_separate_and_unknown_ones_refused(store: Conver
     assert await store.history("conv-4") == []
     with pytest.raises(NotFound):
         await store.append("missing", [user("x")])
+
+
+async def test_a_conversation_created_with_its_opening_continues_after_it(store: ConversationStore) -> None:
+    await store.create("conv-open", [system("rules"), user("task")])
+    assert await store.append("conv-open", [assistant("first reply")]) == [3]
+    assert [m.content for m in await store.history("conv-open")] == ["rules", "task", "first reply"]
