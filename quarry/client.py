@@ -11,8 +11,10 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc, supervisor_pb2, supervisor_pb2_grpc
@@ -50,6 +52,13 @@ class RetryPolicy:
             reraise=True,
         )
 
+    async def call(self, method: Callable[..., Any], request: Message, *, extra_timeout: float = 0.0) -> Any:
+        """One unary call, retried under this policy; each attempt bounded by attempt_timeout."""
+        async for attempt in self.retrying():
+            with attempt:
+                return await method(request, timeout=self.attempt_timeout + extra_timeout)
+        raise AssertionError("unreachable: the last failure is re-raised")
+
 
 def insecure_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(
@@ -73,16 +82,12 @@ class ScratchpadClient:
         request = scratchpad_pb2.CreateThreadRequest(
             thread_id=thread_id, title=title, labels=labels or {}, request_id=request_id or str(uuid.uuid4())
         )
-        async for attempt in self._retry.retrying():
-            with attempt:
-                response = await self._stub.CreateThread(request, timeout=self._retry.attempt_timeout)
+        response: scratchpad_pb2.CreateThreadResponse = await self._retry.call(self._stub.CreateThread, request)
         return response.thread
 
     async def get_thread(self, thread_id: str) -> scratchpad_pb2.Thread:
         request = scratchpad_pb2.GetThreadRequest(thread_id=thread_id)
-        async for attempt in self._retry.retrying():
-            with attempt:
-                response = await self._stub.GetThread(request, timeout=self._retry.attempt_timeout)
+        response: scratchpad_pb2.GetThreadResponse = await self._retry.call(self._stub.GetThread, request)
         return response.thread
 
     async def append(
@@ -104,9 +109,7 @@ class ScratchpadClient:
             content=content,
             sources=sources,
         )
-        async for attempt in self._retry.retrying():
-            with attempt:
-                response = await self._stub.Append(request, timeout=self._retry.attempt_timeout)
+        response: scratchpad_pb2.AppendResponse = await self._retry.call(self._stub.Append, request)
         return response
 
     async def read_all(
@@ -119,9 +122,7 @@ class ScratchpadClient:
             request = scratchpad_pb2.ReadRequest(
                 thread_id=thread_id, after_sequence_no=after_sequence_no, page_size=page_size, page_token=token
             )
-            async for attempt in self._retry.retrying():
-                with attempt:
-                    page = await self._stub.Read(request, timeout=self._retry.attempt_timeout)
+            page: scratchpad_pb2.ReadResponse = await self._retry.call(self._stub.Read, request)
             entries.extend(page.entries)
             token = page.next_page_token
             if not token:
@@ -208,16 +209,12 @@ class QuarryClient:
         request = supervisor_pb2.StartRunRequest(
             question=question, options=options, labels=labels or {}, request_id=request_id or str(uuid.uuid4())
         )
-        async for attempt in self._retry.retrying():
-            with attempt:
-                response = await self._stub.StartRun(request, timeout=self._retry.attempt_timeout)
+        response: supervisor_pb2.StartRunResponse = await self._retry.call(self._stub.StartRun, request)
         return response.run
 
     async def get_run(self, run_id: str) -> supervisor_pb2.Run:
         request = supervisor_pb2.GetRunRequest(run_id=run_id)
-        async for attempt in self._retry.retrying():
-            with attempt:
-                response = await self._stub.GetRun(request, timeout=self._retry.attempt_timeout)
+        response: supervisor_pb2.GetRunResponse = await self._retry.call(self._stub.GetRun, request)
         return response.run
 
     async def list_runs(
@@ -228,16 +225,14 @@ class QuarryClient:
         state: supervisor_pb2.RunState.ValueType = supervisor_pb2.RUN_STATE_UNSPECIFIED,
     ) -> supervisor_pb2.ListRunsResponse:
         request = supervisor_pb2.ListRunsRequest(page_size=page_size, page_token=page_token, state=state)
-        async for attempt in self._retry.retrying():
-            with attempt:
-                response = await self._stub.ListRuns(request, timeout=self._retry.attempt_timeout)
+        response: supervisor_pb2.ListRunsResponse = await self._retry.call(self._stub.ListRuns, request)
         return response
 
     async def cancel_run(self, run_id: str, reason: str = "") -> supervisor_pb2.Run:
         request = supervisor_pb2.CancelRunRequest(run_id=run_id, reason=reason)
-        async for attempt in self._retry.retrying():
-            with attempt:
-                response = await self._stub.CancelRun(request, timeout=self._retry.attempt_timeout + 15)
+        response: supervisor_pb2.CancelRunResponse = await self._retry.call(
+            self._stub.CancelRun, request, extra_timeout=15
+        )
         return response.run
 
     async def stream_run(

@@ -6,12 +6,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
 from quarry.client import QuarryClient, ScratchpadClient, insecure_channel
 from quarry.config import QuarrySettings, ScratchpadSettings, SupervisorSettings, WorkerSettings
 from quarry.server import ServiceHost
-from quarry.v1 import supervisor_pb2
+from quarry.v1 import supervisor_pb2, worker_pb2, worker_pb2_grpc
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.service import build_host as build_supervisor
 from tests.fakes.choreography import Choreography
@@ -24,6 +25,19 @@ HISTORY = """<!doctype html><html><head><title>Building the tower</title></head>
 <p>Construction of the Eiffel Tower began in January 1887 and the tower opened to the public in May 1889.</p>
 <p>About three hundred workers joined together some eighteen thousand pieces of wrought iron.</p>
 </article></body></html>"""
+
+
+async def delegation_on(address: str, delegation_id: str) -> worker_pb2.Delegation | None:
+    """The delegation as the worker at `address` recorded it; None when that worker never ran it."""
+    async with insecure_channel(address) as channel:
+        try:
+            response = await worker_pb2_grpc.WorkerServiceStub(channel).GetDelegation(
+                worker_pb2.GetDelegationRequest(delegation_id=delegation_id)
+            )
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.NOT_FOUND
+            return None
+    return response.delegation
 
 
 @dataclass

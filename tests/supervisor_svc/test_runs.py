@@ -8,15 +8,14 @@ from datetime import UTC, datetime, timedelta
 import grpc
 import pytest
 
-from quarry.client import insecure_channel
 from quarry.db import Database
-from quarry.v1 import supervisor_pb2, worker_pb2, worker_pb2_grpc
+from quarry.v1 import supervisor_pb2, worker_pb2
 from supervisor_svc.model import StartRequest
 from supervisor_svc.store import RunStore
 from tests.fakes.choreography import REPORT, SUPERVISOR
 from tests.fakes.openai_server import Call, DropAfter, Reply, Stall
 from tests.rpc import error_reason, expect_error, violations
-from tests.supervisor_svc.conftest import Mesh
+from tests.supervisor_svc.conftest import Mesh, delegation_on
 
 
 def finding(url: str, content: str, excerpt: str, call_id: str) -> Call:
@@ -140,29 +139,16 @@ async def test_cancel_run_stops_its_workers_and_ends_the_run_cancelled(mesh: Mes
     events = await mesh.events(run.run_id)
     assert events[-1].cancelled.reason == "user pressed Ctrl-C"
     delegation_id = next(e.status.delegation_id for e in events if e.status.delegation_id)
-    states = set()
+    recorded = None
     for _ in range(100):  # the worker records the cancellation as its task unwinds
-        states = {await delegation_state(address, delegation_id) for address in mesh.worker_addresses}
-        if worker_pb2.DELEGATION_STATE_RUNNING not in states:
+        [recorded] = [d for a in mesh.worker_addresses if (d := await delegation_on(a, delegation_id)) is not None]
+        if recorded.state != worker_pb2.DELEGATION_STATE_RUNNING:
             break
         await asyncio.sleep(0.05)
-    assert worker_pb2.DELEGATION_STATE_FAILED in states, states
+    assert recorded is not None and recorded.state == worker_pb2.DELEGATION_STATE_FAILED
+    assert recorded.result.error.code == worker_pb2.DELEGATION_ERROR_CODE_CANCELLED
     again = await mesh.client.cancel_run(run.run_id)  # cancelling an ended run changes nothing
     assert again.state == supervisor_pb2.RUN_STATE_CANCELLED and again.error.message == "user pressed Ctrl-C"
-
-
-async def delegation_state(address: str, delegation_id: str) -> int:
-    async with insecure_channel(address) as channel:
-        try:
-            response = await worker_pb2_grpc.WorkerServiceStub(channel).GetDelegation(
-                worker_pb2.GetDelegationRequest(delegation_id=delegation_id)
-            )
-        except grpc.aio.AioRpcError as error:
-            assert error.code() == grpc.StatusCode.NOT_FOUND
-            return -1
-    if response.delegation.state == worker_pb2.DELEGATION_STATE_FAILED:
-        assert response.delegation.result.error.code == worker_pb2.DELEGATION_ERROR_CODE_CANCELLED
-    return response.delegation.state
 
 
 async def test_the_token_budget_stops_further_delegation(mesh: Mesh) -> None:

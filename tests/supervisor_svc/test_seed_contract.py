@@ -20,16 +20,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
 
 from quarry.client import QuarryClient, ScratchpadClient, insecure_channel
-from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2, worker_pb2_grpc
+from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from tests.conftest import ServiceProcess, start_service, stop_service
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
 from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel, Stall
 from tests.fakes.web_server import FixtureWeb
-from tests.supervisor_svc.conftest import HISTORY
+from tests.supervisor_svc.conftest import HISTORY, delegation_on
 
 pytestmark = pytest.mark.slow
 
@@ -89,18 +88,6 @@ async def script(model: ScriptedModel, site: FixtureWeb) -> AsyncIterator[Choreo
     model.default = choreography
     site.add("/history.html", HISTORY)
     yield choreography
-
-
-async def delegation_on(address: str, delegation_id: str) -> worker_pb2.Delegation | None:
-    async with insecure_channel(address) as channel:
-        try:
-            response = await worker_pb2_grpc.WorkerServiceStub(channel).GetDelegation(
-                worker_pb2.GetDelegationRequest(delegation_id=delegation_id)
-            )
-        except grpc.aio.AioRpcError as error:
-            assert error.code() == grpc.StatusCode.NOT_FOUND
-            return None
-    return response.delegation
 
 
 def verdict(name: str, checks: list[tuple[str, bool]]) -> bool:
