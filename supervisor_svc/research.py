@@ -27,7 +27,7 @@ from quarry.agent.conversation import ConversationStore
 from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TurnBudgetExhausted
 from quarry.agent.messages import ToolCall, system, user
 from quarry.agent.model import ModelClient, ProviderError
-from quarry.agent.scratchpad_tools import SCRATCHPAD_TOOLS, SourceParam
+from quarry.agent.scratchpad_tools import SCRATCHPAD_TOOLS, SourceParam, render_entries
 from quarry.agent.tools import Tool, ToolError, ToolOutcome, ToolRegistry, current_call
 from quarry.client import ScratchpadClient
 from quarry.errors import Unavailable
@@ -69,6 +69,8 @@ class DelegateParams(BaseModel):
     role: Literal["researcher", "verifier"] = "researcher"
 
 
+# Promoted entries shown with a delegation's result, at most (the rest stay one read_scratchpad away).
+_MAX_PROMOTED_CHARS = 8000
 _ROLES = {"researcher": common_pb2.ROLE_RESEARCHER, "verifier": common_pb2.ROLE_VERIFIER}
 
 
@@ -119,19 +121,29 @@ SUPERVISOR_TOOLS: list[Tool[Any, SupervisorContext]] = [
 REGISTRY: ToolRegistry[SupervisorContext] = ToolRegistry(SUPERVISOR_TOOLS)
 
 
-def render_result(delegation_id: str, result: worker_pb2.DelegationResult) -> str:
-    """What the supervisor's context keeps of a delegation: its outcome, never the worker's transcript."""
+def render_result(
+    delegation_id: str, result: worker_pb2.DelegationResult, promoted_entries: Sequence[scratchpad_pb2.Entry] = ()
+) -> str:
+    """What the supervisor's context keeps of a delegation: its outcome and the entries it promoted, as the
+    scratchpad holds them; never the worker's transcript."""
     promoted = ", ".join(str(n) for n in result.promoted_sequence_nos) or "none"
     if result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED:
-        return (
+        text = (
             f"delegation {delegation_id} succeeded in {result.turns_used} turns; scratchpad entries promoted: "
             f"{promoted}.\nWorker summary: {result.summary}"
         )
-    code = worker_pb2.DelegationErrorCode.Name(result.error.code).removeprefix("DELEGATION_ERROR_CODE_")
-    return (
-        f"error: delegation {delegation_id} failed ({code}): {result.error.message}. "
-        f"Scratchpad entries promoted before it failed: {promoted}."
-    )
+    else:
+        code = worker_pb2.DelegationErrorCode.Name(result.error.code).removeprefix("DELEGATION_ERROR_CODE_")
+        text = (
+            f"error: delegation {delegation_id} failed ({code}): {result.error.message}. "
+            f"Scratchpad entries promoted before it failed: {promoted}."
+        )
+    if promoted_entries:
+        entries = render_entries(promoted_entries)
+        if len(entries) > _MAX_PROMOTED_CHARS:
+            entries = entries[:_MAX_PROMOTED_CHARS] + "\n… (more with read_scratchpad)"
+        text += f"\nPromoted entries, from the scratchpad:\n{entries}"
+    return text
 
 
 class _Observer(LoopObserver):
@@ -264,7 +276,21 @@ class ResearchRun:
             result=result,
             values={"usage": self.usage().to_json()},
         )
-        return render_result(delegation_id, result)
+        return render_result(delegation_id, result, await self._promoted_entries(result))
+
+    async def _promoted_entries(self, result: worker_pb2.DelegationResult) -> list[scratchpad_pb2.Entry]:
+        """Re-read what the delegation promoted: the supervisor sees findings as the scratchpad holds them."""
+        numbers = set(result.promoted_sequence_nos)
+        if not numbers:
+            return []
+        try:
+            entries = await self._deps.scratchpad.read_all(
+                self.record.scratchpad_thread_id, after_sequence_no=min(numbers) - 1
+            )
+        except Exception as error:  # the result stands without them; read_scratchpad can fetch them later
+            log.warning("run %s: could not re-read promoted entries: %s", self.run_id, error)
+            return []
+        return [entry for entry in entries if entry.sequence_no in numbers]
 
     async def _run_delegation(
         self, params: DelegateParams, call: ToolCall, delegation_id: str

@@ -60,6 +60,11 @@ async def test_a_run_delegates_and_reports_with_verified_citations(mesh: Mesh) -
     stored = await mesh.client.get_run(run.run_id)
     assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED
     assert stored.report == completed.report
+    # The delegation's result carries what it promoted, re-read from the scratchpad, not the worker's transcript.
+    delegation_result = mesh.script.requests[SUPERVISOR][1]["messages"][-1]["content"]
+    assert "succeeded" in delegation_result and "Promoted entries, from the scratchpad:" in delegation_result
+    assert "The tower is 330 m tall." in delegation_result and "The tower is 330 metres tall" in delegation_result
+    assert "Champ de Mars" not in str(mesh.script.requests[SUPERVISOR])  # page text stays with the worker
     assert stored.last_event_sequence_no == events[-1].sequence_no
 
 
