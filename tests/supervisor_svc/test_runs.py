@@ -289,3 +289,23 @@ async def test_a_run_whose_supervisor_stopped_is_ended_as_failed_when_its_lease_
 async def test_list_runs_refuses_an_unknown_state(mesh: Mesh) -> None:
     error = await expect_error(mesh.client.list_runs(state=99), grpc.StatusCode.INVALID_ARGUMENT)  # type: ignore[arg-type]
     assert "state" in violations(error)
+
+
+async def test_a_supervisor_shutting_down_ends_its_runs_as_cancelled(mesh: Mesh) -> None:
+    mesh.script.add("Research slowly", Stall(60))
+    mesh.script.add(SUPERVISOR, Reply(calls=(Call("delegate_research", {"objective": "Research slowly"}, "d1"),)))
+    run = await mesh.client.start_run("Interrupted?")
+    await wait_for_phase(mesh, run.run_id, supervisor_pb2.RESEARCH_PHASE_WORKER_RESEARCHING)
+    await mesh.supervisor.shutdown()
+    database = Database(mesh.supervisor_database_url)
+    try:
+        store = RunStore(database)
+        record = await store.get(run.run_id)
+        stored = await store.events_after(run.run_id, 0)
+    finally:
+        await database.close()
+    assert record is not None and record.state.value == "cancelled"
+    assert record.last_error == "the supervisor shut down" and record.end_time is not None
+    last = supervisor_pb2.RunEvent.FromString(stored[-1].payload)
+    assert stored[-1].terminal and last.cancelled.reason == "the supervisor shut down"
+    assert [event.sequence_no for event in stored] == list(range(1, len(stored) + 1))
