@@ -132,13 +132,14 @@ def exit_with_parent(parent_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _configure_logging(level: str, service: str) -> None:
+def _configure_logging(common: QuarrySettings, service: str, settings: BaseSettings) -> None:
+    from quarry.telemetry import JsonFormatter
+
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    logging.basicConfig(
-        level=level.upper(),
-        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    secrets = [common.model_api_key, *(str(getattr(settings, key, "")) for key in ("model_api_key", "search_api_key"))]
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(service, secrets, text=common.log_format == "text"))
+    logging.basicConfig(level=common.log_level.upper(), handlers=[handler], force=True)
 
 
 async def _serve(host: ServiceHost, port_file: Path | None) -> int:
@@ -203,9 +204,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"quarry: {error}", file=sys.stderr)
         return 2
     if args.command == "serve":
-        _configure_logging(common.log_level, args.service)
+        _configure_logging(common, args.service, settings)
         if args.parent_pid:
             exit_with_parent(args.parent_pid)
+        from quarry import telemetry
+
+        try:
+            observability = telemetry.setup(args.service, prometheus_address=settings.prometheus_address)
+        except (OSError, ValueError) as error:
+            print(f"quarry serve {args.service}: cannot set up telemetry: {error}", file=sys.stderr)
+            return 1
 
         async def build_and_serve() -> int:
             return await _serve(await spec.build(settings, common), args.port_file)
@@ -216,6 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Startup failures a user can fix: say what failed, without a traceback.
             print(f"quarry serve {args.service}: cannot start: {error}", file=sys.stderr)
             return 1
+        finally:
+            observability.shutdown()  # exports what is still pending
     if args.command == "up":
         from quarry.launcher import Announcer, run_mesh
 

@@ -17,6 +17,7 @@ import grpc
 from google.protobuf.message import Message
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
+from quarry import telemetry
 from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc, supervisor_pb2, supervisor_pb2_grpc
 
 __all__ = [
@@ -63,6 +64,7 @@ class RetryPolicy:
 def insecure_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(
         address,
+        interceptors=telemetry.client_interceptors(),
         options=[
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.keepalive_timeout_ms", 10_000),

@@ -107,6 +107,8 @@ class QuarrySettings(_Settings):
     # Seconds in-flight RPCs get to finish after SIGTERM before they are cancelled.
     shutdown_grace_seconds: float = Field(default=5.0, ge=0, le=300)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    # json: one object per line with trace_id/span_id (for collectors); text: the same, readable.
+    log_format: Literal["json", "text"] = "json"
     # The model endpoint every tier uses unless its own settings name another
     # (any OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 for vLLM).
     model_base_url: str = "http://127.0.0.1:8000/v1"
@@ -130,6 +132,8 @@ class ServiceSettings(_Settings):
     address: str
     # SQLAlchemy URL; empty means a SQLite file under the data directory.
     database_url: str = ""
+    # HOST:PORT for a Prometheus scrape endpoint of this service's metrics; empty: none.
+    prometheus_address: str = ""
 
     @field_validator("address")
     @classmethod

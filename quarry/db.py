@@ -8,6 +8,7 @@ write plain URLs (sqlite:///path, postgresql://...); the driver is chosen here.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import logging
 from collections.abc import Callable
@@ -152,7 +153,9 @@ class Database:
     @staticmethod
     async def _run(executor: ThreadPoolExecutor, function: Callable[..., _T], *args: Any) -> _T:
         try:
-            return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
+            # The caller's context goes along, so a traced statement belongs to the caller's span.
+            context = contextvars.copy_context()
+            return await asyncio.get_running_loop().run_in_executor(executor, context.run, function, *args)
         except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError) as error:
             # The database is down, restarting, locked or out of reach: worth a retry,
             # which every Quarry mutation makes safe with its request_id.

@@ -9,6 +9,7 @@ upgraded.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -155,7 +156,7 @@ async def diagnose(common: QuarrySettings, report: Callable[[Verdict], None]) ->
         service_health("monitor", monitor.address),
     ]
     tiers = {"supervisor": ModelSettings.for_tier(supervisor, common), "worker": ModelSettings.for_tier(worker, common)}
-    if tiers["supervisor"] == tiers["worker"]:
+    if dataclasses.replace(tiers["supervisor"], tier="") == dataclasses.replace(tiers["worker"], tier=""):
         checks.append(model_endpoint("shared", tiers["supervisor"]))
     else:
         checks.extend(model_endpoint(tier, settings) for tier, settings in tiers.items())

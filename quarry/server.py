@@ -11,6 +11,7 @@ import contextlib
 import inspect
 import logging
 import signal
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from quarry import telemetry
 from quarry.errors import QuarryError, internal_status, to_rpc_status
 
 __all__ = [
@@ -57,20 +59,46 @@ async def _translate_errors(context: Context, error: BaseException) -> None:
     await context.abort_with_status(internal_status())  # type: ignore[attr-defined]
 
 
-def _wrap_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+_RPC_DURATION = telemetry.meter.create_histogram(
+    "rpc.server.duration", unit="ms", description="time to answer an RPC (a stream: until it ends), by method"
+)
+
+
+def _status_of(error: BaseException | None) -> str:
+    if error is None:
+        return "OK"
+    if isinstance(error, QuarryError):
+        return error.code.name
+    if isinstance(error, asyncio.CancelledError):
+        return "CANCELLED"
+    return "ABORTED_BY_HANDLER" if isinstance(error, grpc.aio.AbortError) else "INTERNAL"
+
+
+def _record(method: str, started: float, error: BaseException | None) -> None:
+    attributes = {"rpc.system": "grpc", "rpc.method": method, "rpc.grpc.status_code": _status_of(error)}
+    _RPC_DURATION.record((time.perf_counter() - started) * 1000, attributes)
+
+
+def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Awaitable[Any]]:
     async def wrapper(request: Any, context: Context) -> Any:
+        started, failure = time.perf_counter(), None  # type: tuple[float, BaseException | None]
         try:
             return await behavior(request, context)
-        except (asyncio.CancelledError, grpc.aio.AbortError):
+        except (asyncio.CancelledError, grpc.aio.AbortError) as error:
+            failure = error
             raise
         except Exception as error:
+            failure = error
             await _translate_errors(context, error)
+        finally:
+            _record(method, started, failure)
 
     return wrapper
 
 
-def _wrap_stream(behavior: Callable[..., Any]) -> Callable[..., AsyncIterator[Any]]:
+def _wrap_stream(behavior: Callable[..., Any], method: str) -> Callable[..., AsyncIterator[Any]]:
     async def wrapper(request: Any, context: Context) -> AsyncIterator[Any]:
+        started, failure = time.perf_counter(), None  # type: tuple[float, BaseException | None]
         try:
             responses = behavior(request, context)
             if inspect.isawaitable(responses):
@@ -79,10 +107,14 @@ def _wrap_stream(behavior: Callable[..., Any]) -> Callable[..., AsyncIterator[An
                 return
             async for response in responses:
                 yield response
-        except (asyncio.CancelledError, grpc.aio.AbortError):
+        except (asyncio.CancelledError, grpc.aio.AbortError) as error:
+            failure = error
             raise
         except Exception as error:
+            failure = error
             await _translate_errors(context, error)
+        finally:
+            _record(method, started, failure)
 
     return wrapper
 
@@ -102,24 +134,26 @@ class ErrorTranslationInterceptor(_Interceptor):
         method = handler_call_details.method
         if method in self._wrapped:
             return self._wrapped[method]
-        handler = _wrap_handler(await continuation(handler_call_details))
+        handler = _wrap_handler(await continuation(handler_call_details), method)
         if handler is not None:  # unknown methods stay uncached, so junk names cannot grow the map
             self._wrapped[method] = handler
         return handler
 
 
-def _wrap_handler(handler: grpc.RpcMethodHandler[Any, Any] | None) -> grpc.RpcMethodHandler[Any, Any] | None:
+def _wrap_handler(
+    handler: grpc.RpcMethodHandler[Any, Any] | None, method: str
+) -> grpc.RpcMethodHandler[Any, Any] | None:
     if handler is None:
         return None
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(
-            _wrap_unary(handler.unary_unary),
+            _wrap_unary(handler.unary_unary, method),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
     if handler.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(
-            _wrap_stream(handler.unary_stream),
+            _wrap_stream(handler.unary_stream, method),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
@@ -146,7 +180,8 @@ def create_server(address: str, services: Sequence[ServiceRegistration]) -> tupl
     starts it and reports health with `set_serving`.
     """
     server = grpc.aio.server(
-        interceptors=[ErrorTranslationInterceptor()],
+        # Tracing first, so a server span covers the handler and the error translation.
+        interceptors=[*telemetry.server_interceptors(), ErrorTranslationInterceptor()],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

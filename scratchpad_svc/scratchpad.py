@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Sequence
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 from quarry.db import Database
 from quarry.errors import Internal, QuarryError, Unavailable
+from quarry.telemetry import meter, tracer
 from scratchpad_svc.authority import check_may_write
 from scratchpad_svc.commits import CommitSignal
 from scratchpad_svc.model import AppendCommand, AppendResult, Entry, EntryKind, NewThread, Thread
@@ -39,6 +41,11 @@ class ReadPage:
 class _Pending:
     command: AppendCommand
     future: asyncio.Future[AppendResult]
+    # The caller's context: its batch's database work is traced under the first caller's span.
+    context: contextvars.Context
+
+
+_APPENDS = meter.create_counter("quarry.scratchpad.appends", description="entries appended, by kind")
 
 
 class ScratchpadClosed(Unavailable):
@@ -81,15 +88,26 @@ class Scratchpad:
 
     async def append(self, command: AppendCommand) -> AppendResult:
         """Validate, check authority, then commit with whatever else is queued for the thread."""
+        attributes = {"quarry.thread_id": command.thread_id, "quarry.entry.kind": str(command.kind)}
+        with tracer.start_as_current_span("scratchpad append", attributes=attributes) as span:
+            result = await self._append(command)
+            span.set_attributes({"quarry.sequence_no": result.entry.sequence_no, "quarry.replayed": result.replayed})
+        _APPENDS.add(1, {"quarry.entry.kind": str(result.entry.kind), "quarry.replayed": result.replayed})
+        return result
+
+    async def _append(self, command: AppendCommand) -> AppendResult:
         validate_append(command, self._limits)
         assert command.role is not None and command.kind is not None
         check_may_write(command.role, command.kind)
         if self._closed:
             raise ScratchpadClosed()
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-        self._pending[command.thread_id].append(_Pending(command, future))
+        self._pending[command.thread_id].append(_Pending(command, future, contextvars.copy_context()))
         if command.thread_id not in self._flushers:
-            self._flushers[command.thread_id] = asyncio.create_task(self._flush(command.thread_id))
+            # A context of its own: the flusher outlives the append that started it.
+            self._flushers[command.thread_id] = asyncio.create_task(
+                self._flush(command.thread_id), context=contextvars.Context()
+            )
         return await future
 
     async def _flush(self, thread_id: str) -> None:
@@ -105,7 +123,7 @@ class Scratchpad:
                 batch = [item for item in batch if not item.future.done()]  # drop cancelled callers
                 if batch:
                     async with self._write_slots:
-                        await self._commit(thread_id, batch)
+                        await asyncio.create_task(self._commit(thread_id, batch), context=batch[0].context)
         finally:
             # Only a cancelled flusher leaves items behind; their callers must not wait forever.
             self._fail(list(queue), ScratchpadClosed())

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from google.protobuf import duration_pb2
+from opentelemetry import trace
 from pydantic import BaseModel, Field
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
@@ -31,6 +32,7 @@ from quarry.agent.scratchpad_tools import SCRATCHPAD_TOOLS, SourceParam, render_
 from quarry.agent.tools import Tool, ToolError, ToolOutcome, ToolRegistry, current_call
 from quarry.client import ScratchpadClient
 from quarry.errors import Unavailable
+from quarry.telemetry import meter, tracer
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from supervisor_svc import events
 from supervisor_svc.delegation import DelegationClient
@@ -72,6 +74,15 @@ class DelegateParams(BaseModel):
 # Promoted entries shown with a delegation's result, at most (the rest stay one read_scratchpad away).
 _MAX_PROMOTED_CHARS = 8000
 _ROLES = {"researcher": common_pb2.ROLE_RESEARCHER, "verifier": common_pb2.ROLE_VERIFIER}
+
+
+_DELEGATIONS = meter.create_counter("quarry.delegations", description="delegations ended, by outcome")
+
+
+def _outcome_label(result: worker_pb2.DelegationResult) -> str:
+    if result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED:
+        return "succeeded"
+    return worker_pb2.DelegationErrorCode.Name(result.error.code).removeprefix("DELEGATION_ERROR_CODE_").lower()
 
 
 class BudgetSpent(Exception):
@@ -257,13 +268,20 @@ class ResearchRun:
         self.check_budget_for_tool()
         self._delegations += 1
         delegation_id = f"{self.run_id}.{self._delegations}.{call.id[:40]}"
-        async with self._parallel:
-            self.check_budget_for_tool()
-            self._in_flight += 1
-            try:
-                result = await self._run_delegation(params, call, delegation_id)
-            finally:
-                self._in_flight -= 1
+        attributes = {"quarry.delegation_id": delegation_id, "quarry.run_id": self.run_id, "quarry.role": params.role}
+        with tracer.start_as_current_span("delegate", attributes=attributes) as span:
+            async with self._parallel:
+                self.check_budget_for_tool()
+                self._in_flight += 1
+                try:
+                    result = await self._run_delegation(params, call, delegation_id)
+                finally:
+                    self._in_flight -= 1
+            outcome = _outcome_label(result)
+            span.set_attribute("quarry.delegation.outcome", outcome)
+            if result.outcome != worker_pb2.DELEGATION_OUTCOME_SUCCEEDED:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, result.error.message[:200]))
+        _DELEGATIONS.add(1, {"quarry.delegation.outcome": outcome})
         usage = result.usage
         self.worker_usage += TierUsage(usage.input_tokens, usage.output_tokens, usage.model_calls, usage.tool_calls)
         succeeded = result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED
@@ -355,6 +373,11 @@ class ResearchRun:
 
     async def execute(self) -> None:
         """Run to exactly one terminal event (unless the run already ended elsewhere)."""
+        attributes = {"quarry.run_id": self.run_id, "quarry.scratchpad_thread_id": self.record.scratchpad_thread_id}
+        with tracer.start_as_current_span("research run", attributes=attributes):
+            await self._execute()
+
+    async def _execute(self) -> None:
         self._deadline = time.monotonic() + self._timeout
         watcher: asyncio.Task[None] | None = None
         try:
@@ -413,7 +436,9 @@ class ResearchRun:
             author=common_pb2.Principal(principal_id=self.run_id, role=common_pb2.ROLE_SUPERVISOR),
         )
         limits = LoopLimits(max_turns=self._max_turns, context_tokens=self._deps.context_tokens)
-        self._agent = AgentRun(self._deps.model, REGISTRY, conversations, conversation_id, limits, _Observer(self))
+        self._agent = AgentRun(
+            self._deps.model, REGISTRY, conversations, conversation_id, limits, _Observer(self), agent="supervisor"
+        )
         notes = ""
         token_budget = turn_budget = False
         try:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from quarry import telemetry
 from quarry.errors import FieldViolation, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from quarry.v1 import supervisor_pb2
 from supervisor_svc import events
@@ -152,7 +153,8 @@ class Supervisor:
                     return
             if batch:
                 continue
-            record = await self._store.get(run_id)
+            with telemetry.quiet():  # an idle stream's polling is not worth a span a second
+                record = await self._store.get(run_id)
             if record is None or record.state.ended:
                 if ended:
                     return  # resumed after the terminal event: there is nothing more to send
@@ -177,12 +179,14 @@ class Supervisor:
         interval = min(self._limits.lease_seconds / 3, 2.0)
         while True:
             try:
-                for run_id, reason in await self._store.heartbeat(self._owner, list(self._runs)):
+                with telemetry.quiet():  # housekeeping: no spans
+                    renewed = await self._store.heartbeat(self._owner, list(self._runs))
+                    await self._end_orphans()
+                for run_id, reason in renewed:
                     running = self._runs.get(run_id)
                     if running is not None and not running[1].done():
                         running[0].cancel_reason = reason
                         running[1].cancel()
-                await self._end_orphans()
             except Exception:
                 log.exception("could not renew run leases; retrying")
             await asyncio.sleep(interval)

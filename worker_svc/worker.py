@@ -18,6 +18,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from opentelemetry import trace
+
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TokenBudgetExhausted, TurnBudgetExhausted
 from quarry.agent.messages import Message, ToolCall, system, user
@@ -25,6 +27,7 @@ from quarry.agent.model import ModelClient, ProviderError
 from quarry.agent.tools import ToolOutcome
 from quarry.errors import FailedPrecondition, FieldViolation, InvalidArgument, ResourceExhausted
 from quarry.identity import Role
+from quarry.telemetry import meter, tracer
 from worker_svc.model import DelegationRecord, DelegationRequest, ErrorCode, Event, Outcome, Progress, Started
 from worker_svc.store import DelegationStore
 from worker_svc.tools import DelegationContext, tools_for
@@ -56,6 +59,13 @@ ROLE_INSTRUCTIONS: dict[Role, str] = {
         "summary of your verdicts."
     ),
 }
+
+
+_ACTIVE = meter.create_up_down_counter("quarry.delegations.active", description="delegations running on this worker")
+
+
+def _outcome_label(outcome: Outcome) -> str:
+    return "succeeded" if outcome.succeeded else str(outcome.error_code or "failed")
 
 
 @dataclass(frozen=True)
@@ -224,6 +234,26 @@ class Worker:
     async def _execute(
         self, request: DelegationRequest, conversation_id: str, opening: list[Message], queue: asyncio.Queue[Event]
     ) -> Outcome:
+        attributes = {
+            "quarry.delegation_id": request.delegation_id,
+            "quarry.run_id": request.run_id,
+            "quarry.conversation_id": conversation_id,
+            "quarry.role": str(request.role),
+        }
+        _ACTIVE.add(1)
+        try:
+            with tracer.start_as_current_span("worker delegation", attributes=attributes) as span:
+                outcome = await self._run(request, conversation_id, opening, queue)
+                span.set_attribute("quarry.delegation.outcome", _outcome_label(outcome))
+                if not outcome.succeeded:
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, outcome.error_message))
+                return outcome
+        finally:
+            _ACTIVE.add(-1)
+
+    async def _run(
+        self, request: DelegationRequest, conversation_id: str, opening: list[Message], queue: asyncio.Queue[Event]
+    ) -> Outcome:
         """Run the delegation; whatever happens, record and queue exactly one Outcome."""
         assert request.role is not None
         run: AgentRun[DelegationContext] | None = None
@@ -258,7 +288,7 @@ class Worker:
                 context_tokens=self._limits.context_tokens,
             )
             tools = tools_for(ROLE_CAPABILITIES[request.role])
-            run = AgentRun(self._model, tools, self._conversations, conversation_id, limits, observer)
+            run = AgentRun(self._model, tools, self._conversations, conversation_id, limits, observer, agent="worker")
             async with deadline:
                 answer = await run.run(context, history=list(opening))
             outcome = ended(None, summary=answer)

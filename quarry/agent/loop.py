@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.messages import Message, ToolCall, user
 from quarry.agent.model import ModelClient, Usage
 from quarry.agent.tools import ToolOutcome, ToolRegistry
 from quarry.agent.truncation import truncate
+from quarry.telemetry import tracer
 
 Context = TypeVar("Context")
 
@@ -77,7 +78,10 @@ class AgentRun(Generic[Context]):
         conversation_id: str,
         limits: LoopLimits,
         observer: LoopObserver | None = None,
+        *,
+        agent: str = "agent",
     ) -> None:
+        self._agent = agent  # names its spans: "supervisor turn", "worker turn"
         self._model = model
         self._tools = tools
         self._store = store
@@ -100,24 +104,35 @@ class AgentRun(Generic[Context]):
             self.turns += 1
             turn = self.turns
             await self._observer.turn_started(turn, self._limits.max_turns)
-            context_window = truncate(history, self._limits.context_tokens)
-            reply = await self._model.complete(
-                context_window, schemas, call_id_prefix=f"t{turn}", on_text=self._observer.text
-            )
-            self.usage += reply.usage
-            await self._store.append(self._conversation_id, [reply.message])
-            history.append(reply.message)
-            self._check_tokens()
-            calls = reply.message.tool_calls
-            if not calls and not reply.protocol_errors:
-                return reply.message.content
-            outcomes = await self._run_tools(turn, calls, context)
-            follow_up: list[Message] = [outcome.message() for outcome in outcomes]
-            if reply.protocol_errors:
-                follow_up.append(user("Some tool_call blocks could not be used: " + "; ".join(reply.protocol_errors)))
-            await self._store.append(self._conversation_id, follow_up)
-            history.extend(follow_up)
+            attributes = {"quarry.turn": turn, "quarry.max_turns": self._limits.max_turns}
+            with tracer.start_as_current_span(f"{self._agent} turn", attributes=attributes):
+                answer = await self._turn(turn, schemas, history, context)
+            if answer is not None:
+                return answer
         raise TurnBudgetExhausted(f"no answer within {self._limits.max_turns} turns")
+
+    async def _turn(
+        self, turn: int, schemas: list[dict[str, Any]], history: list[Message], context: Context
+    ) -> str | None:
+        """One model call and the tools it asks for; the answer when it asked for none."""
+        context_window = truncate(history, self._limits.context_tokens)
+        reply = await self._model.complete(
+            context_window, schemas, call_id_prefix=f"t{turn}", on_text=self._observer.text
+        )
+        self.usage += reply.usage
+        await self._store.append(self._conversation_id, [reply.message])
+        history.append(reply.message)
+        self._check_tokens()
+        calls = reply.message.tool_calls
+        if not calls and not reply.protocol_errors:
+            return reply.message.content
+        outcomes = await self._run_tools(turn, calls, context)
+        follow_up: list[Message] = [outcome.message() for outcome in outcomes]
+        if reply.protocol_errors:
+            follow_up.append(user("Some tool_call blocks could not be used: " + "; ".join(reply.protocol_errors)))
+        await self._store.append(self._conversation_id, follow_up)
+        history.extend(follow_up)
+        return None
 
     async def _run_tools(self, turn: int, calls: Sequence[ToolCall], context: Context) -> list[ToolOutcome]:
         for call in calls:

@@ -15,17 +15,22 @@ import inspect
 import math
 import random
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import openai
+from opentelemetry import trace
 
 from quarry.agent import text_protocol
 from quarry.agent.messages import Message, ToolCall
+from quarry.telemetry import meter, tracer
 
 if TYPE_CHECKING:
     from quarry.config import ModelTier, QuarrySettings
+
+_TOKENS = meter.create_counter("quarry.tokens", unit="{token}", description="model tokens, by tier, model and type")
 
 TextListener = Callable[[str], Awaitable[None] | None]
 
@@ -55,6 +60,8 @@ class ModelSettings:
     # Total seconds spent retrying one completion, waits included.
     retry_budget: float = 60.0
     temperature: float | None = None
+    # Which tier calls it ("supervisor", "worker"): a label on token metrics.
+    tier: str = "agent"
 
     @classmethod
     def for_tier(cls, tier: ModelTier, common: QuarrySettings) -> ModelSettings:
@@ -65,6 +72,7 @@ class ModelSettings:
             api_key=tier.model_api_key or common.model_api_key,
             native_tools=common.model_native_tools if tier.model_native_tools is None else tier.model_native_tools,
             request_timeout=tier.model_request_timeout or common.model_request_timeout,
+            tier=tier.service_name,
         )
 
 
@@ -112,6 +120,7 @@ def _retryable(error: Exception) -> bool:
 class ModelClient:
     def __init__(self, settings: ModelSettings) -> None:
         self.settings = settings
+        self._server_address = urllib.parse.urlsplit(settings.base_url).hostname or ""
         # Retries are ours (see complete); the SDK's would also retry mid-stream failures.
         self._client = openai.AsyncOpenAI(
             base_url=settings.base_url, api_key=settings.api_key, max_retries=0, timeout=settings.request_timeout
@@ -129,6 +138,36 @@ class ModelClient:
         on_text: TextListener | None = None,
     ) -> ModelReply:
         """One assistant turn. Raises ProviderError when the provider fails for good."""
+        attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "openai",  # the protocol: any OpenAI-compatible endpoint
+            "gen_ai.request.model": self.settings.model,
+            "server.address": self._server_address,
+        }
+        with tracer.start_as_current_span(
+            f"chat {self.settings.model}", kind=trace.SpanKind.CLIENT, attributes=attributes
+        ) as span:
+            reply = await self._complete(messages, tools, call_id_prefix=call_id_prefix, on_text=on_text)
+            span.set_attributes(
+                {
+                    "gen_ai.usage.input_tokens": reply.usage.input_tokens,
+                    "gen_ai.usage.output_tokens": reply.usage.output_tokens,
+                    "gen_ai.response.finish_reasons": [reply.finish_reason],
+                }
+            )
+        labels = {"quarry.tier": self.settings.tier, "gen_ai.request.model": self.settings.model}
+        _TOKENS.add(reply.usage.input_tokens, {**labels, "gen_ai.token.type": "input"})
+        _TOKENS.add(reply.usage.output_tokens, {**labels, "gen_ai.token.type": "output"})
+        return reply
+
+    async def _complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]],
+        *,
+        call_id_prefix: str,
+        on_text: TextListener | None,
+    ) -> ModelReply:
         deadline = time.monotonic() + self.settings.retry_budget
         for attempt in range(1, self.settings.max_attempts + 1):
             emitted = False

@@ -17,9 +17,11 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
 
 from quarry.agent.messages import Message, ToolCall, tool_result
+from quarry.telemetry import record_failure, tracer
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +123,19 @@ class ToolRegistry(Generic[Context]):
 
     async def _run_one(self, call: ToolCall, context: Context) -> ToolOutcome:
         _current_call.set(call)
+        attributes = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call.name,
+            "gen_ai.tool.call.id": call.id,
+        }
+        with tracer.start_as_current_span(f"execute_tool {call.name}", attributes=attributes) as span:
+            outcome = await self._outcome(call, context)
+            span.set_attribute("quarry.tool.outcome", "error" if outcome.is_error else "ok")
+            if outcome.is_error:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, outcome.content[:200]))
+            return outcome
+
+    async def _outcome(self, call: ToolCall, context: Context) -> ToolOutcome:
         tool = self._tools.get(call.name)
         if tool is None:
             known = ", ".join(self._tools) or "none"
@@ -143,8 +158,9 @@ class ToolRegistry(Generic[Context]):
             # A library raised CancelledError on its own (e.g. a call on a closed channel): a tool failure.
             log.warning("tool %s raised CancelledError without being cancelled (call %s)", call.name, call.id)
             return ToolOutcome(call, f"error: {call.name} was interrupted; try again", True)
-        except Exception:
+        except Exception as error:
             log.exception("tool %s failed (call %s)", call.name, call.id)
+            record_failure(trace.get_current_span(), error)
             return ToolOutcome(call, f"error: {call.name} failed unexpectedly; try another approach", True)
 
 

@@ -1,0 +1,204 @@
+"""OpenTelemetry for every service: traces, metrics and trace-correlated logs.
+
+Configured from the standard OTEL_* variables: spans and metrics are exported
+over OTLP/gRPC when an endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT, or the
+per-signal ..._TRACES_ENDPOINT / ..._METRICS_ENDPOINT), and nothing is
+exported otherwise; OTEL_SDK_DISABLED=true turns everything off. gRPC (client
+and server, health checks excluded), httpx and SQLAlchemy are instrumented
+with the official packages. Code records its own spans and metrics through
+`tracer` and `meter` here; both are no-ops until `setup` installs providers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.instrumentation.utils import suppress_instrumentation
+
+__all__ = [
+    "JsonFormatter",
+    "Telemetry",
+    "client_interceptors",
+    "meter",
+    "quiet",
+    "record_failure",
+    "server_interceptors",
+    "setup",
+    "tracer",
+    "tracing_enabled",
+]
+
+tracer = trace.get_tracer("quarry")
+meter = metrics.get_meter("quarry")
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _sdk_disabled() -> bool:
+    return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() in _TRUE
+
+
+def _exports(signal: str) -> bool:
+    """Whether OTLP export of a signal ("traces" or "metrics") is configured."""
+    if _sdk_disabled() or os.environ.get(f"OTEL_{signal.upper()}_EXPORTER", "otlp").strip().lower() == "none":
+        return False
+    return bool(
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
+    )
+
+
+_tracing = False
+
+
+def tracing_enabled() -> bool:
+    """True once `setup` installed a tracer provider that exports."""
+    return _tracing
+
+
+@dataclass
+class Telemetry:
+    """What `setup` installed; `shutdown` flushes what is pending (call it after the service stops)."""
+
+    providers: list[Any] = field(default_factory=list)
+
+    def shutdown(self) -> None:
+        for provider in self.providers:
+            provider.shutdown()
+
+
+def setup(service_name: str, *, prometheus_address: str = "") -> Telemetry:
+    """Install providers and instrumentations for this process, from the OTEL_* environment."""
+    global _tracing
+    telemetry = Telemetry()
+    if _sdk_disabled():
+        return telemetry
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
+    # OTEL_SERVICE_NAME, when set, wins; otherwise each service names itself.
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: f"quarry-{service_name}"}
+    resource = Resource.create(attributes)
+    if _exports("traces"):
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        tracer_provider = TracerProvider(resource=resource)
+        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        trace.set_tracer_provider(tracer_provider)
+        telemetry.providers.append(tracer_provider)
+        _tracing = True
+        _instrument_libraries()
+    readers: list[Any] = []
+    if _exports("metrics"):
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    if prometheus_address:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import start_http_server
+
+        host, _, port = prometheus_address.rpartition(":")
+        start_http_server(int(port), addr=host or "0.0.0.0")
+        readers.append(PrometheusMetricReader())
+    if readers:
+        from opentelemetry.sdk.metrics import MeterProvider
+
+        meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+        metrics.set_meter_provider(meter_provider)
+        telemetry.providers.append(meter_provider)
+    return telemetry
+
+
+def _instrument_libraries() -> None:
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+    from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
+
+    HTTPXClientInstrumentor().instrument()
+    SQLAlchemyInstrumentor().instrument(enable_commenter=False)
+
+
+def _not_health_check() -> Any:
+    from opentelemetry.instrumentation.grpc import filters
+
+    return filters.negate(filters.health_check())
+
+
+def server_interceptors() -> list[Any]:
+    """The gRPC server's tracing interceptor, when tracing is on (health checks are not traced)."""
+    if not _tracing:
+        return []
+    from opentelemetry.instrumentation.grpc import aio_server_interceptor
+
+    return [aio_server_interceptor(filter_=_not_health_check())]  # type: ignore[no-untyped-call]
+
+
+def client_interceptors() -> Sequence[Any]:
+    """Interceptors that start client spans and carry the trace to the called service."""
+    if not _tracing:
+        return []
+    from opentelemetry.instrumentation.grpc import aio_client_interceptors
+
+    return list(aio_client_interceptors(filter_=_not_health_check()))  # type: ignore[no-untyped-call]
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Housekeeping (lease renewal, polling) that should not fill traces with spans."""
+    with suppress_instrumentation():
+        yield
+
+
+def record_failure(span: trace.Span, error: BaseException) -> None:
+    span.record_exception(error)
+    span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+
+
+# Secrets that must never reach a log line, whatever a library puts in its messages.
+_SECRET = re.compile(r"(?i)(bearer\s+|api[_-]?key[\"'=:\s]+|authorization[\"'=:\s]+)[^\s\"',;]+")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, with the current trace_id and span_id, and secrets masked.
+
+    `text=True` gives the same fields as one readable line, for a terminal.
+    """
+
+    def __init__(self, service: str, secrets: Sequence[str] = (), *, text: bool = False) -> None:
+        super().__init__()
+        self._service = service
+        self._secrets = [secret for secret in secrets if len(secret) >= 6]
+        self._text = text
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "level": record.levelname,
+            "service": self._service,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        context = trace.get_current_span().get_span_context()
+        if context.is_valid:
+            entry["trace_id"] = format(context.trace_id, "032x")
+            entry["span_id"] = format(context.span_id, "016x")
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        if self._text:
+            ids = f" trace={entry['trace_id']} span={entry['span_id']}" if "trace_id" in entry else ""
+            line = f"{entry['time']} {self._service} {record.levelname} {record.name}:{ids} {entry['message']}"
+            return self.mask(line + (f"\n{entry['exception']}" if "exception" in entry else ""))
+        return self.mask(json.dumps(entry, ensure_ascii=False))
+
+    def mask(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return _SECRET.sub(lambda match: match.group(1) + "***", text)
