@@ -375,6 +375,7 @@ class ResearchRun:
         """Run to exactly one terminal event (unless the run already ended elsewhere)."""
         attributes = {"quarry.run_id": self.run_id, "quarry.scratchpad_thread_id": self.record.scratchpad_thread_id}
         with tracer.start_as_current_span("research run", attributes=attributes):
+            log.info("run %s started", self.run_id)
             await self._execute()
 
     async def _execute(self) -> None:
@@ -525,6 +526,7 @@ class ResearchRun:
             async for attempt in retrying:
                 with attempt:
                     await self._log.emit(event, terminal=True, values=values)
+            log.info("run %s %s%s", self.run_id, state.value, f": {error[1]}" if error else "")
         except RunEnded:
             log.warning("run %s had already been ended elsewhere", self.run_id)
 

@@ -244,6 +244,7 @@ class Worker:
         try:
             with tracer.start_as_current_span("worker delegation", attributes=attributes) as span:
                 outcome = await self._run(request, conversation_id, opening, queue)
+                log.info("delegation %s %s", request.delegation_id, _outcome_label(outcome))
                 span.set_attribute("quarry.delegation.outcome", _outcome_label(outcome))
                 if not outcome.succeeded:
                     span.set_status(trace.Status(trace.StatusCode.ERROR, outcome.error_message))

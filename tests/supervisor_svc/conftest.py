@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from quarry.server import ServiceHost
 from quarry.v1 import supervisor_pb2, worker_pb2, worker_pb2_grpc
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.service import build_host as build_supervisor
+from tests.conftest import ServiceProcess, start_service, stop_service
 from tests.fakes.choreography import Choreography
 from tests.fakes.openai_server import ScriptedModel
 from tests.fakes.web_server import FixtureWeb
@@ -115,3 +117,56 @@ async def mesh(tmp_path: Path, model: ScriptedModel, site: FixtureWeb, database_
                     site,
                     database_url,
                 )
+
+
+@dataclass
+class ProcessMesh:
+    scratchpad: ServiceProcess
+    workers: list[ServiceProcess]
+    supervisor: ServiceProcess
+
+
+@contextmanager
+def processes(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, extra_env: dict[str, str] | None = None
+) -> Iterator[ProcessMesh]:
+    """Scratchpad, two workers and the supervisor as `quarry serve` processes (SQLite), stopped by SIGTERM."""
+    common = {
+        "QUARRY_DATA_DIR": str(tmp_path),
+        "QUARRY_LOG_LEVEL": "WARNING",
+        "QUARRY_SHUTDOWN_GRACE_SECONDS": "2",
+        **(extra_env or {}),
+    }
+    model_env = {"QUARRY_MODEL_BASE_URL": model.base_url, "QUARRY_MODEL_NAME": "scripted"}
+    started: list[ServiceProcess] = []
+    try:
+        scratchpad = start_service("scratchpad", common, tmp_path)
+        started.append(scratchpad)
+        workers = []
+        for n in range(2):
+            env = {
+                **common,
+                **model_env,
+                "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{tmp_path / f'worker{n}.db'}",
+                "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad.address,
+                "QUARRY_WORKER_SEARCH_BACKEND": "searxng",
+                "QUARRY_WORKER_SEARXNG_URL": site.base_url,
+                "QUARRY_WORKER_FETCH_ALLOW": f"127.0.0.1:{site.port}",
+            }
+            workers.append(start_service("worker", env, tmp_path))
+            started.append(workers[-1])
+        supervisor = start_service(
+            "supervisor",
+            {
+                **common,
+                **model_env,
+                "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS": scratchpad.address,
+                "QUARRY_SUPERVISOR_WORKER_ADDRESSES": ",".join(worker.address for worker in workers),
+            },
+            tmp_path,
+        )
+        started.append(supervisor)
+        yield ProcessMesh(scratchpad, workers, supervisor)
+    finally:
+        for service in reversed(started):
+            stop_service(service)

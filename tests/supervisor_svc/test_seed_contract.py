@@ -15,71 +15,23 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from quarry.client import QuarryClient, ScratchpadClient, insecure_channel
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
-from tests.conftest import ServiceProcess, start_service, stop_service
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
 from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel, Stall
 from tests.fakes.web_server import FixtureWeb
-from tests.supervisor_svc.conftest import HISTORY, delegation_on
+from tests.supervisor_svc.conftest import HISTORY, delegation_on, processes
 
 pytestmark = pytest.mark.slow
 
 MARKER = "MARKER-A-5f1c"
 PUBLIC_PAYLOADS = {"status", "scratchpad", "reasoning", "content", "completed", "failed", "cancelled"}
 INTERNAL_TOOLS = ("delegate_research", "read_scratchpad", "append_scratchpad", "perform_web_search", "read_web_page")
-
-
-@dataclass
-class ProcessMesh:
-    scratchpad: ServiceProcess
-    workers: list[ServiceProcess]
-    supervisor: ServiceProcess
-
-
-@contextmanager
-def processes(tmp_path: Path, model: ScriptedModel, site: FixtureWeb) -> Iterator[ProcessMesh]:
-    common = {"QUARRY_DATA_DIR": str(tmp_path), "QUARRY_LOG_LEVEL": "WARNING", "QUARRY_SHUTDOWN_GRACE_SECONDS": "2"}
-    model_env = {"QUARRY_MODEL_BASE_URL": model.base_url, "QUARRY_MODEL_NAME": "scripted"}
-    started: list[ServiceProcess] = []
-    try:
-        scratchpad = start_service("scratchpad", common, tmp_path)
-        started.append(scratchpad)
-        workers = []
-        for n in range(2):
-            env = {
-                **common,
-                **model_env,
-                "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{tmp_path / f'worker{n}.db'}",
-                "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad.address,
-                "QUARRY_WORKER_SEARCH_BACKEND": "searxng",
-                "QUARRY_WORKER_SEARXNG_URL": site.base_url,
-                "QUARRY_WORKER_FETCH_ALLOW": f"127.0.0.1:{site.port}",
-            }
-            workers.append(start_service("worker", env, tmp_path))
-            started.append(workers[-1])
-        supervisor = start_service(
-            "supervisor",
-            {
-                **common,
-                **model_env,
-                "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS": scratchpad.address,
-                "QUARRY_SUPERVISOR_WORKER_ADDRESSES": ",".join(worker.address for worker in workers),
-            },
-            tmp_path,
-        )
-        started.append(supervisor)
-        yield ProcessMesh(scratchpad, workers, supervisor)
-    finally:
-        for service in reversed(started):
-            stop_service(service)
 
 
 @pytest.fixture

@@ -1,0 +1,288 @@
+"""OpenTelemetry across the mesh: one trace from StartRun to every scratchpad append, metrics, logs, no secrets.
+
+The services run as real processes exporting over OTLP/gRPC to a receiver in
+this test process (the collector's own TraceService and MetricsService from
+opentelemetry-proto), so the exporters, the propagation between processes and
+the flush at shutdown are all the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from quarry.client import QuarryClient, ScratchpadClient, insecure_channel
+from quarry.telemetry import JsonFormatter
+from quarry.v1 import common_pb2, scratchpad_pb2
+from tests.conftest import reusable_port, start_service, stop_service
+from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
+from tests.fakes.openai_server import Call, Reply, ScriptedModel
+from tests.fakes.web_server import FixtureWeb
+from tests.supervisor_svc.conftest import processes
+
+SECRET = "sk-quarry-test-secret-7f3a9c"
+
+
+@dataclass
+class Collector(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
+    """An OTLP/gRPC receiver that keeps what it is sent."""
+
+    traces: list[trace_service_pb2.ExportTraceServiceRequest] = field(default_factory=list)
+    metrics: list[metrics_service_pb2.ExportMetricsServiceRequest] = field(default_factory=list)
+
+    def Export(self, request: Any, context: Any) -> Any:
+        if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
+            self.traces.append(request)
+            return trace_service_pb2.ExportTraceServiceResponse()
+        self.metrics.append(request)
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    def spans(self) -> list[tuple[str, trace_pb2.Span]]:
+        """(service.name, span) for every span received."""
+        found = []
+        for request in self.traces:
+            for resource_spans in request.resource_spans:
+                service = next(
+                    a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"
+                )
+                for scope_spans in resource_spans.scope_spans:
+                    found.extend((service, span) for span in scope_spans.spans)
+        return found
+
+    def metric_points(self) -> dict[str, list[dict[str, Any]]]:
+        """Metric name -> the attributes of each data point received."""
+        points: dict[str, list[dict[str, Any]]] = {}
+        for request in self.metrics:
+            for resource_metrics in request.resource_metrics:
+                for scope_metrics in resource_metrics.scope_metrics:
+                    for metric in scope_metrics.metrics:
+                        data = getattr(metric, metric.WhichOneof("data"))
+                        for point in data.data_points:
+                            points.setdefault(metric.name, []).append(
+                                {a.key: _value(a.value) for a in point.attributes}
+                            )
+        return points
+
+
+def _value(value: Any) -> Any:
+    return getattr(value, value.WhichOneof("value")) if value.WhichOneof("value") else None
+
+
+@pytest.fixture
+def collector() -> Iterator[tuple[Collector, str]]:
+    """On threads of its own: it must answer while the test blocks waiting for services to stop."""
+    receiver = Collector()
+    server = grpc.server(ThreadPoolExecutor(4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(receiver, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield receiver, f"http://127.0.0.1:{port}"
+    server.stop(None)
+
+
+def attributes(span: trace_pb2.Span) -> dict[str, Any]:
+    return {a.key: _value(a.value) for a in span.attributes}
+
+
+@pytest.mark.slow
+async def test_one_trace_from_start_run_to_every_scratchpad_append(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, collector: tuple[Collector, str]
+) -> None:
+    receiver, endpoint = collector
+    script = Choreography()
+    model.default = script
+    article = f"{site.base_url}/article.html"
+    task = "Find the height of the tower."
+    script.add(
+        task,
+        Reply(calls=(Call("read_scratchpad", {}, "w-read"), Call("read_web_page", {"url": article}, "w-page"))),
+        Reply(
+            calls=(
+                Call(
+                    "append_scratchpad",
+                    {
+                        "kind": "finding",
+                        "content": "The tower is 330 metres tall.",
+                        "sources": [{"url": article, "excerpt": "The tower is 330 metres tall"}],
+                    },
+                    "w-append",
+                ),
+            )
+        ),
+        Reply(content="Promoted the height."),
+    )
+    script.add(
+        SUPERVISOR,
+        Reply(calls=(Call("delegate_research", {"objective": task}, "s-delegate"),)),
+        Reply(calls=(Call("append_scratchpad", {"kind": "note", "content": "Height found."}, "s-note"),)),
+        Reply(content="Done."),
+    )
+    script.add(REPORT, Reply(content="The tower is 330 metres tall [1]."))
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "OTEL_METRIC_EXPORT_INTERVAL": "500",
+        "QUARRY_MODEL_API_KEY": SECRET,
+        "QUARRY_LOG_LEVEL": "INFO",
+    }
+    with processes(tmp_path, model, site, env) as mesh:
+        async with QuarryClient.connect(mesh.supervisor.address) as client:
+            run = await client.start_run("How tall is the tower?")
+            events = [event async for event in client.stream_run(run.run_id)]
+        assert events[-1].HasField("completed"), events[-1]
+        services = [mesh.supervisor, *mesh.workers, mesh.scratchpad]
+    # The processes have stopped (SIGTERM): each flushed its spans and metrics on the way out.
+    logs = "\n".join(service.log() for service in services)
+
+    spans = receiver.spans()
+    by_id = {span.span_id: (service, span) for service, span in spans}
+    [(_, start)] = [(s, span) for s, span in spans if span.name == "/quarry.v1.SupervisorService/StartRun"]
+    trace_id = start.trace_id
+    in_run = [(service, span) for service, span in spans if span.trace_id == trace_id]
+
+    def ancestors(span: trace_pb2.Span) -> list[str]:
+        names = []
+        while span.parent_span_id:
+            assert span.parent_span_id in by_id, f"{span.name}: its parent was never exported"
+            span = by_id[span.parent_span_id][1]
+            names.append(span.name)
+        return names
+
+    names = {span.name for _, span in in_run}
+    for expected in (
+        "research run",
+        "supervisor turn",
+        "delegate",
+        "/quarry.v1.WorkerService/Delegate",
+        "worker delegation",
+        "worker turn",
+        "chat scripted",
+        "execute_tool append_scratchpad",
+        "execute_tool read_web_page",
+        "/quarry.v1.ScratchpadService/Append",
+        "scratchpad append",
+    ):
+        assert expected in names, f"{expected} is not in the run's trace: {sorted(names)}"
+    assert {service for service, _ in in_run} == {"quarry-supervisor", "quarry-worker", "quarry-scratchpad"}
+    # Every span of the run is in the one trace, each with its parent present.
+    for name in ("research run", "delegate", "worker delegation", "scratchpad append"):
+        assert all(span.trace_id == trace_id for _, span in spans if span.name == name), name
+    for _, span in in_run:
+        if span.span_id != start.span_id:
+            assert ancestors(span)[-1] == start.name, span.name
+    assert not any("grpc.health.v1" in span.name for _, span in spans), "health checks are not traced"
+
+    for _, span in in_run:
+        chain = ancestors(span)
+        if span.name == "delegate":
+            assert chain[:2] == ["execute_tool delegate_research", "supervisor turn"], chain
+        if span.name == "worker turn":
+            assert "worker delegation" in chain and "delegate" in chain, chain
+        if span.name.startswith(("execute_tool", "chat")) and "worker delegation" in chain:
+            assert chain[0] == "worker turn", (span.name, chain)
+        if span.name == "scratchpad append" and attributes(span)["quarry.entry.kind"] != "seed":
+            assert "execute_tool append_scratchpad" in chain, chain
+    statements = [span for _, span in in_run if "db.system" in attributes(span) or "db.system.name" in attributes(span)]
+    assert statements, "SQLAlchemy statements are traced"
+    assert any("scratchpad append" in ancestors(span) for span in statements), "an append's own statements"
+    appends = [span for _, span in in_run if span.name == "scratchpad append"]
+    assert sorted(attributes(s)["quarry.sequence_no"] for s in appends) == [1, 2, 3]
+    assert all(attributes(s)["quarry.thread_id"] == run.scratchpad_thread_id for s in appends)
+
+    chats = [span for _, span in in_run if span.name == "chat scripted"]
+    assert len(chats) == 7  # three supervisor turns, three worker turns, the report
+    for chat in chats:
+        seen = attributes(chat)
+        assert seen["gen_ai.operation.name"] == "chat" and seen["gen_ai.request.model"] == "scripted"
+        assert seen["gen_ai.usage.input_tokens"] == 10 and seen["gen_ai.usage.output_tokens"] == 5
+        assert seen["gen_ai.response.finish_reasons"]
+    tool = next(span for _, span in in_run if span.name == "execute_tool append_scratchpad")
+    assert attributes(tool)["gen_ai.tool.call.id"] in ("w-append", "s-note")
+    assert attributes(tool)["quarry.tool.outcome"] == "ok"
+    [delegate] = [span for _, span in in_run if span.name == "delegate"]
+    assert attributes(delegate)["quarry.delegation.outcome"] == "succeeded"
+
+    points = receiver.metric_points()
+    assert any(p["rpc.method"] == "/quarry.v1.SupervisorService/StartRun" for p in points["rpc.server.duration"])
+    assert {"quarry.delegation.outcome": "succeeded"} in points["quarry.delegations"]
+    tiers = {(p["quarry.tier"], p["gen_ai.token.type"]) for p in points["quarry.tokens"]}
+    assert tiers == {("supervisor", "input"), ("supervisor", "output"), ("worker", "input"), ("worker", "output")}
+    assert {p["quarry.entry.kind"] for p in points["quarry.scratchpad.appends"]} == {"seed", "finding", "note"}
+    assert "quarry.delegations.active" in points
+
+    # Logs are JSON with the trace they belong to; the API key appears nowhere.
+    lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+    [ended] = [line for line in lines if line["message"] == f"run {run.run_id} succeeded"]
+    assert ended["trace_id"] == trace_id.hex() and ended["service"] == "supervisor"
+    exported = b"".join(request.SerializeToString() for request in receiver.traces)
+    assert SECRET.encode() not in exported and b"Bearer" not in exported
+    assert SECRET not in logs and "Bearer" not in logs
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+@pytest.mark.slow
+async def test_a_service_serves_its_metrics_for_prometheus(tmp_path: Path) -> None:
+    port = reusable_port()
+    service = start_service(
+        "scratchpad",
+        {"QUARRY_DATA_DIR": str(tmp_path), "QUARRY_SCRATCHPAD_PROMETHEUS_ADDRESS": f"127.0.0.1:{port}"},
+        tmp_path,
+    )
+    try:
+        async with insecure_channel(service.address) as channel:
+            client = ScratchpadClient(channel)
+            thread = await client.create_thread(title="metrics")
+            await client.append(
+                thread.thread_id,
+                kind=scratchpad_pb2.ENTRY_KIND_NOTE,
+                author=common_pb2.Principal(principal_id="me", role=common_pb2.ROLE_RESEARCHER),
+                content="counted",
+            )
+        text = await asyncio.to_thread(scrape, f"http://127.0.0.1:{port}/metrics")
+    finally:
+        stop_service(service)
+    [appends] = [line for line in text.splitlines() if line.startswith("quarry_scratchpad_appends_total{")]
+    assert 'quarry_entry_kind="note"' in appends and 'quarry_replayed="false"' in appends
+    assert appends.endswith(" 1.0")
+    assert 'rpc_method="/quarry.v1.ScratchpadService/Append"' in text
+
+
+def test_log_lines_carry_the_trace_and_mask_secrets() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    formatter = JsonFormatter("worker", secrets=[SECRET])
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("work") as span:
+        record = logging.LogRecord(
+            "quarry.test",
+            logging.INFO,
+            __file__,
+            1,
+            "calling with %s and Authorization: Bearer abc.def",
+            (SECRET,),
+            None,
+        )
+        line = json.loads(formatter.format(record))
+    context = span.get_span_context()
+    assert line["trace_id"] == format(context.trace_id, "032x") and line["span_id"] == format(context.span_id, "016x")
+    assert SECRET not in line["message"] and "abc.def" not in line["message"]
+    assert line["service"] == "worker" and line["level"] == "INFO"
