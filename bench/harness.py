@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from quarry.launcher import serve_command
@@ -34,3 +36,51 @@ def start_service(name: str, env: dict[str, str], workdir: Path) -> tuple[subpro
         time.sleep(0.05)
     process.kill()
     raise RuntimeError(f"{name} did not start")
+
+
+@contextmanager
+def research_mesh(
+    workdir: Path, model_url: str, fetch_allow: str, extra_env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """Scratchpad, two workers and the supervisor as processes (SQLite); yields the supervisor's address."""
+    env = {
+        "QUARRY_DATA_DIR": str(workdir),
+        "QUARRY_LOG_LEVEL": "WARNING",
+        "QUARRY_MODEL_BASE_URL": model_url,
+        "QUARRY_MODEL_NAME": "scripted",
+        **(extra_env or {}),
+    }
+    processes = []
+    try:
+        scratchpad, scratchpad_address = start_service("scratchpad", env, workdir)
+        processes.append(scratchpad)
+        workers = []
+        for n in range(2):
+            (workdir / f"w{n}").mkdir(exist_ok=True)
+            worker, address = start_service(
+                "worker",
+                {
+                    **env,
+                    "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{workdir / f'worker{n}.db'}",
+                    "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad_address,
+                    "QUARRY_WORKER_FETCH_ALLOW": fetch_allow,
+                },
+                workdir / f"w{n}",
+            )
+            processes.append(worker)
+            workers.append(address)
+        supervisor, supervisor_address = start_service(
+            "supervisor",
+            {
+                **env,
+                "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS": scratchpad_address,
+                "QUARRY_SUPERVISOR_WORKER_ADDRESSES": ",".join(workers),
+            },
+            workdir,
+        )
+        processes.append(supervisor)
+        yield supervisor_address
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+            process.wait(30)

@@ -105,13 +105,14 @@ class DelegationClient:
         deadline_seconds: float | None,
         on_event: EventListener | None,
     ) -> worker_pb2.DelegationResult | tuple[grpc.aio.AioRpcError, bool]:
-        events_seen = False
+        events_seen = ended = False
         # The generated stub is typed for sync grpc; on an aio channel the call is an async iterator.
         stream: Any = stub.Delegate(request, timeout=deadline_seconds)
         try:
             async for response in stream:
                 events_seen = True
                 if response.WhichOneof("event") == "result":
+                    ended = True  # the worker's stream ends itself after its result
                     if response.result.delegation_id != request.delegation_id:
                         return failed(
                             request,
@@ -125,7 +126,8 @@ class DelegationClient:
         except grpc.aio.AioRpcError as error:
             return error, events_seen
         finally:
-            stream.cancel()  # a no-op once the call has ended; otherwise the worker stops too
+            if not ended:
+                stream.cancel()  # we stop listening: the worker stops too
         return failed(
             request, worker_pb2.DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION, "the worker's stream ended without a result"
         )
