@@ -29,7 +29,7 @@ from quarry.telemetry import JsonFormatter
 from quarry.v1 import common_pb2, scratchpad_pb2
 from tests.conftest import reusable_port, start_service, stop_service
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
-from tests.fakes.openai_server import Call, Reply, ScriptedModel
+from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel
 from tests.fakes.web_server import FixtureWeb
 from tests.supervisor_svc.conftest import processes
 
@@ -109,7 +109,13 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
     task = "Find the height of the tower."
     script.add(
         task,
-        Reply(calls=(Call("read_scratchpad", {}, "w-read"), Call("read_web_page", {"url": article}, "w-page"))),
+        Reply(
+            calls=(
+                Call("read_scratchpad", {}, "w-read"),
+                Call("read_web_page", {"url": article}, "w-page"),
+                Call("read_web_page", {"url": "http://10.0.0.1/admin"}, "w-refused"),  # an error result
+            )
+        ),
         Reply(
             calls=(
                 Call(
@@ -125,9 +131,11 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
         ),
         Reply(content="Promoted the height."),
     )
+    script.add("Find the colour.", DropAfter("The colour is"))  # the provider fails mid-stream
     script.add(
         SUPERVISOR,
         Reply(calls=(Call("delegate_research", {"objective": task}, "s-delegate"),)),
+        Reply(calls=(Call("delegate_research", {"objective": "Find the colour."}, "s-failing"),)),
         Reply(calls=(Call("append_scratchpad", {"kind": "note", "content": "Height found."}, "s-note"),)),
         Reply(content="Done."),
     )
@@ -205,7 +213,10 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
     assert all(attributes(s)["quarry.thread_id"] == run.scratchpad_thread_id for s in appends)
 
     chats = [span for _, span in in_run if span.name == "chat scripted"]
-    assert len(chats) == 7  # three supervisor turns, three worker turns, the report
+    assert len(chats) == 9  # four supervisor turns, three + one worker turns, the report
+    [broken] = [chat for chat in chats if chat.status.code == trace_pb2.Status.STATUS_CODE_ERROR]
+    assert "ProviderError" in broken.status.message and [e.name for e in broken.events] == ["exception"]
+    chats.remove(broken)
     for chat in chats:
         seen = attributes(chat)
         assert seen["gen_ai.operation.name"] == "chat" and seen["gen_ai.request.model"] == "scripted"
@@ -214,12 +225,18 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
     tool = next(span for _, span in in_run if span.name == "execute_tool append_scratchpad")
     assert attributes(tool)["gen_ai.tool.call.id"] in ("w-append", "s-note")
     assert attributes(tool)["quarry.tool.outcome"] == "ok"
-    [delegate] = [span for _, span in in_run if span.name == "delegate"]
-    assert attributes(delegate)["quarry.delegation.outcome"] == "succeeded"
+    delegations = {attributes(s)["quarry.delegation.outcome"]: s for _, s in in_run if s.name == "delegate"}
+    assert set(delegations) == {"succeeded", "provider_error"}
+    assert delegations["provider_error"].status.code == trace_pb2.Status.STATUS_CODE_ERROR
+    assert delegations["succeeded"].status.code != trace_pb2.Status.STATUS_CODE_ERROR
+    [refused] = [s for _, s in in_run if attributes(s).get("gen_ai.tool.call.id") == "w-refused"]
+    assert refused.status.code == trace_pb2.Status.STATUS_CODE_ERROR
+    assert attributes(refused)["quarry.tool.outcome"] == "error"
 
     points = receiver.metric_points()
     assert any(p["rpc.method"] == "/quarry.v1.SupervisorService/StartRun" for p in points["rpc.server.duration"])
-    assert {"quarry.delegation.outcome": "succeeded"} in points["quarry.delegations"]
+    outcomes = {p["quarry.delegation.outcome"] for p in points["quarry.delegations"]}
+    assert outcomes == {"succeeded", "provider_error"}
     tiers = {(p["quarry.tier"], p["gen_ai.token.type"]) for p in points["quarry.tokens"]}
     assert tiers == {("supervisor", "input"), ("supervisor", "output"), ("worker", "input"), ("worker", "output")}
     assert {p["quarry.entry.kind"] for p in points["quarry.scratchpad.appends"]} == {"seed", "finding", "note"}
