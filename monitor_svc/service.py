@@ -1,11 +1,15 @@
-"""Assembles the monitor process: NVML probe, servicer, host."""
+"""Assembles the monitor process: NVML probe, SSH hosts, job watcher, servicer, host."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import grpc
 
 from monitor_svc.gpus import NvmlProbe
+from monitor_svc.jobs import Jobs, SlurmLimits
 from monitor_svc.servicer import MonitorServicer
+from monitor_svc.ssh import SshHosts
 from quarry.config import MonitorSettings, QuarrySettings
 from quarry.server import ServiceHost, ServiceRegistration
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
@@ -17,11 +21,18 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
     settings = settings or MonitorSettings()
     common = common or QuarrySettings()
     probe = NvmlProbe()
+    hosts = SshHosts(settings.hosts, command_timeout=settings.ssh_command_timeout)
+    jobs = Jobs(
+        hosts,
+        Path(settings.jobs_dir) if settings.jobs_dir else common.data_dir / "jobs",
+        SlurmLimits(settings.slurm_unknown_polls, settings.slurm_time_limit_buffer_seconds),
+    )
 
     def register(server: grpc.aio.Server) -> None:
-        monitor_pb2_grpc.add_MonitorServiceServicer_to_server(MonitorServicer(probe), server)
+        monitor_pb2_grpc.add_MonitorServiceServicer_to_server(MonitorServicer(probe, hosts, jobs), server)
 
     async def release() -> None:
+        await hosts.close()
         probe.close()
 
     return ServiceHost(

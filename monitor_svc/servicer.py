@@ -1,5 +1,4 @@
-"""MonitorService over gRPC. GPUs of this host for now; SSH hosts, Slurm and jobs are not built yet
-(SubmitJob and WatchJob answer UNIMPLEMENTED)."""
+"""MonitorService over gRPC: translates quarry.v1 messages to the GPU probes and job watchers and back."""
 
 from __future__ import annotations
 
@@ -9,18 +8,39 @@ from datetime import UTC, datetime
 from typing import Any
 
 import grpc
+from google.protobuf import duration_pb2
 
 from monitor_svc.gpus import GpuSample, NvmlProbe
+from monitor_svc.jobs import JobRef, Jobs
+from monitor_svc.model import JobObservation, JobState
+from monitor_svc.slurm import check_job_id
+from monitor_svc.smi import APP_QUERY, GPU_QUERY, MalformedOutput, parse_gpus
+from monitor_svc.ssh import SshHosts
 from quarry.convert import timestamp
-from quarry.errors import FieldViolation, InvalidArgument, Unimplemented
+from quarry.errors import FailedPrecondition, FieldViolation, InvalidArgument
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 
-MIN_INTERVAL_SECONDS = 0.1
-DEFAULT_INTERVAL_SECONDS = 5.0
+LOCAL = "local"
+DEFAULT_GPU_INTERVAL = 5.0
+DEFAULT_JOB_INTERVAL = 10.0
+DEFAULT_TAIL_LINES = 20
+MAX_TAIL_LINES = 500
+_STATES = {
+    JobState.PENDING: monitor_pb2.JOB_STATE_PENDING,
+    JobState.RUNNING: monitor_pb2.JOB_STATE_RUNNING,
+    JobState.COMPLETED: monitor_pb2.JOB_STATE_COMPLETED,
+    JobState.FAILED: monitor_pb2.JOB_STATE_FAILED,
+    JobState.TIMED_OUT: monitor_pb2.JOB_STATE_TIMED_OUT,
+    JobState.CANCELLED: monitor_pb2.JOB_STATE_CANCELLED,
+    JobState.EXITED: monitor_pb2.JOB_STATE_EXITED,
+    JobState.UNKNOWN: monitor_pb2.JOB_STATE_UNKNOWN,
+    JobState.NOT_FOUND: monitor_pb2.JOB_STATE_NOT_FOUND,
+}
 
 
-def gpu_to_proto(sample: GpuSample) -> monitor_pb2.Gpu:
+def gpu_to_proto(host: str, sample: GpuSample) -> monitor_pb2.Gpu:
     return monitor_pb2.Gpu(
+        host=host,
         index=sample.index,
         uuid=sample.uuid,
         name=sample.name,
@@ -36,51 +56,144 @@ def gpu_to_proto(sample: GpuSample) -> monitor_pb2.Gpu:
     )
 
 
-def _local_only(host: str) -> None:
-    if host:
-        raise InvalidArgument([FieldViolation("host", "only this host is monitored so far; leave host empty")])
+def _seconds(value: duration_pb2.Duration, field: str, *, default: float, minimum: float, has: bool) -> float:
+    if not has:
+        return default
+    seconds = value.seconds + value.nanos / 1e9
+    if not minimum <= seconds <= 3600:
+        raise InvalidArgument([FieldViolation(field, f"between {minimum:g} s and 1 hour")])
+    return seconds
+
+
+def job_ref_from_proto(job: monitor_pb2.JobRef) -> JobRef:
+    target = job.WhichOneof("target")
+    if target == "local":
+        if job.local.pid <= 0:
+            raise InvalidArgument([FieldViolation("job.local.pid", "a process id")])
+        return JobRef("local", pid=job.local.pid, log_path=job.log_path)
+    if target == "remote":
+        violations = []
+        if job.remote.pid <= 0:
+            violations.append(FieldViolation("job.remote.pid", "a process id"))
+        if not job.remote.host:
+            violations.append(FieldViolation("job.remote.host", "required: a configured host"))
+        if violations:
+            raise InvalidArgument(violations)
+        return JobRef("remote", pid=job.remote.pid, host=job.remote.host, log_path=job.log_path)
+    if target == "slurm":
+        try:
+            check_job_id(job.slurm.job_id)
+        except ValueError as error:
+            raise InvalidArgument([FieldViolation("job.slurm.job_id", str(error))]) from None
+        if not job.slurm.host:
+            raise InvalidArgument([FieldViolation("job.slurm.host", "required: the login host sacct runs on")])
+        return JobRef("slurm", host=job.slurm.host, job_id=job.slurm.job_id, log_path=job.log_path)
+    raise InvalidArgument([FieldViolation("job", "one of local, remote or slurm")])
+
+
+def job_ref_to_proto(ref: JobRef) -> monitor_pb2.JobRef:
+    if ref.kind == "local":
+        return monitor_pb2.JobRef(local=monitor_pb2.LocalProcess(pid=ref.pid), log_path=ref.log_path)
+    if ref.kind == "remote":
+        return monitor_pb2.JobRef(remote=monitor_pb2.RemoteProcess(host=ref.host, pid=ref.pid), log_path=ref.log_path)
+    return monitor_pb2.JobRef(slurm=monitor_pb2.SlurmJob(host=ref.host, job_id=ref.job_id), log_path=ref.log_path)
+
+
+def status_to_proto(observation: JobObservation, tail: list[str]) -> monitor_pb2.JobStatus:
+    status = monitor_pb2.JobStatus(
+        state=_STATES[observation.state],
+        log_tail=tail,
+        observe_time=timestamp(datetime.now(UTC)),
+        detail=observation.detail,
+    )
+    if observation.exit_code is not None:
+        status.exit_code = observation.exit_code
+    return status
 
 
 class MonitorServicer(monitor_pb2_grpc.MonitorServiceServicer):
-    def __init__(self, probe: NvmlProbe) -> None:
+    def __init__(self, probe: NvmlProbe, hosts: SshHosts, jobs: Jobs) -> None:
         self._probe = probe
+        self._hosts = hosts
+        self._jobs = jobs
 
-    async def _sample(self) -> tuple[list[monitor_pb2.Gpu], Any]:
-        gpus = [gpu_to_proto(sample) for sample in await self._probe.sample()]
-        return gpus, timestamp(datetime.now(UTC))
+    async def _gpus(self, host: str) -> tuple[list[monitor_pb2.Gpu], str]:
+        """(GPUs, the reason there are none) for this machine or a configured SSH host."""
+        if host in ("", LOCAL):
+            return [gpu_to_proto(LOCAL, s) for s in await self._probe.sample()], self._probe.unavailable_reason
+        self._hosts.require(host)
+        gpus = await self._hosts.run(host, GPU_QUERY)
+        if gpus.exit_status != 0:
+            reason = gpus.stderr.strip() or gpus.stdout.strip() or f"exit status {gpus.exit_status}"
+            return [], f"nvidia-smi on {host} failed: {reason}"
+        apps = await self._hosts.run(host, APP_QUERY)
+        try:
+            samples = parse_gpus(gpus.stdout, apps.stdout if apps.exit_status == 0 else "")
+        except MalformedOutput as error:
+            raise FailedPrecondition(
+                f"nvidia-smi on {host} printed something unexpected: {error}", reason="MALFORMED_OUTPUT"
+            ) from error
+        return [gpu_to_proto(host, sample) for sample in samples], ""
 
     async def ListGpus(
         self, request: monitor_pb2.ListGpusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> monitor_pb2.ListGpusResponse:
-        _local_only(request.host)
-        gpus, when = await self._sample()
+        gpus, reason = await self._gpus(request.host)
         return monitor_pb2.ListGpusResponse(
-            gpus=gpus, sample_time=when, unavailable_reason=self._probe.unavailable_reason
+            gpus=gpus, sample_time=timestamp(datetime.now(UTC)), unavailable_reason=reason
         )
 
     async def WatchGpus(
         self, request: monitor_pb2.WatchGpusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[monitor_pb2.WatchGpusResponse]:
-        _local_only(request.host)
-        interval = DEFAULT_INTERVAL_SECONDS
-        if request.HasField("interval"):
-            interval = request.interval.seconds + request.interval.nanos / 1e9
-            if not MIN_INTERVAL_SECONDS <= interval <= 3600:
-                raise InvalidArgument([FieldViolation("interval", "between 0.1 s and 1 hour")])
+        interval = _seconds(
+            request.interval, "interval", default=DEFAULT_GPU_INTERVAL, minimum=0.1, has=request.HasField("interval")
+        )
         while True:  # until the client goes away or the server stops
-            gpus, when = await self._sample()
+            gpus, reason = await self._gpus(request.host)
             yield monitor_pb2.WatchGpusResponse(
-                gpus=gpus, sample_time=when, unavailable_reason=self._probe.unavailable_reason
+                gpus=gpus, sample_time=timestamp(datetime.now(UTC)), unavailable_reason=reason
             )
             await asyncio.sleep(interval)
 
     async def SubmitJob(
         self, request: monitor_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> monitor_pb2.SubmitJobResponse:
-        raise Unimplemented("job submission is not built yet", reason="JOBS_NOT_BUILT")
+        kind = request.WhichOneof("job")
+        if kind == "local":
+            local = request.local
+            ref = await self._jobs.submit_local(
+                list(local.argv), local.working_directory, local.log_path, request.request_id
+            )
+        elif kind == "slurm":
+            submission = request.slurm
+            ref = await self._jobs.submit_slurm(
+                submission.host, submission.script_path, list(submission.sbatch_args), request.request_id
+            )
+        else:
+            raise InvalidArgument([FieldViolation("job", "one of local or slurm")])
+        return monitor_pb2.SubmitJobResponse(job=job_ref_to_proto(ref))
 
     async def WatchJob(
         self, request: monitor_pb2.WatchJobRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[monitor_pb2.WatchJobResponse]:
-        raise Unimplemented("job watching is not built yet", reason="JOBS_NOT_BUILT")
-        yield  # a server stream
+        ref = job_ref_from_proto(request.job)
+        if ref.host:
+            self._hosts.require(ref.host, field=f"job.{ref.kind}.host")
+        interval = _seconds(
+            request.poll_interval,
+            "poll_interval",
+            default=DEFAULT_JOB_INTERVAL,
+            minimum=1.0,
+            has=request.HasField("poll_interval"),
+        )
+        if not 0 <= request.log_tail_lines <= MAX_TAIL_LINES:
+            raise InvalidArgument([FieldViolation("log_tail_lines", f"between 0 and {MAX_TAIL_LINES}")])
+        tail_lines = request.log_tail_lines or DEFAULT_TAIL_LINES
+        first = True
+        async for observation in self._jobs.watch(ref, interval, tail_lines):
+            lines = list(observation.new_log_lines)
+            yield monitor_pb2.WatchJobResponse(
+                status=status_to_proto(observation, lines if first else []), new_log_lines=[] if first else lines
+            )
+            first = False

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -27,6 +27,7 @@ __all__ = [
     "QuarrySettings",
     "ScratchpadSettings",
     "ServiceSettings",
+    "SshHost",
     "SupervisorSettings",
     "WorkerSettings",
     "describe_invalid",
@@ -219,9 +220,32 @@ class SupervisorSettings(ModelTier):
         return [target.strip() for target in self.worker_addresses.split(",") if target.strip()]
 
 
+class SshHost(BaseModel):
+    """A host the monitor reaches over SSH (nvidia-smi, process liveness, log tails, Slurm)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str
+    port: int = Field(default=22, ge=1, le=65535)
+    user: str
+    # Private key file; empty uses none (the server must then accept another method).
+    key_path: str = ""
+    # known_hosts file the host key must be in; empty means ~/.ssh/known_hosts. Never skipped.
+    known_hosts: str = ""
+
+
 class MonitorSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="QUARRY_MONITOR_", extra="ignore")
     config_table: ClassVar[str] = "monitor"
     service_name: ClassVar[str] = "monitor"
 
     address: str = "127.0.0.1:7413"
+    # Hosts by name: JSON in QUARRY_MONITOR_HOSTS, or [monitor.hosts.NAME] tables in the config file.
+    hosts: dict[str, SshHost] = Field(default_factory=dict)
+    ssh_command_timeout: float = Field(default=30.0, gt=0, le=600)
+    # A Slurm job neither sacct nor squeue knows is given up (UNKNOWN) after this many polls...
+    slurm_unknown_polls: int = Field(default=30, ge=1, le=100_000)
+    # ...or once its time limit plus this buffer has passed since it was submitted or first seen.
+    slurm_time_limit_buffer_seconds: float = Field(default=600.0, ge=0)
+    # Logs of local jobs started without a log_path; empty means jobs/ in the data directory.
+    jobs_dir: str = ""

@@ -180,9 +180,7 @@ def record_failure(span: trace.Span, error: BaseException) -> None:
 
 
 # Secrets that must never reach a log line, whatever a library puts in its messages.
-_SECRET = re.compile(
-    r"(?i)(authorization[\"'=:\s]+(?:bearer\s+|basic\s+)?|bearer\s+|api[_-]?key[\"'=:\s]+)[^\s\"',;]+"
-)
+_SECRET = re.compile(r"(?i)(authorization[\"'=:\s]+(?:bearer\s+|basic\s+)?|bearer\s+|api[_-]?key[\"'=:\s]+)[^\s\"',;]+")
 
 
 class JsonFormatter(logging.Formatter):

@@ -52,6 +52,7 @@ PUBLIC_API = {
         "QuarrySettings",
         "ScratchpadSettings",
         "ServiceSettings",
+        "SshHost",
         "SupervisorSettings",
         "WorkerSettings",
         "describe_invalid",

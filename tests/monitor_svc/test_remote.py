@@ -1,0 +1,295 @@
+"""Remote hosts over a real SSH connection, Slurm through it, and local jobs.
+
+A real asyncssh server runs on 127.0.0.1 in this test; the commands it is asked
+to run execute with a PATH whose `nvidia-smi`, `sbatch`, `squeue` and `sacct`
+are scripts printing recorded output from files the test controls. So the
+monitor's real client code (host-key check, key auth, connection reuse, output
+parsing) runs end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import grpc
+import pytest
+
+from monitor_svc.service import build_host
+from quarry.client import insecure_channel
+from quarry.config import MonitorSettings, QuarrySettings, SshHost
+from quarry.v1 import monitor_pb2, monitor_pb2_grpc
+from tests.rpc import error_reason, expect_error
+
+GPUS_CSV = "0, GPU-aaaa, NVIDIA H200, 1024, 143771, 87, 61, 312.50\n1, GPU-bbbb, NVIDIA H200, 0, 143771, 0, 35, [N/A]\n"
+APPS_CSV = "GPU-aaaa, 4242, 1024, python\n"
+FAKES = {
+    "nvidia-smi": 'case "$1" in --query-gpu=*) cat "$FAKE_STATE/gpus.csv";; *) cat "$FAKE_STATE/apps.csv";; esac\n',
+    "sbatch": 'echo "$@" > "$FAKE_STATE/sbatch.args"; echo "4242;cluster"\n',
+    "sacct": 'cat "$FAKE_STATE/sacct.txt" 2>/dev/null; exit 0\n',
+    "squeue": 'cat "$FAKE_STATE/squeue.txt" 2>/dev/null; exit 0\n',
+}
+
+
+@dataclass
+class FakeHost:
+    port: int
+    state: Path
+    known_hosts: Path
+    client_key: Path
+    connections: list[str] = field(default_factory=list)
+    closed: list[str] = field(default_factory=list)
+
+    def write(self, name: str, text: str) -> None:
+        (self.state / name).write_text(text)
+
+    def settings(self, **overrides: Any) -> MonitorSettings:
+        host = SshHost(
+            address="127.0.0.1",
+            port=self.port,
+            user="quarry",
+            key_path=str(self.client_key),
+            known_hosts=str(self.known_hosts),
+        )
+        return MonitorSettings(address="127.0.0.1:0", hosts={"gpu1": host}, **overrides)
+
+
+@pytest.fixture
+async def ssh_host(tmp_path: Path) -> AsyncIterator[FakeHost]:
+    bin_dir, state = tmp_path / "fakebin", tmp_path / "state"
+    bin_dir.mkdir()
+    state.mkdir()
+    for name, body in FAKES.items():
+        script = bin_dir / name
+        script.write_text("#!/bin/sh\n" + body)
+        script.chmod(0o755)
+    host_key = asyncssh.generate_private_key("ssh-ed25519")
+    client_key = asyncssh.generate_private_key("ssh-ed25519")
+    key_path = tmp_path / "id_ed25519"
+    client_key.write_private_key(str(key_path))
+    fake: FakeHost | None = None
+
+    class Server(asyncssh.SSHServer):
+        def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+            assert fake is not None
+            fake.connections.append(str(conn.get_extra_info("peername")))
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            assert fake is not None
+            fake.closed.append("closed")
+
+    async def run_command(process: asyncssh.SSHServerProcess[str]) -> None:
+        command = await asyncio.create_subprocess_shell(
+            process.command or "true",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_STATE": str(state)},
+        )
+        out, err = await command.communicate()
+        process.stdout.write(out.decode())
+        process.stderr.write(err.decode())
+        process.exit(command.returncode or 0)
+
+    server = await asyncssh.create_server(
+        Server,
+        "127.0.0.1",
+        0,
+        server_host_keys=[host_key],
+        authorized_client_keys=asyncssh.import_authorized_keys(client_key.export_public_key().decode()),
+        process_factory=run_command,
+    )
+    port = server.sockets[0].getsockname()[1]
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(f"[127.0.0.1]:{port} {host_key.export_public_key().decode().strip()}\n")
+    fake = FakeHost(port, state, known_hosts, key_path)
+    fake.write("gpus.csv", GPUS_CSV)
+    fake.write("apps.csv", APPS_CSV)
+    yield fake
+    server.close()
+    await server.wait_closed()
+
+
+async def monitor_for(
+    settings: MonitorSettings, tmp_path: Path
+) -> tuple[Any, grpc.aio.Channel, monitor_pb2_grpc.MonitorServiceStub]:
+    host = await build_host(settings, QuarrySettings(data_dir=tmp_path))
+    await host.start()
+    channel = insecure_channel(host.address)
+    return host, channel, monitor_pb2_grpc.MonitorServiceStub(channel)
+
+
+@pytest.fixture
+async def monitor(ssh_host: FakeHost, tmp_path: Path) -> AsyncIterator[monitor_pb2_grpc.MonitorServiceStub]:
+    host, channel, stub = await monitor_for(ssh_host.settings(slurm_unknown_polls=3), tmp_path)
+    yield stub
+    await channel.close(None)
+    await host.shutdown()
+
+
+async def watch_all(stub: monitor_pb2_grpc.MonitorServiceStub, job: monitor_pb2.JobRef, **kwargs: Any) -> list[Any]:
+    request = monitor_pb2.WatchJobRequest(job=job, poll_interval={"seconds": 1}, **kwargs)
+    return [response async for response in stub.WatchJob(request, timeout=60)]
+
+
+async def test_gpus_of_a_remote_host_over_ssh_reusing_one_connection(ssh_host: FakeHost, tmp_path: Path) -> None:
+    host, channel, stub = await monitor_for(ssh_host.settings(), tmp_path)
+    try:
+        first = await stub.ListGpus(monitor_pb2.ListGpusRequest(host="gpu1"))
+        again = await stub.ListGpus(monitor_pb2.ListGpusRequest(host="gpu1"))
+    finally:
+        await channel.close(None)
+        await host.shutdown()
+    assert first.unavailable_reason == "" and len(again.gpus) == 2
+    busy, idle = first.gpus
+    assert (busy.host, busy.index, busy.uuid, busy.name) == ("gpu1", 0, "GPU-aaaa", "NVIDIA H200")
+    assert (busy.memory_used_bytes, busy.memory_total_bytes) == (1024 * 2**20, 143771 * 2**20)
+    assert (busy.utilization_percent, busy.temperature_celsius, busy.power_watts) == (87, 61, 312.5)
+    assert [(p.pid, p.used_memory_bytes, p.name) for p in busy.processes] == [(4242, 2**30, "python")]
+    assert idle.power_watts == 0 and list(idle.processes) == []  # [N/A]: not reported, not an error
+    assert len(ssh_host.connections) == 1, "one connection serves every command"
+    assert ssh_host.closed, "the connection is closed when the monitor stops"
+
+
+async def test_malformed_nvidia_smi_output_is_a_clear_error(
+    ssh_host: FakeHost, monitor: monitor_pb2_grpc.MonitorServiceStub
+) -> None:
+    ssh_host.write("gpus.csv", "0, GPU-aaaa, NVIDIA H200, lots, 143771, 87, 61, 312.50\n")
+    error = await expect_error(
+        monitor.ListGpus(monitor_pb2.ListGpusRequest(host="gpu1")), grpc.StatusCode.FAILED_PRECONDITION
+    )
+    assert error_reason(error) == "MALFORMED_OUTPUT"
+    assert "memory.used is 'lots'" in (error.details() or "") and "GPU-aaaa" in (error.details() or "")
+
+
+async def test_an_unknown_host_key_is_refused(ssh_host: FakeHost, tmp_path: Path) -> None:
+    stranger = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    ssh_host.known_hosts.write_text(f"[127.0.0.1]:{ssh_host.port} {stranger}\n")
+    host, channel, stub = await monitor_for(ssh_host.settings(), tmp_path)
+    try:
+        error = await expect_error(
+            stub.ListGpus(monitor_pb2.ListGpusRequest(host="gpu1")), grpc.StatusCode.FAILED_PRECONDITION
+        )
+    finally:
+        await channel.close(None)
+        await host.shutdown()
+    assert error_reason(error) == "HOST_KEY_UNKNOWN"
+    assert "ssh-keyscan" in (error.details() or "")
+
+
+async def test_a_slurm_job_is_submitted_and_followed_to_its_failure(
+    ssh_host: FakeHost, monitor: monitor_pb2_grpc.MonitorServiceStub
+) -> None:
+    submission = monitor_pb2.SubmitJobRequest(
+        slurm=monitor_pb2.SlurmSubmission(host="gpu1", script_path="train.sh", sbatch_args=["--time=01:00:00"]),
+        request_id="train-1",
+    )
+    submitted = await monitor.SubmitJob(submission)
+    again = await monitor.SubmitJob(submission)  # a retry: the same job, not a second sbatch
+    assert submitted.job.slurm.job_id == "4242" and again.job == submitted.job
+    assert (ssh_host.state / "sbatch.args").read_text().split() == ["--parsable", "--time=01:00:00", "train.sh"]
+    ssh_host.write("squeue.txt", "PENDING\n")  # sacct has no record yet: squeue answers
+
+    async def progress() -> None:
+        await asyncio.sleep(1.5)
+        ssh_host.write("sacct.txt", "4242|RUNNING|0:0|01:00:00\n4242.batch|RUNNING|0:0|\n")
+        await asyncio.sleep(1.5)
+        ssh_host.write("sacct.txt", "4242|FAILED|3:0|01:00:00\n4242.batch|FAILED|3:0|\n")
+
+    changer = asyncio.create_task(progress())
+    responses = await watch_all(monitor, submitted.job)
+    await changer
+    states = [r.status.state for r in responses]
+    assert states[0] == monitor_pb2.JOB_STATE_PENDING and "squeue" in responses[0].status.detail
+    assert monitor_pb2.JOB_STATE_RUNNING in states
+    last = responses[-1].status
+    assert last.state == monitor_pb2.JOB_STATE_FAILED and last.exit_code == 3
+    assert len(states) == len(set(states)), "a response only when something changed"
+
+
+async def test_a_job_slurm_never_knew_is_given_up(monitor: monitor_pb2_grpc.MonitorServiceStub) -> None:
+    job = monitor_pb2.JobRef(slurm=monitor_pb2.SlurmJob(host="gpu1", job_id="777"))
+    responses = await watch_all(monitor, job)
+    assert responses[-1].status.state == monitor_pb2.JOB_STATE_UNKNOWN
+    assert "after 3 polls" in responses[-1].status.detail
+
+
+async def test_malformed_sacct_output_is_a_clear_error(
+    ssh_host: FakeHost, monitor: monitor_pb2_grpc.MonitorServiceStub
+) -> None:
+    ssh_host.write("sacct.txt", "4242|EXPLODED|0:0|01:00:00\n")
+    job = monitor_pb2.JobRef(slurm=monitor_pb2.SlurmJob(host="gpu1", job_id="4242"))
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await watch_all(monitor, job)
+    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "unknown Slurm state 'EXPLODED'" in (raised.value.details() or "")
+
+
+async def test_a_process_on_a_remote_host_and_its_log(
+    ssh_host: FakeHost, monitor: monitor_pb2_grpc.MonitorServiceStub, tmp_path: Path
+) -> None:
+    log = tmp_path / "remote.log"
+    log.write_text("epoch 1\n")
+    # The SSH server runs on this machine, so a local process is "remote" to the monitor.
+    sleeper = await asyncio.create_subprocess_exec("sleep", "60")
+    job = monitor_pb2.JobRef(remote=monitor_pb2.RemoteProcess(host="gpu1", pid=sleeper.pid), log_path=str(log))
+
+    async def progress() -> None:
+        await asyncio.sleep(1.5)
+        with log.open("a") as handle:
+            handle.write("epoch 2\n")
+        await asyncio.sleep(1.5)
+        sleeper.send_signal(signal.SIGTERM)
+        await sleeper.wait()
+
+    changer = asyncio.create_task(progress())
+    responses = await watch_all(monitor, job)
+    await changer
+    assert responses[0].status.state == monitor_pb2.JOB_STATE_RUNNING
+    assert list(responses[0].status.log_tail) == ["epoch 1"]
+    assert ["epoch 2"] in [list(r.new_log_lines) for r in responses]
+    assert responses[-1].status.state == monitor_pb2.JOB_STATE_EXITED
+    assert not responses[-1].status.HasField("exit_code"), "another host's process: its status cannot be known"
+
+
+async def test_a_local_job_that_exits_3_is_failed_with_exit_code_3(
+    monitor: monitor_pb2_grpc.MonitorServiceStub, tmp_path: Path
+) -> None:
+    command = monitor_pb2.LocalCommand(
+        argv=[sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(1.5); raise SystemExit(3)"],
+        working_directory=str(tmp_path),
+    )
+    submitted = await monitor.SubmitJob(monitor_pb2.SubmitJobRequest(local=command, request_id="local-1"))
+    assert submitted.job.local.pid > 0 and submitted.job.log_path
+    responses = await watch_all(monitor, submitted.job)
+    last = responses[-1].status
+    assert last.state == monitor_pb2.JOB_STATE_FAILED and last.exit_code == 3
+    seen = [*responses[0].status.log_tail, *(line for r in responses[1:] for line in r.new_log_lines)]
+    assert "loading" in seen
+    gone = monitor_pb2.JobRef(local=monitor_pb2.LocalProcess(pid=2**22 + 12345))
+    [never] = await watch_all(monitor, gone)
+    assert never.status.state == monitor_pb2.JOB_STATE_NOT_FOUND
+
+
+async def test_bad_job_requests_name_their_fields(monitor: monitor_pb2_grpc.MonitorServiceStub) -> None:
+    await expect_error(
+        monitor.SubmitJob(monitor_pb2.SubmitJobRequest(local=monitor_pb2.LocalCommand(argv=["true"]))),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )  # no request_id
+    for job in (
+        monitor_pb2.JobRef(),
+        monitor_pb2.JobRef(slurm=monitor_pb2.SlurmJob(host="gpu1", job_id="1; rm -rf /")),
+        monitor_pb2.JobRef(remote=monitor_pb2.RemoteProcess(host="gpu1", pid=0)),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await watch_all(monitor, job)
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, job
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await watch_all(monitor, monitor_pb2.JobRef(slurm=monitor_pb2.SlurmJob(host="nowhere", job_id="1")))
+    assert raised.value.code() == grpc.StatusCode.NOT_FOUND
