@@ -18,9 +18,18 @@ from google.protobuf.message import Message
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from quarry import telemetry
-from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc, supervisor_pb2, supervisor_pb2_grpc
+from quarry.v1 import (
+    common_pb2,
+    monitor_pb2,
+    monitor_pb2_grpc,
+    scratchpad_pb2,
+    scratchpad_pb2_grpc,
+    supervisor_pb2,
+    supervisor_pb2_grpc,
+)
 
 __all__ = [
+    "MonitorClient",
     "QuarryClient",
     "RetryPolicy",
     "ScratchpadClient",
@@ -260,3 +269,30 @@ class QuarryClient:
                     raise
                 reconnects += 1
                 await self.get_run(run_id)  # waits, with backoff, until the service answers again
+
+
+class MonitorClient:
+    """GPUs and jobs, as the monitor sees them; no model is involved."""
+
+    def __init__(self, channel: grpc.aio.Channel, retry: RetryPolicy | None = None) -> None:
+        self._stub = monitor_pb2_grpc.MonitorServiceStub(channel)
+        self._retry = retry or RetryPolicy()
+
+    async def list_gpus(self, host: str = "") -> monitor_pb2.ListGpusResponse:
+        response: monitor_pb2.ListGpusResponse = await self._retry.call(
+            self._stub.ListGpus, monitor_pb2.ListGpusRequest(host=host)
+        )
+        return response
+
+    async def job_status(self, job: monitor_pb2.JobRef, *, log_tail_lines: int = 20) -> monitor_pb2.JobStatus:
+        """One look at a job: the first answer of WatchJob, which then is closed."""
+        stream: Any = self._stub.WatchJob(
+            monitor_pb2.WatchJobRequest(job=job, log_tail_lines=log_tail_lines), timeout=self._retry.attempt_timeout * 3
+        )
+        try:
+            async for response in stream:
+                status: monitor_pb2.JobStatus = response.status
+                return status
+        finally:
+            stream.cancel()
+        raise RuntimeError("the monitor ended the watch without a status")

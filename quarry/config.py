@@ -182,6 +182,8 @@ class WorkerSettings(ModelTier):
     address: str = "127.0.0.1:7412"
     # The scratchpad this worker promotes findings to.
     scratchpad_address: str = "127.0.0.1:7411"
+    # The monitor behind the gpu_status and job_status tools; empty: those tools are not offered.
+    monitor_address: str = ""
     max_concurrent_delegations: int = Field(default=64, ge=1, le=10_000)
     # Used when a Delegate request sets no timeout.
     default_timeout_seconds: float = Field(default=600.0, gt=0)

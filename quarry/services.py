@@ -42,16 +42,16 @@ SERVICES: dict[str, ServiceSpec] = {
         settings_class="quarry.config:ScratchpadSettings",
         builder="scratchpad_svc.service:build_host",
     ),
-    "worker": ServiceSpec(
-        name="worker",
-        settings_class="quarry.config:WorkerSettings",
-        builder="worker_svc.service:build_host",
-        needs={"scratchpad": "QUARRY_WORKER_SCRATCHPAD_ADDRESS"},
-    ),
     "monitor": ServiceSpec(
         name="monitor",
         settings_class="quarry.config:MonitorSettings",
         builder="monitor_svc.service:build_host",
+    ),
+    "worker": ServiceSpec(
+        name="worker",
+        settings_class="quarry.config:WorkerSettings",
+        builder="worker_svc.service:build_host",
+        needs={"scratchpad": "QUARRY_WORKER_SCRATCHPAD_ADDRESS", "monitor": "QUARRY_WORKER_MONITOR_ADDRESS"},
     ),
     "supervisor": ServiceSpec(
         name="supervisor",

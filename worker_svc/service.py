@@ -9,7 +9,7 @@ import httpx
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
-from quarry.client import ScratchpadClient, insecure_channel
+from quarry.client import MonitorClient, ScratchpadClient, insecure_channel
 from quarry.config import QuarrySettings, WorkerSettings
 from quarry.convert import role_to_proto
 from quarry.db import Database, upgrade_schema_async
@@ -49,6 +49,8 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
     model = ModelClient(ModelSettings.for_tier(settings, common))
     channel = insecure_channel(settings.scratchpad_address)
     scratchpad = ScratchpadClient(channel)
+    monitor_channel = insecure_channel(settings.monitor_address) if settings.monitor_address else None
+    monitor = MonitorClient(monitor_channel) if monitor_channel else None
     corpus = Corpus(Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db")
     search_http = httpx.AsyncClient(timeout=30)
     policy = AddressPolicy(allow=tuple(entry.strip() for entry in settings.fetch_allow.split(",") if entry.strip()))
@@ -65,6 +67,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
             author=common_pb2.Principal(principal_id=request.delegation_id, role=role_to_proto(request.role)),
             search=search,
             pages=pages,
+            monitor=monitor,
         )
 
     worker = Worker(
@@ -76,6 +79,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
             max_concurrent=settings.max_concurrent_delegations,
             default_timeout_seconds=settings.default_timeout_seconds,
             context_tokens=settings.context_tokens,
+            compute=monitor is not None,
         ),
     )
 
@@ -88,6 +92,8 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
         await web.aclose()
         await search_http.aclose()
         await channel.close(None)
+        if monitor_channel is not None:
+            await monitor_channel.close(None)
         await database.close()
 
     return ServiceHost(

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+import grpc
 from pydantic import BaseModel, Field
 
 from quarry.agent.scratchpad_tools import SCRATCHPAD_TOOLS, SourceParam
 from quarry.agent.tools import Tool, ToolError, ToolRegistry
-from quarry.client import ScratchpadClient
-from quarry.v1 import common_pb2
+from quarry.client import MonitorClient, ScratchpadClient
+from quarry.v1 import common_pb2, monitor_pb2
 from worker_svc.web.pages import Page, PageError, PageReader
 from worker_svc.web.search import SearchBackend, SearchError
 
 CAPABILITIES: dict[str, list[str]] = {
     "web_search": ["perform_web_search", "read_web_page", "search_web_page", "scroll_web_page"],
     "scratchpad": ["read_scratchpad", "append_scratchpad"],
+    "compute": ["gpu_status", "job_status"],
 }
 
 
@@ -36,6 +38,8 @@ class DelegationContext:
     author: common_pb2.Principal
     search: SearchBackend
     pages: PageReader
+    # The monitor, when this worker has one (the `compute` capability needs it).
+    monitor: MonitorClient | None = None
     read: dict[str, Page] = field(default_factory=dict)  # pages read in this delegation, by URL
     promoted: list[int] = field(default_factory=list)
 
@@ -121,5 +125,76 @@ WEB_TOOLS: list[Tool[Any, DelegationContext]] = [
 ]
 
 
+class GpuStatusParams(BaseModel):
+    host: str = Field(default="", description="a configured host name; empty for the monitor's own machine")
+
+
+class JobStatusParams(BaseModel):
+    kind: Literal["local", "remote", "slurm"] = Field(description="a local pid, a pid on a host, or a Slurm job")
+    pid: int = Field(default=0, ge=0, description="for local and remote")
+    host: str = Field(default="", description="for remote and slurm: a configured host name")
+    job_id: str = Field(default="", description="for slurm")
+    log_path: str = Field(default="", description="a log file whose last lines to include")
+
+
+def _monitor(context: DelegationContext) -> MonitorClient:
+    if context.monitor is None:
+        raise ToolError("this worker has no monitor configured")
+    return context.monitor
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB"
+
+
+async def gpu_status(params: GpuStatusParams, context: DelegationContext) -> str:
+    try:
+        response = await _monitor(context).list_gpus(params.host)
+    except grpc.aio.AioRpcError as error:
+        raise ToolError(f"the monitor could not answer: {error.details()}") from error
+    if not response.gpus:
+        return f"No GPUs on {params.host or 'the monitor host'}: {response.unavailable_reason or 'none found'}."
+    lines = []
+    for gpu in response.gpus:
+        processes = ", ".join(f"{p.pid} {p.name} ({_gib(p.used_memory_bytes)})" for p in gpu.processes) or "none"
+        lines.append(
+            f"{gpu.host} #{gpu.index} {gpu.name}: {gpu.utilization_percent}% busy, "
+            f"{_gib(gpu.memory_used_bytes)} of {_gib(gpu.memory_total_bytes)}, {gpu.temperature_celsius} C, "
+            f"{gpu.power_watts:.0f} W; processes: {processes}"
+        )
+    return "\n".join(lines)
+
+
+async def job_status(params: JobStatusParams, context: DelegationContext) -> str:
+    if params.kind == "local":
+        job = monitor_pb2.JobRef(local=monitor_pb2.LocalProcess(pid=params.pid), log_path=params.log_path)
+    elif params.kind == "remote":
+        job = monitor_pb2.JobRef(
+            remote=monitor_pb2.RemoteProcess(host=params.host, pid=params.pid), log_path=params.log_path
+        )
+    else:
+        job = monitor_pb2.JobRef(
+            slurm=monitor_pb2.SlurmJob(host=params.host, job_id=params.job_id), log_path=params.log_path
+        )
+    try:
+        status = await _monitor(context).job_status(job)
+    except grpc.aio.AioRpcError as error:
+        raise ToolError(f"the monitor could not answer: {error.details()}") from error
+    state = monitor_pb2.JobState.Name(status.state).removeprefix("JOB_STATE_").lower()
+    text = f"{state}" + (f", exit code {status.exit_code}" if status.HasField("exit_code") else "")
+    text += f" ({status.detail})" if status.detail else ""
+    if status.log_tail:
+        text += "\nLast log lines:\n" + "\n".join(status.log_tail)
+    return text
+
+
+COMPUTE_TOOLS: list[Tool[Any, DelegationContext]] = [
+    Tool(
+        "gpu_status", "GPUs of a host: model, load, memory, temperature, power, processes.", GpuStatusParams, gpu_status
+    ),
+    Tool("job_status", "State, exit code and last log lines of a process or Slurm job.", JobStatusParams, job_status),
+]
+
+
 def tools_for(capabilities: Sequence[str]) -> ToolRegistry[DelegationContext]:
-    return ToolRegistry.for_capabilities([*WEB_TOOLS, *SCRATCHPAD_TOOLS], CAPABILITIES, capabilities)
+    return ToolRegistry.for_capabilities([*WEB_TOOLS, *SCRATCHPAD_TOOLS, *COMPUTE_TOOLS], CAPABILITIES, capabilities)

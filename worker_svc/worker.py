@@ -45,6 +45,8 @@ ROLE_CAPABILITIES: dict[Role, list[str]] = {
     Role.RESEARCHER: ["web_search", "scratchpad"],
     Role.VERIFIER: ["web_search", "scratchpad"],
 }
+# Roles that subscribe to `compute` (gpu_status, job_status) when the worker has a monitor.
+COMPUTE_ROLES = frozenset({Role.RESEARCHER})
 
 ROLE_INSTRUCTIONS: dict[Role, str] = {
     Role.RESEARCHER: (
@@ -73,6 +75,8 @@ class WorkerLimits:
     max_concurrent: int = 64
     default_timeout_seconds: float = 600.0
     context_tokens: int = 96_000
+    # Whether a monitor is configured, so that roles subscribing to `compute` get its tools.
+    compute: bool = False
 
 
 def validate(request: DelegationRequest) -> None:
@@ -288,7 +292,10 @@ class Worker:
                 max_tokens=request.max_tokens,
                 context_tokens=self._limits.context_tokens,
             )
-            tools = tools_for(ROLE_CAPABILITIES[request.role])
+            capabilities = ROLE_CAPABILITIES[request.role]
+            if self._limits.compute and request.role in COMPUTE_ROLES:
+                capabilities = [*capabilities, "compute"]
+            tools = tools_for(capabilities)
             run = AgentRun(self._model, tools, self._conversations, conversation_id, limits, observer, agent="worker")
             async with deadline:
                 answer = await run.run(context, history=list(opening))

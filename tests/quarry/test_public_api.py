@@ -38,6 +38,7 @@ PUBLIC_API = {
         "to_rpc_status",
     },
     quarry.client: {
+        "MonitorClient",
         "QuarryClient",
         "RetryPolicy",
         "ScratchpadClient",
