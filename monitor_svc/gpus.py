@@ -68,10 +68,14 @@ class NvmlProbe:
                 log.warning("NVML shutdown failed: %s", error)
             self._nvml = None
 
-    async def sample(self) -> list[GpuSample]:
+    async def sample(self) -> tuple[list[GpuSample], str]:
+        """(the GPUs, why there are none): a driver error is a reason, not a failure."""
         if self._nvml is None:
-            return []
-        return await asyncio.to_thread(self._sample)
+            return [], self.unavailable_reason
+        try:
+            return await asyncio.to_thread(self._sample), ""
+        except self._nvml.NVMLError as error:
+            return [], f"NVML failed: {error}"
 
     def _sample(self) -> list[GpuSample]:
         return [self._device(index) for index in range(self._nvml.nvmlDeviceGetCount())]

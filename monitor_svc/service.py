@@ -26,6 +26,7 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
         hosts,
         Path(settings.jobs_dir) if settings.jobs_dir else common.data_dir / "jobs",
         SlurmLimits(settings.slurm_unknown_polls, settings.slurm_time_limit_buffer_seconds),
+        settings.log_roots,
     )
 
     def register(server: grpc.aio.Server) -> None:

@@ -25,6 +25,7 @@ DEFAULT_GPU_INTERVAL = 5.0
 DEFAULT_JOB_INTERVAL = 10.0
 DEFAULT_TAIL_LINES = 20
 MAX_TAIL_LINES = 500
+MAX_PID = 2**31 - 1
 _STATES = {
     JobState.PENDING: monitor_pb2.JOB_STATE_PENDING,
     JobState.RUNNING: monitor_pb2.JOB_STATE_RUNNING,
@@ -68,12 +69,12 @@ def _seconds(value: duration_pb2.Duration, field: str, *, default: float, minimu
 def job_ref_from_proto(job: monitor_pb2.JobRef) -> JobRef:
     target = job.WhichOneof("target")
     if target == "local":
-        if job.local.pid <= 0:
+        if not 0 < job.local.pid <= MAX_PID:
             raise InvalidArgument([FieldViolation("job.local.pid", "a process id")])
         return JobRef("local", pid=job.local.pid, log_path=job.log_path)
     if target == "remote":
         violations = []
-        if job.remote.pid <= 0:
+        if not 0 < job.remote.pid <= MAX_PID:
             violations.append(FieldViolation("job.remote.pid", "a process id"))
         if not job.remote.host:
             violations.append(FieldViolation("job.remote.host", "required: a configured host"))
@@ -120,7 +121,8 @@ class MonitorServicer(monitor_pb2_grpc.MonitorServiceServicer):
     async def _gpus(self, host: str) -> tuple[list[monitor_pb2.Gpu], str]:
         """(GPUs, the reason there are none) for this machine or a configured SSH host."""
         if host in ("", LOCAL):
-            return [gpu_to_proto(LOCAL, s) for s in await self._probe.sample()], self._probe.unavailable_reason
+            samples, reason = await self._probe.sample()
+            return [gpu_to_proto(LOCAL, sample) for sample in samples], reason
         self._hosts.require(host)
         gpus = await self._hosts.run(host, GPU_QUERY)
         if gpus.exit_status != 0:
@@ -147,7 +149,7 @@ class MonitorServicer(monitor_pb2_grpc.MonitorServiceServicer):
         self, request: monitor_pb2.WatchGpusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[monitor_pb2.WatchGpusResponse]:
         interval = _seconds(
-            request.interval, "interval", default=DEFAULT_GPU_INTERVAL, minimum=0.1, has=request.HasField("interval")
+            request.interval, "interval", default=DEFAULT_GPU_INTERVAL, minimum=1.0, has=request.HasField("interval")
         )
         while True:  # until the client goes away or the server stops
             gpus, reason = await self._gpus(request.host)

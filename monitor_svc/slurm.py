@@ -103,14 +103,20 @@ def parse_sacct(output: str, job_id: str) -> SlurmObservation | None:
         if found_id != job_id:
             continue
         state = _state(state_text, line)
-        code, _, signal = exit_text.partition(":")
-        if not code.isdigit() or not signal.isdigit():
+        code_text, _, signal_text = exit_text.partition(":")
+        if not code_text.isdigit() or not signal_text.isdigit():
             raise MalformedOutput(f"ExitCode is {exit_text!r}, not CODE:SIGNAL, in line {line!r}")
-        exit_code: int | None = int(code) if state.ended else None
+        code, signal = int(code_text), int(signal_text)
         detail = f"Slurm state {state_text}"
-        if int(signal):
+        exit_code: int | None = None
+        if signal:
             detail += f", killed by signal {signal}"
-        if state is JobState.COMPLETED and (int(code) or int(signal)):
+            exit_code = 128 + signal  # as a shell reports a signal
+        elif code or state in (JobState.COMPLETED, JobState.FAILED):
+            exit_code = code  # a timed-out or cancelled job's 0 says nothing, so it is left unset
+        if not state.ended:
+            exit_code = None
+        if state is JobState.COMPLETED and (code or signal):
             state = JobState.FAILED  # Slurm can say COMPLETED for a step that exited non-zero
         try:
             limit = parse_time_limit(limit_text)
@@ -121,13 +127,20 @@ def parse_sacct(output: str, job_id: str) -> SlurmObservation | None:
 
 
 def parse_squeue(output: str) -> SlurmObservation | None:
-    """squeue lists only jobs still in the queue: its state, or None when the job is not there."""
+    """squeue lists only jobs still in the queue: its state, or None when the job is not there.
+
+    An array job lists one line per task: it runs while any task runs, else waits while any waits.
+    """
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     if not lines:
         return None
-    if len(lines) != 1:
-        raise MalformedOutput(f"expected one state from squeue, got {output!r}")
-    return SlurmObservation(_state(lines[0], lines[0]), detail=f"Slurm state {lines[0]} (from squeue)")
+    states = [_state(line, line) for line in lines]
+    for wanted in (JobState.RUNNING, JobState.PENDING):
+        if wanted in states:
+            return SlurmObservation(
+                wanted, detail=f"Slurm state {wanted.value.upper()} (from squeue, {len(lines)} line(s))"
+            )
+    return SlurmObservation(states[0], detail=f"Slurm state {lines[0]} (from squeue)")
 
 
 def parse_sbatch(output: str) -> str:

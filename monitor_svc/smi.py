@@ -44,7 +44,8 @@ def _rows(output: str, fields: Sequence[str]) -> list[tuple[list[str], str]]:
     for line in output.splitlines():
         if not line.strip():
             continue
-        cells = [cell.strip() for cell in line.split(",")]
+        # The last field may itself hold commas (a process name): split only as often as there are fields.
+        cells = [cell.strip() for cell in line.split(",", len(fields) - 1)]
         if len(cells) != len(fields):
             raise MalformedOutput(f"expected {len(fields)} comma-separated fields ({', '.join(fields)}), got {line!r}")
         rows.append((cells, line))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +22,20 @@ from quarry.errors import FailedPrecondition, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 
+_SESSIONS = 8
+
 
 @dataclass(frozen=True)
 class CommandResult:
     exit_status: int
-    stdout: str
+    stdout: str  # decoded, undecodable bytes replaced
     stderr: str
+    raw_stdout: bytes  # as sent: byte offsets into remote files count these
+
+
+def _as_bytes(output: bytes | str | None) -> bytes:
+    """What a process without an encoding sent (asyncssh types it loosely)."""
+    return output.encode() if isinstance(output, str) else output or b""
 
 
 def quote(*argv: str) -> str:
@@ -39,6 +48,9 @@ class SshHosts:
         self._timeout = command_timeout
         self._connections: dict[str, asyncssh.SSHClientConnection] = {}
         self._locks: dict[str, asyncio.Lock] = {name: asyncio.Lock() for name in hosts}
+        # Below OpenSSH's default MaxSessions (10): commands beyond it wait instead of failing.
+        self._sessions: dict[str, asyncio.Semaphore] = {name: asyncio.Semaphore(_SESSIONS) for name in hosts}
+        self._closed = False
 
     @property
     def names(self) -> list[str]:
@@ -54,58 +66,92 @@ class SshHosts:
     async def _connection(self, name: str) -> asyncssh.SSHClientConnection:
         host = self.require(name)
         async with self._locks[name]:
+            if self._closed:
+                raise Unavailable("the monitor is shutting down")
             connection = self._connections.get(name)
             if connection is not None and not connection.is_closed():
                 return connection
-            known_hosts = host.known_hosts or str(Path.home() / ".ssh" / "known_hosts")
-            try:
-                connection = await asyncio.wait_for(
-                    asyncssh.connect(
-                        host.address,
-                        port=host.port,
-                        username=host.user,
-                        client_keys=[host.key_path] if host.key_path else (),
-                        known_hosts=known_hosts,
-                        agent_path=None,
-                        config=None,
-                    ),
-                    self._timeout,
-                )
-            except asyncssh.HostKeyNotVerifiable as error:
-                raise FailedPrecondition(
-                    f"the host key of {name} ({host.address}:{host.port}) is not in {known_hosts}: {error.reason}. "
-                    f"Check it and add it (e.g. ssh-keyscan -p {host.port} {host.address} >> {known_hosts})",
-                    reason="HOST_KEY_UNKNOWN",
-                    metadata={"host": name},
-                ) from error
-            except asyncssh.PermissionDenied as error:
-                raise FailedPrecondition(
-                    f"{host.user}@{name} refused our key ({host.key_path or 'none configured'}): {error.reason}",
-                    reason="SSH_AUTH_FAILED",
-                    metadata={"host": name},
-                ) from error
-            except (OSError, asyncssh.Error, TimeoutError) as error:
-                raise Unavailable(f"cannot reach {name} ({host.address}:{host.port}): {error}") from error
+            connection = await self._connect(name, host)
             self._connections[name] = connection
             return connection
+
+    async def _connect(self, name: str, host: SshHost) -> asyncssh.SSHClientConnection:
+        known_hosts = host.known_hosts or str(Path.home() / ".ssh" / "known_hosts")
+        for path, what in ((known_hosts, "known_hosts file"), (host.key_path, "key file")):
+            if path and not await asyncio.to_thread(os.path.isfile, path):
+                raise FailedPrecondition(f"the {what} for {name} does not exist: {path}", reason="SSH_CONFIG_INVALID")
+        try:
+            return await asyncio.wait_for(
+                asyncssh.connect(
+                    host.address,
+                    port=host.port,
+                    username=host.user,
+                    # None: no key at all, as configured (an empty tuple would load ~/.ssh's defaults).
+                    client_keys=[host.key_path] if host.key_path else None,
+                    known_hosts=known_hosts,
+                    agent_path=None,
+                    config=None,
+                    keepalive_interval=15,
+                    keepalive_count_max=3,
+                ),
+                self._timeout,
+            )
+        except asyncssh.HostKeyNotVerifiable as error:
+            raise FailedPrecondition(
+                f"the host key of {name} ({host.address}:{host.port}) is not in {known_hosts}: {error.reason}. "
+                f"Check it and add it (e.g. ssh-keyscan -p {host.port} {host.address} >> {known_hosts})",
+                reason="HOST_KEY_UNKNOWN",
+                metadata={"host": name},
+            ) from error
+        except asyncssh.PermissionDenied as error:
+            raise FailedPrecondition(
+                f"{host.user}@{name} refused our key ({host.key_path or 'none configured'}): {error.reason}",
+                reason="SSH_AUTH_FAILED",
+                metadata={"host": name},
+            ) from error
+        except (asyncssh.KeyImportError, ValueError) as error:  # e.g. an encrypted or unreadable key
+            raise FailedPrecondition(
+                f"the key for {name} cannot be used: {error}", reason="SSH_CONFIG_INVALID"
+            ) from error
+        except (OSError, asyncssh.Error, TimeoutError) as error:
+            raise Unavailable(f"cannot reach {name} ({host.address}:{host.port}): {error}") from error
+
+    def _drop(self, name: str, connection: asyncssh.SSHClientConnection) -> None:
+        """Forget a failed connection (only that one: another caller may have opened a new one) and close it."""
+        if self._connections.get(name) is connection:
+            del self._connections[name]
+        connection.close()
 
     async def run(self, name: str, command: str) -> CommandResult:
         """Run a shell command on the host; its exit status is returned, not raised."""
         connection = await self._connection(name)
-        try:
-            result = await asyncio.wait_for(connection.run(command, check=False), self._timeout)
-        except TimeoutError as error:
-            raise Unavailable(f"{command.split()[0]} on {name} did not finish within {self._timeout:g} s") from error
-        except (OSError, asyncssh.Error) as error:
-            self._connections.pop(name, None)  # reopened on the next command
-            raise Unavailable(f"the connection to {name} failed: {error}") from error
+        async with self._sessions[name]:
+            try:
+                async with connection.create_process(command, stdin=asyncssh.DEVNULL, encoding=None) as process:
+                    try:
+                        result = await asyncio.wait_for(process.wait(check=False), self._timeout)
+                    except TimeoutError as error:
+                        process.close()  # the remote command must not keep a session open
+                        self._drop(name, connection)  # a hung command may mean a half-open connection
+                        raise Unavailable(
+                            f"{command.split()[0]} on {name} did not finish within {self._timeout:g} s"
+                        ) from error
+            except (OSError, asyncssh.Error) as error:
+                self._drop(name, connection)  # reopened on the next command
+                raise Unavailable(f"the connection to {name} failed: {error}") from error
+        raw, errors = _as_bytes(result.stdout), _as_bytes(result.stderr)
         return CommandResult(
             exit_status=result.exit_status if result.exit_status is not None else -1,
-            stdout=str(result.stdout or ""),
-            stderr=str(result.stderr or ""),
+            stdout=raw.decode(errors="replace"),
+            stderr=errors.decode(errors="replace"),
+            raw_stdout=raw,
         )
 
     async def close(self) -> None:
+        self._closed = True
+        for lock in self._locks.values():  # a connect in progress finishes first, and is closed below
+            async with lock:
+                pass
         connections, self._connections = list(self._connections.values()), {}
         for connection in connections:
             connection.close()

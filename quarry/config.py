@@ -234,6 +234,8 @@ class SshHost(BaseModel):
     key_path: str = ""
     # known_hosts file the host key must be in; empty means ~/.ssh/known_hosts. Never skipped.
     known_hosts: str = ""
+    # Directories on the host whose files WatchJob may tail; none by default.
+    log_roots: list[str] = Field(default_factory=list)
 
 
 class MonitorSettings(ServiceSettings):
@@ -251,3 +253,5 @@ class MonitorSettings(ServiceSettings):
     slurm_time_limit_buffer_seconds: float = Field(default=600.0, ge=0)
     # Logs of local jobs started without a log_path; empty means jobs/ in the data directory.
     jobs_dir: str = ""
+    # Further local directories whose files jobs may log to and WatchJob may tail (the jobs dir always).
+    log_roots: list[str] = Field(default_factory=list)

@@ -57,6 +57,7 @@ class FakeHost:
             user="quarry",
             key_path=str(self.client_key),
             known_hosts=str(self.known_hosts),
+            log_roots=[str(self.state.parent / "logs")],
         )
         return MonitorSettings(address="127.0.0.1:0", hosts={"gpu1": host}, **overrides)
 
@@ -234,7 +235,8 @@ async def test_malformed_sacct_output_is_a_clear_error(
 async def test_a_process_on_a_remote_host_and_its_log(
     ssh_host: FakeHost, monitor: monitor_pb2_grpc.MonitorServiceStub, tmp_path: Path
 ) -> None:
-    log = tmp_path / "remote.log"
+    (tmp_path / "logs").mkdir()
+    log = tmp_path / "logs" / "remote.log"
     log.write_text("epoch 1\n")
     # The SSH server runs on this machine, so a local process is "remote" to the monitor.
     sleeper = await asyncio.create_subprocess_exec("sleep", "60")
@@ -242,8 +244,11 @@ async def test_a_process_on_a_remote_host_and_its_log(
 
     async def progress() -> None:
         await asyncio.sleep(1.5)
+        with log.open("a") as handle:  # a progress bar's carriage returns, and a line not finished yet
+            handle.write("epoch 2\rstill epoch 2\nepoch 3 (unfin")
+        await asyncio.sleep(1.5)
         with log.open("a") as handle:
-            handle.write("epoch 2\n")
+            handle.write("ished)\n")
         await asyncio.sleep(1.5)
         sleeper.send_signal(signal.SIGTERM)
         await sleeper.wait()
@@ -253,7 +258,8 @@ async def test_a_process_on_a_remote_host_and_its_log(
     await changer
     assert responses[0].status.state == monitor_pb2.JOB_STATE_RUNNING
     assert list(responses[0].status.log_tail) == ["epoch 1"]
-    assert ["epoch 2"] in [list(r.new_log_lines) for r in responses]
+    new_lines = [line for r in responses[1:] for line in r.new_log_lines]
+    assert new_lines == ["epoch 2\rstill epoch 2", "epoch 3 (unfinished)"], "each line once, whole"
     assert responses[-1].status.state == monitor_pb2.JOB_STATE_EXITED
     assert not responses[-1].status.HasField("exit_code"), "another host's process: its status cannot be known"
 
@@ -293,3 +299,38 @@ async def test_bad_job_requests_name_their_fields(monitor: monitor_pb2_grpc.Moni
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await watch_all(monitor, monitor_pb2.JobRef(slurm=monitor_pb2.SlurmJob(host="nowhere", job_id="1")))
     assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_logs_outside_the_configured_roots_are_refused(
+    ssh_host: FakeHost, monitor: monitor_pb2_grpc.MonitorServiceStub
+) -> None:
+    for job in (
+        monitor_pb2.JobRef(local=monitor_pb2.LocalProcess(pid=os.getpid()), log_path="/etc/passwd"),
+        monitor_pb2.JobRef(remote=monitor_pb2.RemoteProcess(host="gpu1", pid=os.getpid()), log_path="/etc/passwd"),
+        monitor_pb2.JobRef(
+            remote=monitor_pb2.RemoteProcess(host="gpu1", pid=os.getpid()),
+            log_path=str(ssh_host.state.parent / "logs" / ".." / "id_ed25519"),
+        ),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await watch_all(monitor, job)
+        assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION, job
+        assert error_reason(raised.value) == "LOG_PATH_NOT_ALLOWED"
+    command = monitor_pb2.LocalCommand(argv=["true"], log_path=str(ssh_host.state.parent / "id_ed25519"))
+    error = await expect_error(
+        monitor.SubmitJob(monitor_pb2.SubmitJobRequest(local=command, request_id="overwrite")),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    )
+    assert error_reason(error) == "LOG_PATH_NOT_ALLOWED"
+
+
+async def test_a_request_id_names_one_job(monitor: monitor_pb2_grpc.MonitorServiceStub) -> None:
+    first = monitor_pb2.SubmitJobRequest(local=monitor_pb2.LocalCommand(argv=["true"]), request_id="same")
+    other = monitor_pb2.SubmitJobRequest(local=monitor_pb2.LocalCommand(argv=["false"]), request_id="same")
+    started = await monitor.SubmitJob(first)
+    assert (await monitor.SubmitJob(first)).job == started.job
+    error = await expect_error(monitor.SubmitJob(other), grpc.StatusCode.ALREADY_EXISTS)
+    assert error_reason(error) == "REQUEST_ID_REUSED"
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await watch_all(monitor, monitor_pb2.JobRef(local=monitor_pb2.LocalProcess(pid=2**40)))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
