@@ -13,7 +13,7 @@ import contextlib
 import json
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,9 @@ from rich.text import Text
 
 from quarry.client import QuarryClient, is_terminal
 from quarry.v1 import scratchpad_pb2, supervisor_pb2, worker_pb2
+
+# Opens the client for one command (address, TLS and token already chosen).
+Connect = Callable[[], QuarryClient]
 
 EXIT_FAILED = 1
 EXIT_CANCELLED = 130
@@ -133,9 +136,9 @@ def exit_code(event: supervisor_pb2.RunEvent | None) -> int:
     return EXIT_CANCELLED if event is not None and event.HasField("cancelled") else EXIT_FAILED
 
 
-async def ask(address: str, question: str, options: supervisor_pb2.RunOptions, *, as_json: bool) -> int:
+async def ask(connect: Connect, question: str, options: supervisor_pb2.RunOptions, *, as_json: bool) -> int:
     console = Console()
-    async with QuarryClient.connect(address) as client:
+    async with connect() as client:
         run = await client.start_run(question, options=options)
         if not as_json:
             console.print(f"[dim]run {run.run_id} (Ctrl-C cancels it)[/]")
@@ -175,11 +178,11 @@ async def ask(address: str, question: str, options: supervisor_pb2.RunOptions, *
     return exit_code(last)
 
 
-async def list_runs(address: str, state: str, limit: int, *, as_json: bool) -> int:
+async def list_runs(connect: Connect, state: str, limit: int, *, as_json: bool) -> int:
     state_value = (
         supervisor_pb2.RunState.Value(f"RUN_STATE_{state.upper()}") if state else supervisor_pb2.RUN_STATE_UNSPECIFIED
     )
-    async with QuarryClient.connect(address) as client:
+    async with connect() as client:
         response = await client.list_runs(page_size=limit, state=state_value)
     if as_json:
         for run in response.runs:
@@ -198,8 +201,8 @@ async def list_runs(address: str, state: str, limit: int, *, as_json: bool) -> i
     return 0
 
 
-async def show_run(address: str, run_id: str, *, as_json: bool) -> int:
-    async with QuarryClient.connect(address) as client:
+async def show_run(connect: Connect, run_id: str, *, as_json: bool) -> int:
+    async with connect() as client:
         run = await client.get_run(run_id)
     if as_json:
         print(json.dumps(json_format.MessageToDict(run)))

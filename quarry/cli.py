@@ -160,14 +160,22 @@ async def _serve(host: ServiceHost, port_file: Path | None) -> int:
 
 def _client_command(args: argparse.Namespace) -> int:
     from quarry import ask
+    from quarry.client import QuarryClient
     from quarry.config import SupervisorSettings
+    from quarry.security import Tls
     from quarry.v1 import supervisor_pb2
 
-    address = args.address or _load(SupervisorSettings).address
+    supervisor = _load(SupervisorSettings)
+    address = args.address or supervisor.address
+    tls = Tls.from_settings(_load(QuarrySettings))
+
+    def connect() -> QuarryClient:
+        return QuarryClient.connect(address, token=supervisor.auth_token, tls=tls)
+
     if args.command == "runs":
         if args.runs_command == "list":
-            return ask.run_client_command(ask.list_runs(address, args.state or "", args.limit, as_json=args.json))
-        return ask.run_client_command(ask.show_run(address, args.run_id, as_json=args.json))
+            return ask.run_client_command(ask.list_runs(connect, args.state or "", args.limit, as_json=args.json))
+        return ask.run_client_command(ask.show_run(connect, args.run_id, as_json=args.json))
     options = supervisor_pb2.RunOptions(
         max_supervisor_turns=args.max_turns,
         worker_max_turns=args.worker_max_turns,
@@ -176,7 +184,7 @@ def _client_command(args: argparse.Namespace) -> int:
     )
     if args.timeout:
         options.timeout.FromNanoseconds(int(args.timeout * 1e9))
-    return ask.run_client_command(ask.ask(address, args.question, options, as_json=args.json))
+    return ask.run_client_command(ask.ask(connect, args.question, options, as_json=args.json))
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)
@@ -220,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             return asyncio.run(build_and_serve())
-        except (UnsupportedDatabase, SQLAlchemyError, OSError) as error:
+        except (UnsupportedDatabase, SQLAlchemyError, OSError, ConfigurationError) as error:
             # Startup failures a user can fix: say what failed, without a traceback.
             print(f"quarry serve {args.service}: cannot start: {error}", file=sys.stderr)
             return 1
@@ -244,7 +252,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "corpus":
         return _index_corpus(args.folder, args.index or common.data_dir / "corpus.db")
     if args.command in ("ask", "runs"):
-        return _client_command(args)
+        try:
+            return _client_command(args)
+        except ConfigurationError as error:
+            print(f"quarry: {error}", file=sys.stderr)
+            return 2
     if args.command == "doctor":
         from quarry.doctor import doctor
 

@@ -11,13 +11,14 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import Message
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from quarry import telemetry
+from quarry.security import ConnectionLimits, Tls, bearer_metadata
 from quarry.v1 import (
     common_pb2,
     monitor_pb2,
@@ -36,6 +37,7 @@ __all__ = [
     "insecure_channel",
     "is_retryable",
     "is_terminal",
+    "open_channel",
 ]
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -70,16 +72,44 @@ class RetryPolicy:
         raise AssertionError("unreachable: the last failure is re-raised")
 
 
+def open_channel(
+    address: str, *, tls: Tls | None = None, limits: ConnectionLimits | None = None, token: str = ""
+) -> grpc.aio.Channel:
+    """A channel to a Quarry service: TLS when `tls` is given (with this process's certificate, for mutual
+    TLS), traced when tracing is on, and carrying a bearer token on every call when `token` is set."""
+    options = (limits or ConnectionLimits()).channel_options()
+    interceptors = [*telemetry.client_interceptors(), *([_BearerToken(token)] if token else [])]
+    if tls is not None:
+        return grpc.aio.secure_channel(address, tls.channel_credentials(), options=options, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+
+
 def insecure_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(
-        address,
-        interceptors=telemetry.client_interceptors(),
-        options=[
-            ("grpc.keepalive_time_ms", 30_000),
-            ("grpc.keepalive_timeout_ms", 10_000),
-            ("grpc.max_receive_message_length", 8 * 1024 * 1024),
-        ],
-    )
+    """A plaintext channel with the default limits (a laptop, tests)."""
+    return open_channel(address)
+
+
+if TYPE_CHECKING:
+    _UnaryUnary = grpc.aio.UnaryUnaryClientInterceptor[Any, Any]
+    _UnaryStream = grpc.aio.UnaryStreamClientInterceptor[Any, Any]
+else:  # grpc's classes are not subscriptable at run time
+    _UnaryUnary = grpc.aio.UnaryUnaryClientInterceptor
+    _UnaryStream = grpc.aio.UnaryStreamClientInterceptor
+
+
+class _BearerToken(_UnaryUnary, _UnaryStream):
+    def __init__(self, token: str) -> None:
+        self._metadata = bearer_metadata(token)
+
+    def _with_token(self, details: Any) -> Any:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), *self._metadata)
+        return details._replace(metadata=metadata)
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._with_token(details), request)
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._with_token(details), request)
 
 
 class ScratchpadClient:
@@ -197,8 +227,11 @@ class QuarryClient:
         self._retry = retry or RetryPolicy()
 
     @classmethod
-    def connect(cls, address: str, retry: RetryPolicy | None = None) -> QuarryClient:
-        return cls(insecure_channel(address), retry)
+    def connect(
+        cls, address: str, *, token: str = "", tls: Tls | None = None, retry: RetryPolicy | None = None
+    ) -> QuarryClient:
+        """A client owning its channel; `token` is sent as a bearer token, `tls` secures the channel."""
+        return cls(open_channel(address, tls=tls, token=token), retry)
 
     async def __aenter__(self) -> QuarryClient:
         return self

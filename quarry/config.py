@@ -118,6 +118,19 @@ class QuarrySettings(_Settings):
     # False for models without native tool calling: tools go through a text protocol.
     model_native_tools: bool = True
     model_request_timeout: float = Field(default=120.0, gt=0)
+    # TLS between services: this process's certificate and key (its server identity, and its client
+    # identity under mutual TLS), and the CA that verifies the other side. Empty: plaintext.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    # With a CA configured, servers refuse clients without a certificate it signed (mutual TLS).
+    tls_require_client_cert: bool = True
+    max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024, le=256 * 1024 * 1024)
+    # Servers ask clients to reconnect after this long, so scaled-out replicas get new calls.
+    max_connection_age_seconds: float = Field(default=300.0, ge=1)
+    # Calls in flight when that happens get this long to finish.
+    max_connection_age_grace_seconds: float = Field(default=3600.0, ge=0)
+    keepalive_seconds: float = Field(default=30.0, ge=1)
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -217,6 +230,8 @@ class SupervisorSettings(ModelTier):
     # A run whose supervisor stops renewing its lease this long is ended as failed.
     run_lease_seconds: float = Field(default=30.0, ge=1, le=3600)
     context_tokens: int = Field(default=96_000, ge=1000)
+    # When set, SupervisorService calls need `authorization: Bearer <token>` (health and reflection stay open).
+    auth_token: str = ""
 
     def worker_targets(self) -> list[str]:
         return [target.strip() for target in self.worker_addresses.split(",") if target.strip()]

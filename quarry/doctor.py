@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 
 from quarry.agent.model import ModelSettings
-from quarry.client import insecure_channel
+from quarry.client import open_channel
 from quarry.config import (
     MonitorSettings,
     QuarrySettings,
@@ -32,6 +32,7 @@ from quarry.config import (
     WorkerSettings,
 )
 from quarry.db import schema_revisions
+from quarry.security import Tls
 
 TIMEOUT_SECONDS = 10.0
 
@@ -45,8 +46,8 @@ class Verdict:
     warning: bool = False
 
 
-async def service_health(name: str, address: str) -> Verdict:
-    async with insecure_channel(address) as channel:
+async def service_health(name: str, address: str, tls: Tls | None) -> Verdict:
+    async with open_channel(address, tls=tls) as channel:
         try:
             response = await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=TIMEOUT_SECONDS / 2
@@ -149,11 +150,12 @@ def _databases() -> list[tuple[str, ServiceSettings, Path, str]]:
 async def diagnose(common: QuarrySettings, report: Callable[[Verdict], None]) -> list[Verdict]:
     supervisor, worker, monitor = SupervisorSettings(), WorkerSettings(), MonitorSettings()
     scratchpad = ScratchpadSettings()
+    tls = Tls.from_settings(common)
     checks: list[Awaitable[Verdict | list[Verdict]]] = [
-        service_health("supervisor", supervisor.address),
-        *(service_health("worker", target) for target in supervisor.worker_targets()),
-        service_health("scratchpad", scratchpad.address),
-        service_health("monitor", monitor.address),
+        service_health("supervisor", supervisor.address, tls),
+        *(service_health("worker", target, tls) for target in supervisor.worker_targets()),
+        service_health("scratchpad", scratchpad.address, tls),
+        service_health("monitor", monitor.address, tls),
     ]
     tiers = {"supervisor": ModelSettings.for_tier(supervisor, common), "worker": ModelSettings.for_tier(worker, common)}
     if dataclasses.replace(tiers["supervisor"], tier="") == dataclasses.replace(tiers["worker"], tier=""):

@@ -15,6 +15,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from quarry.client import open_channel
+from quarry.config import QuarrySettings
+from quarry.security import Tls
 from quarry.services import ServiceSpec
 
 READY_POLL_SECONDS = 0.1
@@ -56,7 +59,8 @@ async def _wait_ready(service: RunningService, deadline: float) -> None:
             service.address = service.port_file.read_text().strip()
         else:
             await asyncio.sleep(READY_POLL_SECONDS)
-    async with grpc.aio.insecure_channel(service.address) as channel:
+    # The services' own TLS settings (the environment they inherit), so the check speaks their protocol.
+    async with open_channel(service.address, tls=Tls.from_settings(QuarrySettings())) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             if service.process.returncode is not None:

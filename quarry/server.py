@@ -12,7 +12,7 @@ import inspect
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 
 from quarry import telemetry
 from quarry.errors import QuarryError, internal_status, to_rpc_status
+from quarry.security import BearerTokenInterceptor, ConnectionLimits, Tls
 
 __all__ = [
     "BoundServer",
@@ -33,8 +34,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
 if TYPE_CHECKING:
     Context = grpc.aio.ServicerContext[Any, Any]
@@ -173,20 +172,31 @@ class BoundServer:
             await self.health.set(name, status)
 
 
-def create_server(address: str, services: Sequence[ServiceRegistration]) -> tuple[BoundServer, int]:
+def create_server(
+    address: str,
+    services: Sequence[ServiceRegistration],
+    *,
+    tls: Tls | None = None,
+    limits: ConnectionLimits | None = None,
+    tokens: Mapping[str, str] | None = None,
+) -> tuple[BoundServer, int]:
     """Build a server for `services` plus health and reflection, bound to `address`.
 
     Returns the server and the port it bound (useful with port 0). The owner
-    starts it and reports health with `set_serving`.
+    starts it and reports health with `set_serving`. With `tls`, the port is
+    TLS (mutual when it requires client certificates); `tokens` maps service
+    names to the bearer token their calls must carry.
     """
+    limits = limits or ConnectionLimits()
     server = grpc.aio.server(
-        # Tracing first, so a server span covers the handler and the error translation.
-        interceptors=[*telemetry.server_interceptors(), ErrorTranslationInterceptor()],
-        options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0),
+        # Tracing first, so a server span covers the handler and the error translation, which in turn
+        # reports the token check's refusals.
+        interceptors=[
+            *telemetry.server_interceptors(),
+            ErrorTranslationInterceptor(),
+            BearerTokenInterceptor(tokens or {}),
         ],
+        options=[*limits.server_options(), ("grpc.so_reuseport", 0)],
     )
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -197,7 +207,7 @@ def create_server(address: str, services: Sequence[ServiceRegistration]) -> tupl
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
     )
     try:
-        port = server.add_insecure_port(address)
+        port = server.add_secure_port(address, tls.server_credentials()) if tls else server.add_insecure_port(address)
     except RuntimeError as error:  # grpc reports a failed bind this way
         raise OSError(
             f"could not bind {address}: is the port in use? Choose another address in the service's "
@@ -226,7 +236,13 @@ class ServiceHost:
         grace: float = 5.0,
         on_drain: Sequence[Hook] = (),
         on_stopped: Sequence[Hook] = (),
+        tls: Tls | None = None,
+        limits: ConnectionLimits | None = None,
+        tokens: Mapping[str, str] | None = None,
     ) -> None:
+        self._tls = tls
+        self._limits = limits
+        self._tokens = tokens
         self._address = address
         self._services = services
         self._grace = grace
@@ -243,7 +259,9 @@ class ServiceHost:
         return f"{host}:{self.port}"
 
     async def start(self) -> int:
-        self._bound, self.port = create_server(self._address, self._services)
+        self._bound, self.port = create_server(
+            self._address, self._services, tls=self._tls, limits=self._limits, tokens=self._tokens
+        )
         await self._bound.server.start()
         await self._bound.set_serving(True)
         self._started.set()

@@ -8,6 +8,7 @@ import grpc
 
 from quarry.config import QuarrySettings, ScratchpadSettings
 from quarry.db import Database, upgrade_schema_async
+from quarry.security import ConnectionLimits, Tls
 from quarry.server import ServiceHost, ServiceRegistration
 from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
 from scratchpad_svc.commits import CommitSignal, PostgresCommitListener
@@ -24,6 +25,7 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
     """Upgrade the schema and return a ready-to-start host for the scratchpad."""
     settings = settings or ScratchpadSettings()
     common = common or QuarrySettings()
+    tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
     url = settings.resolved_database_url(common.data_dir)
     await upgrade_schema_async(url, MIGRATIONS, VERSION_TABLE)
     database = Database(url)
@@ -52,6 +54,8 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
         settings.address,
         [ServiceRegistration(SERVICE_NAME, register)],
         grace=common.shutdown_grace_seconds,
+        tls=tls,
+        limits=limits,
         on_drain=[scratchpad.close],
         on_stopped=[release],
     )

@@ -8,9 +8,10 @@ import grpc
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
-from quarry.client import ScratchpadClient, insecure_channel
+from quarry.client import ScratchpadClient, open_channel
 from quarry.config import QuarrySettings, SupervisorSettings
 from quarry.db import Database, upgrade_schema_async
+from quarry.security import ConnectionLimits, Tls
 from quarry.server import ServiceHost, ServiceRegistration
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
 from supervisor_svc.delegation import DelegationClient
@@ -27,12 +28,13 @@ SERVICE_NAME = supervisor_pb2.DESCRIPTOR.services_by_name["SupervisorService"].f
 async def build_host(settings: SupervisorSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
     settings = settings or SupervisorSettings()
     common = common or QuarrySettings()
+    tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
     url = settings.resolved_database_url(common.data_dir)
     await upgrade_schema_async(url, MIGRATIONS, VERSION_TABLE)
     database = Database(url)
     model = ModelClient(ModelSettings.for_tier(settings, common))
-    channel = insecure_channel(settings.scratchpad_address)
-    delegations = DelegationClient(settings.worker_targets())
+    channel = open_channel(settings.scratchpad_address, tls=tls, limits=limits)
+    delegations = DelegationClient(settings.worker_targets(), tls=tls, limits=limits)
     supervisor = Supervisor(
         RunStore(database),
         RunDependencies(
@@ -60,6 +62,9 @@ async def build_host(settings: SupervisorSettings | None = None, common: QuarryS
         settings.address,
         [ServiceRegistration(SERVICE_NAME, register)],
         grace=common.shutdown_grace_seconds,
+        tls=tls,
+        limits=limits,
+        tokens={SERVICE_NAME: settings.auth_token},
         on_drain=[supervisor.close],
         on_stopped=[release],
     )

@@ -9,10 +9,11 @@ import httpx
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
-from quarry.client import MonitorClient, ScratchpadClient, insecure_channel
+from quarry.client import MonitorClient, ScratchpadClient, open_channel
 from quarry.config import QuarrySettings, WorkerSettings
 from quarry.convert import role_to_proto
 from quarry.db import Database, upgrade_schema_async
+from quarry.security import ConnectionLimits, Tls
 from quarry.server import ServiceHost, ServiceRegistration
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from worker_svc.corpus import Corpus
@@ -43,13 +44,16 @@ def search_backend(settings: WorkerSettings, corpus: Corpus, http: httpx.AsyncCl
 async def build_host(settings: WorkerSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
     settings = settings or WorkerSettings()
     common = common or QuarrySettings()
+    tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
     url = settings.resolved_database_url(common.data_dir)
     await upgrade_schema_async(url, MIGRATIONS, VERSION_TABLE)
     database = Database(url)
     model = ModelClient(ModelSettings.for_tier(settings, common))
-    channel = insecure_channel(settings.scratchpad_address)
+    channel = open_channel(settings.scratchpad_address, tls=tls, limits=limits)
     scratchpad = ScratchpadClient(channel)
-    monitor_channel = insecure_channel(settings.monitor_address) if settings.monitor_address else None
+    monitor_channel = (
+        open_channel(settings.monitor_address, tls=tls, limits=limits) if settings.monitor_address else None
+    )
     monitor = MonitorClient(monitor_channel) if monitor_channel else None
     corpus = Corpus(Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db")
     search_http = httpx.AsyncClient(timeout=30)
@@ -100,6 +104,8 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
         settings.address,
         [ServiceRegistration(SERVICE_NAME, register)],
         grace=common.shutdown_grace_seconds,
+        tls=tls,
+        limits=limits,
         on_drain=[worker.close],
         on_stopped=[release],
     )

@@ -8,6 +8,7 @@ import quarry.client
 import quarry.config
 import quarry.db
 import quarry.errors
+import quarry.security
 import quarry.server
 import quarry.telemetry
 
@@ -44,6 +45,7 @@ PUBLIC_API = {
         "ScratchpadClient",
         "insecure_channel",
         "is_retryable",
+        "open_channel",
         "is_terminal",
     },
     quarry.config: {
@@ -58,6 +60,7 @@ PUBLIC_API = {
         "WorkerSettings",
         "describe_invalid",
     },
+    quarry.security: {"BearerTokenInterceptor", "ConnectionLimits", "Tls", "TlsConfigurationError", "bearer_metadata"},
     quarry.telemetry: {
         "JsonFormatter",
         "Telemetry",

@@ -1,0 +1,188 @@
+"""Transport security and access: TLS or mutual TLS between services, bearer tokens, connection limits.
+
+One set of files serves a process both ways: its certificate and key are its
+server identity and, under mutual TLS, its client identity too; the CA
+verifies the other side. Health and reflection stay open on every server
+(Kubernetes probes and grpcurl need them); a bearer token, when configured,
+guards the services named for it.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from quarry.config import ConfigurationError
+from quarry.errors import Unauthenticated
+
+if TYPE_CHECKING:
+    from quarry.config import QuarrySettings
+
+    _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
+else:
+    _ServerInterceptor = grpc.aio.ServerInterceptor
+
+__all__ = [
+    "BearerTokenInterceptor",
+    "ConnectionLimits",
+    "Tls",
+    "TlsConfigurationError",
+    "bearer_metadata",
+]
+
+
+class TlsConfigurationError(ConfigurationError):
+    """TLS files that cannot be used, named by the setting that points at them."""
+
+
+def _read(path: str, setting: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise TlsConfigurationError(f"{setting}={path}: {error.strerror}") from error
+
+
+@dataclass(frozen=True)
+class Tls:
+    certificate: bytes | None
+    private_key: bytes | None
+    ca: bytes | None
+    require_client_certificate: bool
+
+    @classmethod
+    def from_settings(cls, common: QuarrySettings) -> Tls | None:
+        """None when no TLS file is configured: plaintext, for a laptop or a mesh with its own mTLS."""
+        if not (common.tls_cert_file or common.tls_key_file or common.tls_ca_file):
+            return None
+        if bool(common.tls_cert_file) != bool(common.tls_key_file):
+            raise TlsConfigurationError("QUARRY_TLS_CERT_FILE and QUARRY_TLS_KEY_FILE go together")
+        return cls(
+            certificate=_read(common.tls_cert_file, "QUARRY_TLS_CERT_FILE") if common.tls_cert_file else None,
+            private_key=_read(common.tls_key_file, "QUARRY_TLS_KEY_FILE") if common.tls_key_file else None,
+            ca=_read(common.tls_ca_file, "QUARRY_TLS_CA_FILE") if common.tls_ca_file else None,
+            require_client_certificate=common.tls_require_client_cert and bool(common.tls_ca_file),
+        )
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        if self.certificate is None or self.private_key is None:
+            raise TlsConfigurationError("a TLS server needs QUARRY_TLS_CERT_FILE and QUARRY_TLS_KEY_FILE")
+        return grpc.ssl_server_credentials(
+            [(self.private_key, self.certificate)],
+            root_certificates=self.ca if self.require_client_certificate else None,
+            require_client_auth=self.require_client_certificate,
+        )
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        """Verifies the server with the CA; presents this process's certificate for mutual TLS."""
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca, private_key=self.private_key, certificate_chain=self.certificate
+        )
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_message_bytes: int = 8 * 1024 * 1024
+    # After this long the server asks the client to reconnect (GOAWAY), so clients re-resolve and reach
+    # workers added since; calls in flight get `max_connection_age_grace_seconds` to finish.
+    max_connection_age_seconds: float = 300.0
+    max_connection_age_grace_seconds: float = 3600.0
+    keepalive_seconds: float = 30.0
+
+    @classmethod
+    def from_settings(cls, common: QuarrySettings) -> ConnectionLimits:
+        return cls(
+            max_message_bytes=common.max_message_bytes,
+            max_connection_age_seconds=common.max_connection_age_seconds,
+            max_connection_age_grace_seconds=common.max_connection_age_grace_seconds,
+            keepalive_seconds=common.keepalive_seconds,
+        )
+
+    def server_options(self) -> list[tuple[str, int]]:
+        return [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_connection_age_ms", int(self.max_connection_age_seconds * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(self.max_connection_age_grace_seconds * 1000)),
+            ("grpc.keepalive_time_ms", int(self.keepalive_seconds * 1000)),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            # Clients ping every keepalive_seconds, even when idle: allow that, not more often.
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", int(self.keepalive_seconds * 1000 / 2)),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
+
+    def channel_options(self) -> list[tuple[str, int | str]]:
+        return [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.keepalive_time_ms", int(self.keepalive_seconds * 1000)),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            # A DNS name with several addresses (a headless Service) is balanced call by call.
+            ("grpc.service_config", '{"loadBalancingConfig": [{"round_robin": {}}]}'),
+        ]
+
+
+def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+class BearerTokenInterceptor(_ServerInterceptor):
+    """Requires `authorization: Bearer <token>` on the services it guards; everything else stays open.
+
+    The check runs on every call (handlers may be cached by the interceptors around this one).
+    """
+
+    def __init__(self, tokens: Mapping[str, str]) -> None:
+        # Full service name -> the token it requires (services without one are not guarded).
+        self._expected = {f"/{service}/": f"Bearer {token}".encode() for service, token in tokens.items() if token}
+
+    async def intercept_service(  # type: ignore[override]
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(details)
+        expected = next((e for prefix, e in self._expected.items() if details.method.startswith(prefix)), None)
+        if expected is None or handler is None:
+            return handler
+        return _guarded(handler, expected)
+
+
+def _check(context: Any, expected: bytes) -> None:
+    presented = str(dict(context.invocation_metadata() or ()).get("authorization", ""))
+    if not hmac.compare_digest(presented.encode(), expected):
+        reason = "missing or wrong bearer token" if presented else "a bearer token is required"
+        raise Unauthenticated(reason, reason="BEARER_TOKEN_INVALID")
+
+
+def _guarded(handler: grpc.RpcMethodHandler[Any, Any], expected: bytes) -> grpc.RpcMethodHandler[Any, Any]:
+    """The same handler, checking the caller's token before anything else."""
+    if handler.unary_unary is not None:
+        behavior = handler.unary_unary
+
+        async def unary(request: Any, context: Any) -> Any:
+            _check(context, expected)
+            return await behavior(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            unary, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
+    if handler.unary_stream is not None:
+        stream_behavior: Any = handler.unary_stream  # an async generator on the aio server (grpc-stubs says sync)
+
+        async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            _check(context, expected)
+            async for response in stream_behavior(request, context):
+                yield response
+
+        return grpc.unary_stream_rpc_method_handler(
+            stream, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
+    raise TypeError("only unary and server-streaming methods can be guarded")
