@@ -92,6 +92,14 @@ def _parser() -> argparse.ArgumentParser:
     runs_show.add_argument("--json", action="store_true")
     runs_show.add_argument("--address", help=address_help)
 
+    migrate = commands.add_parser(
+        "migrate",
+        help="upgrade each service's database schema, then exit (a Kubernetes Job before a rollout)",
+        epilog=CONFIGURATION_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    migrate.add_argument("services", nargs="*", help="scratchpad, worker and/or supervisor (default: all)")
+
     commands.add_parser(
         "doctor",
         help="check services, model endpoint, search backend and databases",
@@ -155,6 +163,32 @@ async def _serve(host: ServiceHost, port_file: Path | None) -> int:
         await serve_until_signalled(host)
     finally:
         announcer.cancel()
+    return 0
+
+
+# Services with a database, and where their migrations live ("module" with MIGRATIONS and VERSION_TABLE).
+MIGRATING = {
+    "scratchpad": "scratchpad_svc.service",
+    "worker": "worker_svc.service",
+    "supervisor": "supervisor_svc.service",
+}
+
+
+def _migrate(common: QuarrySettings, services: Sequence[str]) -> int:
+    import importlib
+
+    from quarry.db import upgrade_schema
+
+    for name in services:
+        module = importlib.import_module(MIGRATING[name])
+        settings = _load(SERVICES[name].settings_type())
+        url = settings.resolved_database_url(common.data_dir)
+        try:
+            upgrade_schema(url, module.MIGRATIONS, module.VERSION_TABLE)
+        except (UnsupportedDatabase, SQLAlchemyError, OSError) as error:
+            print(f"quarry migrate {name}: {error}", file=sys.stderr)
+            return 1
+        print(f"{name}: schema up to date")
     return 0
 
 
@@ -257,6 +291,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigurationError as error:
             print(f"quarry: {error}", file=sys.stderr)
             return 2
+    if args.command == "migrate":
+        unknown = sorted(set(args.services) - set(MIGRATING))
+        if unknown:
+            print(
+                f"quarry migrate: no database for {', '.join(unknown)}; choose from {', '.join(MIGRATING)}",
+                file=sys.stderr,
+            )
+            return 2
+        return _migrate(common, args.services or list(MIGRATING))
     if args.command == "doctor":
         from quarry.doctor import doctor
 
