@@ -25,7 +25,7 @@ from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TokenBudgetExh
 from quarry.agent.messages import Message, ToolCall, system, user
 from quarry.agent.model import ModelClient, ProviderError
 from quarry.agent.tools import ToolOutcome
-from quarry.errors import FailedPrecondition, FieldViolation, InvalidArgument, ResourceExhausted
+from quarry.errors import FailedPrecondition, FieldViolation, InvalidArgument, ResourceExhausted, Unavailable
 from quarry.identity import Role
 from quarry.telemetry import meter, tracer
 from worker_svc.model import DelegationRecord, DelegationRequest, ErrorCode, Event, Outcome, Progress, Started
@@ -160,6 +160,7 @@ class Worker:
         self._limits = limits
         self._running: dict[str, asyncio.Task[Outcome]] = {}
         self._admitting = 0
+        self._closing = False
 
     async def get(self, delegation_id: str) -> DelegationRecord | None:
         return await self._delegations.get(delegation_id)
@@ -171,6 +172,8 @@ class Worker:
         if existing is not None and existing.outcome is not None:
             _check_same_request(existing, request)
             return _replay(existing)
+        if self._closing:
+            raise Unavailable("this worker is shutting down; try another", reason="SHUTTING_DOWN")
         if len(self._running) + self._admitting >= self._limits.max_concurrent:
             raise ResourceExhausted(
                 f"this worker already runs {self._limits.max_concurrent} delegations; try another worker or later",
@@ -329,9 +332,13 @@ class Worker:
         queue.put_nowait(outcome)
         return outcome
 
-    async def close(self) -> None:
-        """Cancel every running delegation; each reports and records a cancelled outcome."""
+    async def close(self, finish_within: float = 0.0) -> None:
+        """Let running delegations finish for up to `finish_within` seconds, then cancel the rest; each
+        reports and records its outcome (a cancelled one included), so nothing is left half-written."""
+        self._closing = True
         tasks = list(self._running.values())
+        if tasks and finish_within > 0:
+            await asyncio.wait(tasks, timeout=finish_within)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf import duration_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from quarry.client import ScratchpadClient, insecure_channel
 from quarry.config import QuarrySettings, ScratchpadSettings, WorkerSettings
@@ -32,6 +33,7 @@ class Mesh:
     thread_id: str
     # Begins the worker's graceful shutdown (SIGTERM for a process).
     stop_worker: Callable[[], Awaitable[None]]
+    health: health_pb2_grpc.HealthStub
 
     def request(self, delegation_id: str = "run-1:call-1", **budget: object) -> worker_pb2.DelegateRequest:
         return worker_pb2.DelegateRequest(
@@ -127,7 +129,9 @@ async def mesh(
             content="Find the height of the Eiffel Tower.",
         )
         stub = worker_pb2_grpc.WorkerServiceStub(worker_channel)
-        yield Mesh(model, site, stub, scratchpad, thread.thread_id, stop_worker)
+        yield Mesh(
+            model, site, stub, scratchpad, thread.thread_id, stop_worker, health_pb2_grpc.HealthStub(worker_channel)
+        )
 
 
 def finding(url: str, excerpt: str = "The tower is 330 metres tall") -> dict[str, object]:
@@ -313,6 +317,23 @@ async def test_shutdown_ends_running_delegations_with_a_correlated_cancelled_res
     assert last.WhichOneof("event") == "result"
     assert last.result.delegation_id == "run-1:interrupted"
     assert last.result.error.code == worker_pb2.DELEGATION_ERROR_CODE_CANCELLED
+
+
+async def test_sigterm_turns_health_not_serving_at_once_and_lets_a_delegation_finish_within_the_grace(
+    mesh: Mesh,
+) -> None:
+    mesh.model.script(Reply(content="finished in time", delay=1.0))  # within the 2 s grace
+    call = mesh.worker.Delegate(mesh.request("run-1:finishing"))
+    assert (await call.read()).WhichOneof("event") == "started"
+    health = mesh.health.Watch(health_pb2.HealthCheckRequest(service=""))
+    assert (await health.read()).status == health_pb2.HealthCheckResponse.SERVING
+    stopping = asyncio.create_task(mesh.stop_worker())
+    assert (await asyncio.wait_for(health.read(), 5)).status == health_pb2.HealthCheckResponse.NOT_SERVING
+    while (response := await asyncio.wait_for(call.read(), 30)).WhichOneof("event") != "result":
+        pass
+    await stopping
+    assert response.result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED
+    assert response.result.summary == "finished in time"
 
 
 @pytest.mark.parametrize("mesh", [IN_PROCESS], ids=["in-process"], indirect=True)
