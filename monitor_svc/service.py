@@ -44,5 +44,6 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
         grace=common.shutdown_grace_seconds,
         tls=tls,
         limits=limits,
+        health_address=settings.health_address,
         on_stopped=[release],
     )

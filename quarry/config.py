@@ -148,6 +148,8 @@ class ServiceSettings(_Settings):
     database_url: str = ""
     # HOST:PORT for a Prometheus scrape endpoint of this service's metrics; empty: none.
     prometheus_address: str = ""
+    # HOST:PORT serving only the health service in plaintext, for probes when TLS is on; empty: none.
+    health_address: str = ""
 
     @field_validator("address")
     @classmethod

@@ -239,8 +239,13 @@ class ServiceHost:
         tls: Tls | None = None,
         limits: ConnectionLimits | None = None,
         tokens: Mapping[str, str] | None = None,
+        health_address: str = "",
     ) -> None:
         self._tls = tls
+        # A plaintext port with only the health service, for probes that cannot speak TLS (Kubernetes').
+        self._health_address = health_address
+        self._health_server: grpc.aio.Server | None = None
+        self.health_port = 0
         self._limits = limits
         self._tokens = tokens
         self._address = address
@@ -263,6 +268,11 @@ class ServiceHost:
             self._address, self._services, tls=self._tls, limits=self._limits, tokens=self._tokens
         )
         await self._bound.server.start()
+        if self._health_address:
+            self._health_server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(self._bound.health, self._health_server)
+            self.health_port = self._health_server.add_insecure_port(self._health_address)
+            await self._health_server.start()
         await self._bound.set_serving(True)
         self._started.set()
         log.info("serving %s on %s", ", ".join(self._bound.service_names), self.address)
@@ -282,6 +292,8 @@ class ServiceHost:
             for hook in self._on_drain:
                 await _run_hook(hook, self._grace)
             await stopping
+        if self._health_server is not None:
+            await self._health_server.stop(None)
         # Also after a failed start: the hooks release what the builder opened.
         for hook in self._on_stopped:
             await _run_hook(hook, self._grace)

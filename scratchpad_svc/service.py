@@ -56,6 +56,7 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
         grace=common.shutdown_grace_seconds,
         tls=tls,
         limits=limits,
+        health_address=settings.health_address,
         on_drain=[scratchpad.close],
         on_stopped=[release],
     )

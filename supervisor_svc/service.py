@@ -64,6 +64,7 @@ async def build_host(settings: SupervisorSettings | None = None, common: QuarryS
         grace=common.shutdown_grace_seconds,
         tls=tls,
         limits=limits,
+        health_address=settings.health_address,
         tokens={SERVICE_NAME: settings.auth_token},
         on_drain=[supervisor.close],
         on_stopped=[release],

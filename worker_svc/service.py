@@ -106,6 +106,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
         grace=common.shutdown_grace_seconds,
         tls=tls,
         limits=limits,
+        health_address=settings.health_address,
         # Running delegations get most of the grace period to finish; the rest end cancelled, recorded.
         on_drain=[lambda: worker.close(finish_within=common.shutdown_grace_seconds * 0.8)],
         on_stopped=[release],

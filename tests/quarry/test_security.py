@@ -243,3 +243,20 @@ async def test_messages_over_the_limit_are_refused(tmp_path: Path) -> None:
                 content="x" * (100 * 1024),
             )
     assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_a_plaintext_health_port_serves_probes_while_the_service_speaks_tls(pki: Pki, tmp_path: Path) -> None:
+    authority = pki.authority("quarry-ca")
+    server = settings(tmp_path, pki.issue("scratchpad", authority), str(tmp_path / "quarry-ca.pem"))
+    host = await build_scratchpad(ScratchpadSettings(address="127.0.0.1:0", health_address="127.0.0.1:0"), server)
+    async with host:
+        async with open_channel(f"127.0.0.1:{host.health_port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            response = await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert response.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as raised:  # only health is there
+                await ScratchpadClient(channel).get_thread("anything")
+            assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        async with open_channel(host.address) as plaintext:
+            with pytest.raises(grpc.aio.AioRpcError):
+                await health_pb2_grpc.HealthStub(plaintext).Check(health_pb2.HealthCheckRequest(), timeout=5)
