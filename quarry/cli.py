@@ -144,7 +144,8 @@ def _configure_logging(common: QuarrySettings, service: str, settings: BaseSetti
     from quarry.telemetry import JsonFormatter
 
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    secrets = [common.model_api_key, *(str(getattr(settings, key, "")) for key in ("model_api_key", "search_api_key"))]
+    keys = ("model_api_key", "search_api_key", "auth_token")
+    secrets = [common.model_api_key, *(str(getattr(settings, key, "")) for key in keys)]
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service, secrets, text=common.log_format == "text"))
     logging.basicConfig(level=common.log_level.upper(), handlers=[handler], force=True)
@@ -196,15 +197,15 @@ def _client_command(args: argparse.Namespace) -> int:
     from quarry import ask
     from quarry.client import QuarryClient
     from quarry.config import SupervisorSettings
-    from quarry.security import Tls
+    from quarry.security import ConnectionLimits, Tls
     from quarry.v1 import supervisor_pb2
 
-    supervisor = _load(SupervisorSettings)
+    supervisor, common = _load(SupervisorSettings), _load(QuarrySettings)
     address = args.address or supervisor.address
-    tls = Tls.from_settings(_load(QuarrySettings))
+    tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
 
     def connect() -> QuarryClient:
-        return QuarryClient.connect(address, token=supervisor.auth_token, tls=tls)
+        return QuarryClient.connect(address, token=supervisor.auth_token, tls=tls, limits=limits)
 
     if args.command == "runs":
         if args.runs_command == "list":

@@ -228,10 +228,16 @@ class QuarryClient:
 
     @classmethod
     def connect(
-        cls, address: str, *, token: str = "", tls: Tls | None = None, retry: RetryPolicy | None = None
+        cls,
+        address: str,
+        *,
+        token: str = "",
+        tls: Tls | None = None,
+        limits: ConnectionLimits | None = None,
+        retry: RetryPolicy | None = None,
     ) -> QuarryClient:
         """A client owning its channel; `token` is sent as a bearer token, `tls` secures the channel."""
-        return cls(open_channel(address, tls=tls, token=token), retry)
+        return cls(open_channel(address, tls=tls, limits=limits, token=token), retry)
 
     async def __aenter__(self) -> QuarryClient:
         return self
@@ -309,7 +315,8 @@ class MonitorClient:
 
     def __init__(self, channel: grpc.aio.Channel, retry: RetryPolicy | None = None) -> None:
         self._stub = monitor_pb2_grpc.MonitorServiceStub(channel)
-        self._retry = retry or RetryPolicy()
+        # Short: a tool call should not wait half a minute for a monitor that is not there.
+        self._retry = retry or RetryPolicy(total_seconds=5.0, attempt_timeout=5.0)
 
     async def list_gpus(self, host: str = "") -> monitor_pb2.ListGpusResponse:
         response: monitor_pb2.ListGpusResponse = await self._retry.call(

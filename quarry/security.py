@@ -61,6 +61,9 @@ class Tls:
             return None
         if bool(common.tls_cert_file) != bool(common.tls_key_file):
             raise TlsConfigurationError("QUARRY_TLS_CERT_FILE and QUARRY_TLS_KEY_FILE go together")
+        if not common.tls_ca_file:
+            # Without it, calls to other services would check their internal certificates against public roots.
+            raise TlsConfigurationError("TLS between services needs QUARRY_TLS_CA_FILE, the CA that signed them")
         return cls(
             certificate=_read(common.tls_cert_file, "QUARRY_TLS_CERT_FILE") if common.tls_cert_file else None,
             private_key=_read(common.tls_key_file, "QUARRY_TLS_KEY_FILE") if common.tls_key_file else None,
@@ -112,7 +115,7 @@ class ConnectionLimits:
             ("grpc.keepalive_timeout_ms", 10_000),
             # Clients ping every keepalive_seconds, even when idle: allow that, not more often.
             ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_recv_ping_interval_without_data_ms", int(self.keepalive_seconds * 1000 / 2)),
+            ("grpc.http2.min_ping_interval_without_data_ms", int(self.keepalive_seconds * 1000 / 2)),
             ("grpc.http2.max_pings_without_data", 0),
         ]
 
@@ -124,8 +127,12 @@ class ConnectionLimits:
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
-            # A DNS name with several addresses (a headless Service) is balanced call by call.
-            ("grpc.service_config", '{"loadBalancingConfig": [{"round_robin": {}}]}'),
+            # A DNS name with several addresses (a headless Service) is balanced call by call, over the
+            # servers whose health service says SERVING: a stopping worker gets no new delegations.
+            (
+                "grpc.service_config",
+                '{"loadBalancingConfig": [{"round_robin": {}}], "healthCheckConfig": {"serviceName": ""}}',
+            ),
         ]
 
 

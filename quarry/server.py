@@ -269,9 +269,14 @@ class ServiceHost:
         )
         await self._bound.server.start()
         if self._health_address:
-            self._health_server = grpc.aio.server()
+            self._health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
             health_pb2_grpc.add_HealthServicer_to_server(self._bound.health, self._health_server)
-            self.health_port = self._health_server.add_insecure_port(self._health_address)
+            try:
+                self.health_port = self._health_server.add_insecure_port(self._health_address)
+            except RuntimeError as error:
+                raise OSError(
+                    f"could not bind the health address {self._health_address}: is the port in use?"
+                ) from error
             await self._health_server.start()
         await self._bound.set_serving(True)
         self._started.set()

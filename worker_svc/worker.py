@@ -160,6 +160,8 @@ class Worker:
         self._limits = limits
         self._running: dict[str, asyncio.Task[Outcome]] = {}
         self._admitting = 0
+        self._admitted = asyncio.Event()  # set while no admission is under way
+        self._admitted.set()
         self._closing = False
 
     async def get(self, delegation_id: str) -> DelegationRecord | None:
@@ -182,12 +184,15 @@ class Worker:
         conversation_id = f"conv-{uuid.uuid4()}"
         queue: asyncio.Queue[Event] = asyncio.Queue()
         self._admitting += 1  # holds the slot across the await, so concurrent calls cannot overshoot
+        self._admitted.clear()
         try:
             # Shielded: once the row says "running", a task that ends it must exist, even if our caller
             # is cancelled meanwhile (the task then runs to its recorded outcome unobserved).
             task = await asyncio.shield(self._admit(request, conversation_id, queue))
         finally:
             self._admitting -= 1
+            if not self._admitting:
+                self._admitted.set()
         return self._stream(request, conversation_id, task, queue)
 
     async def _admit(
@@ -325,7 +330,11 @@ class Worker:
             log.exception("delegation %s failed", request.delegation_id)
             outcome = ended(ErrorCode.INTERNAL, f"the worker failed: {type(error).__name__}")
         try:
-            await self._delegations.finish(outcome)  # recorded before it is reported
+            # Recorded before it is reported; shielded, so a cancellation now cannot leave it half-done.
+            await asyncio.shield(self._delegations.finish(outcome))
+        except asyncio.CancelledError:
+            queue.put_nowait(outcome)  # the write goes on; the caller still gets the real outcome
+            raise
         except Exception:
             # The caller still gets its result; GetDelegation may say "running" until the database is back.
             log.exception("could not record the outcome of delegation %s", request.delegation_id)
@@ -336,6 +345,8 @@ class Worker:
         """Let running delegations finish for up to `finish_within` seconds, then cancel the rest; each
         reports and records its outcome (a cancelled one included), so nothing is left half-written."""
         self._closing = True
+        with contextlib.suppress(TimeoutError):  # admissions under way get their task first
+            await asyncio.wait_for(self._admitted.wait(), max(finish_within, 1.0))
         tasks = list(self._running.values())
         if tasks and finish_within > 0:
             await asyncio.wait(tasks, timeout=finish_within)

@@ -143,7 +143,10 @@ async def test_server_only_tls_verifies_the_server(pki: Pki, tmp_path: Path) -> 
 
 def test_unreadable_tls_files_are_a_configuration_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="QUARRY_TLS_CERT_FILE"):
-        Tls.from_settings(settings(tmp_path, (str(tmp_path / "missing.crt"), str(tmp_path / "missing.key"))))
+        missing = (str(tmp_path / "missing.crt"), str(tmp_path / "missing.key"))
+        Tls.from_settings(settings(tmp_path, missing, str(tmp_path / "ca.pem")))
+    with pytest.raises(ConfigurationError, match="QUARRY_TLS_CA_FILE"):
+        Tls.from_settings(settings(tmp_path, (str(tmp_path / "a.crt"), str(tmp_path / "a.key"))))
     with pytest.raises(ConfigurationError, match="go together"):
         Tls.from_settings(QuarrySettings(data_dir=tmp_path, tls_cert_file=str(tmp_path / "x")))
 
@@ -260,3 +263,15 @@ async def test_a_plaintext_health_port_serves_probes_while_the_service_speaks_tl
         async with open_channel(host.address) as plaintext:
             with pytest.raises(grpc.aio.AioRpcError):
                 await health_pb2_grpc.HealthStub(plaintext).Check(health_pb2.HealthCheckRequest(), timeout=5)
+
+
+async def test_a_quiet_stream_outlives_many_keepalive_pings(tmp_path: Path) -> None:
+    common = QuarrySettings(data_dir=tmp_path, keepalive_seconds=1)
+    host = await build_scratchpad(ScratchpadSettings(address="127.0.0.1:0"), common)
+    async with host, open_channel(host.address, limits=ConnectionLimits.from_settings(common)) as channel:
+        # A raw stream (no client-side reconnects): a server that refused the pings would end it.
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+        await asyncio.sleep(6)  # a dozen pings with no data
+        assert not watch.done(), f"the stream ended: {await watch.code()} {await watch.details()}"
+        watch.cancel()
