@@ -80,12 +80,18 @@ def test_the_manifests_agree_with_the_services_configuration(overlay: str) -> No
         assert container["ports"] == [{"name": "grpc", "containerPort": port}]
         assert container["readinessProbe"]["grpc"]["port"] == port
         assert container["livenessProbe"]["grpc"]["port"] == port
-        pause = float(container["lifecycle"]["preStop"]["exec"]["command"][1])
-        assert pod["terminationGracePeriodSeconds"] > pause + grace, service
+        stop = container.get("lifecycle", {}).get("preStop")
+        pause = float(stop["exec"]["command"][1]) if stop else 0.0
+        own = {v["name"]: v.get("value") for v in container.get("env", [])}
+        service_grace = float(own.get("QUARRY_SHUTDOWN_GRACE_SECONDS") or grace)
+        # Calls in flight, then the release of resources, each get at most the grace.
+        assert pod["terminationGracePeriodSeconds"] > pause + 2 * service_grace, service
+        assert container["imagePullPolicy"] == "IfNotPresent"
         assert {"requests", "limits"} <= set(container["resources"]), service
         assert pod["securityContext"]["runAsNonRoot"] is True
         for variable in container.get("env", []):
-            assert variable["name"] in known_variables(), variable["name"]
+            if variable["name"].startswith("QUARRY_"):  # ours must be settings a service reads
+                assert variable["name"] in known_variables(), variable["name"]
         [service_port] = services[f"quarry-{service}"]["spec"]["ports"]
         assert (service_port["name"], service_port["port"], service_port["targetPort"]) == ("grpc", port, "grpc")
     assert services["quarry-worker"]["spec"]["clusterIP"] == "None", "headless: the supervisor balances itself"
@@ -94,6 +100,11 @@ def test_the_manifests_agree_with_the_services_configuration(overlay: str) -> No
     assert settings["QUARRY_WORKER_MONITOR_ADDRESS"] == f"quarry-monitor:{PORTS['monitor']}"
     monitor = workloads["quarry-monitor"]["spec"]["template"]["spec"]
     assert monitor["nodeSelector"] and monitor["tolerations"], "the monitor runs on GPU nodes"
+    assert {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"} <= {
+        v["name"] for v in monitor["containers"][0]["env"]
+    }
+    assert "replicas" not in workloads["quarry-worker"]["spec"], "the autoscaler owns the worker count"
+    assert by_kind(resources, "Namespace"), "the overlay creates its namespace"
     assert (
         by_kind(resources, "HorizontalPodAutoscaler")["quarry-worker"]["spec"]["scaleTargetRef"]["name"]
         == "quarry-worker"
@@ -106,8 +117,12 @@ def test_the_manifests_agree_with_the_services_configuration(overlay: str) -> No
 
 def test_the_overlays_differ_where_they_should() -> None:
     dev, prod = render("dev"), render("prod")
-    assert by_kind(dev, "Deployment")["quarry-worker"]["spec"]["replicas"] == 1
-    assert by_kind(prod, "Deployment")["quarry-worker"]["spec"]["replicas"] >= 2
+    assert by_kind(dev, "HorizontalPodAutoscaler")["quarry-worker"]["spec"]["minReplicas"] == 1
+    assert by_kind(prod, "HorizontalPodAutoscaler")["quarry-worker"]["spec"]["minReplicas"] >= 2
+    assert by_kind(dev, "Deployment")["quarry-supervisor"]["spec"]["replicas"] == 1
+    assert by_kind(dev, "ConfigMap")["quarry-config"]["data"]["QUARRY_WORKER_SEARCH_BACKEND"] == "corpus"
+    token = by_kind(prod, "Deployment")["quarry-supervisor"]["spec"]["template"]["spec"]["containers"][0]["env"][1]
+    assert token["name"] == "QUARRY_SUPERVISOR_AUTH_TOKEN" and "optional" not in token["valueFrom"]["secretKeyRef"]
     assert "quarry-postgres" in by_kind(dev, "StatefulSet") and not by_kind(prod, "StatefulSet")
     assert "quarry-database" in by_kind(dev, "Secret") and "quarry-database" not in by_kind(prod, "Secret")
     assert "quarry-model" not in by_kind(prod, "Secret"), "production keys come from a Secret made outside the repo"
