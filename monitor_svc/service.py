@@ -11,8 +11,7 @@ from monitor_svc.jobs import Jobs, SlurmLimits
 from monitor_svc.servicer import MonitorServicer
 from monitor_svc.ssh import SshHosts
 from quarry.config import MonitorSettings, QuarrySettings
-from quarry.security import ConnectionLimits, Tls
-from quarry.server import ServiceHost, ServiceRegistration
+from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 
 SERVICE_NAME = monitor_pb2.DESCRIPTOR.services_by_name["MonitorService"].full_name
@@ -21,7 +20,6 @@ SERVICE_NAME = monitor_pb2.DESCRIPTOR.services_by_name["MonitorService"].full_na
 async def build_host(settings: MonitorSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
     settings = settings or MonitorSettings()
     common = common or QuarrySettings()
-    tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
     probe = NvmlProbe()
     hosts = SshHosts(settings.hosts, command_timeout=settings.ssh_command_timeout)
     jobs = Jobs(
@@ -38,12 +36,9 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
         await hosts.close()
         probe.close()
 
-    return ServiceHost(
-        settings.address,
-        [ServiceRegistration(SERVICE_NAME, register)],
-        grace=common.shutdown_grace_seconds,
-        tls=tls,
-        limits=limits,
-        health_address=settings.health_address,
+    return service_host(
+        settings,
+        common,
+        ServiceRegistration(SERVICE_NAME, register),
         on_stopped=[release],
     )

@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from quarry import telemetry
+from quarry.config import QuarrySettings, ServiceSettings
 from quarry.errors import QuarryError, internal_status, to_rpc_status
 from quarry.security import BearerTokenInterceptor, ConnectionLimits, Tls
 
@@ -31,6 +32,7 @@ __all__ = [
     "ServiceRegistration",
     "create_server",
     "serve_until_signalled",
+    "service_host",
 ]
 
 log = logging.getLogger(__name__)
@@ -311,6 +313,29 @@ class ServiceHost:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.shutdown()
+
+
+def service_host(
+    settings: ServiceSettings,
+    common: QuarrySettings,
+    registration: ServiceRegistration,
+    *,
+    on_drain: Sequence[Hook] = (),
+    on_stopped: Sequence[Hook] = (),
+    tokens: Mapping[str, str] | None = None,
+) -> ServiceHost:
+    """The host of one service as configured: its address and health port, TLS, limits and grace."""
+    return ServiceHost(
+        settings.address,
+        [registration],
+        grace=common.shutdown_grace_seconds,
+        on_drain=on_drain,
+        on_stopped=on_stopped,
+        tls=Tls.from_settings(common),
+        limits=ConnectionLimits.from_settings(common),
+        tokens=tokens,
+        health_address=settings.health_address,
+    )
 
 
 async def _run_hook(hook: Hook, limit_seconds: float) -> None:

@@ -8,8 +8,7 @@ import grpc
 
 from quarry.config import QuarrySettings, ScratchpadSettings
 from quarry.db import Database, upgrade_schema_async
-from quarry.security import ConnectionLimits, Tls
-from quarry.server import ServiceHost, ServiceRegistration
+from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
 from scratchpad_svc.commits import CommitSignal, PostgresCommitListener
 from scratchpad_svc.scratchpad import Scratchpad
@@ -25,7 +24,6 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
     """Upgrade the schema and return a ready-to-start host for the scratchpad."""
     settings = settings or ScratchpadSettings()
     common = common or QuarrySettings()
-    tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
     url = settings.resolved_database_url(common.data_dir)
     await upgrade_schema_async(url, MIGRATIONS, VERSION_TABLE)
     database = Database(url)
@@ -50,13 +48,10 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
             await listener.stop()
         await database.close()
 
-    return ServiceHost(
-        settings.address,
-        [ServiceRegistration(SERVICE_NAME, register)],
-        grace=common.shutdown_grace_seconds,
-        tls=tls,
-        limits=limits,
-        health_address=settings.health_address,
+    return service_host(
+        settings,
+        common,
+        ServiceRegistration(SERVICE_NAME, register),
         on_drain=[scratchpad.close],
         on_stopped=[release],
     )

@@ -12,7 +12,7 @@ from quarry.client import ScratchpadClient, open_channel
 from quarry.config import QuarrySettings, SupervisorSettings
 from quarry.db import Database, upgrade_schema_async
 from quarry.security import ConnectionLimits, Tls
-from quarry.server import ServiceHost, ServiceRegistration
+from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
 from supervisor_svc.delegation import DelegationClient
 from supervisor_svc.research import RunDependencies
@@ -58,13 +58,10 @@ async def build_host(settings: SupervisorSettings | None = None, common: QuarryS
         await channel.close(None)
         await database.close()
 
-    host = ServiceHost(
-        settings.address,
-        [ServiceRegistration(SERVICE_NAME, register)],
-        grace=common.shutdown_grace_seconds,
-        tls=tls,
-        limits=limits,
-        health_address=settings.health_address,
+    host = service_host(
+        settings,
+        common,
+        ServiceRegistration(SERVICE_NAME, register),
         tokens={SERVICE_NAME: settings.auth_token},
         on_drain=[supervisor.close],
         on_stopped=[release],

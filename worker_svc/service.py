@@ -14,7 +14,7 @@ from quarry.config import QuarrySettings, WorkerSettings
 from quarry.convert import role_to_proto
 from quarry.db import Database, upgrade_schema_async
 from quarry.security import ConnectionLimits, Tls
-from quarry.server import ServiceHost, ServiceRegistration
+from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from worker_svc.corpus import Corpus
 from worker_svc.model import DelegationRequest
@@ -100,13 +100,10 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
             await monitor_channel.close(None)
         await database.close()
 
-    return ServiceHost(
-        settings.address,
-        [ServiceRegistration(SERVICE_NAME, register)],
-        grace=common.shutdown_grace_seconds,
-        tls=tls,
-        limits=limits,
-        health_address=settings.health_address,
+    return service_host(
+        settings,
+        common,
+        ServiceRegistration(SERVICE_NAME, register),
         # Running delegations get most of the grace period to finish; the rest end cancelled, recorded.
         on_drain=[lambda: worker.close(finish_within=common.shutdown_grace_seconds * 0.8)],
         on_stopped=[release],

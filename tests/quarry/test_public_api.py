@@ -20,6 +20,7 @@ PUBLIC_API = {
         "ServiceRegistration",
         "create_server",
         "serve_until_signalled",
+        "service_host",
     },
     quarry.errors: {
         "AlreadyExists",
