@@ -28,4 +28,9 @@ delegations = sa.Table(
     sa.Column("last_error", sa.Text, nullable=False),
     sa.Column("create_time", UTCDateTime, nullable=False),
     sa.Column("end_time", UTCDateTime, nullable=True),
+    # The worker process running it and when it last said so: a lease, so that a delegation whose
+    # worker died is ended as failed instead of staying "running".
+    sa.Column("owner", sa.String(64), nullable=False, server_default=""),
+    sa.Column("heartbeat_time", UTCDateTime, nullable=True),
+    sa.Index("worker_delegations_by_state", "state", "heartbeat_time"),
 )

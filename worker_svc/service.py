@@ -87,6 +87,8 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
         ),
     )
 
+    await worker.start()
+
     def register(server: grpc.aio.Server) -> None:
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(worker), server)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -15,7 +16,7 @@ from quarry.agent.messages import Message
 from quarry.db import Database
 from quarry.errors import FailedPrecondition
 from quarry.identity import Role
-from worker_svc.model import DelegationRecord, DelegationRequest, Outcome
+from worker_svc.model import DelegationRecord, DelegationRequest, ErrorCode, Outcome
 from worker_svc.schema import delegations
 
 
@@ -44,8 +45,9 @@ def _record(row: sa.Row[Any]) -> DelegationRecord:
 
 
 class DelegationStore:
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, owner: str = "") -> None:
         self._db = database
+        self.owner = owner or f"worker-{uuid.uuid4().hex[:12]}"
 
     async def get(self, delegation_id: str) -> DelegationRecord | None:
         def work(connection: Connection) -> DelegationRecord | None:
@@ -75,6 +77,8 @@ class DelegationStore:
             "last_error": "",
             "create_time": datetime.now(UTC),
             "end_time": None,
+            "owner": self.owner,
+            "heartbeat_time": datetime.now(UTC),
         }
         try:
 
@@ -102,3 +106,52 @@ class DelegationStore:
                 delegations.update().where(delegations.c.delegation_id == outcome.delegation_id).values(values)
             )
         )
+
+    async def heartbeat(self, delegation_ids: Sequence[str]) -> None:
+        """Renew this process's lease on the delegations it is running."""
+        if not delegation_ids:
+            return
+        mine = sa.and_(
+            delegations.c.owner == self.owner,
+            delegations.c.delegation_id.in_(delegation_ids),
+            delegations.c.state == "running",
+        )
+        now = datetime.now(UTC)
+        await self._db.write(
+            lambda connection: connection.execute(delegations.update().where(mine).values(heartbeat_time=now))
+        )
+
+    async def end_orphans(self, stale_before: datetime) -> list[str]:
+        """End as failed the running delegations whose worker stopped renewing their lease; their ids."""
+
+        def work(connection: Connection) -> list[str]:
+            # No heartbeat at all: written before leases existed, by a worker that has since been replaced.
+            expired = sa.or_(delegations.c.heartbeat_time < stale_before, delegations.c.heartbeat_time.is_(None))
+            stale = sa.and_(delegations.c.state == "running", expired)
+            rows = connection.execute(sa.select(delegations).where(stale)).all()
+            ended = []
+            for row in rows:
+                outcome = Outcome(
+                    delegation_id=row.delegation_id,
+                    tool_call_id=row.tool_call_id,
+                    conversation_id=row.conversation_id,
+                    succeeded=False,
+                    error_code=ErrorCode.INTERNAL,
+                    error_message="the worker running this delegation stopped before it ended",
+                )
+                # Conditional on the state still being "running": two sweepers end it once.
+                done = connection.execute(
+                    delegations.update()
+                    .where(delegations.c.delegation_id == row.delegation_id, delegations.c.state == "running")
+                    .values(
+                        state="failed",
+                        result=outcome.to_json(),
+                        last_error=f"{outcome.error_code}: {outcome.error_message}",
+                        end_time=datetime.now(UTC),
+                    )
+                )
+                if done.rowcount:
+                    ended.append(row.delegation_id)
+            return ended
+
+        return await self._db.write(work)

@@ -17,9 +17,11 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from opentelemetry import trace
 
+from quarry import telemetry
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TokenBudgetExhausted, TurnBudgetExhausted
 from quarry.agent.messages import Message, ToolCall, system, user
@@ -77,6 +79,8 @@ class WorkerLimits:
     context_tokens: int = 96_000
     # Whether a monitor is configured, so that roles subscribing to `compute` get its tools.
     compute: bool = False
+    # A running delegation whose worker has not renewed its lease for this long is ended as failed.
+    lease_seconds: float = 30.0
 
 
 def validate(request: DelegationRequest) -> None:
@@ -160,9 +164,27 @@ class Worker:
         self._limits = limits
         self._running: dict[str, asyncio.Task[Outcome]] = {}
         self._admitting = 0
+        self._housekeeping: asyncio.Task[None] | None = None
         self._admitted = asyncio.Event()  # set while no admission is under way
         self._admitted.set()
         self._closing = False
+
+    async def start(self) -> None:
+        """Begin renewing the leases of running delegations and ending those of workers that died."""
+        self._housekeeping = asyncio.create_task(self._keep_leases())
+
+    async def _keep_leases(self) -> None:
+        interval = min(self._limits.lease_seconds / 3, 5.0)
+        while True:
+            try:
+                with telemetry.quiet():
+                    await self._delegations.heartbeat(list(self._running))
+                    stale = datetime.now(UTC) - timedelta(seconds=self._limits.lease_seconds)
+                    for delegation_id in await self._delegations.end_orphans(stale):
+                        log.warning("delegation %s: its worker stopped; ended as failed", delegation_id)
+            except Exception:
+                log.exception("could not renew delegation leases; retrying")
+            await asyncio.sleep(interval)
 
     async def get(self, delegation_id: str) -> DelegationRecord | None:
         return await self._delegations.get(delegation_id)
@@ -353,6 +375,10 @@ class Worker:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeping
 
 
 def _check_same_request(record: DelegationRecord, request: DelegationRequest) -> None:
