@@ -234,6 +234,9 @@ class SupervisorSettings(ModelTier):
     context_tokens: int = Field(default=96_000, ge=1000)
     # When set, SupervisorService calls need `authorization: Bearer <token>` (health and reflection stay open).
     auth_token: str = ""
+    # A waiting StreamRun re-reads after this long without a wake-up (a safety net: commits wake it,
+    # on PostgreSQL across replicas too).
+    stream_poll_seconds: float = Field(default=1.0, gt=0, le=3600)
 
     def worker_targets(self) -> list[str]:
         return [target.strip() for target in self.worker_addresses.split(",") if target.strip()]

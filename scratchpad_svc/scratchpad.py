@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from quarry.db import Database
 from quarry.errors import Internal, QuarryError, Unavailable
+from quarry.notify import CommitSignal
 from quarry.telemetry import meter, tracer
 from scratchpad_svc.authority import check_may_write
-from scratchpad_svc.commits import CommitSignal
 from scratchpad_svc.model import AppendCommand, AppendResult, Entry, EntryKind, NewThread, Thread
 from scratchpad_svc.store import ScratchpadStore
 from scratchpad_svc.validation import (

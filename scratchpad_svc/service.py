@@ -8,11 +8,12 @@ import grpc
 
 from quarry.config import QuarrySettings, ScratchpadSettings
 from quarry.db import Database, upgrade_schema_async
+from quarry.notify import CommitSignal, PostgresCommitListener
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
-from scratchpad_svc.commits import CommitSignal, PostgresCommitListener
 from scratchpad_svc.scratchpad import Scratchpad
 from scratchpad_svc.servicer import ScratchpadServicer
+from scratchpad_svc.store import NOTIFY_CHANNEL
 from scratchpad_svc.validation import Limits
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -37,7 +38,7 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
     )
     listener = None
     if database.is_postgres:
-        listener = PostgresCommitListener(database.url, signal)
+        listener = PostgresCommitListener(database.url, NOTIFY_CHANNEL, signal)
         listener.start()
 
     def register(server: grpc.aio.Server) -> None:

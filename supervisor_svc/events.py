@@ -2,17 +2,19 @@
 
 Internal traffic has no way in: the builders here take phases, entries and
 text, never tool calls, so no delegation, scratchpad or web tool request can
-reach a client as something to execute.
+reach a client as something to execute. Streams are woken through a
+quarry.notify.CommitSignal keyed by run id (and, on PostgreSQL, by NOTIFYs
+from other replicas).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from quarry.notify import CommitSignal
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from supervisor_svc.model import Report, RunErrorCode, RunUsage, TierUsage
 from supervisor_svc.store import RunStore
@@ -107,30 +109,10 @@ def cancelled(reason: str, usage: RunUsage) -> supervisor_pb2.RunEvent:
     )
 
 
-class EventBus:
-    """Wakes the streams waiting on a run when its events commit (in this process)."""
-
-    def __init__(self) -> None:
-        # Weak: a run's entry lives only while a stream waits on it.
-        self._signals: weakref.WeakValueDictionary[str, asyncio.Event] = weakref.WeakValueDictionary()
-
-    def signal(self, run_id: str) -> asyncio.Event:
-        """Take this before reading (and keep it): it is set by the next commit after this call."""
-        signal = self._signals.get(run_id)
-        if signal is None:
-            signal = self._signals[run_id] = asyncio.Event()
-        return signal
-
-    def notify(self, run_id: str) -> None:
-        signal = self._signals.pop(run_id, None)
-        if signal is not None:
-            signal.set()
-
-
 class RunEventLog:
     """One run's writer: numbers and stores its events in call order, then wakes the run's streams."""
 
-    def __init__(self, store: RunStore, bus: EventBus, run_id: str) -> None:
+    def __init__(self, store: RunStore, bus: CommitSignal, run_id: str) -> None:
         self._store = store
         self._bus = bus
         self._run_id = run_id
@@ -141,7 +123,7 @@ class RunEventLog:
     ) -> None:
         async with self._lock:
             await self._store.append(self._run_id, events, terminal=terminal, values=values)
-        self._bus.notify(self._run_id)
+        self._bus.publish(self._run_id)
 
 
 class TextStream:

@@ -11,13 +11,14 @@ from quarry.agent.model import ModelClient, ModelSettings
 from quarry.client import ScratchpadClient, open_channel
 from quarry.config import QuarrySettings, SupervisorSettings
 from quarry.db import Database, upgrade_schema_async
+from quarry.notify import CommitSignal, PostgresCommitListener
 from quarry.security import ConnectionLimits, Tls
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
 from supervisor_svc.delegation import DelegationClient
 from supervisor_svc.research import RunDependencies
 from supervisor_svc.servicer import SupervisorServicer
-from supervisor_svc.store import RunStore
+from supervisor_svc.store import RUN_EVENTS_CHANNEL, RunStore
 from supervisor_svc.supervisor import Supervisor, SupervisorLimits
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -35,6 +36,10 @@ async def build_host(settings: SupervisorSettings | None = None, common: QuarryS
     model = ModelClient(ModelSettings.for_tier(settings, common))
     channel = open_channel(settings.scratchpad_address, tls=tls, limits=limits)
     delegations = DelegationClient(settings.worker_targets(), tls=tls, limits=limits)
+    signal = CommitSignal()
+    listener = PostgresCommitListener(database.url, RUN_EVENTS_CHANNEL, signal) if database.is_postgres else None
+    if listener is not None:
+        listener.start()
     supervisor = Supervisor(
         RunStore(database),
         RunDependencies(
@@ -46,13 +51,20 @@ async def build_host(settings: SupervisorSettings | None = None, common: QuarryS
             default_parallel=settings.max_parallel_delegations,
             context_tokens=settings.context_tokens,
         ),
-        SupervisorLimits(max_active_runs=settings.max_active_runs, lease_seconds=settings.run_lease_seconds),
+        SupervisorLimits(
+            max_active_runs=settings.max_active_runs,
+            lease_seconds=settings.run_lease_seconds,
+            stream_poll_seconds=settings.stream_poll_seconds,
+        ),
+        signal,
     )
 
     def register(server: grpc.aio.Server) -> None:
         supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(SupervisorServicer(supervisor), server)
 
     async def release() -> None:
+        if listener is not None:
+            await listener.stop()
         await model.close()
         await delegations.close()
         await channel.close(None)

@@ -35,6 +35,9 @@ from supervisor_svc.model import (
 from supervisor_svc.schema import run_events, runs
 
 DEFAULT_PAGE_SIZE = 50
+# On PostgreSQL each event commit NOTIFYs this channel with the run id, so streams served by other
+# replicas wake at once.
+RUN_EVENTS_CHANNEL = "quarry_run_events"
 MAX_PAGE_SIZE = 500
 
 
@@ -213,6 +216,8 @@ class RunStore:
                 connection.execute(run_events.insert(), rows)
             if values:
                 connection.execute(runs.update().where(runs.c.run_id == run_id).values(values))
+            if self._db.is_postgres:  # delivered at commit, and only if it commits
+                connection.execute(sa.select(sa.func.pg_notify(RUN_EVENTS_CHANNEL, run_id)))
             return [event.sequence_no for event in events]
 
         return await self._db.write(work)

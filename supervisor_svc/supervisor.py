@@ -16,12 +16,14 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from quarry import telemetry
 from quarry.errors import FieldViolation, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from quarry.notify import CommitSignal
 from quarry.v1 import supervisor_pb2
 from supervisor_svc import events
-from supervisor_svc.events import EventBus, RunEventLog
+from supervisor_svc.events import RunEventLog
 from supervisor_svc.model import (
     RunErrorCode,
     RunRecord,
@@ -48,11 +50,13 @@ class SupervisorLimits:
 
 
 class Supervisor:
-    def __init__(self, store: RunStore, deps: RunDependencies, limits: SupervisorLimits) -> None:
+    def __init__(
+        self, store: RunStore, deps: RunDependencies, limits: SupervisorLimits, signal: CommitSignal | None = None
+    ) -> None:
         self._store = store
         self._deps = deps
         self._limits = limits
-        self._bus = EventBus()
+        self._bus = signal or CommitSignal()
         self._owner = f"supervisor-{uuid.uuid4().hex[:12]}"
         self._runs: dict[str, tuple[ResearchRun, asyncio.Task[None]]] = {}
         self._starting = 0
@@ -143,8 +147,14 @@ class Supervisor:
     async def _follow(self, run_id: str, after: int) -> AsyncIterator[supervisor_pb2.RunEvent]:
         ended = False
         while True:
-            signal = self._bus.signal(run_id)  # before the read, so no commit after it goes unnoticed
-            batch = await self._store.events_after(run_id, after)
+            woken = self._bus.subscribe(run_id)  # before the read, so no commit after it goes unnoticed
+            try:
+                batch = await self._store.events_after(run_id, after)
+            except BaseException:
+                self._bus.unsubscribe(run_id, woken)
+                raise
+            if batch:
+                self._bus.unsubscribe(run_id, woken)
             for stored in batch:
                 event = supervisor_pb2.RunEvent.FromString(stored.payload)
                 yield event
@@ -153,24 +163,25 @@ class Supervisor:
                     return
             if batch:
                 continue
-            with telemetry.quiet():  # an idle stream's polling is not worth a span a second
-                record = await self._store.get(run_id)
-            if record is None or record.state.ended:
-                if ended:
-                    return  # resumed after the terminal event: there is nothing more to send
-                ended = True  # one more read: the end may have committed after the last one
-                continue
-            if self._closing.is_set():
-                raise Unavailable("the supervisor is shutting down; re-attach to another", reason="SHUTTING_DOWN")
-            closing = asyncio.ensure_future(self._closing.wait())
-            woken = asyncio.ensure_future(signal.wait())
             try:
-                await asyncio.wait(
-                    {closing, woken}, timeout=self._limits.stream_poll_seconds, return_when="FIRST_COMPLETED"
-                )
+                with telemetry.quiet():  # an idle stream's polling is not worth a span a second
+                    record = await self._store.get(run_id)
+                if record is None or record.state.ended:
+                    if ended:
+                        return  # resumed after the terminal event: there is nothing more to send
+                    ended = True  # one more read: the end may have committed after the last one
+                    continue
+                if self._closing.is_set():
+                    raise Unavailable("the supervisor is shutting down; re-attach to another", reason="SHUTTING_DOWN")
+                closing: asyncio.Future[Any] = asyncio.ensure_future(self._closing.wait())
+                try:
+                    await asyncio.wait(
+                        {closing, woken}, timeout=self._limits.stream_poll_seconds, return_when="FIRST_COMPLETED"
+                    )
+                finally:
+                    closing.cancel()
             finally:
-                closing.cancel()
-                woken.cancel()
+                self._bus.unsubscribe(run_id, woken)
 
     # -- leases --------------------------------------------------------------------------------
 
@@ -210,7 +221,7 @@ class Supervisor:
                     },
                 )
                 log.warning("run %s: lease expired; ended as failed", record.run_id)
-            self._bus.notify(record.run_id)
+            self._bus.publish(record.run_id)
 
     async def close(self) -> None:
         """Cancel every run (each records its cancelled end) and end the streams."""

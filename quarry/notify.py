@@ -1,9 +1,10 @@
-"""Wakes Watch streams when a thread gets new commits.
+"""Wakes streams when what they follow gets new commits (a scratchpad thread, a run's events).
 
-In-process, the appender publishes after each commit. Across replicas on
-PostgreSQL, a LISTEN connection republishes the NOTIFY each commit sends. A
-wake-up only says "read again": watchers always read committed rows, so a lost
-or duplicated signal can delay an entry but never drop, reorder or repeat one.
+In-process, the writer publishes after each commit. Across replicas on
+PostgreSQL, a LISTEN connection republishes the NOTIFY each commit sends on a
+channel, with the key as its payload. A wake-up only says "read again":
+followers always read committed rows, so a lost or duplicated signal can delay
+an item but never drop, reorder or repeat one.
 """
 
 from __future__ import annotations
@@ -16,49 +17,50 @@ from collections import defaultdict
 import psycopg
 from sqlalchemy.engine import URL
 
-from scratchpad_svc.store import NOTIFY_CHANNEL
-
 log = logging.getLogger(__name__)
 
 
 class CommitSignal:
+    """Waiters by key (a thread id, a run id), woken by the next commit under that key."""
+
     def __init__(self) -> None:
         self._waiters: defaultdict[str, set[asyncio.Future[None]]] = defaultdict(set)
 
-    def subscribe(self, thread_id: str) -> asyncio.Future[None]:
-        """A future resolved at the next commit to the thread. Subscribe before reading."""
+    def subscribe(self, key: str) -> asyncio.Future[None]:
+        """A future resolved at the next commit under the key. Subscribe before reading."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[thread_id].add(waiter)
+        self._waiters[key].add(waiter)
         return waiter
 
-    def unsubscribe(self, thread_id: str, waiter: asyncio.Future[None]) -> None:
-        waiters = self._waiters.get(thread_id)
+    def unsubscribe(self, key: str, waiter: asyncio.Future[None]) -> None:
+        waiters = self._waiters.get(key)
         if waiters is not None:
             waiters.discard(waiter)
             if not waiters:
-                del self._waiters[thread_id]
+                del self._waiters[key]
 
-    def publish(self, thread_id: str) -> None:
-        for waiter in self._waiters.pop(thread_id, ()):
+    def publish(self, key: str) -> None:
+        for waiter in self._waiters.pop(key, ()):
             if not waiter.done():
                 waiter.set_result(None)
 
     def publish_all(self) -> None:
-        for thread_id in list(self._waiters):
-            self.publish(thread_id)
+        for key in list(self._waiters):
+            self.publish(key)
 
 
 class PostgresCommitListener:
-    """Relays NOTIFYs from other replicas into a CommitSignal, reconnecting with backoff."""
+    """Relays NOTIFYs on one channel from other replicas into a CommitSignal, reconnecting with backoff."""
 
-    def __init__(self, url: URL, signal: CommitSignal) -> None:
+    def __init__(self, url: URL, channel: str, signal: CommitSignal) -> None:
         self._conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self._channel = channel
         self._signal = signal
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="scratchpad-commit-listener")
+        self._task = asyncio.create_task(self._run(), name=f"listener-{self._channel}")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -71,7 +73,7 @@ class PostgresCommitListener:
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True) as connection:
-                    await connection.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    await connection.execute(f"LISTEN {self._channel}")
                     self.connected.set()
                     delay = 0.1
                     # Commits may have happened while we were not listening.
@@ -80,6 +82,6 @@ class PostgresCommitListener:
                         self._signal.publish(notify.payload)
             except (psycopg.Error, OSError) as error:
                 self.connected.clear()
-                log.warning("commit listener lost its connection (%s); retrying in %.1fs", error, delay)
+                log.warning("%s listener lost its connection (%s); retrying in %.1fs", self._channel, error, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
