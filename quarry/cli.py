@@ -146,6 +146,14 @@ def _configure_logging(common: QuarrySettings, service: str, settings: BaseSetti
     logging.getLogger("alembic").setLevel(logging.WARNING)
     keys = ("model_api_key", "search_api_key", "auth_token")
     secrets = [common.model_api_key, *(str(getattr(settings, key, "")) for key in keys)]
+    # Exporter headers carry backend keys (e.g. x-honeycomb-team=KEY): their values are secrets too.
+    for variable in (
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+    ):
+        secrets += [pair.partition("=")[2].strip() for pair in os.environ.get(variable, "").split(",") if "=" in pair]
+    secrets = [secret for secret in secrets if secret and secret != "unused"]  # "unused" is the placeholder key
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service, secrets, text=common.log_format == "text"))
     logging.basicConfig(level=common.log_level.upper(), handlers=[handler], force=True)

@@ -52,12 +52,19 @@ class ServiceRegistration:
     register: Callable[[grpc.aio.Server], None]
 
 
+async def _abort(context: Context, status: grpc.Status) -> None:
+    # The code is set first as well: tracing reads it from set_code, not from abort_with_status.
+    context.set_code(status.code)
+    context.set_details(status.details)
+    # grpc-stubs predates abort_with_status on the aio context.
+    await context.abort_with_status(status)  # type: ignore[attr-defined]
+
+
 async def _translate_errors(context: Context, error: BaseException) -> None:
     if isinstance(error, QuarryError):
-        # grpc-stubs predates abort_with_status on the aio context.
-        await context.abort_with_status(to_rpc_status(error))  # type: ignore[attr-defined]
+        await _abort(context, to_rpc_status(error))
     log.exception("unhandled error in RPC", exc_info=error)
-    await context.abort_with_status(internal_status())  # type: ignore[attr-defined]
+    await _abort(context, internal_status())
 
 
 _RPC_DURATION = telemetry.meter.create_histogram(

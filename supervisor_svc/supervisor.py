@@ -149,7 +149,8 @@ class Supervisor:
         while True:
             woken = self._bus.subscribe(run_id)  # before the read, so no commit after it goes unnoticed
             try:
-                batch = await self._store.events_after(run_id, after)
+                with telemetry.quiet():  # a stream's re-reads are not worth a span each
+                    batch = await self._store.events_after(run_id, after)
             except BaseException:
                 self._bus.unsubscribe(run_id, woken)
                 raise
@@ -164,7 +165,7 @@ class Supervisor:
             if batch:
                 continue
             try:
-                with telemetry.quiet():  # an idle stream's polling is not worth a span a second
+                with telemetry.quiet():
                     record = await self._store.get(run_id)
                 if record is None or record.state.ended:
                     if ended:

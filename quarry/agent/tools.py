@@ -128,7 +128,9 @@ class ToolRegistry(Generic[Context]):
             "gen_ai.tool.name": call.name,
             "gen_ai.tool.call.id": call.id,
         }
-        with tracer.start_as_current_span(f"execute_tool {call.name}", attributes=attributes) as span:
+        # Named after the tool only when it exists: the model can make up names of any length.
+        name = f"execute_tool {call.name}" if call.name in self._tools else "execute_tool"
+        with tracer.start_as_current_span(name, attributes=attributes) as span:
             outcome = await self._outcome(call, context)
             span.set_attribute("quarry.tool.outcome", "error" if outcome.is_error else "ok")
             if outcome.is_error:

@@ -302,4 +302,6 @@ def test_log_lines_carry_the_trace_and_mask_secrets() -> None:
     context = span.get_span_context()
     assert line["trace_id"] == format(context.trace_id, "032x") and line["span_id"] == format(context.span_id, "016x")
     assert SECRET not in line["message"] and "abc.def" not in line["message"]
+    quoted = logging.LogRecord("quarry.test", logging.WARNING, __file__, 1, '{"api_key": "sk-other-123"}', (), None)
+    assert "sk-other-123" not in formatter.format(quoted), "masked before JSON escapes the quotes"
     assert line["service"] == "worker" and line["level"] == "INFO"
