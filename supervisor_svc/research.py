@@ -212,10 +212,13 @@ class ResearchRun:
         budget = self.record.options.max_tokens
         return None if not budget else budget - self.usage().total.tokens
 
+    def _budget_spent(self) -> bool:
+        left = self._tokens_left()
+        return left is not None and left <= 0
+
     def check_budget(self) -> None:
         """Called as a turn starts, before its model call: a spent budget ends research there."""
-        left = self._tokens_left()
-        if left is not None and left <= 0:
+        if self._budget_spent():
             self._turns_without_call = 1
             raise BudgetSpent
 
@@ -354,8 +357,7 @@ class ResearchRun:
         return 0 if left is None else max(left // max(self._in_flight, 1), 1)
 
     def check_budget_for_tool(self) -> None:
-        left = self._tokens_left()
-        if left is not None and left <= 0:
+        if self._budget_spent():
             raise ToolError("the run's token budget is spent: no new delegation starts")
 
     async def _progress(self, response: worker_pb2.DelegateResponse) -> None:

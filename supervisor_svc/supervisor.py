@@ -151,38 +151,34 @@ class Supervisor:
             try:
                 with telemetry.quiet():  # a stream's re-reads are not worth a span each
                     batch = await self._store.events_after(run_id, after)
-            except BaseException:
+                    record = None if batch else await self._store.get(run_id)
+                if not batch and record is not None and not record.state.ended:
+                    await self._wait(woken)
+            finally:
                 self._bus.unsubscribe(run_id, woken)
-                raise
-            if batch:
-                self._bus.unsubscribe(run_id, woken)
-            for stored in batch:
-                event = supervisor_pb2.RunEvent.FromString(stored.payload)
-                yield event
-                after = stored.sequence_no
-                if stored.terminal:
-                    return
-            if batch:
-                continue
-            try:
-                with telemetry.quiet():
-                    record = await self._store.get(run_id)
+            if not batch:
                 if record is None or record.state.ended:
                     if ended:
                         return  # resumed after the terminal event: there is nothing more to send
                     ended = True  # one more read: the end may have committed after the last one
-                    continue
-                if self._closing.is_set():
-                    raise Unavailable("the supervisor is shutting down; re-attach to another", reason="SHUTTING_DOWN")
-                closing: asyncio.Future[Any] = asyncio.ensure_future(self._closing.wait())
-                try:
-                    await asyncio.wait(
-                        {closing, woken}, timeout=self._limits.stream_poll_seconds, return_when="FIRST_COMPLETED"
-                    )
-                finally:
-                    closing.cancel()
-            finally:
-                self._bus.unsubscribe(run_id, woken)
+                continue
+            for stored in batch:
+                yield supervisor_pb2.RunEvent.FromString(stored.payload)
+                after = stored.sequence_no
+                if stored.terminal:
+                    return
+
+    async def _wait(self, woken: asyncio.Future[None]) -> None:
+        """Until a commit wakes the stream, the poll interval passes, or the supervisor shuts down."""
+        if self._closing.is_set():
+            raise Unavailable("the supervisor is shutting down; re-attach to another", reason="SHUTTING_DOWN")
+        closing: asyncio.Future[Any] = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait(
+                {closing, woken}, timeout=self._limits.stream_poll_seconds, return_when="FIRST_COMPLETED"
+            )
+        finally:
+            closing.cancel()
 
     # -- leases --------------------------------------------------------------------------------
 
