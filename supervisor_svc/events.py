@@ -1,23 +1,24 @@
-"""Public run events: how they are built, numbered and stored, and how waiting streams learn of them.
+"""Public run events built from the supervisor's domain facts: the one place a RunEvent is made.
 
 Internal traffic has no way in: the builders here take phases, entries and
 text, never tool calls, so no delegation, scratchpad or web tool request can
-reach a client as something to execute. Streams are woken through a
-quarry.notify.CommitSignal keyed by run id (and, on PostgreSQL, by NOTIFYs
-from other replicas).
+reach a client as something to execute.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable
-from typing import Any
-
-from quarry.notify import CommitSignal
+from quarry.delegation import DelegationErrorCode
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
-from supervisor_svc.model import Report, RunErrorCode, RunUsage, TierUsage
-from supervisor_svc.store import RunStore
+from supervisor_svc.model import (
+    DelegationResult,
+    Report,
+    ResearchPhase,
+    RunErrorCode,
+    RunOutcome,
+    RunState,
+    RunUsage,
+    TierUsage,
+)
 
 _PREVIEW_CHARS = 500
 _ERROR_CODES = {
@@ -25,6 +26,10 @@ _ERROR_CODES = {
     RunErrorCode.DEADLINE_EXCEEDED: supervisor_pb2.RUN_ERROR_CODE_DEADLINE_EXCEEDED,
     RunErrorCode.CANCELLED: supervisor_pb2.RUN_ERROR_CODE_CANCELLED,
     RunErrorCode.INTERNAL: supervisor_pb2.RUN_ERROR_CODE_INTERNAL,
+}
+_PHASES = {phase: supervisor_pb2.ResearchPhase.Value(f"RESEARCH_PHASE_{phase.name}") for phase in ResearchPhase}
+_DELEGATION_ERROR_CODES = {
+    code: worker_pb2.DelegationErrorCode.Value(f"DELEGATION_ERROR_CODE_{code.name}") for code in DelegationErrorCode
 }
 
 
@@ -61,19 +66,25 @@ def error_to_proto(code: RunErrorCode, message: str) -> supervisor_pb2.RunError:
     return supervisor_pb2.RunError(code=_ERROR_CODES[code], message=message)
 
 
-def status(
-    phase: supervisor_pb2.ResearchPhase.ValueType,
-    message: str,
-    *,
-    delegation_id: str = "",
-    result: worker_pb2.DelegationResult | None = None,
-) -> supervisor_pb2.RunEvent:
-    event = supervisor_pb2.ResearchStatusEvent(phase=phase, message=message, delegation_id=delegation_id)
-    if result is not None:
-        event.delegation_outcome = result.outcome
-        if result.HasField("error"):
-            event.delegation_error.CopyFrom(result.error)
-    return supervisor_pb2.RunEvent(status=event)
+def status(phase: ResearchPhase, message: str, *, delegation_id: str = "") -> supervisor_pb2.RunEvent:
+    return supervisor_pb2.RunEvent(
+        status=supervisor_pb2.ResearchStatusEvent(phase=_PHASES[phase], message=message, delegation_id=delegation_id)
+    )
+
+
+def delegation_ended(result: DelegationResult) -> supervisor_pb2.RunEvent:
+    """WORKER_COMPLETED or WORKER_FAILED, with the outcome and, on failure, the error."""
+    if result.error_code is None:
+        event = status(ResearchPhase.WORKER_COMPLETED, "worker finished", delegation_id=result.delegation_id)
+        event.status.delegation_outcome = worker_pb2.DELEGATION_OUTCOME_SUCCEEDED
+        return event
+    event = status(
+        ResearchPhase.WORKER_FAILED, f"worker failed: {result.error_message}", delegation_id=result.delegation_id
+    )
+    event.status.delegation_outcome = worker_pb2.DELEGATION_OUTCOME_FAILED
+    event.status.delegation_error.code = _DELEGATION_ERROR_CODES[result.error_code]
+    event.status.delegation_error.message = result.error_message
+    return event
 
 
 def scratchpad_entry(entry: scratchpad_pb2.Entry) -> supervisor_pb2.RunEvent:
@@ -85,87 +96,31 @@ def scratchpad_entry(entry: scratchpad_pb2.Entry) -> supervisor_pb2.RunEvent:
     )
 
 
-def completed(report: Report, usage: RunUsage) -> supervisor_pb2.RunEvent:
-    return supervisor_pb2.RunEvent(
-        completed=supervisor_pb2.RunCompletedEvent(
-            report=report_to_proto(report),
-            usage=usage_to_proto(usage),
-            removed_citations=report.removed_citations,
-            token_budget_exhausted=report.token_budget_exhausted,
-            turn_budget_exhausted=report.turn_budget_exhausted,
-        )
-    )
-
-
-def failed(code: RunErrorCode, message: str, usage: RunUsage) -> supervisor_pb2.RunEvent:
-    return supervisor_pb2.RunEvent(
-        failed=supervisor_pb2.RunFailedEvent(error=error_to_proto(code, message), usage=usage_to_proto(usage))
-    )
-
-
-def cancelled(reason: str, usage: RunUsage) -> supervisor_pb2.RunEvent:
-    return supervisor_pb2.RunEvent(
-        cancelled=supervisor_pb2.RunCancelledEvent(reason=reason, usage=usage_to_proto(usage))
-    )
-
-
-class RunEventLog:
-    """One run's writer: numbers and stores its events in call order, then wakes the run's streams."""
-
-    def __init__(self, store: RunStore, bus: CommitSignal, run_id: str) -> None:
-        self._store = store
-        self._bus = bus
-        self._run_id = run_id
-        self._lock = asyncio.Lock()
-
-    async def emit(
-        self, *events: supervisor_pb2.RunEvent, terminal: bool = False, values: dict[str, Any] | None = None
-    ) -> None:
-        async with self._lock:
-            await self._store.append(self._run_id, events, terminal=terminal, values=values)
-        self._bus.publish(self._run_id)
-
-
-class TextStream:
-    """Coalesces streamed text into events of a useful size: one per ~200 characters or 100 ms."""
-
-    def __init__(
-        self,
-        make: Callable[[str], supervisor_pb2.RunEvent],
-        emit: Callable[[supervisor_pb2.RunEvent], Awaitable[None]],
-        *,
-        max_chars: int = 200,
-        max_delay: float = 0.1,
-    ) -> None:
-        self._make = make
-        self._emit = emit
-        self._max_chars = max_chars
-        self._max_delay = max_delay
-        self._buffer: list[str] = []
-        self._size = 0
-        self._since = 0.0
-
-    async def add(self, text: str) -> None:
-        if not text:
-            return
-        if not self._buffer:
-            self._since = time.monotonic()
-        self._buffer.append(text)
-        self._size += len(text)
-        if self._size >= self._max_chars or time.monotonic() - self._since >= self._max_delay:
-            await self.flush()
-
-    async def flush(self) -> None:
-        if self._buffer:
-            text = "".join(self._buffer)
-            self._buffer.clear()
-            self._size = 0
-            await self._emit(self._make(text))
-
-
 def reasoning(delta: str) -> supervisor_pb2.RunEvent:
     return supervisor_pb2.RunEvent(reasoning=supervisor_pb2.ReasoningEvent(delta=delta))
 
 
 def content(delta: str) -> supervisor_pb2.RunEvent:
     return supervisor_pb2.RunEvent(content=supervisor_pb2.ContentEvent(delta=delta))
+
+
+def ending(outcome: RunOutcome) -> supervisor_pb2.RunEvent:
+    """The one terminal event of a run: completed, failed or cancelled."""
+    usage = usage_to_proto(outcome.usage)
+    if outcome.state is RunState.SUCCEEDED:
+        report = outcome.report or Report(markdown="")
+        return supervisor_pb2.RunEvent(
+            completed=supervisor_pb2.RunCompletedEvent(
+                report=report_to_proto(report),
+                usage=usage,
+                removed_citations=report.removed_citations,
+                token_budget_exhausted=report.token_budget_exhausted,
+                turn_budget_exhausted=report.turn_budget_exhausted,
+            )
+        )
+    if outcome.state is RunState.CANCELLED:
+        return supervisor_pb2.RunEvent(cancelled=supervisor_pb2.RunCancelledEvent(reason=outcome.message, usage=usage))
+    if outcome.state is RunState.FAILED and outcome.error_code is not None:
+        error = error_to_proto(outcome.error_code, outcome.message)
+        return supervisor_pb2.RunEvent(failed=supervisor_pb2.RunFailedEvent(error=error, usage=usage))
+    raise ValueError(f"not a run's ending: {outcome.state} {outcome.error_code}")

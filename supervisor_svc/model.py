@@ -10,10 +10,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from quarry.delegation import DelegationErrorCode
 from quarry.errors import FieldViolation, InvalidArgument
+from quarry.identity import Role
 
 DEFAULT_SUPERVISOR_TURNS = 12
-DEFAULT_WORKER_TURNS = 8
 MAX_TURNS_LIMIT = 64
 MAX_PARALLEL_LIMIT = 64
 MAX_QUESTION_CHARS = 16_000
@@ -125,6 +126,79 @@ class Report:
     def from_json(cls, data: dict[str, Any]) -> Report:
         citations = tuple(Citation(**citation) for citation in data.get("citations", []))
         return cls(**{**data, "citations": citations})
+
+
+class ResearchPhase(enum.StrEnum):
+    """What a status event says the run is doing."""
+
+    STARTED = "started"
+    PLANNING = "planning"
+    WORKER_DELEGATED = "worker_delegated"
+    WORKER_RESEARCHING = "worker_researching"
+    WORKER_COMPLETED = "worker_completed"
+    WORKER_FAILED = "worker_failed"
+    SYNTHESIZING = "synthesizing"
+
+
+@dataclass(frozen=True)
+class DelegationOrder:
+    """One bounded task for a worker, with the budgets it runs under."""
+
+    delegation_id: str
+    run_id: str
+    tool_call_id: str
+    scratchpad_thread_id: str
+    objective: str
+    criteria: tuple[str, ...]
+    input_refs: tuple[str, ...]
+    role: Role
+    max_turns: int  # 0: the worker's default
+    max_tokens: int  # 0: no token bound
+    timeout_seconds: float
+
+
+@dataclass(frozen=True)
+class DelegationResult:
+    """How one delegation ended, as the supervisor keeps it: never the worker's transcript."""
+
+    delegation_id: str
+    error_code: DelegationErrorCode | None = None  # None: it succeeded
+    error_message: str = ""
+    summary: str = ""
+    turns_used: int = 0
+    promoted_sequence_nos: tuple[int, ...] = ()
+    usage: TierUsage = TierUsage()
+
+    @property
+    def succeeded(self) -> bool:
+        return self.error_code is None
+
+    @property
+    def outcome_label(self) -> str:
+        return "succeeded" if self.error_code is None else self.error_code.value
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a run ended: what its terminal event says and what its row keeps."""
+
+    state: RunState
+    usage: RunUsage
+    report: Report | None = None
+    error_code: RunErrorCode | None = None
+    message: str = ""  # the error, or the cancellation's reason
+
+    @classmethod
+    def succeeded(cls, report: Report, usage: RunUsage) -> RunOutcome:
+        return cls(RunState.SUCCEEDED, usage, report=report)
+
+    @classmethod
+    def failed(cls, code: RunErrorCode, message: str, usage: RunUsage) -> RunOutcome:
+        return cls(RunState.FAILED, usage, error_code=code, message=message)
+
+    @classmethod
+    def cancelled(cls, reason: str, usage: RunUsage) -> RunOutcome:
+        return cls(RunState.CANCELLED, usage, error_code=RunErrorCode.CANCELLED, message=reason)
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from quarry.notify import CommitSignal, PostgresCommitListener
 from quarry.security import ConnectionLimits, Tls
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
-from supervisor_svc.delegation import DelegationClient
-from supervisor_svc.research import RunDependencies
+from supervisor_svc.run import RunDependencies
 from supervisor_svc.servicer import SupervisorServicer
 from supervisor_svc.store import RUN_EVENTS_CHANNEL, RunStore
 from supervisor_svc.supervisor import Supervisor, SupervisorLimits
+from supervisor_svc.worker_client import DelegationClient
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "alembic_version_supervisor"

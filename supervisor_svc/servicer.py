@@ -93,8 +93,8 @@ class SupervisorServicer(supervisor_pb2_grpc.SupervisorServiceServicer):
     ) -> AsyncIterator[supervisor_pb2.StreamRunResponse]:
         stream = await self._supervisor.events(request.run_id, request.after_sequence_no)
         await context.send_initial_metadata(())  # the stream is live: a client may now rely on it
-        async for event in stream:
-            yield supervisor_pb2.StreamRunResponse(event=event)
+        async for stored in stream:
+            yield supervisor_pb2.StreamRunResponse(event=supervisor_pb2.RunEvent.FromString(stored.payload))
 
     async def GetRun(
         self, request: supervisor_pb2.GetRunRequest, context: grpc.aio.ServicerContext[Any, Any]

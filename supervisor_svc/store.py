@@ -22,11 +22,13 @@ from sqlalchemy.exc import IntegrityError
 from quarry.db import Database, reserve_sequence_numbers
 from quarry.errors import AlreadyExists, FieldViolation, InvalidArgument
 from quarry.v1 import supervisor_pb2
+from supervisor_svc import events
 from supervisor_svc.model import (
     ACTIVE_STATES,
     Report,
     RunErrorCode,
     RunOptions,
+    RunOutcome,
     RunRecord,
     RunState,
     RunUsage,
@@ -178,21 +180,48 @@ class RunStore:
         page = found[:limit]
         return page, _page_token(page[-1], state_name) if len(found) > limit else ""
 
-    async def append(
+    async def append(self, run_id: str, events: Sequence[supervisor_pb2.RunEvent]) -> None:
+        """Number and store events. Raises RunEnded when the run is no longer active."""
+        await self._write_events(run_id, events)
+
+    async def mark_running(self, run_id: str, event: supervisor_pb2.RunEvent) -> None:
+        """The run has started executing: its state, start time and the event that says so, together."""
+        await self._write_events(
+            run_id, [event], columns={"state": RunState.RUNNING.value, "start_time": datetime.now(UTC)}
+        )
+
+    async def record_usage(self, run_id: str, event: supervisor_pb2.RunEvent, usage: RunUsage) -> None:
+        """An event after which the run's usage so far is `usage` (kept on the row for GetRun)."""
+        await self._write_events(run_id, [event], columns={"usage": usage.to_json()})
+
+    async def finish(self, run_id: str, outcome: RunOutcome) -> None:
+        """End the run: its terminal event and its final columns, in one transaction.
+
+        Raises RunEnded when the run had already ended (here or on another replica).
+        """
+        columns: dict[str, Any] = {
+            "state": outcome.state.value,
+            "usage": outcome.usage.to_json(),
+            "end_time": datetime.now(UTC),
+            "report": outcome.report.to_json() if outcome.report else None,
+        }
+        if outcome.error_code is not None:
+            columns["error_code"], columns["last_error"] = outcome.error_code.value, outcome.message
+        await self._write_events(run_id, [events.ending(outcome)], columns=columns, terminal=True)
+
+    async def _write_events(
         self,
         run_id: str,
         events: Sequence[supervisor_pb2.RunEvent],
         *,
+        columns: dict[str, Any] | None = None,
         terminal: bool = False,
-        values: dict[str, Any] | None = None,
-    ) -> list[int]:
-        """Number and store events (and update the run's columns) in one transaction.
-
-        Raises RunEnded when the run is no longer active: nothing follows a terminal event.
-        """
+    ) -> None:
+        """Number and store events and update the run's columns in one transaction; only while it is active,
+        so nothing ever follows a terminal event."""
         now = datetime.now(UTC)
 
-        def work(connection: Connection) -> list[int]:
+        def work(connection: Connection) -> None:
             active = sa.and_(runs.c.run_id == run_id, runs.c.state.in_(ACTIVE_STATES))
             first = reserve_sequence_numbers(connection, runs, active, len(events))
             if first is None:
@@ -214,18 +243,12 @@ class RunStore:
                 )
             if rows:
                 connection.execute(run_events.insert(), rows)
-            if values:
-                connection.execute(runs.update().where(runs.c.run_id == run_id).values(values))
+            if columns:
+                connection.execute(runs.update().where(runs.c.run_id == run_id).values(columns))
             if self._db.is_postgres:  # delivered at commit, and only if it commits
                 connection.execute(sa.select(sa.func.pg_notify(RUN_EVENTS_CHANNEL, run_id)))
-            return [event.sequence_no for event in events]
 
-        return await self._db.write(work)
-
-    async def update(self, run_id: str, values: dict[str, Any]) -> None:
-        await self._db.write(
-            lambda connection: connection.execute(runs.update().where(runs.c.run_id == run_id).values(values))
-        )
+        await self._db.write(work)
 
     async def events_after(self, run_id: str, after: int, limit: int = 500) -> list[StoredEvent]:
         query = (

@@ -21,19 +21,18 @@ from typing import Any
 from quarry import telemetry
 from quarry.errors import FieldViolation, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from quarry.notify import CommitSignal
-from quarry.v1 import supervisor_pb2
-from supervisor_svc import events
-from supervisor_svc.events import RunEventLog
 from supervisor_svc.model import (
     RunErrorCode,
+    RunOutcome,
     RunRecord,
     RunState,
     StartRequest,
     validate_run_id,
     validate_start,
 )
-from supervisor_svc.research import ResearchRun, RunDependencies
-from supervisor_svc.store import RunEnded, RunStore
+from supervisor_svc.publishing import RunEventLog
+from supervisor_svc.run import ResearchRun, RunDependencies
+from supervisor_svc.store import RunEnded, RunStore, StoredEvent
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +131,10 @@ class Supervisor:
                 return
             await asyncio.sleep(0.2)
 
-    async def events(self, run_id: str, after_sequence_no: int) -> AsyncIterator[supervisor_pb2.RunEvent]:
-        """Events after `after_sequence_no`, in order, until the terminal one; waits for new ones."""
+    async def events(self, run_id: str, after_sequence_no: int) -> AsyncIterator[StoredEvent]:
+        """Events after `after_sequence_no`, in order, until the terminal one; waits for new ones.
+
+        They come as stored: serialized RunEvents, which the servicer sends as they are."""
         validate_run_id(run_id)
         if after_sequence_no < 0:
             raise InvalidArgument([FieldViolation("after_sequence_no", "must not be negative")])
@@ -144,7 +145,7 @@ class Supervisor:
             )
         return self._follow(run_id, after_sequence_no)
 
-    async def _follow(self, run_id: str, after: int) -> AsyncIterator[supervisor_pb2.RunEvent]:
+    async def _follow(self, run_id: str, after: int) -> AsyncIterator[StoredEvent]:
         ended = False
         while True:
             woken = self._bus.subscribe(run_id)  # before the read, so no commit after it goes unnoticed
@@ -163,7 +164,7 @@ class Supervisor:
                     ended = True  # one more read: the end may have committed after the last one
                 continue
             for stored in batch:
-                yield supervisor_pb2.RunEvent.FromString(stored.payload)
+                yield stored
                 after = stored.sequence_no
                 if stored.terminal:
                     return
@@ -206,17 +207,7 @@ class Supervisor:
                 continue
             message = "the supervisor executing this run stopped before it ended"
             with contextlib.suppress(RunEnded):  # another replica got there first
-                await self._store.append(
-                    record.run_id,
-                    [events.failed(RunErrorCode.INTERNAL, message, record.usage)],
-                    terminal=True,
-                    values={
-                        "state": RunState.FAILED.value,
-                        "error_code": RunErrorCode.INTERNAL.value,
-                        "last_error": message,
-                        "end_time": datetime.now(UTC),
-                    },
-                )
+                await self._store.finish(record.run_id, RunOutcome.failed(RunErrorCode.INTERNAL, message, record.usage))
                 log.warning("run %s: lease expired; ended as failed", record.run_id)
             self._bus.publish(record.run_id)
 

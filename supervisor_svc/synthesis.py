@@ -14,9 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from quarry.agent.messages import Message, system, user
+from quarry.agent.model import ModelClient
 from quarry.agent.scratchpad_tools import KIND_NAMES
 from quarry.v1 import common_pb2, scratchpad_pb2
-from supervisor_svc.model import Citation
+from supervisor_svc.model import Citation, Report, TierUsage
+from supervisor_svc.publishing import TextStream
 
 # Entries whose sources a worker verified before the scratchpad accepted them.
 _VERIFIED_KINDS = {scratchpad_pb2.ENTRY_KIND_FINDING, scratchpad_pb2.ENTRY_KIND_VERDICT}
@@ -69,6 +71,45 @@ def synthesis_messages(
     if notes.strip():
         parts.append(f"Notes from the research phase:\n{notes.strip()}")
     return [system(INSTRUCTIONS), user("\n\n".join(parts))]
+
+
+@dataclass(frozen=True)
+class ResearchEnd:
+    """Why the research phase ended, as the report records it."""
+
+    notes: str = ""  # the supervisor's last words on what the report should cover
+    token_budget_exhausted: bool = False
+    turn_budget_exhausted: bool = False
+
+
+async def write_report(
+    model: ModelClient, question: str, entries: Sequence[scratchpad_pb2.Entry], end: ResearchEnd, out: TextStream
+) -> tuple[Report, TierUsage]:
+    """One model call without tools; its text streams through the citation filter to `out`."""
+    sources = verified_sources(entries)
+    citations = CitationFilter({source.number: source for source in sources})
+    text: list[str] = []
+
+    async def stream(delta: str) -> None:
+        safe = citations.feed(delta)
+        text.append(safe)
+        await out.add(safe)
+
+    reply = await model.complete(
+        synthesis_messages(question, entries, sources, end.notes), (), call_id_prefix="report", on_text=stream
+    )
+    rest = citations.finish()
+    text.append(rest)
+    await out.add(rest)
+    await out.flush()
+    report = Report(
+        markdown="".join(text),
+        citations=citations.citations(),
+        removed_citations=citations.removed,
+        token_budget_exhausted=end.token_budget_exhausted,
+        turn_budget_exhausted=end.turn_budget_exhausted,
+    )
+    return report, TierUsage(reply.usage.input_tokens, reply.usage.output_tokens, 1, 0)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from quarry.config import QuarrySettings, ScratchpadSettings, WorkerSettings
 from quarry.server import ServiceHost, ServiceRegistration
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from scratchpad_svc.service import build_host as build_scratchpad
-from supervisor_svc.delegation import DelegationClient
+from supervisor_svc.worker_client import DelegationClient
 from tests.conftest import reusable_port
 from tests.fakes.openai_server import Reply, ScriptedModel, Stall
 from worker_svc.service import SERVICE_NAME

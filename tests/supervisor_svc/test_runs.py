@@ -11,6 +11,7 @@ import pytest
 from quarry.db import Database
 from quarry.v1 import supervisor_pb2, worker_pb2
 from supervisor_svc.model import StartRequest
+from supervisor_svc.schema import runs
 from supervisor_svc.store import RunStore
 from tests.fakes.choreography import REPORT, SUPERVISOR
 from tests.fakes.openai_server import Call, DropAfter, Reply, Stall
@@ -276,7 +277,12 @@ async def test_a_run_whose_supervisor_stopped_is_ended_as_failed_when_its_lease_
         orphan, _ = await store.create(
             "run-" + "a" * 32, StartRequest("Left behind?"), scratchpad_thread_id="run-" + "a" * 32, owner="gone"
         )
-        await store.update(orphan.run_id, {"heartbeat_time": datetime.now(UTC) - timedelta(hours=1)})
+        stale = (
+            runs.update()
+            .where(runs.c.run_id == orphan.run_id)
+            .values(heartbeat_time=datetime.now(UTC) - timedelta(hours=1))
+        )
+        await database.write(lambda connection: connection.execute(stale))
     finally:
         await database.close()
     events = await asyncio.wait_for(mesh.events(orphan.run_id), 30)  # the sweep runs every 2 s

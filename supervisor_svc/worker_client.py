@@ -18,14 +18,20 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
+from google.protobuf import duration_pb2
 
 from quarry.client import open_channel
+from quarry.convert import role_to_proto
+from quarry.delegation import DelegationErrorCode
 from quarry.security import ConnectionLimits, Tls
 from quarry.v1 import worker_pb2, worker_pb2_grpc
+from supervisor_svc.model import DelegationOrder, DelegationResult, TierUsage
 
 log = logging.getLogger(__name__)
 
 EventListener = Callable[[worker_pb2.DelegateResponse], Awaitable[None] | None]
+# Told each worker turn as it starts: (turn, max_turns).
+TurnListener = Callable[[int, int], Awaitable[None]]
 
 # Refusals that happen before a worker starts anything: another worker may take the delegation.
 _TRY_ELSEWHERE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -47,6 +53,39 @@ def failed(
         tool_call_id=request.tool_call_id,
         outcome=worker_pb2.DELEGATION_OUTCOME_FAILED,
         error=worker_pb2.DelegationError(code=code, message=message),
+    )
+
+
+def request_for(order: DelegationOrder) -> worker_pb2.DelegateRequest:
+    return worker_pb2.DelegateRequest(
+        delegation_id=order.delegation_id,
+        run_id=order.run_id,
+        tool_call_id=order.tool_call_id,
+        scratchpad_thread_id=order.scratchpad_thread_id,
+        task=worker_pb2.ResearchTask(objective=order.objective, criteria=order.criteria, input_refs=order.input_refs),
+        role=role_to_proto(order.role),
+        budget=worker_pb2.DelegationBudget(
+            max_turns=order.max_turns,
+            max_tokens=order.max_tokens,
+            timeout=duration_pb2.Duration(seconds=max(int(order.timeout_seconds), 1)),
+        ),
+    )
+
+
+def result_from_proto(result: worker_pb2.DelegationResult) -> DelegationResult:
+    code = None
+    if result.outcome != worker_pb2.DELEGATION_OUTCOME_SUCCEEDED:
+        name = worker_pb2.DelegationErrorCode.Name(result.error.code).removeprefix("DELEGATION_ERROR_CODE_")
+        code = DelegationErrorCode.__members__.get(name, DelegationErrorCode.INTERNAL)
+    usage = result.usage
+    return DelegationResult(
+        delegation_id=result.delegation_id,
+        error_code=code,
+        error_message=result.error.message,
+        summary=result.summary,
+        turns_used=result.turns_used,
+        promoted_sequence_nos=tuple(result.promoted_sequence_nos),
+        usage=TierUsage(usage.input_tokens, usage.output_tokens, usage.model_calls, usage.tool_calls),
     )
 
 
@@ -75,6 +114,17 @@ class DelegationClient:
     async def close(self) -> None:
         for channel in self._channels:
             await channel.close(None)
+
+    async def run(self, order: DelegationOrder, *, deadline_seconds: float, on_turn: TurnListener) -> DelegationResult:
+        """`delegate` in the supervisor's own terms."""
+
+        async def progress(response: worker_pb2.DelegateResponse) -> None:
+            progress = response.progress
+            if response.WhichOneof("event") == "progress" and progress.kind == worker_pb2.PROGRESS_KIND_TURN_STARTED:
+                await on_turn(progress.turn, progress.max_turns)
+
+        result = await self.delegate(request_for(order), deadline_seconds=deadline_seconds, on_event=progress)
+        return result_from_proto(result)
 
     async def delegate(
         self,

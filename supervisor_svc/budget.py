@@ -1,0 +1,56 @@
+"""What a run has consumed, by tier, and what its token budget still allows.
+
+The budget is a pure predicate over the usage so far: asking it changes
+nothing. The callers decide what a spent budget means (no new delegation; no
+next supervisor turn).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from quarry.agent.model import Usage
+from supervisor_svc.model import RunUsage, TierUsage
+
+
+class RunAccount:
+    """The run's usage: the supervisor's planning calls and tools, its report call, and every worker's."""
+
+    def __init__(self) -> None:
+        self._planning_tokens: Callable[[], Usage] = Usage
+        self.model_calls = 0  # planning turns that called the model
+        self.tool_calls = 0
+        self.report = TierUsage()
+        self.workers = TierUsage()
+
+    def count_planning_tokens(self, source: Callable[[], Usage]) -> None:
+        """Planning tokens are read live from the agent loop that spends them."""
+        self._planning_tokens = source
+
+    def add_worker(self, usage: TierUsage) -> None:
+        self.workers += usage
+
+    def usage(self) -> RunUsage:
+        tokens = self._planning_tokens()
+        planning = TierUsage(tokens.input_tokens, tokens.output_tokens, self.model_calls, self.tool_calls)
+        return RunUsage(supervisor=planning + self.report, workers=self.workers)
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    max_tokens: int  # 0: unbounded
+    account: RunAccount
+
+    def left(self) -> int | None:
+        """Tokens left, or None when the run has no token budget."""
+        return None if not self.max_tokens else self.max_tokens - self.account.usage().total.tokens
+
+    def spent(self) -> bool:
+        left = self.left()
+        return left is not None and left <= 0
+
+    def share(self, ways: int) -> int:
+        """An equal part of what is left for each of `ways` delegations (0: no bound)."""
+        left = self.left()
+        return 0 if left is None else max(left // max(ways, 1), 1)

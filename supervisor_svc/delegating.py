@@ -1,0 +1,177 @@
+"""The run's delegation desk: one place that orders work from workers and says what came back.
+
+It builds each order (budgets included), bounds how many delegations run at
+once, gives each an equal share of the token budget left, publishes the
+delegation's status events, and renders the result the supervisor's context
+keeps: the outcome and the entries it promoted, as the scratchpad holds them,
+never the worker's transcript.
+
+Budget shares are fair by construction: the agent loop announces every call of
+a turn (`expect`) before any of them runs, so the first delegation of a turn
+already knows how many share the budget with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+from opentelemetry import trace
+
+from quarry.agent.messages import ToolCall
+from quarry.agent.scratchpad_tools import render_entries
+from quarry.agent.tools import ToolError
+from quarry.client import ScratchpadClient
+from quarry.identity import Role
+from quarry.telemetry import meter, tracer
+from quarry.v1 import scratchpad_pb2
+from supervisor_svc.budget import RunAccount, TokenBudget
+from supervisor_svc.model import DelegationOrder, DelegationResult, ResearchPhase
+from supervisor_svc.publishing import RunPublisher
+from supervisor_svc.tools import DelegateParams
+from supervisor_svc.worker_client import DelegationClient
+
+log = logging.getLogger(__name__)
+
+# Promoted entries shown with a delegation's result, at most (the rest stay one read_scratchpad away).
+MAX_PROMOTED_CHARS = 8000
+# The supervisor waits this much longer than the worker's own time limit before giving up on it.
+_DEADLINE_GRACE_SECONDS = 5.0
+
+_DELEGATIONS = meter.create_counter("quarry.delegations", description="delegations ended, by outcome")
+
+
+def render_result(result: DelegationResult, promoted_entries: Sequence[scratchpad_pb2.Entry] = ()) -> str:
+    """What the supervisor's context keeps of a delegation."""
+    promoted = ", ".join(str(n) for n in result.promoted_sequence_nos) or "none"
+    if result.error_code is None:
+        text = (
+            f"delegation {result.delegation_id} succeeded in {result.turns_used} turns; scratchpad entries "
+            f"promoted: {promoted}.\nWorker summary: {result.summary}"
+        )
+    else:
+        text = (
+            f"error: delegation {result.delegation_id} failed ({result.error_code.name}): {result.error_message}. "
+            f"Scratchpad entries promoted before it failed: {promoted}."
+        )
+    if promoted_entries:
+        entries = render_entries(promoted_entries)
+        if len(entries) > MAX_PROMOTED_CHARS:
+            entries = entries[:MAX_PROMOTED_CHARS] + "\n… (more with read_scratchpad)"
+        text += f"\nPromoted entries, from the scratchpad:\n{entries}"
+    return text
+
+
+class Delegator:
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        thread_id: str,
+        worker_max_turns: int,
+        parallel: int,
+        deadline: float,  # time.monotonic() by which the run must end
+        client: DelegationClient,
+        scratchpad: ScratchpadClient,
+        account: RunAccount,
+        budget: TokenBudget,
+        publisher: RunPublisher,
+    ) -> None:
+        self._run_id = run_id
+        self._thread_id = thread_id
+        self._worker_max_turns = worker_max_turns
+        self._parallel = parallel
+        self._slots = asyncio.Semaphore(parallel)
+        self._deadline = deadline
+        self._client = client
+        self._scratchpad = scratchpad
+        self._account = account
+        self._budget = budget
+        self._publisher = publisher
+        self._ordered = 0
+        self._expected: set[str] = set()  # this turn's delegate calls that have not ended
+
+    def new_turn(self) -> None:
+        self._expected.clear()
+
+    def expect(self, call: ToolCall) -> None:
+        """A delegate call of this turn, told before any call of the turn runs."""
+        self._expected.add(call.id)
+
+    async def delegate(self, params: DelegateParams, call: ToolCall) -> str:
+        self._refuse_if_budget_spent()
+        self._ordered += 1
+        delegation_id = f"{self._run_id}.{self._ordered}.{call.id[:40]}"
+        attributes = {"quarry.delegation_id": delegation_id, "quarry.run_id": self._run_id, "quarry.role": params.role}
+        with tracer.start_as_current_span("delegate", attributes=attributes) as span:
+            try:
+                async with self._slots:
+                    self._refuse_if_budget_spent()
+                    result = await self._run(self._order(params, call, delegation_id))
+            finally:
+                self._expected.discard(call.id)
+            span.set_attribute("quarry.delegation.outcome", result.outcome_label)
+            if not result.succeeded:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, result.error_message[:200]))
+        _DELEGATIONS.add(1, {"quarry.delegation.outcome": result.outcome_label})
+        self._account.add_worker(result.usage)
+        await self._publisher.delegation_ended(result, self._account.usage())
+        return render_result(result, await self._promoted_entries(result))
+
+    def _refuse_if_budget_spent(self) -> None:
+        if self._budget.spent():
+            raise ToolError("the run's token budget is spent: no new delegation starts")
+
+    def _order(self, params: DelegateParams, call: ToolCall, delegation_id: str) -> DelegationOrder:
+        sharing = min(max(len(self._expected), 1), self._parallel)
+        return DelegationOrder(
+            delegation_id=delegation_id,
+            run_id=self._run_id,
+            tool_call_id=call.id,
+            scratchpad_thread_id=self._thread_id,
+            objective=params.objective,
+            criteria=tuple(params.criteria),
+            input_refs=tuple(params.input_refs),
+            role=Role(params.role),
+            max_turns=self._worker_max_turns,
+            max_tokens=self._budget.share(sharing),
+            timeout_seconds=self._deadline - time.monotonic(),
+        )
+
+    async def _run(self, order: DelegationOrder) -> DelegationResult:
+        # The "delegated" event is written while the call goes out (it is not on the hop to the worker);
+        # the delegation's later events wait for it, so the order on the wire stays the order of events.
+        announced = asyncio.ensure_future(
+            self._publisher.status(
+                ResearchPhase.WORKER_DELEGATED, order.objective[:200], delegation_id=order.delegation_id
+            )
+        )
+
+        async def turn_started(turn: int, max_turns: int) -> None:
+            await announced
+            await self._publisher.status(
+                ResearchPhase.WORKER_RESEARCHING, f"turn {turn} of {max_turns}", delegation_id=order.delegation_id
+            )
+
+        try:
+            return await self._client.run(
+                order,
+                deadline_seconds=max(order.timeout_seconds, 1.0) + _DEADLINE_GRACE_SECONDS,
+                on_turn=turn_started,
+            )
+        finally:
+            await announced
+
+    async def _promoted_entries(self, result: DelegationResult) -> list[scratchpad_pb2.Entry]:
+        """Re-read what the delegation promoted: the supervisor sees findings as the scratchpad holds them."""
+        numbers = set(result.promoted_sequence_nos)
+        if not numbers:
+            return []
+        try:
+            entries = await self._scratchpad.read_all(self._thread_id, after_sequence_no=min(numbers) - 1)
+        except Exception as error:  # the result stands without them; read_scratchpad can fetch them later
+            log.warning("run %s: could not re-read promoted entries: %s", self._run_id, error)
+            return []
+        return [entry for entry in entries if entry.sequence_no in numbers]

@@ -1,0 +1,139 @@
+"""What one run tells its clients: status, scratchpad entries (each once), streamed text and its ending.
+
+Every event goes through the run's RunEventLog, which numbers and stores events in
+call order and then wakes the run's streams through a quarry.notify.CommitSignal
+keyed by run id (and, on PostgreSQL, by NOTIFYs from other replicas).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from quarry.client import ScratchpadClient
+from quarry.notify import CommitSignal
+from quarry.v1 import scratchpad_pb2, supervisor_pb2
+from supervisor_svc import events
+from supervisor_svc.model import DelegationResult, ResearchPhase, RunOutcome, RunUsage
+from supervisor_svc.store import RunStore
+
+log = logging.getLogger(__name__)
+
+
+class RunEventLog:
+    """One run's writer: one write at a time, in call order; each wakes the run's streams."""
+
+    def __init__(self, store: RunStore, bus: CommitSignal, run_id: str) -> None:
+        self._store = store
+        self._bus = bus
+        self._run_id = run_id
+        self._lock = asyncio.Lock()
+
+    async def write(self, write: Callable[[], Awaitable[None]]) -> None:
+        async with self._lock:
+            await write()
+        self._bus.publish(self._run_id)
+
+    async def emit(self, *batch: supervisor_pb2.RunEvent) -> None:
+        await self.write(lambda: self._store.append(self._run_id, batch))
+
+    async def mark_running(self, event: supervisor_pb2.RunEvent) -> None:
+        await self.write(lambda: self._store.mark_running(self._run_id, event))
+
+    async def record_usage(self, event: supervisor_pb2.RunEvent, usage: RunUsage) -> None:
+        await self.write(lambda: self._store.record_usage(self._run_id, event, usage))
+
+    async def finish(self, outcome: RunOutcome) -> None:
+        await self.write(lambda: self._store.finish(self._run_id, outcome))
+
+
+class TextStream:
+    """Coalesces streamed text into events of a useful size: one per ~200 characters or 100 ms."""
+
+    def __init__(
+        self,
+        make: Callable[[str], supervisor_pb2.RunEvent],
+        emit: Callable[[supervisor_pb2.RunEvent], Awaitable[None]],
+        *,
+        max_chars: int = 200,
+        max_delay: float = 0.1,
+    ) -> None:
+        self._make = make
+        self._emit = emit
+        self._max_chars = max_chars
+        self._max_delay = max_delay
+        self._buffer: list[str] = []
+        self._size = 0
+        self._since = 0.0
+
+    async def add(self, text: str) -> None:
+        if not text:
+            return
+        if not self._buffer:
+            self._since = time.monotonic()
+        self._buffer.append(text)
+        self._size += len(text)
+        if self._size >= self._max_chars or time.monotonic() - self._since >= self._max_delay:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if self._buffer:
+            text = "".join(self._buffer)
+            self._buffer.clear()
+            self._size = 0
+            await self._emit(self._make(text))
+
+
+class RunPublisher:
+    """The events of one run, in the order they happen; the terminal one last."""
+
+    def __init__(self, event_log: RunEventLog, scratchpad: ScratchpadClient, run_id: str, thread_id: str) -> None:
+        self._log = event_log
+        self._scratchpad = scratchpad
+        self._run_id = run_id
+        self._thread_id = thread_id
+        self.reasoning = TextStream(events.reasoning, self._log.emit)
+        self.content = TextStream(events.content, self._log.emit)
+        self._entries_published = 0
+        self._entries_lock = asyncio.Lock()
+
+    async def started(self) -> None:
+        await self._log.mark_running(events.status(ResearchPhase.STARTED, "research started"))
+
+    async def status(self, phase: ResearchPhase, message: str, *, delegation_id: str = "") -> None:
+        await self._log.emit(events.status(phase, message, delegation_id=delegation_id))
+
+    async def delegation_ended(self, result: DelegationResult, usage: RunUsage) -> None:
+        await self._log.record_usage(events.delegation_ended(result), usage)
+
+    async def finish(self, outcome: RunOutcome) -> None:
+        await self._log.finish(outcome)
+
+    # -- scratchpad entries -----------------------------------------------------------------
+
+    async def entries(self, entries: Sequence[scratchpad_pb2.Entry]) -> None:
+        """Scratchpad events for entries not yet reported, in sequence order, each once."""
+        async with self._entries_lock:
+            fresh = [entry for entry in entries if entry.sequence_no > self._entries_published]
+            if fresh:
+                await self._log.emit(*(events.scratchpad_entry(entry) for entry in fresh))
+                self._entries_published = fresh[-1].sequence_no
+
+    async def follow_scratchpad(self) -> None:
+        """Publish entries as they commit, until cancelled; a broken watch only stops the live updates."""
+        try:
+            async for entry in self._scratchpad.watch(self._thread_id):
+                # Shielded: an event stored but not yet counted would be published twice by catch_up.
+                await asyncio.shield(self.entries([entry]))
+        except Exception as error:  # the final catch_up still reports every entry
+            log.warning("run %s: scratchpad watch ended: %s", self._run_id, error)
+
+    async def catch_up(self) -> None:
+        """Report the entries the watch has not: the run's end must not wait on, or fail with, the scratchpad."""
+        try:
+            entries = await self._scratchpad.read_all(self._thread_id, after_sequence_no=self._entries_published)
+            await self.entries(entries)
+        except Exception as error:
+            log.warning("run %s: could not report the last scratchpad entries: %s", self._run_id, error)

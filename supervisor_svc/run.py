@@ -1,0 +1,247 @@
+"""One research run: seed the scratchpad, delegate, re-read, write the report; always one terminal event.
+
+The supervisor runs the same bounded loop as the workers (quarry.agent.loop)
+with three tools: delegate_research, read_scratchpad and append_scratchpad.
+Its context only ever holds its own turns, short delegation results and
+scratchpad reads: worker transcripts stay with the workers. When the research
+phase ends (the model is done, the turn bound or the token budget is reached)
+the report is written from the verified findings in the scratchpad.
+
+The parts: budget.py (usage and the token budget), delegating.py (orders to
+workers and their results), publishing.py (the run's events), tools.py (what the
+model may call), synthesis.py (the report). This module only sequences them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from quarry.agent.conversation import ConversationStore
+from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TurnBudgetExhausted
+from quarry.agent.messages import ToolCall, system, user
+from quarry.agent.model import ModelClient, ProviderError
+from quarry.agent.tools import ToolOutcome
+from quarry.client import ScratchpadClient
+from quarry.errors import Unavailable
+from quarry.telemetry import tracer
+from quarry.v1 import common_pb2, scratchpad_pb2
+from supervisor_svc.budget import RunAccount, TokenBudget
+from supervisor_svc.delegating import Delegator
+from supervisor_svc.model import DEFAULT_SUPERVISOR_TURNS, ResearchPhase, RunErrorCode, RunOutcome, RunRecord
+from supervisor_svc.publishing import RunEventLog, RunPublisher
+from supervisor_svc.store import RunEnded
+from supervisor_svc.synthesis import ResearchEnd, write_report
+from supervisor_svc.tools import DELEGATE_TOOL, REGISTRY, SupervisorContext
+from supervisor_svc.worker_client import DelegationClient
+
+log = logging.getLogger(__name__)
+
+INSTRUCTIONS = (
+    "You are the supervisor of a research team. The question is in the scratchpad's seed. Split it into "
+    "bounded research tasks and give each to a worker with delegate_research; several calls in one reply run "
+    "in parallel. Workers search, read and verify sources, and promote verified findings to the shared "
+    "scratchpad. After delegations, read_scratchpad to see what was promoted, then decide whether more research "
+    "is needed. You may add notes or markers with append_scratchpad. When the findings suffice, or further "
+    "research would not help, reply without calling a tool: a few lines on what the report should cover. The "
+    "report is then written from the scratchpad's verified findings."
+)
+# How long the end of a run waits out a database that is away: a run left active would only be ended
+# later, as failed, by the lease sweep.
+_END_RETRY_SECONDS = 30
+
+
+class BudgetSpent(Exception):
+    """The run's token budget is reached: research stops and the report is written."""
+
+
+@dataclass
+class RunDependencies:
+    model: ModelClient
+    conversations: ConversationStore
+    scratchpad: ScratchpadClient
+    delegations: DelegationClient
+    default_timeout_seconds: float
+    default_parallel: int
+    context_tokens: int
+
+
+class _Observer(LoopObserver):
+    """Ties the supervisor's loop to the run: budget before each model call, events, counts."""
+
+    def __init__(self, publisher: RunPublisher, budget: TokenBudget, account: RunAccount, delegator: Delegator) -> None:
+        self._publisher = publisher
+        self._budget = budget
+        self._account = account
+        self._delegator = delegator
+
+    async def turn_started(self, turn: int, max_turns: int) -> None:
+        await self._publisher.reasoning.flush()
+        self._delegator.new_turn()
+        if self._budget.spent():
+            raise BudgetSpent
+        self._account.model_calls += 1
+
+    async def tool_called(self, turn: int, call: ToolCall) -> None:
+        if call.name == DELEGATE_TOOL:
+            self._delegator.expect(call)
+
+    async def tool_finished(self, turn: int, outcome: ToolOutcome) -> None:
+        self._account.tool_calls += 1
+
+    async def text(self, delta: str) -> None:
+        await self._publisher.reasoning.add(delta)
+
+
+class ResearchRun:
+    def __init__(self, record: RunRecord, event_log: RunEventLog, deps: RunDependencies) -> None:
+        self.record = record
+        self.run_id = record.run_id
+        self._deps = deps
+        self._timeout = record.options.timeout_seconds or deps.default_timeout_seconds
+        self._account = RunAccount()
+        self._budget = TokenBudget(record.options.max_tokens, self._account)
+        self._publisher = RunPublisher(event_log, deps.scratchpad, self.run_id, record.scratchpad_thread_id)
+        self._author = common_pb2.Principal(principal_id=self.run_id, role=common_pb2.ROLE_SUPERVISOR)
+        self.cancel_reason = "cancelled"
+
+    async def execute(self) -> None:
+        """Run to exactly one terminal event (unless the run already ended elsewhere)."""
+        attributes = {"quarry.run_id": self.run_id, "quarry.scratchpad_thread_id": self.record.scratchpad_thread_id}
+        with tracer.start_as_current_span("research run", attributes=attributes):
+            log.info("run %s started", self.run_id)
+            await self._execute()
+
+    async def _execute(self) -> None:
+        deadline = time.monotonic() + self._timeout
+        watcher: asyncio.Task[None] | None = None
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._publisher.started()
+                await self._seed()
+                watcher = asyncio.create_task(self._publisher.follow_scratchpad())
+                end = await self._research(deadline)
+                await self._publisher.status(ResearchPhase.SYNTHESIZING, _synthesis_reason(end))
+                entries = await self._deps.scratchpad.read_all(self.record.scratchpad_thread_id)
+                report, self._account.report = await write_report(
+                    self._deps.model, self.record.question, entries, end, self._publisher.content
+                )
+            await self._end(watcher, RunOutcome.succeeded(report, self._account.usage()))
+        except asyncio.CancelledError:
+            await asyncio.shield(self._end_cancelled(watcher))
+            raise
+        except ProviderError as error:
+            await self._fail(watcher, RunErrorCode.PROVIDER_ERROR, str(error))
+        except TimeoutError:
+            await self._fail(watcher, RunErrorCode.DEADLINE_EXCEEDED, f"the run ran past its {self._timeout:g} s limit")
+        except Exception as error:
+            log.exception("run %s failed", self.run_id)
+            await self._fail(watcher, RunErrorCode.INTERNAL, f"the supervisor failed: {type(error).__name__}: {error}")
+
+    async def _seed(self) -> None:
+        thread_id = self.record.scratchpad_thread_id
+        await self._deps.scratchpad.create_thread(
+            thread_id=thread_id, title=self.record.question[:200], request_id=f"{self.run_id}/thread"
+        )
+        await self._deps.scratchpad.append(
+            thread_id,
+            kind=scratchpad_pb2.ENTRY_KIND_SEED,
+            author=self._author,
+            content=f"Research question: {self.record.question}",
+            request_id=f"{self.run_id}/seed",
+        )
+
+    async def _research(self, deadline: float) -> ResearchEnd:
+        """The supervisor's loop, until it answers or a bound stops it."""
+        await self._publisher.status(ResearchPhase.PLANNING, "planning the research")
+        options = self.record.options
+        delegator = Delegator(
+            run_id=self.run_id,
+            thread_id=self.record.scratchpad_thread_id,
+            worker_max_turns=options.worker_max_turns,
+            parallel=options.max_parallel_delegations or self._deps.default_parallel,
+            deadline=deadline,
+            client=self._deps.delegations,
+            scratchpad=self._deps.scratchpad,
+            account=self._account,
+            budget=self._budget,
+            publisher=self._publisher,
+        )
+        conversation_id = f"sup-{self.run_id}"
+        opening = [
+            system(INSTRUCTIONS),
+            user(
+                f"Research question: {self.record.question}\n\nThe scratchpad holds the seed as entry 1. "
+                "Plan, delegate, and check the findings."
+            ),
+        ]
+        await self._deps.conversations.create(conversation_id, opening)
+        context = SupervisorContext(
+            delegations=delegator,
+            scratchpad=self._deps.scratchpad,
+            scratchpad_thread_id=self.record.scratchpad_thread_id,
+            author=self._author,
+        )
+        limits = LoopLimits(
+            max_turns=options.max_supervisor_turns or DEFAULT_SUPERVISOR_TURNS,
+            context_tokens=self._deps.context_tokens,
+        )
+        observer = _Observer(self._publisher, self._budget, self._account, delegator)
+        agent = AgentRun(
+            self._deps.model, REGISTRY, self._deps.conversations, conversation_id, limits, observer, agent="supervisor"
+        )
+        self._account.count_planning_tokens(lambda: agent.usage)
+        end = ResearchEnd()
+        try:
+            end = ResearchEnd(notes=await agent.run(context, history=list(opening)))
+        except TurnBudgetExhausted:
+            end = ResearchEnd(turn_budget_exhausted=True)
+        except BudgetSpent:
+            end = ResearchEnd(token_budget_exhausted=True)
+        await self._publisher.reasoning.flush()
+        return end
+
+    # -- endings ----------------------------------------------------------------------------
+
+    async def _end(self, watcher: asyncio.Task[None] | None, outcome: RunOutcome) -> None:
+        """Stop the live entry updates, report the entries they missed, then record the one ending."""
+        if watcher is not None and not watcher.done():
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        await self._publisher.catch_up()
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(Unavailable),
+            stop=stop_after_delay(_END_RETRY_SECONDS),
+            wait=wait_exponential(multiplier=0.1, max=2),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    await self._publisher.finish(outcome)
+            log.info("run %s %s%s", self.run_id, outcome.state.value, f": {outcome.message}" if outcome.message else "")
+        except RunEnded:
+            log.warning("run %s had already been ended elsewhere", self.run_id)
+
+    async def _fail(self, watcher: asyncio.Task[None] | None, code: RunErrorCode, message: str) -> None:
+        await self._end(watcher, RunOutcome.failed(code, message, self._account.usage()))
+
+    async def _end_cancelled(self, watcher: asyncio.Task[None] | None) -> None:
+        try:
+            await self._end(watcher, RunOutcome.cancelled(self.cancel_reason, self._account.usage()))
+        except Exception:
+            log.exception("run %s: could not record its cancellation", self.run_id)
+
+
+def _synthesis_reason(end: ResearchEnd) -> str:
+    if end.token_budget_exhausted:
+        return "the token budget is spent; writing the report from what exists"
+    if end.turn_budget_exhausted:
+        return "the turn bound is reached; writing the report from what exists"
+    return "writing the report"

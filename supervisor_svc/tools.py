@@ -1,0 +1,68 @@
+"""The supervisor's tools: delegate_research plus the shared scratchpad tools.
+
+Tools see a narrow context: the run's delegation desk (anything that can
+delegate one task and answer with its rendered result) and its scratchpad
+access, never the run itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, Field
+
+from quarry.agent.messages import ToolCall
+from quarry.agent.scratchpad_tools import SCRATCHPAD_TOOLS, SourceParam
+from quarry.agent.tools import Tool, ToolError, ToolRegistry, current_call
+from quarry.client import ScratchpadClient
+from quarry.v1 import common_pb2
+
+DELEGATE_TOOL = "delegate_research"
+
+
+class DelegateParams(BaseModel):
+    objective: str = Field(min_length=1, max_length=4000, description="the research task, self-contained")
+    criteria: list[str] = Field(default_factory=list, max_length=10, description="what a good answer must show")
+    input_refs: list[str] = Field(
+        default_factory=list, max_length=20, description="scratchpad entries or URLs to start from"
+    )
+    role: Literal["researcher", "verifier"] = "researcher"
+
+
+class DelegationDesk(Protocol):
+    async def delegate(self, params: DelegateParams, call: ToolCall) -> str:
+        """Run one delegation to its end; the text the supervisor's context keeps of it."""
+
+
+@dataclass
+class SupervisorContext:
+    """What the supervisor's tools share during one run (it satisfies ScratchpadAccess)."""
+
+    delegations: DelegationDesk
+    scratchpad: ScratchpadClient
+    scratchpad_thread_id: str
+    author: common_pb2.Principal
+    promoted: list[int] = field(default_factory=list)
+
+    def verify_sources(self, kind: str, sources: Sequence[SourceParam]) -> None:
+        if sources:
+            raise ToolError("the supervisor cites nothing itself; sourced findings come from workers")
+
+
+async def delegate_research(params: DelegateParams, context: SupervisorContext) -> str:
+    return await context.delegations.delegate(params, current_call())
+
+
+SUPERVISOR_TOOLS: list[Tool[Any, SupervisorContext]] = [
+    Tool(
+        DELEGATE_TOOL,
+        "Give one bounded research task to a worker; returns its result once it ends. The worker reads the "
+        "scratchpad itself and promotes verified findings there.",
+        DelegateParams,
+        delegate_research,
+    ),
+    *SCRATCHPAD_TOOLS,
+]
+REGISTRY: ToolRegistry[SupervisorContext] = ToolRegistry(SUPERVISOR_TOOLS)
