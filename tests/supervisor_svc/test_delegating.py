@@ -1,0 +1,90 @@
+"""The delegation desk: budget shares are fair from the first delegation of a turn, by construction."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from quarry.agent.messages import ToolCall
+from quarry.db import Database, upgrade_schema_async
+from quarry.notify import CommitSignal
+from supervisor_svc.budget import RunAccount, TokenBudget
+from supervisor_svc.delegating import Delegator
+from supervisor_svc.model import DelegationOrder, DelegationResult, StartRequest, TierUsage
+from supervisor_svc.publishing import RunEventLog, RunPublisher
+from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
+from supervisor_svc.store import RunStore
+from supervisor_svc.tools import DelegateParams
+
+RUN_ID = "run-" + "b" * 32
+
+
+class RecordingWorkers:
+    """Stands in for the worker pool: records each order and ends it when the test says so."""
+
+    def __init__(self) -> None:
+        self.orders: list[DelegationOrder] = []
+        self.release: dict[str, asyncio.Event] = {}
+        self.arrived = asyncio.Condition()
+
+    async def run(self, order: DelegationOrder, *, deadline_seconds: float, on_turn: object) -> DelegationResult:
+        gate = self.release.setdefault(order.tool_call_id, asyncio.Event())
+        async with self.arrived:
+            self.orders.append(order)
+            self.arrived.notify_all()
+        await gate.wait()
+        return DelegationResult(order.delegation_id, usage=TierUsage(100, 100, 1, 0))
+
+    async def wait_for(self, count: int) -> None:
+        async with self.arrived:
+            await asyncio.wait_for(self.arrived.wait_for(lambda: len(self.orders) >= count), 10)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[RunStore]:
+    url = f"sqlite:///{tmp_path / 'supervisor.db'}"
+    await upgrade_schema_async(url, MIGRATIONS, VERSION_TABLE)
+    database = Database(url)
+    store = RunStore(database)
+    await store.create(RUN_ID, StartRequest("Shares?"), scratchpad_thread_id=RUN_ID, owner="test")
+    yield store
+    await database.close()
+
+
+async def test_parallel_delegations_share_the_budget_left_from_the_first_one(store: RunStore) -> None:
+    workers = RecordingWorkers()
+    account = RunAccount()
+    publisher = RunPublisher(RunEventLog(store, CommitSignal(), RUN_ID), None, RUN_ID, RUN_ID)  # type: ignore[arg-type]
+    delegator = Delegator(
+        run_id=RUN_ID,
+        thread_id=RUN_ID,
+        worker_max_turns=0,
+        parallel=2,
+        deadline=time.monotonic() + 60,
+        client=workers,  # type: ignore[arg-type]
+        scratchpad=None,  # type: ignore[arg-type]
+        account=account,
+        budget=TokenBudget(1200, account),
+        publisher=publisher,
+    )
+    calls = [ToolCall(id=f"c{n}", name="delegate_research", arguments="{}") for n in range(3)]
+    delegator.new_turn()
+    for call in calls:  # the loop announces a turn's calls before any of them runs
+        delegator.expect(call)
+    tasks = [asyncio.create_task(delegator.delegate(DelegateParams(objective="x"), call)) for call in calls]
+    await workers.wait_for(2)
+    # Three calls, two slots: the two running ones split what is left, the first as much as the second.
+    assert [order.max_tokens for order in workers.orders] == [600, 600]
+    workers.release["c0"].set()
+    await workers.wait_for(3)
+    # c0 spent 200: 1000 left, shared by the one still running and the one starting.
+    assert workers.orders[2].max_tokens == 500
+    for call in calls[1:]:
+        workers.release[call.id].set()
+    results = await asyncio.gather(*tasks)
+    assert all("succeeded" in text for text in results)
+    assert account.usage().workers.tokens == 600
