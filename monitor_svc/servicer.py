@@ -13,19 +13,16 @@ from google.protobuf import duration_pb2
 from monitor_svc.gpus import GpuSample, NvmlProbe
 from monitor_svc.jobs import JobRef, Jobs
 from monitor_svc.model import JobObservation, JobState
-from monitor_svc.slurm import check_job_id
 from monitor_svc.smi import APP_QUERY, GPU_QUERY, MalformedOutput, parse_gpus
 from monitor_svc.ssh import SshHosts
+from monitor_svc.validation import check_job_ref, interval_seconds, require_job_kind, tail_lines
 from quarry.convert import timestamp
-from quarry.errors import FailedPrecondition, FieldViolation, InvalidArgument
+from quarry.errors import FailedPrecondition
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 
 LOCAL = "local"
 DEFAULT_GPU_INTERVAL = 5.0
 DEFAULT_JOB_INTERVAL = 10.0
-DEFAULT_TAIL_LINES = 20
-MAX_TAIL_LINES = 500
-MAX_PID = 2**31 - 1
 _STATES = {
     JobState.PENDING: monitor_pb2.JOB_STATE_PENDING,
     JobState.RUNNING: monitor_pb2.JOB_STATE_RUNNING,
@@ -57,39 +54,21 @@ def gpu_to_proto(host: str, sample: GpuSample) -> monitor_pb2.Gpu:
     )
 
 
-def _seconds(value: duration_pb2.Duration, field: str, *, default: float, minimum: float, has: bool) -> float:
-    if not has:
-        return default
-    seconds = value.seconds + value.nanos / 1e9
-    if not minimum <= seconds <= 3600:
-        raise InvalidArgument([FieldViolation(field, f"between {minimum:g} s and 1 hour")])
-    return seconds
+def _seconds(value: duration_pb2.Duration, *, has: bool) -> float | None:
+    """A Duration field in seconds; None when the request left it unset."""
+    return value.seconds + value.nanos / 1e9 if has else None
 
 
 def job_ref_from_proto(job: monitor_pb2.JobRef) -> JobRef:
+    """The reference a JobRef names, unchecked (an unset target gives an empty kind)."""
     target = job.WhichOneof("target")
     if target == "local":
-        if not 0 < job.local.pid <= MAX_PID:
-            raise InvalidArgument([FieldViolation("job.local.pid", "a process id")])
         return JobRef("local", pid=job.local.pid, log_path=job.log_path)
     if target == "remote":
-        violations = []
-        if not 0 < job.remote.pid <= MAX_PID:
-            violations.append(FieldViolation("job.remote.pid", "a process id"))
-        if not job.remote.host:
-            violations.append(FieldViolation("job.remote.host", "required: a configured host"))
-        if violations:
-            raise InvalidArgument(violations)
         return JobRef("remote", pid=job.remote.pid, host=job.remote.host, log_path=job.log_path)
     if target == "slurm":
-        try:
-            check_job_id(job.slurm.job_id)
-        except ValueError as error:
-            raise InvalidArgument([FieldViolation("job.slurm.job_id", str(error))]) from None
-        if not job.slurm.host:
-            raise InvalidArgument([FieldViolation("job.slurm.host", "required: the login host sacct runs on")])
         return JobRef("slurm", host=job.slurm.host, job_id=job.slurm.job_id, log_path=job.log_path)
-    raise InvalidArgument([FieldViolation("job", "one of local, remote or slurm")])
+    return JobRef("", log_path=job.log_path)
 
 
 def job_ref_to_proto(ref: JobRef) -> monitor_pb2.JobRef:
@@ -148,8 +127,11 @@ class MonitorServicer(monitor_pb2_grpc.MonitorServiceServicer):
     async def WatchGpus(
         self, request: monitor_pb2.WatchGpusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[monitor_pb2.WatchGpusResponse]:
-        interval = _seconds(
-            request.interval, "interval", default=DEFAULT_GPU_INTERVAL, minimum=1.0, has=request.HasField("interval")
+        interval = interval_seconds(
+            _seconds(request.interval, has=request.HasField("interval")),
+            "interval",
+            default=DEFAULT_GPU_INTERVAL,
+            minimum=1.0,
         )
         while True:  # until the client goes away or the server stops
             gpus, reason = await self._gpus(request.host)
@@ -161,39 +143,34 @@ class MonitorServicer(monitor_pb2_grpc.MonitorServiceServicer):
     async def SubmitJob(
         self, request: monitor_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> monitor_pb2.SubmitJobResponse:
-        kind = request.WhichOneof("job")
+        kind = require_job_kind(request.WhichOneof("job"), ("local", "slurm"))
         if kind == "local":
             local = request.local
             ref = await self._jobs.submit_local(
                 list(local.argv), local.working_directory, local.log_path, request.request_id
             )
-        elif kind == "slurm":
+        else:
             submission = request.slurm
             ref = await self._jobs.submit_slurm(
                 submission.host, submission.script_path, list(submission.sbatch_args), request.request_id
             )
-        else:
-            raise InvalidArgument([FieldViolation("job", "one of local or slurm")])
         return monitor_pb2.SubmitJobResponse(job=job_ref_to_proto(ref))
 
     async def WatchJob(
         self, request: monitor_pb2.WatchJobRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[monitor_pb2.WatchJobResponse]:
-        ref = job_ref_from_proto(request.job)
+        ref = check_job_ref(job_ref_from_proto(request.job))
         if ref.host:
             self._hosts.require(ref.host, field=f"job.{ref.kind}.host")
-        interval = _seconds(
-            request.poll_interval,
+        interval = interval_seconds(
+            _seconds(request.poll_interval, has=request.HasField("poll_interval")),
             "poll_interval",
             default=DEFAULT_JOB_INTERVAL,
             minimum=1.0,
-            has=request.HasField("poll_interval"),
         )
-        if not 0 <= request.log_tail_lines <= MAX_TAIL_LINES:
-            raise InvalidArgument([FieldViolation("log_tail_lines", f"between 0 and {MAX_TAIL_LINES}")])
-        tail_lines = request.log_tail_lines or DEFAULT_TAIL_LINES
+        lines_wanted = tail_lines(request.log_tail_lines)
         first = True
-        async for observation in self._jobs.watch(ref, interval, tail_lines):
+        async for observation in self._jobs.watch(ref, interval, lines_wanted):
             lines = list(observation.new_log_lines)
             yield monitor_pb2.WatchJobResponse(
                 status=status_to_proto(observation, lines if first else []), new_log_lines=[] if first else lines

@@ -19,6 +19,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 
 from quarry import telemetry
 from quarry.security import ConnectionLimits, Tls, bearer_metadata
+from quarry.streams import ResumePolicy, resumable_stream
 from quarry.v1 import (
     common_pb2,
     monitor_pb2,
@@ -182,24 +183,28 @@ class ScratchpadClient:
         `on_established` is called each time the service has accepted the stream,
         before any entry arrives: from then on no commit can be missed.
         """
-        after = after_sequence_no
-        reconnects = 0
-        while True:
-            try:
-                stream = self._stub.Watch(scratchpad_pb2.WatchRequest(thread_id=thread_id, after_sequence_no=after))
-                await stream.initial_metadata()
-                if on_established is not None:
-                    on_established()
-                async for response in stream:
-                    reconnects = 0
-                    after = response.entry.sequence_no
-                    yield response.entry
-                return
-            except grpc.aio.AioRpcError as error:
-                if error.code() != grpc.StatusCode.UNAVAILABLE or reconnects >= max_reconnects:
-                    raise
-                reconnects += 1
-                await self.get_thread(thread_id)  # waits, with backoff, until the service answers again
+
+        async def open_after(after: int) -> AsyncIterator[scratchpad_pb2.Entry]:
+            call = self._stub.Watch(scratchpad_pb2.WatchRequest(thread_id=thread_id, after_sequence_no=after))
+            await call.initial_metadata()
+            if on_established is not None:
+                on_established()
+            return (response.entry async for response in call)
+
+        entries = resumable_stream(
+            open_after,
+            _sequence_no,
+            after=after_sequence_no,
+            # Waits, with backoff, until the service answers again.
+            wait_until_back=lambda: self.get_thread(thread_id),
+            policy=ResumePolicy(max_reconnects=max_reconnects),
+        )
+        async for entry in entries:
+            yield entry
+
+
+def _sequence_no(item: scratchpad_pb2.Entry | supervisor_pb2.RunEvent) -> int:
+    return item.sequence_no
 
 
 _TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
@@ -290,24 +295,22 @@ class QuarryClient:
     ) -> AsyncIterator[supervisor_pb2.RunEvent]:
         """The run's events in order until its terminal event, re-attaching after UNAVAILABLE from the
         last one received: nothing is missed and nothing comes twice."""
-        after = after_sequence_no
-        reconnects = 0
-        while True:
-            try:
-                stream = self._stub.StreamRun(supervisor_pb2.StreamRunRequest(run_id=run_id, after_sequence_no=after))
-                async for response in stream:
-                    reconnects = 0
-                    event = response.event
-                    after = event.sequence_no
-                    yield event
-                    if is_terminal(event):
-                        return
-                return
-            except grpc.aio.AioRpcError as error:
-                if error.code() != grpc.StatusCode.UNAVAILABLE or reconnects >= max_reconnects:
-                    raise
-                reconnects += 1
-                await self.get_run(run_id)  # waits, with backoff, until the service answers again
+
+        async def open_after(after: int) -> AsyncIterator[supervisor_pb2.RunEvent]:
+            call = self._stub.StreamRun(supervisor_pb2.StreamRunRequest(run_id=run_id, after_sequence_no=after))
+            return (response.event async for response in call)
+
+        events = resumable_stream(
+            open_after,
+            _sequence_no,
+            after=after_sequence_no,
+            # Waits, with backoff, until the service answers again.
+            wait_until_back=lambda: self.get_run(run_id),
+            policy=ResumePolicy(max_reconnects=max_reconnects),
+            done=is_terminal,
+        )
+        async for event in events:
+            yield event
 
 
 class MonitorClient:

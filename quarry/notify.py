@@ -13,11 +13,26 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
+from typing import Any
 
 import psycopg
-from sqlalchemy.engine import URL
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Connection
 
 log = logging.getLogger(__name__)
+
+
+def pg_notify(channel: str, key: sa.ColumnElement[str] | str) -> sa.ColumnElement[Any]:
+    """The NOTIFY of `key` on `channel` as an SQL expression, for a statement that sends it along with
+    its own work (PostgreSQL only; delivered when the transaction commits, and only if it does)."""
+    return sa.func.pg_notify(channel, key)
+
+
+def notify_on_commit(connection: Connection, channel: str, key: str) -> None:
+    """Have the transaction on `connection` NOTIFY `key` on `channel` as it commits; nothing off PostgreSQL,
+    where no other replica can be listening."""
+    if connection.dialect.name == "postgresql":
+        connection.execute(sa.select(pg_notify(channel, key)))
 
 
 class CommitSignal:

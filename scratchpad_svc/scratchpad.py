@@ -9,7 +9,6 @@ from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from quarry.db import Database
 from quarry.errors import Internal, QuarryError, Unavailable
 from quarry.notify import CommitSignal
 from quarry.telemetry import meter, tracer
@@ -58,7 +57,7 @@ class Scratchpad:
 
     def __init__(
         self,
-        database: Database,
+        store: ScratchpadStore,
         limits: Limits,
         *,
         signal: CommitSignal | None = None,
@@ -66,7 +65,7 @@ class Scratchpad:
         write_concurrency: int = 4,
         watch_poll_seconds: float = 5.0,
     ) -> None:
-        self._store = ScratchpadStore(database)
+        self._store = store
         self._limits = limits
         self.signal = signal or CommitSignal()
         self._max_batch = max_batch

@@ -13,7 +13,7 @@ from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
 from scratchpad_svc.scratchpad import Scratchpad
 from scratchpad_svc.servicer import ScratchpadServicer
-from scratchpad_svc.store import NOTIFY_CHANNEL
+from scratchpad_svc.store import NOTIFY_CHANNEL, ScratchpadStore
 from scratchpad_svc.validation import Limits
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -30,7 +30,7 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
     database = Database(url)
     signal = CommitSignal()
     scratchpad = Scratchpad(
-        database,
+        ScratchpadStore(database),
         Limits(max_content_bytes=settings.max_content_bytes, max_sources=settings.max_sources),
         signal=signal,
         max_batch=settings.max_batch,

@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from quarry.db import Database, reserve_sequence_numbers
 from quarry.errors import AlreadyExists, NotFound, QuarryError
 from quarry.identity import Principal, Role
+from quarry.notify import notify_on_commit, pg_notify
 from scratchpad_svc.model import AppendCommand, AppendResult, Entry, EntryKind, NewThread, Source, Thread
 from scratchpad_svc.schema import entries, threads
 
@@ -85,13 +86,20 @@ def _request_reused(command: AppendCommand, original: Entry) -> AlreadyExists:
 # counter, insert the batch numbered from it, and notify other replicas on commit.
 # The counter row lock orders concurrent writers, so sequence numbers follow
 # commit order with no gaps.
-_POSTGRES_APPEND = sa.text(
-    """
-    WITH counter AS (
+_COUNTER = (
+    sa.text(
+        """
         UPDATE scratchpad_threads SET last_sequence_no = last_sequence_no + :n
         WHERE thread_id = :thread_id
         RETURNING last_sequence_no
-    ), inserted AS (
+        """
+    )
+    .columns(sa.column("last_sequence_no", sa.BigInteger))
+    .cte("counter")
+)
+_INSERTED = (
+    sa.text(
+        """
         INSERT INTO scratchpad_entries (thread_id, sequence_no, request_id, fingerprint, kind,
                                         author_id, author_role, content, sources, create_time)
         SELECT :thread_id, counter.last_sequence_no - :n + batch.position, batch.request_id,
@@ -102,10 +110,15 @@ _POSTGRES_APPEND = sa.text(
             CAST(:kinds AS text[]), CAST(:author_ids AS text[]), CAST(:author_roles AS text[]),
             CAST(:contents AS text[]), CAST(:sources AS text[])
         ) AS batch(position, request_id, fingerprint, kind, author_id, author_role, content, sources)
+        """
     )
-    SELECT (SELECT last_sequence_no FROM counter) AS last_sequence_no, pg_notify(:channel, :thread_id)
-    """
+    .columns()
+    .cte("inserted")
 )
+_POSTGRES_APPEND = sa.select(
+    sa.select(_COUNTER.c.last_sequence_no).scalar_subquery().label("last_sequence_no"),
+    pg_notify(NOTIFY_CHANNEL, sa.bindparam("thread_id", type_=sa.String)),
+).add_cte(_COUNTER, _INSERTED)  # in this order: the insert reads the counter
 
 
 def _entry_row(entry: Entry, fingerprint: str) -> dict[str, Any]:
@@ -310,7 +323,6 @@ class ScratchpadStore:
                 "thread_id": thread_id,
                 "n": len(rows),
                 "create_time": rows[0]["create_time"],
-                "channel": NOTIFY_CHANNEL,
                 "positions": list(range(1, len(rows) + 1)),
                 "request_ids": [row["request_id"] for row in rows],
                 "fingerprints": [row["fingerprint"] for row in rows],
@@ -348,6 +360,5 @@ class ScratchpadStore:
             connection.execute(entries.insert(), [_entry_row(entry, fp) for fp, entry in created.values()])
             last += len(created)
             connection.execute(threads.update().where(threads.c.thread_id == thread_id).values(last_sequence_no=last))
-            if connection.dialect.name == "postgresql":
-                connection.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, thread_id)))
+            notify_on_commit(connection, NOTIFY_CHANNEL, thread_id)
         return _outcome(commands, created, existing, last)

@@ -9,6 +9,12 @@ from datetime import datetime
 from quarry.identity import Role
 
 
+class DelegationState(enum.StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
 class ErrorCode(enum.StrEnum):
     PROVIDER_ERROR = "provider_error"
     TURN_BUDGET_EXHAUSTED = "turn_budget_exhausted"
@@ -116,7 +122,7 @@ class DelegationRecord:
     objective: str
     criteria: tuple[str, ...]
     input_refs: tuple[str, ...]
-    state: str  # running, succeeded, failed
+    state: DelegationState
     outcome: Outcome | None
     last_error: str
     create_time: datetime

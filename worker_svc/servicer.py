@@ -10,7 +10,7 @@ import grpc
 from quarry.convert import role_from_proto, role_to_proto, timestamp
 from quarry.errors import NotFound
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from worker_svc.model import DelegationRequest, ErrorCode, Event, Outcome, Progress, Started
+from worker_svc.model import DelegationRequest, DelegationState, ErrorCode, Event, Outcome, Progress, Started
 from worker_svc.worker import Worker
 
 _ERROR_CODES: dict[ErrorCode, worker_pb2.DelegationErrorCode.ValueType] = {
@@ -20,6 +20,11 @@ _ERROR_CODES: dict[ErrorCode, worker_pb2.DelegationErrorCode.ValueType] = {
     ErrorCode.DEADLINE_EXCEEDED: worker_pb2.DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED,
     ErrorCode.CANCELLED: worker_pb2.DELEGATION_ERROR_CODE_CANCELLED,
     ErrorCode.INTERNAL: worker_pb2.DELEGATION_ERROR_CODE_INTERNAL,
+}
+_STATES: dict[DelegationState, worker_pb2.DelegationState.ValueType] = {
+    DelegationState.RUNNING: worker_pb2.DELEGATION_STATE_RUNNING,
+    DelegationState.SUCCEEDED: worker_pb2.DELEGATION_STATE_SUCCEEDED,
+    DelegationState.FAILED: worker_pb2.DELEGATION_STATE_FAILED,
 }
 _PROGRESS_KINDS: dict[str, worker_pb2.ProgressKind.ValueType] = {
     "turn": worker_pb2.PROGRESS_KIND_TURN_STARTED,
@@ -107,11 +112,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         record = await self._worker.get(request.delegation_id)
         if record is None:
             raise NotFound("delegation", request.delegation_id, field="delegation_id")
-        states = {
-            "running": worker_pb2.DELEGATION_STATE_RUNNING,
-            "succeeded": worker_pb2.DELEGATION_STATE_SUCCEEDED,
-            "failed": worker_pb2.DELEGATION_STATE_FAILED,
-        }
         delegation = worker_pb2.Delegation(
             delegation_id=record.delegation_id,
             run_id=record.run_id,
@@ -121,7 +121,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             task=worker_pb2.ResearchTask(
                 objective=record.objective, criteria=list(record.criteria), input_refs=list(record.input_refs)
             ),
-            state=states[record.state],
+            state=_STATES[record.state],
             create_time=timestamp(record.create_time),
             last_error=record.last_error,
             tool_call_id=record.tool_call_id,

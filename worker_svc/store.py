@@ -16,7 +16,7 @@ from quarry.agent.messages import Message
 from quarry.db import Database
 from quarry.errors import FailedPrecondition
 from quarry.identity import Role
-from worker_svc.model import DelegationRecord, DelegationRequest, ErrorCode, Outcome
+from worker_svc.model import DelegationRecord, DelegationRequest, DelegationState, ErrorCode, Outcome
 from worker_svc.schema import delegations
 
 
@@ -36,12 +36,25 @@ def _record(row: sa.Row[Any]) -> DelegationRecord:
         objective=row.task["objective"],
         criteria=tuple(row.task["criteria"]),
         input_refs=tuple(row.task["input_refs"]),
-        state=row.state,
+        state=DelegationState(row.state),
         outcome=outcome,
         last_error=row.last_error,
         create_time=row.create_time,
         end_time=row.end_time,
     )
+
+
+_RUNNING = delegations.c.state == DelegationState.RUNNING.value
+
+
+def _ended(outcome: Outcome) -> dict[str, Any]:
+    """The columns that record a delegation's end."""
+    return {
+        "state": (DelegationState.SUCCEEDED if outcome.succeeded else DelegationState.FAILED).value,
+        "result": outcome.to_json(),
+        "last_error": "" if outcome.succeeded else f"{outcome.error_code}: {outcome.error_message}",
+        "end_time": datetime.now(UTC),
+    }
 
 
 class DelegationStore:
@@ -72,7 +85,7 @@ class DelegationStore:
                 "criteria": list(request.criteria),
                 "input_refs": list(request.input_refs),
             },
-            "state": "running",
+            "state": DelegationState.RUNNING.value,
             "result": None,
             "last_error": "",
             "create_time": datetime.now(UTC),
@@ -95,63 +108,50 @@ class DelegationStore:
             ) from None
 
     async def finish(self, outcome: Outcome) -> None:
-        values = {
-            "state": "succeeded" if outcome.succeeded else "failed",
-            "result": outcome.to_json(),
-            "last_error": "" if outcome.succeeded else f"{outcome.error_code}: {outcome.error_message}",
-            "end_time": datetime.now(UTC),
-        }
         await self._db.write(
             lambda connection: connection.execute(
-                delegations.update().where(delegations.c.delegation_id == outcome.delegation_id).values(values)
+                delegations.update().where(delegations.c.delegation_id == outcome.delegation_id).values(_ended(outcome))
             )
         )
 
-    async def heartbeat(self, delegation_ids: Sequence[str]) -> None:
-        """Renew this process's lease on the delegations it is running."""
-        if not delegation_ids:
-            return
-        mine = sa.and_(
-            delegations.c.owner == self.owner,
-            delegations.c.delegation_id.in_(delegation_ids),
-            delegations.c.state == "running",
-        )
-        now = datetime.now(UTC)
+    # -- leases (quarry.lease.LeaseStore) ----------------------------------------------------------
+
+    async def renew(self, owner: str, ids: Sequence[str], now: datetime) -> None:
+        """Renew `owner`'s lease on the delegations it is running."""
+        mine = sa.and_(delegations.c.owner == owner, delegations.c.delegation_id.in_(ids), _RUNNING)
         await self._db.write(
             lambda connection: connection.execute(delegations.update().where(mine).values(heartbeat_time=now))
         )
 
-    async def end_orphans(self, stale_before: datetime) -> list[str]:
-        """End as failed the running delegations whose worker stopped renewing their lease; their ids."""
+    async def expired(self, stale_before: datetime) -> list[str]:
+        """The running delegations whose worker has not renewed their lease since `stale_before`."""
+        # No heartbeat at all: written before leases existed, by a worker that has since been replaced.
+        expired = sa.or_(delegations.c.heartbeat_time < stale_before, delegations.c.heartbeat_time.is_(None))
+        query = sa.select(delegations.c.delegation_id).where(_RUNNING, expired)
+        return await self._db.read(lambda connection: list(connection.execute(query).scalars()))
 
-        def work(connection: Connection) -> list[str]:
-            # No heartbeat at all: written before leases existed, by a worker that has since been replaced.
-            expired = sa.or_(delegations.c.heartbeat_time < stale_before, delegations.c.heartbeat_time.is_(None))
-            stale = sa.and_(delegations.c.state == "running", expired)
-            rows = connection.execute(sa.select(delegations).where(stale)).all()
-            ended = []
-            for row in rows:
-                outcome = Outcome(
-                    delegation_id=row.delegation_id,
-                    tool_call_id=row.tool_call_id,
-                    conversation_id=row.conversation_id,
-                    succeeded=False,
-                    error_code=ErrorCode.INTERNAL,
-                    error_message="the worker running this delegation stopped before it ended",
+    async def end_as_failed(self, delegation_id: str) -> bool:
+        """End a delegation whose worker stopped as failed; False when it had already ended."""
+
+        def work(connection: Connection) -> bool:
+            row = connection.execute(
+                sa.select(delegations.c.tool_call_id, delegations.c.conversation_id).where(
+                    delegations.c.delegation_id == delegation_id
                 )
-                # Conditional on the state still being "running": two sweepers end it once.
-                done = connection.execute(
-                    delegations.update()
-                    .where(delegations.c.delegation_id == row.delegation_id, delegations.c.state == "running")
-                    .values(
-                        state="failed",
-                        result=outcome.to_json(),
-                        last_error=f"{outcome.error_code}: {outcome.error_message}",
-                        end_time=datetime.now(UTC),
-                    )
-                )
-                if done.rowcount:
-                    ended.append(row.delegation_id)
-            return ended
+            ).first()
+            if row is None:
+                return False
+            outcome = Outcome(
+                delegation_id=delegation_id,
+                tool_call_id=row.tool_call_id,
+                conversation_id=row.conversation_id,
+                succeeded=False,
+                error_code=ErrorCode.INTERNAL,
+                error_message="the worker running this delegation stopped before it ended",
+            )
+            # Conditional on the state still being "running": two sweepers end it once.
+            still_running = sa.and_(delegations.c.delegation_id == delegation_id, _RUNNING)
+            done = connection.execute(delegations.update().where(still_running).values(_ended(outcome)))
+            return bool(done.rowcount)
 
         return await self._db.write(work)

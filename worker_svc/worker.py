@@ -17,11 +17,9 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 
 from opentelemetry import trace
 
-from quarry import telemetry
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TokenBudgetExhausted, TurnBudgetExhausted
 from quarry.agent.messages import Message, ToolCall, system, user
@@ -29,6 +27,7 @@ from quarry.agent.model import ModelClient, ProviderError
 from quarry.agent.tools import ToolOutcome
 from quarry.errors import FailedPrecondition, FieldViolation, InvalidArgument, ResourceExhausted, Unavailable
 from quarry.identity import Role
+from quarry.lease import LeaseKeeper, LeaseTerms
 from quarry.telemetry import meter, tracer
 from worker_svc.model import DelegationRecord, DelegationRequest, ErrorCode, Event, Outcome, Progress, Started
 from worker_svc.store import DelegationStore
@@ -164,27 +163,21 @@ class Worker:
         self._limits = limits
         self._running: dict[str, asyncio.Task[Outcome]] = {}
         self._admitting = 0
-        self._housekeeping: asyncio.Task[None] | None = None
+        self._leases = LeaseKeeper(
+            "delegation",
+            delegations.owner,
+            delegations,
+            held=lambda: self._running.keys(),
+            end_as_failed=delegations.end_as_failed,
+            terms=LeaseTerms(lease_seconds=limits.lease_seconds, max_interval_seconds=5.0),
+        )
         self._admitted = asyncio.Event()  # set while no admission is under way
         self._admitted.set()
         self._closing = False
 
     async def start(self) -> None:
         """Begin renewing the leases of running delegations and ending those of workers that died."""
-        self._housekeeping = asyncio.create_task(self._keep_leases())
-
-    async def _keep_leases(self) -> None:
-        interval = min(self._limits.lease_seconds / 3, 5.0)
-        while True:
-            try:
-                with telemetry.quiet():
-                    await self._delegations.heartbeat(list(self._running))
-                    stale = datetime.now(UTC) - timedelta(seconds=self._limits.lease_seconds)
-                    for delegation_id in await self._delegations.end_orphans(stale):
-                        log.warning("delegation %s: its worker stopped; ended as failed", delegation_id)
-            except Exception:
-                log.exception("could not renew delegation leases; retrying")
-            await asyncio.sleep(interval)
+        self._leases.start()
 
     async def get(self, delegation_id: str) -> DelegationRecord | None:
         return await self._delegations.get(delegation_id)
@@ -375,10 +368,7 @@ class Worker:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._housekeeping
+        await self._leases.stop()
 
 
 def _check_same_request(record: DelegationRecord, request: DelegationRequest) -> None:
