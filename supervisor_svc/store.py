@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 
 from quarry.db import Database, reserve_sequence_numbers
 from quarry.errors import AlreadyExists, FieldViolation, InvalidArgument
+from quarry.notify import notify_on_commit
 from quarry.v1 import supervisor_pb2
 from supervisor_svc import events
 from supervisor_svc.model import (
@@ -245,8 +246,7 @@ class RunStore:
                 connection.execute(run_events.insert(), rows)
             if columns:
                 connection.execute(runs.update().where(runs.c.run_id == run_id).values(columns))
-            if self._db.is_postgres:  # delivered at commit, and only if it commits
-                connection.execute(sa.select(sa.func.pg_notify(RUN_EVENTS_CHANNEL, run_id)))
+            notify_on_commit(connection, RUN_EVENTS_CHANNEL, run_id)
 
         await self._db.write(work)
 
@@ -263,22 +263,25 @@ class RunStore:
 
         return await self._db.read_statement(work)
 
-    async def heartbeat(self, owner: str, run_ids: Sequence[str]) -> list[tuple[str, str]]:
+    async def renew(self, owner: str, ids: Sequence[str], now: datetime) -> None:
         """Renew the lease on the runs this process still executes (a run whose task is gone is left to
-        expire); returns (run_id, reason) for cancellations asked of another replica."""
-        now = datetime.now(UTC)
-        if not run_ids:
-            return []
+        expire)."""
+        mine = sa.and_(runs.c.owner == owner, runs.c.run_id.in_(ids), runs.c.state.in_(ACTIVE_STATES))
+        await self._db.write(
+            lambda connection: connection.execute(runs.update().where(mine).values(heartbeat_time=now))
+        )
 
-        def work(connection: Connection) -> list[tuple[str, str]]:
-            mine = sa.and_(runs.c.owner == owner, runs.c.run_id.in_(run_ids), runs.c.state.in_(ACTIVE_STATES))
-            connection.execute(runs.update().where(mine).values(heartbeat_time=now))
-            rows = connection.execute(
-                sa.select(runs.c.run_id, runs.c.cancel_reason).where(mine, runs.c.cancel_reason.is_not(None))
-            )
-            return [(row.run_id, row.cancel_reason) for row in rows]
-
-        return await self._db.write(work)
+    async def cancel_requests(self, owner: str, ids: Sequence[str]) -> list[tuple[str, str]]:
+        """(run_id, reason) for the cancellations asked of another replica for runs `owner` executes."""
+        query = sa.select(runs.c.run_id, runs.c.cancel_reason).where(
+            runs.c.owner == owner,
+            runs.c.run_id.in_(ids),
+            runs.c.state.in_(ACTIVE_STATES),
+            runs.c.cancel_reason.is_not(None),
+        )
+        return await self._db.read(
+            lambda connection: [(row.run_id, row.cancel_reason) for row in connection.execute(query)]
+        )
 
     async def request_cancel(self, run_id: str, reason: str) -> None:
         active = sa.and_(runs.c.run_id == run_id, runs.c.state.in_(ACTIVE_STATES), runs.c.cancel_reason.is_(None))
@@ -286,11 +289,7 @@ class RunStore:
             lambda connection: connection.execute(runs.update().where(active).values(cancel_reason=reason))
         )
 
-    async def orphaned(self, stale_before: datetime) -> list[RunRecord]:
+    async def expired(self, stale_before: datetime) -> list[str]:
         """Active runs whose owner stopped renewing the lease before `stale_before`."""
-
-        def work(connection: Connection) -> list[RunRecord]:
-            query = sa.select(runs).where(runs.c.state.in_(ACTIVE_STATES), runs.c.heartbeat_time < stale_before)
-            return [_record(row) for row in connection.execute(query)]
-
-        return await self._db.read(work)
+        query = sa.select(runs.c.run_id).where(runs.c.state.in_(ACTIVE_STATES), runs.c.heartbeat_time < stale_before)
+        return await self._db.read(lambda connection: [row.run_id for row in connection.execute(query)])

@@ -10,16 +10,16 @@ forever.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from quarry import telemetry
 from quarry.errors import FieldViolation, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from quarry.lease import LeaseKeeper, LeaseTerms
 from quarry.notify import CommitSignal
 from supervisor_svc.model import (
     RunErrorCode,
@@ -48,6 +48,26 @@ class SupervisorLimits:
     cancel_wait_seconds: float = 10.0
 
 
+class _RunLeases:
+    """The runs' lease store as the keeper sees it: renewing also picks up the cancellations asked of
+    another replica, so they reach the run within one renewal interval."""
+
+    def __init__(self, store: RunStore, runs: dict[str, tuple[ResearchRun, asyncio.Task[None]]]) -> None:
+        self._store = store
+        self._runs = runs
+
+    async def renew(self, owner: str, ids: Sequence[str], now: datetime) -> None:
+        await self._store.renew(owner, ids, now)
+        for run_id, reason in await self._store.cancel_requests(owner, ids):
+            running = self._runs.get(run_id)
+            if running is not None and not running[1].done():
+                running[0].cancel_reason = reason
+                running[1].cancel()
+
+    async def expired(self, stale_before: datetime) -> list[str]:
+        return await self._store.expired(stale_before)
+
+
 class Supervisor:
     def __init__(
         self, store: RunStore, deps: RunDependencies, limits: SupervisorLimits, signal: CommitSignal | None = None
@@ -60,10 +80,18 @@ class Supervisor:
         self._runs: dict[str, tuple[ResearchRun, asyncio.Task[None]]] = {}
         self._starting = 0
         self._closing = asyncio.Event()
-        self._housekeeping: asyncio.Task[None] | None = None
+        # Renewals often enough that a CancelRun taken by another replica reaches the run within seconds.
+        self._leases = LeaseKeeper(
+            "run",
+            self._owner,
+            _RunLeases(store, self._runs),
+            held=lambda: list(self._runs),
+            end_as_failed=self._end_as_failed,
+            terms=LeaseTerms(limits.lease_seconds, max_interval_seconds=2.0),
+        )
 
     async def start(self) -> None:
-        self._housekeeping = asyncio.create_task(self._keep_leases())
+        self._leases.start()
 
     # -- the public operations ---------------------------------------------------------------
 
@@ -183,33 +211,18 @@ class Supervisor:
 
     # -- leases --------------------------------------------------------------------------------
 
-    async def _keep_leases(self) -> None:
-        # Often enough that a CancelRun taken by another replica reaches the run within a few seconds.
-        interval = min(self._limits.lease_seconds / 3, 2.0)
-        while True:
-            try:
-                with telemetry.quiet():  # housekeeping: no spans
-                    renewed = await self._store.heartbeat(self._owner, list(self._runs))
-                    await self._end_orphans()
-                for run_id, reason in renewed:
-                    running = self._runs.get(run_id)
-                    if running is not None and not running[1].done():
-                        running[0].cancel_reason = reason
-                        running[1].cancel()
-            except Exception:
-                log.exception("could not renew run leases; retrying")
-            await asyncio.sleep(interval)
-
-    async def _end_orphans(self) -> None:
-        stale = datetime.now(UTC) - timedelta(seconds=self._limits.lease_seconds)
-        for record in await self._store.orphaned(stale):
-            if record.run_id in self._runs:
-                continue
-            message = "the supervisor executing this run stopped before it ended"
-            with contextlib.suppress(RunEnded):  # another replica got there first
-                await self._store.finish(record.run_id, RunOutcome.failed(RunErrorCode.INTERNAL, message, record.usage))
-                log.warning("run %s: lease expired; ended as failed", record.run_id)
-            self._bus.publish(record.run_id)
+    async def _end_as_failed(self, run_id: str) -> bool:
+        record = await self._store.get(run_id)
+        if record is None or record.state.ended:
+            return False
+        message = "the supervisor executing this run stopped before it ended"
+        try:
+            await self._store.finish(run_id, RunOutcome.failed(RunErrorCode.INTERNAL, message, record.usage))
+        except RunEnded:  # another replica got there first
+            return False
+        finally:
+            self._bus.publish(run_id)
+        return True
 
     async def close(self) -> None:
         """Cancel every run (each records its cancelled end) and end the streams."""
@@ -218,7 +231,4 @@ class Supervisor:
             research.cancel_reason = "the supervisor shut down"
             task.cancel()
         await asyncio.gather(*(task for _, task in self._runs.values()), return_exceptions=True)
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._housekeeping
+        await self._leases.stop()
