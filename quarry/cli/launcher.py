@@ -15,10 +15,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from quarry.cli.registry import ServiceSpec
 from quarry.client import open_channel
 from quarry.config import QuarrySettings
 from quarry.security import Tls
-from quarry.services import ServiceSpec
 
 READY_POLL_SECONDS = 0.1
 
