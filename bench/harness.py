@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from quarry.launcher import serve_command
+from quarry.cli.launcher import serve_command
 
 
 def percentile(values: list[float], fraction: float) -> float:

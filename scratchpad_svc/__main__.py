@@ -1,8 +1,6 @@
-"""`python -m scratchpad_svc`: the scratchpad in the foreground (same as `quarry serve scratchpad`)."""
+"""`python -m scratchpad_svc`: the scratchpad in the foreground, the same as `quarry serve scratchpad`."""
 
-import sys
-
-from quarry.cli import main
+from quarry.cli import serve_main
 
 if __name__ == "__main__":
-    sys.exit(main(["serve", "scratchpad", *sys.argv[1:]]))
+    serve_main("scratchpad")

@@ -23,8 +23,8 @@ from alembic.script import ScriptDirectory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy.engine import make_url
 
+from quarry.cli.launcher import serve_command
 from quarry.db import create_engine, upgrade_schema
-from quarry.launcher import serve_command
 from tests.fakes.openai_server import ScriptedModel
 from tests.fakes.web_server import FixtureWeb
 

@@ -1,8 +1,6 @@
-"""`python -m worker_svc`: the worker in the foreground (same as `quarry serve worker`)."""
+"""`python -m worker_svc`: the worker in the foreground, the same as `quarry serve worker`."""
 
-import sys
-
-from quarry.cli import main
+from quarry.cli import serve_main
 
 if __name__ == "__main__":
-    sys.exit(main(["serve", "worker", *sys.argv[1:]]))
+    serve_main("worker")

@@ -8,17 +8,18 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from quarry.cli.registry import ServiceSpec
 from quarry.client import open_channel
 from quarry.config import QuarrySettings
 from quarry.security import Tls
-from quarry.services import ServiceSpec
 
 READY_POLL_SECONDS = 0.1
 
@@ -90,6 +91,64 @@ async def _stop(services: Sequence[RunningService], grace: float) -> None:
             await service.process.wait()
 
 
+async def _start(
+    spec: ServiceSpec, started: Sequence[RunningService], run_dir: Path, address: str | None
+) -> RunningService:
+    env = os.environ.copy()
+    for needed, variable in spec.needs.items():
+        # Started earlier (SERVICES lists dependencies first), so its address is known.
+        env[variable] = next(s.address for s in started if s.name == needed)
+    port_file = run_dir / f"{spec.name}.addr"
+    command = serve_command(spec.name, port_file, address=address, parent_pid=os.getpid())
+    # A session of its own: Ctrl-C reaches only us, and we stop the children in order.
+    process = await asyncio.create_subprocess_exec(*command, env=env, start_new_session=True)
+    return RunningService(spec.name, process, port_file)
+
+
+async def _stop_requested_first(tasks: Collection[asyncio.Task[Any]], stop_requested: asyncio.Event) -> bool:
+    """Wait until one of `tasks` ends or a stop is requested; True for a stop. The tasks are left running."""
+    stopping = asyncio.create_task(stop_requested.wait())
+    await asyncio.wait({*tasks, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    return stop_requested.is_set()
+
+
+async def _start_in_order(
+    specs: Sequence[ServiceSpec],
+    services: list[RunningService],
+    run_dir: Path,
+    addresses: dict[str, str],
+    ready_timeout: float,
+    stop_requested: asyncio.Event,
+) -> bool:
+    """Start each service once the one before it serves, appending it to `services`; False after a stop request."""
+    loop = asyncio.get_running_loop()
+    for spec in specs:
+        service = await _start(spec, services, run_dir, addresses.get(spec.name))
+        services.append(service)
+        starting = asyncio.create_task(_wait_ready(service, loop.time() + ready_timeout))
+        if await _stop_requested_first([starting], stop_requested):
+            starting.cancel()
+            return False
+        starting.result()
+    return True
+
+
+async def _supervise(services: Sequence[RunningService], stop_requested: asyncio.Event, announce: Announcer) -> int:
+    """Announce the running services and wait for a stop request (0) or for one of them to die (1)."""
+    announce.ready([(s.name, s.address, s.process.pid) for s in services])
+    exits = [asyncio.create_task(s.process.wait()) for s in services]
+    stopped = await _stop_requested_first(exits, stop_requested)
+    for task in exits:
+        task.cancel()
+    if stopped:
+        announce.stopping()
+        return 0
+    dead = [s for s in services if s.process.returncode is not None]
+    announce.failed(", ".join(f"{s.name} exited with status {s.process.returncode}" for s in dead))
+    return 1
+
+
 async def run_mesh(
     specs: Sequence[ServiceSpec],
     *,
@@ -109,39 +168,9 @@ async def run_mesh(
     services: list[RunningService] = []
     with tempfile.TemporaryDirectory(prefix="quarry-up-") as run_dir:
         try:
-            for spec in specs:
-                name = spec.name
-                env = os.environ.copy()
-                for needed, variable in spec.needs.items():
-                    # Started earlier (SERVICES lists dependencies first), so its address is known.
-                    env[variable] = next(s.address for s in services if s.name == needed)
-                port_file = Path(run_dir) / f"{name}.addr"
-                command = serve_command(name, port_file, address=addresses.get(name), parent_pid=os.getpid())
-                # A session of its own: Ctrl-C reaches only us, and we stop the children in order.
-                process = await asyncio.create_subprocess_exec(*command, env=env, start_new_session=True)
-                service = RunningService(name, process, port_file)
-                services.append(service)
-                starting = asyncio.create_task(_wait_ready(service, loop.time() + ready_timeout))
-                stopping = asyncio.create_task(stop_requested.wait())
-                await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                stopping.cancel()
-                if stop_requested.is_set():
-                    starting.cancel()
-                    return 0
-                starting.result()
-            announce.ready([(s.name, s.address, s.process.pid) for s in services])
-            exits = [asyncio.create_task(s.process.wait()) for s in services]
-            stopping = asyncio.create_task(stop_requested.wait())
-            await asyncio.wait({*exits, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
-            for task in exits:
-                task.cancel()
-            if stop_requested.is_set():
-                announce.stopping()
+            if not await _start_in_order(specs, services, Path(run_dir), addresses, ready_timeout, stop_requested):
                 return 0
-            dead = [s for s in services if s.process.returncode is not None]
-            announce.failed(", ".join(f"{s.name} exited with status {s.process.returncode}" for s in dead))
-            return 1
+            return await _supervise(services, stop_requested, announce)
         except LaunchError as error:
             announce.failed(str(error))
             return 1

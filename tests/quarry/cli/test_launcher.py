@@ -16,7 +16,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from quarry.services import SERVICES
+from quarry.cli.registry import SERVICES
 
 pytestmark = pytest.mark.slow
 

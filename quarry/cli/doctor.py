@@ -22,15 +22,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 
 from quarry.agent.model import ModelSettings
+from quarry.cli.registry import SERVICES, databases
 from quarry.client import open_channel
-from quarry.config import (
-    MonitorSettings,
-    QuarrySettings,
-    ScratchpadSettings,
-    ServiceSettings,
-    SupervisorSettings,
-    WorkerSettings,
-)
+from quarry.config import QuarrySettings, SupervisorSettings, WorkerSettings
 from quarry.db import schema_revisions
 from quarry.security import Tls
 
@@ -130,42 +124,37 @@ def database_state(name: str, url: str, migrations: Path, version_table: str) ->
     return Verdict(check, True, f"at the newest revision ({head})")
 
 
-def _databases() -> list[tuple[str, ServiceSettings, Path, str]]:
-    import scratchpad_svc.service
-    import supervisor_svc.service
-    import worker_svc.service
+def _health_checks(supervisor: SupervisorSettings, tls: Tls | None) -> list[Awaitable[Verdict]]:
+    """One per service, at its configured address; the workers where the supervisor calls them (maybe several).
 
-    return [
-        (
-            "scratchpad",
-            ScratchpadSettings(),
-            scratchpad_svc.service.MIGRATIONS,
-            scratchpad_svc.service.VERSION_TABLE,
-        ),
-        ("worker", WorkerSettings(), worker_svc.service.MIGRATIONS, worker_svc.service.VERSION_TABLE),
-        ("supervisor", SupervisorSettings(), supervisor_svc.service.MIGRATIONS, supervisor_svc.service.VERSION_TABLE),
-    ]
+    The front door first, then what it depends on (the reverse of the start order).
+    """
+    checks: list[Awaitable[Verdict]] = []
+    for name, spec in reversed(SERVICES.items()):
+        addresses = supervisor.worker_targets() if name == "worker" else [spec.load_settings().address]
+        checks.extend(service_health(name, address, tls) for address in addresses)
+    return checks
+
+
+def _database_checks(common: QuarrySettings) -> list[Awaitable[Verdict]]:
+    checks: list[Awaitable[Verdict]] = []
+    for spec, migrations in databases():
+        url = spec.load_settings().resolved_database_url(common.data_dir)
+        scripts, table = migrations.scripts_path(), migrations.version_table_name()
+        checks.append(asyncio.to_thread(database_state, spec.name, url, scripts, table))
+    return checks
 
 
 async def diagnose(common: QuarrySettings, report: Callable[[Verdict], None]) -> list[Verdict]:
-    supervisor, worker, monitor = SupervisorSettings(), WorkerSettings(), MonitorSettings()
-    scratchpad = ScratchpadSettings()
-    tls = Tls.from_settings(common)
-    checks: list[Awaitable[Verdict | list[Verdict]]] = [
-        service_health("supervisor", supervisor.address, tls),
-        *(service_health("worker", target, tls) for target in supervisor.worker_targets()),
-        service_health("scratchpad", scratchpad.address, tls),
-        service_health("monitor", monitor.address, tls),
-    ]
+    supervisor, worker = SupervisorSettings(), WorkerSettings()
+    checks: list[Awaitable[Verdict | list[Verdict]]] = [*_health_checks(supervisor, Tls.from_settings(common))]
     tiers = {"supervisor": ModelSettings.for_tier(supervisor, common), "worker": ModelSettings.for_tier(worker, common)}
     if dataclasses.replace(tiers["supervisor"], tier="") == dataclasses.replace(tiers["worker"], tier=""):
         checks.append(model_endpoint("shared", tiers["supervisor"]))
     else:
         checks.extend(model_endpoint(tier, settings) for tier, settings in tiers.items())
     checks.append(search_backend(worker, common))
-    for name, settings, migrations, table in _databases():
-        url = settings.resolved_database_url(common.data_dir)
-        checks.append(asyncio.to_thread(database_state, name, url, migrations, table))
+    checks.extend(_database_checks(common))
     verdicts: list[Verdict] = []
     for result in await asyncio.gather(*checks):
         for verdict in result if isinstance(result, list) else [result]:

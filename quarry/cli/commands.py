@@ -1,0 +1,247 @@
+"""The `quarry` command: its arguments, and one small handler per command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from quarry.cli.registry import SERVICES, databases
+from quarry.cli.settings import load_settings
+from quarry.config import ConfigurationError, QuarrySettings
+from quarry.db import UnsupportedDatabase
+
+if TYPE_CHECKING:
+    from quarry.cli.ask import Connect
+
+CONFIGURATION_HELP = """configuration:
+  QUARRY_* environment variables (QUARRY_DATA_DIR, QUARRY_LOG_LEVEL,
+  QUARRY_SCRATCHPAD_ADDRESS, QUARRY_SCRATCHPAD_DATABASE_URL, ...), or a TOML
+  file named by QUARRY_CONFIG_FILE with a [quarry] table and one table per
+  service ([scratchpad]); the environment wins. README.md lists every setting."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="quarry",
+        description="Quarry deep-research mesh",
+        epilog=CONFIGURATION_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run one service in the foreground",
+        epilog=CONFIGURATION_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("service", choices=sorted(SERVICES))
+    serve.add_argument("--address", help="HOST:PORT to listen on (port 0 picks a free one)")
+    serve.add_argument("--port-file", type=Path, help="write the bound HOST:PORT here once serving")
+    # Set by `quarry up`: stop when that process dies, however it dies.
+    serve.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+
+    up = commands.add_parser(
+        "up",
+        help="start every service as its own process",
+        epilog=CONFIGURATION_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    up.add_argument("--data-dir", type=Path, help="where SQLite databases live (default: QUARRY_DATA_DIR)")
+    up.add_argument(
+        "--ephemeral-ports", action="store_true", help="bind every service to a free port instead of its default"
+    )
+    up.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for each service")
+
+    corpus = commands.add_parser("corpus", help="the local document corpus the workers search")
+    corpus_commands = corpus.add_subparsers(dest="corpus_command", required=True)
+    index = corpus_commands.add_parser(
+        "index", help="index (or re-index) a folder of Markdown, HTML, text and PDF files"
+    )
+    index.add_argument("folder", type=Path)
+    index.add_argument("--index", type=Path, help="index file (default: corpus.db in the data directory)")
+
+    address_help = "the supervisor's HOST:PORT (default: QUARRY_SUPERVISOR_ADDRESS, else 127.0.0.1:7410)"
+    ask = commands.add_parser("ask", help="research a question and follow the run live")
+    ask.add_argument("question")
+    ask.add_argument("--address", help=address_help)
+    ask.add_argument("--json", action="store_true", help="print one JSON object per event instead")
+    ask.add_argument("--max-turns", type=int, default=0, help="bound on supervisor turns (default 12)")
+    ask.add_argument("--worker-max-turns", type=int, default=0, help="bound on each worker's turns (default 8)")
+    ask.add_argument("--parallel", type=int, default=0, help="delegations at once (default: the server's)")
+    ask.add_argument("--max-tokens", type=int, default=0, help="token budget for the whole run (default: none)")
+    ask.add_argument("--timeout", type=float, default=0, help="seconds the run may take (default: the server's)")
+
+    runs = commands.add_parser("runs", help="list research runs or show one")
+    runs_commands = runs.add_subparsers(dest="runs_command", required=True)
+    runs_list = runs_commands.add_parser("list", help="the newest runs")
+    runs_list.add_argument("--state", choices=["queued", "running", "succeeded", "failed", "cancelled"])
+    runs_list.add_argument("--limit", type=int, default=20)
+    runs_list.add_argument("--json", action="store_true")
+    runs_list.add_argument("--address", help=address_help)
+    runs_show = runs_commands.add_parser("show", help="one run: state, report, citations, usage")
+    runs_show.add_argument("run_id")
+    runs_show.add_argument("--json", action="store_true")
+    runs_show.add_argument("--address", help=address_help)
+
+    migrate = commands.add_parser(
+        "migrate",
+        help="upgrade each service's database schema, then exit (a Kubernetes Job before a rollout)",
+        epilog=CONFIGURATION_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    *others, last = (spec.name for spec, _ in databases())
+    migrate.add_argument("services", nargs="*", help=f"{', '.join(others)} and/or {last} (default: all)")
+
+    commands.add_parser(
+        "doctor",
+        help="check services, model endpoint, search backend and databases",
+        epilog=CONFIGURATION_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser
+
+
+def _serve(args: argparse.Namespace, common: QuarrySettings) -> int:
+    from quarry.cli.serve import serve
+
+    spec = SERVICES[args.service]
+    settings = spec.load_settings(**({"address": args.address} if args.address else {}))
+    return serve(spec, settings, common, port_file=args.port_file, parent_pid=args.parent_pid)
+
+
+def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
+    from quarry.cli.launcher import Announcer, run_mesh
+
+    if args.data_dir:
+        os.environ["QUARRY_DATA_DIR"] = str(args.data_dir.resolve())
+    addresses = {name: "127.0.0.1:0" for name in SERVICES} if args.ephemeral_ports else {}
+    return asyncio.run(
+        run_mesh(
+            list(SERVICES.values()),
+            addresses=addresses,
+            ready_timeout=args.ready_timeout,
+            stop_timeout=common.shutdown_grace_seconds + 5.0,
+            announce=Announcer(data_dir=Path(os.environ.get("QUARRY_DATA_DIR") or common.data_dir)),
+        )
+    )
+
+
+def _corpus(args: argparse.Namespace, common: QuarrySettings) -> int:
+    from worker_svc.corpus import Corpus
+
+    index = args.index or common.data_dir / "corpus.db"
+    try:
+        report = Corpus(index).index_folder(args.folder)
+    except OSError as error:
+        print(f"quarry corpus index: {error}", file=sys.stderr)
+        return 2
+    for path, why in report.skipped:
+        print(f"skipped {path}: {why}", file=sys.stderr)
+    print(
+        f"{index}: {len(report.added)} added, {len(report.updated)} updated, {len(report.removed)} removed, "
+        f"{report.unchanged} unchanged, {len(report.skipped)} skipped"
+    )
+    return 0
+
+
+def _connect_to_supervisor(args: argparse.Namespace, common: QuarrySettings) -> Connect:
+    from quarry.client import QuarryClient
+    from quarry.config import SupervisorSettings
+    from quarry.security import ConnectionLimits, Tls
+
+    supervisor = load_settings(SupervisorSettings)
+    address = args.address or supervisor.address
+    tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
+
+    def connect() -> QuarryClient:
+        return QuarryClient.connect(address, token=supervisor.auth_token, tls=tls, limits=limits)
+
+    return connect
+
+
+def _ask(args: argparse.Namespace, common: QuarrySettings) -> int:
+    from quarry.cli import ask
+    from quarry.v1 import supervisor_pb2
+
+    connect = _connect_to_supervisor(args, common)
+    options = supervisor_pb2.RunOptions(
+        max_supervisor_turns=args.max_turns,
+        worker_max_turns=args.worker_max_turns,
+        max_parallel_delegations=args.parallel,
+        max_tokens=args.max_tokens,
+    )
+    if args.timeout:
+        options.timeout.FromNanoseconds(int(args.timeout * 1e9))
+    return ask.run_client_command(ask.ask(connect, args.question, options, as_json=args.json))
+
+
+def _runs(args: argparse.Namespace, common: QuarrySettings) -> int:
+    from quarry.cli import ask
+
+    connect = _connect_to_supervisor(args, common)
+    if args.runs_command == "list":
+        return ask.run_client_command(ask.list_runs(connect, args.state or "", args.limit, as_json=args.json))
+    return ask.run_client_command(ask.show_run(connect, args.run_id, as_json=args.json))
+
+
+def _migrate(args: argparse.Namespace, common: QuarrySettings) -> int:
+    from quarry.db import upgrade_schema
+
+    known = {spec.name: (spec, migrations) for spec, migrations in databases()}
+    unknown = sorted(set(args.services) - set(known))
+    if unknown:
+        print(f"quarry migrate: no database for {', '.join(unknown)}; choose from {', '.join(known)}", file=sys.stderr)
+        return 2
+    for name in args.services or list(known):
+        spec, migrations = known[name]
+        url = spec.load_settings().resolved_database_url(common.data_dir)
+        try:
+            upgrade_schema(url, migrations.scripts_path(), migrations.version_table_name())
+        except (UnsupportedDatabase, SQLAlchemyError, OSError) as error:
+            print(f"quarry migrate {name}: {error}", file=sys.stderr)
+            return 1
+        print(f"{name}: schema up to date")
+    return 0
+
+
+def _doctor(args: argparse.Namespace, common: QuarrySettings) -> int:
+    from quarry.cli.doctor import doctor
+
+    return doctor(common)
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace, QuarrySettings], int]] = {
+    "serve": _serve,
+    "up": _up,
+    "corpus": _corpus,
+    "ask": _ask,
+    "runs": _runs,
+    "migrate": _migrate,
+    "doctor": _doctor,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return HANDLERS[args.command](args, load_settings(QuarrySettings))
+    except ConfigurationError as error:
+        print(f"quarry: {error}", file=sys.stderr)
+        return 2
+
+
+def serve_main(service: str) -> NoReturn:
+    """The whole of each service's `__main__`: `python -m worker_svc` is `quarry serve worker`."""
+    sys.exit(main(["serve", service, *sys.argv[1:]]))
