@@ -23,6 +23,7 @@ from rich.console import Console
 
 from quarry.agent.model import ModelSettings
 from quarry.cli.registry import SERVICES, databases
+from quarry.cli.settings import load_settings
 from quarry.client import open_channel
 from quarry.config import QuarrySettings, SupervisorSettings, WorkerSettings
 from quarry.db import schema_revisions
@@ -146,7 +147,7 @@ def _database_checks(common: QuarrySettings) -> list[Awaitable[Verdict]]:
 
 
 async def diagnose(common: QuarrySettings, report: Callable[[Verdict], None]) -> list[Verdict]:
-    supervisor, worker = SupervisorSettings(), WorkerSettings()
+    supervisor, worker = load_settings(SupervisorSettings), load_settings(WorkerSettings)
     checks: list[Awaitable[Verdict | list[Verdict]]] = [*_health_checks(supervisor, Tls.from_settings(common))]
     tiers = {"supervisor": ModelSettings.for_tier(supervisor, common), "worker": ModelSettings.for_tier(worker, common)}
     if dataclasses.replace(tiers["supervisor"], tier="") == dataclasses.replace(tiers["worker"], tier=""):
