@@ -221,7 +221,7 @@ def _client_command(args: argparse.Namespace) -> int:
         return ask.run_client_command(ask.show_run(connect, args.run_id, as_json=args.json))
     options = supervisor_pb2.RunOptions(
         max_supervisor_turns=args.max_turns,
-        worker_max_turns=args.worker_max_turns,
+        max_worker_turns=args.worker_max_turns,
         max_parallel_delegations=args.parallel,
         max_tokens=args.max_tokens,
     )

@@ -174,7 +174,7 @@ def validate_start(request: StartRequest) -> None:
             FieldViolation("options.max_supervisor_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)")
         )
     if not 0 <= options.worker_max_turns <= MAX_TURNS_LIMIT:
-        violations.append(FieldViolation("options.worker_max_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)"))
+        violations.append(FieldViolation("options.max_worker_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)"))
     if not 0 <= options.max_parallel_delegations <= MAX_PARALLEL_LIMIT:
         violations.append(
             FieldViolation("options.max_parallel_delegations", f"between 1 and {MAX_PARALLEL_LIMIT} (0: default)")

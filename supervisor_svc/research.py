@@ -80,9 +80,9 @@ _DELEGATIONS = meter.create_counter("quarry.delegations", description="delegatio
 
 
 def _outcome_label(result: worker_pb2.DelegationResult) -> str:
-    if result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED:
+    if result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED:
         return "succeeded"
-    return worker_pb2.DelegationErrorCode.Name(result.error.code).removeprefix("DELEGATION_ERROR_CODE_").lower()
+    return common_pb2.DelegationErrorCode.Name(result.error.code).removeprefix("DELEGATION_ERROR_CODE_").lower()
 
 
 class BudgetSpent(Exception):
@@ -138,13 +138,13 @@ def render_result(
     """What the supervisor's context keeps of a delegation: its outcome and the entries it promoted, as the
     scratchpad holds them; never the worker's transcript."""
     promoted = ", ".join(str(n) for n in result.promoted_sequence_nos) or "none"
-    if result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED:
+    if result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED:
         text = (
             f"delegation {delegation_id} succeeded in {result.turns_used} turns; scratchpad entries promoted: "
             f"{promoted}.\nWorker summary: {result.summary}"
         )
     else:
-        code = worker_pb2.DelegationErrorCode.Name(result.error.code).removeprefix("DELEGATION_ERROR_CODE_")
+        code = common_pb2.DelegationErrorCode.Name(result.error.code).removeprefix("DELEGATION_ERROR_CODE_")
         text = (
             f"error: delegation {delegation_id} failed ({code}): {result.error.message}. "
             f"Scratchpad entries promoted before it failed: {promoted}."
@@ -282,12 +282,12 @@ class ResearchRun:
                     self._in_flight -= 1
             outcome = _outcome_label(result)
             span.set_attribute("quarry.delegation.outcome", outcome)
-            if result.outcome != worker_pb2.DELEGATION_OUTCOME_SUCCEEDED:
+            if result.outcome != common_pb2.DELEGATION_OUTCOME_SUCCEEDED:
                 span.set_status(trace.Status(trace.StatusCode.ERROR, result.error.message[:200]))
         _DELEGATIONS.add(1, {"quarry.delegation.outcome": outcome})
         usage = result.usage
         self.worker_usage += TierUsage(usage.input_tokens, usage.output_tokens, usage.model_calls, usage.tool_calls)
-        succeeded = result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED
+        succeeded = result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED
         await self._status(
             supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED
             if succeeded
