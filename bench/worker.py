@@ -96,7 +96,7 @@ async def main_async(args: argparse.Namespace) -> None:
                     started = time.perf_counter()
                     result = await delegate(stub, thread.thread_id, f"seq-{index}")
                     elapsed = time.perf_counter() - started
-                    assert result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED, result
+                    assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED, result
                     per_delegation.append((elapsed - sum(model.service_times)) * 1000)
                 per_turn = [value / 2 for value in per_delegation]
                 print(f"mesh overhead, {args.delegations} sequential delegations of 2 turns, zero-latency model:")
@@ -115,7 +115,7 @@ async def main_async(args: argparse.Namespace) -> None:
                     1
                     for r in results
                     if isinstance(r, worker_pb2.DelegationResult)
-                    and r.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED
+                    and r.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED
                 )
                 print(
                     f"{args.concurrent} concurrent delegations, {args.latency * 1000:.0f} ms per model turn (2 turns): "

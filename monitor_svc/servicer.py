@@ -83,7 +83,7 @@ def status_to_proto(observation: JobObservation, tail: list[str]) -> monitor_pb2
     status = monitor_pb2.JobStatus(
         state=_STATES[observation.state],
         log_tail=tail,
-        observe_time=timestamp(datetime.now(UTC)),
+        sample_time=timestamp(datetime.now(UTC)),
         detail=observation.detail,
     )
     if observation.exit_code is not None:

@@ -10,9 +10,9 @@ from scratchpad_svc.model import EntryKind
 
 WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
     {
-        # The supervisor seeds the thread, coordinates and writes the synthesis;
+        # The supervisor seeds the thread and coordinates (its report is the run's, not an entry);
         # it never records findings or verdicts itself.
-        Role.SUPERVISOR: frozenset({EntryKind.SEED, EntryKind.MARKER, EntryKind.NOTE, EntryKind.SYNTHESIS}),
+        Role.SUPERVISOR: frozenset({EntryKind.SEED, EntryKind.MARKER, EntryKind.NOTE}),
         # Researchers promote verified findings and coordinate with each other.
         Role.RESEARCHER: frozenset({EntryKind.FINDING, EntryKind.MARKER, EntryKind.ACKNOWLEDGEMENT, EntryKind.NOTE}),
         # Verifiers judge findings; they do not add findings of their own.

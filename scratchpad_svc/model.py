@@ -18,7 +18,6 @@ class EntryKind(enum.StrEnum):
     ACKNOWLEDGEMENT = "acknowledgement"
     NOTE = "note"
     VERDICT = "verdict"
-    SYNTHESIS = "synthesis"
 
 
 @dataclass(frozen=True)

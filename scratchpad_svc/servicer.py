@@ -19,7 +19,6 @@ _KIND_TO_PROTO: dict[EntryKind, scratchpad_pb2.EntryKind.ValueType] = {
     EntryKind.ACKNOWLEDGEMENT: scratchpad_pb2.ENTRY_KIND_ACKNOWLEDGEMENT,
     EntryKind.NOTE: scratchpad_pb2.ENTRY_KIND_NOTE,
     EntryKind.VERDICT: scratchpad_pb2.ENTRY_KIND_VERDICT,
-    EntryKind.SYNTHESIS: scratchpad_pb2.ENTRY_KIND_SYNTHESIS,
 }
 _KIND_FROM_PROTO: dict[int, EntryKind] = {number: kind for kind, number in _KIND_TO_PROTO.items()}
 

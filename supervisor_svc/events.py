@@ -8,7 +8,7 @@ reach a client as something to execute.
 from __future__ import annotations
 
 from quarry.delegation import DelegationErrorCode
-from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
+from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
 from supervisor_svc.model import (
     DelegationResult,
     Report,
@@ -24,12 +24,11 @@ _PREVIEW_CHARS = 500
 _ERROR_CODES = {
     RunErrorCode.PROVIDER_ERROR: supervisor_pb2.RUN_ERROR_CODE_PROVIDER_ERROR,
     RunErrorCode.DEADLINE_EXCEEDED: supervisor_pb2.RUN_ERROR_CODE_DEADLINE_EXCEEDED,
-    RunErrorCode.CANCELLED: supervisor_pb2.RUN_ERROR_CODE_CANCELLED,
     RunErrorCode.INTERNAL: supervisor_pb2.RUN_ERROR_CODE_INTERNAL,
 }
 _PHASES = {phase: supervisor_pb2.ResearchPhase.Value(f"RESEARCH_PHASE_{phase.name}") for phase in ResearchPhase}
 _DELEGATION_ERROR_CODES = {
-    code: worker_pb2.DelegationErrorCode.Value(f"DELEGATION_ERROR_CODE_{code.name}") for code in DelegationErrorCode
+    code: common_pb2.DelegationErrorCode.Value(f"DELEGATION_ERROR_CODE_{code.name}") for code in DelegationErrorCode
 }
 
 
@@ -76,12 +75,12 @@ def delegation_ended(result: DelegationResult) -> supervisor_pb2.RunEvent:
     """WORKER_COMPLETED or WORKER_FAILED, with the outcome and, on failure, the error."""
     if result.error_code is None:
         event = status(ResearchPhase.WORKER_COMPLETED, "worker finished", delegation_id=result.delegation_id)
-        event.status.delegation_outcome = worker_pb2.DELEGATION_OUTCOME_SUCCEEDED
+        event.status.delegation_outcome = common_pb2.DELEGATION_OUTCOME_SUCCEEDED
         return event
     event = status(
         ResearchPhase.WORKER_FAILED, f"worker failed: {result.error_message}", delegation_id=result.delegation_id
     )
-    event.status.delegation_outcome = worker_pb2.DELEGATION_OUTCOME_FAILED
+    event.status.delegation_outcome = common_pb2.DELEGATION_OUTCOME_FAILED
     event.status.delegation_error.code = _DELEGATION_ERROR_CODES[result.error_code]
     event.status.delegation_error.message = result.error_message
     return event

@@ -43,7 +43,6 @@ ACTIVE_STATES = (RunState.QUEUED.value, RunState.RUNNING.value)
 class RunErrorCode(enum.StrEnum):
     PROVIDER_ERROR = "provider_error"
     DEADLINE_EXCEEDED = "deadline_exceeded"
-    CANCELLED = "cancelled"
     INTERNAL = "internal"
 
 
@@ -186,7 +185,7 @@ class RunOutcome:
     usage: RunUsage
     report: Report | None = None
     error_code: RunErrorCode | None = None
-    message: str = ""  # the error, or the cancellation's reason
+    message: str = ""  # the error, or why it was cancelled (cancellation is a state, not an error)
 
     @classmethod
     def succeeded(cls, report: Report, usage: RunUsage) -> RunOutcome:
@@ -198,7 +197,7 @@ class RunOutcome:
 
     @classmethod
     def cancelled(cls, reason: str, usage: RunUsage) -> RunOutcome:
-        return cls(RunState.CANCELLED, usage, error_code=RunErrorCode.CANCELLED, message=reason)
+        return cls(RunState.CANCELLED, usage, message=reason)
 
 
 @dataclass(frozen=True)
@@ -230,6 +229,7 @@ class RunRecord:
     create_time: datetime
     start_time: datetime | None = None
     end_time: datetime | None = None
+    cancel_reason: str = ""  # why it was cancelled, once it was
 
 
 def validate_start(request: StartRequest) -> None:
@@ -248,7 +248,7 @@ def validate_start(request: StartRequest) -> None:
             FieldViolation("options.max_supervisor_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)")
         )
     if not 0 <= options.worker_max_turns <= MAX_TURNS_LIMIT:
-        violations.append(FieldViolation("options.worker_max_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)"))
+        violations.append(FieldViolation("options.max_worker_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)"))
     if not 0 <= options.max_parallel_delegations <= MAX_PARALLEL_LIMIT:
         violations.append(
             FieldViolation("options.max_parallel_delegations", f"between 1 and {MAX_PARALLEL_LIMIT} (0: default)")

@@ -28,7 +28,7 @@ def options_from_proto(options: supervisor_pb2.RunOptions) -> RunOptions:
     timeout = options.timeout
     return RunOptions(
         max_supervisor_turns=options.max_supervisor_turns,
-        worker_max_turns=options.worker_max_turns,
+        worker_max_turns=options.max_worker_turns,
         max_parallel_delegations=options.max_parallel_delegations,
         # Computed by hand: ToTimedelta overflows on absurd values, which validation should refuse.
         timeout_seconds=timeout.seconds + timeout.nanos / 1e9 if options.HasField("timeout") else 0.0,
@@ -39,7 +39,7 @@ def options_from_proto(options: supervisor_pb2.RunOptions) -> RunOptions:
 def options_to_proto(options: RunOptions) -> supervisor_pb2.RunOptions:
     message = supervisor_pb2.RunOptions(
         max_supervisor_turns=options.max_supervisor_turns,
-        worker_max_turns=options.worker_max_turns,
+        max_worker_turns=options.worker_max_turns,
         max_parallel_delegations=options.max_parallel_delegations,
         max_tokens=options.max_tokens,
     )
@@ -56,12 +56,13 @@ def run_to_proto(record: RunRecord) -> supervisor_pb2.Run:
         options=options_to_proto(record.options),
         scratchpad_thread_id=record.scratchpad_thread_id,
         usage=usage_to_proto(record.usage),
-        last_event_sequence_no=record.last_sequence_no,
+        last_sequence_no=record.last_sequence_no,
         labels=record.labels,
         create_time=timestamp(record.create_time),
     )
     if record.report is not None:
         run.report.CopyFrom(report_to_proto(record.report))
+    run.cancel_reason = record.cancel_reason
     if record.error_code is not None:
         run.error.CopyFrom(error_to_proto(record.error_code, record.last_error))
     if record.start_time is not None:

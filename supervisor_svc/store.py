@@ -71,6 +71,7 @@ def _record(row: sa.Row[Any]) -> RunRecord:
         create_time=row.create_time,
         start_time=row.start_time,
         end_time=row.end_time,
+        cancel_reason=(row.cancel_reason or "") if row.state == RunState.CANCELLED.value else "",
     )
 
 
@@ -206,7 +207,9 @@ class RunStore:
             "end_time": datetime.now(UTC),
             "report": outcome.report.to_json() if outcome.report else None,
         }
-        if outcome.error_code is not None:
+        if outcome.state is RunState.CANCELLED:
+            columns["cancel_reason"] = outcome.message
+        elif outcome.error_code is not None:
             columns["error_code"], columns["last_error"] = outcome.error_code.value, outcome.message
         await self._write_events(run_id, [events.ending(outcome)], columns=columns, terminal=True)
 

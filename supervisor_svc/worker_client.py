@@ -24,7 +24,7 @@ from quarry.client import open_channel
 from quarry.convert import role_to_proto
 from quarry.delegation import DelegationErrorCode
 from quarry.security import ConnectionLimits, Tls
-from quarry.v1 import worker_pb2, worker_pb2_grpc
+from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from supervisor_svc.model import DelegationOrder, DelegationResult, TierUsage
 
 log = logging.getLogger(__name__)
@@ -36,23 +36,23 @@ TurnListener = Callable[[int, int], Awaitable[None]]
 # Refusals that happen before a worker starts anything: another worker may take the delegation.
 _TRY_ELSEWHERE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 _ERROR_CODES = {
-    grpc.StatusCode.UNAVAILABLE: worker_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: worker_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED: worker_pb2.DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED,
-    grpc.StatusCode.CANCELLED: worker_pb2.DELEGATION_ERROR_CODE_CANCELLED,
-    grpc.StatusCode.INVALID_ARGUMENT: worker_pb2.DELEGATION_ERROR_CODE_INVALID_TASK,
-    grpc.StatusCode.FAILED_PRECONDITION: worker_pb2.DELEGATION_ERROR_CODE_INVALID_TASK,
+    grpc.StatusCode.UNAVAILABLE: common_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: common_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED: common_pb2.DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED: common_pb2.DELEGATION_ERROR_CODE_CANCELLED,
+    grpc.StatusCode.INVALID_ARGUMENT: common_pb2.DELEGATION_ERROR_CODE_INVALID_TASK,
+    grpc.StatusCode.FAILED_PRECONDITION: common_pb2.DELEGATION_ERROR_CODE_INVALID_TASK,
 }
 
 
 def failed(
-    request: worker_pb2.DelegateRequest, code: worker_pb2.DelegationErrorCode.ValueType, message: str
+    request: worker_pb2.DelegateRequest, code: common_pb2.DelegationErrorCode.ValueType, message: str
 ) -> worker_pb2.DelegationResult:
     return worker_pb2.DelegationResult(
         delegation_id=request.delegation_id,
         tool_call_id=request.tool_call_id,
-        outcome=worker_pb2.DELEGATION_OUTCOME_FAILED,
-        error=worker_pb2.DelegationError(code=code, message=message),
+        outcome=common_pb2.DELEGATION_OUTCOME_FAILED,
+        error=common_pb2.DelegationError(code=code, message=message),
     )
 
 
@@ -74,8 +74,8 @@ def request_for(order: DelegationOrder) -> worker_pb2.DelegateRequest:
 
 def result_from_proto(result: worker_pb2.DelegationResult) -> DelegationResult:
     code = None
-    if result.outcome != worker_pb2.DELEGATION_OUTCOME_SUCCEEDED:
-        name = worker_pb2.DelegationErrorCode.Name(result.error.code).removeprefix("DELEGATION_ERROR_CODE_")
+    if result.outcome != common_pb2.DELEGATION_OUTCOME_SUCCEEDED:
+        name = common_pb2.DelegationErrorCode.Name(result.error.code).removeprefix("DELEGATION_ERROR_CODE_")
         code = DelegationErrorCode.__members__.get(name, DelegationErrorCode.INTERNAL)
     usage = result.usage
     return DelegationResult(
@@ -148,7 +148,7 @@ class DelegationClient:
                     error.code().name,
                 )
                 continue
-            code = _ERROR_CODES.get(error.code(), worker_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE)
+            code = _ERROR_CODES.get(error.code(), common_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE)
             return failed(request, code, f"worker {self._targets[index]}: {error.code().name}: {error.details()}")
         raise AssertionError("unreachable: the second attempt always returns")
 
@@ -170,7 +170,7 @@ class DelegationClient:
                     if response.result.delegation_id != request.delegation_id:
                         return failed(
                             request,
-                            worker_pb2.DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION,
+                            common_pb2.DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION,
                             f"the worker answered for delegation {response.result.delegation_id!r}",
                         )
                     result: worker_pb2.DelegationResult = response.result
@@ -183,5 +183,5 @@ class DelegationClient:
             if not ended:
                 stream.cancel()  # we stop listening: the worker stops too
         return failed(
-            request, worker_pb2.DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION, "the worker's stream ended without a result"
+            request, common_pb2.DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION, "the worker's stream ended without a result"
         )

@@ -13,13 +13,13 @@ from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from worker_svc.model import DelegationRequest, DelegationState, ErrorCode, Event, Outcome, Progress, Started
 from worker_svc.worker import Worker
 
-_ERROR_CODES: dict[ErrorCode, worker_pb2.DelegationErrorCode.ValueType] = {
-    ErrorCode.PROVIDER_ERROR: worker_pb2.DELEGATION_ERROR_CODE_PROVIDER_ERROR,
-    ErrorCode.TURN_BUDGET_EXHAUSTED: worker_pb2.DELEGATION_ERROR_CODE_TURN_BUDGET_EXHAUSTED,
-    ErrorCode.TOKEN_BUDGET_EXHAUSTED: worker_pb2.DELEGATION_ERROR_CODE_TOKEN_BUDGET_EXHAUSTED,
-    ErrorCode.DEADLINE_EXCEEDED: worker_pb2.DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED,
-    ErrorCode.CANCELLED: worker_pb2.DELEGATION_ERROR_CODE_CANCELLED,
-    ErrorCode.INTERNAL: worker_pb2.DELEGATION_ERROR_CODE_INTERNAL,
+_ERROR_CODES: dict[ErrorCode, common_pb2.DelegationErrorCode.ValueType] = {
+    ErrorCode.PROVIDER_ERROR: common_pb2.DELEGATION_ERROR_CODE_PROVIDER_ERROR,
+    ErrorCode.TURN_BUDGET_EXHAUSTED: common_pb2.DELEGATION_ERROR_CODE_TURN_BUDGET_EXHAUSTED,
+    ErrorCode.TOKEN_BUDGET_EXHAUSTED: common_pb2.DELEGATION_ERROR_CODE_TOKEN_BUDGET_EXHAUSTED,
+    ErrorCode.DEADLINE_EXCEEDED: common_pb2.DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED,
+    ErrorCode.CANCELLED: common_pb2.DELEGATION_ERROR_CODE_CANCELLED,
+    ErrorCode.INTERNAL: common_pb2.DELEGATION_ERROR_CODE_INTERNAL,
 }
 _STATES: dict[DelegationState, worker_pb2.DelegationState.ValueType] = {
     DelegationState.RUNNING: worker_pb2.DELEGATION_STATE_RUNNING,
@@ -54,7 +54,7 @@ def request_from_proto(request: worker_pb2.DelegateRequest) -> DelegationRequest
 def result_to_proto(outcome: Outcome) -> worker_pb2.DelegationResult:
     result = worker_pb2.DelegationResult(
         delegation_id=outcome.delegation_id,
-        outcome=worker_pb2.DELEGATION_OUTCOME_SUCCEEDED if outcome.succeeded else worker_pb2.DELEGATION_OUTCOME_FAILED,
+        outcome=common_pb2.DELEGATION_OUTCOME_SUCCEEDED if outcome.succeeded else common_pb2.DELEGATION_OUTCOME_FAILED,
         summary=outcome.summary,
         promoted_sequence_nos=list(outcome.promoted),
         turns_used=outcome.turns,
@@ -68,8 +68,8 @@ def result_to_proto(outcome: Outcome) -> worker_pb2.DelegationResult:
         tool_call_id=outcome.tool_call_id,
     )
     if not outcome.succeeded:
-        code = _ERROR_CODES[outcome.error_code] if outcome.error_code else worker_pb2.DELEGATION_ERROR_CODE_INTERNAL
-        result.error.CopyFrom(worker_pb2.DelegationError(code=code, message=outcome.error_message))
+        code = _ERROR_CODES[outcome.error_code] if outcome.error_code else common_pb2.DELEGATION_ERROR_CODE_INTERNAL
+        result.error.CopyFrom(common_pb2.DelegationError(code=code, message=outcome.error_message))
     return result
 
 

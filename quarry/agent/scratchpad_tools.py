@@ -27,7 +27,6 @@ KINDS: dict[str, scratchpad_pb2.EntryKind.ValueType] = {
     "acknowledgement": scratchpad_pb2.ENTRY_KIND_ACKNOWLEDGEMENT,
     "note": scratchpad_pb2.ENTRY_KIND_NOTE,
     "verdict": scratchpad_pb2.ENTRY_KIND_VERDICT,
-    "synthesis": scratchpad_pb2.ENTRY_KIND_SYNTHESIS,
 }
 KIND_NAMES = {number: name for name, number in KINDS.items()}
 
@@ -43,7 +42,7 @@ class ReadParams(BaseModel):
 
 
 class AppendParams(BaseModel):
-    kind: Literal["seed", "finding", "marker", "acknowledgement", "note", "verdict", "synthesis"]
+    kind: Literal["seed", "finding", "marker", "acknowledgement", "note", "verdict"]
     content: str = Field(min_length=1)
     sources: list[SourceParam] = Field(default_factory=list)
 

@@ -26,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from quarry.client import QuarryClient, is_terminal
-from quarry.v1 import scratchpad_pb2, supervisor_pb2, worker_pb2
+from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
 
 # Opens the client for one command (address, TLS and token already chosen).
 Connect = Callable[[], QuarryClient]
@@ -71,7 +71,7 @@ class RunView:
                 elif status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED:
                     delegation.outcome = "[green]succeeded[/]"
                 elif status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_FAILED:
-                    code = _name(worker_pb2.DelegationErrorCode, status.delegation_error.code, "DELEGATION_ERROR_CODE_")
+                    code = _name(common_pb2.DelegationErrorCode, status.delegation_error.code, "DELEGATION_ERROR_CODE_")
                     delegation.outcome = f"[red]failed: {code}[/]"
         elif payload == "scratchpad":
             entry = event.scratchpad
@@ -212,6 +212,8 @@ async def show_run(connect: Connect, run_id: str, *, as_json: bool) -> int:
     console.print(f"{run.run_id}: {_name(supervisor_pb2.RunState, run.state, 'RUN_STATE_')}")
     if run.HasField("error"):
         console.print(f"[red]{run.error.message}[/]")
+    if run.cancel_reason:
+        console.print(f"[yellow]run cancelled[/]: {run.cancel_reason}")
     if run.HasField("report"):
         console.print(Markdown(run.report.markdown))
         for citation in run.report.citations:

@@ -174,7 +174,7 @@ def _ask(args: argparse.Namespace, common: QuarrySettings) -> int:
     connect = _connect_to_supervisor(args, common)
     options = supervisor_pb2.RunOptions(
         max_supervisor_turns=args.max_turns,
-        worker_max_turns=args.worker_max_turns,
+        max_worker_turns=args.worker_max_turns,
         max_parallel_delegations=args.parallel,
         max_tokens=args.max_tokens,
     )

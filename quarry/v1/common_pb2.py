@@ -24,19 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16quarry/v1/common.proto\x12\tquarry.v1\"@\n\tPrincipal\x12\x14\n\x0cprincipal_id\x18\x01 \x01(\t\x12\x1d\n\x04role\x18\x02 \x01(\x0e\x32\x0f.quarry.v1.Role\"5\n\x06Source\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x0f\n\x07\x65xcerpt\x18\x03 \x01(\t\"]\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\x12\x15\n\routput_tokens\x18\x02 \x01(\x03\x12\x13\n\x0bmodel_calls\x18\x03 \x01(\x03\x12\x12\n\ntool_calls\x18\x04 \x01(\x03*Y\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x13\n\x0fROLE_SUPERVISOR\x10\x01\x12\x13\n\x0fROLE_RESEARCHER\x10\x02\x12\x11\n\rROLE_VERIFIER\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16quarry/v1/common.proto\x12\tquarry.v1\"@\n\tPrincipal\x12\x14\n\x0cprincipal_id\x18\x01 \x01(\t\x12\x1d\n\x04role\x18\x02 \x01(\x0e\x32\x0f.quarry.v1.Role\"5\n\x06Source\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x0f\n\x07\x65xcerpt\x18\x03 \x01(\t\"]\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\x12\x15\n\routput_tokens\x18\x02 \x01(\x03\x12\x13\n\x0bmodel_calls\x18\x03 \x01(\x03\x12\x12\n\ntool_calls\x18\x04 \x01(\x03\"P\n\x0f\x44\x65legationError\x12,\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x1e.quarry.v1.DelegationErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t*Y\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x13\n\x0fROLE_SUPERVISOR\x10\x01\x12\x13\n\x0fROLE_RESEARCHER\x10\x02\x12\x11\n\rROLE_VERIFIER\x10\x03*x\n\x11\x44\x65legationOutcome\x12\"\n\x1e\x44\x45LEGATION_OUTCOME_UNSPECIFIED\x10\x00\x12 \n\x1c\x44\x45LEGATION_OUTCOME_SUCCEEDED\x10\x01\x12\x1d\n\x19\x44\x45LEGATION_OUTCOME_FAILED\x10\x02*\xc3\x03\n\x13\x44\x65legationErrorCode\x12%\n!DELEGATION_ERROR_CODE_UNSPECIFIED\x10\x00\x12(\n$DELEGATION_ERROR_CODE_PROVIDER_ERROR\x10\x01\x12/\n+DELEGATION_ERROR_CODE_TURN_BUDGET_EXHAUSTED\x10\x02\x12\x30\n,DELEGATION_ERROR_CODE_TOKEN_BUDGET_EXHAUSTED\x10\x03\x12+\n\'DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED\x10\x04\x12#\n\x1f\x44\x45LEGATION_ERROR_CODE_CANCELLED\x10\x05\x12&\n\"DELEGATION_ERROR_CODE_INVALID_TASK\x10\x06\x12,\n(DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE\x10\x07\x12,\n(DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION\x10\x08\x12\"\n\x1e\x44\x45LEGATION_ERROR_CODE_INTERNAL\x10\t*\xd7\t\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x19\n\x15\x45RROR_REASON_INTERNAL\x10\x01\x12!\n\x1d\x45RROR_REASON_INVALID_ARGUMENT\x10\x02\x12\x1a\n\x16\x45RROR_REASON_NOT_FOUND\x10\x03\x12\x1f\n\x1b\x45RROR_REASON_ALREADY_EXISTS\x10\x04\x12\"\n\x1e\x45RROR_REASON_PERMISSION_DENIED\x10\x05\x12$\n ERROR_REASON_FAILED_PRECONDITION\x10\x06\x12#\n\x1f\x45RROR_REASON_RESOURCE_EXHAUSTED\x10\x07\x12 \n\x1c\x45RROR_REASON_UNAUTHENTICATED\x10\x08\x12\x1c\n\x18\x45RROR_REASON_UNAVAILABLE\x10\t\x12\"\n\x1e\x45RROR_REASON_DEADLINE_EXCEEDED\x10\n\x12\x1e\n\x1a\x45RROR_REASON_UNIMPLEMENTED\x10\x0b\x12\x1e\n\x1a\x45RROR_REASON_RUN_NOT_FOUND\x10\x14\x12!\n\x1d\x45RROR_REASON_THREAD_NOT_FOUND\x10\x15\x12%\n!ERROR_REASON_DELEGATION_NOT_FOUND\x10\x16\x12\'\n#ERROR_REASON_CONVERSATION_NOT_FOUND\x10\x17\x12\x1f\n\x1b\x45RROR_REASON_HOST_NOT_FOUND\x10\x18\x12%\n!ERROR_REASON_BEARER_TOKEN_INVALID\x10(\x12%\n!ERROR_REASON_DATABASE_UNAVAILABLE\x10)\x12\x1e\n\x1a\x45RROR_REASON_SHUTTING_DOWN\x10*\x12\"\n\x1e\x45RROR_REASON_REQUEST_ID_REUSED\x10+\x12,\n(ERROR_REASON_KIND_NOT_PERMITTED_FOR_ROLE\x10<\x12\x1e\n\x1a\x45RROR_REASON_THREAD_EXISTS\x10=\x12%\n!ERROR_REASON_TOO_MANY_DELEGATIONS\x10P\x12%\n!ERROR_REASON_DELEGATION_ID_REUSED\x10Q\x12#\n\x1f\x45RROR_REASON_DELEGATION_RUNNING\x10R\x12\x1e\n\x1a\x45RROR_REASON_TOO_MANY_RUNS\x10\x64\x12%\n!ERROR_REASON_LOG_PATH_NOT_ALLOWED\x10x\x12 \n\x1c\x45RROR_REASON_JOB_NOT_STARTED\x10y\x12\x1e\n\x1a\x45RROR_REASON_SBATCH_FAILED\x10z\x12\x1f\n\x1b\x45RROR_REASON_LOG_UNREADABLE\x10{\x12!\n\x1d\x45RROR_REASON_MALFORMED_OUTPUT\x10|\x12#\n\x1f\x45RROR_REASON_SSH_CONFIG_INVALID\x10}\x12!\n\x1d\x45RROR_REASON_HOST_KEY_UNKNOWN\x10~\x12 \n\x1c\x45RROR_REASON_SSH_AUTH_FAILED\x10\x7f\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'quarry.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=253
-  _globals['_ROLE']._serialized_end=342
+  _globals['_ROLE']._serialized_start=335
+  _globals['_ROLE']._serialized_end=424
+  _globals['_DELEGATIONOUTCOME']._serialized_start=426
+  _globals['_DELEGATIONOUTCOME']._serialized_end=546
+  _globals['_DELEGATIONERRORCODE']._serialized_start=549
+  _globals['_DELEGATIONERRORCODE']._serialized_end=1000
+  _globals['_ERRORREASON']._serialized_start=1003
+  _globals['_ERRORREASON']._serialized_end=2242
   _globals['_PRINCIPAL']._serialized_start=37
   _globals['_PRINCIPAL']._serialized_end=101
   _globals['_SOURCE']._serialized_start=103
   _globals['_SOURCE']._serialized_end=156
   _globals['_USAGE']._serialized_start=158
   _globals['_USAGE']._serialized_end=251
+  _globals['_DELEGATIONERROR']._serialized_start=253
+  _globals['_DELEGATIONERROR']._serialized_end=333
 # @@protoc_insertion_point(module_scope)

@@ -45,6 +45,228 @@ ROLE_VERIFIER: Role.ValueType  # 3
 """Checks findings against their sources and records verdicts."""
 Global___Role: _TypeAlias = Role  # noqa: Y015
 
+class _DelegationOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DelegationOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DelegationOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DELEGATION_OUTCOME_UNSPECIFIED: _DelegationOutcome.ValueType  # 0
+    DELEGATION_OUTCOME_SUCCEEDED: _DelegationOutcome.ValueType  # 1
+    DELEGATION_OUTCOME_FAILED: _DelegationOutcome.ValueType  # 2
+
+class DelegationOutcome(_DelegationOutcome, metaclass=_DelegationOutcomeEnumTypeWrapper):
+    """How a delegation ended. Shared by the worker contract, which produces it, and
+    the public run events, which report it, so that neither client needs the other.
+    """
+
+DELEGATION_OUTCOME_UNSPECIFIED: DelegationOutcome.ValueType  # 0
+DELEGATION_OUTCOME_SUCCEEDED: DelegationOutcome.ValueType  # 1
+DELEGATION_OUTCOME_FAILED: DelegationOutcome.ValueType  # 2
+Global___DelegationOutcome: _TypeAlias = DelegationOutcome  # noqa: Y015
+
+class _DelegationErrorCode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DelegationErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DelegationErrorCode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DELEGATION_ERROR_CODE_UNSPECIFIED: _DelegationErrorCode.ValueType  # 0
+    DELEGATION_ERROR_CODE_PROVIDER_ERROR: _DelegationErrorCode.ValueType  # 1
+    """The model provider failed after retries."""
+    DELEGATION_ERROR_CODE_TURN_BUDGET_EXHAUSTED: _DelegationErrorCode.ValueType  # 2
+    """The turn budget ran out before a final answer."""
+    DELEGATION_ERROR_CODE_TOKEN_BUDGET_EXHAUSTED: _DelegationErrorCode.ValueType  # 3
+    """The token budget ran out before a final answer."""
+    DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED: _DelegationErrorCode.ValueType  # 4
+    """The delegation's time limit passed."""
+    DELEGATION_ERROR_CODE_CANCELLED: _DelegationErrorCode.ValueType  # 5
+    """The caller or the run cancelled it."""
+    DELEGATION_ERROR_CODE_INVALID_TASK: _DelegationErrorCode.ValueType  # 6
+    """The request was not a runnable task."""
+    DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE: _DelegationErrorCode.ValueType  # 7
+    """No worker could be reached, or the stream broke before a result."""
+    DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION: _DelegationErrorCode.ValueType  # 8
+    """A stream ended without its terminal result."""
+    DELEGATION_ERROR_CODE_INTERNAL: _DelegationErrorCode.ValueType  # 9
+    """A fault inside the worker."""
+
+class DelegationErrorCode(_DelegationErrorCode, metaclass=_DelegationErrorCodeEnumTypeWrapper):
+    """Why a delegation failed. Budget, deadline and cancellation are distinct."""
+
+DELEGATION_ERROR_CODE_UNSPECIFIED: DelegationErrorCode.ValueType  # 0
+DELEGATION_ERROR_CODE_PROVIDER_ERROR: DelegationErrorCode.ValueType  # 1
+"""The model provider failed after retries."""
+DELEGATION_ERROR_CODE_TURN_BUDGET_EXHAUSTED: DelegationErrorCode.ValueType  # 2
+"""The turn budget ran out before a final answer."""
+DELEGATION_ERROR_CODE_TOKEN_BUDGET_EXHAUSTED: DelegationErrorCode.ValueType  # 3
+"""The token budget ran out before a final answer."""
+DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED: DelegationErrorCode.ValueType  # 4
+"""The delegation's time limit passed."""
+DELEGATION_ERROR_CODE_CANCELLED: DelegationErrorCode.ValueType  # 5
+"""The caller or the run cancelled it."""
+DELEGATION_ERROR_CODE_INVALID_TASK: DelegationErrorCode.ValueType  # 6
+"""The request was not a runnable task."""
+DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE: DelegationErrorCode.ValueType  # 7
+"""No worker could be reached, or the stream broke before a result."""
+DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION: DelegationErrorCode.ValueType  # 8
+"""A stream ended without its terminal result."""
+DELEGATION_ERROR_CODE_INTERNAL: DelegationErrorCode.ValueType  # 9
+"""A fault inside the worker."""
+Global___DelegationErrorCode: _TypeAlias = DelegationErrorCode  # noqa: Y015
+
+class _ErrorReason:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReason.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ERROR_REASON_UNSPECIFIED: _ErrorReason.ValueType  # 0
+    ERROR_REASON_INTERNAL: _ErrorReason.ValueType  # 1
+    """The generic reason of each status code, used when nothing more specific applies."""
+    ERROR_REASON_INVALID_ARGUMENT: _ErrorReason.ValueType  # 2
+    ERROR_REASON_NOT_FOUND: _ErrorReason.ValueType  # 3
+    ERROR_REASON_ALREADY_EXISTS: _ErrorReason.ValueType  # 4
+    ERROR_REASON_PERMISSION_DENIED: _ErrorReason.ValueType  # 5
+    ERROR_REASON_FAILED_PRECONDITION: _ErrorReason.ValueType  # 6
+    ERROR_REASON_RESOURCE_EXHAUSTED: _ErrorReason.ValueType  # 7
+    ERROR_REASON_UNAUTHENTICATED: _ErrorReason.ValueType  # 8
+    ERROR_REASON_UNAVAILABLE: _ErrorReason.ValueType  # 9
+    ERROR_REASON_DEADLINE_EXCEEDED: _ErrorReason.ValueType  # 10
+    ERROR_REASON_UNIMPLEMENTED: _ErrorReason.ValueType  # 11
+    ERROR_REASON_RUN_NOT_FOUND: _ErrorReason.ValueType  # 20
+    """NOT_FOUND, one per resource type; ErrorInfo.metadata maps the type to the missing id."""
+    ERROR_REASON_THREAD_NOT_FOUND: _ErrorReason.ValueType  # 21
+    ERROR_REASON_DELEGATION_NOT_FOUND: _ErrorReason.ValueType  # 22
+    ERROR_REASON_CONVERSATION_NOT_FOUND: _ErrorReason.ValueType  # 23
+    ERROR_REASON_HOST_NOT_FOUND: _ErrorReason.ValueType  # 24
+    """A host missing from the monitor's configuration."""
+    ERROR_REASON_BEARER_TOKEN_INVALID: _ErrorReason.ValueType  # 40
+    """Any service.
+    UNAUTHENTICATED: the bearer token is missing, malformed or not accepted.
+    """
+    ERROR_REASON_DATABASE_UNAVAILABLE: _ErrorReason.ValueType  # 41
+    """UNAVAILABLE: the database cannot be reached; retry."""
+    ERROR_REASON_SHUTTING_DOWN: _ErrorReason.ValueType  # 42
+    """UNAVAILABLE: this replica is shutting down; retry on another."""
+    ERROR_REASON_REQUEST_ID_REUSED: _ErrorReason.ValueType  # 43
+    """ALREADY_EXISTS: a request_id was used before with a different request."""
+    ERROR_REASON_KIND_NOT_PERMITTED_FOR_ROLE: _ErrorReason.ValueType  # 60
+    """ScratchpadService.
+    PERMISSION_DENIED: the author's role may not write this entry kind.
+    """
+    ERROR_REASON_THREAD_EXISTS: _ErrorReason.ValueType  # 61
+    """ALREADY_EXISTS: a caller-chosen thread_id is taken by a different thread."""
+    ERROR_REASON_TOO_MANY_DELEGATIONS: _ErrorReason.ValueType  # 80
+    """WorkerService.
+    RESOURCE_EXHAUSTED: the worker runs as many delegations as it may.
+    """
+    ERROR_REASON_DELEGATION_ID_REUSED: _ErrorReason.ValueType  # 81
+    """FAILED_PRECONDITION: a delegation_id was used before with a different request."""
+    ERROR_REASON_DELEGATION_RUNNING: _ErrorReason.ValueType  # 82
+    """FAILED_PRECONDITION: the delegation is still running elsewhere."""
+    ERROR_REASON_TOO_MANY_RUNS: _ErrorReason.ValueType  # 100
+    """SupervisorService.
+    RESOURCE_EXHAUSTED: the supervisor runs as many runs as it may.
+    """
+    ERROR_REASON_LOG_PATH_NOT_ALLOWED: _ErrorReason.ValueType  # 120
+    """MonitorService.
+    FAILED_PRECONDITION: the log path is outside the directories the monitor may read.
+    """
+    ERROR_REASON_JOB_NOT_STARTED: _ErrorReason.ValueType  # 121
+    """FAILED_PRECONDITION: the local command or its log file could not be started."""
+    ERROR_REASON_SBATCH_FAILED: _ErrorReason.ValueType  # 122
+    """FAILED_PRECONDITION: sbatch refused the batch script."""
+    ERROR_REASON_LOG_UNREADABLE: _ErrorReason.ValueType  # 123
+    """FAILED_PRECONDITION: the job's log file cannot be read."""
+    ERROR_REASON_MALFORMED_OUTPUT: _ErrorReason.ValueType  # 124
+    """FAILED_PRECONDITION: a remote tool printed something that could not be parsed."""
+    ERROR_REASON_SSH_CONFIG_INVALID: _ErrorReason.ValueType  # 125
+    """FAILED_PRECONDITION: the SSH settings of a host are unusable."""
+    ERROR_REASON_HOST_KEY_UNKNOWN: _ErrorReason.ValueType  # 126
+    """FAILED_PRECONDITION: the host's key is not in the known-hosts file."""
+    ERROR_REASON_SSH_AUTH_FAILED: _ErrorReason.ValueType  # 127
+    """FAILED_PRECONDITION: the host refused the configured key."""
+
+class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
+    """The machine-readable reason of a failed RPC. Every error status a quarry
+    service returns carries a google.rpc.ErrorInfo whose `domain` is "quarry.dev"
+    and whose `reason` is one of these values' names without the
+    `ERROR_REASON_` prefix (ERROR_REASON_THREAD_NOT_FOUND is sent as
+    "THREAD_NOT_FOUND"). Branch on the reason, never on the message text. The
+    enum itself never travels on the wire; it documents the closed set of
+    reasons, and a client should treat a reason it does not know like the
+    status code's generic one.
+    """
+
+ERROR_REASON_UNSPECIFIED: ErrorReason.ValueType  # 0
+ERROR_REASON_INTERNAL: ErrorReason.ValueType  # 1
+"""The generic reason of each status code, used when nothing more specific applies."""
+ERROR_REASON_INVALID_ARGUMENT: ErrorReason.ValueType  # 2
+ERROR_REASON_NOT_FOUND: ErrorReason.ValueType  # 3
+ERROR_REASON_ALREADY_EXISTS: ErrorReason.ValueType  # 4
+ERROR_REASON_PERMISSION_DENIED: ErrorReason.ValueType  # 5
+ERROR_REASON_FAILED_PRECONDITION: ErrorReason.ValueType  # 6
+ERROR_REASON_RESOURCE_EXHAUSTED: ErrorReason.ValueType  # 7
+ERROR_REASON_UNAUTHENTICATED: ErrorReason.ValueType  # 8
+ERROR_REASON_UNAVAILABLE: ErrorReason.ValueType  # 9
+ERROR_REASON_DEADLINE_EXCEEDED: ErrorReason.ValueType  # 10
+ERROR_REASON_UNIMPLEMENTED: ErrorReason.ValueType  # 11
+ERROR_REASON_RUN_NOT_FOUND: ErrorReason.ValueType  # 20
+"""NOT_FOUND, one per resource type; ErrorInfo.metadata maps the type to the missing id."""
+ERROR_REASON_THREAD_NOT_FOUND: ErrorReason.ValueType  # 21
+ERROR_REASON_DELEGATION_NOT_FOUND: ErrorReason.ValueType  # 22
+ERROR_REASON_CONVERSATION_NOT_FOUND: ErrorReason.ValueType  # 23
+ERROR_REASON_HOST_NOT_FOUND: ErrorReason.ValueType  # 24
+"""A host missing from the monitor's configuration."""
+ERROR_REASON_BEARER_TOKEN_INVALID: ErrorReason.ValueType  # 40
+"""Any service.
+UNAUTHENTICATED: the bearer token is missing, malformed or not accepted.
+"""
+ERROR_REASON_DATABASE_UNAVAILABLE: ErrorReason.ValueType  # 41
+"""UNAVAILABLE: the database cannot be reached; retry."""
+ERROR_REASON_SHUTTING_DOWN: ErrorReason.ValueType  # 42
+"""UNAVAILABLE: this replica is shutting down; retry on another."""
+ERROR_REASON_REQUEST_ID_REUSED: ErrorReason.ValueType  # 43
+"""ALREADY_EXISTS: a request_id was used before with a different request."""
+ERROR_REASON_KIND_NOT_PERMITTED_FOR_ROLE: ErrorReason.ValueType  # 60
+"""ScratchpadService.
+PERMISSION_DENIED: the author's role may not write this entry kind.
+"""
+ERROR_REASON_THREAD_EXISTS: ErrorReason.ValueType  # 61
+"""ALREADY_EXISTS: a caller-chosen thread_id is taken by a different thread."""
+ERROR_REASON_TOO_MANY_DELEGATIONS: ErrorReason.ValueType  # 80
+"""WorkerService.
+RESOURCE_EXHAUSTED: the worker runs as many delegations as it may.
+"""
+ERROR_REASON_DELEGATION_ID_REUSED: ErrorReason.ValueType  # 81
+"""FAILED_PRECONDITION: a delegation_id was used before with a different request."""
+ERROR_REASON_DELEGATION_RUNNING: ErrorReason.ValueType  # 82
+"""FAILED_PRECONDITION: the delegation is still running elsewhere."""
+ERROR_REASON_TOO_MANY_RUNS: ErrorReason.ValueType  # 100
+"""SupervisorService.
+RESOURCE_EXHAUSTED: the supervisor runs as many runs as it may.
+"""
+ERROR_REASON_LOG_PATH_NOT_ALLOWED: ErrorReason.ValueType  # 120
+"""MonitorService.
+FAILED_PRECONDITION: the log path is outside the directories the monitor may read.
+"""
+ERROR_REASON_JOB_NOT_STARTED: ErrorReason.ValueType  # 121
+"""FAILED_PRECONDITION: the local command or its log file could not be started."""
+ERROR_REASON_SBATCH_FAILED: ErrorReason.ValueType  # 122
+"""FAILED_PRECONDITION: sbatch refused the batch script."""
+ERROR_REASON_LOG_UNREADABLE: ErrorReason.ValueType  # 123
+"""FAILED_PRECONDITION: the job's log file cannot be read."""
+ERROR_REASON_MALFORMED_OUTPUT: ErrorReason.ValueType  # 124
+"""FAILED_PRECONDITION: a remote tool printed something that could not be parsed."""
+ERROR_REASON_SSH_CONFIG_INVALID: ErrorReason.ValueType  # 125
+"""FAILED_PRECONDITION: the SSH settings of a host are unusable."""
+ERROR_REASON_HOST_KEY_UNKNOWN: ErrorReason.ValueType  # 126
+"""FAILED_PRECONDITION: the host's key is not in the known-hosts file."""
+ERROR_REASON_SSH_AUTH_FAILED: ErrorReason.ValueType  # 127
+"""FAILED_PRECONDITION: the host refused the configured key."""
+Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
+
 @_typing.final
 class Principal(_message.Message):
     """Who did something: a principal (a run, a delegation, a user) in a role."""
@@ -128,3 +350,25 @@ class Usage(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Usage: _TypeAlias = Usage  # noqa: Y015
+
+@_typing.final
+class DelegationError(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    code: Global___DelegationErrorCode.ValueType
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        code: Global___DelegationErrorCode.ValueType = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DelegationError: _TypeAlias = DelegationError  # noqa: Y015

@@ -22,53 +22,74 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17quarry/v1/monitor.proto\x12\tquarry.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"B\n\nGpuProcess\x12\x0b\n\x03pid\x18\x01 \x01(\x03\x12\x19\n\x11used_memory_bytes\x18\x02 \x01(\x03\x12\x0c\n\x04name\x18\x03 \x01(\t\"\xee\x01\n\x03Gpu\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0c\n\x04uuid\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x05 \x01(\x03\x12\x19\n\x11memory_used_bytes\x18\x06 \x01(\x03\x12\x1b\n\x13utilization_percent\x18\x07 \x01(\x05\x12\x1b\n\x13temperature_celsius\x18\x08 \x01(\x05\x12\x13\n\x0bpower_watts\x18\t \x01(\x01\x12(\n\tprocesses\x18\n \x03(\x0b\x32\x15.quarry.v1.GpuProcess\"\x1f\n\x0fListGpusRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\"}\n\x10ListGpusResponse\x12\x1c\n\x04gpus\x18\x01 \x03(\x0b\x32\x0e.quarry.v1.Gpu\x12/\n\x0bsample_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1a\n\x12unavailable_reason\x18\x03 \x01(\t\"M\n\x10WatchGpusRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12+\n\x08interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"~\n\x11WatchGpusResponse\x12\x1c\n\x04gpus\x18\x01 \x03(\x0b\x32\x0e.quarry.v1.Gpu\x12/\n\x0bsample_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1a\n\x12unavailable_reason\x18\x03 \x01(\t\"\x1b\n\x0cLocalProcess\x12\x0b\n\x03pid\x18\x01 \x01(\x03\"*\n\rRemoteProcess\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x03\"(\n\x08SlurmJob\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"\xa0\x01\n\x06JobRef\x12(\n\x05local\x18\x01 \x01(\x0b\x32\x17.quarry.v1.LocalProcessH\x00\x12*\n\x06remote\x18\x02 \x01(\x0b\x32\x18.quarry.v1.RemoteProcessH\x00\x12$\n\x05slurm\x18\x03 \x01(\x0b\x32\x13.quarry.v1.SlurmJobH\x00\x12\x10\n\x08log_path\x18\x04 \x01(\tB\x08\n\x06target\"\xa9\x01\n\tJobStatus\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.quarry.v1.JobState\x12\x16\n\texit_code\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x10\n\x08log_tail\x18\x03 \x03(\t\x12\x30\n\x0cobserve_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\tB\x0c\n\n_exit_code\"{\n\x0fWatchJobRequest\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.quarry.v1.JobRef\x12\x30\n\rpoll_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x16\n\x0elog_tail_lines\x18\x03 \x01(\x05\"O\n\x10WatchJobResponse\x12$\n\x06status\x18\x01 \x01(\x0b\x32\x14.quarry.v1.JobStatus\x12\x15\n\rnew_log_lines\x18\x02 \x03(\t\"I\n\x0cLocalCommand\x12\x0c\n\x04\x61rgv\x18\x01 \x03(\t\x12\x19\n\x11working_directory\x18\x02 \x01(\t\x12\x10\n\x08log_path\x18\x03 \x01(\t\"I\n\x0fSlurmSubmission\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x13\n\x0bscript_path\x18\x02 \x01(\t\x12\x13\n\x0bsbatch_args\x18\x03 \x03(\t\"\x84\x01\n\x10SubmitJobRequest\x12(\n\x05local\x18\x01 \x01(\x0b\x32\x17.quarry.v1.LocalCommandH\x00\x12+\n\x05slurm\x18\x02 \x01(\x0b\x32\x1a.quarry.v1.SlurmSubmissionH\x00\x12\x12\n\nrequest_id\x18\x03 \x01(\tB\x05\n\x03job\"3\n\x11SubmitJobResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.quarry.v1.JobRef*\xfa\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_PENDING\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_COMPLETED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_TIMED_OUT\x10\x05\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x06\x12\x14\n\x10JOB_STATE_EXITED\x10\x07\x12\x15\n\x11JOB_STATE_UNKNOWN\x10\x08\x12\x17\n\x13JOB_STATE_NOT_FOUND\x10\t2\xae\x02\n\x0eMonitorService\x12\x43\n\x08ListGpus\x12\x1a.quarry.v1.ListGpusRequest\x1a\x1b.quarry.v1.ListGpusResponse\x12H\n\tWatchGpus\x12\x1b.quarry.v1.WatchGpusRequest\x1a\x1c.quarry.v1.WatchGpusResponse0\x01\x12\x46\n\tSubmitJob\x12\x1b.quarry.v1.SubmitJobRequest\x1a\x1c.quarry.v1.SubmitJobResponse\x12\x45\n\x08WatchJob\x12\x1a.quarry.v1.WatchJobRequest\x1a\x1b.quarry.v1.WatchJobResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17quarry/v1/monitor.proto\x12\tquarry.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"B\n\nGpuProcess\x12\x0b\n\x03pid\x18\x01 \x01(\x03\x12\x19\n\x11used_memory_bytes\x18\x02 \x01(\x03\x12\x0c\n\x04name\x18\x03 \x01(\t\"\xee\x01\n\x03Gpu\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0c\n\x04uuid\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x05 \x01(\x03\x12\x19\n\x11memory_used_bytes\x18\x06 \x01(\x03\x12\x1b\n\x13utilization_percent\x18\x07 \x01(\x05\x12\x1b\n\x13temperature_celsius\x18\x08 \x01(\x05\x12\x13\n\x0bpower_watts\x18\t \x01(\x01\x12(\n\tprocesses\x18\n \x03(\x0b\x32\x15.quarry.v1.GpuProcess\"\x1f\n\x0fListGpusRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\"}\n\x10ListGpusResponse\x12\x1c\n\x04gpus\x18\x01 \x03(\x0b\x32\x0e.quarry.v1.Gpu\x12/\n\x0bsample_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1a\n\x12unavailable_reason\x18\x03 \x01(\t\"M\n\x10WatchGpusRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12+\n\x08interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"~\n\x11WatchGpusResponse\x12\x1c\n\x04gpus\x18\x01 \x03(\x0b\x32\x0e.quarry.v1.Gpu\x12/\n\x0bsample_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1a\n\x12unavailable_reason\x18\x03 \x01(\t\"!\n\x0cLocalProcess\x12\x11\n\x03pid\x18\x01 \x01(\x03\x42\x04\xe2\x41\x01\x02\"6\n\rRemoteProcess\x12\x12\n\x04host\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x11\n\x03pid\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x02\"4\n\x08SlurmJob\x12\x12\n\x04host\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06job_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\"\xa0\x01\n\x06JobRef\x12(\n\x05local\x18\x01 \x01(\x0b\x32\x17.quarry.v1.LocalProcessH\x00\x12*\n\x06remote\x18\x02 \x01(\x0b\x32\x18.quarry.v1.RemoteProcessH\x00\x12$\n\x05slurm\x18\x03 \x01(\x0b\x32\x13.quarry.v1.SlurmJobH\x00\x12\x10\n\x08log_path\x18\x04 \x01(\tB\x08\n\x06target\"\xa8\x01\n\tJobStatus\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.quarry.v1.JobState\x12\x16\n\texit_code\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x10\n\x08log_tail\x18\x03 \x03(\t\x12/\n\x0bsample_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\tB\x0c\n\n_exit_code\"\x81\x01\n\x0fWatchJobRequest\x12$\n\x03job\x18\x01 \x01(\x0b\x32\x11.quarry.v1.JobRefB\x04\xe2\x41\x01\x02\x12\x30\n\rpoll_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x16\n\x0elog_tail_lines\x18\x03 \x01(\x05\"O\n\x10WatchJobResponse\x12$\n\x06status\x18\x01 \x01(\x0b\x32\x14.quarry.v1.JobStatus\x12\x15\n\rnew_log_lines\x18\x02 \x03(\t\"O\n\x0cLocalCommand\x12\x12\n\x04\x61rgv\x18\x01 \x03(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x11working_directory\x18\x02 \x01(\t\x12\x10\n\x08log_path\x18\x03 \x01(\t\"U\n\x0fSlurmSubmission\x12\x12\n\x04host\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x0bscript_path\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\x13\n\x0bsbatch_args\x18\x03 \x03(\t\"\x8a\x01\n\x10SubmitJobRequest\x12(\n\x05local\x18\x01 \x01(\x0b\x32\x17.quarry.v1.LocalCommandH\x00\x12+\n\x05slurm\x18\x02 \x01(\x0b\x32\x1a.quarry.v1.SlurmSubmissionH\x00\x12\x18\n\nrequest_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x42\x05\n\x03job\"3\n\x11SubmitJobResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.quarry.v1.JobRef*\xfa\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_PENDING\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_COMPLETED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_TIMED_OUT\x10\x05\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x06\x12\x14\n\x10JOB_STATE_EXITED\x10\x07\x12\x15\n\x11JOB_STATE_UNKNOWN\x10\x08\x12\x17\n\x13JOB_STATE_NOT_FOUND\x10\t2\xae\x02\n\x0eMonitorService\x12\x43\n\x08ListGpus\x12\x1a.quarry.v1.ListGpusRequest\x1a\x1b.quarry.v1.ListGpusResponse\x12H\n\tWatchGpus\x12\x1b.quarry.v1.WatchGpusRequest\x1a\x1c.quarry.v1.WatchGpusResponse0\x01\x12\x46\n\tSubmitJob\x12\x1b.quarry.v1.SubmitJobRequest\x1a\x1c.quarry.v1.SubmitJobResponse\x12\x45\n\x08WatchJob\x12\x1a.quarry.v1.WatchJobRequest\x1a\x1b.quarry.v1.WatchJobResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'quarry.v1.monitor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBSTATE']._serialized_start=1774
-  _globals['_JOBSTATE']._serialized_end=2024
-  _globals['_GPUPROCESS']._serialized_start=103
-  _globals['_GPUPROCESS']._serialized_end=169
-  _globals['_GPU']._serialized_start=172
-  _globals['_GPU']._serialized_end=410
-  _globals['_LISTGPUSREQUEST']._serialized_start=412
-  _globals['_LISTGPUSREQUEST']._serialized_end=443
-  _globals['_LISTGPUSRESPONSE']._serialized_start=445
-  _globals['_LISTGPUSRESPONSE']._serialized_end=570
-  _globals['_WATCHGPUSREQUEST']._serialized_start=572
-  _globals['_WATCHGPUSREQUEST']._serialized_end=649
-  _globals['_WATCHGPUSRESPONSE']._serialized_start=651
-  _globals['_WATCHGPUSRESPONSE']._serialized_end=777
-  _globals['_LOCALPROCESS']._serialized_start=779
-  _globals['_LOCALPROCESS']._serialized_end=806
-  _globals['_REMOTEPROCESS']._serialized_start=808
-  _globals['_REMOTEPROCESS']._serialized_end=850
-  _globals['_SLURMJOB']._serialized_start=852
-  _globals['_SLURMJOB']._serialized_end=892
-  _globals['_JOBREF']._serialized_start=895
-  _globals['_JOBREF']._serialized_end=1055
-  _globals['_JOBSTATUS']._serialized_start=1058
-  _globals['_JOBSTATUS']._serialized_end=1227
-  _globals['_WATCHJOBREQUEST']._serialized_start=1229
-  _globals['_WATCHJOBREQUEST']._serialized_end=1352
-  _globals['_WATCHJOBRESPONSE']._serialized_start=1354
-  _globals['_WATCHJOBRESPONSE']._serialized_end=1433
-  _globals['_LOCALCOMMAND']._serialized_start=1435
-  _globals['_LOCALCOMMAND']._serialized_end=1508
-  _globals['_SLURMSUBMISSION']._serialized_start=1510
-  _globals['_SLURMSUBMISSION']._serialized_end=1583
-  _globals['_SUBMITJOBREQUEST']._serialized_start=1586
-  _globals['_SUBMITJOBREQUEST']._serialized_end=1718
-  _globals['_SUBMITJOBRESPONSE']._serialized_start=1720
-  _globals['_SUBMITJOBRESPONSE']._serialized_end=1771
-  _globals['_MONITORSERVICE']._serialized_start=2027
-  _globals['_MONITORSERVICE']._serialized_end=2329
+  _globals['_LOCALPROCESS'].fields_by_name['pid']._loaded_options = None
+  _globals['_LOCALPROCESS'].fields_by_name['pid']._serialized_options = b'\342A\001\002'
+  _globals['_REMOTEPROCESS'].fields_by_name['host']._loaded_options = None
+  _globals['_REMOTEPROCESS'].fields_by_name['host']._serialized_options = b'\342A\001\002'
+  _globals['_REMOTEPROCESS'].fields_by_name['pid']._loaded_options = None
+  _globals['_REMOTEPROCESS'].fields_by_name['pid']._serialized_options = b'\342A\001\002'
+  _globals['_SLURMJOB'].fields_by_name['host']._loaded_options = None
+  _globals['_SLURMJOB'].fields_by_name['host']._serialized_options = b'\342A\001\002'
+  _globals['_SLURMJOB'].fields_by_name['job_id']._loaded_options = None
+  _globals['_SLURMJOB'].fields_by_name['job_id']._serialized_options = b'\342A\001\002'
+  _globals['_WATCHJOBREQUEST'].fields_by_name['job']._loaded_options = None
+  _globals['_WATCHJOBREQUEST'].fields_by_name['job']._serialized_options = b'\342A\001\002'
+  _globals['_LOCALCOMMAND'].fields_by_name['argv']._loaded_options = None
+  _globals['_LOCALCOMMAND'].fields_by_name['argv']._serialized_options = b'\342A\001\002'
+  _globals['_SLURMSUBMISSION'].fields_by_name['host']._loaded_options = None
+  _globals['_SLURMSUBMISSION'].fields_by_name['host']._serialized_options = b'\342A\001\002'
+  _globals['_SLURMSUBMISSION'].fields_by_name['script_path']._loaded_options = None
+  _globals['_SLURMSUBMISSION'].fields_by_name['script_path']._serialized_options = b'\342A\001\002'
+  _globals['_SUBMITJOBREQUEST'].fields_by_name['request_id']._loaded_options = None
+  _globals['_SUBMITJOBREQUEST'].fields_by_name['request_id']._serialized_options = b'\342A\001\002'
+  _globals['_JOBSTATE']._serialized_start=1867
+  _globals['_JOBSTATE']._serialized_end=2117
+  _globals['_GPUPROCESS']._serialized_start=136
+  _globals['_GPUPROCESS']._serialized_end=202
+  _globals['_GPU']._serialized_start=205
+  _globals['_GPU']._serialized_end=443
+  _globals['_LISTGPUSREQUEST']._serialized_start=445
+  _globals['_LISTGPUSREQUEST']._serialized_end=476
+  _globals['_LISTGPUSRESPONSE']._serialized_start=478
+  _globals['_LISTGPUSRESPONSE']._serialized_end=603
+  _globals['_WATCHGPUSREQUEST']._serialized_start=605
+  _globals['_WATCHGPUSREQUEST']._serialized_end=682
+  _globals['_WATCHGPUSRESPONSE']._serialized_start=684
+  _globals['_WATCHGPUSRESPONSE']._serialized_end=810
+  _globals['_LOCALPROCESS']._serialized_start=812
+  _globals['_LOCALPROCESS']._serialized_end=845
+  _globals['_REMOTEPROCESS']._serialized_start=847
+  _globals['_REMOTEPROCESS']._serialized_end=901
+  _globals['_SLURMJOB']._serialized_start=903
+  _globals['_SLURMJOB']._serialized_end=955
+  _globals['_JOBREF']._serialized_start=958
+  _globals['_JOBREF']._serialized_end=1118
+  _globals['_JOBSTATUS']._serialized_start=1121
+  _globals['_JOBSTATUS']._serialized_end=1289
+  _globals['_WATCHJOBREQUEST']._serialized_start=1292
+  _globals['_WATCHJOBREQUEST']._serialized_end=1421
+  _globals['_WATCHJOBRESPONSE']._serialized_start=1423
+  _globals['_WATCHJOBRESPONSE']._serialized_end=1502
+  _globals['_LOCALCOMMAND']._serialized_start=1504
+  _globals['_LOCALCOMMAND']._serialized_end=1583
+  _globals['_SLURMSUBMISSION']._serialized_start=1585
+  _globals['_SLURMSUBMISSION']._serialized_end=1670
+  _globals['_SUBMITJOBREQUEST']._serialized_start=1673
+  _globals['_SUBMITJOBREQUEST']._serialized_end=1811
+  _globals['_SUBMITJOBRESPONSE']._serialized_start=1813
+  _globals['_SUBMITJOBRESPONSE']._serialized_end=1864
+  _globals['_MONITORSERVICE']._serialized_start=2120
+  _globals['_MONITORSERVICE']._serialized_end=2422
 # @@protoc_insertion_point(module_scope)

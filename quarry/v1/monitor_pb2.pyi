@@ -339,7 +339,7 @@ class JobStatus(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     LOG_TAIL_FIELD_NUMBER: _builtins.int
-    OBSERVE_TIME_FIELD_NUMBER: _builtins.int
+    SAMPLE_TIME_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     state: Global___JobState.ValueType
     exit_code: _builtins.int
@@ -348,19 +348,19 @@ class JobStatus(_message.Message):
     @_builtins.property
     def log_tail(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
-    def observe_time(self) -> _timestamp_pb2.Timestamp: ...
+    def sample_time(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
         state: Global___JobState.ValueType = ...,
         exit_code: _builtins.int | None = ...,
         log_tail: _abc.Iterable[_builtins.str] | None = ...,
-        observe_time: _timestamp_pb2.Timestamp | None = ...,
+        sample_time: _timestamp_pb2.Timestamp | None = ...,
         detail: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "observe_time", b"observe_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "sample_time", b"sample_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "detail", b"detail", "exit_code", b"exit_code", "log_tail", b"log_tail", "observe_time", b"observe_time", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "detail", b"detail", "exit_code", b"exit_code", "log_tail", b"log_tail", "sample_time", b"sample_time", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
@@ -486,6 +486,7 @@ class SubmitJobRequest(_message.Message):
     SLURM_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
+    """Idempotency key; a repeat returns the job it started."""
     @_builtins.property
     def local(self) -> Global___LocalCommand: ...
     @_builtins.property

@@ -22,11 +22,12 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from quarry.v1 import common_pb2 as quarry_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aquarry/v1/scratchpad.proto\x12\tquarry.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16quarry/v1/common.proto\"\xd3\x01\n\x06Thread\x12\x11\n\tthread_id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12-\n\x06labels\x18\x03 \x03(\x0b\x32\x1d.quarry.v1.Thread.LabelsEntry\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10last_sequence_no\x18\x05 \x01(\x03\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf3\x01\n\x05\x45ntry\x12\x11\n\tthread_id\x18\x01 \x01(\t\x12\x13\n\x0bsequence_no\x18\x02 \x01(\x03\x12\"\n\x04kind\x18\x03 \x01(\x0e\x32\x14.quarry.v1.EntryKind\x12$\n\x06\x61uthor\x18\x04 \x01(\x0b\x32\x14.quarry.v1.Principal\x12\x0f\n\x07\x63ontent\x18\x05 \x01(\t\x12\"\n\x07sources\x18\x06 \x03(\x0b\x32\x11.quarry.v1.Source\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrequest_id\x18\x08 \x01(\t\"\xb6\x01\n\x13\x43reateThreadRequest\x12\x11\n\tthread_id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12:\n\x06labels\x18\x03 \x03(\x0b\x32*.quarry.v1.CreateThreadRequest.LabelsEntry\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"9\n\x14\x43reateThreadResponse\x12!\n\x06thread\x18\x01 \x01(\x0b\x32\x11.quarry.v1.Thread\"%\n\x10GetThreadRequest\x12\x11\n\tthread_id\x18\x01 \x01(\t\"6\n\x11GetThreadResponse\x12!\n\x06thread\x18\x01 \x01(\x0b\x32\x11.quarry.v1.Thread\"\xb5\x01\n\rAppendRequest\x12\x11\n\tthread_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\"\n\x04kind\x18\x03 \x01(\x0e\x32\x14.quarry.v1.EntryKind\x12$\n\x06\x61uthor\x18\x04 \x01(\x0b\x32\x14.quarry.v1.Principal\x12\x0f\n\x07\x63ontent\x18\x05 \x01(\t\x12\"\n\x07sources\x18\x06 \x03(\x0b\x32\x11.quarry.v1.Source\"C\n\x0e\x41ppendResponse\x12\x1f\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x10.quarry.v1.Entry\x12\x10\n\x08replayed\x18\x02 \x01(\x08\"\x87\x01\n\x0bReadRequest\x12\x11\n\tthread_id\x18\x01 \x01(\t\x12\x19\n\x11\x61\x66ter_sequence_no\x18\x02 \x01(\x03\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\x12#\n\x05kinds\x18\x05 \x03(\x0e\x32\x14.quarry.v1.EntryKind\"d\n\x0cReadResponse\x12!\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x10.quarry.v1.Entry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x18\n\x10last_sequence_no\x18\x03 \x01(\x03\"a\n\x0cWatchRequest\x12\x11\n\tthread_id\x18\x01 \x01(\t\x12\x19\n\x11\x61\x66ter_sequence_no\x18\x02 \x01(\x03\x12#\n\x05kinds\x18\x03 \x03(\x0e\x32\x14.quarry.v1.EntryKind\"0\n\rWatchResponse\x12\x1f\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x10.quarry.v1.Entry*\xd2\x01\n\tEntryKind\x12\x1a\n\x16\x45NTRY_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x45NTRY_KIND_SEED\x10\x01\x12\x16\n\x12\x45NTRY_KIND_FINDING\x10\x02\x12\x15\n\x11\x45NTRY_KIND_MARKER\x10\x03\x12\x1e\n\x1a\x45NTRY_KIND_ACKNOWLEDGEMENT\x10\x04\x12\x13\n\x0f\x45NTRY_KIND_NOTE\x10\x05\x12\x16\n\x12\x45NTRY_KIND_VERDICT\x10\x06\x12\x18\n\x14\x45NTRY_KIND_SYNTHESIS\x10\x07\x32\xe2\x02\n\x11ScratchpadService\x12O\n\x0c\x43reateThread\x12\x1e.quarry.v1.CreateThreadRequest\x1a\x1f.quarry.v1.CreateThreadResponse\x12\x46\n\tGetThread\x12\x1b.quarry.v1.GetThreadRequest\x1a\x1c.quarry.v1.GetThreadResponse\x12=\n\x06\x41ppend\x12\x18.quarry.v1.AppendRequest\x1a\x19.quarry.v1.AppendResponse\x12\x37\n\x04Read\x12\x16.quarry.v1.ReadRequest\x1a\x17.quarry.v1.ReadResponse\x12<\n\x05Watch\x12\x17.quarry.v1.WatchRequest\x1a\x18.quarry.v1.WatchResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aquarry/v1/scratchpad.proto\x12\tquarry.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16quarry/v1/common.proto\"\xe5\x01\n\x06Thread\x12\x17\n\tthread_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x08\x12\r\n\x05title\x18\x02 \x01(\t\x12-\n\x06labels\x18\x03 \x03(\x0b\x32\x1d.quarry.v1.Thread.LabelsEntry\x12\x35\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x1e\n\x10last_sequence_no\x18\x05 \x01(\x03\x42\x04\xe2\x41\x01\x03\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xff\x01\n\x05\x45ntry\x12\x11\n\tthread_id\x18\x01 \x01(\t\x12\x19\n\x0bsequence_no\x18\x02 \x01(\x03\x42\x04\xe2\x41\x01\x03\x12\"\n\x04kind\x18\x03 \x01(\x0e\x32\x14.quarry.v1.EntryKind\x12$\n\x06\x61uthor\x18\x04 \x01(\x0b\x32\x14.quarry.v1.Principal\x12\x0f\n\x07\x63ontent\x18\x05 \x01(\t\x12\"\n\x07sources\x18\x06 \x03(\x0b\x32\x11.quarry.v1.Source\x12\x35\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x12\n\nrequest_id\x18\x08 \x01(\t\"\xb6\x01\n\x13\x43reateThreadRequest\x12\x11\n\tthread_id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12:\n\x06labels\x18\x03 \x03(\x0b\x32*.quarry.v1.CreateThreadRequest.LabelsEntry\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"9\n\x14\x43reateThreadResponse\x12!\n\x06thread\x18\x01 \x01(\x0b\x32\x11.quarry.v1.Thread\"+\n\x10GetThreadRequest\x12\x17\n\tthread_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"6\n\x11GetThreadResponse\x12!\n\x06thread\x18\x01 \x01(\x0b\x32\x11.quarry.v1.Thread\"\xd3\x01\n\rAppendRequest\x12\x17\n\tthread_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x18\n\nrequest_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12(\n\x04kind\x18\x03 \x01(\x0e\x32\x14.quarry.v1.EntryKindB\x04\xe2\x41\x01\x02\x12*\n\x06\x61uthor\x18\x04 \x01(\x0b\x32\x14.quarry.v1.PrincipalB\x04\xe2\x41\x01\x02\x12\x15\n\x07\x63ontent\x18\x05 \x01(\tB\x04\xe2\x41\x01\x02\x12\"\n\x07sources\x18\x06 \x03(\x0b\x32\x11.quarry.v1.Source\"C\n\x0e\x41ppendResponse\x12\x1f\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x10.quarry.v1.Entry\x12\x10\n\x08replayed\x18\x02 \x01(\x08\"\x8d\x01\n\x0bReadRequest\x12\x17\n\tthread_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x11\x61\x66ter_sequence_no\x18\x02 \x01(\x03\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\x12#\n\x05kinds\x18\x05 \x03(\x0e\x32\x14.quarry.v1.EntryKind\"d\n\x0cReadResponse\x12!\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x10.quarry.v1.Entry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x18\n\x10last_sequence_no\x18\x03 \x01(\x03\"g\n\x0cWatchRequest\x12\x17\n\tthread_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x11\x61\x66ter_sequence_no\x18\x02 \x01(\x03\x12#\n\x05kinds\x18\x03 \x03(\x0e\x32\x14.quarry.v1.EntryKind\"0\n\rWatchResponse\x12\x1f\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x10.quarry.v1.Entry*\xd4\x01\n\tEntryKind\x12\x1a\n\x16\x45NTRY_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x45NTRY_KIND_SEED\x10\x01\x12\x16\n\x12\x45NTRY_KIND_FINDING\x10\x02\x12\x15\n\x11\x45NTRY_KIND_MARKER\x10\x03\x12\x1e\n\x1a\x45NTRY_KIND_ACKNOWLEDGEMENT\x10\x04\x12\x13\n\x0f\x45NTRY_KIND_NOTE\x10\x05\x12\x16\n\x12\x45NTRY_KIND_VERDICT\x10\x06\"\x04\x08\x07\x10\x07*\x14\x45NTRY_KIND_SYNTHESIS2\xe2\x02\n\x11ScratchpadService\x12O\n\x0c\x43reateThread\x12\x1e.quarry.v1.CreateThreadRequest\x1a\x1f.quarry.v1.CreateThreadResponse\x12\x46\n\tGetThread\x12\x1b.quarry.v1.GetThreadRequest\x1a\x1c.quarry.v1.GetThreadResponse\x12=\n\x06\x41ppend\x12\x18.quarry.v1.AppendRequest\x1a\x19.quarry.v1.AppendResponse\x12\x37\n\x04Read\x12\x16.quarry.v1.ReadRequest\x1a\x17.quarry.v1.ReadResponse\x12<\n\x05Watch\x12\x17.quarry.v1.WatchRequest\x1a\x18.quarry.v1.WatchResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,38 +36,64 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_THREAD_LABELSENTRY']._loaded_options = None
   _globals['_THREAD_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_THREAD'].fields_by_name['thread_id']._loaded_options = None
+  _globals['_THREAD'].fields_by_name['thread_id']._serialized_options = b'\342A\001\010'
+  _globals['_THREAD'].fields_by_name['create_time']._loaded_options = None
+  _globals['_THREAD'].fields_by_name['create_time']._serialized_options = b'\342A\001\003'
+  _globals['_THREAD'].fields_by_name['last_sequence_no']._loaded_options = None
+  _globals['_THREAD'].fields_by_name['last_sequence_no']._serialized_options = b'\342A\001\003'
+  _globals['_ENTRY'].fields_by_name['sequence_no']._loaded_options = None
+  _globals['_ENTRY'].fields_by_name['sequence_no']._serialized_options = b'\342A\001\003'
+  _globals['_ENTRY'].fields_by_name['create_time']._loaded_options = None
+  _globals['_ENTRY'].fields_by_name['create_time']._serialized_options = b'\342A\001\003'
   _globals['_CREATETHREADREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_CREATETHREADREQUEST_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_ENTRYKIND']._serialized_start=1540
-  _globals['_ENTRYKIND']._serialized_end=1750
-  _globals['_THREAD']._serialized_start=99
-  _globals['_THREAD']._serialized_end=310
-  _globals['_THREAD_LABELSENTRY']._serialized_start=265
-  _globals['_THREAD_LABELSENTRY']._serialized_end=310
-  _globals['_ENTRY']._serialized_start=313
-  _globals['_ENTRY']._serialized_end=556
-  _globals['_CREATETHREADREQUEST']._serialized_start=559
-  _globals['_CREATETHREADREQUEST']._serialized_end=741
-  _globals['_CREATETHREADREQUEST_LABELSENTRY']._serialized_start=265
-  _globals['_CREATETHREADREQUEST_LABELSENTRY']._serialized_end=310
-  _globals['_CREATETHREADRESPONSE']._serialized_start=743
-  _globals['_CREATETHREADRESPONSE']._serialized_end=800
-  _globals['_GETTHREADREQUEST']._serialized_start=802
-  _globals['_GETTHREADREQUEST']._serialized_end=839
-  _globals['_GETTHREADRESPONSE']._serialized_start=841
-  _globals['_GETTHREADRESPONSE']._serialized_end=895
-  _globals['_APPENDREQUEST']._serialized_start=898
-  _globals['_APPENDREQUEST']._serialized_end=1079
-  _globals['_APPENDRESPONSE']._serialized_start=1081
-  _globals['_APPENDRESPONSE']._serialized_end=1148
-  _globals['_READREQUEST']._serialized_start=1151
-  _globals['_READREQUEST']._serialized_end=1286
-  _globals['_READRESPONSE']._serialized_start=1288
-  _globals['_READRESPONSE']._serialized_end=1388
-  _globals['_WATCHREQUEST']._serialized_start=1390
-  _globals['_WATCHREQUEST']._serialized_end=1487
-  _globals['_WATCHRESPONSE']._serialized_start=1489
-  _globals['_WATCHRESPONSE']._serialized_end=1537
-  _globals['_SCRATCHPADSERVICE']._serialized_start=1753
-  _globals['_SCRATCHPADSERVICE']._serialized_end=2107
+  _globals['_GETTHREADREQUEST'].fields_by_name['thread_id']._loaded_options = None
+  _globals['_GETTHREADREQUEST'].fields_by_name['thread_id']._serialized_options = b'\342A\001\002'
+  _globals['_APPENDREQUEST'].fields_by_name['thread_id']._loaded_options = None
+  _globals['_APPENDREQUEST'].fields_by_name['thread_id']._serialized_options = b'\342A\001\002'
+  _globals['_APPENDREQUEST'].fields_by_name['request_id']._loaded_options = None
+  _globals['_APPENDREQUEST'].fields_by_name['request_id']._serialized_options = b'\342A\001\002'
+  _globals['_APPENDREQUEST'].fields_by_name['kind']._loaded_options = None
+  _globals['_APPENDREQUEST'].fields_by_name['kind']._serialized_options = b'\342A\001\002'
+  _globals['_APPENDREQUEST'].fields_by_name['author']._loaded_options = None
+  _globals['_APPENDREQUEST'].fields_by_name['author']._serialized_options = b'\342A\001\002'
+  _globals['_APPENDREQUEST'].fields_by_name['content']._loaded_options = None
+  _globals['_APPENDREQUEST'].fields_by_name['content']._serialized_options = b'\342A\001\002'
+  _globals['_READREQUEST'].fields_by_name['thread_id']._loaded_options = None
+  _globals['_READREQUEST'].fields_by_name['thread_id']._serialized_options = b'\342A\001\002'
+  _globals['_WATCHREQUEST'].fields_by_name['thread_id']._loaded_options = None
+  _globals['_WATCHREQUEST'].fields_by_name['thread_id']._serialized_options = b'\342A\001\002'
+  _globals['_ENTRYKIND']._serialized_start=1651
+  _globals['_ENTRYKIND']._serialized_end=1863
+  _globals['_THREAD']._serialized_start=132
+  _globals['_THREAD']._serialized_end=361
+  _globals['_THREAD_LABELSENTRY']._serialized_start=316
+  _globals['_THREAD_LABELSENTRY']._serialized_end=361
+  _globals['_ENTRY']._serialized_start=364
+  _globals['_ENTRY']._serialized_end=619
+  _globals['_CREATETHREADREQUEST']._serialized_start=622
+  _globals['_CREATETHREADREQUEST']._serialized_end=804
+  _globals['_CREATETHREADREQUEST_LABELSENTRY']._serialized_start=316
+  _globals['_CREATETHREADREQUEST_LABELSENTRY']._serialized_end=361
+  _globals['_CREATETHREADRESPONSE']._serialized_start=806
+  _globals['_CREATETHREADRESPONSE']._serialized_end=863
+  _globals['_GETTHREADREQUEST']._serialized_start=865
+  _globals['_GETTHREADREQUEST']._serialized_end=908
+  _globals['_GETTHREADRESPONSE']._serialized_start=910
+  _globals['_GETTHREADRESPONSE']._serialized_end=964
+  _globals['_APPENDREQUEST']._serialized_start=967
+  _globals['_APPENDREQUEST']._serialized_end=1178
+  _globals['_APPENDRESPONSE']._serialized_start=1180
+  _globals['_APPENDRESPONSE']._serialized_end=1247
+  _globals['_READREQUEST']._serialized_start=1250
+  _globals['_READREQUEST']._serialized_end=1391
+  _globals['_READRESPONSE']._serialized_start=1393
+  _globals['_READRESPONSE']._serialized_end=1493
+  _globals['_WATCHREQUEST']._serialized_start=1495
+  _globals['_WATCHREQUEST']._serialized_end=1598
+  _globals['_WATCHRESPONSE']._serialized_start=1600
+  _globals['_WATCHRESPONSE']._serialized_end=1648
+  _globals['_SCRATCHPADSERVICE']._serialized_start=1866
+  _globals['_SCRATCHPADSERVICE']._serialized_end=2220
 # @@protoc_insertion_point(module_scope)

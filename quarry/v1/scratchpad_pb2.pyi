@@ -40,8 +40,6 @@ class _EntryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryKind.V
     """A free-form note."""
     ENTRY_KIND_VERDICT: _EntryKind.ValueType  # 6
     """A verifier's judgement of a finding."""
-    ENTRY_KIND_SYNTHESIS: _EntryKind.ValueType  # 7
-    """The supervisor's synthesis of the findings."""
 
 class EntryKind(_EntryKind, metaclass=_EntryKindEnumTypeWrapper):
     """What an entry is. Which roles may write which kinds is fixed in code."""
@@ -59,8 +57,6 @@ ENTRY_KIND_NOTE: EntryKind.ValueType  # 5
 """A free-form note."""
 ENTRY_KIND_VERDICT: EntryKind.ValueType  # 6
 """A verifier's judgement of a finding."""
-ENTRY_KIND_SYNTHESIS: EntryKind.ValueType  # 7
-"""The supervisor's synthesis of the findings."""
 Global___EntryKind: _TypeAlias = EntryKind  # noqa: Y015
 
 @_typing.final

@@ -22,14 +22,14 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.api import field_behavior_pb2 as google_dot_api_dot_field__behavior__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from quarry.v1 import common_pb2 as quarry_dot_v1_dot_common__pb2
 from quarry.v1 import scratchpad_pb2 as quarry_dot_v1_dot_scratchpad__pb2
-from quarry.v1 import worker_pb2 as quarry_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aquarry/v1/supervisor.proto\x12\tquarry.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16quarry/v1/common.proto\x1a\x1aquarry/v1/scratchpad.proto\x1a\x16quarry/v1/worker.proto\"\xa6\x01\n\nRunOptions\x12\x1c\n\x14max_supervisor_turns\x18\x01 \x01(\x05\x12\x18\n\x10worker_max_turns\x18\x02 \x01(\x05\x12 \n\x18max_parallel_delegations\x18\x03 \x01(\x05\x12*\n\x07timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nmax_tokens\x18\x05 \x01(\x03\"t\n\x08RunUsage\x12$\n\nsupervisor\x18\x01 \x01(\x0b\x32\x10.quarry.v1.Usage\x12!\n\x07workers\x18\x02 \x01(\x0b\x32\x10.quarry.v1.Usage\x12\x1f\n\x05total\x18\x03 \x01(\x0b\x32\x10.quarry.v1.Usage\"g\n\x08\x43itation\x12\x0e\n\x06number\x18\x01 \x01(\x05\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0f\n\x07\x65xcerpt\x18\x04 \x01(\t\x12\x1e\n\x16scratchpad_sequence_no\x18\x05 \x01(\x03\"B\n\x06Report\x12\x10\n\x08markdown\x18\x01 \x01(\t\x12&\n\tcitations\x18\x02 \x03(\x0b\x32\x13.quarry.v1.Citation\"B\n\x08RunError\x12%\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x17.quarry.v1.RunErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x86\x04\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08question\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.quarry.v1.RunState\x12&\n\x07options\x18\x04 \x01(\x0b\x32\x15.quarry.v1.RunOptions\x12\x1c\n\x14scratchpad_thread_id\x18\x05 \x01(\t\x12!\n\x06report\x18\x06 \x01(\x0b\x32\x11.quarry.v1.Report\x12\"\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x13.quarry.v1.RunError\x12\"\n\x05usage\x18\x08 \x01(\x0b\x32\x13.quarry.v1.RunUsage\x12\x1e\n\x16last_event_sequence_no\x18\t \x01(\x03\x12*\n\x06labels\x18\n \x03(\x0b\x32\x1a.quarry.v1.Run.LabelsEntry\x12/\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc6\x01\n\x0fStartRunRequest\x12\x10\n\x08question\x18\x01 \x01(\t\x12&\n\x07options\x18\x02 \x01(\x0b\x32\x15.quarry.v1.RunOptions\x12\x36\n\x06labels\x18\x03 \x03(\x0b\x32&.quarry.v1.StartRunRequest.LabelsEntry\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"/\n\x10StartRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.quarry.v1.Run\"=\n\x10StreamRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x19\n\x11\x61\x66ter_sequence_no\x18\x02 \x01(\x03\"7\n\x11StreamRunResponse\x12\"\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x13.quarry.v1.RunEvent\"\xbe\x03\n\x08RunEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0bsequence_no\x18\x02 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x06status\x18\x04 \x01(\x0b\x32\x1e.quarry.v1.ResearchStatusEventH\x00\x12\x30\n\nscratchpad\x18\x05 \x01(\x0b\x32\x1a.quarry.v1.ScratchpadEventH\x00\x12.\n\treasoning\x18\x06 \x01(\x0b\x32\x19.quarry.v1.ReasoningEventH\x00\x12*\n\x07\x63ontent\x18\x07 \x01(\x0b\x32\x17.quarry.v1.ContentEventH\x00\x12\x31\n\tcompleted\x18\x08 \x01(\x0b\x32\x1c.quarry.v1.RunCompletedEventH\x00\x12+\n\x06\x66\x61iled\x18\t \x01(\x0b\x32\x19.quarry.v1.RunFailedEventH\x00\x12\x31\n\tcancelled\x18\n \x01(\x0b\x32\x1c.quarry.v1.RunCancelledEventH\x00\x42\t\n\x07payload\"\xd6\x01\n\x13ResearchStatusEvent\x12\'\n\x05phase\x18\x01 \x01(\x0e\x32\x18.quarry.v1.ResearchPhase\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x15\n\rdelegation_id\x18\x03 \x01(\t\x12\x38\n\x12\x64\x65legation_outcome\x18\x04 \x01(\x0e\x32\x1c.quarry.v1.DelegationOutcome\x12\x34\n\x10\x64\x65legation_error\x18\x05 \x01(\x0b\x32\x1a.quarry.v1.DelegationError\"\x8c\x01\n\x0fScratchpadEvent\x12\x1e\n\x16scratchpad_sequence_no\x18\x01 \x01(\x03\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.quarry.v1.EntryKind\x12$\n\x06\x61uthor\x18\x03 \x01(\x0b\x32\x14.quarry.v1.Principal\x12\x0f\n\x07preview\x18\x04 \x01(\t\"\x1f\n\x0eReasoningEvent\x12\r\n\x05\x64\x65lta\x18\x01 \x01(\t\"\x1d\n\x0c\x43ontentEvent\x12\r\n\x05\x64\x65lta\x18\x01 \x01(\t\"\xb4\x01\n\x11RunCompletedEvent\x12!\n\x06report\x18\x01 \x01(\x0b\x32\x11.quarry.v1.Report\x12\"\n\x05usage\x18\x02 \x01(\x0b\x32\x13.quarry.v1.RunUsage\x12\x19\n\x11removed_citations\x18\x03 \x01(\x05\x12\x1e\n\x16token_budget_exhausted\x18\x04 \x01(\x08\x12\x1d\n\x15turn_budget_exhausted\x18\x05 \x01(\x08\"X\n\x0eRunFailedEvent\x12\"\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x13.quarry.v1.RunError\x12\"\n\x05usage\x18\x02 \x01(\x0b\x32\x13.quarry.v1.RunUsage\"G\n\x11RunCancelledEvent\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\"\n\x05usage\x18\x02 \x01(\x0b\x32\x13.quarry.v1.RunUsage\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"-\n\x0eGetRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.quarry.v1.Run\"\\\n\x0fListRunsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.quarry.v1.RunState\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.quarry.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"0\n\x11\x43\x61ncelRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.quarry.v1.Run*\x9a\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10RUN_STATE_QUEUED\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x17\n\x13RUN_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x12\x17\n\x13RUN_STATE_CANCELLED\x10\x05*\xde\x01\n\x0cRunErrorCode\x12\x1e\n\x1aRUN_ERROR_CODE_UNSPECIFIED\x10\x00\x12!\n\x1dRUN_ERROR_CODE_PROVIDER_ERROR\x10\x01\x12$\n RUN_ERROR_CODE_DEADLINE_EXCEEDED\x10\x03\x12\x1c\n\x18RUN_ERROR_CODE_CANCELLED\x10\x04\x12\x1b\n\x17RUN_ERROR_CODE_INTERNAL\x10\x05\"\x04\x08\x02\x10\x02*$RUN_ERROR_CODE_TURN_BUDGET_EXHAUSTED*\x9c\x02\n\rResearchPhase\x12\x1e\n\x1aRESEARCH_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n\x16RESEARCH_PHASE_STARTED\x10\x01\x12\x1b\n\x17RESEARCH_PHASE_PLANNING\x10\x02\x12#\n\x1fRESEARCH_PHASE_WORKER_DELEGATED\x10\x03\x12%\n!RESEARCH_PHASE_WORKER_RESEARCHING\x10\x04\x12#\n\x1fRESEARCH_PHASE_WORKER_COMPLETED\x10\x05\x12 \n\x1cRESEARCH_PHASE_WORKER_FAILED\x10\x06\x12\x1f\n\x1bRESEARCH_PHASE_SYNTHESIZING\x10\x07\x32\xee\x02\n\x11SupervisorService\x12\x43\n\x08StartRun\x12\x1a.quarry.v1.StartRunRequest\x1a\x1b.quarry.v1.StartRunResponse\x12H\n\tStreamRun\x12\x1b.quarry.v1.StreamRunRequest\x1a\x1c.quarry.v1.StreamRunResponse0\x01\x12=\n\x06GetRun\x12\x18.quarry.v1.GetRunRequest\x1a\x19.quarry.v1.GetRunResponse\x12\x43\n\x08ListRuns\x12\x1a.quarry.v1.ListRunsRequest\x1a\x1b.quarry.v1.ListRunsResponse\x12\x46\n\tCancelRun\x12\x1b.quarry.v1.CancelRunRequest\x1a\x1c.quarry.v1.CancelRunResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aquarry/v1/supervisor.proto\x12\tquarry.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16quarry/v1/common.proto\x1a\x1aquarry/v1/scratchpad.proto\"\xa6\x01\n\nRunOptions\x12\x1c\n\x14max_supervisor_turns\x18\x01 \x01(\x05\x12\x18\n\x10max_worker_turns\x18\x02 \x01(\x05\x12 \n\x18max_parallel_delegations\x18\x03 \x01(\x05\x12*\n\x07timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nmax_tokens\x18\x05 \x01(\x03\"t\n\x08RunUsage\x12$\n\nsupervisor\x18\x01 \x01(\x0b\x32\x10.quarry.v1.Usage\x12!\n\x07workers\x18\x02 \x01(\x0b\x32\x10.quarry.v1.Usage\x12\x1f\n\x05total\x18\x03 \x01(\x0b\x32\x10.quarry.v1.Usage\"g\n\x08\x43itation\x12\x0e\n\x06number\x18\x01 \x01(\x05\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0f\n\x07\x65xcerpt\x18\x04 \x01(\t\x12\x1e\n\x16scratchpad_sequence_no\x18\x05 \x01(\x03\"B\n\x06Report\x12\x10\n\x08markdown\x18\x01 \x01(\t\x12&\n\tcitations\x18\x02 \x03(\x0b\x32\x13.quarry.v1.Citation\"B\n\x08RunError\x12%\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x17.quarry.v1.RunErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xd9\x04\n\x03Run\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x08\x12\x10\n\x08question\x18\x02 \x01(\t\x12(\n\x05state\x18\x03 \x01(\x0e\x32\x13.quarry.v1.RunStateB\x04\xe2\x41\x01\x03\x12&\n\x07options\x18\x04 \x01(\x0b\x32\x15.quarry.v1.RunOptions\x12\"\n\x14scratchpad_thread_id\x18\x05 \x01(\tB\x04\xe2\x41\x01\x03\x12\'\n\x06report\x18\x06 \x01(\x0b\x32\x11.quarry.v1.ReportB\x04\xe2\x41\x01\x03\x12(\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x13.quarry.v1.RunErrorB\x04\xe2\x41\x01\x03\x12(\n\x05usage\x18\x08 \x01(\x0b\x32\x13.quarry.v1.RunUsageB\x04\xe2\x41\x01\x03\x12\x1e\n\x10last_sequence_no\x18\t \x01(\x03\x42\x04\xe2\x41\x01\x03\x12*\n\x06labels\x18\n \x03(\x0b\x32\x1a.quarry.v1.Run.LabelsEntry\x12\x35\n\x0b\x63reate_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x34\n\nstart_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x32\n\x08\x65nd_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x1b\n\rcancel_reason\x18\x0e \x01(\tB\x04\xe2\x41\x01\x03\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xcc\x01\n\x0fStartRunRequest\x12\x16\n\x08question\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12&\n\x07options\x18\x02 \x01(\x0b\x32\x15.quarry.v1.RunOptions\x12\x36\n\x06labels\x18\x03 \x03(\x0b\x32&.quarry.v1.StartRunRequest.LabelsEntry\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"/\n\x10StartRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.quarry.v1.Run\"C\n\x10StreamRunRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x19\n\x11\x61\x66ter_sequence_no\x18\x02 \x01(\x03\"7\n\x11StreamRunResponse\x12\"\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x13.quarry.v1.RunEvent\"\xbe\x03\n\x08RunEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0bsequence_no\x18\x02 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x06status\x18\x04 \x01(\x0b\x32\x1e.quarry.v1.ResearchStatusEventH\x00\x12\x30\n\nscratchpad\x18\x05 \x01(\x0b\x32\x1a.quarry.v1.ScratchpadEventH\x00\x12.\n\treasoning\x18\x06 \x01(\x0b\x32\x19.quarry.v1.ReasoningEventH\x00\x12*\n\x07\x63ontent\x18\x07 \x01(\x0b\x32\x17.quarry.v1.ContentEventH\x00\x12\x31\n\tcompleted\x18\x08 \x01(\x0b\x32\x1c.quarry.v1.RunCompletedEventH\x00\x12+\n\x06\x66\x61iled\x18\t \x01(\x0b\x32\x19.quarry.v1.RunFailedEventH\x00\x12\x31\n\tcancelled\x18\n \x01(\x0b\x32\x1c.quarry.v1.RunCancelledEventH\x00\x42\t\n\x07payload\"\xd6\x01\n\x13ResearchStatusEvent\x12\'\n\x05phase\x18\x01 \x01(\x0e\x32\x18.quarry.v1.ResearchPhase\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x15\n\rdelegation_id\x18\x03 \x01(\t\x12\x38\n\x12\x64\x65legation_outcome\x18\x04 \x01(\x0e\x32\x1c.quarry.v1.DelegationOutcome\x12\x34\n\x10\x64\x65legation_error\x18\x05 \x01(\x0b\x32\x1a.quarry.v1.DelegationError\"\x8c\x01\n\x0fScratchpadEvent\x12\x1e\n\x16scratchpad_sequence_no\x18\x01 \x01(\x03\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.quarry.v1.EntryKind\x12$\n\x06\x61uthor\x18\x03 \x01(\x0b\x32\x14.quarry.v1.Principal\x12\x0f\n\x07preview\x18\x04 \x01(\t\"\x1f\n\x0eReasoningEvent\x12\r\n\x05\x64\x65lta\x18\x01 \x01(\t\"\x1d\n\x0c\x43ontentEvent\x12\r\n\x05\x64\x65lta\x18\x01 \x01(\t\"\xb4\x01\n\x11RunCompletedEvent\x12!\n\x06report\x18\x01 \x01(\x0b\x32\x11.quarry.v1.Report\x12\"\n\x05usage\x18\x02 \x01(\x0b\x32\x13.quarry.v1.RunUsage\x12\x19\n\x11removed_citations\x18\x03 \x01(\x05\x12\x1e\n\x16token_budget_exhausted\x18\x04 \x01(\x08\x12\x1d\n\x15turn_budget_exhausted\x18\x05 \x01(\x08\"X\n\x0eRunFailedEvent\x12\"\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x13.quarry.v1.RunError\x12\"\n\x05usage\x18\x02 \x01(\x0b\x32\x13.quarry.v1.RunUsage\"G\n\x11RunCancelledEvent\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\"\n\x05usage\x18\x02 \x01(\x0b\x32\x13.quarry.v1.RunUsage\"%\n\rGetRunRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"-\n\x0eGetRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.quarry.v1.Run\"\\\n\x0fListRunsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\"\n\x05state\x18\x03 \x01(\x0e\x32\x13.quarry.v1.RunState\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.quarry.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"8\n\x10\x43\x61ncelRunRequest\x12\x14\n\x06run_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x0e\n\x06reason\x18\x02 \x01(\t\"0\n\x11\x43\x61ncelRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.quarry.v1.Run*\x9a\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10RUN_STATE_QUEUED\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x17\n\x13RUN_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x12\x17\n\x13RUN_STATE_CANCELLED\x10\x05*\xe0\x01\n\x0cRunErrorCode\x12\x1e\n\x1aRUN_ERROR_CODE_UNSPECIFIED\x10\x00\x12!\n\x1dRUN_ERROR_CODE_PROVIDER_ERROR\x10\x01\x12$\n RUN_ERROR_CODE_DEADLINE_EXCEEDED\x10\x03\x12\x1b\n\x17RUN_ERROR_CODE_INTERNAL\x10\x05\"\x04\x08\x02\x10\x02\"\x04\x08\x04\x10\x04*$RUN_ERROR_CODE_TURN_BUDGET_EXHAUSTED*\x18RUN_ERROR_CODE_CANCELLED*\x9c\x02\n\rResearchPhase\x12\x1e\n\x1aRESEARCH_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n\x16RESEARCH_PHASE_STARTED\x10\x01\x12\x1b\n\x17RESEARCH_PHASE_PLANNING\x10\x02\x12#\n\x1fRESEARCH_PHASE_WORKER_DELEGATED\x10\x03\x12%\n!RESEARCH_PHASE_WORKER_RESEARCHING\x10\x04\x12#\n\x1fRESEARCH_PHASE_WORKER_COMPLETED\x10\x05\x12 \n\x1cRESEARCH_PHASE_WORKER_FAILED\x10\x06\x12\x1f\n\x1bRESEARCH_PHASE_SYNTHESIZING\x10\x07\x32\xee\x02\n\x11SupervisorService\x12\x43\n\x08StartRun\x12\x1a.quarry.v1.StartRunRequest\x1a\x1b.quarry.v1.StartRunResponse\x12H\n\tStreamRun\x12\x1b.quarry.v1.StreamRunRequest\x1a\x1c.quarry.v1.StreamRunResponse0\x01\x12=\n\x06GetRun\x12\x18.quarry.v1.GetRunRequest\x1a\x19.quarry.v1.GetRunResponse\x12\x43\n\x08ListRuns\x12\x1a.quarry.v1.ListRunsRequest\x1a\x1b.quarry.v1.ListRunsResponse\x12\x46\n\tCancelRun\x12\x1b.quarry.v1.CancelRunRequest\x1a\x1c.quarry.v1.CancelRunResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,66 +38,96 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RUN_LABELSENTRY']._loaded_options = None
   _globals['_RUN_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_RUN'].fields_by_name['run_id']._loaded_options = None
+  _globals['_RUN'].fields_by_name['run_id']._serialized_options = b'\342A\001\010'
+  _globals['_RUN'].fields_by_name['state']._loaded_options = None
+  _globals['_RUN'].fields_by_name['state']._serialized_options = b'\342A\001\003'
+  _globals['_RUN'].fields_by_name['scratchpad_thread_id']._loaded_options = None
+  _globals['_RUN'].fields_by_name['scratchpad_thread_id']._serialized_options = b'\342A\001\003'
+  _globals['_RUN'].fields_by_name['report']._loaded_options = None
+  _globals['_RUN'].fields_by_name['report']._serialized_options = b'\342A\001\003'
+  _globals['_RUN'].fields_by_name['error']._loaded_options = None
+  _globals['_RUN'].fields_by_name['error']._serialized_options = b'\342A\001\003'
+  _globals['_RUN'].fields_by_name['usage']._loaded_options = None
+  _globals['_RUN'].fields_by_name['usage']._serialized_options = b'\342A\001\003'
+  _globals['_RUN'].fields_by_name['last_sequence_no']._loaded_options = None
+  _globals['_RUN'].fields_by_name['last_sequence_no']._serialized_options = b'\342A\001\003'
+  _globals['_RUN'].fields_by_name['create_time']._loaded_options = None
+  _globals['_RUN'].fields_by_name['create_time']._serialized_options = b'\342A\001\003'
+  _globals['_RUN'].fields_by_name['start_time']._loaded_options = None
+  _globals['_RUN'].fields_by_name['start_time']._serialized_options = b'\342A\001\003'
+  _globals['_RUN'].fields_by_name['end_time']._loaded_options = None
+  _globals['_RUN'].fields_by_name['end_time']._serialized_options = b'\342A\001\003'
+  _globals['_RUN'].fields_by_name['cancel_reason']._loaded_options = None
+  _globals['_RUN'].fields_by_name['cancel_reason']._serialized_options = b'\342A\001\003'
   _globals['_STARTRUNREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_RUNSTATE']._serialized_start=3172
-  _globals['_RUNSTATE']._serialized_end=3326
-  _globals['_RUNERRORCODE']._serialized_start=3329
-  _globals['_RUNERRORCODE']._serialized_end=3551
-  _globals['_RESEARCHPHASE']._serialized_start=3554
-  _globals['_RESEARCHPHASE']._serialized_end=3838
-  _globals['_RUNOPTIONS']._serialized_start=183
-  _globals['_RUNOPTIONS']._serialized_end=349
-  _globals['_RUNUSAGE']._serialized_start=351
-  _globals['_RUNUSAGE']._serialized_end=467
-  _globals['_CITATION']._serialized_start=469
-  _globals['_CITATION']._serialized_end=572
-  _globals['_REPORT']._serialized_start=574
-  _globals['_REPORT']._serialized_end=640
-  _globals['_RUNERROR']._serialized_start=642
-  _globals['_RUNERROR']._serialized_end=708
-  _globals['_RUN']._serialized_start=711
-  _globals['_RUN']._serialized_end=1229
-  _globals['_RUN_LABELSENTRY']._serialized_start=1184
-  _globals['_RUN_LABELSENTRY']._serialized_end=1229
-  _globals['_STARTRUNREQUEST']._serialized_start=1232
-  _globals['_STARTRUNREQUEST']._serialized_end=1430
-  _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_start=1184
-  _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_end=1229
-  _globals['_STARTRUNRESPONSE']._serialized_start=1432
-  _globals['_STARTRUNRESPONSE']._serialized_end=1479
-  _globals['_STREAMRUNREQUEST']._serialized_start=1481
-  _globals['_STREAMRUNREQUEST']._serialized_end=1542
-  _globals['_STREAMRUNRESPONSE']._serialized_start=1544
-  _globals['_STREAMRUNRESPONSE']._serialized_end=1599
-  _globals['_RUNEVENT']._serialized_start=1602
-  _globals['_RUNEVENT']._serialized_end=2048
-  _globals['_RESEARCHSTATUSEVENT']._serialized_start=2051
-  _globals['_RESEARCHSTATUSEVENT']._serialized_end=2265
-  _globals['_SCRATCHPADEVENT']._serialized_start=2268
-  _globals['_SCRATCHPADEVENT']._serialized_end=2408
-  _globals['_REASONINGEVENT']._serialized_start=2410
-  _globals['_REASONINGEVENT']._serialized_end=2441
-  _globals['_CONTENTEVENT']._serialized_start=2443
-  _globals['_CONTENTEVENT']._serialized_end=2472
-  _globals['_RUNCOMPLETEDEVENT']._serialized_start=2475
-  _globals['_RUNCOMPLETEDEVENT']._serialized_end=2655
-  _globals['_RUNFAILEDEVENT']._serialized_start=2657
-  _globals['_RUNFAILEDEVENT']._serialized_end=2745
-  _globals['_RUNCANCELLEDEVENT']._serialized_start=2747
-  _globals['_RUNCANCELLEDEVENT']._serialized_end=2818
-  _globals['_GETRUNREQUEST']._serialized_start=2820
-  _globals['_GETRUNREQUEST']._serialized_end=2851
-  _globals['_GETRUNRESPONSE']._serialized_start=2853
-  _globals['_GETRUNRESPONSE']._serialized_end=2898
-  _globals['_LISTRUNSREQUEST']._serialized_start=2900
-  _globals['_LISTRUNSREQUEST']._serialized_end=2992
-  _globals['_LISTRUNSRESPONSE']._serialized_start=2994
-  _globals['_LISTRUNSRESPONSE']._serialized_end=3067
-  _globals['_CANCELRUNREQUEST']._serialized_start=3069
-  _globals['_CANCELRUNREQUEST']._serialized_end=3119
-  _globals['_CANCELRUNRESPONSE']._serialized_start=3121
-  _globals['_CANCELRUNRESPONSE']._serialized_end=3169
-  _globals['_SUPERVISORSERVICE']._serialized_start=3841
-  _globals['_SUPERVISORSERVICE']._serialized_end=4207
+  _globals['_STARTRUNREQUEST'].fields_by_name['question']._loaded_options = None
+  _globals['_STARTRUNREQUEST'].fields_by_name['question']._serialized_options = b'\342A\001\002'
+  _globals['_STREAMRUNREQUEST'].fields_by_name['run_id']._loaded_options = None
+  _globals['_STREAMRUNREQUEST'].fields_by_name['run_id']._serialized_options = b'\342A\001\002'
+  _globals['_GETRUNREQUEST'].fields_by_name['run_id']._loaded_options = None
+  _globals['_GETRUNREQUEST'].fields_by_name['run_id']._serialized_options = b'\342A\001\002'
+  _globals['_CANCELRUNREQUEST'].fields_by_name['run_id']._loaded_options = None
+  _globals['_CANCELRUNREQUEST'].fields_by_name['run_id']._serialized_options = b'\342A\001\002'
+  _globals['_RUNSTATE']._serialized_start=3288
+  _globals['_RUNSTATE']._serialized_end=3442
+  _globals['_RUNERRORCODE']._serialized_start=3445
+  _globals['_RUNERRORCODE']._serialized_end=3669
+  _globals['_RESEARCHPHASE']._serialized_start=3672
+  _globals['_RESEARCHPHASE']._serialized_end=3956
+  _globals['_RUNOPTIONS']._serialized_start=192
+  _globals['_RUNOPTIONS']._serialized_end=358
+  _globals['_RUNUSAGE']._serialized_start=360
+  _globals['_RUNUSAGE']._serialized_end=476
+  _globals['_CITATION']._serialized_start=478
+  _globals['_CITATION']._serialized_end=581
+  _globals['_REPORT']._serialized_start=583
+  _globals['_REPORT']._serialized_end=649
+  _globals['_RUNERROR']._serialized_start=651
+  _globals['_RUNERROR']._serialized_end=717
+  _globals['_RUN']._serialized_start=720
+  _globals['_RUN']._serialized_end=1321
+  _globals['_RUN_LABELSENTRY']._serialized_start=1276
+  _globals['_RUN_LABELSENTRY']._serialized_end=1321
+  _globals['_STARTRUNREQUEST']._serialized_start=1324
+  _globals['_STARTRUNREQUEST']._serialized_end=1528
+  _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_start=1276
+  _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_end=1321
+  _globals['_STARTRUNRESPONSE']._serialized_start=1530
+  _globals['_STARTRUNRESPONSE']._serialized_end=1577
+  _globals['_STREAMRUNREQUEST']._serialized_start=1579
+  _globals['_STREAMRUNREQUEST']._serialized_end=1646
+  _globals['_STREAMRUNRESPONSE']._serialized_start=1648
+  _globals['_STREAMRUNRESPONSE']._serialized_end=1703
+  _globals['_RUNEVENT']._serialized_start=1706
+  _globals['_RUNEVENT']._serialized_end=2152
+  _globals['_RESEARCHSTATUSEVENT']._serialized_start=2155
+  _globals['_RESEARCHSTATUSEVENT']._serialized_end=2369
+  _globals['_SCRATCHPADEVENT']._serialized_start=2372
+  _globals['_SCRATCHPADEVENT']._serialized_end=2512
+  _globals['_REASONINGEVENT']._serialized_start=2514
+  _globals['_REASONINGEVENT']._serialized_end=2545
+  _globals['_CONTENTEVENT']._serialized_start=2547
+  _globals['_CONTENTEVENT']._serialized_end=2576
+  _globals['_RUNCOMPLETEDEVENT']._serialized_start=2579
+  _globals['_RUNCOMPLETEDEVENT']._serialized_end=2759
+  _globals['_RUNFAILEDEVENT']._serialized_start=2761
+  _globals['_RUNFAILEDEVENT']._serialized_end=2849
+  _globals['_RUNCANCELLEDEVENT']._serialized_start=2851
+  _globals['_RUNCANCELLEDEVENT']._serialized_end=2922
+  _globals['_GETRUNREQUEST']._serialized_start=2924
+  _globals['_GETRUNREQUEST']._serialized_end=2961
+  _globals['_GETRUNRESPONSE']._serialized_start=2963
+  _globals['_GETRUNRESPONSE']._serialized_end=3008
+  _globals['_LISTRUNSREQUEST']._serialized_start=3010
+  _globals['_LISTRUNSREQUEST']._serialized_end=3102
+  _globals['_LISTRUNSRESPONSE']._serialized_start=3104
+  _globals['_LISTRUNSRESPONSE']._serialized_end=3177
+  _globals['_CANCELRUNREQUEST']._serialized_start=3179
+  _globals['_CANCELRUNREQUEST']._serialized_end=3235
+  _globals['_CANCELRUNRESPONSE']._serialized_start=3237
+  _globals['_CANCELRUNRESPONSE']._serialized_end=3285
+  _globals['_SUPERVISORSERVICE']._serialized_start=3959
+  _globals['_SUPERVISORSERVICE']._serialized_end=4325
 # @@protoc_insertion_point(module_scope)

@@ -12,7 +12,6 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from quarry.v1 import common_pb2 as _common_pb2
 from quarry.v1 import scratchpad_pb2 as _scratchpad_pb2
-from quarry.v1 import worker_pb2 as _worker_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -56,7 +55,6 @@ class _RunErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunError
     RUN_ERROR_CODE_UNSPECIFIED: _RunErrorCode.ValueType  # 0
     RUN_ERROR_CODE_PROVIDER_ERROR: _RunErrorCode.ValueType  # 1
     RUN_ERROR_CODE_DEADLINE_EXCEEDED: _RunErrorCode.ValueType  # 3
-    RUN_ERROR_CODE_CANCELLED: _RunErrorCode.ValueType  # 4
     RUN_ERROR_CODE_INTERNAL: _RunErrorCode.ValueType  # 5
 
 class RunErrorCode(_RunErrorCode, metaclass=_RunErrorCodeEnumTypeWrapper): ...
@@ -64,7 +62,6 @@ class RunErrorCode(_RunErrorCode, metaclass=_RunErrorCodeEnumTypeWrapper): ...
 RUN_ERROR_CODE_UNSPECIFIED: RunErrorCode.ValueType  # 0
 RUN_ERROR_CODE_PROVIDER_ERROR: RunErrorCode.ValueType  # 1
 RUN_ERROR_CODE_DEADLINE_EXCEEDED: RunErrorCode.ValueType  # 3
-RUN_ERROR_CODE_CANCELLED: RunErrorCode.ValueType  # 4
 RUN_ERROR_CODE_INTERNAL: RunErrorCode.ValueType  # 5
 Global___RunErrorCode: _TypeAlias = RunErrorCode  # noqa: Y015
 
@@ -100,13 +97,13 @@ class RunOptions(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MAX_SUPERVISOR_TURNS_FIELD_NUMBER: _builtins.int
-    WORKER_MAX_TURNS_FIELD_NUMBER: _builtins.int
+    MAX_WORKER_TURNS_FIELD_NUMBER: _builtins.int
     MAX_PARALLEL_DELEGATIONS_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     max_supervisor_turns: _builtins.int
     """Bound on supervisor turns; 0 means the default (12)."""
-    worker_max_turns: _builtins.int
+    max_worker_turns: _builtins.int
     """Bound on each worker's turns; 0 means the default (8)."""
     max_parallel_delegations: _builtins.int
     """Bound on delegations running at once; 0 means the server default."""
@@ -122,14 +119,14 @@ class RunOptions(_message.Message):
         self,
         *,
         max_supervisor_turns: _builtins.int = ...,
-        worker_max_turns: _builtins.int = ...,
+        max_worker_turns: _builtins.int = ...,
         max_parallel_delegations: _builtins.int = ...,
         timeout: _duration_pb2.Duration | None = ...,
         max_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_parallel_delegations", b"max_parallel_delegations", "max_supervisor_turns", b"max_supervisor_turns", "max_tokens", b"max_tokens", "timeout", b"timeout", "worker_max_turns", b"worker_max_turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_parallel_delegations", b"max_parallel_delegations", "max_supervisor_turns", b"max_supervisor_turns", "max_tokens", b"max_tokens", "max_worker_turns", b"max_worker_turns", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -275,17 +272,22 @@ class Run(_message.Message):
     REPORT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
-    LAST_EVENT_SEQUENCE_NO_FIELD_NUMBER: _builtins.int
+    LAST_SEQUENCE_NO_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     START_TIME_FIELD_NUMBER: _builtins.int
     END_TIME_FIELD_NUMBER: _builtins.int
+    CANCEL_REASON_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     question: _builtins.str
     state: Global___RunState.ValueType
     scratchpad_thread_id: _builtins.str
-    last_event_sequence_no: _builtins.int
+    last_sequence_no: _builtins.int
     """Sequence number of the newest event; StreamRun resumes after it."""
+    cancel_reason: _builtins.str
+    """Set when state is RUN_STATE_CANCELLED: the reason given to CancelRun, or
+    why the server cancelled the run.
+    """
     @_builtins.property
     def options(self) -> Global___RunOptions: ...
     @_builtins.property
@@ -294,7 +296,7 @@ class Run(_message.Message):
 
     @_builtins.property
     def error(self) -> Global___RunError:
-        """Set when state is RUN_STATE_FAILED or RUN_STATE_CANCELLED."""
+        """Set when state is RUN_STATE_FAILED."""
 
     @_builtins.property
     def usage(self) -> Global___RunUsage: ...
@@ -317,15 +319,16 @@ class Run(_message.Message):
         report: Global___Report | None = ...,
         error: Global___RunError | None = ...,
         usage: Global___RunUsage | None = ...,
-        last_event_sequence_no: _builtins.int = ...,
+        last_sequence_no: _builtins.int = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         start_time: _timestamp_pb2.Timestamp | None = ...,
         end_time: _timestamp_pb2.Timestamp | None = ...,
+        cancel_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "error", b"error", "options", b"options", "report", b"report", "start_time", b"start_time", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "error", b"error", "labels", b"labels", "last_event_sequence_no", b"last_event_sequence_no", "options", b"options", "question", b"question", "report", b"report", "run_id", b"run_id", "scratchpad_thread_id", b"scratchpad_thread_id", "start_time", b"start_time", "state", b"state", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_reason", b"cancel_reason", "create_time", b"create_time", "end_time", b"end_time", "error", b"error", "labels", b"labels", "last_sequence_no", b"last_sequence_no", "options", b"options", "question", b"question", "report", b"report", "run_id", b"run_id", "scratchpad_thread_id", b"scratchpad_thread_id", "start_time", b"start_time", "state", b"state", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -517,10 +520,10 @@ class ResearchStatusEvent(_message.Message):
     message: _builtins.str
     delegation_id: _builtins.str
     """Set for worker phases."""
-    delegation_outcome: _worker_pb2.DelegationOutcome.ValueType
+    delegation_outcome: _common_pb2.DelegationOutcome.ValueType
     """Set for RESEARCH_PHASE_WORKER_COMPLETED and RESEARCH_PHASE_WORKER_FAILED."""
     @_builtins.property
-    def delegation_error(self) -> _worker_pb2.DelegationError:
+    def delegation_error(self) -> _common_pb2.DelegationError:
         """Set for RESEARCH_PHASE_WORKER_FAILED."""
 
     def __init__(
@@ -529,8 +532,8 @@ class ResearchStatusEvent(_message.Message):
         phase: Global___ResearchPhase.ValueType = ...,
         message: _builtins.str = ...,
         delegation_id: _builtins.str = ...,
-        delegation_outcome: _worker_pb2.DelegationOutcome.ValueType = ...,
-        delegation_error: _worker_pb2.DelegationError | None = ...,
+        delegation_outcome: _common_pb2.DelegationOutcome.ValueType = ...,
+        delegation_error: _common_pb2.DelegationError | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["delegation_error", b"delegation_error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...

@@ -42,73 +42,6 @@ PROGRESS_KIND_TOOL_CALLED: ProgressKind.ValueType  # 2
 PROGRESS_KIND_SCRATCHPAD_APPENDED: ProgressKind.ValueType  # 3
 Global___ProgressKind: _TypeAlias = ProgressKind  # noqa: Y015
 
-class _DelegationOutcome:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
-
-class _DelegationOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DelegationOutcome.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
-    DELEGATION_OUTCOME_UNSPECIFIED: _DelegationOutcome.ValueType  # 0
-    DELEGATION_OUTCOME_SUCCEEDED: _DelegationOutcome.ValueType  # 1
-    DELEGATION_OUTCOME_FAILED: _DelegationOutcome.ValueType  # 2
-
-class DelegationOutcome(_DelegationOutcome, metaclass=_DelegationOutcomeEnumTypeWrapper): ...
-
-DELEGATION_OUTCOME_UNSPECIFIED: DelegationOutcome.ValueType  # 0
-DELEGATION_OUTCOME_SUCCEEDED: DelegationOutcome.ValueType  # 1
-DELEGATION_OUTCOME_FAILED: DelegationOutcome.ValueType  # 2
-Global___DelegationOutcome: _TypeAlias = DelegationOutcome  # noqa: Y015
-
-class _DelegationErrorCode:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
-
-class _DelegationErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DelegationErrorCode.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
-    DELEGATION_ERROR_CODE_UNSPECIFIED: _DelegationErrorCode.ValueType  # 0
-    DELEGATION_ERROR_CODE_PROVIDER_ERROR: _DelegationErrorCode.ValueType  # 1
-    """The model provider failed after retries."""
-    DELEGATION_ERROR_CODE_TURN_BUDGET_EXHAUSTED: _DelegationErrorCode.ValueType  # 2
-    """The turn budget ran out before a final answer."""
-    DELEGATION_ERROR_CODE_TOKEN_BUDGET_EXHAUSTED: _DelegationErrorCode.ValueType  # 3
-    """The token budget ran out before a final answer."""
-    DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED: _DelegationErrorCode.ValueType  # 4
-    """The delegation's time limit passed."""
-    DELEGATION_ERROR_CODE_CANCELLED: _DelegationErrorCode.ValueType  # 5
-    """The caller or the run cancelled it."""
-    DELEGATION_ERROR_CODE_INVALID_TASK: _DelegationErrorCode.ValueType  # 6
-    """The request was not a runnable task."""
-    DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE: _DelegationErrorCode.ValueType  # 7
-    """No worker could be reached, or the stream broke before a result."""
-    DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION: _DelegationErrorCode.ValueType  # 8
-    """A stream ended without its terminal result."""
-    DELEGATION_ERROR_CODE_INTERNAL: _DelegationErrorCode.ValueType  # 9
-    """A fault inside the worker."""
-
-class DelegationErrorCode(_DelegationErrorCode, metaclass=_DelegationErrorCodeEnumTypeWrapper):
-    """Why a delegation failed. Budget, deadline and cancellation are distinct."""
-
-DELEGATION_ERROR_CODE_UNSPECIFIED: DelegationErrorCode.ValueType  # 0
-DELEGATION_ERROR_CODE_PROVIDER_ERROR: DelegationErrorCode.ValueType  # 1
-"""The model provider failed after retries."""
-DELEGATION_ERROR_CODE_TURN_BUDGET_EXHAUSTED: DelegationErrorCode.ValueType  # 2
-"""The turn budget ran out before a final answer."""
-DELEGATION_ERROR_CODE_TOKEN_BUDGET_EXHAUSTED: DelegationErrorCode.ValueType  # 3
-"""The token budget ran out before a final answer."""
-DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED: DelegationErrorCode.ValueType  # 4
-"""The delegation's time limit passed."""
-DELEGATION_ERROR_CODE_CANCELLED: DelegationErrorCode.ValueType  # 5
-"""The caller or the run cancelled it."""
-DELEGATION_ERROR_CODE_INVALID_TASK: DelegationErrorCode.ValueType  # 6
-"""The request was not a runnable task."""
-DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE: DelegationErrorCode.ValueType  # 7
-"""No worker could be reached, or the stream broke before a result."""
-DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION: DelegationErrorCode.ValueType  # 8
-"""A stream ended without its terminal result."""
-DELEGATION_ERROR_CODE_INTERNAL: DelegationErrorCode.ValueType  # 9
-"""A fault inside the worker."""
-Global___DelegationErrorCode: _TypeAlias = DelegationErrorCode  # noqa: Y015
-
 class _DelegationState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -333,28 +266,6 @@ class DelegationProgress(_message.Message):
 Global___DelegationProgress: _TypeAlias = DelegationProgress  # noqa: Y015
 
 @_typing.final
-class DelegationError(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    CODE_FIELD_NUMBER: _builtins.int
-    MESSAGE_FIELD_NUMBER: _builtins.int
-    code: Global___DelegationErrorCode.ValueType
-    message: _builtins.str
-    def __init__(
-        self,
-        *,
-        code: Global___DelegationErrorCode.ValueType = ...,
-        message: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___DelegationError: _TypeAlias = DelegationError  # noqa: Y015
-
-@_typing.final
 class DelegationResult(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -368,14 +279,14 @@ class DelegationResult(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     delegation_id: _builtins.str
-    outcome: Global___DelegationOutcome.ValueType
+    outcome: _common_pb2.DelegationOutcome.ValueType
     summary: _builtins.str
     """The worker's final answer on success; always empty on failure."""
     turns_used: _builtins.int
     conversation_id: _builtins.str
     tool_call_id: _builtins.str
     @_builtins.property
-    def error(self) -> Global___DelegationError:
+    def error(self) -> _common_pb2.DelegationError:
         """Set when outcome is DELEGATION_OUTCOME_FAILED."""
 
     @_builtins.property
@@ -388,8 +299,8 @@ class DelegationResult(_message.Message):
         self,
         *,
         delegation_id: _builtins.str = ...,
-        outcome: Global___DelegationOutcome.ValueType = ...,
-        error: Global___DelegationError | None = ...,
+        outcome: _common_pb2.DelegationOutcome.ValueType = ...,
+        error: _common_pb2.DelegationError | None = ...,
         summary: _builtins.str = ...,
         promoted_sequence_nos: _abc.Iterable[_builtins.int] | None = ...,
         turns_used: _builtins.int = ...,

@@ -134,7 +134,7 @@ async def test_read_rejects_bad_paging(stub: Stub, make_thread: Callable[[], Awa
 FORBIDDEN = [
     (common_pb2.ROLE_RESEARCHER, scratchpad_pb2.ENTRY_KIND_SEED),
     (common_pb2.ROLE_RESEARCHER, scratchpad_pb2.ENTRY_KIND_VERDICT),
-    (common_pb2.ROLE_RESEARCHER, scratchpad_pb2.ENTRY_KIND_SYNTHESIS),
+    (common_pb2.ROLE_SUPERVISOR, scratchpad_pb2.ENTRY_KIND_ACKNOWLEDGEMENT),
     (common_pb2.ROLE_SUPERVISOR, scratchpad_pb2.ENTRY_KIND_FINDING),
     (common_pb2.ROLE_SUPERVISOR, scratchpad_pb2.ENTRY_KIND_VERDICT),
     (common_pb2.ROLE_VERIFIER, scratchpad_pb2.ENTRY_KIND_FINDING),
@@ -162,7 +162,7 @@ async def test_permitted_kinds_are_written(stub: Stub, make_thread: Callable[[],
         (RESEARCHER, scratchpad_pb2.ENTRY_KIND_FINDING),
         (RESEARCHER, scratchpad_pb2.ENTRY_KIND_MARKER),
         (verifier, scratchpad_pb2.ENTRY_KIND_VERDICT),
-        (supervisor, scratchpad_pb2.ENTRY_KIND_SYNTHESIS),
+        (supervisor, scratchpad_pb2.ENTRY_KIND_NOTE),
     ]
     for index, (author, kind) in enumerate(allowed):
         response = await stub.Append(finding(thread_id, f"r-{index}", kind=kind, author=author))

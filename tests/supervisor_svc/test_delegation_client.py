@@ -112,7 +112,7 @@ async def test_an_unreachable_worker_is_retried_once_on_the_next(workers: Worker
     client = DelegationClient([f"127.0.0.1:{reusable_port()}", workers.addresses[0]])
     result = await client.delegate(request(workers, "run-1:retry"), deadline_seconds=30)
     await client.close()
-    assert result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED and result.summary == "done elsewhere"
+    assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED and result.summary == "done elsewhere"
 
 
 async def test_no_reachable_worker_is_one_correlated_error(workers: Workers) -> None:
@@ -120,8 +120,8 @@ async def test_no_reachable_worker_is_one_correlated_error(workers: Workers) -> 
     result = await client.delegate(request(workers, "run-1:nobody"), deadline_seconds=30)
     await client.close()
     assert (result.delegation_id, result.tool_call_id) == ("run-1:nobody", "nobody")
-    assert result.outcome == worker_pb2.DELEGATION_OUTCOME_FAILED
-    assert result.error.code == worker_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE
+    assert result.outcome == common_pb2.DELEGATION_OUTCOME_FAILED
+    assert result.error.code == common_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE
 
 
 async def test_a_deadline_is_a_deadline_result(workers: Workers, model: ScriptedModel) -> None:
@@ -130,15 +130,15 @@ async def test_a_deadline_is_a_deadline_result(workers: Workers, model: Scripted
     result = await client.delegate(request(workers, "run-1:slow"), deadline_seconds=1)
     await client.close()
     assert result.delegation_id == "run-1:slow"
-    assert result.error.code == worker_pb2.DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED
+    assert result.error.code == common_pb2.DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED
 
 
 @pytest.mark.parametrize(
     ("suffix", "code"),
     [
-        ("no-result", worker_pb2.DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION),
-        ("wrong-id", worker_pb2.DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION),
-        ("crash", worker_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE),
+        ("no-result", common_pb2.DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION),
+        ("wrong-id", common_pb2.DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION),
+        ("crash", common_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE),
     ],
 )
 async def test_a_misbehaving_worker_still_yields_one_correlated_error(workers: Workers, suffix: str, code: int) -> None:
@@ -146,5 +146,5 @@ async def test_a_misbehaving_worker_still_yields_one_correlated_error(workers: W
     result = await client.delegate(request(workers, f"run-1:{suffix}"), deadline_seconds=30)
     await client.close()
     assert result.delegation_id == f"run-1:{suffix}"
-    assert result.outcome == worker_pb2.DELEGATION_OUTCOME_FAILED
+    assert result.outcome == common_pb2.DELEGATION_OUTCOME_FAILED
     assert result.error.code == code

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from quarry.db import Database
-from quarry.v1 import supervisor_pb2, worker_pb2
+from quarry.v1 import common_pb2, supervisor_pb2, worker_pb2
 from supervisor_svc.model import StartRequest
 from supervisor_svc.schema import runs
 from supervisor_svc.store import RunStore
@@ -66,7 +66,7 @@ async def test_a_run_delegates_and_reports_with_verified_citations(mesh: Mesh) -
     assert "succeeded" in delegation_result and "Promoted entries, from the scratchpad:" in delegation_result
     assert "The tower is 330 m tall." in delegation_result and "The tower is 330 metres tall" in delegation_result
     assert "Champ de Mars" not in str(mesh.script.requests[SUPERVISOR])  # page text stays with the worker
-    assert stored.last_event_sequence_no == events[-1].sequence_no
+    assert stored.last_sequence_no == events[-1].sequence_no
 
 
 def answer_at_once(mesh: Mesh, report: str = "Nothing was researched.") -> None:
@@ -141,7 +141,7 @@ async def test_cancel_run_stops_its_workers_and_ends_the_run_cancelled(mesh: Mes
     await wait_for_phase(mesh, run.run_id, supervisor_pb2.RESEARCH_PHASE_WORKER_RESEARCHING)
     cancelled = await mesh.client.cancel_run(run.run_id, reason="user pressed Ctrl-C")
     assert cancelled.state == supervisor_pb2.RUN_STATE_CANCELLED
-    assert cancelled.error.code == supervisor_pb2.RUN_ERROR_CODE_CANCELLED
+    assert cancelled.cancel_reason == "user pressed Ctrl-C" and not cancelled.HasField("error")
     events = await mesh.events(run.run_id)
     assert events[-1].cancelled.reason == "user pressed Ctrl-C"
     delegation_id = next(e.status.delegation_id for e in events if e.status.delegation_id)
@@ -152,9 +152,9 @@ async def test_cancel_run_stops_its_workers_and_ends_the_run_cancelled(mesh: Mes
             break
         await asyncio.sleep(0.05)
     assert recorded is not None and recorded.state == worker_pb2.DELEGATION_STATE_FAILED
-    assert recorded.result.error.code == worker_pb2.DELEGATION_ERROR_CODE_CANCELLED
+    assert recorded.result.error.code == common_pb2.DELEGATION_ERROR_CODE_CANCELLED
     again = await mesh.client.cancel_run(run.run_id)  # cancelling an ended run changes nothing
-    assert again.state == supervisor_pb2.RUN_STATE_CANCELLED and again.error.message == "user pressed Ctrl-C"
+    assert again.state == supervisor_pb2.RUN_STATE_CANCELLED and again.cancel_reason == "user pressed Ctrl-C"
 
 
 async def test_the_token_budget_stops_further_delegation(mesh: Mesh) -> None:
@@ -232,7 +232,7 @@ async def test_start_run_is_idempotent_by_request_id(mesh: Mesh) -> None:
 
 
 async def test_bad_requests_name_their_fields(mesh: Mesh) -> None:
-    options = supervisor_pb2.RunOptions(max_supervisor_turns=-1, worker_max_turns=65, max_parallel_delegations=99)
+    options = supervisor_pb2.RunOptions(max_supervisor_turns=-1, max_worker_turns=65, max_parallel_delegations=99)
     options.timeout.FromSeconds(10**9)
     error = await expect_error(
         mesh.client.start_run(" ", options=options, labels={"Bad Key": "x"}), grpc.StatusCode.INVALID_ARGUMENT
@@ -240,7 +240,7 @@ async def test_bad_requests_name_their_fields(mesh: Mesh) -> None:
     assert set(violations(error)) == {
         "question",
         "options.max_supervisor_turns",
-        "options.worker_max_turns",
+        "options.max_worker_turns",
         "options.max_parallel_delegations",
         "options.timeout",
         "labels['Bad Key']",
@@ -311,7 +311,8 @@ async def test_a_supervisor_shutting_down_ends_its_runs_as_cancelled(mesh: Mesh)
     finally:
         await database.close()
     assert record is not None and record.state.value == "cancelled"
-    assert record.last_error == "the supervisor shut down" and record.end_time is not None
+    assert record.cancel_reason == "the supervisor shut down" and record.end_time is not None
+    assert record.error_code is None and record.last_error == ""
     last = supervisor_pb2.RunEvent.FromString(stored[-1].payload)
     assert stored[-1].terminal and last.cancelled.reason == "the supervisor shut down"
     assert [event.sequence_no for event in stored] == list(range(1, len(stored) + 1))

@@ -237,7 +237,7 @@ async def test_the_seed_research_contract_across_processes(
             ("worker failed status", failure_status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_FAILED),
             (
                 "provider error code",
-                failure_status.delegation_error.code == worker_pb2.DELEGATION_ERROR_CODE_PROVIDER_ERROR,
+                failure_status.delegation_error.code == common_pb2.DELEGATION_ERROR_CODE_PROVIDER_ERROR,
             ),
             ("the supervisor got an error result", supervisor_saw.startswith("error: delegation")),
             ("partial prose discarded", "painted in a colour" not in supervisor_saw),
@@ -289,7 +289,7 @@ async def test_a_worker_killed_mid_delegation_is_one_correlated_error_and_the_ru
     ]
     assert len(ends) == 1 and ends[0].phase == supervisor_pb2.RESEARCH_PHASE_WORKER_FAILED
     assert ends[0].delegation_id == delegation_id
-    assert ends[0].delegation_error.code == worker_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE
+    assert ends[0].delegation_error.code == common_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE
     [result] = script.tool_results(SUPERVISOR)
     assert result.startswith(f"error: delegation {delegation_id} failed (WORKER_UNAVAILABLE)")
     assert events[-1].WhichOneof("payload") == "completed"

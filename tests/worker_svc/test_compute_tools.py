@@ -71,8 +71,8 @@ async def test_a_researcher_checks_gpus_and_a_job_through_the_monitor(
             verifier = await delegate(stub, thread.thread_id, "compute-2", common_pb2.ROLE_VERIFIER)
     training.kill()
     await training.wait()
-    assert result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED, result
-    assert verifier.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED, verifier
+    assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED, result
+    assert verifier.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED, verifier
     offered = [tool["function"]["name"] for tool in model.requests[0]["tools"]]
     assert "gpu_status" in offered and "job_status" in offered
     results = {m["tool_call_id"]: m["content"] for m in model.requests[1]["messages"] if m["role"] == "tool"}

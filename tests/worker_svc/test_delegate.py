@@ -156,7 +156,7 @@ async def test_a_delegation_streams_progress_and_ends_in_one_result(mesh: Mesh) 
     assert kinds[0] == "started" and kinds[-1] == "result" and kinds.count("result") == 1
     result = events[-1].result
     assert result.delegation_id == "run-1:call-1" and result.tool_call_id == "call-1"
-    assert result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED
+    assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED
     assert result.summary == "Promoted entry 2: the tower is 330 m tall."
     assert list(result.promoted_sequence_nos) == [2]
     assert result.turns_used == 5 and result.usage.input_tokens == 50
@@ -202,8 +202,8 @@ async def test_provider_failure_after_partial_text_is_a_failed_result_without_th
     )
     events = await mesh.delegate(mesh.request())
     result = events[-1].result
-    assert result.outcome == worker_pb2.DELEGATION_OUTCOME_FAILED
-    assert result.error.code == worker_pb2.DELEGATION_ERROR_CODE_PROVIDER_ERROR
+    assert result.outcome == common_pb2.DELEGATION_OUTCOME_FAILED
+    assert result.error.code == common_pb2.DELEGATION_ERROR_CODE_PROVIDER_ERROR
     assert result.summary == "" and "PARTIAL-PROSE" not in str(events)
     assert list(result.promoted_sequence_nos) == [2], "entries promoted before the failure stay and are listed"
     recorded = (
@@ -216,12 +216,12 @@ async def test_provider_failure_after_partial_text_is_a_failed_result_without_th
 async def test_turn_budget_and_deadline_are_distinct_failures(mesh: Mesh) -> None:
     mesh.model.script(*[Reply(calls=(Call("read_scratchpad", {}, f"c{i}"),)) for i in range(3)])
     turns = await mesh.delegate(mesh.request("run-1:turns", max_turns=3))
-    assert turns[-1].result.error.code == worker_pb2.DELEGATION_ERROR_CODE_TURN_BUDGET_EXHAUSTED
+    assert turns[-1].result.error.code == common_pb2.DELEGATION_ERROR_CODE_TURN_BUDGET_EXHAUSTED
     assert turns[-1].result.turns_used == 3
 
     mesh.model.script(Stall(30))
     deadline = await mesh.delegate(mesh.request("run-1:slow", timeout=duration_pb2.Duration(seconds=1)))
-    assert deadline[-1].result.error.code == worker_pb2.DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED
+    assert deadline[-1].result.error.code == common_pb2.DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED
 
 
 async def test_a_cancelled_stream_cancels_the_delegation(mesh: Mesh) -> None:
@@ -238,7 +238,7 @@ async def test_a_cancelled_stream_cancels_the_delegation(mesh: Mesh) -> None:
             break
         await asyncio.sleep(0.05)
     assert recorded.state == worker_pb2.DELEGATION_STATE_FAILED
-    assert recorded.result.error.code == worker_pb2.DELEGATION_ERROR_CODE_CANCELLED
+    assert recorded.result.error.code == common_pb2.DELEGATION_ERROR_CODE_CANCELLED
 
 
 async def test_too_many_delegations_is_resource_exhausted(mesh: Mesh) -> None:
@@ -300,7 +300,7 @@ async def test_text_tool_protocol_end_to_end_for_a_model_without_native_tools(me
     )
     events = await mesh.delegate(mesh.request())
     result = events[-1].result
-    assert result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED and list(result.promoted_sequence_nos) == [2]
+    assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED and list(result.promoted_sequence_nos) == [2]
     assert all("tools" not in request for request in mesh.model.requests)
     assert "<tool_call>" in mesh.model.requests[0]["messages"][0]["content"], "tools are taught in the system prompt"
     tool_names = [e.progress.tool_name for e in events if e.progress.kind == worker_pb2.PROGRESS_KIND_TOOL_CALLED]
@@ -316,7 +316,7 @@ async def test_shutdown_ends_running_delegations_with_a_correlated_cancelled_res
     last = await asyncio.wait_for(call.read(), 30)
     assert last.WhichOneof("event") == "result"
     assert last.result.delegation_id == "run-1:interrupted"
-    assert last.result.error.code == worker_pb2.DELEGATION_ERROR_CODE_CANCELLED
+    assert last.result.error.code == common_pb2.DELEGATION_ERROR_CODE_CANCELLED
 
 
 async def test_sigterm_turns_health_not_serving_at_once_and_lets_a_delegation_finish_within_the_grace(
@@ -332,7 +332,7 @@ async def test_sigterm_turns_health_not_serving_at_once_and_lets_a_delegation_fi
     while (response := await asyncio.wait_for(call.read(), 30)).WhichOneof("event") != "result":
         pass
     await stopping
-    assert response.result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED
+    assert response.result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED
     assert response.result.summary == "finished in time"
 
 

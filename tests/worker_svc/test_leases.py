@@ -10,7 +10,7 @@ from quarry.agent.messages import system, user
 from quarry.client import insecure_channel
 from quarry.config import QuarrySettings, WorkerSettings
 from quarry.db import Database, upgrade_schema
-from quarry.v1 import worker_pb2, worker_pb2_grpc
+from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from worker_svc.model import DelegationRequest
 from worker_svc.schema import delegations
 from worker_svc.service import MIGRATIONS, VERSION_TABLE
@@ -44,5 +44,5 @@ async def test_a_dead_workers_delegation_is_ended_as_failed(tmp_path: Path, data
             await asyncio.sleep(0.05)
     delegation = found.delegation
     assert delegation.state == worker_pb2.DELEGATION_STATE_FAILED
-    assert delegation.result.error.code == worker_pb2.DELEGATION_ERROR_CODE_INTERNAL
+    assert delegation.result.error.code == common_pb2.DELEGATION_ERROR_CODE_INTERNAL
     assert "stopped before it ended" in delegation.last_error and delegation.HasField("end_time")

@@ -76,7 +76,7 @@ async def test_delegation_across_processes_with_ssrf_refused(
             )
             events = [e async for e in worker_pb2_grpc.WorkerServiceStub(worker_channel).Delegate(request, timeout=60)]
             result = events[-1].result
-            assert result.outcome == worker_pb2.DELEGATION_OUTCOME_SUCCEEDED, result
+            assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED, result
             assert list(result.promoted_sequence_nos) == [1]
             refusals = {m["tool_call_id"]: m["content"] for m in model.requests[1]["messages"] if m["role"] == "tool"}
             assert set(refusals) == {f"ssrf-{i}" for i in range(len(attempts))}

@@ -123,12 +123,12 @@ async def test_a_finding_lands_only_with_a_verified_quote(bench: Bench) -> None:
 
 async def test_authority_refusals_reach_the_model(bench: Bench) -> None:
     bench.model.script(
-        Reply(calls=(Call("append_scratchpad", {"kind": "synthesis", "content": "final report"}, "c1"),)),
+        Reply(calls=(Call("append_scratchpad", {"kind": "seed", "content": "a plan of my own"}, "c1"),)),
         Reply(content="understood"),
     )
     await bench.run.run(bench.context)
     result = tool_results(bench.model.requests[1])["c1"]
-    assert "may not write ENTRY_KIND_SYNTHESIS" in result
+    assert "may not write ENTRY_KIND_SEED" in result
     assert [e.sequence_no for e in await bench.scratchpad.read_all(bench.thread_id)] == [1]
 
 
