@@ -17,7 +17,7 @@ from monitor_svc.slurm import check_job_id
 from monitor_svc.smi import APP_QUERY, GPU_QUERY, MalformedOutput, parse_gpus
 from monitor_svc.ssh import SshHosts
 from quarry.convert import timestamp
-from quarry.errors import FailedPrecondition, FieldViolation, InvalidArgument
+from quarry.errors import ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 
 LOCAL = "local"
@@ -133,7 +133,7 @@ class MonitorServicer(monitor_pb2_grpc.MonitorServiceServicer):
             samples = parse_gpus(gpus.stdout, apps.stdout if apps.exit_status == 0 else "")
         except MalformedOutput as error:
             raise FailedPrecondition(
-                f"nvidia-smi on {host} printed something unexpected: {error}", reason="MALFORMED_OUTPUT"
+                f"nvidia-smi on {host} printed something unexpected: {error}", reason=ErrorReason.MALFORMED_OUTPUT
             ) from error
         return [gpu_to_proto(host, sample) for sample in samples], ""
 

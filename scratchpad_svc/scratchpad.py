@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from quarry.db import Database
-from quarry.errors import Internal, QuarryError, Unavailable
+from quarry.errors import ErrorReason, Internal, QuarryError, Unavailable
 from quarry.notify import CommitSignal
 from quarry.telemetry import meter, tracer
 from scratchpad_svc.authority import check_may_write
@@ -50,7 +50,7 @@ _APPENDS = meter.create_counter("quarry.scratchpad.appends", description="entrie
 
 class ScratchpadClosed(Unavailable):
     def __init__(self) -> None:
-        super().__init__("the scratchpad is shutting down; reconnect", reason="SHUTTING_DOWN")
+        super().__init__("the scratchpad is shutting down; reconnect", reason=ErrorReason.SHUTTING_DOWN)
 
 
 class Scratchpad:

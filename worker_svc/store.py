@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from quarry.agent.conversation import insert_conversation
 from quarry.agent.messages import Message
 from quarry.db import Database
-from quarry.errors import FailedPrecondition
+from quarry.errors import ErrorReason, FailedPrecondition
 from quarry.identity import Role
 from worker_svc.model import DelegationRecord, DelegationRequest, ErrorCode, Outcome
 from worker_svc.schema import delegations
@@ -90,7 +90,7 @@ class DelegationStore:
         except IntegrityError:
             raise FailedPrecondition(
                 f"delegation {request.delegation_id!r} is already running",
-                reason="DELEGATION_RUNNING",
+                reason=ErrorReason.DELEGATION_RUNNING,
                 metadata={"delegation_id": request.delegation_id},
             ) from None
 

@@ -27,7 +27,14 @@ from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TokenBudgetExh
 from quarry.agent.messages import Message, ToolCall, system, user
 from quarry.agent.model import ModelClient, ProviderError
 from quarry.agent.tools import ToolOutcome
-from quarry.errors import FailedPrecondition, FieldViolation, InvalidArgument, ResourceExhausted, Unavailable
+from quarry.errors import (
+    ErrorReason,
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+)
 from quarry.identity import Role
 from quarry.telemetry import meter, tracer
 from worker_svc.model import DelegationRecord, DelegationRequest, ErrorCode, Event, Outcome, Progress, Started
@@ -197,11 +204,11 @@ class Worker:
             _check_same_request(existing, request)
             return _replay(existing)
         if self._closing:
-            raise Unavailable("this worker is shutting down; try another", reason="SHUTTING_DOWN")
+            raise Unavailable("this worker is shutting down; try another", reason=ErrorReason.SHUTTING_DOWN)
         if len(self._running) + self._admitting >= self._limits.max_concurrent:
             raise ResourceExhausted(
                 f"this worker already runs {self._limits.max_concurrent} delegations; try another worker or later",
-                reason="TOO_MANY_DELEGATIONS",
+                reason=ErrorReason.TOO_MANY_DELEGATIONS,
             )
         conversation_id = f"conv-{uuid.uuid4()}"
         queue: asyncio.Queue[Event] = asyncio.Queue()
@@ -391,7 +398,7 @@ def _check_same_request(record: DelegationRecord, request: DelegationRequest) ->
     ):
         raise FailedPrecondition(
             f"delegation_id {request.delegation_id!r} was already used for a different request",
-            reason="DELEGATION_ID_REUSED",
+            reason=ErrorReason.DELEGATION_ID_REUSED,
             metadata={"delegation_id": request.delegation_id},
         )
 
