@@ -9,6 +9,7 @@ from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from quarry import ids
 from quarry.db import Database
 from quarry.errors import ErrorReason, Internal, QuarryError, Unavailable
 from quarry.notify import CommitSignal
@@ -20,7 +21,6 @@ from scratchpad_svc.validation import (
     Limits,
     encode_page_token,
     read_cursor,
-    require_thread_id,
     validate_append,
     validate_new_thread,
 )
@@ -83,7 +83,7 @@ class Scratchpad:
         return await self._store.create_thread(request)
 
     async def get_thread(self, thread_id: str) -> Thread:
-        require_thread_id(thread_id)
+        ids.THREAD_ID.require("thread_id", thread_id)
         return await self._store.get_thread(thread_id)
 
     async def append(self, command: AppendCommand) -> AppendResult:

@@ -13,17 +13,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from opentelemetry import trace
 
-from quarry import telemetry
+from quarry import ids, telemetry
 from quarry.agent.conversation import ConversationStore
-from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TokenBudgetExhausted, TurnBudgetExhausted
+from quarry.agent.loop import (
+    DEFAULT_MAX_TURNS,
+    AgentRun,
+    LoopLimits,
+    LoopObserver,
+    TokenBudgetExhausted,
+    TurnBudgetExhausted,
+)
 from quarry.agent.messages import Message, ToolCall, system, user
 from quarry.agent.model import ModelClient, ProviderError
 from quarry.agent.tools import ToolOutcome
@@ -43,12 +48,9 @@ from worker_svc.tools import DelegationContext, tools_for
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_TURNS = 8
 MAX_TURNS_LIMIT = 64
 MAX_OBJECTIVE_CHARS = 16_000
 MAX_TIMEOUT_SECONDS = 24 * 3600
-_ID = re.compile(r"[\x21-\x7e]{1,256}")
-_THREAD_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
 ROLE_CAPABILITIES: dict[Role, list[str]] = {
     Role.RESEARCHER: ["web_search", "scratchpad"],
@@ -91,15 +93,12 @@ class WorkerLimits:
 
 
 def validate(request: DelegationRequest) -> None:
-    violations: list[FieldViolation] = []
-    for name in ("delegation_id", "run_id"):
-        value = getattr(request, name)
-        if not _ID.fullmatch(value):
-            violations.append(FieldViolation(name, "required: 1-256 printable ASCII characters without spaces"))
-    if request.tool_call_id and not _ID.fullmatch(request.tool_call_id):
-        violations.append(FieldViolation("tool_call_id", "1-256 printable ASCII characters without spaces"))
-    if not _THREAD_ID.fullmatch(request.scratchpad_thread_id):
-        violations.append(FieldViolation("scratchpad_thread_id", "required: a scratchpad thread id"))
+    violations = ids.violations(
+        ids.DELEGATION_ID.check("delegation_id", request.delegation_id),
+        ids.RUN_REFERENCE.check("run_id", request.run_id),
+        ids.TOOL_CALL_ID.check("tool_call_id", request.tool_call_id, when_missing=None),
+        ids.THREAD_ID.check("scratchpad_thread_id", request.scratchpad_thread_id),
+    )
     if not request.objective.strip():
         violations.append(FieldViolation("task.objective", "required"))
     elif len(request.objective) > MAX_OBJECTIVE_CHARS:
@@ -210,7 +209,7 @@ class Worker:
                 f"this worker already runs {self._limits.max_concurrent} delegations; try another worker or later",
                 reason=ErrorReason.TOO_MANY_DELEGATIONS,
             )
-        conversation_id = f"conv-{uuid.uuid4()}"
+        conversation_id = ids.new_conversation_id()
         queue: asyncio.Queue[Event] = asyncio.Queue()
         self._admitting += 1  # holds the slot across the await, so concurrent calls cannot overshoot
         self._admitted.clear()
