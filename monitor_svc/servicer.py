@@ -16,7 +16,7 @@ from monitor_svc.model import JobObservation, JobState
 from monitor_svc.slurm import check_job_id
 from monitor_svc.smi import APP_QUERY, GPU_QUERY, MalformedOutput, parse_gpus
 from monitor_svc.ssh import SshHosts
-from quarry.convert import timestamp
+from quarry.convert import EnumMap, duration_seconds, timestamp
 from quarry.errors import ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 
@@ -26,17 +26,19 @@ DEFAULT_JOB_INTERVAL = 10.0
 DEFAULT_TAIL_LINES = 20
 MAX_TAIL_LINES = 500
 MAX_PID = 2**31 - 1
-_STATES = {
-    JobState.PENDING: monitor_pb2.JOB_STATE_PENDING,
-    JobState.RUNNING: monitor_pb2.JOB_STATE_RUNNING,
-    JobState.COMPLETED: monitor_pb2.JOB_STATE_COMPLETED,
-    JobState.FAILED: monitor_pb2.JOB_STATE_FAILED,
-    JobState.TIMED_OUT: monitor_pb2.JOB_STATE_TIMED_OUT,
-    JobState.CANCELLED: monitor_pb2.JOB_STATE_CANCELLED,
-    JobState.EXITED: monitor_pb2.JOB_STATE_EXITED,
-    JobState.UNKNOWN: monitor_pb2.JOB_STATE_UNKNOWN,
-    JobState.NOT_FOUND: monitor_pb2.JOB_STATE_NOT_FOUND,
-}
+JOB_STATES: EnumMap[JobState, monitor_pb2.JobState.ValueType] = EnumMap(
+    {
+        JobState.PENDING: monitor_pb2.JOB_STATE_PENDING,
+        JobState.RUNNING: monitor_pb2.JOB_STATE_RUNNING,
+        JobState.COMPLETED: monitor_pb2.JOB_STATE_COMPLETED,
+        JobState.FAILED: monitor_pb2.JOB_STATE_FAILED,
+        JobState.TIMED_OUT: monitor_pb2.JOB_STATE_TIMED_OUT,
+        JobState.CANCELLED: monitor_pb2.JOB_STATE_CANCELLED,
+        JobState.EXITED: monitor_pb2.JOB_STATE_EXITED,
+        JobState.UNKNOWN: monitor_pb2.JOB_STATE_UNKNOWN,
+        JobState.NOT_FOUND: monitor_pb2.JOB_STATE_NOT_FOUND,
+    }
+)
 
 
 def gpu_to_proto(host: str, sample: GpuSample) -> monitor_pb2.Gpu:
@@ -60,7 +62,7 @@ def gpu_to_proto(host: str, sample: GpuSample) -> monitor_pb2.Gpu:
 def _seconds(value: duration_pb2.Duration, field: str, *, default: float, minimum: float, has: bool) -> float:
     if not has:
         return default
-    seconds = value.seconds + value.nanos / 1e9
+    seconds = duration_seconds(value)
     if not minimum <= seconds <= 3600:
         raise InvalidArgument([FieldViolation(field, f"between {minimum:g} s and 1 hour")])
     return seconds
@@ -102,7 +104,7 @@ def job_ref_to_proto(ref: JobRef) -> monitor_pb2.JobRef:
 
 def status_to_proto(observation: JobObservation, tail: list[str]) -> monitor_pb2.JobStatus:
     status = monitor_pb2.JobStatus(
-        state=_STATES[observation.state],
+        state=JOB_STATES.to_proto(observation.state),
         log_tail=tail,
         observe_time=timestamp(datetime.now(UTC)),
         detail=observation.detail,

@@ -12,6 +12,21 @@ from dataclasses import dataclass
 
 from quarry.errors import FieldViolation, InvalidArgument
 
+__all__ = [
+    "DELEGATION_ID",
+    "LABEL_KEY",
+    "PRINCIPAL_ID",
+    "REQUEST_ID",
+    "RUN_ID",
+    "RUN_REFERENCE",
+    "THREAD_ID",
+    "TOOL_CALL_ID",
+    "IdRule",
+    "new_conversation_id",
+    "new_run_id",
+    "violations",
+]
+
 
 @dataclass(frozen=True)
 class IdRule:

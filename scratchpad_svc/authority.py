@@ -6,7 +6,7 @@ from types import MappingProxyType
 
 from quarry.errors import ErrorReason, PermissionDenied
 from quarry.identity import Role
-from scratchpad_svc.model import EntryKind
+from quarry.vocabulary import EntryKind
 
 WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
     {

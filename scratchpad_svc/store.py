@@ -17,7 +17,8 @@ from sqlalchemy.exc import IntegrityError
 from quarry.db import Database, reserve_sequence_numbers
 from quarry.errors import AlreadyExists, ErrorReason, NotFound, QuarryError
 from quarry.identity import Principal, Role
-from scratchpad_svc.model import AppendCommand, AppendResult, Entry, EntryKind, NewThread, Source, Thread
+from quarry.vocabulary import EntryKind
+from scratchpad_svc.model import AppendCommand, AppendResult, Entry, NewThread, Source, Thread
 from scratchpad_svc.schema import entries, threads
 
 # Channel for cross-replica commit notifications on PostgreSQL.

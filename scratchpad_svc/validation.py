@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from quarry import ids
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.identity import Role
-from scratchpad_svc.model import AppendCommand, EntryKind, NewThread
+from quarry.vocabulary import EntryKind
+from scratchpad_svc.model import AppendCommand, NewThread
 
 ROLES = ", ".join(f"ROLE_{role.name}" for role in Role)
 SOURCE_SCHEMES = ("http://", "https://", "corpus://")

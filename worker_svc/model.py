@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
+from quarry.agent.model import Usage
 from quarry.identity import Role
 
 
@@ -63,10 +64,7 @@ class Outcome:
     error_message: str = ""
     promoted: tuple[int, ...] = ()
     turns: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    model_calls: int = 0
-    tool_calls: int = 0
+    usage: Usage = field(default_factory=Usage)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -76,10 +74,7 @@ class Outcome:
             "error_message": self.error_message,
             "promoted": list(self.promoted),
             "turns": self.turns,
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "model_calls": self.model_calls,
-            "tool_calls": self.tool_calls,
+            **self.usage.to_json(),  # flat, as outcomes were always stored
         }
 
     @classmethod
@@ -95,10 +90,7 @@ class Outcome:
             error_message=str(data.get("error_message", "")),
             promoted=tuple(int(n) for n in data.get("promoted", []) or []),  # type: ignore[attr-defined]
             turns=int(data.get("turns", 0)),  # type: ignore[call-overload]
-            input_tokens=int(data.get("input_tokens", 0)),  # type: ignore[call-overload]
-            output_tokens=int(data.get("output_tokens", 0)),  # type: ignore[call-overload]
-            model_calls=int(data.get("model_calls", 0)),  # type: ignore[call-overload]
-            tool_calls=int(data.get("tool_calls", 0)),  # type: ignore[call-overload]
+            usage=Usage.from_json(data),
         )
 
 

@@ -7,20 +7,22 @@ from typing import Any
 
 import grpc
 
-from quarry.convert import role_from_proto, role_to_proto, timestamp
+from quarry.convert import ROLES, EnumMap, duration_seconds, timestamp, usage_to_proto
 from quarry.errors import NotFound
-from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from quarry.v1 import worker_pb2, worker_pb2_grpc
 from worker_svc.model import DelegationRequest, ErrorCode, Event, Outcome, Progress, Started
 from worker_svc.worker import Worker
 
-_ERROR_CODES: dict[ErrorCode, worker_pb2.DelegationErrorCode.ValueType] = {
-    ErrorCode.PROVIDER_ERROR: worker_pb2.DELEGATION_ERROR_CODE_PROVIDER_ERROR,
-    ErrorCode.TURN_BUDGET_EXHAUSTED: worker_pb2.DELEGATION_ERROR_CODE_TURN_BUDGET_EXHAUSTED,
-    ErrorCode.TOKEN_BUDGET_EXHAUSTED: worker_pb2.DELEGATION_ERROR_CODE_TOKEN_BUDGET_EXHAUSTED,
-    ErrorCode.DEADLINE_EXCEEDED: worker_pb2.DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED,
-    ErrorCode.CANCELLED: worker_pb2.DELEGATION_ERROR_CODE_CANCELLED,
-    ErrorCode.INTERNAL: worker_pb2.DELEGATION_ERROR_CODE_INTERNAL,
-}
+ERROR_CODES: EnumMap[ErrorCode, worker_pb2.DelegationErrorCode.ValueType] = EnumMap(
+    {
+        ErrorCode.PROVIDER_ERROR: worker_pb2.DELEGATION_ERROR_CODE_PROVIDER_ERROR,
+        ErrorCode.TURN_BUDGET_EXHAUSTED: worker_pb2.DELEGATION_ERROR_CODE_TURN_BUDGET_EXHAUSTED,
+        ErrorCode.TOKEN_BUDGET_EXHAUSTED: worker_pb2.DELEGATION_ERROR_CODE_TOKEN_BUDGET_EXHAUSTED,
+        ErrorCode.DEADLINE_EXCEEDED: worker_pb2.DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED,
+        ErrorCode.CANCELLED: worker_pb2.DELEGATION_ERROR_CODE_CANCELLED,
+        ErrorCode.INTERNAL: worker_pb2.DELEGATION_ERROR_CODE_INTERNAL,
+    }
+)
 _PROGRESS_KINDS: dict[str, worker_pb2.ProgressKind.ValueType] = {
     "turn": worker_pb2.PROGRESS_KIND_TURN_STARTED,
     "tool": worker_pb2.PROGRESS_KIND_TOOL_CALLED,
@@ -38,10 +40,9 @@ def request_from_proto(request: worker_pb2.DelegateRequest) -> DelegationRequest
         objective=request.task.objective,
         criteria=tuple(request.task.criteria),
         input_refs=tuple(request.task.input_refs),
-        role=role_from_proto(request.role),
+        role=ROLES.from_proto(request.role),
         max_turns=budget.max_turns,
-        # Computed by hand: ToTimedelta overflows on absurd values, which validation should refuse.
-        timeout_seconds=budget.timeout.seconds + budget.timeout.nanos / 1e9 if budget.HasField("timeout") else 0.0,
+        timeout_seconds=duration_seconds(budget.timeout) if budget.HasField("timeout") else 0.0,
         max_tokens=budget.max_tokens,
     )
 
@@ -53,17 +54,12 @@ def result_to_proto(outcome: Outcome) -> worker_pb2.DelegationResult:
         summary=outcome.summary,
         promoted_sequence_nos=list(outcome.promoted),
         turns_used=outcome.turns,
-        usage=common_pb2.Usage(
-            input_tokens=outcome.input_tokens,
-            output_tokens=outcome.output_tokens,
-            model_calls=outcome.model_calls,
-            tool_calls=outcome.tool_calls,
-        ),
+        usage=usage_to_proto(outcome.usage),
         conversation_id=outcome.conversation_id,
         tool_call_id=outcome.tool_call_id,
     )
     if not outcome.succeeded:
-        code = _ERROR_CODES[outcome.error_code] if outcome.error_code else worker_pb2.DELEGATION_ERROR_CODE_INTERNAL
+        code = ERROR_CODES.to_proto(outcome.error_code or ErrorCode.INTERNAL)
         result.error.CopyFrom(worker_pb2.DelegationError(code=code, message=outcome.error_message))
     return result
 
@@ -117,7 +113,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             run_id=record.run_id,
             conversation_id=record.conversation_id,
             scratchpad_thread_id=record.scratchpad_thread_id,
-            role=role_to_proto(record.role),
+            role=ROLES.to_proto(record.role),
             task=worker_pb2.ResearchTask(
                 objective=record.objective, criteria=list(record.criteria), input_refs=list(record.input_refs)
             ),

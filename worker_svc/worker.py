@@ -30,7 +30,7 @@ from quarry.agent.loop import (
     TurnBudgetExhausted,
 )
 from quarry.agent.messages import Message, ToolCall, system, user
-from quarry.agent.model import ModelClient, ProviderError
+from quarry.agent.model import ModelClient, ProviderError, Usage
 from quarry.agent.tools import ToolOutcome
 from quarry.errors import (
     ErrorReason,
@@ -134,14 +134,12 @@ class _Progress(LoopObserver):
         self._queue = queue
         self._reported = 0
         self.max_turns = 0
-        self.tool_calls = 0
 
     async def turn_started(self, turn: int, max_turns: int) -> None:
         self.max_turns = max_turns
         await self._queue.put(Progress(self._id, turn, max_turns, "turn", f"turn {turn} of {max_turns}"))
 
     async def tool_called(self, turn: int, call: ToolCall) -> None:
-        self.tool_calls += 1
         await self._queue.put(Progress(self._id, turn, self.max_turns, "tool", f"calling {call.name}", call.name))
 
     async def tool_finished(self, turn: int, outcome: ToolOutcome) -> None:
@@ -299,7 +297,6 @@ class Worker:
         assert request.role is not None
         run: AgentRun[DelegationContext] | None = None
         context: DelegationContext | None = None
-        observer: _Progress | None = None
         timeout = request.timeout_seconds or self._limits.default_timeout_seconds
         deadline = asyncio.timeout(timeout)
 
@@ -314,10 +311,7 @@ class Worker:
                 error_message=message,
                 promoted=tuple(context.promoted) if context else (),
                 turns=run.turns if run else 0,
-                input_tokens=run.usage.input_tokens if run else 0,
-                output_tokens=run.usage.output_tokens if run else 0,
-                model_calls=run.turns if run else 0,
-                tool_calls=observer.tool_calls if observer else 0,
+                usage=run.usage if run else Usage(),
             )
 
         try:

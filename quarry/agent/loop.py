@@ -102,6 +102,7 @@ class AgentRun(Generic[Context]):
             history = await self._store.history(self._conversation_id)
         while self.turns < self._limits.max_turns:
             self.turns += 1
+            self.usage += Usage(model_calls=1)  # counted when made, so a call that fails counts too
             turn = self.turns
             await self._observer.turn_started(turn, self._limits.max_turns)
             attributes = {"quarry.turn": turn, "quarry.max_turns": self._limits.max_turns}
@@ -135,6 +136,7 @@ class AgentRun(Generic[Context]):
         return None
 
     async def _run_tools(self, turn: int, calls: Sequence[ToolCall], context: Context) -> list[ToolOutcome]:
+        self.usage += Usage(tool_calls=len(calls))
         for call in calls:
             await self._observer.tool_called(turn, call)
         outcomes = await self._tools.run_calls(calls, context)
@@ -143,6 +145,6 @@ class AgentRun(Generic[Context]):
         return outcomes
 
     def _check_tokens(self) -> None:
-        spent = self.usage.input_tokens + self.usage.output_tokens
+        spent = self.usage.tokens
         if self._limits.max_tokens and spent > self._limits.max_tokens:
             raise TokenBudgetExhausted(f"{spent} tokens used, over the budget of {self._limits.max_tokens}")
