@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from quarry.agent.model import Usage
+from quarry.agent.usage import Usage
 from quarry.identity import Role
 from quarry.v1 import common_pb2, scratchpad_pb2
 from quarry.vocabulary import EntryKind

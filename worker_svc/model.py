@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from quarry.agent.model import Usage
+from quarry.agent.usage import Usage
 from quarry.identity import Role
 
 

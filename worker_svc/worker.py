@@ -30,8 +30,9 @@ from quarry.agent.loop import (
     TurnBudgetExhausted,
 )
 from quarry.agent.messages import Message, ToolCall, system, user
-from quarry.agent.model import ModelClient, ProviderError, Usage
+from quarry.agent.model import ModelClient, ProviderError
 from quarry.agent.tools import ToolOutcome
+from quarry.agent.usage import Usage
 from quarry.errors import (
     ErrorReason,
     FailedPrecondition,

@@ -16,9 +16,10 @@ from typing import Any, Generic, TypeVar
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.messages import Message, ToolCall, user
-from quarry.agent.model import ModelClient, Usage
+from quarry.agent.model import ModelClient
 from quarry.agent.tools import ToolOutcome, ToolRegistry
 from quarry.agent.truncation import truncate
+from quarry.agent.usage import Usage
 from quarry.telemetry import tracer
 
 Context = TypeVar("Context")

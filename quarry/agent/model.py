@@ -16,8 +16,8 @@ import math
 import random
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import openai
@@ -25,6 +25,7 @@ from opentelemetry import trace
 
 from quarry.agent import text_protocol
 from quarry.agent.messages import Message, ToolCall
+from quarry.agent.usage import Usage
 from quarry.telemetry import meter, tracer
 
 if TYPE_CHECKING:
@@ -74,39 +75,6 @@ class ModelSettings:
             request_timeout=tier.model_request_timeout or common.model_request_timeout,
             tier=tier.service_name,
         )
-
-
-@dataclass(frozen=True)
-class Usage:
-    """What model work cost: of one reply (tokens only), one run, or many runs added up."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    model_calls: int = 0
-    tool_calls: int = 0
-
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            self.input_tokens + other.input_tokens,
-            self.output_tokens + other.output_tokens,
-            self.model_calls + other.model_calls,
-            self.tool_calls + other.tool_calls,
-        )
-
-    @property
-    def tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
-
-    def to_json(self) -> dict[str, int]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Usage:
-        """Reads its own keys and ignores others, so it can sit flat inside a larger record."""
-        return cls(**{name: int(data.get(name, 0)) for name in _USAGE_FIELDS})
-
-
-_USAGE_FIELDS = tuple(usage_field.name for usage_field in fields(Usage))
 
 
 @dataclass(frozen=True)

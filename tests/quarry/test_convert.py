@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from google.protobuf import duration_pb2
 
-from quarry.agent.model import Usage
+from quarry.agent.usage import Usage
 from quarry.convert import (
     ENTRY_KINDS,
     ROLES,

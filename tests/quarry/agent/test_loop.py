@@ -11,8 +11,9 @@ from pydantic import BaseModel
 from quarry.agent.conversation import ConversationStore, metadata
 from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TokenBudgetExhausted, TurnBudgetExhausted
 from quarry.agent.messages import ToolCall, system, user
-from quarry.agent.model import ModelClient, ModelSettings, ProviderError, Usage
+from quarry.agent.model import ModelClient, ModelSettings, ProviderError
 from quarry.agent.tools import Tool, ToolOutcome, ToolRegistry
+from quarry.agent.usage import Usage
 from quarry.db import Database
 from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from quarry.agent.messages import system, user
-from quarry.agent.model import ModelClient, ModelSettings, ProviderError, Usage
+from quarry.agent.model import ModelClient, ModelSettings, ProviderError
+from quarry.agent.usage import Usage
 from tests.fakes.openai_server import Call, DropAfter, HttpError, Reply, ScriptedModel, Stall
 
 TOOLS = [
