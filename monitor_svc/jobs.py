@@ -30,7 +30,7 @@ from monitor_svc import slurm
 from monitor_svc.model import JobObservation, JobState
 from monitor_svc.smi import MalformedOutput
 from monitor_svc.ssh import SshHosts, quote
-from quarry.errors import AlreadyExists, FailedPrecondition, FieldViolation, InvalidArgument
+from quarry.errors import AlreadyExists, ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument
 
 _T = TypeVar("_T")
 MAX_LOG_BYTES_PER_POLL = 256 * 1024  # a runaway log cannot flood a stream or the monitor's memory
@@ -98,7 +98,7 @@ class Jobs:
             allowed = ", ".join(roots) or "none are configured"
             raise FailedPrecondition(
                 f"{path} on {where} is outside the directories logs may be read from ({allowed})",
-                reason="LOG_PATH_NOT_ALLOWED",
+                reason=ErrorReason.LOG_PATH_NOT_ALLOWED,
             )
 
     # -- submission -------------------------------------------------------------------------
@@ -117,7 +117,7 @@ class Jobs:
             output = await asyncio.to_thread(log_file.open, "ab")
         except OSError as error:
             raise FailedPrecondition(
-                f"cannot write the log {log_file}: {error.strerror}", reason="JOB_NOT_STARTED"
+                f"cannot write the log {log_file}: {error.strerror}", reason=ErrorReason.JOB_NOT_STARTED
             ) from error
         with output:
             try:
@@ -131,7 +131,7 @@ class Jobs:
                 )
             except OSError as error:
                 raise FailedPrecondition(
-                    f"cannot start {argv[0]!r}: {error.strerror}", reason="JOB_NOT_STARTED"
+                    f"cannot start {argv[0]!r}: {error.strerror}", reason=ErrorReason.JOB_NOT_STARTED
                 ) from error
         self._children[process.pid] = process
         return JobRef("local", pid=process.pid, log_path=str(log_file))
@@ -148,7 +148,7 @@ class Jobs:
             if result.exit_status != 0:
                 raise FailedPrecondition(
                     f"sbatch on {host} failed ({result.exit_status}): {result.stderr.strip() or result.stdout.strip()}",
-                    reason="SBATCH_FAILED",
+                    reason=ErrorReason.SBATCH_FAILED,
                 )
             return JobRef("slurm", host=host, job_id=_parsed(host, slurm.parse_sbatch, result.stdout))
 
@@ -165,7 +165,7 @@ class Jobs:
         known, submission = self._submitted[request_id]
         if known != digest:
             raise AlreadyExists(
-                f"request_id {request_id!r} already started a different job", reason="REQUEST_ID_REUSED"
+                f"request_id {request_id!r} already started a different job", reason=ErrorReason.REQUEST_ID_REUSED
             )
         try:
             return await asyncio.shield(submission)
@@ -312,7 +312,7 @@ def _read_local(watch: _Watch, tail_lines: int) -> tuple[bytes, int]:
         return b"", 0
     except OSError as error:
         raise FailedPrecondition(
-            f"cannot read {watch.ref.log_path}: {error.strerror}", reason="LOG_UNREADABLE"
+            f"cannot read {watch.ref.log_path}: {error.strerror}", reason=ErrorReason.LOG_UNREADABLE
         ) from error
     watch.log_offset += len(data)
     return data, size
@@ -347,4 +347,6 @@ def _parsed(host: str, parse: Callable[[str], _T], output: str) -> _T:
     try:
         return parse(output)
     except MalformedOutput as error:
-        raise FailedPrecondition(f"unexpected output on {host}: {error}", reason="MALFORMED_OUTPUT") from error
+        raise FailedPrecondition(
+            f"unexpected output on {host}: {error}", reason=ErrorReason.MALFORMED_OUTPUT
+        ) from error

@@ -16,24 +16,26 @@ from monitor_svc.model import JobObservation, JobState
 from monitor_svc.smi import APP_QUERY, GPU_QUERY, MalformedOutput, parse_gpus
 from monitor_svc.ssh import SshHosts
 from monitor_svc.validation import check_job_ref, interval_seconds, require_job_kind, tail_lines
-from quarry.convert import timestamp
-from quarry.errors import FailedPrecondition
+from quarry.convert import EnumMap, duration_seconds, timestamp
+from quarry.errors import ErrorReason, FailedPrecondition
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 
 LOCAL = "local"
 DEFAULT_GPU_INTERVAL = 5.0
 DEFAULT_JOB_INTERVAL = 10.0
-_STATES = {
-    JobState.PENDING: monitor_pb2.JOB_STATE_PENDING,
-    JobState.RUNNING: monitor_pb2.JOB_STATE_RUNNING,
-    JobState.COMPLETED: monitor_pb2.JOB_STATE_COMPLETED,
-    JobState.FAILED: monitor_pb2.JOB_STATE_FAILED,
-    JobState.TIMED_OUT: monitor_pb2.JOB_STATE_TIMED_OUT,
-    JobState.CANCELLED: monitor_pb2.JOB_STATE_CANCELLED,
-    JobState.EXITED: monitor_pb2.JOB_STATE_EXITED,
-    JobState.UNKNOWN: monitor_pb2.JOB_STATE_UNKNOWN,
-    JobState.NOT_FOUND: monitor_pb2.JOB_STATE_NOT_FOUND,
-}
+JOB_STATES: EnumMap[JobState, monitor_pb2.JobState.ValueType] = EnumMap(
+    {
+        JobState.PENDING: monitor_pb2.JOB_STATE_PENDING,
+        JobState.RUNNING: monitor_pb2.JOB_STATE_RUNNING,
+        JobState.COMPLETED: monitor_pb2.JOB_STATE_COMPLETED,
+        JobState.FAILED: monitor_pb2.JOB_STATE_FAILED,
+        JobState.TIMED_OUT: monitor_pb2.JOB_STATE_TIMED_OUT,
+        JobState.CANCELLED: monitor_pb2.JOB_STATE_CANCELLED,
+        JobState.EXITED: monitor_pb2.JOB_STATE_EXITED,
+        JobState.UNKNOWN: monitor_pb2.JOB_STATE_UNKNOWN,
+        JobState.NOT_FOUND: monitor_pb2.JOB_STATE_NOT_FOUND,
+    }
+)
 
 
 def gpu_to_proto(host: str, sample: GpuSample) -> monitor_pb2.Gpu:
@@ -56,7 +58,7 @@ def gpu_to_proto(host: str, sample: GpuSample) -> monitor_pb2.Gpu:
 
 def _seconds(value: duration_pb2.Duration, *, has: bool) -> float | None:
     """A Duration field in seconds; None when the request left it unset."""
-    return value.seconds + value.nanos / 1e9 if has else None
+    return duration_seconds(value) if has else None
 
 
 def job_ref_from_proto(job: monitor_pb2.JobRef) -> JobRef:
@@ -81,7 +83,7 @@ def job_ref_to_proto(ref: JobRef) -> monitor_pb2.JobRef:
 
 def status_to_proto(observation: JobObservation, tail: list[str]) -> monitor_pb2.JobStatus:
     status = monitor_pb2.JobStatus(
-        state=_STATES[observation.state],
+        state=JOB_STATES.to_proto(observation.state),
         log_tail=tail,
         sample_time=timestamp(datetime.now(UTC)),
         detail=observation.detail,
@@ -112,7 +114,7 @@ class MonitorServicer(monitor_pb2_grpc.MonitorServiceServicer):
             samples = parse_gpus(gpus.stdout, apps.stdout if apps.exit_status == 0 else "")
         except MalformedOutput as error:
             raise FailedPrecondition(
-                f"nvidia-smi on {host} printed something unexpected: {error}", reason="MALFORMED_OUTPUT"
+                f"nvidia-smi on {host} printed something unexpected: {error}", reason=ErrorReason.MALFORMED_OUTPUT
             ) from error
         return [gpu_to_proto(host, sample) for sample in samples], ""
 

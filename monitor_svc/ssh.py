@@ -18,7 +18,7 @@ from pathlib import Path
 import asyncssh
 
 from quarry.config import SshHost
-from quarry.errors import FailedPrecondition, NotFound, Unavailable
+from quarry.errors import ErrorReason, FailedPrecondition, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,9 @@ class SshHosts:
         known_hosts = host.known_hosts or str(Path.home() / ".ssh" / "known_hosts")
         for path, what in ((known_hosts, "known_hosts file"), (host.key_path, "key file")):
             if path and not await asyncio.to_thread(os.path.isfile, path):
-                raise FailedPrecondition(f"the {what} for {name} does not exist: {path}", reason="SSH_CONFIG_INVALID")
+                raise FailedPrecondition(
+                    f"the {what} for {name} does not exist: {path}", reason=ErrorReason.SSH_CONFIG_INVALID
+                )
         try:
             return await asyncio.wait_for(
                 asyncssh.connect(
@@ -100,18 +102,18 @@ class SshHosts:
             raise FailedPrecondition(
                 f"the host key of {name} ({host.address}:{host.port}) is not in {known_hosts}: {error.reason}. "
                 f"Check it and add it (e.g. ssh-keyscan -p {host.port} {host.address} >> {known_hosts})",
-                reason="HOST_KEY_UNKNOWN",
+                reason=ErrorReason.HOST_KEY_UNKNOWN,
                 metadata={"host": name},
             ) from error
         except asyncssh.PermissionDenied as error:
             raise FailedPrecondition(
                 f"{host.user}@{name} refused our key ({host.key_path or 'none configured'}): {error.reason}",
-                reason="SSH_AUTH_FAILED",
+                reason=ErrorReason.SSH_AUTH_FAILED,
                 metadata={"host": name},
             ) from error
         except (asyncssh.KeyImportError, ValueError) as error:  # e.g. an encrypted or unreadable key
             raise FailedPrecondition(
-                f"the key for {name} cannot be used: {error}", reason="SSH_CONFIG_INVALID"
+                f"the key for {name} cannot be used: {error}", reason=ErrorReason.SSH_CONFIG_INVALID
             ) from error
         except (OSError, asyncssh.Error, TimeoutError) as error:
             raise Unavailable(f"cannot reach {name} ({host.address}:{host.port}): {error}") from error

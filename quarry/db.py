@@ -25,7 +25,7 @@ from alembic.runtime.environment import EnvironmentContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL, Connection, Dialect, make_url
 
-from quarry.errors import Unavailable
+from quarry.errors import ErrorReason, Unavailable
 
 __all__ = [
     "Database",
@@ -160,7 +160,7 @@ class Database:
             # The database is down, restarting, locked or out of reach: worth a retry,
             # which every Quarry mutation makes safe with its request_id.
             log.warning("database unavailable: %s", error)
-            raise Unavailable("the database is unavailable; retry", reason="DATABASE_UNAVAILABLE") from error
+            raise Unavailable("the database is unavailable; retry", reason=ErrorReason.DATABASE_UNAVAILABLE) from error
 
     def _transaction(self, work: Callable[[Connection], _T], write: bool) -> _T:
         with self.engine.connect() as connection:

@@ -6,8 +6,10 @@ a canonical status code with google.rpc.Status details (ErrorInfo, BadRequest).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import grpc
 from google.protobuf import any_pb2
@@ -18,6 +20,7 @@ from grpc_status import rpc_status
 __all__ = [
     "AlreadyExists",
     "DeadlineExceeded",
+    "ErrorReason",
     "FailedPrecondition",
     "FieldViolation",
     "Internal",
@@ -36,6 +39,62 @@ __all__ = [
 ERROR_DOMAIN = "quarry.dev"
 
 
+class ErrorReason(enum.StrEnum):
+    """Every google.rpc.ErrorInfo.reason Quarry sends; the values are the wire strings."""
+
+    # The defaults, one per status code.
+    INTERNAL = "INTERNAL"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    NOT_FOUND = "NOT_FOUND"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    UNAVAILABLE = "UNAVAILABLE"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    UNIMPLEMENTED = "UNIMPLEMENTED"
+    # Any service.
+    BEARER_TOKEN_INVALID = "BEARER_TOKEN_INVALID"
+    DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+    REQUEST_ID_REUSED = "REQUEST_ID_REUSED"
+    # A missing resource, one per resource type NotFound names.
+    CONVERSATION_NOT_FOUND = "CONVERSATION_NOT_FOUND"
+    DELEGATION_NOT_FOUND = "DELEGATION_NOT_FOUND"
+    HOST_NOT_FOUND = "HOST_NOT_FOUND"
+    RUN_NOT_FOUND = "RUN_NOT_FOUND"
+    THREAD_NOT_FOUND = "THREAD_NOT_FOUND"
+    # Scratchpad.
+    KIND_NOT_PERMITTED_FOR_ROLE = "KIND_NOT_PERMITTED_FOR_ROLE"
+    THREAD_EXISTS = "THREAD_EXISTS"
+    # Worker.
+    TOO_MANY_DELEGATIONS = "TOO_MANY_DELEGATIONS"
+    DELEGATION_ID_REUSED = "DELEGATION_ID_REUSED"
+    DELEGATION_RUNNING = "DELEGATION_RUNNING"
+    # Supervisor.
+    TOO_MANY_RUNS = "TOO_MANY_RUNS"
+    # Monitor.
+    LOG_PATH_NOT_ALLOWED = "LOG_PATH_NOT_ALLOWED"
+    JOB_NOT_STARTED = "JOB_NOT_STARTED"
+    SBATCH_FAILED = "SBATCH_FAILED"
+    LOG_UNREADABLE = "LOG_UNREADABLE"
+    MALFORMED_OUTPUT = "MALFORMED_OUTPUT"
+    SSH_CONFIG_INVALID = "SSH_CONFIG_INVALID"
+    HOST_KEY_UNKNOWN = "HOST_KEY_UNKNOWN"
+    SSH_AUTH_FAILED = "SSH_AUTH_FAILED"
+
+
+# The reason NotFound gives for each resource type it is raised for.
+_NOT_FOUND_REASONS: dict[str, ErrorReason] = {
+    "conversation": ErrorReason.CONVERSATION_NOT_FOUND,
+    "delegation": ErrorReason.DELEGATION_NOT_FOUND,
+    "host": ErrorReason.HOST_NOT_FOUND,
+    "run": ErrorReason.RUN_NOT_FOUND,
+    "thread": ErrorReason.THREAD_NOT_FOUND,
+}
+
+
 @dataclass(frozen=True)
 class FieldViolation:
     """A request field that failed validation, named by its proto path (e.g. "sources[2].url")."""
@@ -48,13 +107,13 @@ class QuarryError(Exception):
     """Base of every error Quarry reports on purpose."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
-    default_reason = "INTERNAL"
+    default_reason: ClassVar[ErrorReason] = ErrorReason.INTERNAL
 
     def __init__(
         self,
         message: str,
         *,
-        reason: str | None = None,
+        reason: ErrorReason | None = None,
         metadata: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
@@ -85,14 +144,14 @@ def _bad_request(violations: Iterable[FieldViolation]) -> any_pb2.Any:
 
 class InvalidArgument(QuarryError):
     code = grpc.StatusCode.INVALID_ARGUMENT
-    default_reason = "INVALID_ARGUMENT"
+    default_reason = ErrorReason.INVALID_ARGUMENT
 
     def __init__(
         self,
         violations: Iterable[FieldViolation],
         *,
         message: str | None = None,
-        reason: str | None = None,
+        reason: ErrorReason | None = None,
     ) -> None:
         self.violations = list(violations)
         if not self.violations:
@@ -106,12 +165,12 @@ class InvalidArgument(QuarryError):
 
 class NotFound(QuarryError):
     code = grpc.StatusCode.NOT_FOUND
-    default_reason = "NOT_FOUND"
+    default_reason = ErrorReason.NOT_FOUND
 
     def __init__(self, resource_type: str, resource_name: str, *, field: str | None = None) -> None:
         super().__init__(
             f"{resource_type} {resource_name!r} not found",
-            reason=f"{resource_type.upper()}_NOT_FOUND",
+            reason=_NOT_FOUND_REASONS.get(resource_type, ErrorReason.NOT_FOUND),
             metadata={resource_type: resource_name},
         )
         self.resource_type = resource_type
@@ -129,47 +188,47 @@ class NotFound(QuarryError):
 
 class AlreadyExists(QuarryError):
     code = grpc.StatusCode.ALREADY_EXISTS
-    default_reason = "ALREADY_EXISTS"
+    default_reason = ErrorReason.ALREADY_EXISTS
 
 
 class PermissionDenied(QuarryError):
     code = grpc.StatusCode.PERMISSION_DENIED
-    default_reason = "PERMISSION_DENIED"
+    default_reason = ErrorReason.PERMISSION_DENIED
 
 
 class FailedPrecondition(QuarryError):
     code = grpc.StatusCode.FAILED_PRECONDITION
-    default_reason = "FAILED_PRECONDITION"
+    default_reason = ErrorReason.FAILED_PRECONDITION
 
 
 class ResourceExhausted(QuarryError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    default_reason = "RESOURCE_EXHAUSTED"
+    default_reason = ErrorReason.RESOURCE_EXHAUSTED
 
 
 class Unauthenticated(QuarryError):
     code = grpc.StatusCode.UNAUTHENTICATED
-    default_reason = "UNAUTHENTICATED"
+    default_reason = ErrorReason.UNAUTHENTICATED
 
 
 class Unavailable(QuarryError):
     code = grpc.StatusCode.UNAVAILABLE
-    default_reason = "UNAVAILABLE"
+    default_reason = ErrorReason.UNAVAILABLE
 
 
 class DeadlineExceeded(QuarryError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
-    default_reason = "DEADLINE_EXCEEDED"
+    default_reason = ErrorReason.DEADLINE_EXCEEDED
 
 
 class Unimplemented(QuarryError):
     code = grpc.StatusCode.UNIMPLEMENTED
-    default_reason = "UNIMPLEMENTED"
+    default_reason = ErrorReason.UNIMPLEMENTED
 
 
 class Internal(QuarryError):
     code = grpc.StatusCode.INTERNAL
-    default_reason = "INTERNAL"
+    default_reason = ErrorReason.INTERNAL
 
 
 def to_rpc_status(error: QuarryError) -> grpc.Status:

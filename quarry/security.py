@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from quarry.config import ConfigurationError
-from quarry.errors import Unauthenticated
+from quarry.errors import ErrorReason, Unauthenticated
 
 if TYPE_CHECKING:
     from quarry.config import QuarrySettings
@@ -166,7 +166,7 @@ def _check(context: Any, expected: bytes) -> None:
     presented = str(dict(context.invocation_metadata() or ()).get("authorization", ""))
     if not hmac.compare_digest(presented.encode(), expected):
         reason = "missing or wrong bearer token" if presented else "a bearer token is required"
-        raise Unauthenticated(reason, reason="BEARER_TOKEN_INVALID")
+        raise Unauthenticated(reason, reason=ErrorReason.BEARER_TOKEN_INVALID)
 
 
 def _guarded(handler: grpc.RpcMethodHandler[Any, Any], expected: bytes) -> grpc.RpcMethodHandler[Any, Any]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from quarry.errors import PermissionDenied
+from quarry.errors import ErrorReason, PermissionDenied
 from quarry.identity import Role
-from scratchpad_svc.model import EntryKind
+from quarry.vocabulary import EntryKind
 
 WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
     {
@@ -30,6 +30,6 @@ def check_may_write(role: Role, kind: EntryKind) -> None:
         allowed = ", ".join(sorted(f"ENTRY_KIND_{k.name}" for k in WRITABLE_KINDS[role]))
         raise PermissionDenied(
             f"ROLE_{role.name} may not write ENTRY_KIND_{kind.name} entries; it may write {allowed}",
-            reason="KIND_NOT_PERMITTED_FOR_ROLE",
+            reason=ErrorReason.KIND_NOT_PERMITTED_FOR_ROLE,
             metadata={"role": role.value, "kind": kind.value},
         )

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from quarry.identity import Principal, Role
-
-
-class EntryKind(enum.StrEnum):
-    SEED = "seed"
-    FINDING = "finding"
-    MARKER = "marker"
-    ACKNOWLEDGEMENT = "acknowledgement"
-    NOTE = "note"
-    VERDICT = "verdict"
+from quarry.vocabulary import EntryKind
 
 
 @dataclass(frozen=True)

@@ -9,17 +9,18 @@ from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from quarry.errors import Internal, QuarryError, Unavailable
+from quarry import ids
+from quarry.errors import ErrorReason, Internal, QuarryError, Unavailable
 from quarry.notify import CommitSignal
 from quarry.telemetry import meter, tracer
+from quarry.vocabulary import EntryKind
 from scratchpad_svc.authority import check_may_write
-from scratchpad_svc.model import AppendCommand, AppendResult, Entry, EntryKind, NewThread, Thread
+from scratchpad_svc.model import AppendCommand, AppendResult, Entry, NewThread, Thread
 from scratchpad_svc.store import ScratchpadStore
 from scratchpad_svc.validation import (
     Limits,
     encode_page_token,
     read_cursor,
-    require_thread_id,
     validate_append,
     validate_new_thread,
 )
@@ -49,7 +50,7 @@ _APPENDS = meter.create_counter("quarry.scratchpad.appends", description="entrie
 
 class ScratchpadClosed(Unavailable):
     def __init__(self) -> None:
-        super().__init__("the scratchpad is shutting down; reconnect", reason="SHUTTING_DOWN")
+        super().__init__("the scratchpad is shutting down; reconnect", reason=ErrorReason.SHUTTING_DOWN)
 
 
 class Scratchpad:
@@ -82,7 +83,7 @@ class Scratchpad:
         return await self._store.create_thread(request)
 
     async def get_thread(self, thread_id: str) -> Thread:
-        require_thread_id(thread_id)
+        ids.THREAD_ID.require("thread_id", thread_id)
         return await self._store.get_thread(thread_id)
 
     async def append(self, command: AppendCommand) -> AppendResult:

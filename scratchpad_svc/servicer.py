@@ -7,33 +7,10 @@ from typing import Any
 
 import grpc
 
-from quarry.convert import role_from_proto, role_to_proto, timestamp
+from quarry.convert import ENTRY_KINDS, ROLES, timestamp
 from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
-from scratchpad_svc.model import AppendCommand, Entry, EntryKind, NewThread, Source, Thread
+from scratchpad_svc.model import AppendCommand, Entry, NewThread, Source, Thread
 from scratchpad_svc.scratchpad import Scratchpad
-
-_KIND_TO_PROTO: dict[EntryKind, scratchpad_pb2.EntryKind.ValueType] = {
-    EntryKind.SEED: scratchpad_pb2.ENTRY_KIND_SEED,
-    EntryKind.FINDING: scratchpad_pb2.ENTRY_KIND_FINDING,
-    EntryKind.MARKER: scratchpad_pb2.ENTRY_KIND_MARKER,
-    EntryKind.ACKNOWLEDGEMENT: scratchpad_pb2.ENTRY_KIND_ACKNOWLEDGEMENT,
-    EntryKind.NOTE: scratchpad_pb2.ENTRY_KIND_NOTE,
-    EntryKind.VERDICT: scratchpad_pb2.ENTRY_KIND_VERDICT,
-}
-_KIND_FROM_PROTO: dict[int, EntryKind] = {number: kind for kind, number in _KIND_TO_PROTO.items()}
-
-
-def kind_from_proto(value: int) -> EntryKind | None:
-    return _KIND_FROM_PROTO.get(value)
-
-
-def kind_to_proto(kind: EntryKind) -> scratchpad_pb2.EntryKind.ValueType:
-    return _KIND_TO_PROTO[kind]
-
-
-def kinds_filter(values: list[int]) -> list[EntryKind]:
-    """Unknown numbers in a filter match nothing, so they are simply dropped."""
-    return [kind for kind in map(kind_from_proto, values) if kind is not None]
 
 
 def thread_to_proto(thread: Thread) -> scratchpad_pb2.Thread:
@@ -50,8 +27,8 @@ def entry_to_proto(entry: Entry) -> scratchpad_pb2.Entry:
     return scratchpad_pb2.Entry(
         thread_id=entry.thread_id,
         sequence_no=entry.sequence_no,
-        kind=kind_to_proto(entry.kind),
-        author=common_pb2.Principal(principal_id=entry.author.principal_id, role=role_to_proto(entry.author.role)),
+        kind=ENTRY_KINDS.to_proto(entry.kind),
+        author=common_pb2.Principal(principal_id=entry.author.principal_id, role=ROLES.to_proto(entry.author.role)),
         content=entry.content,
         sources=[common_pb2.Source(url=s.url, title=s.title, excerpt=s.excerpt) for s in entry.sources],
         create_time=timestamp(entry.create_time),
@@ -89,9 +66,9 @@ class ScratchpadServicer(scratchpad_pb2_grpc.ScratchpadServiceServicer):
             AppendCommand(
                 thread_id=request.thread_id,
                 request_id=request.request_id,
-                kind=kind_from_proto(request.kind),
+                kind=ENTRY_KINDS.from_proto(request.kind),
                 author_id=request.author.principal_id,
-                role=role_from_proto(request.author.role),
+                role=ROLES.from_proto(request.author.role),
                 content=request.content,
                 sources=tuple(Source(url=s.url, title=s.title, excerpt=s.excerpt) for s in request.sources),
             )
@@ -106,7 +83,7 @@ class ScratchpadServicer(scratchpad_pb2_grpc.ScratchpadServiceServicer):
             after_sequence_no=request.after_sequence_no,
             page_size=request.page_size,
             page_token=request.page_token,
-            kinds=kinds_filter(list(request.kinds)),
+            kinds=ENTRY_KINDS.known(request.kinds),
         )
         return scratchpad_pb2.ReadResponse(
             entries=[entry_to_proto(entry) for entry in page.entries],
@@ -120,7 +97,7 @@ class ScratchpadServicer(scratchpad_pb2_grpc.ScratchpadServiceServicer):
         entries = await self._scratchpad.open_watch(
             request.thread_id,
             after_sequence_no=request.after_sequence_no,
-            kinds=kinds_filter(list(request.kinds)),
+            kinds=ENTRY_KINDS.known(request.kinds),
         )
         # Headers now tell the client the watch is established, before any entry exists.
         await context.send_initial_metadata(())

@@ -15,10 +15,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from quarry.db import Database, reserve_sequence_numbers
-from quarry.errors import AlreadyExists, NotFound, QuarryError
+from quarry.errors import AlreadyExists, ErrorReason, NotFound, QuarryError
 from quarry.identity import Principal, Role
 from quarry.notify import notify_on_commit, pg_notify
-from scratchpad_svc.model import AppendCommand, AppendResult, Entry, EntryKind, NewThread, Source, Thread
+from quarry.vocabulary import EntryKind
+from scratchpad_svc.model import AppendCommand, AppendResult, Entry, NewThread, Source, Thread
 from scratchpad_svc.schema import entries, threads
 
 # Channel for cross-replica commit notifications on PostgreSQL.
@@ -77,7 +78,7 @@ def _request_reused(command: AppendCommand, original: Entry) -> AlreadyExists:
     return AlreadyExists(
         f"request_id {command.request_id!r} was already used on this thread for a different entry "
         f"(sequence_no {original.sequence_no})",
-        reason="REQUEST_ID_REUSED",
+        reason=ErrorReason.REQUEST_ID_REUSED,
         metadata={"request_id": command.request_id, "sequence_no": str(original.sequence_no)},
     )
 
@@ -220,12 +221,12 @@ class ScratchpadStore:
                 raise AlreadyExists(
                     f"request_id {request.request_id!r} already created thread {original.thread_id!r} "
                     "with other fields",
-                    reason="REQUEST_ID_REUSED",
+                    reason=ErrorReason.REQUEST_ID_REUSED,
                     metadata={"request_id": request.request_id, "thread_id": original.thread_id},
                 ) from None
             raise AlreadyExists(
                 f"thread {thread.thread_id!r} already exists",
-                reason="THREAD_EXISTS",
+                reason=ErrorReason.THREAD_EXISTS,
                 metadata={"thread_id": thread.thread_id},
             ) from None
         return thread

@@ -7,14 +7,12 @@ import binascii
 import re
 from dataclasses import dataclass
 
+from quarry import ids
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.identity import Role
-from scratchpad_svc.model import AppendCommand, EntryKind, NewThread
+from quarry.vocabulary import EntryKind
+from scratchpad_svc.model import AppendCommand, NewThread
 
-THREAD_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
-# Printable ASCII without spaces: UUIDs, "run:call_abc", "delegation/42" all fit.
-REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
-PRINCIPAL_ID = re.compile(r"[\x21-\x7e]{1,256}")
 ROLES = ", ".join(f"ROLE_{role.name}" for role in Role)
 SOURCE_SCHEMES = ("http://", "https://", "corpus://")
 MAX_URL_CHARS = 2048
@@ -41,28 +39,11 @@ def _nul_violations(fields: dict[str, str]) -> list[FieldViolation]:
     ]
 
 
-def thread_id_violation(field: str, value: str) -> FieldViolation | None:
-    if not value:
-        return FieldViolation(field, "required")
-    if not THREAD_ID.fullmatch(value):
-        return FieldViolation(field, "must be 1-63 characters of a-z, 0-9 and '-', starting with a letter or digit")
-    return None
-
-
-def require_thread_id(value: str, field: str = "thread_id") -> None:
-    violation = thread_id_violation(field, value)
-    if violation:
-        raise InvalidArgument([violation])
-
-
 def validate_new_thread(request: NewThread) -> None:
-    violations: list[FieldViolation] = []
-    if request.thread_id:
-        violation = thread_id_violation("thread_id", request.thread_id)
-        if violation:
-            violations.append(violation)
-    if request.request_id and not REQUEST_ID.fullmatch(request.request_id):
-        violations.append(FieldViolation("request_id", "must be 1-128 printable ASCII characters without spaces"))
+    violations = ids.violations(
+        ids.THREAD_ID.check("thread_id", request.thread_id, when_missing=None),
+        ids.REQUEST_ID.check("request_id", request.request_id, when_missing=None),
+    )
     if len(request.title) > MAX_THREAD_TITLE_CHARS:
         violations.append(FieldViolation("title", f"at most {MAX_THREAD_TITLE_CHARS} characters"))
     if len(request.labels) > MAX_LABELS:
@@ -81,23 +62,14 @@ def validate_new_thread(request: NewThread) -> None:
 
 
 def validate_append(command: AppendCommand, limits: Limits) -> None:
-    violations: list[FieldViolation] = []
-    violation = thread_id_violation("thread_id", command.thread_id)
-    if violation:
-        violations.append(violation)
-    if not command.request_id:
-        violations.append(FieldViolation("request_id", "required: it makes retries safe"))
-    elif not REQUEST_ID.fullmatch(command.request_id):
-        violations.append(FieldViolation("request_id", "must be 1-128 printable ASCII characters without spaces"))
+    violations = ids.violations(
+        ids.THREAD_ID.check("thread_id", command.thread_id),
+        ids.REQUEST_ID.check("request_id", command.request_id, when_missing="required: it makes retries safe"),
+    )
     if command.kind is None:
         kinds = ", ".join(f"ENTRY_KIND_{kind.name}" for kind in EntryKind)
         violations.append(FieldViolation("kind", f"unknown or unspecified; one of: {kinds}"))
-    if not command.author_id:
-        violations.append(FieldViolation("author.principal_id", "required"))
-    elif not PRINCIPAL_ID.fullmatch(command.author_id):
-        violations.append(
-            FieldViolation("author.principal_id", "must be 1-256 printable ASCII characters without spaces")
-        )
+    violations.extend(ids.violations(ids.PRINCIPAL_ID.check("author.principal_id", command.author_id)))
     if command.role is None:
         violations.append(FieldViolation("author.role", f"unknown or unspecified; one of: {ROLES}"))
     if not command.content.strip():
@@ -141,10 +113,7 @@ class ReadCursor:
 
 
 def read_cursor(thread_id: str, after_sequence_no: int, page_size: int, page_token: str) -> ReadCursor:
-    violations: list[FieldViolation] = []
-    violation = thread_id_violation("thread_id", thread_id)
-    if violation:
-        violations.append(violation)
+    violations = ids.violations(ids.THREAD_ID.check("thread_id", thread_id))
     if after_sequence_no < 0:
         violations.append(FieldViolation("after_sequence_no", "must not be negative"))
     if page_size < 0:
@@ -173,7 +142,7 @@ def decode_page_token(token: str) -> tuple[str, int] | None:
         return None
     version, _, rest = raw.partition(":")
     thread_id, _, after = rest.rpartition(":")
-    if version != "v1" or not THREAD_ID.fullmatch(thread_id) or not SEQUENCE_NO.fullmatch(after):
+    if version != "v1" or not ids.THREAD_ID.matches(thread_id) or not SEQUENCE_NO.fullmatch(after):
         return None
     if int(after) > MAX_SEQUENCE_NO:
         return None

@@ -10,31 +10,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from quarry.agent.model import Usage
-from supervisor_svc.model import RunUsage, TierUsage
+from quarry.agent.usage import Usage
+from supervisor_svc.model import RunUsage
 
 
 class RunAccount:
-    """The run's usage: the supervisor's planning calls and tools, its report call, and every worker's."""
+    """The run's usage: the supervisor's planning loop, its report call, and every worker's."""
 
     def __init__(self) -> None:
-        self._planning_tokens: Callable[[], Usage] = Usage
-        self.model_calls = 0  # planning turns that called the model
-        self.tool_calls = 0
-        self.report = TierUsage()
-        self.workers = TierUsage()
+        self._planning: Callable[[], Usage] = Usage
+        self.report = Usage()
+        self.workers = Usage()
 
-    def count_planning_tokens(self, source: Callable[[], Usage]) -> None:
-        """Planning tokens are read live from the agent loop that spends them."""
-        self._planning_tokens = source
+    def count_planning(self, source: Callable[[], Usage]) -> None:
+        """Planning usage is read live from the agent loop that spends it."""
+        self._planning = source
 
-    def add_worker(self, usage: TierUsage) -> None:
+    def add_worker(self, usage: Usage) -> None:
         self.workers += usage
 
     def usage(self) -> RunUsage:
-        tokens = self._planning_tokens()
-        planning = TierUsage(tokens.input_tokens, tokens.output_tokens, self.model_calls, self.tool_calls)
-        return RunUsage(supervisor=planning + self.report, workers=self.workers)
+        return RunUsage(supervisor=self._planning() + self.report, workers=self.workers)
 
 
 @dataclass(frozen=True)

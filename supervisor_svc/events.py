@@ -7,7 +7,7 @@ reach a client as something to execute.
 
 from __future__ import annotations
 
-from quarry.delegation import DelegationErrorCode
+from quarry.convert import DELEGATION_ERROR_CODES, EnumMap, usage_to_proto
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
 from supervisor_svc.model import (
     DelegationResult,
@@ -17,35 +17,22 @@ from supervisor_svc.model import (
     RunOutcome,
     RunState,
     RunUsage,
-    TierUsage,
 )
 
 _PREVIEW_CHARS = 500
-_ERROR_CODES = {
-    RunErrorCode.PROVIDER_ERROR: supervisor_pb2.RUN_ERROR_CODE_PROVIDER_ERROR,
-    RunErrorCode.DEADLINE_EXCEEDED: supervisor_pb2.RUN_ERROR_CODE_DEADLINE_EXCEEDED,
-    RunErrorCode.INTERNAL: supervisor_pb2.RUN_ERROR_CODE_INTERNAL,
-}
-_PHASES = {phase: supervisor_pb2.ResearchPhase.Value(f"RESEARCH_PHASE_{phase.name}") for phase in ResearchPhase}
-_DELEGATION_ERROR_CODES = {
-    code: common_pb2.DelegationErrorCode.Value(f"DELEGATION_ERROR_CODE_{code.name}") for code in DelegationErrorCode
-}
+_ERROR_CODES: EnumMap[RunErrorCode, supervisor_pb2.RunErrorCode.ValueType] = EnumMap(
+    {code: supervisor_pb2.RunErrorCode.Value(f"RUN_ERROR_CODE_{code.name}") for code in RunErrorCode}
+)
+_PHASES: EnumMap[ResearchPhase, supervisor_pb2.ResearchPhase.ValueType] = EnumMap(
+    {phase: supervisor_pb2.ResearchPhase.Value(f"RESEARCH_PHASE_{phase.name}") for phase in ResearchPhase}
+)
 
 
-def tier_usage_to_proto(usage: TierUsage) -> common_pb2.Usage:
-    return common_pb2.Usage(
-        input_tokens=usage.input_tokens,
-        output_tokens=usage.output_tokens,
-        model_calls=usage.model_calls,
-        tool_calls=usage.tool_calls,
-    )
-
-
-def usage_to_proto(usage: RunUsage) -> supervisor_pb2.RunUsage:
+def run_usage_to_proto(usage: RunUsage) -> supervisor_pb2.RunUsage:
     return supervisor_pb2.RunUsage(
-        supervisor=tier_usage_to_proto(usage.supervisor),
-        workers=tier_usage_to_proto(usage.workers),
-        total=tier_usage_to_proto(usage.total),
+        supervisor=usage_to_proto(usage.supervisor),
+        workers=usage_to_proto(usage.workers),
+        total=usage_to_proto(usage.total),
     )
 
 
@@ -62,12 +49,14 @@ def report_to_proto(report: Report) -> supervisor_pb2.Report:
 
 
 def error_to_proto(code: RunErrorCode, message: str) -> supervisor_pb2.RunError:
-    return supervisor_pb2.RunError(code=_ERROR_CODES[code], message=message)
+    return supervisor_pb2.RunError(code=_ERROR_CODES.to_proto(code), message=message)
 
 
 def status(phase: ResearchPhase, message: str, *, delegation_id: str = "") -> supervisor_pb2.RunEvent:
     return supervisor_pb2.RunEvent(
-        status=supervisor_pb2.ResearchStatusEvent(phase=_PHASES[phase], message=message, delegation_id=delegation_id)
+        status=supervisor_pb2.ResearchStatusEvent(
+            phase=_PHASES.to_proto(phase), message=message, delegation_id=delegation_id
+        )
     )
 
 
@@ -81,7 +70,7 @@ def delegation_ended(result: DelegationResult) -> supervisor_pb2.RunEvent:
         ResearchPhase.WORKER_FAILED, f"worker failed: {result.error_message}", delegation_id=result.delegation_id
     )
     event.status.delegation_outcome = common_pb2.DELEGATION_OUTCOME_FAILED
-    event.status.delegation_error.code = _DELEGATION_ERROR_CODES[result.error_code]
+    event.status.delegation_error.code = DELEGATION_ERROR_CODES.to_proto(result.error_code)
     event.status.delegation_error.message = result.error_message
     return event
 
@@ -105,7 +94,7 @@ def content(delta: str) -> supervisor_pb2.RunEvent:
 
 def ending(outcome: RunOutcome) -> supervisor_pb2.RunEvent:
     """The one terminal event of a run: completed, failed or cancelled."""
-    usage = usage_to_proto(outcome.usage)
+    usage = run_usage_to_proto(outcome.usage)
     if outcome.state is RunState.SUCCEEDED:
         report = outcome.report or Report(markdown="")
         return supervisor_pb2.RunEvent(

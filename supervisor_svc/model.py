@@ -5,14 +5,15 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from quarry.delegation import DelegationErrorCode
+from quarry import ids
+from quarry.agent.usage import Usage
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.identity import Role
+from quarry.vocabulary import DelegationErrorCode
 
 DEFAULT_SUPERVISOR_TURNS = 12
 MAX_TURNS_LIMIT = 64
@@ -20,9 +21,6 @@ MAX_PARALLEL_LIMIT = 64
 MAX_QUESTION_CHARS = 16_000
 MAX_TIMEOUT_SECONDS = 24 * 3600
 MAX_LABELS = 64
-_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,256}")
-_LABEL_KEY = re.compile(r"[a-z][a-z0-9_.-]{0,62}")
-_RUN_ID = re.compile(r"run-[0-9a-f]{32}")
 
 
 class RunState(enum.StrEnum):
@@ -63,40 +61,20 @@ class RunOptions:
 
 
 @dataclass(frozen=True)
-class TierUsage:
-    input_tokens: int = 0
-    output_tokens: int = 0
-    model_calls: int = 0
-    tool_calls: int = 0
-
-    def __add__(self, other: TierUsage) -> TierUsage:
-        return TierUsage(
-            self.input_tokens + other.input_tokens,
-            self.output_tokens + other.output_tokens,
-            self.model_calls + other.model_calls,
-            self.tool_calls + other.tool_calls,
-        )
-
-    @property
-    def tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
-
-
-@dataclass(frozen=True)
 class RunUsage:
-    supervisor: TierUsage = TierUsage()
-    workers: TierUsage = TierUsage()
+    supervisor: Usage = field(default_factory=Usage)
+    workers: Usage = field(default_factory=Usage)
 
     @property
-    def total(self) -> TierUsage:
+    def total(self) -> Usage:
         return self.supervisor + self.workers
 
     def to_json(self) -> dict[str, Any]:
-        return {"supervisor": asdict(self.supervisor), "workers": asdict(self.workers)}
+        return {"supervisor": self.supervisor.to_json(), "workers": self.workers.to_json()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunUsage:
-        return cls(TierUsage(**data.get("supervisor", {})), TierUsage(**data.get("workers", {})))
+        return cls(Usage.from_json(data.get("supervisor", {})), Usage.from_json(data.get("workers", {})))
 
 
 @dataclass(frozen=True)
@@ -166,7 +144,7 @@ class DelegationResult:
     summary: str = ""
     turns_used: int = 0
     promoted_sequence_nos: tuple[int, ...] = ()
-    usage: TierUsage = TierUsage()
+    usage: Usage = field(default_factory=Usage)
 
     @property
     def succeeded(self) -> bool:
@@ -260,18 +238,14 @@ def validate_start(request: StartRequest) -> None:
     if len(request.labels) > MAX_LABELS:
         violations.append(FieldViolation("labels", f"at most {MAX_LABELS} labels"))
     for key, value in request.labels.items():
-        if not _LABEL_KEY.fullmatch(key):
+        if not ids.LABEL_KEY.matches(key):
             violations.append(
                 FieldViolation(f"labels[{key!r}]", "keys are lowercase letters, digits, _ . -, starting with a letter")
             )
         if len(value) > 256 or "\x00" in value:
             violations.append(FieldViolation(f"labels[{key!r}]", "values are at most 256 characters, without NUL"))
-    if request.request_id and not _REQUEST_ID.fullmatch(request.request_id):
-        violations.append(FieldViolation("request_id", "1-256 printable ASCII characters without spaces"))
+    request_id = ids.REQUEST_ID.check("request_id", request.request_id, when_missing=None)
+    if request_id:
+        violations.append(request_id)
     if violations:
         raise InvalidArgument(violations)
-
-
-def validate_run_id(run_id: str, field_name: str = "run_id") -> None:
-    if not _RUN_ID.fullmatch(run_id):
-        raise InvalidArgument([FieldViolation(field_name, "not a run id (run-<32 hex digits>)")])

@@ -26,7 +26,6 @@ from quarry.agent.conversation import ConversationStore
 from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TurnBudgetExhausted
 from quarry.agent.messages import ToolCall, system, user
 from quarry.agent.model import ModelClient, ProviderError
-from quarry.agent.tools import ToolOutcome
 from quarry.client import ScratchpadClient
 from quarry.errors import Unavailable
 from quarry.telemetry import tracer
@@ -72,12 +71,11 @@ class RunDependencies:
 
 
 class _Observer(LoopObserver):
-    """Ties the supervisor's loop to the run: budget before each model call, events, counts."""
+    """Ties the supervisor's loop to the run: the budget before each model call, and its events."""
 
-    def __init__(self, publisher: RunPublisher, budget: TokenBudget, account: RunAccount, delegator: Delegator) -> None:
+    def __init__(self, publisher: RunPublisher, budget: TokenBudget, delegator: Delegator) -> None:
         self._publisher = publisher
         self._budget = budget
-        self._account = account
         self._delegator = delegator
 
     async def turn_started(self, turn: int, max_turns: int) -> None:
@@ -85,14 +83,10 @@ class _Observer(LoopObserver):
         self._delegator.new_turn()
         if self._budget.spent():
             raise BudgetSpent
-        self._account.model_calls += 1
 
     async def tool_called(self, turn: int, call: ToolCall) -> None:
         if call.name == DELEGATE_TOOL:
             self._delegator.expect(call)
-
-    async def tool_finished(self, turn: int, outcome: ToolOutcome) -> None:
-        self._account.tool_calls += 1
 
     async def text(self, delta: str) -> None:
         await self._publisher.reasoning.add(delta)
@@ -191,11 +185,11 @@ class ResearchRun:
             max_turns=options.max_supervisor_turns or DEFAULT_SUPERVISOR_TURNS,
             context_tokens=self._deps.context_tokens,
         )
-        observer = _Observer(self._publisher, self._budget, self._account, delegator)
+        observer = _Observer(self._publisher, self._budget, delegator)
         agent = AgentRun(
             self._deps.model, REGISTRY, self._deps.conversations, conversation_id, limits, observer, agent="supervisor"
         )
-        self._account.count_planning_tokens(lambda: agent.usage)
+        self._account.count_planning(lambda: agent.usage)
         end = ResearchEnd()
         try:
             end = ResearchEnd(notes=await agent.run(context, history=list(opening)))

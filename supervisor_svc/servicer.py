@@ -7,31 +7,30 @@ from typing import Any
 
 import grpc
 
-from quarry.convert import timestamp
+from quarry.convert import EnumMap, duration, duration_seconds, timestamp
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
-from supervisor_svc.events import error_to_proto, report_to_proto, usage_to_proto
+from supervisor_svc.events import error_to_proto, report_to_proto, run_usage_to_proto
 from supervisor_svc.model import RunOptions, RunRecord, RunState, StartRequest
 from supervisor_svc.supervisor import Supervisor
 
-_STATES: dict[RunState, supervisor_pb2.RunState.ValueType] = {
-    RunState.QUEUED: supervisor_pb2.RUN_STATE_QUEUED,
-    RunState.RUNNING: supervisor_pb2.RUN_STATE_RUNNING,
-    RunState.SUCCEEDED: supervisor_pb2.RUN_STATE_SUCCEEDED,
-    RunState.FAILED: supervisor_pb2.RUN_STATE_FAILED,
-    RunState.CANCELLED: supervisor_pb2.RUN_STATE_CANCELLED,
-}
-_STATES_FROM_PROTO = {number: state for state, number in _STATES.items()}
+_STATES: EnumMap[RunState, supervisor_pb2.RunState.ValueType] = EnumMap(
+    {
+        RunState.QUEUED: supervisor_pb2.RUN_STATE_QUEUED,
+        RunState.RUNNING: supervisor_pb2.RUN_STATE_RUNNING,
+        RunState.SUCCEEDED: supervisor_pb2.RUN_STATE_SUCCEEDED,
+        RunState.FAILED: supervisor_pb2.RUN_STATE_FAILED,
+        RunState.CANCELLED: supervisor_pb2.RUN_STATE_CANCELLED,
+    }
+)
 
 
 def options_from_proto(options: supervisor_pb2.RunOptions) -> RunOptions:
-    timeout = options.timeout
     return RunOptions(
         max_supervisor_turns=options.max_supervisor_turns,
         worker_max_turns=options.max_worker_turns,
         max_parallel_delegations=options.max_parallel_delegations,
-        # Computed by hand: ToTimedelta overflows on absurd values, which validation should refuse.
-        timeout_seconds=timeout.seconds + timeout.nanos / 1e9 if options.HasField("timeout") else 0.0,
+        timeout_seconds=duration_seconds(options.timeout) if options.HasField("timeout") else 0.0,
         max_tokens=options.max_tokens,
     )
 
@@ -44,7 +43,7 @@ def options_to_proto(options: RunOptions) -> supervisor_pb2.RunOptions:
         max_tokens=options.max_tokens,
     )
     if options.timeout_seconds:
-        message.timeout.FromNanoseconds(int(options.timeout_seconds * 1e9))
+        message.timeout.CopyFrom(duration(options.timeout_seconds))
     return message
 
 
@@ -52,10 +51,10 @@ def run_to_proto(record: RunRecord) -> supervisor_pb2.Run:
     run = supervisor_pb2.Run(
         run_id=record.run_id,
         question=record.question,
-        state=_STATES[record.state],
+        state=_STATES.to_proto(record.state),
         options=options_to_proto(record.options),
         scratchpad_thread_id=record.scratchpad_thread_id,
-        usage=usage_to_proto(record.usage),
+        usage=run_usage_to_proto(record.usage),
         last_sequence_no=record.last_sequence_no,
         labels=record.labels,
         create_time=timestamp(record.create_time),
@@ -105,7 +104,7 @@ class SupervisorServicer(supervisor_pb2_grpc.SupervisorServiceServicer):
     async def ListRuns(
         self, request: supervisor_pb2.ListRunsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> supervisor_pb2.ListRunsResponse:
-        state = _STATES_FROM_PROTO.get(request.state)
+        state = _STATES.from_proto(request.state)
         if state is None and request.state != supervisor_pb2.RUN_STATE_UNSPECIFIED:
             raise InvalidArgument([FieldViolation("state", "not a RunState this server knows")])
         records, token = await self._supervisor.list_runs(request.page_size, request.page_token, state)

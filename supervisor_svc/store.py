@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from quarry.db import Database, reserve_sequence_numbers
-from quarry.errors import AlreadyExists, FieldViolation, InvalidArgument
+from quarry.errors import AlreadyExists, ErrorReason, FieldViolation, InvalidArgument
 from quarry.notify import notify_on_commit
 from quarry.v1 import supervisor_pb2
 from supervisor_svc import events
@@ -141,7 +141,7 @@ class RunStore:
         if existing[1] != request.digest():
             raise AlreadyExists(
                 f"request_id {request_id!r} already started a different run",
-                reason="REQUEST_ID_REUSED",
+                reason=ErrorReason.REQUEST_ID_REUSED,
                 metadata={"run_id": existing[0].run_id},
             )
         return existing[0]

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from quarry import telemetry
-from quarry.errors import FieldViolation, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from quarry import ids, telemetry
+from quarry.errors import ErrorReason, FieldViolation, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from quarry.lease import LeaseKeeper, LeaseTerms
 from quarry.notify import CommitSignal
 from supervisor_svc.model import (
@@ -27,7 +27,6 @@ from supervisor_svc.model import (
     RunRecord,
     RunState,
     StartRequest,
-    validate_run_id,
     validate_start,
 )
 from supervisor_svc.publishing import RunEventLog
@@ -102,11 +101,11 @@ class Supervisor:
             if existing is not None:
                 return existing
         if self._closing.is_set():
-            raise Unavailable("the supervisor is shutting down; retry", reason="SHUTTING_DOWN")
+            raise Unavailable("the supervisor is shutting down; retry", reason=ErrorReason.SHUTTING_DOWN)
         if len(self._runs) + self._starting >= self._limits.max_active_runs:
             raise ResourceExhausted(
                 f"this supervisor already runs {self._limits.max_active_runs} research runs; retry later",
-                reason="TOO_MANY_RUNS",
+                reason=ErrorReason.TOO_MANY_RUNS,
             )
         self._starting += 1  # holds the slot across the awaits, so concurrent calls cannot overshoot
         try:
@@ -116,7 +115,7 @@ class Supervisor:
             self._starting -= 1
 
     async def _create_and_launch(self, request: StartRequest) -> RunRecord:
-        run_id = f"run-{uuid.uuid4().hex}"
+        run_id = ids.new_run_id()
         record, created = await self._store.create(run_id, request, scratchpad_thread_id=run_id, owner=self._owner)
         if created:
             research = ResearchRun(record, RunEventLog(self._store, self._bus, run_id), self._deps)
@@ -126,7 +125,7 @@ class Supervisor:
         return record
 
     async def get(self, run_id: str) -> RunRecord:
-        validate_run_id(run_id)
+        ids.RUN_ID.require("run_id", run_id)
         record = await self._store.get(run_id)
         if record is None:
             raise NotFound("run", run_id, field="run_id")
@@ -163,7 +162,7 @@ class Supervisor:
         """Events after `after_sequence_no`, in order, until the terminal one; waits for new ones.
 
         They come as stored: serialized RunEvents, which the servicer sends as they are."""
-        validate_run_id(run_id)
+        ids.RUN_ID.require("run_id", run_id)
         if after_sequence_no < 0:
             raise InvalidArgument([FieldViolation("after_sequence_no", "must not be negative")])
         record = await self.get(run_id)
@@ -200,7 +199,7 @@ class Supervisor:
     async def _wait(self, woken: asyncio.Future[None]) -> None:
         """Until a commit wakes the stream, the poll interval passes, or the supervisor shuts down."""
         if self._closing.is_set():
-            raise Unavailable("the supervisor is shutting down; re-attach to another", reason="SHUTTING_DOWN")
+            raise Unavailable("the supervisor is shutting down; re-attach to another", reason=ErrorReason.SHUTTING_DOWN)
         closing: asyncio.Future[Any] = asyncio.ensure_future(self._closing.wait())
         try:
             await asyncio.wait(

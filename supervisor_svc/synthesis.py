@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 from quarry.agent.messages import Message, system, user
 from quarry.agent.model import ModelClient
-from quarry.agent.scratchpad_tools import KIND_NAMES
+from quarry.agent.usage import Usage
+from quarry.convert import ENTRY_KINDS
 from quarry.v1 import common_pb2, scratchpad_pb2
-from supervisor_svc.model import Citation, Report, TierUsage
+from supervisor_svc.model import Citation, Report
 from supervisor_svc.publishing import TextStream
 
 # Entries whose sources a worker verified before the scratchpad accepted them.
@@ -63,7 +64,9 @@ def synthesis_messages(
             continue
         cited = sorted({numbers[(s.url, s.excerpt)] for s in entry.sources if (s.url, s.excerpt) in numbers})
         marks = "".join(f"[{n}]" for n in cited)
-        findings.append(f"- ({KIND_NAMES.get(entry.kind, 'entry')} {entry.sequence_no}) {entry.content} {marks}")
+        findings.append(
+            f"- ({ENTRY_KINDS.from_proto(entry.kind) or 'entry'} {entry.sequence_no}) {entry.content} {marks}"
+        )
     listed = [f'[{s.number}] {s.title or s.url} — {s.url}\n    "{s.excerpt}"' for s in sources]
     parts = [f"Question: {question}"]
     parts.append("Verified findings:\n" + ("\n".join(findings) if findings else "(none were promoted)"))
@@ -84,7 +87,7 @@ class ResearchEnd:
 
 async def write_report(
     model: ModelClient, question: str, entries: Sequence[scratchpad_pb2.Entry], end: ResearchEnd, out: TextStream
-) -> tuple[Report, TierUsage]:
+) -> tuple[Report, Usage]:
     """One model call without tools; its text streams through the citation filter to `out`."""
     sources = verified_sources(entries)
     citations = CitationFilter({source.number: source for source in sources})
@@ -109,7 +112,7 @@ async def write_report(
         token_budget_exhausted=end.token_budget_exhausted,
         turn_budget_exhausted=end.turn_budget_exhausted,
     )
-    return report, TierUsage(reply.usage.input_tokens, reply.usage.output_tokens, 1, 0)
+    return report, reply.usage + Usage(model_calls=1)
 
 
 @dataclass

@@ -18,14 +18,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
-from google.protobuf import duration_pb2
 
 from quarry.client import open_channel
-from quarry.convert import role_to_proto
-from quarry.delegation import DelegationErrorCode
+from quarry.convert import DELEGATION_ERROR_CODES, ROLES, duration, usage_from_proto
 from quarry.security import ConnectionLimits, Tls
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from supervisor_svc.model import DelegationOrder, DelegationResult, TierUsage
+from quarry.vocabulary import DelegationErrorCode
+from supervisor_svc.model import DelegationOrder, DelegationResult
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +62,11 @@ def request_for(order: DelegationOrder) -> worker_pb2.DelegateRequest:
         tool_call_id=order.tool_call_id,
         scratchpad_thread_id=order.scratchpad_thread_id,
         task=worker_pb2.ResearchTask(objective=order.objective, criteria=order.criteria, input_refs=order.input_refs),
-        role=role_to_proto(order.role),
+        role=ROLES.to_proto(order.role),
         budget=worker_pb2.DelegationBudget(
             max_turns=order.max_turns,
             max_tokens=order.max_tokens,
-            timeout=duration_pb2.Duration(seconds=max(int(order.timeout_seconds), 1)),
+            timeout=duration(max(int(order.timeout_seconds), 1)),
         ),
     )
 
@@ -75,9 +74,7 @@ def request_for(order: DelegationOrder) -> worker_pb2.DelegateRequest:
 def result_from_proto(result: worker_pb2.DelegationResult) -> DelegationResult:
     code = None
     if result.outcome != common_pb2.DELEGATION_OUTCOME_SUCCEEDED:
-        name = common_pb2.DelegationErrorCode.Name(result.error.code).removeprefix("DELEGATION_ERROR_CODE_")
-        code = DelegationErrorCode.__members__.get(name, DelegationErrorCode.INTERNAL)
-    usage = result.usage
+        code = DELEGATION_ERROR_CODES.from_proto(result.error.code) or DelegationErrorCode.INTERNAL
     return DelegationResult(
         delegation_id=result.delegation_id,
         error_code=code,
@@ -85,7 +82,7 @@ def result_from_proto(result: worker_pb2.DelegationResult) -> DelegationResult:
         summary=result.summary,
         turns_used=result.turns_used,
         promoted_sequence_nos=tuple(result.promoted_sequence_nos),
-        usage=TierUsage(usage.input_tokens, usage.output_tokens, usage.model_calls, usage.tool_calls),
+        usage=usage_from_proto(result.usage),
     )
 
 

@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
+from quarry.agent.usage import Usage
 from quarry.identity import Role
+from quarry.vocabulary import DelegationErrorCode
 
 
 class DelegationState(enum.StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
-
-
-class ErrorCode(enum.StrEnum):
-    PROVIDER_ERROR = "provider_error"
-    TURN_BUDGET_EXHAUSTED = "turn_budget_exhausted"
-    TOKEN_BUDGET_EXHAUSTED = "token_budget_exhausted"
-    DEADLINE_EXCEEDED = "deadline_exceeded"
-    CANCELLED = "cancelled"
-    INTERNAL = "internal"
 
 
 @dataclass(frozen=True)
@@ -65,14 +58,11 @@ class Outcome:
     conversation_id: str
     succeeded: bool
     summary: str = ""
-    error_code: ErrorCode | None = None
+    error_code: DelegationErrorCode | None = None
     error_message: str = ""
     promoted: tuple[int, ...] = ()
     turns: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    model_calls: int = 0
-    tool_calls: int = 0
+    usage: Usage = field(default_factory=Usage)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -82,10 +72,7 @@ class Outcome:
             "error_message": self.error_message,
             "promoted": list(self.promoted),
             "turns": self.turns,
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "model_calls": self.model_calls,
-            "tool_calls": self.tool_calls,
+            **self.usage.to_json(),  # flat, as outcomes were always stored
         }
 
     @classmethod
@@ -97,14 +84,11 @@ class Outcome:
             conversation_id=conversation_id,
             succeeded=bool(data["succeeded"]),
             summary=str(data.get("summary", "")),
-            error_code=ErrorCode(str(code)) if code else None,
+            error_code=DelegationErrorCode(str(code)) if code else None,
             error_message=str(data.get("error_message", "")),
             promoted=tuple(int(n) for n in data.get("promoted", []) or []),  # type: ignore[attr-defined]
             turns=int(data.get("turns", 0)),  # type: ignore[call-overload]
-            input_tokens=int(data.get("input_tokens", 0)),  # type: ignore[call-overload]
-            output_tokens=int(data.get("output_tokens", 0)),  # type: ignore[call-overload]
-            model_calls=int(data.get("model_calls", 0)),  # type: ignore[call-overload]
-            tool_calls=int(data.get("tool_calls", 0)),  # type: ignore[call-overload]
+            usage=Usage.from_json(data),
         )
 
 

@@ -11,7 +11,7 @@ from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
 from quarry.client import MonitorClient, ScratchpadClient, open_channel
 from quarry.config import QuarrySettings, WorkerSettings
-from quarry.convert import role_to_proto
+from quarry.convert import ROLES
 from quarry.db import Database, upgrade_schema_async
 from quarry.security import ConnectionLimits, Tls
 from quarry.server import ServiceHost, ServiceRegistration, service_host
@@ -68,7 +68,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
         return DelegationContext(
             scratchpad=scratchpad,
             scratchpad_thread_id=request.scratchpad_thread_id,
-            author=common_pb2.Principal(principal_id=request.delegation_id, role=role_to_proto(request.role)),
+            author=common_pb2.Principal(principal_id=request.delegation_id, role=ROLES.to_proto(request.role)),
             search=search,
             pages=pages,
             monitor=monitor,

@@ -7,25 +7,20 @@ from typing import Any
 
 import grpc
 
-from quarry.convert import role_from_proto, role_to_proto, timestamp
+from quarry.convert import DELEGATION_ERROR_CODES, ROLES, EnumMap, duration_seconds, timestamp, usage_to_proto
 from quarry.errors import NotFound
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from worker_svc.model import DelegationRequest, DelegationState, ErrorCode, Event, Outcome, Progress, Started
+from quarry.vocabulary import DelegationErrorCode
+from worker_svc.model import DelegationRequest, DelegationState, Event, Outcome, Progress, Started
 from worker_svc.worker import Worker
 
-_ERROR_CODES: dict[ErrorCode, common_pb2.DelegationErrorCode.ValueType] = {
-    ErrorCode.PROVIDER_ERROR: common_pb2.DELEGATION_ERROR_CODE_PROVIDER_ERROR,
-    ErrorCode.TURN_BUDGET_EXHAUSTED: common_pb2.DELEGATION_ERROR_CODE_TURN_BUDGET_EXHAUSTED,
-    ErrorCode.TOKEN_BUDGET_EXHAUSTED: common_pb2.DELEGATION_ERROR_CODE_TOKEN_BUDGET_EXHAUSTED,
-    ErrorCode.DEADLINE_EXCEEDED: common_pb2.DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED,
-    ErrorCode.CANCELLED: common_pb2.DELEGATION_ERROR_CODE_CANCELLED,
-    ErrorCode.INTERNAL: common_pb2.DELEGATION_ERROR_CODE_INTERNAL,
-}
-_STATES: dict[DelegationState, worker_pb2.DelegationState.ValueType] = {
-    DelegationState.RUNNING: worker_pb2.DELEGATION_STATE_RUNNING,
-    DelegationState.SUCCEEDED: worker_pb2.DELEGATION_STATE_SUCCEEDED,
-    DelegationState.FAILED: worker_pb2.DELEGATION_STATE_FAILED,
-}
+STATES: EnumMap[DelegationState, worker_pb2.DelegationState.ValueType] = EnumMap(
+    {
+        DelegationState.RUNNING: worker_pb2.DELEGATION_STATE_RUNNING,
+        DelegationState.SUCCEEDED: worker_pb2.DELEGATION_STATE_SUCCEEDED,
+        DelegationState.FAILED: worker_pb2.DELEGATION_STATE_FAILED,
+    }
+)
 _PROGRESS_KINDS: dict[str, worker_pb2.ProgressKind.ValueType] = {
     "turn": worker_pb2.PROGRESS_KIND_TURN_STARTED,
     "tool": worker_pb2.PROGRESS_KIND_TOOL_CALLED,
@@ -43,10 +38,9 @@ def request_from_proto(request: worker_pb2.DelegateRequest) -> DelegationRequest
         objective=request.task.objective,
         criteria=tuple(request.task.criteria),
         input_refs=tuple(request.task.input_refs),
-        role=role_from_proto(request.role),
+        role=ROLES.from_proto(request.role),
         max_turns=budget.max_turns,
-        # Computed by hand: ToTimedelta overflows on absurd values, which validation should refuse.
-        timeout_seconds=budget.timeout.seconds + budget.timeout.nanos / 1e9 if budget.HasField("timeout") else 0.0,
+        timeout_seconds=duration_seconds(budget.timeout) if budget.HasField("timeout") else 0.0,
         max_tokens=budget.max_tokens,
     )
 
@@ -58,17 +52,12 @@ def result_to_proto(outcome: Outcome) -> worker_pb2.DelegationResult:
         summary=outcome.summary,
         promoted_sequence_nos=list(outcome.promoted),
         turns_used=outcome.turns,
-        usage=common_pb2.Usage(
-            input_tokens=outcome.input_tokens,
-            output_tokens=outcome.output_tokens,
-            model_calls=outcome.model_calls,
-            tool_calls=outcome.tool_calls,
-        ),
+        usage=usage_to_proto(outcome.usage),
         conversation_id=outcome.conversation_id,
         tool_call_id=outcome.tool_call_id,
     )
     if not outcome.succeeded:
-        code = _ERROR_CODES[outcome.error_code] if outcome.error_code else common_pb2.DELEGATION_ERROR_CODE_INTERNAL
+        code = DELEGATION_ERROR_CODES.to_proto(outcome.error_code or DelegationErrorCode.INTERNAL)
         result.error.CopyFrom(common_pb2.DelegationError(code=code, message=outcome.error_message))
     return result
 
@@ -117,11 +106,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             run_id=record.run_id,
             conversation_id=record.conversation_id,
             scratchpad_thread_id=record.scratchpad_thread_id,
-            role=role_to_proto(record.role),
+            role=ROLES.to_proto(record.role),
             task=worker_pb2.ResearchTask(
                 objective=record.objective, criteria=list(record.criteria), input_refs=list(record.input_refs)
             ),
-            state=_STATES[record.state],
+            state=STATES.to_proto(record.state),
             create_time=timestamp(record.create_time),
             last_error=record.last_error,
             tool_call_id=record.tool_call_id,

@@ -14,9 +14,10 @@ from sqlalchemy.exc import IntegrityError
 from quarry.agent.conversation import insert_conversation
 from quarry.agent.messages import Message
 from quarry.db import Database
-from quarry.errors import FailedPrecondition
+from quarry.errors import ErrorReason, FailedPrecondition
 from quarry.identity import Role
-from worker_svc.model import DelegationRecord, DelegationRequest, DelegationState, ErrorCode, Outcome
+from quarry.vocabulary import DelegationErrorCode
+from worker_svc.model import DelegationRecord, DelegationRequest, DelegationState, Outcome
 from worker_svc.schema import delegations
 
 
@@ -103,7 +104,7 @@ class DelegationStore:
         except IntegrityError:
             raise FailedPrecondition(
                 f"delegation {request.delegation_id!r} is already running",
-                reason="DELEGATION_RUNNING",
+                reason=ErrorReason.DELEGATION_RUNNING,
                 metadata={"delegation_id": request.delegation_id},
             ) from None
 
@@ -146,7 +147,7 @@ class DelegationStore:
                 tool_call_id=row.tool_call_id,
                 conversation_id=row.conversation_id,
                 succeeded=False,
-                error_code=ErrorCode.INTERNAL,
+                error_code=DelegationErrorCode.INTERNAL,
                 error_message="the worker running this delegation stopped before it ended",
             )
             # Conditional on the state still being "running": two sweepers end it once.

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from quarry.agent.scratchpad_tools import SCRATCHPAD_TOOLS, SourceParam
 from quarry.agent.tools import Tool, ToolError, ToolRegistry
 from quarry.client import MonitorClient, ScratchpadClient
+from quarry.convert import enum_label
 from quarry.v1 import common_pb2, monitor_pb2
 from worker_svc.web.pages import Page, PageError, PageReader
 from worker_svc.web.search import SearchBackend, SearchError
@@ -180,7 +181,7 @@ async def job_status(params: JobStatusParams, context: DelegationContext) -> str
         status = await _monitor(context).job_status(job)
     except grpc.aio.AioRpcError as error:
         raise ToolError(f"the monitor could not answer: {error.details()}") from error
-    state = monitor_pb2.JobState.Name(status.state).removeprefix("JOB_STATE_").lower()
+    state = enum_label(monitor_pb2.JobState, status.state)
     text = f"{state}" + (f", exit code {status.exit_code}" if status.HasField("exit_code") else "")
     text += f" ({status.detail})" if status.detail else ""
     if status.log_tail:

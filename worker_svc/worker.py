@@ -13,34 +13,46 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from opentelemetry import trace
 
+from quarry import ids
 from quarry.agent.conversation import ConversationStore
-from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TokenBudgetExhausted, TurnBudgetExhausted
+from quarry.agent.loop import (
+    DEFAULT_MAX_TURNS,
+    AgentRun,
+    LoopLimits,
+    LoopObserver,
+    TokenBudgetExhausted,
+    TurnBudgetExhausted,
+)
 from quarry.agent.messages import Message, ToolCall, system, user
 from quarry.agent.model import ModelClient, ProviderError
 from quarry.agent.tools import ToolOutcome
-from quarry.errors import FailedPrecondition, FieldViolation, InvalidArgument, ResourceExhausted, Unavailable
+from quarry.agent.usage import Usage
+from quarry.errors import (
+    ErrorReason,
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+)
 from quarry.identity import Role
 from quarry.lease import LeaseKeeper, LeaseTerms
 from quarry.telemetry import meter, tracer
-from worker_svc.model import DelegationRecord, DelegationRequest, ErrorCode, Event, Outcome, Progress, Started
+from quarry.vocabulary import DelegationErrorCode
+from worker_svc.model import DelegationRecord, DelegationRequest, Event, Outcome, Progress, Started
 from worker_svc.store import DelegationStore
 from worker_svc.tools import DelegationContext, tools_for
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_TURNS = 8
 MAX_TURNS_LIMIT = 64
 MAX_OBJECTIVE_CHARS = 16_000
 MAX_TIMEOUT_SECONDS = 24 * 3600
-_ID = re.compile(r"[\x21-\x7e]{1,256}")
-_THREAD_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
 ROLE_CAPABILITIES: dict[Role, list[str]] = {
     Role.RESEARCHER: ["web_search", "scratchpad"],
@@ -83,15 +95,12 @@ class WorkerLimits:
 
 
 def validate(request: DelegationRequest) -> None:
-    violations: list[FieldViolation] = []
-    for name in ("delegation_id", "run_id"):
-        value = getattr(request, name)
-        if not _ID.fullmatch(value):
-            violations.append(FieldViolation(name, "required: 1-256 printable ASCII characters without spaces"))
-    if request.tool_call_id and not _ID.fullmatch(request.tool_call_id):
-        violations.append(FieldViolation("tool_call_id", "1-256 printable ASCII characters without spaces"))
-    if not _THREAD_ID.fullmatch(request.scratchpad_thread_id):
-        violations.append(FieldViolation("scratchpad_thread_id", "required: a scratchpad thread id"))
+    violations = ids.violations(
+        ids.DELEGATION_ID.check("delegation_id", request.delegation_id),
+        ids.RUN_REFERENCE.check("run_id", request.run_id),
+        ids.TOOL_CALL_ID.check("tool_call_id", request.tool_call_id, when_missing=None),
+        ids.THREAD_ID.check("scratchpad_thread_id", request.scratchpad_thread_id),
+    )
     if not request.objective.strip():
         violations.append(FieldViolation("task.objective", "required"))
     elif len(request.objective) > MAX_OBJECTIVE_CHARS:
@@ -127,14 +136,12 @@ class _Progress(LoopObserver):
         self._queue = queue
         self._reported = 0
         self.max_turns = 0
-        self.tool_calls = 0
 
     async def turn_started(self, turn: int, max_turns: int) -> None:
         self.max_turns = max_turns
         await self._queue.put(Progress(self._id, turn, max_turns, "turn", f"turn {turn} of {max_turns}"))
 
     async def tool_called(self, turn: int, call: ToolCall) -> None:
-        self.tool_calls += 1
         await self._queue.put(Progress(self._id, turn, self.max_turns, "tool", f"calling {call.name}", call.name))
 
     async def tool_finished(self, turn: int, outcome: ToolOutcome) -> None:
@@ -190,13 +197,13 @@ class Worker:
             _check_same_request(existing, request)
             return _replay(existing)
         if self._closing:
-            raise Unavailable("this worker is shutting down; try another", reason="SHUTTING_DOWN")
+            raise Unavailable("this worker is shutting down; try another", reason=ErrorReason.SHUTTING_DOWN)
         if len(self._running) + self._admitting >= self._limits.max_concurrent:
             raise ResourceExhausted(
                 f"this worker already runs {self._limits.max_concurrent} delegations; try another worker or later",
-                reason="TOO_MANY_DELEGATIONS",
+                reason=ErrorReason.TOO_MANY_DELEGATIONS,
             )
-        conversation_id = f"conv-{uuid.uuid4()}"
+        conversation_id = ids.new_conversation_id()
         queue: asyncio.Queue[Event] = asyncio.Queue()
         self._admitting += 1  # holds the slot across the await, so concurrent calls cannot overshoot
         self._admitted.clear()
@@ -254,7 +261,7 @@ class Worker:
             tool_call_id=request.tool_call_id,
             conversation_id=conversation_id,
             succeeded=False,
-            error_code=ErrorCode.CANCELLED if task.cancelled() else ErrorCode.INTERNAL,
+            error_code=DelegationErrorCode.CANCELLED if task.cancelled() else DelegationErrorCode.INTERNAL,
             error_message="the delegation ended without a result",
         )
 
@@ -286,11 +293,10 @@ class Worker:
         assert request.role is not None
         run: AgentRun[DelegationContext] | None = None
         context: DelegationContext | None = None
-        observer: _Progress | None = None
         timeout = request.timeout_seconds or self._limits.default_timeout_seconds
         deadline = asyncio.timeout(timeout)
 
-        def ended(code: ErrorCode | None, message: str = "", summary: str = "") -> Outcome:
+        def ended(code: DelegationErrorCode | None, message: str = "", summary: str = "") -> Outcome:
             return Outcome(
                 delegation_id=request.delegation_id,
                 tool_call_id=request.tool_call_id,
@@ -301,10 +307,7 @@ class Worker:
                 error_message=message,
                 promoted=tuple(context.promoted) if context else (),
                 turns=run.turns if run else 0,
-                input_tokens=run.usage.input_tokens if run else 0,
-                output_tokens=run.usage.output_tokens if run else 0,
-                model_calls=run.turns if run else 0,
-                tool_calls=observer.tool_calls if observer else 0,
+                usage=run.usage if run else Usage(),
             )
 
         try:
@@ -324,26 +327,28 @@ class Worker:
                 answer = await run.run(context, history=list(opening))
             outcome = ended(None, summary=answer)
         except TurnBudgetExhausted as error:
-            outcome = ended(ErrorCode.TURN_BUDGET_EXHAUSTED, str(error))
+            outcome = ended(DelegationErrorCode.TURN_BUDGET_EXHAUSTED, str(error))
         except TokenBudgetExhausted as error:
-            outcome = ended(ErrorCode.TOKEN_BUDGET_EXHAUSTED, str(error))
+            outcome = ended(DelegationErrorCode.TOKEN_BUDGET_EXHAUSTED, str(error))
         except ProviderError as error:
-            outcome = ended(ErrorCode.PROVIDER_ERROR, str(error))
+            outcome = ended(DelegationErrorCode.PROVIDER_ERROR, str(error))
         except TimeoutError as error:
             if not deadline.expired():  # a timeout from somewhere else is a fault, not the deadline
                 log.exception("delegation %s failed", request.delegation_id)
-                outcome = ended(ErrorCode.INTERNAL, f"the worker failed: {type(error).__name__}")
+                outcome = ended(DelegationErrorCode.INTERNAL, f"the worker failed: {type(error).__name__}")
             else:
-                outcome = ended(ErrorCode.DEADLINE_EXCEEDED, f"the delegation ran past its {timeout:g} s deadline")
+                outcome = ended(
+                    DelegationErrorCode.DEADLINE_EXCEEDED, f"the delegation ran past its {timeout:g} s deadline"
+                )
         except asyncio.CancelledError:
-            cancelled = ended(ErrorCode.CANCELLED, "the delegation was cancelled")
+            cancelled = ended(DelegationErrorCode.CANCELLED, "the delegation was cancelled")
             queue.put_nowait(cancelled)  # a caller still listening (a shutdown) gets its correlated result
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._delegations.finish(cancelled))
             raise
         except Exception as error:
             log.exception("delegation %s failed", request.delegation_id)
-            outcome = ended(ErrorCode.INTERNAL, f"the worker failed: {type(error).__name__}")
+            outcome = ended(DelegationErrorCode.INTERNAL, f"the worker failed: {type(error).__name__}")
         try:
             # Recorded before it is reported; shielded, so a cancellation now cannot leave it half-done.
             await asyncio.shield(self._delegations.finish(outcome))
@@ -381,7 +386,7 @@ def _check_same_request(record: DelegationRecord, request: DelegationRequest) ->
     ):
         raise FailedPrecondition(
             f"delegation_id {request.delegation_id!r} was already used for a different request",
-            reason="DELEGATION_ID_REUSED",
+            reason=ErrorReason.DELEGATION_ID_REUSED,
             metadata={"delegation_id": request.delegation_id},
         )
 

@@ -16,9 +16,10 @@ from typing import Any, Generic, TypeVar
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.messages import Message, ToolCall, user
-from quarry.agent.model import ModelClient, Usage
+from quarry.agent.model import ModelClient
 from quarry.agent.tools import ToolOutcome, ToolRegistry
 from quarry.agent.truncation import truncate
+from quarry.agent.usage import Usage
 from quarry.telemetry import tracer
 
 Context = TypeVar("Context")
@@ -103,7 +104,8 @@ class AgentRun(Generic[Context]):
         while self.turns < self._limits.max_turns:
             self.turns += 1
             turn = self.turns
-            await self._observer.turn_started(turn, self._limits.max_turns)
+            await self._observer.turn_started(turn, self._limits.max_turns)  # may stop the run before the call
+            self.usage += Usage(model_calls=1)  # counted when made, so a call that fails counts too
             attributes = {"quarry.turn": turn, "quarry.max_turns": self._limits.max_turns}
             with tracer.start_as_current_span(f"{self._agent} turn", attributes=attributes):
                 answer = await self._turn(turn, schemas, history, context)
@@ -135,6 +137,7 @@ class AgentRun(Generic[Context]):
         return None
 
     async def _run_tools(self, turn: int, calls: Sequence[ToolCall], context: Context) -> list[ToolOutcome]:
+        self.usage += Usage(tool_calls=len(calls))
         for call in calls:
             await self._observer.tool_called(turn, call)
         outcomes = await self._tools.run_calls(calls, context)
@@ -143,6 +146,6 @@ class AgentRun(Generic[Context]):
         return outcomes
 
     def _check_tokens(self) -> None:
-        spent = self.usage.input_tokens + self.usage.output_tokens
+        spent = self.usage.tokens
         if self._limits.max_tokens and spent > self._limits.max_tokens:
             raise TokenBudgetExhausted(f"{spent} tokens used, over the budget of {self._limits.max_tokens}")

@@ -25,6 +25,7 @@ from opentelemetry import trace
 
 from quarry.agent import text_protocol
 from quarry.agent.messages import Message, ToolCall
+from quarry.agent.usage import Usage
 from quarry.telemetry import meter, tracer
 
 if TYPE_CHECKING:
@@ -74,15 +75,6 @@ class ModelSettings:
             request_timeout=tier.model_request_timeout or common.model_request_timeout,
             tier=tier.service_name,
         )
-
-
-@dataclass(frozen=True)
-class Usage:
-    input_tokens: int = 0
-    output_tokens: int = 0
-
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens)
 
 
 @dataclass(frozen=True)

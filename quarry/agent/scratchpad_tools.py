@@ -18,17 +18,9 @@ from pydantic import BaseModel, Field
 
 from quarry.agent.tools import Tool, ToolError
 from quarry.client import ScratchpadClient
+from quarry.convert import ENTRY_KINDS, enum_label
 from quarry.v1 import common_pb2, scratchpad_pb2
-
-KINDS: dict[str, scratchpad_pb2.EntryKind.ValueType] = {
-    "seed": scratchpad_pb2.ENTRY_KIND_SEED,
-    "finding": scratchpad_pb2.ENTRY_KIND_FINDING,
-    "marker": scratchpad_pb2.ENTRY_KIND_MARKER,
-    "acknowledgement": scratchpad_pb2.ENTRY_KIND_ACKNOWLEDGEMENT,
-    "note": scratchpad_pb2.ENTRY_KIND_NOTE,
-    "verdict": scratchpad_pb2.ENTRY_KIND_VERDICT,
-}
-KIND_NAMES = {number: name for name, number in KINDS.items()}
+from quarry.vocabulary import EntryKind
 
 
 class SourceParam(BaseModel):
@@ -64,8 +56,9 @@ def render_entries(entries: Sequence[scratchpad_pb2.Entry]) -> str:
         return "The scratchpad has no entries after that point."
     lines = []
     for entry in entries:
-        who = f"{entry.author.principal_id} ({common_pb2.Role.Name(entry.author.role).removeprefix('ROLE_').lower()})"
-        lines.append(f"[{entry.sequence_no}] {KIND_NAMES.get(entry.kind, 'entry')} by {who}: {entry.content}")
+        who = f"{entry.author.principal_id} ({enum_label(common_pb2.Role, entry.author.role)})"
+        kind = ENTRY_KINDS.from_proto(entry.kind) or "entry"
+        lines.append(f"[{entry.sequence_no}] {kind} by {who}: {entry.content}")
         for source in entry.sources:
             lines.append(f'    source: {source.url} "{source.excerpt}"')
     return "\n".join(lines)
@@ -86,7 +79,7 @@ async def append_scratchpad(params: AppendParams, context: ScratchpadAccess) -> 
         response = await context.scratchpad.append(
             context.scratchpad_thread_id,
             request_id=f"{context.author.principal_id}/{digest}",
-            kind=KINDS[params.kind],
+            kind=ENTRY_KINDS.to_proto(EntryKind(params.kind)),
             author=context.author,
             content=params.content,
             sources=[common_pb2.Source(url=s.url, title=s.title, excerpt=s.excerpt) for s in params.sources],

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -164,7 +163,3 @@ class ToolRegistry(Generic[Context]):
             log.exception("tool %s failed (call %s)", call.name, call.id)
             record_failure(trace.get_current_span(), error)
             return ToolOutcome(call, f"error: {call.name} failed unexpectedly; try another approach", True)
-
-
-def arguments_json(arguments: Mapping[str, Any]) -> str:
-    return json.dumps(arguments, ensure_ascii=False)

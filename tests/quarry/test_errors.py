@@ -3,7 +3,7 @@ from __future__ import annotations
 import grpc
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from quarry.errors import FieldViolation, InvalidArgument, NotFound, PermissionDenied, to_rpc_status
+from quarry.errors import ErrorReason, FieldViolation, InvalidArgument, NotFound, PermissionDenied, to_rpc_status
 
 
 def decode(status: grpc.Status) -> status_pb2.Status:
@@ -42,7 +42,7 @@ def test_not_found_names_the_resource_and_field() -> None:
 
 
 def test_permission_denied_keeps_its_reason_and_metadata() -> None:
-    error = PermissionDenied("no", reason="KIND_NOT_PERMITTED_FOR_ROLE", metadata={"role": "researcher"})
+    error = PermissionDenied("no", reason=ErrorReason.KIND_NOT_PERMITTED_FOR_ROLE, metadata={"role": "researcher"})
     status = to_rpc_status(error)
     assert status.code == grpc.StatusCode.PERMISSION_DENIED
     info = error_details_pb2.ErrorInfo()

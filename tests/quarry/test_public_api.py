@@ -6,11 +6,14 @@ import types
 
 import quarry.client
 import quarry.config
+import quarry.convert
 import quarry.db
 import quarry.errors
+import quarry.ids
 import quarry.security
 import quarry.server
 import quarry.telemetry
+import quarry.vocabulary
 
 PUBLIC_API = {
     quarry.server: {
@@ -25,6 +28,7 @@ PUBLIC_API = {
     quarry.errors: {
         "AlreadyExists",
         "DeadlineExceeded",
+        "ErrorReason",
         "FailedPrecondition",
         "FieldViolation",
         "Internal",
@@ -74,6 +78,32 @@ PUBLIC_API = {
         "tracer",
         "tracing_enabled",
     },
+    quarry.convert: {
+        "ENTRY_KINDS",
+        "ROLES",
+        "EnumMap",
+        "duration",
+        "duration_seconds",
+        "enum_label",
+        "timestamp",
+        "usage_from_proto",
+        "usage_to_proto",
+    },
+    quarry.ids: {
+        "DELEGATION_ID",
+        "LABEL_KEY",
+        "PRINCIPAL_ID",
+        "REQUEST_ID",
+        "RUN_ID",
+        "RUN_REFERENCE",
+        "THREAD_ID",
+        "TOOL_CALL_ID",
+        "IdRule",
+        "new_conversation_id",
+        "new_run_id",
+        "violations",
+    },
+    quarry.vocabulary: {"EntryKind"},
     quarry.db: {
         "Database",
         "UTCDateTime",
@@ -112,5 +142,5 @@ def test_every_public_name_is_exported() -> None:
 def test_status_errors_derive_from_one_base() -> None:
     for name in PUBLIC_API[quarry.errors]:
         value = getattr(quarry.errors, name)
-        if isinstance(value, type) and name not in {"FieldViolation", "QuarryError"}:
+        if isinstance(value, type) and name not in {"ErrorReason", "FieldViolation", "QuarryError"}:
             assert issubclass(value, quarry.errors.QuarryError)

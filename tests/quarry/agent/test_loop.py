@@ -13,6 +13,7 @@ from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TokenBudgetExh
 from quarry.agent.messages import ToolCall, system, user
 from quarry.agent.model import ModelClient, ModelSettings, ProviderError
 from quarry.agent.tools import Tool, ToolOutcome, ToolRegistry
+from quarry.agent.usage import Usage
 from quarry.db import Database
 from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel
 
@@ -88,7 +89,7 @@ async def test_parallel_calls_each_get_their_own_result_then_the_answer(
     assert await run.run(searched) == "330 m."
     assert searched == ["eiffel height"]
     assert run.turns == 2
-    assert (run.usage.input_tokens, run.usage.output_tokens) == (40, 8)
+    assert run.usage == Usage(input_tokens=40, output_tokens=8, model_calls=2, tool_calls=2)
     second_request = model.requests[1]["messages"]
     tool_messages = [m for m in second_request if m["role"] == "tool"]
     assert [(m["tool_call_id"], m["content"]) for m in tool_messages] == [

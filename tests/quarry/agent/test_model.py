@@ -8,6 +8,7 @@ import pytest
 
 from quarry.agent.messages import system, user
 from quarry.agent.model import ModelClient, ModelSettings, ProviderError
+from quarry.agent.usage import Usage
 from tests.fakes.openai_server import Call, DropAfter, HttpError, Reply, ScriptedModel, Stall
 
 TOOLS = [
@@ -136,3 +137,12 @@ async def test_a_failing_text_listener_is_its_own_error_not_a_provider_failure(m
 
     with pytest.raises(LookupError, match="the caller's own problem"):
         await client(model).complete(HISTORY, call_id_prefix="t7", on_text=listener)
+
+
+def test_usage_adds_up_and_round_trips_through_json() -> None:
+    total = Usage(10, 2, 1, 0) + Usage(30, 6, 1, 4)
+    assert total == Usage(input_tokens=40, output_tokens=8, model_calls=2, tool_calls=4)
+    assert total.tokens == 48
+    # Read from a larger record too, as the worker stores it flat inside an outcome.
+    assert Usage.from_json({**total.to_json(), "turns": 2}) == total
+    assert Usage.from_json({}) == Usage()
