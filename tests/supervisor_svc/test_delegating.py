@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from quarry.agent.messages import ToolCall
+from quarry.agent.usage import Usage
 from quarry.db import Database, upgrade_schema_async
 from quarry.notify import CommitSignal
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.delegating import Delegator
-from supervisor_svc.model import DelegationOrder, DelegationResult, StartRequest, TierUsage
+from supervisor_svc.model import DelegationOrder, DelegationResult, StartRequest
 from supervisor_svc.publishing import RunEventLog, RunPublisher
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
 from supervisor_svc.store import RunStore
@@ -37,7 +38,7 @@ class RecordingWorkers:
             self.orders.append(order)
             self.arrived.notify_all()
         await gate.wait()
-        return DelegationResult(order.delegation_id, usage=TierUsage(100, 100, 1, 0))
+        return DelegationResult(order.delegation_id, usage=Usage(100, 100, 1, 0))
 
     async def wait_for(self, count: int) -> None:
         async with self.arrived:
