@@ -26,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from quarry.client import QuarryClient, is_terminal
+from quarry.convert import enum_label
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
 
 # Opens the client for one command (address, TLS and token already chosen).
@@ -36,8 +37,9 @@ EXIT_CANCELLED = 130
 _SHOWN_ENTRIES = 8
 
 
-def _name(enum: type, value: int, prefix: str) -> str:
-    return str(enum.Name(value)).removeprefix(prefix).lower().replace("_", " ")  # type: ignore[attr-defined]
+def _name(enum: Any, value: int) -> str:
+    """An enum value as words: RUN_STATE_SUCCEEDED -> "succeeded"."""
+    return enum_label(enum, value).replace("_", " ")
 
 
 @dataclass
@@ -61,7 +63,7 @@ class RunView:
         payload = event.WhichOneof("payload")
         if payload == "status":
             status = event.status
-            self.phase = _name(supervisor_pb2.ResearchPhase, status.phase, "RESEARCH_PHASE_")
+            self.phase = _name(supervisor_pb2.ResearchPhase, status.phase)
             if status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED:
                 self.delegations[status.delegation_id] = _Delegation(status.message)
             elif status.delegation_id in self.delegations:
@@ -71,11 +73,11 @@ class RunView:
                 elif status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED:
                     delegation.outcome = "[green]succeeded[/]"
                 elif status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_FAILED:
-                    code = _name(common_pb2.DelegationErrorCode, status.delegation_error.code, "DELEGATION_ERROR_CODE_")
+                    code = _name(common_pb2.DelegationErrorCode, status.delegation_error.code)
                     delegation.outcome = f"[red]failed: {code}[/]"
         elif payload == "scratchpad":
             entry = event.scratchpad
-            kind = _name(scratchpad_pb2.EntryKind, entry.kind, "ENTRY_KIND_")
+            kind = _name(scratchpad_pb2.EntryKind, entry.kind)
             self.entries.append(f"[{entry.scratchpad_sequence_no}] {kind}: {entry.preview}")
         elif payload == "content":
             self.report += event.content.delta
@@ -124,7 +126,7 @@ def _summary(console: Console, event: supervisor_pb2.RunEvent) -> None:
         console.print(Text("; ".join(notes), style="dim"))
     elif payload == "failed":
         error = event.failed.error
-        code = _name(supervisor_pb2.RunErrorCode, error.code, "RUN_ERROR_CODE_")
+        code = _name(supervisor_pb2.RunErrorCode, error.code)
         console.print(f"[red]run failed[/] ({code}): {error.message}")
     else:
         console.print(f"[yellow]run cancelled[/]: {event.cancelled.reason}")
@@ -192,7 +194,7 @@ async def list_runs(connect: Connect, state: str, limit: int, *, as_json: bool) 
     table.add_column("run", no_wrap=True)  # whole, so it can be copied into `quarry runs show`
     for run in response.runs:
         table.add_row(
-            _name(supervisor_pb2.RunState, run.state, "RUN_STATE_"),
+            _name(supervisor_pb2.RunState, run.state),
             run.create_time.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"),
             run.question[:70],
             run.run_id,
@@ -209,7 +211,7 @@ async def show_run(connect: Connect, run_id: str, *, as_json: bool) -> int:
         return 0
     console = Console()
     console.print(f"[bold]{run.question}[/]")
-    console.print(f"{run.run_id}: {_name(supervisor_pb2.RunState, run.state, 'RUN_STATE_')}")
+    console.print(f"{run.run_id}: {_name(supervisor_pb2.RunState, run.state)}")
     if run.HasField("error"):
         console.print(f"[red]{run.error.message}[/]")
     if run.cancel_reason:

@@ -21,7 +21,7 @@ from quarry.convert import (
     usage_to_proto,
 )
 from quarry.identity import Role
-from quarry.v1 import common_pb2, monitor_pb2, scratchpad_pb2, worker_pb2
+from quarry.v1 import common_pb2, monitor_pb2, scratchpad_pb2
 from quarry.vocabulary import EntryKind
 
 
@@ -54,8 +54,8 @@ def test_an_incomplete_or_ambiguous_table_is_refused() -> None:
 def test_enum_label_drops_the_prefix_and_lowercases() -> None:
     assert enum_label(monitor_pb2.JobState, monitor_pb2.JOB_STATE_TIMED_OUT) == "timed_out"
     assert enum_label(common_pb2.Role, common_pb2.ROLE_RESEARCHER) == "researcher"
-    code = worker_pb2.DELEGATION_ERROR_CODE_TOKEN_BUDGET_EXHAUSTED
-    assert enum_label(worker_pb2.DelegationErrorCode, code) == "token_budget_exhausted"
+    code = common_pb2.DELEGATION_ERROR_CODE_TOKEN_BUDGET_EXHAUSTED
+    assert enum_label(common_pb2.DelegationErrorCode, code) == "token_budget_exhausted"
     with pytest.raises(ValueError):
         enum_label(common_pb2.Role, 999)
 

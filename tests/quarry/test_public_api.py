@@ -79,6 +79,7 @@ PUBLIC_API = {
         "tracing_enabled",
     },
     quarry.convert: {
+        "DELEGATION_ERROR_CODES",
         "ENTRY_KINDS",
         "ROLES",
         "EnumMap",
@@ -103,7 +104,7 @@ PUBLIC_API = {
         "new_run_id",
         "violations",
     },
-    quarry.vocabulary: {"EntryKind"},
+    quarry.vocabulary: {"DelegationErrorCode", "EntryKind"},
     quarry.db: {
         "Database",
         "UTCDateTime",
