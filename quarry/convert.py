@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from quarry.agent.usage import Usage
-from quarry.identity import Role
+from quarry.identity import Principal, Role
 from quarry.v1 import common_pb2, scratchpad_pb2
-from quarry.vocabulary import DelegationErrorCode, EntryKind
+from quarry.vocabulary import DelegationErrorCode, Entry, EntryKind, Source
 
 if TYPE_CHECKING:
     from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
@@ -28,7 +28,13 @@ __all__ = [
     "EnumMap",
     "duration",
     "duration_seconds",
+    "entry_from_proto",
+    "entry_to_proto",
     "enum_label",
+    "principal_from_proto",
+    "principal_to_proto",
+    "source_from_proto",
+    "source_to_proto",
     "timestamp",
     "usage_from_proto",
     "usage_to_proto",
@@ -92,6 +98,57 @@ def enum_label(enum_type: _EnumTypeWrapper[Any], number: int) -> str:
     """
     prefix = re.sub(r"(?<!^)(?=[A-Z])", "_", enum_type.DESCRIPTOR.name).upper() + "_"
     return enum_type.Name(number).removeprefix(prefix).lower()
+
+
+def principal_to_proto(principal: Principal) -> common_pb2.Principal:
+    return common_pb2.Principal(principal_id=principal.principal_id, role=ROLES.to_proto(principal.role))
+
+
+def principal_from_proto(message: common_pb2.Principal) -> Principal | None:
+    """None when the role is unspecified or unknown to this build."""
+    role = ROLES.from_proto(message.role)
+    return None if role is None else Principal(message.principal_id, role)
+
+
+def source_to_proto(source: Source) -> common_pb2.Source:
+    return common_pb2.Source(url=source.url, title=source.title, excerpt=source.excerpt)
+
+
+def source_from_proto(message: common_pb2.Source) -> Source:
+    return Source(url=message.url, title=message.title, excerpt=message.excerpt)
+
+
+def entry_to_proto(entry: Entry) -> scratchpad_pb2.Entry:
+    return scratchpad_pb2.Entry(
+        thread_id=entry.thread_id,
+        sequence_no=entry.sequence_no,
+        kind=ENTRY_KINDS.to_proto(entry.kind),
+        author=principal_to_proto(entry.author),
+        content=entry.content,
+        sources=[source_to_proto(source) for source in entry.sources],
+        create_time=timestamp(entry.create_time),
+        request_id=entry.request_id,
+    )
+
+
+def entry_from_proto(message: scratchpad_pb2.Entry) -> Entry:
+    """A committed entry as the scratchpad sent it: its kind and role are ones the scratchpad accepted.
+
+    Raises ValueError for a kind or role this build does not know (a newer scratchpad's).
+    """
+    kind, author = ENTRY_KINDS.from_proto(message.kind), principal_from_proto(message.author)
+    if kind is None or author is None:
+        raise ValueError(f"entry {message.sequence_no} has a kind or role this build does not know")
+    return Entry(
+        thread_id=message.thread_id,
+        sequence_no=message.sequence_no,
+        kind=kind,
+        author=author,
+        content=message.content,
+        sources=tuple(source_from_proto(source) for source in message.sources),
+        create_time=message.create_time.ToDatetime(tzinfo=UTC),
+        request_id=message.request_id,
+    )
 
 
 def usage_to_proto(usage: Usage) -> common_pb2.Usage:

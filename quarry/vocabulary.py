@@ -1,12 +1,22 @@
-"""Domain enums more than one package speaks: the scratchpad stores entry kinds, agents write and read them."""
+"""The domain words more than one package speaks: entry kinds, entries and their sources, delegation errors.
+
+The scratchpad stores entries; agents write and read them; the supervisor reports them. Each speaks of them
+with these types, and quarry.convert translates them to and from quarry.v1 at the edges.
+"""
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
+from datetime import datetime
+
+from quarry.identity import Principal
 
 __all__ = [
     "DelegationErrorCode",
+    "Entry",
     "EntryKind",
+    "Source",
 ]
 
 
@@ -17,6 +27,29 @@ class EntryKind(enum.StrEnum):
     ACKNOWLEDGEMENT = "acknowledgement"
     NOTE = "note"
     VERDICT = "verdict"
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a claim rests on: a page that was read, and the words quoted from it."""
+
+    url: str
+    title: str = ""
+    excerpt: str = ""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One committed scratchpad entry."""
+
+    thread_id: str
+    sequence_no: int
+    kind: EntryKind
+    author: Principal
+    content: str
+    sources: tuple[Source, ...]
+    create_time: datetime
+    request_id: str = ""
 
 
 class DelegationErrorCode(enum.StrEnum):

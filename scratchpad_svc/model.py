@@ -7,15 +7,8 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from quarry.identity import Principal, Role
-from quarry.vocabulary import EntryKind
-
-
-@dataclass(frozen=True)
-class Source:
-    url: str
-    title: str = ""
-    excerpt: str = ""
+from quarry.identity import Role
+from quarry.vocabulary import Entry, EntryKind, Source
 
 
 @dataclass(frozen=True)
@@ -25,18 +18,6 @@ class Thread:
     labels: dict[str, str]
     create_time: datetime
     last_sequence_no: int
-
-
-@dataclass(frozen=True)
-class Entry:
-    thread_id: str
-    sequence_no: int
-    request_id: str
-    kind: EntryKind
-    author: Principal
-    content: str
-    sources: tuple[Source, ...]
-    create_time: datetime
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from quarry import ids
 from quarry.errors import ErrorReason, Internal, QuarryError, Unavailable
 from quarry.notify import CommitSignal
 from quarry.telemetry import meter, tracer
-from quarry.vocabulary import EntryKind
+from quarry.vocabulary import Entry, EntryKind
 from scratchpad_svc.authority import check_may_write
-from scratchpad_svc.model import AppendCommand, AppendResult, Entry, NewThread, Thread
+from scratchpad_svc.model import AppendCommand, AppendResult, NewThread, Thread
 from scratchpad_svc.store import ScratchpadStore
 from scratchpad_svc.validation import (
     Limits,

@@ -7,9 +7,9 @@ from typing import Any
 
 import grpc
 
-from quarry.convert import ENTRY_KINDS, ROLES, timestamp
-from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
-from scratchpad_svc.model import AppendCommand, Entry, NewThread, Source, Thread
+from quarry.convert import ENTRY_KINDS, ROLES, entry_to_proto, source_from_proto, timestamp
+from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
+from scratchpad_svc.model import AppendCommand, NewThread, Thread
 from scratchpad_svc.scratchpad import Scratchpad
 
 
@@ -20,19 +20,6 @@ def thread_to_proto(thread: Thread) -> scratchpad_pb2.Thread:
         labels=thread.labels,
         create_time=timestamp(thread.create_time),
         last_sequence_no=thread.last_sequence_no,
-    )
-
-
-def entry_to_proto(entry: Entry) -> scratchpad_pb2.Entry:
-    return scratchpad_pb2.Entry(
-        thread_id=entry.thread_id,
-        sequence_no=entry.sequence_no,
-        kind=ENTRY_KINDS.to_proto(entry.kind),
-        author=common_pb2.Principal(principal_id=entry.author.principal_id, role=ROLES.to_proto(entry.author.role)),
-        content=entry.content,
-        sources=[common_pb2.Source(url=s.url, title=s.title, excerpt=s.excerpt) for s in entry.sources],
-        create_time=timestamp(entry.create_time),
-        request_id=entry.request_id,
     )
 
 
@@ -70,7 +57,7 @@ class ScratchpadServicer(scratchpad_pb2_grpc.ScratchpadServiceServicer):
                 author_id=request.author.principal_id,
                 role=ROLES.from_proto(request.author.role),
                 content=request.content,
-                sources=tuple(Source(url=s.url, title=s.title, excerpt=s.excerpt) for s in request.sources),
+                sources=tuple(source_from_proto(source) for source in request.sources),
             )
         )
         return scratchpad_pb2.AppendResponse(entry=entry_to_proto(result.entry), replayed=result.replayed)

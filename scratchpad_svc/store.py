@@ -18,8 +18,8 @@ from quarry.db import Database, reserve_sequence_numbers
 from quarry.errors import AlreadyExists, ErrorReason, NotFound, QuarryError
 from quarry.identity import Principal, Role
 from quarry.notify import notify_on_commit, pg_notify
-from quarry.vocabulary import EntryKind
-from scratchpad_svc.model import AppendCommand, AppendResult, Entry, NewThread, Source, Thread
+from quarry.vocabulary import Entry, EntryKind, Source
+from scratchpad_svc.model import AppendCommand, AppendResult, NewThread, Thread
 from scratchpad_svc.schema import entries, threads
 
 # Channel for cross-replica commit notifications on PostgreSQL.

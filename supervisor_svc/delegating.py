@@ -23,10 +23,10 @@ from opentelemetry import trace
 from quarry.agent.messages import ToolCall
 from quarry.agent.scratchpad_tools import render_entries
 from quarry.agent.tools import ToolError
-from quarry.client import ScratchpadClient
 from quarry.identity import Role
+from quarry.research_plane import ResearchPlane
 from quarry.telemetry import meter, tracer
-from quarry.v1 import scratchpad_pb2
+from quarry.vocabulary import Entry
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.model import DelegationOrder, DelegationResult, ResearchPhase
 from supervisor_svc.publishing import RunPublisher
@@ -43,7 +43,7 @@ _DEADLINE_GRACE_SECONDS = 5.0
 _DELEGATIONS = meter.create_counter("quarry.delegations", description="delegations ended, by outcome")
 
 
-def render_result(result: DelegationResult, promoted_entries: Sequence[scratchpad_pb2.Entry] = ()) -> str:
+def render_result(result: DelegationResult, promoted_entries: Sequence[Entry] = ()) -> str:
     """What the supervisor's context keeps of a delegation."""
     promoted = ", ".join(str(n) for n in result.promoted_sequence_nos) or "none"
     if result.error_code is None:
@@ -74,7 +74,7 @@ class Delegator:
         parallel: int,
         deadline: float,  # time.monotonic() by which the run must end
         client: DelegationClient,
-        scratchpad: ScratchpadClient,
+        scratchpad: ResearchPlane,
         account: RunAccount,
         budget: TokenBudget,
         publisher: RunPublisher,
@@ -164,7 +164,7 @@ class Delegator:
         finally:
             await announced
 
-    async def _promoted_entries(self, result: DelegationResult) -> list[scratchpad_pb2.Entry]:
+    async def _promoted_entries(self, result: DelegationResult) -> list[Entry]:
         """Re-read what the delegation promoted: the supervisor sees findings as the scratchpad holds them."""
         numbers = set(result.promoted_sequence_nos)
         if not numbers:

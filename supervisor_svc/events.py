@@ -7,8 +7,9 @@ reach a client as something to execute.
 
 from __future__ import annotations
 
-from quarry.convert import DELEGATION_ERROR_CODES, EnumMap, usage_to_proto
-from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
+from quarry.convert import DELEGATION_ERROR_CODES, ENTRY_KINDS, EnumMap, principal_to_proto, usage_to_proto
+from quarry.v1 import common_pb2, supervisor_pb2
+from quarry.vocabulary import Entry
 from supervisor_svc.model import (
     DelegationResult,
     Report,
@@ -75,11 +76,14 @@ def delegation_ended(result: DelegationResult) -> supervisor_pb2.RunEvent:
     return event
 
 
-def scratchpad_entry(entry: scratchpad_pb2.Entry) -> supervisor_pb2.RunEvent:
+def scratchpad_entry(entry: Entry) -> supervisor_pb2.RunEvent:
     preview = entry.content if len(entry.content) <= _PREVIEW_CHARS else entry.content[:_PREVIEW_CHARS] + "…"
     return supervisor_pb2.RunEvent(
         scratchpad=supervisor_pb2.ScratchpadEvent(
-            scratchpad_sequence_no=entry.sequence_no, kind=entry.kind, author=entry.author, preview=preview
+            scratchpad_sequence_no=entry.sequence_no,
+            kind=ENTRY_KINDS.to_proto(entry.kind),
+            author=principal_to_proto(entry.author),
+            preview=preview,
         )
     )
 

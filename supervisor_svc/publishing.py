@@ -12,9 +12,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-from quarry.client import ScratchpadClient
 from quarry.notify import CommitSignal
-from quarry.v1 import scratchpad_pb2, supervisor_pb2
+from quarry.research_plane import ResearchPlane
+from quarry.v1 import supervisor_pb2
+from quarry.vocabulary import Entry
 from supervisor_svc import events
 from supervisor_svc.model import DelegationResult, ResearchPhase, RunOutcome, RunUsage
 from supervisor_svc.store import RunStore
@@ -89,7 +90,7 @@ class TextStream:
 class RunPublisher:
     """The events of one run, in the order they happen; the terminal one last."""
 
-    def __init__(self, event_log: RunEventLog, scratchpad: ScratchpadClient, run_id: str, thread_id: str) -> None:
+    def __init__(self, event_log: RunEventLog, scratchpad: ResearchPlane, run_id: str, thread_id: str) -> None:
         self._log = event_log
         self._scratchpad = scratchpad
         self._run_id = run_id
@@ -113,7 +114,7 @@ class RunPublisher:
 
     # -- scratchpad entries -----------------------------------------------------------------
 
-    async def entries(self, entries: Sequence[scratchpad_pb2.Entry]) -> None:
+    async def entries(self, entries: Sequence[Entry]) -> None:
         """Scratchpad events for entries not yet reported, in sequence order, each once."""
         async with self._entries_lock:
             fresh = [entry for entry in entries if entry.sequence_no > self._entries_published]

@@ -26,10 +26,11 @@ from quarry.agent.conversation import ConversationStore
 from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TurnBudgetExhausted
 from quarry.agent.messages import ToolCall, system, user
 from quarry.agent.model import ModelClient, ProviderError
-from quarry.client import ScratchpadClient
 from quarry.errors import Unavailable
+from quarry.identity import Principal, Role
+from quarry.research_plane import ResearchPlane
 from quarry.telemetry import tracer
-from quarry.v1 import common_pb2, scratchpad_pb2
+from quarry.vocabulary import EntryKind
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.delegating import Delegator
 from supervisor_svc.model import DEFAULT_SUPERVISOR_TURNS, ResearchPhase, RunErrorCode, RunOutcome, RunRecord
@@ -63,7 +64,7 @@ class BudgetSpent(Exception):
 class RunDependencies:
     model: ModelClient
     conversations: ConversationStore
-    scratchpad: ScratchpadClient
+    scratchpad: ResearchPlane
     delegations: DelegationClient
     default_timeout_seconds: float
     default_parallel: int
@@ -101,7 +102,7 @@ class ResearchRun:
         self._account = RunAccount()
         self._budget = TokenBudget(record.options.max_tokens, self._account)
         self._publisher = RunPublisher(event_log, deps.scratchpad, self.run_id, record.scratchpad_thread_id)
-        self._author = common_pb2.Principal(principal_id=self.run_id, role=common_pb2.ROLE_SUPERVISOR)
+        self._author = Principal(self.run_id, Role.SUPERVISOR)
         self.cancel_reason = "cancelled"
 
     async def execute(self) -> None:
@@ -140,11 +141,11 @@ class ResearchRun:
     async def _seed(self) -> None:
         thread_id = self.record.scratchpad_thread_id
         await self._deps.scratchpad.create_thread(
-            thread_id=thread_id, title=self.record.question[:200], request_id=f"{self.run_id}/thread"
+            thread_id, title=self.record.question[:200], request_id=f"{self.run_id}/thread"
         )
         await self._deps.scratchpad.append(
             thread_id,
-            kind=scratchpad_pb2.ENTRY_KIND_SEED,
+            kind=EntryKind.SEED,
             author=self._author,
             content=f"Research question: {self.record.question}",
             request_id=f"{self.run_id}/seed",

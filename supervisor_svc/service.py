@@ -12,6 +12,7 @@ from quarry.client import ScratchpadClient, open_channel
 from quarry.config import QuarrySettings, SupervisorSettings
 from quarry.db import Database, upgrade_schema_async
 from quarry.notify import CommitSignal, PostgresCommitListener
+from quarry.research_plane import ResearchPlane
 from quarry.security import ConnectionLimits, Tls
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
@@ -45,7 +46,7 @@ async def build_host(settings: SupervisorSettings | None = None, common: QuarryS
         RunDependencies(
             model=model,
             conversations=ConversationStore(database),
-            scratchpad=ScratchpadClient(channel),
+            scratchpad=ResearchPlane(ScratchpadClient(channel)),
             delegations=delegations,
             default_timeout_seconds=settings.default_run_timeout_seconds,
             default_parallel=settings.max_parallel_delegations,

@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from quarry.agent.messages import Message, system, user
 from quarry.agent.model import ModelClient
 from quarry.agent.usage import Usage
-from quarry.convert import ENTRY_KINDS
-from quarry.v1 import common_pb2, scratchpad_pb2
+from quarry.identity import Role
+from quarry.vocabulary import Entry, EntryKind
 from supervisor_svc.model import Citation, Report
 from supervisor_svc.publishing import TextStream
 
 # Entries whose sources a worker verified before the scratchpad accepted them.
-_VERIFIED_KINDS = {scratchpad_pb2.ENTRY_KIND_FINDING, scratchpad_pb2.ENTRY_KIND_VERDICT}
-_WORKER_ROLES = {common_pb2.ROLE_RESEARCHER, common_pb2.ROLE_VERIFIER}
+_VERIFIED_KINDS = {EntryKind.FINDING, EntryKind.VERDICT}
+_WORKER_ROLES = {Role.RESEARCHER, Role.VERIFIER}
 _EN_DASH = "\u2013"
 _MARKER_CHARS = frozenset("0123456789,- \n" + _EN_DASH)
 _MAX_MARKER = 200
@@ -38,7 +38,7 @@ INSTRUCTIONS = (
 )
 
 
-def verified_sources(entries: Sequence[scratchpad_pb2.Entry]) -> list[Citation]:
+def verified_sources(entries: Sequence[Entry]) -> list[Citation]:
     """The citable sources, numbered from 1 in scratchpad order; one number per (url, excerpt)."""
     sources: list[Citation] = []
     seen: set[tuple[str, str]] = set()
@@ -55,7 +55,7 @@ def verified_sources(entries: Sequence[scratchpad_pb2.Entry]) -> list[Citation]:
 
 
 def synthesis_messages(
-    question: str, entries: Sequence[scratchpad_pb2.Entry], sources: Sequence[Citation], notes: str
+    question: str, entries: Sequence[Entry], sources: Sequence[Citation], notes: str
 ) -> list[Message]:
     numbers = {(source.url, source.excerpt): source.number for source in sources}
     findings = []
@@ -64,9 +64,7 @@ def synthesis_messages(
             continue
         cited = sorted({numbers[(s.url, s.excerpt)] for s in entry.sources if (s.url, s.excerpt) in numbers})
         marks = "".join(f"[{n}]" for n in cited)
-        findings.append(
-            f"- ({ENTRY_KINDS.from_proto(entry.kind) or 'entry'} {entry.sequence_no}) {entry.content} {marks}"
-        )
+        findings.append(f"- ({entry.kind} {entry.sequence_no}) {entry.content} {marks}")
     listed = [f'[{s.number}] {s.title or s.url} — {s.url}\n    "{s.excerpt}"' for s in sources]
     parts = [f"Question: {question}"]
     parts.append("Verified findings:\n" + ("\n".join(findings) if findings else "(none were promoted)"))
@@ -86,7 +84,7 @@ class ResearchEnd:
 
 
 async def write_report(
-    model: ModelClient, question: str, entries: Sequence[scratchpad_pb2.Entry], end: ResearchEnd, out: TextStream
+    model: ModelClient, question: str, entries: Sequence[Entry], end: ResearchEnd, out: TextStream
 ) -> tuple[Report, Usage]:
     """One model call without tools; its text streams through the citation filter to `out`."""
     sources = verified_sources(entries)

@@ -16,8 +16,8 @@ from pydantic import BaseModel, Field
 from quarry.agent.messages import ToolCall
 from quarry.agent.scratchpad_tools import SCRATCHPAD_TOOLS, SourceParam
 from quarry.agent.tools import Tool, ToolError, ToolRegistry, current_call
-from quarry.client import ScratchpadClient
-from quarry.v1 import common_pb2
+from quarry.identity import Principal
+from quarry.research_plane import ResearchPlane
 
 DELEGATE_TOOL = "delegate_research"
 
@@ -41,9 +41,9 @@ class SupervisorContext:
     """What the supervisor's tools share during one run (it satisfies ScratchpadAccess)."""
 
     delegations: DelegationDesk
-    scratchpad: ScratchpadClient
+    scratchpad: ResearchPlane
     scratchpad_thread_id: str
-    author: common_pb2.Principal
+    author: Principal
     promoted: list[int] = field(default_factory=list)
 
     def verify_sources(self, kind: str, sources: Sequence[SourceParam]) -> None:

@@ -11,11 +11,12 @@ from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
 from quarry.client import MonitorClient, ScratchpadClient, open_channel
 from quarry.config import QuarrySettings, WorkerSettings
-from quarry.convert import ROLES
 from quarry.db import Database, upgrade_schema_async
+from quarry.identity import Principal
+from quarry.research_plane import ResearchPlane
 from quarry.security import ConnectionLimits, Tls
 from quarry.server import ServiceHost, ServiceRegistration, service_host
-from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from quarry.v1 import worker_pb2, worker_pb2_grpc
 from worker_svc.corpus import Corpus
 from worker_svc.model import DelegationRequest
 from worker_svc.servicer import WorkerServicer
@@ -50,7 +51,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
     database = Database(url)
     model = ModelClient(ModelSettings.for_tier(settings, common))
     channel = open_channel(settings.scratchpad_address, tls=tls, limits=limits)
-    scratchpad = ScratchpadClient(channel)
+    scratchpad = ResearchPlane(ScratchpadClient(channel))
     monitor_channel = (
         open_channel(settings.monitor_address, tls=tls, limits=limits) if settings.monitor_address else None
     )
@@ -68,7 +69,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
         return DelegationContext(
             scratchpad=scratchpad,
             scratchpad_thread_id=request.scratchpad_thread_id,
-            author=common_pb2.Principal(principal_id=request.delegation_id, role=ROLES.to_proto(request.role)),
+            author=Principal(request.delegation_id, request.role),
             search=search,
             pages=pages,
             monitor=monitor,

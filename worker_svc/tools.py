@@ -17,9 +17,11 @@ from pydantic import BaseModel, Field
 
 from quarry.agent.scratchpad_tools import SCRATCHPAD_TOOLS, SourceParam
 from quarry.agent.tools import Tool, ToolError, ToolRegistry
-from quarry.client import MonitorClient, ScratchpadClient
+from quarry.client import MonitorClient
 from quarry.convert import enum_label
-from quarry.v1 import common_pb2, monitor_pb2
+from quarry.identity import Principal
+from quarry.research_plane import ResearchPlane
+from quarry.v1 import monitor_pb2
 from worker_svc.web.pages import Page, PageError, PageReader
 from worker_svc.web.search import SearchBackend, SearchError
 
@@ -34,9 +36,9 @@ CAPABILITIES: dict[str, list[str]] = {
 class DelegationContext:
     """What one delegation's tools share. Lives exactly as long as the delegation."""
 
-    scratchpad: ScratchpadClient
+    scratchpad: ResearchPlane
     scratchpad_thread_id: str
-    author: common_pb2.Principal
+    author: Principal
     search: SearchBackend
     pages: PageReader
     # The monitor, when this worker has one (the `compute` capability needs it).

@@ -17,10 +17,9 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, Field
 
 from quarry.agent.tools import Tool, ToolError
-from quarry.client import ScratchpadClient
-from quarry.convert import ENTRY_KINDS, enum_label
-from quarry.v1 import common_pb2, scratchpad_pb2
-from quarry.vocabulary import EntryKind
+from quarry.identity import Principal
+from quarry.research_plane import ResearchPlane
+from quarry.vocabulary import Entry, EntryKind, Source
 
 
 class SourceParam(BaseModel):
@@ -42,23 +41,22 @@ class AppendParams(BaseModel):
 class ScratchpadAccess(Protocol):
     """What a run must provide to use the scratchpad tools."""
 
-    scratchpad: ScratchpadClient
+    scratchpad: ResearchPlane
     scratchpad_thread_id: str
-    author: common_pb2.Principal
+    author: Principal
     promoted: list[int]
 
     def verify_sources(self, kind: str, sources: Sequence[SourceParam]) -> None:
         """Raise ToolError when a source was not read here or a quote is not in it."""
 
 
-def render_entries(entries: Sequence[scratchpad_pb2.Entry]) -> str:
+def render_entries(entries: Sequence[Entry]) -> str:
     if not entries:
         return "The scratchpad has no entries after that point."
     lines = []
     for entry in entries:
-        who = f"{entry.author.principal_id} ({enum_label(common_pb2.Role, entry.author.role)})"
-        kind = ENTRY_KINDS.from_proto(entry.kind) or "entry"
-        lines.append(f"[{entry.sequence_no}] {kind} by {who}: {entry.content}")
+        who = f"{entry.author.principal_id} ({entry.author.role})"
+        lines.append(f"[{entry.sequence_no}] {entry.kind} by {who}: {entry.content}")
         for source in entry.sources:
             lines.append(f'    source: {source.url} "{source.excerpt}"')
     return "\n".join(lines)
@@ -76,20 +74,20 @@ async def append_scratchpad(params: AppendParams, context: ScratchpadAccess) -> 
     payload = json.dumps([params.kind, params.content, [s.model_dump() for s in params.sources]], sort_keys=True)
     digest = hashlib.sha256(payload.encode()).hexdigest()[:32]
     try:
-        response = await context.scratchpad.append(
+        appended = await context.scratchpad.append(
             context.scratchpad_thread_id,
             request_id=f"{context.author.principal_id}/{digest}",
-            kind=ENTRY_KINDS.to_proto(EntryKind(params.kind)),
+            kind=EntryKind(params.kind),
             author=context.author,
             content=params.content,
-            sources=[common_pb2.Source(url=s.url, title=s.title, excerpt=s.excerpt) for s in params.sources],
+            sources=[Source(url=s.url, title=s.title, excerpt=s.excerpt) for s in params.sources],
         )
     except Exception as error:  # a refusal (authority, validation) is for the model to read
         details = getattr(error, "details", None)
         raise ToolError(f"the scratchpad refused the entry: {details() if callable(details) else error}") from error
-    if response.entry.sequence_no not in context.promoted:  # a replay promotes nothing new
-        context.promoted.append(response.entry.sequence_no)
-    return f"appended as entry {response.entry.sequence_no}"
+    if appended.entry.sequence_no not in context.promoted:  # a replay promotes nothing new
+        context.promoted.append(appended.entry.sequence_no)
+    return f"appended as entry {appended.entry.sequence_no}"
 
 
 SCRATCHPAD_TOOLS: list[Tool[Any, ScratchpadAccess]] = [

@@ -10,6 +10,7 @@ import quarry.convert
 import quarry.db
 import quarry.errors
 import quarry.ids
+import quarry.research_plane
 import quarry.security
 import quarry.server
 import quarry.telemetry
@@ -85,7 +86,13 @@ PUBLIC_API = {
         "EnumMap",
         "duration",
         "duration_seconds",
+        "entry_from_proto",
+        "entry_to_proto",
         "enum_label",
+        "principal_from_proto",
+        "principal_to_proto",
+        "source_from_proto",
+        "source_to_proto",
         "timestamp",
         "usage_from_proto",
         "usage_to_proto",
@@ -104,7 +111,8 @@ PUBLIC_API = {
         "new_run_id",
         "violations",
     },
-    quarry.vocabulary: {"DelegationErrorCode", "EntryKind"},
+    quarry.vocabulary: {"DelegationErrorCode", "Entry", "EntryKind", "Source"},
+    quarry.research_plane: {"Appended", "ResearchPlane"},
     quarry.db: {
         "Database",
         "UTCDateTime",

@@ -17,6 +17,8 @@ from quarry.agent.model import ModelClient, ModelSettings
 from quarry.client import ScratchpadClient, insecure_channel
 from quarry.config import QuarrySettings, ScratchpadSettings
 from quarry.db import Database
+from quarry.identity import Principal, Role
+from quarry.research_plane import ResearchPlane
 from quarry.v1 import common_pb2, scratchpad_pb2
 from scratchpad_svc.service import build_host
 from tests.fakes.openai_server import Call, Reply, ScriptedModel
@@ -63,9 +65,9 @@ async def bench(tmp_path: Path, model: ScriptedModel, site: FixtureWeb) -> Async
             content="Find the height of the Eiffel Tower.",
         )
         context = DelegationContext(
-            scratchpad=scratchpad,
+            scratchpad=ResearchPlane(scratchpad),
             scratchpad_thread_id=thread.thread_id,
-            author=common_pb2.Principal(principal_id="run-1:call-a", role=common_pb2.ROLE_RESEARCHER),
+            author=Principal("run-1:call-a", Role.RESEARCHER),
             search=SearxngBackend(plain, site.base_url),
             pages=PageReader(web),
         )
