@@ -10,31 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from quarry.vocabulary import Gpu, GpuProcess
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GpuProcessSample:
-    pid: int
-    used_memory_bytes: int
-    name: str = ""
-
-
-@dataclass(frozen=True)
-class GpuSample:
-    index: int
-    uuid: str
-    name: str
-    memory_total_bytes: int = 0
-    memory_used_bytes: int = 0
-    utilization_percent: int = 0
-    temperature_celsius: int = 0
-    power_watts: float = 0.0
-    processes: tuple[GpuProcessSample, ...] = field(default=())
 
 
 def _load_nvml() -> ModuleType:
@@ -68,7 +49,7 @@ class NvmlProbe:
                 log.warning("NVML shutdown failed: %s", error)
             self._nvml = None
 
-    async def sample(self) -> tuple[list[GpuSample], str]:
+    async def sample(self) -> tuple[list[Gpu], str]:
         """(the GPUs, why there are none): a driver error is a reason, not a failure."""
         if self._nvml is None:
             return [], self.unavailable_reason
@@ -77,7 +58,7 @@ class NvmlProbe:
         except self._nvml.NVMLError as error:
             return [], f"NVML failed: {error}"
 
-    def _sample(self) -> list[GpuSample]:
+    def _sample(self) -> list[Gpu]:
         return [self._device(index) for index in range(self._nvml.nvmlDeviceGetCount())]
 
     def _optional(self, read: Callable[..., Any], *args: Any) -> Any:
@@ -87,7 +68,7 @@ class NvmlProbe:
         except self._nvml.NVMLError_NotSupported:
             return None
 
-    def _device(self, index: int) -> GpuSample:
+    def _device(self, index: int) -> Gpu:
         nvml = self._nvml
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         memory = self._optional(nvml.nvmlDeviceGetMemoryInfo, handle)
@@ -95,7 +76,7 @@ class NvmlProbe:
         temperature = self._optional(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
         power_milliwatts = self._optional(nvml.nvmlDeviceGetPowerUsage, handle)
         processes = self._optional(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
-        return GpuSample(
+        return Gpu(
             index=index,
             uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
             name=_text(nvml.nvmlDeviceGetName(handle)),
@@ -104,7 +85,7 @@ class NvmlProbe:
             utilization_percent=int(utilization.gpu) if utilization else 0,
             temperature_celsius=int(temperature or 0),
             power_watts=(power_milliwatts or 0) / 1000.0,
-            processes=tuple(GpuProcessSample(int(p.pid), int(p.usedGpuMemory or 0)) for p in processes),
+            processes=tuple(GpuProcess(int(p.pid), int(p.usedGpuMemory or 0)) for p in processes),
         )
 
 

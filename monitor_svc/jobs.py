@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from monitor_svc import slurm
-from monitor_svc.model import JobObservation, JobState
+from monitor_svc.model import JobObservation
 from monitor_svc.smi import MalformedOutput
 from monitor_svc.ssh import SshHosts, quote
 from quarry.errors import AlreadyExists, ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument
+from quarry.vocabulary import JobRef, JobState
 
 _T = TypeVar("_T")
 MAX_LOG_BYTES_PER_POLL = 256 * 1024  # a runaway log cannot flood a stream or the monitor's memory
@@ -38,15 +39,6 @@ MAX_LINE_CHARS = 16 * 1024
 _FINAL_READS = 16  # at most this many more reads when a job has ended (4 MiB of log)
 # A job accounting says is still running, though the queue has forgotten it past its time limit, is given up.
 _RUNAWAY = "sacct still says {state}, but squeue no longer lists the job, past its time limit; given up"
-
-
-@dataclass(frozen=True)
-class JobRef:
-    kind: str  # "local", "remote" or "slurm"
-    pid: int = 0
-    host: str = ""
-    job_id: str = ""
-    log_path: str = ""
 
 
 @dataclass(frozen=True)

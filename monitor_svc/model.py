@@ -1,25 +1,10 @@
-"""Job domain types shared by local, SSH and Slurm jobs."""
+"""Job domain types shared by local, SSH and Slurm jobs (JobState and JobRef are the kernel's vocabulary)."""
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
-
-class JobState(enum.StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    TIMED_OUT = "timed_out"
-    CANCELLED = "cancelled"
-    EXITED = "exited"
-    UNKNOWN = "unknown"
-    NOT_FOUND = "not_found"
-
-    @property
-    def ended(self) -> bool:
-        return self not in (JobState.PENDING, JobState.RUNNING)
+from quarry.vocabulary import JobState
 
 
 @dataclass(frozen=True)

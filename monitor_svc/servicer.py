@@ -4,56 +4,34 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
 
-from monitor_svc.gpus import GpuSample, NvmlProbe
-from monitor_svc.jobs import JobRef, Jobs
-from monitor_svc.model import JobObservation, JobState
+from monitor_svc.gpus import NvmlProbe
+from monitor_svc.jobs import Jobs
+from monitor_svc.model import JobObservation
 from monitor_svc.smi import APP_QUERY, GPU_QUERY, MalformedOutput, parse_gpus
 from monitor_svc.ssh import SshHosts
 from monitor_svc.validation import check_job_ref, interval_seconds, require_job_kind, tail_lines
-from quarry.convert import EnumMap, duration_seconds, timestamp
+from quarry.convert import (
+    duration_seconds,
+    gpu_to_proto,
+    job_look_to_proto,
+    job_ref_from_proto,
+    job_ref_to_proto,
+    timestamp,
+)
 from quarry.errors import ErrorReason, FailedPrecondition
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
+from quarry.vocabulary import JobLook
 
 LOCAL = "local"
 DEFAULT_GPU_INTERVAL = 5.0
 DEFAULT_JOB_INTERVAL = 10.0
-JOB_STATES: EnumMap[JobState, monitor_pb2.JobState.ValueType] = EnumMap(
-    {
-        JobState.PENDING: monitor_pb2.JOB_STATE_PENDING,
-        JobState.RUNNING: monitor_pb2.JOB_STATE_RUNNING,
-        JobState.COMPLETED: monitor_pb2.JOB_STATE_COMPLETED,
-        JobState.FAILED: monitor_pb2.JOB_STATE_FAILED,
-        JobState.TIMED_OUT: monitor_pb2.JOB_STATE_TIMED_OUT,
-        JobState.CANCELLED: monitor_pb2.JOB_STATE_CANCELLED,
-        JobState.EXITED: monitor_pb2.JOB_STATE_EXITED,
-        JobState.UNKNOWN: monitor_pb2.JOB_STATE_UNKNOWN,
-        JobState.NOT_FOUND: monitor_pb2.JOB_STATE_NOT_FOUND,
-    }
-)
-
-
-def gpu_to_proto(host: str, sample: GpuSample) -> monitor_pb2.Gpu:
-    return monitor_pb2.Gpu(
-        host=host,
-        index=sample.index,
-        uuid=sample.uuid,
-        name=sample.name,
-        memory_total_bytes=sample.memory_total_bytes,
-        memory_used_bytes=sample.memory_used_bytes,
-        utilization_percent=sample.utilization_percent,
-        temperature_celsius=sample.temperature_celsius,
-        power_watts=sample.power_watts,
-        processes=[
-            monitor_pb2.GpuProcess(pid=p.pid, used_memory_bytes=p.used_memory_bytes, name=p.name)
-            for p in sample.processes
-        ],
-    )
 
 
 def _seconds(value: duration_pb2.Duration, *, has: bool) -> float | None:
@@ -61,36 +39,8 @@ def _seconds(value: duration_pb2.Duration, *, has: bool) -> float | None:
     return duration_seconds(value) if has else None
 
 
-def job_ref_from_proto(job: monitor_pb2.JobRef) -> JobRef:
-    """The reference a JobRef names, unchecked (an unset target gives an empty kind)."""
-    target = job.WhichOneof("target")
-    if target == "local":
-        return JobRef("local", pid=job.local.pid, log_path=job.log_path)
-    if target == "remote":
-        return JobRef("remote", pid=job.remote.pid, host=job.remote.host, log_path=job.log_path)
-    if target == "slurm":
-        return JobRef("slurm", host=job.slurm.host, job_id=job.slurm.job_id, log_path=job.log_path)
-    return JobRef("", log_path=job.log_path)
-
-
-def job_ref_to_proto(ref: JobRef) -> monitor_pb2.JobRef:
-    if ref.kind == "local":
-        return monitor_pb2.JobRef(local=monitor_pb2.LocalProcess(pid=ref.pid), log_path=ref.log_path)
-    if ref.kind == "remote":
-        return monitor_pb2.JobRef(remote=monitor_pb2.RemoteProcess(host=ref.host, pid=ref.pid), log_path=ref.log_path)
-    return monitor_pb2.JobRef(slurm=monitor_pb2.SlurmJob(host=ref.host, job_id=ref.job_id), log_path=ref.log_path)
-
-
-def status_to_proto(observation: JobObservation, tail: list[str]) -> monitor_pb2.JobStatus:
-    status = monitor_pb2.JobStatus(
-        state=JOB_STATES.to_proto(observation.state),
-        log_tail=tail,
-        sample_time=timestamp(datetime.now(UTC)),
-        detail=observation.detail,
-    )
-    if observation.exit_code is not None:
-        status.exit_code = observation.exit_code
-    return status
+def _look(observation: JobObservation, tail: list[str]) -> JobLook:
+    return JobLook(observation.state, observation.exit_code, observation.detail, tuple(tail))
 
 
 class MonitorServicer(monitor_pb2_grpc.MonitorServiceServicer):
@@ -103,7 +53,7 @@ class MonitorServicer(monitor_pb2_grpc.MonitorServiceServicer):
         """(GPUs, the reason there are none) for this machine or a configured SSH host."""
         if host in ("", LOCAL):
             samples, reason = await self._probe.sample()
-            return [gpu_to_proto(LOCAL, sample) for sample in samples], reason
+            return [gpu_to_proto(replace(sample, host=LOCAL)) for sample in samples], reason
         self._hosts.require(host)
         gpus = await self._hosts.run(host, GPU_QUERY)
         if gpus.exit_status != 0:
@@ -116,7 +66,7 @@ class MonitorServicer(monitor_pb2_grpc.MonitorServiceServicer):
             raise FailedPrecondition(
                 f"nvidia-smi on {host} printed something unexpected: {error}", reason=ErrorReason.MALFORMED_OUTPUT
             ) from error
-        return [gpu_to_proto(host, sample) for sample in samples], ""
+        return [gpu_to_proto(replace(sample, host=host)) for sample in samples], ""
 
     async def ListGpus(
         self, request: monitor_pb2.ListGpusRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -174,7 +124,6 @@ class MonitorServicer(monitor_pb2_grpc.MonitorServiceServicer):
         first = True
         async for observation in self._jobs.watch(ref, interval, lines_wanted):
             lines = list(observation.new_log_lines)
-            yield monitor_pb2.WatchJobResponse(
-                status=status_to_proto(observation, lines if first else []), new_log_lines=[] if first else lines
-            )
+            status = job_look_to_proto(_look(observation, lines if first else []))
+            yield monitor_pb2.WatchJobResponse(status=status, new_log_lines=[] if first else lines)
             first = False

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from monitor_svc.model import JobState
 from monitor_svc.smi import MalformedOutput
+from quarry.vocabulary import JobState
 
 _JOB_ID = re.compile(r"\d+(_\d+)?")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from monitor_svc.gpus import GpuProcessSample, GpuSample
+from quarry.vocabulary import Gpu, GpuProcess
 
 GPU_FIELDS = (
     "index",
@@ -52,20 +52,20 @@ def _rows(output: str, fields: Sequence[str]) -> list[tuple[list[str], str]]:
     return rows
 
 
-def parse_gpus(gpu_output: str, app_output: str = "") -> list[GpuSample]:
+def parse_gpus(gpu_output: str, app_output: str = "") -> list[Gpu]:
     """`GPU_QUERY`'s output (and `APP_QUERY`'s, for per-process memory) as samples."""
-    processes: dict[str, list[GpuProcessSample]] = {}
+    processes: dict[str, list[GpuProcess]] = {}
     for (uuid, pid, used, name), line in _rows(app_output, APP_FIELDS):
         if not pid.isdigit():
             raise MalformedOutput(f"pid is {pid!r}, not a number, in line {line!r}")
         memory = int(_number(used, "used_memory", line) * _MIB)
-        processes.setdefault(uuid, []).append(GpuProcessSample(int(pid), memory, name))
+        processes.setdefault(uuid, []).append(GpuProcess(int(pid), memory, name))
     gpus = []
     for (index, uuid, name, used, total, utilization, temperature, power), line in _rows(gpu_output, GPU_FIELDS):
         if not index.isdigit():
             raise MalformedOutput(f"index is {index!r}, not a number, in line {line!r}")
         gpus.append(
-            GpuSample(
+            Gpu(
                 index=int(index),
                 uuid=uuid,
                 name=name,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from monitor_svc.jobs import JobRef
 from monitor_svc.slurm import check_job_id
 from quarry.errors import FieldViolation, InvalidArgument
+from quarry.vocabulary import JobRef
 
 MAX_PID = 2**31 - 1
 MAX_INTERVAL_SECONDS = 3600.0

@@ -15,8 +15,8 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from quarry.agent.usage import Usage
 from quarry.identity import Principal, Role
-from quarry.v1 import common_pb2, scratchpad_pb2
-from quarry.vocabulary import DelegationErrorCode, Entry, EntryKind, Source
+from quarry.v1 import common_pb2, monitor_pb2, scratchpad_pb2
+from quarry.vocabulary import DelegationErrorCode, Entry, EntryKind, Gpu, GpuProcess, JobLook, JobRef, JobState, Source
 
 if TYPE_CHECKING:
     from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DELEGATION_ERROR_CODES",
     "ENTRY_KINDS",
+    "JOB_STATES",
     "ROLES",
     "EnumMap",
     "duration",
@@ -31,6 +32,12 @@ __all__ = [
     "entry_from_proto",
     "entry_to_proto",
     "enum_label",
+    "gpu_from_proto",
+    "gpu_to_proto",
+    "job_look_from_proto",
+    "job_look_to_proto",
+    "job_ref_from_proto",
+    "job_ref_to_proto",
     "principal_from_proto",
     "principal_to_proto",
     "source_from_proto",
@@ -84,6 +91,10 @@ ENTRY_KINDS: EnumMap[EntryKind, scratchpad_pb2.EntryKind.ValueType] = EnumMap(
         EntryKind.NOTE: scratchpad_pb2.ENTRY_KIND_NOTE,
         EntryKind.VERDICT: scratchpad_pb2.ENTRY_KIND_VERDICT,
     }
+)
+
+JOB_STATES: EnumMap[JobState, monitor_pb2.JobState.ValueType] = EnumMap(
+    {state: monitor_pb2.JobState.Value(f"JOB_STATE_{state.name}") for state in JobState}
 )
 
 DELEGATION_ERROR_CODES: EnumMap[DelegationErrorCode, common_pb2.DelegationErrorCode.ValueType] = EnumMap(
@@ -148,6 +159,79 @@ def entry_from_proto(message: scratchpad_pb2.Entry) -> Entry:
         sources=tuple(source_from_proto(source) for source in message.sources),
         create_time=message.create_time.ToDatetime(tzinfo=UTC),
         request_id=message.request_id,
+    )
+
+
+def gpu_to_proto(gpu: Gpu) -> monitor_pb2.Gpu:
+    return monitor_pb2.Gpu(
+        host=gpu.host,
+        index=gpu.index,
+        uuid=gpu.uuid,
+        name=gpu.name,
+        memory_total_bytes=gpu.memory_total_bytes,
+        memory_used_bytes=gpu.memory_used_bytes,
+        utilization_percent=gpu.utilization_percent,
+        temperature_celsius=gpu.temperature_celsius,
+        power_watts=gpu.power_watts,
+        processes=[
+            monitor_pb2.GpuProcess(pid=p.pid, used_memory_bytes=p.used_memory_bytes, name=p.name) for p in gpu.processes
+        ],
+    )
+
+
+def gpu_from_proto(message: monitor_pb2.Gpu) -> Gpu:
+    return Gpu(
+        index=message.index,
+        uuid=message.uuid,
+        name=message.name,
+        memory_total_bytes=message.memory_total_bytes,
+        memory_used_bytes=message.memory_used_bytes,
+        utilization_percent=message.utilization_percent,
+        temperature_celsius=message.temperature_celsius,
+        power_watts=message.power_watts,
+        processes=tuple(GpuProcess(p.pid, p.used_memory_bytes, p.name) for p in message.processes),
+        host=message.host,
+    )
+
+
+def job_ref_from_proto(job: monitor_pb2.JobRef) -> JobRef:
+    """The reference a JobRef names, unchecked (an unset target gives an empty kind)."""
+    target = job.WhichOneof("target")
+    if target == "local":
+        return JobRef("local", pid=job.local.pid, log_path=job.log_path)
+    if target == "remote":
+        return JobRef("remote", pid=job.remote.pid, host=job.remote.host, log_path=job.log_path)
+    if target == "slurm":
+        return JobRef("slurm", host=job.slurm.host, job_id=job.slurm.job_id, log_path=job.log_path)
+    return JobRef("", log_path=job.log_path)
+
+
+def job_ref_to_proto(ref: JobRef) -> monitor_pb2.JobRef:
+    if ref.kind == "local":
+        return monitor_pb2.JobRef(local=monitor_pb2.LocalProcess(pid=ref.pid), log_path=ref.log_path)
+    if ref.kind == "remote":
+        return monitor_pb2.JobRef(remote=monitor_pb2.RemoteProcess(host=ref.host, pid=ref.pid), log_path=ref.log_path)
+    return monitor_pb2.JobRef(slurm=monitor_pb2.SlurmJob(host=ref.host, job_id=ref.job_id), log_path=ref.log_path)
+
+
+def job_look_to_proto(look: JobLook) -> monitor_pb2.JobStatus:
+    status = monitor_pb2.JobStatus(
+        state=JOB_STATES.to_proto(look.state),
+        log_tail=look.log_tail,
+        sample_time=timestamp(datetime.now(UTC)),
+        detail=look.detail,
+    )
+    if look.exit_code is not None:
+        status.exit_code = look.exit_code
+    return status
+
+
+def job_look_from_proto(status: monitor_pb2.JobStatus) -> JobLook:
+    return JobLook(
+        state=JOB_STATES.from_proto(status.state) or JobState.UNKNOWN,
+        exit_code=status.exit_code if status.HasField("exit_code") else None,
+        detail=status.detail,
+        log_tail=tuple(status.log_tail),
     )
 
 

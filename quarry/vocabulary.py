@@ -1,4 +1,4 @@
-"""The domain words more than one package speaks: entry kinds, entries and their sources, delegation errors.
+"""The domain words more than one package speaks: entries, delegation errors, GPUs and jobs.
 
 The scratchpad stores entries; agents write and read them; the supervisor reports them. Each speaks of them
 with these types, and quarry.convert translates them to and from quarry.v1 at the edges.
@@ -7,7 +7,7 @@ with these types, and quarry.convert translates them to and from quarry.v1 at th
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from quarry.identity import Principal
@@ -16,6 +16,11 @@ __all__ = [
     "DelegationErrorCode",
     "Entry",
     "EntryKind",
+    "Gpu",
+    "GpuProcess",
+    "JobLook",
+    "JobRef",
+    "JobState",
     "Source",
 ]
 
@@ -64,3 +69,64 @@ class DelegationErrorCode(enum.StrEnum):
     WORKER_UNAVAILABLE = "worker_unavailable"
     PROTOCOL_VIOLATION = "protocol_violation"
     INTERNAL = "internal"
+
+
+# -- compute: what the monitor observes and the agents ask about ---------------------------------
+
+
+class JobState(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    EXITED = "exited"
+    UNKNOWN = "unknown"
+    NOT_FOUND = "not_found"
+
+    @property
+    def ended(self) -> bool:
+        return self not in (JobState.PENDING, JobState.RUNNING)
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """A job to watch: a local pid, a pid on an SSH host, or a Slurm job, and optionally its log file."""
+
+    kind: str  # "local", "remote" or "slurm"
+    pid: int = 0
+    host: str = ""
+    job_id: str = ""
+    log_path: str = ""
+
+
+@dataclass(frozen=True)
+class JobLook:
+    """One look at a job."""
+
+    state: JobState
+    exit_code: int | None = None
+    detail: str = ""
+    log_tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_memory_bytes: int
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int = 0
+    memory_used_bytes: int = 0
+    utilization_percent: int = 0
+    temperature_celsius: int = 0
+    power_watts: float = 0.0
+    processes: tuple[GpuProcess, ...] = field(default=())
+    host: str = ""

@@ -10,6 +10,7 @@ import httpx
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
 from quarry.client import MonitorClient, ScratchpadClient, open_channel
+from quarry.compute import ComputeView
 from quarry.config import QuarrySettings, WorkerSettings
 from quarry.db import Database, upgrade_schema_async
 from quarry.identity import Principal
@@ -55,7 +56,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
     monitor_channel = (
         open_channel(settings.monitor_address, tls=tls, limits=limits) if settings.monitor_address else None
     )
-    monitor = MonitorClient(monitor_channel) if monitor_channel else None
+    monitor = ComputeView(MonitorClient(monitor_channel)) if monitor_channel else None
     corpus = Corpus(Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db")
     search_http = httpx.AsyncClient(timeout=30)
     policy = AddressPolicy(allow=tuple(entry.strip() for entry in settings.fetch_allow.split(",") if entry.strip()))

@@ -12,16 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import grpc
 from pydantic import BaseModel, Field
 
 from quarry.agent.scratchpad_tools import SCRATCHPAD_TOOLS, SourceParam
 from quarry.agent.tools import Tool, ToolError, ToolRegistry
-from quarry.client import MonitorClient
-from quarry.convert import enum_label
+from quarry.compute import ComputeView, MonitorError
 from quarry.identity import Principal
 from quarry.research_plane import ResearchPlane
-from quarry.v1 import monitor_pb2
+from quarry.vocabulary import JobRef
 from worker_svc.web.pages import Page, PageError, PageReader
 from worker_svc.web.search import SearchBackend, SearchError
 
@@ -42,7 +40,7 @@ class DelegationContext:
     search: SearchBackend
     pages: PageReader
     # The monitor, when this worker has one (the `compute` capability needs it).
-    monitor: MonitorClient | None = None
+    monitor: ComputeView | None = None
     read: dict[str, Page] = field(default_factory=dict)  # pages read in this delegation, by URL
     promoted: list[int] = field(default_factory=list)
 
@@ -140,7 +138,7 @@ class JobStatusParams(BaseModel):
     log_path: str = Field(default="", description="a log file whose last lines to include")
 
 
-def _monitor(context: DelegationContext) -> MonitorClient:
+def _monitor(context: DelegationContext) -> ComputeView:
     if context.monitor is None:
         raise ToolError("this worker has no monitor configured")
     return context.monitor
@@ -152,13 +150,13 @@ def _gib(size: int) -> str:
 
 async def gpu_status(params: GpuStatusParams, context: DelegationContext) -> str:
     try:
-        response = await _monitor(context).list_gpus(params.host)
-    except grpc.aio.AioRpcError as error:
-        raise ToolError(f"the monitor could not answer: {error.details()}") from error
-    if not response.gpus:
-        return f"No GPUs on {params.host or 'the monitor host'}: {response.unavailable_reason or 'none found'}."
+        gpus, unavailable_reason = await _monitor(context).gpus(params.host)
+    except MonitorError as error:
+        raise ToolError(f"the monitor could not answer: {error}") from error
+    if not gpus:
+        return f"No GPUs on {params.host or 'the monitor host'}: {unavailable_reason or 'none found'}."
     lines = []
-    for gpu in response.gpus:
+    for gpu in gpus:
         processes = ", ".join(f"{p.pid} {p.name} ({_gib(p.used_memory_bytes)})" for p in gpu.processes) or "none"
         lines.append(
             f"{gpu.host} #{gpu.index} {gpu.name}: {gpu.utilization_percent}% busy, "
@@ -169,25 +167,15 @@ async def gpu_status(params: GpuStatusParams, context: DelegationContext) -> str
 
 
 async def job_status(params: JobStatusParams, context: DelegationContext) -> str:
-    if params.kind == "local":
-        job = monitor_pb2.JobRef(local=monitor_pb2.LocalProcess(pid=params.pid), log_path=params.log_path)
-    elif params.kind == "remote":
-        job = monitor_pb2.JobRef(
-            remote=monitor_pb2.RemoteProcess(host=params.host, pid=params.pid), log_path=params.log_path
-        )
-    else:
-        job = monitor_pb2.JobRef(
-            slurm=monitor_pb2.SlurmJob(host=params.host, job_id=params.job_id), log_path=params.log_path
-        )
+    job = JobRef(params.kind, pid=params.pid, host=params.host, job_id=params.job_id, log_path=params.log_path)
     try:
-        status = await _monitor(context).job_status(job)
-    except grpc.aio.AioRpcError as error:
-        raise ToolError(f"the monitor could not answer: {error.details()}") from error
-    state = enum_label(monitor_pb2.JobState, status.state)
-    text = f"{state}" + (f", exit code {status.exit_code}" if status.HasField("exit_code") else "")
-    text += f" ({status.detail})" if status.detail else ""
-    if status.log_tail:
-        text += "\nLast log lines:\n" + "\n".join(status.log_tail)
+        look = await _monitor(context).job(job)
+    except MonitorError as error:
+        raise ToolError(f"the monitor could not answer: {error}") from error
+    text = f"{look.state}" + (f", exit code {look.exit_code}" if look.exit_code is not None else "")
+    text += f" ({look.detail})" if look.detail else ""
+    if look.log_tail:
+        text += "\nLast log lines:\n" + "\n".join(look.log_tail)
     return text
 
 

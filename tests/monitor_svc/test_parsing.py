@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from monitor_svc.model import JobState
 from monitor_svc.slurm import parse_sacct, parse_sbatch, parse_squeue, parse_time_limit
 from monitor_svc.smi import MalformedOutput, parse_gpus
+from quarry.vocabulary import JobState
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import types
 
 import quarry.client
+import quarry.compute
 import quarry.config
 import quarry.convert
 import quarry.db
@@ -82,6 +83,7 @@ PUBLIC_API = {
     quarry.convert: {
         "DELEGATION_ERROR_CODES",
         "ENTRY_KINDS",
+        "JOB_STATES",
         "ROLES",
         "EnumMap",
         "duration",
@@ -89,6 +91,12 @@ PUBLIC_API = {
         "entry_from_proto",
         "entry_to_proto",
         "enum_label",
+        "gpu_from_proto",
+        "gpu_to_proto",
+        "job_look_from_proto",
+        "job_look_to_proto",
+        "job_ref_from_proto",
+        "job_ref_to_proto",
         "principal_from_proto",
         "principal_to_proto",
         "source_from_proto",
@@ -111,7 +119,18 @@ PUBLIC_API = {
         "new_run_id",
         "violations",
     },
-    quarry.vocabulary: {"DelegationErrorCode", "Entry", "EntryKind", "Source"},
+    quarry.vocabulary: {
+        "DelegationErrorCode",
+        "Entry",
+        "EntryKind",
+        "Gpu",
+        "GpuProcess",
+        "JobLook",
+        "JobRef",
+        "JobState",
+        "Source",
+    },
+    quarry.compute: {"ComputeView", "MonitorError"},
     quarry.research_plane: {"Appended", "ResearchPlane"},
     quarry.db: {
         "Database",
