@@ -7,6 +7,8 @@ reach a client as something to execute.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from quarry.convert import DELEGATION_ERROR_CODES, ENTRY_KINDS, EnumMap, principal_to_proto, usage_to_proto
 from quarry.v1 import common_pb2, supervisor_pb2
 from quarry.vocabulary import Entry
@@ -21,6 +23,24 @@ from supervisor_svc.model import (
 )
 
 _PREVIEW_CHARS = 500
+
+
+class PublicEvent:
+    """A public event as the rest of the supervisor handles it: opaque until stored, numbered and sent."""
+
+    __slots__ = ("_message",)
+
+    def __init__(self, message: supervisor_pb2.RunEvent) -> None:
+        self._message = message
+
+    def stored(self, run_id: str, sequence_no: int, create_time: datetime) -> bytes:
+        """The event as the run's log keeps it and StreamRun sends it: numbered within its run."""
+        self._message.run_id = run_id
+        self._message.sequence_no = sequence_no
+        self._message.create_time.FromDatetime(create_time)
+        return self._message.SerializeToString()
+
+
 _ERROR_CODES: EnumMap[RunErrorCode, supervisor_pb2.RunErrorCode.ValueType] = EnumMap(
     {code: supervisor_pb2.RunErrorCode.Value(f"RUN_ERROR_CODE_{code.name}") for code in RunErrorCode}
 )
@@ -53,66 +73,73 @@ def error_to_proto(code: RunErrorCode, message: str) -> supervisor_pb2.RunError:
     return supervisor_pb2.RunError(code=_ERROR_CODES.to_proto(code), message=message)
 
 
-def status(phase: ResearchPhase, message: str, *, delegation_id: str = "") -> supervisor_pb2.RunEvent:
-    return supervisor_pb2.RunEvent(
-        status=supervisor_pb2.ResearchStatusEvent(
-            phase=_PHASES.to_proto(phase), message=message, delegation_id=delegation_id
-        )
+def status(phase: ResearchPhase, message: str, *, delegation_id: str = "") -> PublicEvent:
+    return PublicEvent(_status(phase, message, delegation_id))
+
+
+def _status(phase: ResearchPhase, message: str, delegation_id: str = "") -> supervisor_pb2.RunEvent:
+    event = supervisor_pb2.ResearchStatusEvent(
+        phase=_PHASES.to_proto(phase), message=message, delegation_id=delegation_id
     )
+    return supervisor_pb2.RunEvent(status=event)
 
 
-def delegation_ended(result: DelegationResult) -> supervisor_pb2.RunEvent:
+def delegation_ended(result: DelegationResult) -> PublicEvent:
     """WORKER_COMPLETED or WORKER_FAILED, with the outcome and, on failure, the error."""
     if result.error_code is None:
-        event = status(ResearchPhase.WORKER_COMPLETED, "worker finished", delegation_id=result.delegation_id)
+        event = _status(ResearchPhase.WORKER_COMPLETED, "worker finished", result.delegation_id)
         event.status.delegation_outcome = common_pb2.DELEGATION_OUTCOME_SUCCEEDED
-        return event
-    event = status(
-        ResearchPhase.WORKER_FAILED, f"worker failed: {result.error_message}", delegation_id=result.delegation_id
-    )
+        return PublicEvent(event)
+    event = _status(ResearchPhase.WORKER_FAILED, f"worker failed: {result.error_message}", result.delegation_id)
     event.status.delegation_outcome = common_pb2.DELEGATION_OUTCOME_FAILED
     event.status.delegation_error.code = DELEGATION_ERROR_CODES.to_proto(result.error_code)
     event.status.delegation_error.message = result.error_message
-    return event
+    return PublicEvent(event)
 
 
-def scratchpad_entry(entry: Entry) -> supervisor_pb2.RunEvent:
+def scratchpad_entry(entry: Entry) -> PublicEvent:
     preview = entry.content if len(entry.content) <= _PREVIEW_CHARS else entry.content[:_PREVIEW_CHARS] + "…"
-    return supervisor_pb2.RunEvent(
-        scratchpad=supervisor_pb2.ScratchpadEvent(
-            scratchpad_sequence_no=entry.sequence_no,
-            kind=ENTRY_KINDS.to_proto(entry.kind),
-            author=principal_to_proto(entry.author),
-            preview=preview,
+    return PublicEvent(
+        supervisor_pb2.RunEvent(
+            scratchpad=supervisor_pb2.ScratchpadEvent(
+                scratchpad_sequence_no=entry.sequence_no,
+                kind=ENTRY_KINDS.to_proto(entry.kind),
+                author=principal_to_proto(entry.author),
+                preview=preview,
+            )
         )
     )
 
 
-def reasoning(delta: str) -> supervisor_pb2.RunEvent:
-    return supervisor_pb2.RunEvent(reasoning=supervisor_pb2.ReasoningEvent(delta=delta))
+def reasoning(delta: str) -> PublicEvent:
+    return PublicEvent(supervisor_pb2.RunEvent(reasoning=supervisor_pb2.ReasoningEvent(delta=delta)))
 
 
-def content(delta: str) -> supervisor_pb2.RunEvent:
-    return supervisor_pb2.RunEvent(content=supervisor_pb2.ContentEvent(delta=delta))
+def content(delta: str) -> PublicEvent:
+    return PublicEvent(supervisor_pb2.RunEvent(content=supervisor_pb2.ContentEvent(delta=delta)))
 
 
-def ending(outcome: RunOutcome) -> supervisor_pb2.RunEvent:
+def ending(outcome: RunOutcome) -> PublicEvent:
     """The one terminal event of a run: completed, failed or cancelled."""
     usage = run_usage_to_proto(outcome.usage)
     if outcome.state is RunState.SUCCEEDED:
         report = outcome.report or Report(markdown="")
-        return supervisor_pb2.RunEvent(
-            completed=supervisor_pb2.RunCompletedEvent(
-                report=report_to_proto(report),
-                usage=usage,
-                removed_citations=report.removed_citations,
-                token_budget_exhausted=report.token_budget_exhausted,
-                turn_budget_exhausted=report.turn_budget_exhausted,
+        return PublicEvent(
+            supervisor_pb2.RunEvent(
+                completed=supervisor_pb2.RunCompletedEvent(
+                    report=report_to_proto(report),
+                    usage=usage,
+                    removed_citations=report.removed_citations,
+                    token_budget_exhausted=report.token_budget_exhausted,
+                    turn_budget_exhausted=report.turn_budget_exhausted,
+                )
             )
         )
     if outcome.state is RunState.CANCELLED:
-        return supervisor_pb2.RunEvent(cancelled=supervisor_pb2.RunCancelledEvent(reason=outcome.message, usage=usage))
+        return PublicEvent(
+            supervisor_pb2.RunEvent(cancelled=supervisor_pb2.RunCancelledEvent(reason=outcome.message, usage=usage))
+        )
     if outcome.state is RunState.FAILED and outcome.error_code is not None:
         error = error_to_proto(outcome.error_code, outcome.message)
-        return supervisor_pb2.RunEvent(failed=supervisor_pb2.RunFailedEvent(error=error, usage=usage))
+        return PublicEvent(supervisor_pb2.RunEvent(failed=supervisor_pb2.RunFailedEvent(error=error, usage=usage)))
     raise ValueError(f"not a run's ending: {outcome.state} {outcome.error_code}")

@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from quarry.notify import CommitSignal
 from quarry.research_plane import ResearchPlane
-from quarry.v1 import supervisor_pb2
 from quarry.vocabulary import Entry
 from supervisor_svc import events
+from supervisor_svc.events import PublicEvent
 from supervisor_svc.model import DelegationResult, ResearchPhase, RunOutcome, RunUsage
 from supervisor_svc.store import RunStore
 
@@ -37,13 +37,13 @@ class RunEventLog:
             await write()
         self._bus.publish(self._run_id)
 
-    async def emit(self, *batch: supervisor_pb2.RunEvent) -> None:
+    async def emit(self, *batch: PublicEvent) -> None:
         await self.write(lambda: self._store.append(self._run_id, batch))
 
-    async def mark_running(self, event: supervisor_pb2.RunEvent) -> None:
+    async def mark_running(self, event: PublicEvent) -> None:
         await self.write(lambda: self._store.mark_running(self._run_id, event))
 
-    async def record_usage(self, event: supervisor_pb2.RunEvent, usage: RunUsage) -> None:
+    async def record_usage(self, event: PublicEvent, usage: RunUsage) -> None:
         await self.write(lambda: self._store.record_usage(self._run_id, event, usage))
 
     async def finish(self, outcome: RunOutcome) -> None:
@@ -55,8 +55,8 @@ class TextStream:
 
     def __init__(
         self,
-        make: Callable[[str], supervisor_pb2.RunEvent],
-        emit: Callable[[supervisor_pb2.RunEvent], Awaitable[None]],
+        make: Callable[[str], PublicEvent],
+        emit: Callable[[PublicEvent], Awaitable[None]],
         *,
         max_chars: int = 200,
         max_delay: float = 0.1,

@@ -22,8 +22,8 @@ from sqlalchemy.exc import IntegrityError
 from quarry.db import Database, reserve_sequence_numbers
 from quarry.errors import AlreadyExists, ErrorReason, FieldViolation, InvalidArgument
 from quarry.notify import notify_on_commit
-from quarry.v1 import supervisor_pb2
 from supervisor_svc import events
+from supervisor_svc.events import PublicEvent
 from supervisor_svc.model import (
     ACTIVE_STATES,
     Report,
@@ -182,17 +182,17 @@ class RunStore:
         page = found[:limit]
         return page, _page_token(page[-1], state_name) if len(found) > limit else ""
 
-    async def append(self, run_id: str, events: Sequence[supervisor_pb2.RunEvent]) -> None:
+    async def append(self, run_id: str, events: Sequence[PublicEvent]) -> None:
         """Number and store events. Raises RunEnded when the run is no longer active."""
         await self._write_events(run_id, events)
 
-    async def mark_running(self, run_id: str, event: supervisor_pb2.RunEvent) -> None:
+    async def mark_running(self, run_id: str, event: PublicEvent) -> None:
         """The run has started executing: its state, start time and the event that says so, together."""
         await self._write_events(
             run_id, [event], columns={"state": RunState.RUNNING.value, "start_time": datetime.now(UTC)}
         )
 
-    async def record_usage(self, run_id: str, event: supervisor_pb2.RunEvent, usage: RunUsage) -> None:
+    async def record_usage(self, run_id: str, event: PublicEvent, usage: RunUsage) -> None:
         """An event after which the run's usage so far is `usage` (kept on the row for GetRun)."""
         await self._write_events(run_id, [event], columns={"usage": usage.to_json()})
 
@@ -216,7 +216,7 @@ class RunStore:
     async def _write_events(
         self,
         run_id: str,
-        events: Sequence[supervisor_pb2.RunEvent],
+        events: Sequence[PublicEvent],
         *,
         columns: dict[str, Any] | None = None,
         terminal: bool = False,
@@ -232,15 +232,13 @@ class RunStore:
                 raise RunEnded(run_id)
             rows = []
             for offset, event in enumerate(events):
-                event.run_id = run_id
-                event.sequence_no = first + offset
-                event.create_time.FromDatetime(now)
+                sequence_no = first + offset
                 last = offset == len(events) - 1
                 rows.append(
                     {
                         "run_id": run_id,
-                        "sequence_no": event.sequence_no,
-                        "payload": event.SerializeToString(),
+                        "sequence_no": sequence_no,
+                        "payload": event.stored(run_id, sequence_no, now),
                         "terminal": terminal and last,
                         "create_time": now,
                     }
