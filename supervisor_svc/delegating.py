@@ -70,7 +70,7 @@ class Delegator:
         *,
         run_id: str,
         thread_id: str,
-        worker_max_turns: int,
+        max_worker_turns: int,
         parallel: int,
         deadline: float,  # time.monotonic() by which the run must end
         client: DelegationClient,
@@ -81,7 +81,7 @@ class Delegator:
     ) -> None:
         self._run_id = run_id
         self._thread_id = thread_id
-        self._worker_max_turns = worker_max_turns
+        self._worker_max_turns = max_worker_turns
         self._parallel = parallel
         self._slots = asyncio.Semaphore(parallel)
         self._deadline = deadline

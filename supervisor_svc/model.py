@@ -47,7 +47,7 @@ class RunErrorCode(enum.StrEnum):
 @dataclass(frozen=True)
 class RunOptions:
     max_supervisor_turns: int = 0  # 0: DEFAULT_SUPERVISOR_TURNS
-    worker_max_turns: int = 0  # 0: the worker's default
+    max_worker_turns: int = 0  # 0: the worker's default
     max_parallel_delegations: int = 0  # 0: the server's default
     timeout_seconds: float = 0.0  # 0: the server's default
     max_tokens: int = 0  # 0: no token budget
@@ -57,6 +57,8 @@ class RunOptions:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunOptions:
+        # Runs stored before the field took the contract's name kept it as worker_max_turns.
+        data = {("max_worker_turns" if key == "worker_max_turns" else key): value for key, value in data.items()}
         return cls(**data)
 
 
@@ -225,7 +227,7 @@ def validate_start(request: StartRequest) -> None:
         violations.append(
             FieldViolation("options.max_supervisor_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)")
         )
-    if not 0 <= options.worker_max_turns <= MAX_TURNS_LIMIT:
+    if not 0 <= options.max_worker_turns <= MAX_TURNS_LIMIT:
         violations.append(FieldViolation("options.max_worker_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)"))
     if not 0 <= options.max_parallel_delegations <= MAX_PARALLEL_LIMIT:
         violations.append(

@@ -158,7 +158,7 @@ class ResearchRun:
         delegator = Delegator(
             run_id=self.run_id,
             thread_id=self.record.scratchpad_thread_id,
-            worker_max_turns=options.worker_max_turns,
+            max_worker_turns=options.max_worker_turns,
             parallel=options.max_parallel_delegations or self._deps.default_parallel,
             deadline=deadline,
             client=self._deps.delegations,

@@ -28,7 +28,7 @@ _STATES: EnumMap[RunState, supervisor_pb2.RunState.ValueType] = EnumMap(
 def options_from_proto(options: supervisor_pb2.RunOptions) -> RunOptions:
     return RunOptions(
         max_supervisor_turns=options.max_supervisor_turns,
-        worker_max_turns=options.max_worker_turns,
+        max_worker_turns=options.max_worker_turns,
         max_parallel_delegations=options.max_parallel_delegations,
         timeout_seconds=duration_seconds(options.timeout) if options.HasField("timeout") else 0.0,
         max_tokens=options.max_tokens,
@@ -38,7 +38,7 @@ def options_from_proto(options: supervisor_pb2.RunOptions) -> RunOptions:
 def options_to_proto(options: RunOptions) -> supervisor_pb2.RunOptions:
     message = supervisor_pb2.RunOptions(
         max_supervisor_turns=options.max_supervisor_turns,
-        max_worker_turns=options.worker_max_turns,
+        max_worker_turns=options.max_worker_turns,
         max_parallel_delegations=options.max_parallel_delegations,
         max_tokens=options.max_tokens,
     )

@@ -74,7 +74,14 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--address", help=address_help)
     ask.add_argument("--json", action="store_true", help="print one JSON object per event instead")
     ask.add_argument("--max-turns", type=int, default=0, help="bound on supervisor turns (default 12)")
-    ask.add_argument("--worker-max-turns", type=int, default=0, help="bound on each worker's turns (default 8)")
+    ask.add_argument(
+        "--max-worker-turns",
+        "--worker-max-turns",  # its first name, kept for scripts that use it
+        dest="max_worker_turns",
+        type=int,
+        default=0,
+        help="bound on each worker's turns (default 8)",
+    )
     ask.add_argument("--parallel", type=int, default=0, help="delegations at once (default: the server's)")
     ask.add_argument("--max-tokens", type=int, default=0, help="token budget for the whole run (default: none)")
     ask.add_argument("--timeout", type=float, default=0, help="seconds the run may take (default: the server's)")
@@ -174,7 +181,7 @@ def _ask(args: argparse.Namespace, common: QuarrySettings) -> int:
     connect = _connect_to_supervisor(args, common)
     options = supervisor_pb2.RunOptions(
         max_supervisor_turns=args.max_turns,
-        max_worker_turns=args.worker_max_turns,
+        max_worker_turns=args.max_worker_turns,
         max_parallel_delegations=args.parallel,
         max_tokens=args.max_tokens,
     )

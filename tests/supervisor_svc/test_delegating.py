@@ -63,7 +63,7 @@ async def test_parallel_delegations_share_the_budget_left_from_the_first_one(sto
     delegator = Delegator(
         run_id=RUN_ID,
         thread_id=RUN_ID,
-        worker_max_turns=0,
+        max_worker_turns=0,
         parallel=2,
         deadline=time.monotonic() + 60,
         client=workers,  # type: ignore[arg-type]
