@@ -36,7 +36,7 @@ from harness import arguments, percentile
 
 from quarry.client import QuarryClient
 from quarry.v1 import supervisor_pb2
-from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, agent_of
+from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, agent_of, append_finding
 from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
 from tests.fakes.web_server import FixtureWeb
 from tests.supervisor_svc.conftest import processes
@@ -71,14 +71,11 @@ def researcher(choreography: Choreography, objective: str, url: str, latency: fl
         Reply(calls=(Call("scroll_web_page", {"url": url, "page": 3}, "scroll-3"),), delay=latency),
         Reply(
             calls=(
-                Call(
-                    "append_scratchpad",
-                    {
-                        "kind": "finding",
-                        "content": f"{objective}: the tower stands on the Champ de Mars.",
-                        "sources": [{"url": url, "excerpt": "stands on the Champ de Mars in Paris"}],
-                    },
+                append_finding(
                     "promote",
+                    f"{objective}: the tower stands on the Champ de Mars.",
+                    url,
+                    "stands on the Champ de Mars in Paris",
                 ),
             ),
             delay=latency,

@@ -23,7 +23,7 @@ from quarry.client import QuarryClient, ScratchpadClient, insecure_channel
 from quarry.telemetry import JsonFormatter
 from quarry.v1 import common_pb2, scratchpad_pb2
 from tests.conftest import reusable_port, start_service, stop_service
-from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
+from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, append_finding
 from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel
 from tests.fakes.otlp import Collector, attribute_value, serving_collector
 from tests.fakes.web_server import FixtureWeb
@@ -62,15 +62,7 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
         ),
         Reply(
             calls=(
-                Call(
-                    "append_scratchpad",
-                    {
-                        "kind": "finding",
-                        "content": "The tower is 330 metres tall.",
-                        "sources": [{"url": article, "excerpt": "The tower is 330 metres tall"}],
-                    },
-                    "w-append",
-                ),
+                append_finding("w-append", "The tower is 330 metres tall.", article, "The tower is 330 metres tall"),
             )
         ),
         Reply(content="Promoted the height."),
