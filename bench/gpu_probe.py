@@ -9,13 +9,12 @@ Also prints how long each call took. Figures only.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import tempfile
 import time
 from pathlib import Path
 
-from harness import start_service
+from harness import arguments, running_service
 
 from quarry.client import insecure_channel
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
@@ -36,32 +35,28 @@ def describe(gpus: list[monitor_pb2.Gpu], reason: str) -> str:
 
 
 async def main_async(interval: float) -> None:
-    with tempfile.TemporaryDirectory() as workdir:
-        process, address = start_service("monitor", {"QUARRY_DATA_DIR": workdir}, Path(workdir))
-        try:
-            async with insecure_channel(address) as channel:
-                stub = monitor_pb2_grpc.MonitorServiceStub(channel)
-                started = time.perf_counter()
-                listed = await stub.ListGpus(monitor_pb2.ListGpusRequest(), timeout=30)
-                print(f"ListGpus ({(time.perf_counter() - started) * 1000:.1f} ms):")
-                print(describe(list(listed.gpus), listed.unavailable_reason))
-                request = monitor_pb2.WatchGpusRequest(
-                    interval={"nanos": int(interval * 1e9) % 10**9, "seconds": int(interval)}
-                )
-                started = time.perf_counter()
-                async for tick in stub.WatchGpus(request, timeout=30):
-                    print(f"WatchGpus first tick ({(time.perf_counter() - started) * 1000:.1f} ms):")
-                    print(describe(list(tick.gpus), tick.unavailable_reason))
-                    break
-        finally:
-            process.terminate()
-            process.wait(30)
+    with (
+        tempfile.TemporaryDirectory() as workdir,
+        running_service("monitor", {"QUARRY_DATA_DIR": workdir}, Path(workdir)) as (_, address),
+    ):
+        async with insecure_channel(address) as channel:
+            stub = monitor_pb2_grpc.MonitorServiceStub(channel)
+            started = time.perf_counter()
+            listed = await stub.ListGpus(monitor_pb2.ListGpusRequest(), timeout=30)
+            print(f"ListGpus ({(time.perf_counter() - started) * 1000:.1f} ms):")
+            print(describe(list(listed.gpus), listed.unavailable_reason))
+            request = monitor_pb2.WatchGpusRequest(
+                interval={"nanos": int(interval * 1e9) % 10**9, "seconds": int(interval)}
+            )
+            started = time.perf_counter()
+            async for tick in stub.WatchGpus(request, timeout=30):
+                print(f"WatchGpus first tick ({(time.perf_counter() - started) * 1000:.1f} ms):")
+                print(describe(list(tick.gpus), tick.unavailable_reason))
+                break
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--interval", type=float, default=1.0)
-    asyncio.run(main_async(parser.parse_args().interval))
+    asyncio.run(main_async(arguments(__doc__, interval=1.0).interval))
 
 
 if __name__ == "__main__":

@@ -28,20 +28,18 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import percentile, research_mesh
+from harness import arguments, percentile
 
 from quarry.client import QuarryClient
 from quarry.v1 import supervisor_pb2
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, agent_of
+from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, agent_of, append_finding
 from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
 from tests.fakes.web_server import FixtureWeb
+from tests.supervisor_svc.conftest import processes
 
 WORDS = "The lattice tower of wrought iron stands on the Champ de Mars in Paris and draws crowds every day. "
 
@@ -73,14 +71,11 @@ def researcher(choreography: Choreography, objective: str, url: str, latency: fl
         Reply(calls=(Call("scroll_web_page", {"url": url, "page": 3}, "scroll-3"),), delay=latency),
         Reply(
             calls=(
-                Call(
-                    "append_scratchpad",
-                    {
-                        "kind": "finding",
-                        "content": f"{objective}: the tower stands on the Champ de Mars.",
-                        "sources": [{"url": url, "excerpt": "stands on the Champ de Mars in Paris"}],
-                    },
+                append_finding(
                     "promote",
+                    f"{objective}: the tower stands on the Champ de Mars.",
+                    url,
+                    "stands on the Champ de Mars in Paris",
                 ),
             ),
             delay=latency,
@@ -110,24 +105,17 @@ def fan_out(choreography: Choreography, objectives: list[str], urls: list[str], 
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    model, site = ScriptedModel(), FixtureWeb()
-    await model.start()
-    await site.start()
-    urls = [site.add(f"/large-{n}.html", large_page(f"Page {n}", args.page_kb)) for n in range(4)]
-    with (
-        tempfile.TemporaryDirectory() as workdir,
-        research_mesh(Path(workdir), model.base_url, f"127.0.0.1:{site.port}") as supervisor_address,
-    ):
-        async with QuarryClient.connect(supervisor_address) as client:
-            await context_share(model, client, urls)
-            await parallel_ratio(model, client, urls, args.latency)
-            values = await delegate_hop(model, client, args.hops)
-            print(
-                f"delegate hop, {len(values)} sequential delegations: p50 {percentile(values, 0.5):.2f} ms, "
-                f"p99 {percentile(values, 0.99):.2f} ms (goal p50 <= 1 ms, p99 <= 5 ms)"
-            )
-    await site.stop()
-    await model.stop()
+    async with ScriptedModel() as model, FixtureWeb() as site:
+        urls = [site.add(f"/large-{n}.html", large_page(f"Page {n}", args.page_kb)) for n in range(4)]
+        with tempfile.TemporaryDirectory() as workdir, processes(Path(workdir), model, site) as mesh:
+            async with QuarryClient.connect(mesh.supervisor.address) as client:
+                await context_share(model, client, urls)
+                await parallel_ratio(model, client, urls, args.latency)
+                values = await delegate_hop(model, client, args.hops)
+                print(
+                    f"delegate hop, {len(values)} sequential delegations: p50 {percentile(values, 0.5):.2f} ms, "
+                    f"p99 {percentile(values, 0.99):.2f} ms (goal p50 <= 1 ms, p99 <= 5 ms)"
+                )
 
 
 async def context_share(model: ScriptedModel, client: QuarryClient, urls: list[str]) -> None:
@@ -191,11 +179,7 @@ async def delegate_hop(model: ScriptedModel, client: QuarryClient, hops: int) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--page-kb", type=int, default=200)
-    parser.add_argument("--latency", type=float, default=0.3)
-    parser.add_argument("--hops", type=int, default=30)
-    asyncio.run(main_async(parser.parse_args()))
+    asyncio.run(main_async(arguments(__doc__, page_kb=200, latency=0.3, hops=30)))
 
 
 if __name__ == "__main__":

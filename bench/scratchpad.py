@@ -15,7 +15,6 @@ Prints figures only; it never passes or fails on time.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import multiprocessing
 import os
@@ -31,7 +30,7 @@ from typing import Any
 import grpc
 import psycopg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from harness import peak_rss_mib, percentile, start_service
+from harness import arguments, peak_rss_mib, percentile, running_service
 from sqlalchemy.engine import make_url
 
 from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
@@ -172,47 +171,40 @@ def drop_postgres_schema(url: str, schema: str) -> None:
 
 
 def bench_backend(name: str, database_url: str, appends: int, watch_count: int) -> None:
-    with tempfile.TemporaryDirectory() as workdir:
-        server, address = start_service(
-            "scratchpad",
-            {"QUARRY_SCRATCHPAD_DATABASE_URL": database_url, "QUARRY_LOG_LEVEL": "WARNING"},
-            Path(workdir),
+    env = {"QUARRY_SCRATCHPAD_DATABASE_URL": database_url, "QUARRY_LOG_LEVEL": "WARNING"}
+    with (
+        tempfile.TemporaryDirectory() as workdir,
+        running_service("scratchpad", env, Path(workdir)) as (server, address),
+    ):
+        with grpc.insecure_channel(address) as channel:
+            stub = scratchpad_pb2_grpc.ScratchpadServiceStub(channel)
+            thread_id = stub.CreateThread(scratchpad_pb2.CreateThreadRequest(title="bench")).thread.thread_id
+        run_clients(address, thread_id, 1, 200)  # warm up
+        print(f"\n{name}: one thread, separate client processes")
+        print(HEADER)
+        for clients in (1, 8):
+            print(run_clients(address, thread_id, clients, appends).row(), flush=True)
+        print(run_clients(address, thread_id, 1, appends, in_flight=16).row(), flush=True)
+        # The same server answering an RPC that does nothing: the gRPC ceiling on this machine.
+        for clients in (1, 8):
+            print(run_clients(address, thread_id, clients, appends, noop=True).row(), flush=True)
+        latencies = asyncio.run(watch_latency(address, thread_id, watch_count))
+        print(
+            f"{name}: Watch delivery, append sent -> entry received, {watch_count} entries: "
+            f"p50 {percentile(latencies, 0.5):.2f} ms, p99 {percentile(latencies, 0.99):.2f} ms, "
+            f"max {max(latencies):.2f} ms, mean {statistics.fmean(latencies):.2f} ms"
         )
-        try:
-            with grpc.insecure_channel(address) as channel:
-                stub = scratchpad_pb2_grpc.ScratchpadServiceStub(channel)
-                thread_id = stub.CreateThread(scratchpad_pb2.CreateThreadRequest(title="bench")).thread.thread_id
-            run_clients(address, thread_id, 1, 200)  # warm up
-            print(f"\n{name}: one thread, separate client processes")
-            print(HEADER)
-            for clients in (1, 8):
-                print(run_clients(address, thread_id, clients, appends).row(), flush=True)
-            print(run_clients(address, thread_id, 1, appends, in_flight=16).row(), flush=True)
-            # The same server answering an RPC that does nothing: the gRPC ceiling on this machine.
-            for clients in (1, 8):
-                print(run_clients(address, thread_id, clients, appends, noop=True).row(), flush=True)
-            latencies = asyncio.run(watch_latency(address, thread_id, watch_count))
-            print(
-                f"{name}: Watch delivery, append sent -> entry received, {watch_count} entries: "
-                f"p50 {percentile(latencies, 0.5):.2f} ms, p99 {percentile(latencies, 0.99):.2f} ms, "
-                f"max {max(latencies):.2f} ms, mean {statistics.fmean(latencies):.2f} ms"
-            )
-            print(f"{name}: server peak RSS {peak_rss_mib(server.pid):.0f} MiB")
-        finally:
-            server.terminate()
-            server.wait(30)
+        print(f"{name}: server peak RSS {peak_rss_mib(server.pid):.0f} MiB")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--appends", type=int, default=4000)
-    parser.add_argument("--watch-entries", type=int, default=1000)
-    parser.add_argument("--backends", default="sqlite,postgresql")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("QUARRY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+    args = arguments(
+        __doc__,
+        appends=4000,
+        watch_entries=1000,
+        backends="sqlite,postgresql",
+        postgres_url=os.environ.get("QUARRY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
     )
-    args = parser.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, grpcio {grpc.__version__}")
     for backend in args.backends.split(","):
         if backend == "sqlite":

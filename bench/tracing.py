@@ -15,38 +15,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-import grpc
-from harness import percentile, research_mesh
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from harness import arguments, percentile
 from run import delegate_hop, researcher, run_once
 
 from quarry.client import QuarryClient
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
 from tests.fakes.openai_server import Call, Reply, ScriptedModel
+from tests.fakes.otlp import serving_collector
 from tests.fakes.web_server import FixtureWeb
-
-
-class Receiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
-    """Accepts and counts exported spans, as a collector would (on its own threads)."""
-
-    def __init__(self) -> None:
-        self.spans = 0
-
-    def Export(self, request: Any, context: Any) -> Any:
-        if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
-            self.spans += sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
-            return trace_service_pb2.ExportTraceServiceResponse()
-        return metrics_service_pb2.ExportMetricsServiceResponse()
+from tests.supervisor_svc.conftest import processes
 
 
 async def whole_runs(model: ScriptedModel, client: QuarryClient, url: str, runs: int) -> list[float]:
@@ -70,38 +51,23 @@ async def whole_runs(model: ScriptedModel, client: QuarryClient, url: str, runs:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    model, site = ScriptedModel(), FixtureWeb()
-    await model.start()
-    await site.start()
-    receiver = Receiver()
-    server = grpc.server(ThreadPoolExecutor(4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(receiver, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    tracing = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
-        "OTEL_EXPORTER_OTLP_INSECURE": "true",
-    }
-    url = f"{site.base_url}/article.html"
     hops: dict[bool, list[float]] = {False: [], True: []}
     runs: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(args.rounds):
-        for traced in (False, True):
-            with (
-                tempfile.TemporaryDirectory() as workdir,
-                research_mesh(
-                    Path(workdir), model.base_url, f"127.0.0.1:{site.port}", tracing if traced else None
-                ) as address,
-            ):
-                async with QuarryClient.connect(address) as client:
-                    await whole_runs(model, client, url, 1)  # warm-up: page cache, connections, imports
-                    hops[traced] += await delegate_hop(model, client, args.hops)
-                    runs[traced] += await whole_runs(model, client, url, args.runs)
-    server.stop(None)
-    await site.stop()
-    await model.stop()
-    print(f"spans received with tracing on: {receiver.spans}")
+    with serving_collector() as (receiver, endpoint):
+        async with ScriptedModel() as model, FixtureWeb() as site:
+            tracing = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_INSECURE": "true"}
+            url = f"{site.base_url}/article.html"
+            for _ in range(args.rounds):
+                for traced in (False, True):
+                    with (
+                        tempfile.TemporaryDirectory() as workdir,
+                        processes(Path(workdir), model, site, tracing if traced else None) as mesh,
+                    ):
+                        async with QuarryClient.connect(mesh.supervisor.address) as client:
+                            await whole_runs(model, client, url, 1)  # warm-up: page cache, connections, imports
+                            hops[traced] += await delegate_hop(model, client, args.hops)
+                            runs[traced] += await whole_runs(model, client, url, args.runs)
+    print(f"spans received with tracing on: {len(receiver.spans())}")
     for label, values, unit, scale in (("delegate hop", hops, "ms", 1.0), ("whole run", runs, "s", 1.0)):
         off, on = percentile(values[False], 0.5) * scale, percentile(values[True], 0.5) * scale
         print(
@@ -111,11 +77,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--hops", type=int, default=20)
-    parser.add_argument("--runs", type=int, default=5)
-    asyncio.run(main_async(parser.parse_args()))
+    asyncio.run(main_async(arguments(__doc__, rounds=2, hops=20, runs=5)))
 
 
 if __name__ == "__main__":

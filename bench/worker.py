@@ -18,19 +18,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import grpc
-from harness import peak_rss_mib, percentile, start_service
+from harness import arguments, peak_rss_mib, percentile, running_service
 
 from quarry.client import ScratchpadClient, insecure_channel
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
 
 
@@ -63,78 +60,74 @@ async def delegate(
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    model = ScriptedModel()
-    await model.start()
     with tempfile.TemporaryDirectory() as workdir_name:
         workdir = Path(workdir_name)
         env = {"QUARRY_DATA_DIR": str(workdir), "QUARRY_LOG_LEVEL": "WARNING"}
-        scratchpad, scratchpad_address = start_service("scratchpad", env, workdir)
-        worker, worker_address = start_service(
-            "worker",
-            {
-                **env,
-                "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad_address,
-                "QUARRY_WORKER_MODEL_BASE_URL": model.base_url,
-                "QUARRY_WORKER_MODEL_NAME": "scripted",
-                "QUARRY_WORKER_MAX_CONCURRENT_DELEGATIONS": str(args.concurrent + 10),
-            },
-            workdir,
-        )
-        try:
-            async with (
-                insecure_channel(scratchpad_address) as sp_channel,
-                grpc.aio.insecure_channel(worker_address) as channel,
+        async with ScriptedModel() as model:
+            with (
+                running_service("scratchpad", env, workdir) as (_, scratchpad_address),
+                running_service(
+                    "worker",
+                    {
+                        **env,
+                        "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad_address,
+                        "QUARRY_WORKER_MODEL_BASE_URL": model.base_url,
+                        "QUARRY_WORKER_MODEL_NAME": "scripted",
+                        "QUARRY_WORKER_MAX_CONCURRENT_DELEGATIONS": str(args.concurrent + 10),
+                    },
+                    workdir,
+                ) as (worker, worker_address),
             ):
-                thread = await ScratchpadClient(sp_channel).create_thread(title="bench")
-                stub = worker_pb2_grpc.WorkerServiceStub(channel)
+                await measure(args, model, worker.pid, scratchpad_address, worker_address)
 
-                model.default = two_turns(0.0)
-                await delegate(stub, thread.thread_id, "warm-up")
-                per_delegation: list[float] = []
-                for index in range(args.delegations):
-                    model.service_times.clear()
-                    started = time.perf_counter()
-                    result = await delegate(stub, thread.thread_id, f"seq-{index}")
-                    elapsed = time.perf_counter() - started
-                    assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED, result
-                    per_delegation.append((elapsed - sum(model.service_times)) * 1000)
-                per_turn = [value / 2 for value in per_delegation]
-                print(f"mesh overhead, {args.delegations} sequential delegations of 2 turns, zero-latency model:")
-                for label, values in (("per delegation", per_delegation), ("per turn", per_turn)):
-                    p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
-                    print(f"  {label}: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
 
-                model.default = two_turns(args.latency)
-                started = time.perf_counter()
-                results = await asyncio.gather(
-                    *(delegate(stub, thread.thread_id, f"par-{index}") for index in range(args.concurrent)),
-                    return_exceptions=True,
-                )
-                elapsed = time.perf_counter() - started
-                succeeded = sum(
-                    1
-                    for r in results
-                    if isinstance(r, worker_pb2.DelegationResult)
-                    and r.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED
-                )
-                print(
-                    f"{args.concurrent} concurrent delegations, {args.latency * 1000:.0f} ms per model turn (2 turns): "
-                    f"{succeeded} succeeded in {elapsed:.2f} s (ideal {2 * args.latency:.2f} s); "
-                    f"worker peak RSS {peak_rss_mib(worker.pid):.0f} MiB"
-                )
-        finally:
-            for process in (worker, scratchpad):
-                process.terminate()
-                process.wait(30)
-    await model.stop()
+async def measure(
+    args: argparse.Namespace, model: ScriptedModel, worker_pid: int, scratchpad_address: str, worker_address: str
+) -> None:
+    async with (
+        insecure_channel(scratchpad_address) as sp_channel,
+        grpc.aio.insecure_channel(worker_address) as channel,
+    ):
+        thread = await ScratchpadClient(sp_channel).create_thread(title="bench")
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+
+        model.default = two_turns(0.0)
+        await delegate(stub, thread.thread_id, "warm-up")
+        per_delegation: list[float] = []
+        for index in range(args.delegations):
+            model.service_times.clear()
+            started = time.perf_counter()
+            result = await delegate(stub, thread.thread_id, f"seq-{index}")
+            elapsed = time.perf_counter() - started
+            assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED, result
+            per_delegation.append((elapsed - sum(model.service_times)) * 1000)
+        per_turn = [value / 2 for value in per_delegation]
+        print(f"mesh overhead, {args.delegations} sequential delegations of 2 turns, zero-latency model:")
+        for label, values in (("per delegation", per_delegation), ("per turn", per_turn)):
+            p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
+            print(f"  {label}: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+
+        model.default = two_turns(args.latency)
+        started = time.perf_counter()
+        results = await asyncio.gather(
+            *(delegate(stub, thread.thread_id, f"par-{index}") for index in range(args.concurrent)),
+            return_exceptions=True,
+        )
+        elapsed = time.perf_counter() - started
+        succeeded = sum(
+            1
+            for r in results
+            if isinstance(r, worker_pb2.DelegationResult) and r.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED
+        )
+        print(
+            f"{args.concurrent} concurrent delegations, {args.latency * 1000:.0f} ms per model turn (2 turns): "
+            f"{succeeded} succeeded in {elapsed:.2f} s (ideal {2 * args.latency:.2f} s); "
+            f"worker peak RSS {peak_rss_mib(worker_pid):.0f} MiB"
+        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--delegations", type=int, default=40)
-    parser.add_argument("--concurrent", type=int, default=200)
-    parser.add_argument("--latency", type=float, default=0.5)
-    asyncio.run(main_async(parser.parse_args()))
+    asyncio.run(main_async(arguments(__doc__, delegations=40, concurrent=200, latency=0.5)))
 
 
 if __name__ == "__main__":

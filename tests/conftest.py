@@ -43,19 +43,15 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 async def model() -> AsyncIterator[ScriptedModel]:
     """The scripted OpenAI-compatible model server on 127.0.0.1."""
-    server = ScriptedModel()
-    await server.start()
-    yield server
-    await server.stop()
+    async with ScriptedModel() as server:
+        yield server
 
 
 @pytest.fixture
 async def site() -> AsyncIterator[FixtureWeb]:
     """The fixture web on 127.0.0.1."""
-    fixture = FixtureWeb()
-    await fixture.start()
-    yield fixture
-    await fixture.stop()
+    async with FixtureWeb() as fixture:
+        yield fixture
 
 
 def _postgres_conninfo() -> str:

@@ -12,10 +12,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fakes.openai_server import HttpError, Step
+from tests.fakes.openai_server import Call, HttpError, Step
 
 SUPERVISOR = "supervisor"
 REPORT = "report"
+
+
+def append_finding(call_id: str, content: str, url: str, excerpt: str, title: str | None = None) -> Call:
+    """A researcher's call promoting one finding that quotes one page."""
+    source = {"url": url, "excerpt": excerpt} if title is None else {"url": url, "title": title, "excerpt": excerpt}
+    return Call("append_scratchpad", {"kind": "finding", "content": content, "sources": [source]}, call_id)
 
 
 def agent_of(body: dict[str, Any]) -> str:

@@ -20,6 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.loopback import Served, serve_on_loopback
+
 
 @dataclass(frozen=True)
 class Call:
@@ -65,7 +67,7 @@ Step = Reply | HttpError | Stall | DropAfter
 
 
 @dataclass
-class ScriptedModel:
+class ScriptedModel(Served):
     steps: deque[Step] = field(default_factory=deque)
     # Chooses the answer, from the request, once the script is used up (benchmarks).
     default: Callable[[dict[str, Any]], Step] | None = None
@@ -86,11 +88,7 @@ class ScriptedModel:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, port = await serve_on_loopback(app)
         self.base_url = f"http://127.0.0.1:{port}/v1"
 
     async def stop(self) -> None:
@@ -197,11 +195,7 @@ def _chunks(body: dict[str, Any], step: Reply) -> list[dict[str, Any]]:
         {
             **_chunk(body, {}),
             "choices": [],
-            "usage": {
-                "prompt_tokens": step.input_tokens,
-                "completion_tokens": step.output_tokens,
-                "total_tokens": step.input_tokens + step.output_tokens,
-            },
+            "usage": _usage(step),
         }
     )
     return chunks
@@ -224,9 +218,13 @@ def _completion(body: dict[str, Any], step: Reply) -> dict[str, Any]:
         "created": 0,
         "model": body.get("model", "scripted"),
         "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if step.calls else "stop"}],
-        "usage": {
-            "prompt_tokens": step.input_tokens,
-            "completion_tokens": step.output_tokens,
-            "total_tokens": step.input_tokens + step.output_tokens,
-        },
+        "usage": _usage(step),
+    }
+
+
+def _usage(step: Reply) -> dict[str, int]:
+    return {
+        "prompt_tokens": step.input_tokens,
+        "completion_tokens": step.output_tokens,
+        "total_tokens": step.input_tokens + step.output_tokens,
     }

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from tests.fakes.loopback import Served, serve_on_loopback
+
 ARTICLE = """<!doctype html>
 <html><head><title>The Eiffel Tower</title></head>
 <body>
@@ -24,7 +26,7 @@ tallest structure in Paris.</p>
 
 
 @dataclass
-class FixtureWeb:
+class FixtureWeb(Served):
     pages: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # path -> (content type, body)
     hits: list[str] = field(default_factory=list)
     base_url: str = ""
@@ -42,11 +44,7 @@ class FixtureWeb:
         app.router.add_post("/tavily/search", self._tavily)
         app.router.add_get("/brave/res/v1/web/search", self._brave)
         app.router.add_get("/{path:.*}", self._page)
-        self._runner = web.AppRunner(app, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await serve_on_loopback(app)
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.add("/article.html", ARTICLE)
 

@@ -13,89 +13,33 @@ import json
 import logging
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from quarry.client import QuarryClient, ScratchpadClient, insecure_channel
 from quarry.telemetry import JsonFormatter
 from quarry.v1 import common_pb2, scratchpad_pb2
 from tests.conftest import reusable_port, start_service, stop_service
-from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
+from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, append_finding
 from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel
+from tests.fakes.otlp import Collector, attribute_value, serving_collector
 from tests.fakes.web_server import FixtureWeb
 from tests.supervisor_svc.conftest import processes
 
 SECRET = "sk-quarry-test-secret-7f3a9c"
 
 
-@dataclass
-class Collector(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
-    """An OTLP/gRPC receiver that keeps what it is sent."""
-
-    traces: list[trace_service_pb2.ExportTraceServiceRequest] = field(default_factory=list)
-    metrics: list[metrics_service_pb2.ExportMetricsServiceRequest] = field(default_factory=list)
-
-    def Export(self, request: Any, context: Any) -> Any:
-        if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
-            self.traces.append(request)
-            return trace_service_pb2.ExportTraceServiceResponse()
-        self.metrics.append(request)
-        return metrics_service_pb2.ExportMetricsServiceResponse()
-
-    def spans(self) -> list[tuple[str, trace_pb2.Span]]:
-        """(service.name, span) for every span received."""
-        found = []
-        for request in self.traces:
-            for resource_spans in request.resource_spans:
-                service = next(
-                    a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"
-                )
-                for scope_spans in resource_spans.scope_spans:
-                    found.extend((service, span) for span in scope_spans.spans)
-        return found
-
-    def metric_points(self) -> dict[str, list[dict[str, Any]]]:
-        """Metric name -> the attributes of each data point received."""
-        points: dict[str, list[dict[str, Any]]] = {}
-        for request in self.metrics:
-            for resource_metrics in request.resource_metrics:
-                for scope_metrics in resource_metrics.scope_metrics:
-                    for metric in scope_metrics.metrics:
-                        data = getattr(metric, metric.WhichOneof("data"))
-                        for point in data.data_points:
-                            points.setdefault(metric.name, []).append(
-                                {a.key: _value(a.value) for a in point.attributes}
-                            )
-        return points
-
-
-def _value(value: Any) -> Any:
-    return getattr(value, value.WhichOneof("value")) if value.WhichOneof("value") else None
-
-
 @pytest.fixture
 def collector() -> Iterator[tuple[Collector, str]]:
-    """On threads of its own: it must answer while the test blocks waiting for services to stop."""
-    receiver = Collector()
-    server = grpc.server(ThreadPoolExecutor(4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(receiver, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield receiver, f"http://127.0.0.1:{port}"
-    server.stop(None)
+    with serving_collector() as served:
+        yield served
 
 
 def attributes(span: trace_pb2.Span) -> dict[str, Any]:
-    return {a.key: _value(a.value) for a in span.attributes}
+    return {a.key: attribute_value(a.value) for a in span.attributes}
 
 
 @pytest.mark.slow
@@ -118,15 +62,7 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
         ),
         Reply(
             calls=(
-                Call(
-                    "append_scratchpad",
-                    {
-                        "kind": "finding",
-                        "content": "The tower is 330 metres tall.",
-                        "sources": [{"url": article, "excerpt": "The tower is 330 metres tall"}],
-                    },
-                    "w-append",
-                ),
+                append_finding("w-append", "The tower is 330 metres tall.", article, "The tower is 330 metres tall"),
             )
         ),
         Reply(content="Promoted the height."),

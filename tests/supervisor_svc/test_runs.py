@@ -13,18 +13,10 @@ from quarry.v1 import common_pb2, supervisor_pb2, worker_pb2
 from supervisor_svc.model import StartRequest
 from supervisor_svc.schema import runs
 from supervisor_svc.store import RunStore
-from tests.fakes.choreography import REPORT, SUPERVISOR
+from tests.fakes.choreography import REPORT, SUPERVISOR, append_finding
 from tests.fakes.openai_server import Call, DropAfter, Reply, Stall
 from tests.rpc import error_reason, expect_error, violations
 from tests.supervisor_svc.conftest import Mesh, delegation_on
-
-
-def finding(url: str, content: str, excerpt: str, call_id: str) -> Call:
-    return Call(
-        "append_scratchpad",
-        {"kind": "finding", "content": content, "sources": [{"url": url, "excerpt": excerpt}]},
-        call_id,
-    )
 
 
 def researcher(mesh: Mesh, objective: str, page: str, content: str, excerpt: str) -> None:
@@ -32,7 +24,7 @@ def researcher(mesh: Mesh, objective: str, page: str, content: str, excerpt: str
     mesh.script.add(
         objective,
         Reply(calls=(Call("read_web_page", {"url": url}, "read"),)),
-        Reply(calls=(finding(url, content, excerpt, "promote"),)),
+        Reply(calls=(append_finding("promote", content, url, excerpt),)),
         Reply(content=f"Promoted: {content}"),
     )
 

@@ -22,7 +22,7 @@ import pytest
 
 from quarry.client import QuarryClient, ScratchpadClient, insecure_channel
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
-from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
+from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, append_finding
 from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel, Stall
 from tests.fakes.web_server import FixtureWeb
 from tests.supervisor_svc.conftest import HISTORY, delegation_on, processes
@@ -62,16 +62,12 @@ async def test_the_seed_research_contract_across_processes(
         Reply(calls=(Call("read_web_page", {"url": article}, "a-page"),)),
         Reply(
             calls=(
-                Call(
-                    "append_scratchpad",
-                    {
-                        "kind": "finding",
-                        "content": "The Eiffel Tower is 330 metres tall.",
-                        "sources": [
-                            {"url": article, "title": "The Eiffel Tower", "excerpt": "The tower is 330 metres tall"}
-                        ],
-                    },
+                append_finding(
                     "a-finding",
+                    "The Eiffel Tower is 330 metres tall.",
+                    article,
+                    "The tower is 330 metres tall",
+                    title="The Eiffel Tower",
                 ),
                 Call("append_scratchpad", {"kind": "marker", "content": MARKER}, "a-marker"),
             )
@@ -84,20 +80,12 @@ async def test_the_seed_research_contract_across_processes(
         Reply(calls=(Call("read_web_page", {"url": history}, "b-page"),)),
         Reply(
             calls=(
-                Call(
-                    "append_scratchpad",
-                    {
-                        "kind": "finding",
-                        "content": "The tower was built between January 1887 and May 1889.",
-                        "sources": [
-                            {
-                                "url": history,
-                                "title": "Building the tower",
-                                "excerpt": "Construction of the Eiffel Tower began in January 1887",
-                            }
-                        ],
-                    },
+                append_finding(
                     "b-finding",
+                    "The tower was built between January 1887 and May 1889.",
+                    history,
+                    "Construction of the Eiffel Tower began in January 1887",
+                    title="Building the tower",
                 ),
                 Call("append_scratchpad", {"kind": "acknowledgement", "content": f"ACK {MARKER}"}, "b-ack"),
             )

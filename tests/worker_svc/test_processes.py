@@ -9,6 +9,7 @@ import pytest
 from quarry.client import ScratchpadClient, insecure_channel
 from quarry.v1 import common_pb2, scratchpad_pb2, worker_pb2, worker_pb2_grpc
 from tests.conftest import start_service, stop_service
+from tests.fakes.choreography import append_finding
 from tests.fakes.openai_server import Call, Reply, ScriptedModel
 from tests.fakes.web_server import FixtureWeb
 
@@ -47,14 +48,8 @@ async def test_delegation_across_processes_with_ssrf_refused(
             Reply(calls=(Call("read_web_page", {"url": article}, "ok"),)),
             Reply(
                 calls=(
-                    Call(
-                        "append_scratchpad",
-                        {
-                            "kind": "finding",
-                            "content": "The Eiffel Tower is 330 m tall.",
-                            "sources": [{"url": article, "excerpt": "The tower is 330 metres tall"}],
-                        },
-                        "append",
+                    append_finding(
+                        "append", "The Eiffel Tower is 330 m tall.", article, "The tower is 330 metres tall"
                     ),
                 )
             ),
