@@ -112,6 +112,7 @@ PUBLIC_API = {
         "create_engine",
         "database_url",
         "json_type",
+        "open_migrated_database",
         "reserve_sequence_numbers",
         "run_migrations",
         "schema_revisions",
