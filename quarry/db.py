@@ -34,6 +34,7 @@ __all__ = [
     "create_engine",
     "database_url",
     "json_type",
+    "open_migrated_database",
     "reserve_sequence_numbers",
     "run_migrations",
     "schema_revisions",
@@ -237,6 +238,14 @@ def _alembic_config(migrations: Path) -> Config:
 
 async def upgrade_schema_async(url: str, migrations: Path, version_table: str) -> None:
     await asyncio.to_thread(upgrade_schema, url, migrations, version_table)
+
+
+async def open_migrated_database(url: str, migrations: Path, version_table: str) -> Database:
+    """The database a service starts with: its schema first brought up to head, then opened. Every service
+    that owns tables starts this way, so the order (never open a database the code has not migrated) is
+    kept in one place."""
+    await upgrade_schema_async(url, migrations, version_table)
+    return Database(url)
 
 
 def run_migrations(context: EnvironmentContext, target_metadata: sa.MetaData) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar
 
 import grpc
 from google.protobuf import any_pb2
@@ -107,7 +106,6 @@ class QuarryError(Exception):
     """Base of every error Quarry reports on purpose."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
-    default_reason: ClassVar[ErrorReason] = ErrorReason.INTERNAL
 
     def __init__(
         self,
@@ -118,7 +116,8 @@ class QuarryError(Exception):
     ) -> None:
         super().__init__(message)
         self.message = message
-        self.reason = reason or self.default_reason
+        # Without a specific reason, the status code's own name: ErrorReason holds one per code.
+        self.reason = reason or ErrorReason(self.code.name)
         self.metadata = dict(metadata or {})
 
     def details(self) -> list[any_pb2.Any]:
@@ -144,7 +143,6 @@ def _bad_request(violations: Iterable[FieldViolation]) -> any_pb2.Any:
 
 class InvalidArgument(QuarryError):
     code = grpc.StatusCode.INVALID_ARGUMENT
-    default_reason = ErrorReason.INVALID_ARGUMENT
 
     def __init__(
         self,
@@ -165,7 +163,6 @@ class InvalidArgument(QuarryError):
 
 class NotFound(QuarryError):
     code = grpc.StatusCode.NOT_FOUND
-    default_reason = ErrorReason.NOT_FOUND
 
     def __init__(self, resource_type: str, resource_name: str, *, field: str | None = None) -> None:
         super().__init__(
@@ -188,47 +185,38 @@ class NotFound(QuarryError):
 
 class AlreadyExists(QuarryError):
     code = grpc.StatusCode.ALREADY_EXISTS
-    default_reason = ErrorReason.ALREADY_EXISTS
 
 
 class PermissionDenied(QuarryError):
     code = grpc.StatusCode.PERMISSION_DENIED
-    default_reason = ErrorReason.PERMISSION_DENIED
 
 
 class FailedPrecondition(QuarryError):
     code = grpc.StatusCode.FAILED_PRECONDITION
-    default_reason = ErrorReason.FAILED_PRECONDITION
 
 
 class ResourceExhausted(QuarryError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
-    default_reason = ErrorReason.RESOURCE_EXHAUSTED
 
 
 class Unauthenticated(QuarryError):
     code = grpc.StatusCode.UNAUTHENTICATED
-    default_reason = ErrorReason.UNAUTHENTICATED
 
 
 class Unavailable(QuarryError):
     code = grpc.StatusCode.UNAVAILABLE
-    default_reason = ErrorReason.UNAVAILABLE
 
 
 class DeadlineExceeded(QuarryError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
-    default_reason = ErrorReason.DEADLINE_EXCEEDED
 
 
 class Unimplemented(QuarryError):
     code = grpc.StatusCode.UNIMPLEMENTED
-    default_reason = ErrorReason.UNIMPLEMENTED
 
 
 class Internal(QuarryError):
     code = grpc.StatusCode.INTERNAL
-    default_reason = ErrorReason.INTERNAL
 
 
 def to_rpc_status(error: QuarryError) -> grpc.Status:

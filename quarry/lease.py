@@ -11,7 +11,6 @@ process still runs, and the error handling live here once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from quarry import telemetry
+from quarry.background import BackgroundTask
 
 __all__ = ["LeaseKeeper", "LeaseStore", "LeaseTerms"]
 
@@ -45,7 +45,7 @@ class LeaseTerms:
         return min(self.lease_seconds / 3, self.max_interval_seconds)
 
 
-class LeaseKeeper:
+class LeaseKeeper(BackgroundTask):
     """The background task that renews one process's leases and ends the work of owners that stopped.
 
     `held` lists the ids this process runs now; `end_as_failed(id)` ends one expired item and says
@@ -62,25 +62,16 @@ class LeaseKeeper:
         end_as_failed: Callable[[str], Awaitable[bool]],
         terms: LeaseTerms,
     ) -> None:
+        super().__init__(f"{kind}-leases")
         self._kind = kind
         self.owner = owner
         self._store = store
         self._held = held
         self._end_as_failed = end_as_failed
         self._terms = terms
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
+    async def _run(self) -> None:
         """Renew and sweep now, then every interval until stopped."""
-        self._task = asyncio.create_task(self._keep(), name=f"{self._kind}-leases")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _keep(self) -> None:
         while True:
             try:
                 with telemetry.quiet():  # housekeeping: no spans

@@ -10,7 +10,6 @@ an item but never drop, reorder or repeat one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import defaultdict
 from typing import Any
@@ -18,6 +17,9 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection
+
+from quarry.background import BackgroundTask
+from quarry.db import Database
 
 log = logging.getLogger(__name__)
 
@@ -64,24 +66,15 @@ class CommitSignal:
             self.publish(key)
 
 
-class PostgresCommitListener:
+class PostgresCommitListener(BackgroundTask):
     """Relays NOTIFYs on one channel from other replicas into a CommitSignal, reconnecting with backoff."""
 
     def __init__(self, url: URL, channel: str, signal: CommitSignal) -> None:
+        super().__init__(f"listener-{channel}")
         self._conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
         self._channel = channel
         self._signal = signal
-        self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"listener-{self._channel}")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     async def _run(self) -> None:
         delay = 0.1
@@ -100,3 +93,13 @@ class PostgresCommitListener:
                 log.warning("%s listener lost its connection (%s); retrying in %.1fs", self._channel, error, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+
+def listen_for_commits(database: Database, channel: str, signal: CommitSignal) -> PostgresCommitListener | None:
+    """A started listener relaying other replicas' commits on `channel` into `signal` when `database` is
+    PostgreSQL; None elsewhere, where this process is the only writer and publishes its own commits."""
+    if not database.is_postgres:
+        return None
+    listener = PostgresCommitListener(database.url, channel, signal)
+    listener.start()
+    return listener

@@ -87,27 +87,34 @@ def _record(method: str, started: float, error: BaseException | None) -> None:
     _RPC_DURATION.record((time.perf_counter() - started) * 1000, attributes)
 
 
+@contextlib.asynccontextmanager
+async def _observed(context: Context, method: str) -> AsyncIterator[None]:
+    """What every handler, unary or streaming, gets around it: its duration recorded by status, and
+    any error translated to a gRPC status (cancellations and aborts pass through as they are)."""
+    started, failure = time.perf_counter(), None  # type: tuple[float, BaseException | None]
+    try:
+        yield
+    except (asyncio.CancelledError, grpc.aio.AbortError) as error:
+        failure = error
+        raise
+    except Exception as error:
+        failure = error
+        await _translate_errors(context, error)
+    finally:
+        _record(method, started, failure)
+
+
 def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Awaitable[Any]]:
     async def wrapper(request: Any, context: Context) -> Any:
-        started, failure = time.perf_counter(), None  # type: tuple[float, BaseException | None]
-        try:
+        async with _observed(context, method):
             return await behavior(request, context)
-        except (asyncio.CancelledError, grpc.aio.AbortError) as error:
-            failure = error
-            raise
-        except Exception as error:
-            failure = error
-            await _translate_errors(context, error)
-        finally:
-            _record(method, started, failure)
 
     return wrapper
 
 
 def _wrap_stream(behavior: Callable[..., Any], method: str) -> Callable[..., AsyncIterator[Any]]:
     async def wrapper(request: Any, context: Context) -> AsyncIterator[Any]:
-        started, failure = time.perf_counter(), None  # type: tuple[float, BaseException | None]
-        try:
+        async with _observed(context, method):
             responses = behavior(request, context)
             if inspect.isawaitable(responses):
                 # A handler that streams with context.write() instead of yielding.
@@ -115,14 +122,6 @@ def _wrap_stream(behavior: Callable[..., Any], method: str) -> Callable[..., Asy
                 return
             async for response in responses:
                 yield response
-        except (asyncio.CancelledError, grpc.aio.AbortError) as error:
-            failure = error
-            raise
-        except Exception as error:
-            failure = error
-            await _translate_errors(context, error)
-        finally:
-            _record(method, started, failure)
 
     return wrapper
 

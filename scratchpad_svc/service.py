@@ -7,8 +7,8 @@ from pathlib import Path
 import grpc
 
 from quarry.config import QuarrySettings, ScratchpadSettings
-from quarry.db import Database, upgrade_schema_async
-from quarry.notify import CommitSignal, PostgresCommitListener
+from quarry.db import open_migrated_database
+from quarry.notify import CommitSignal, listen_for_commits
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
 from scratchpad_svc.scratchpad import Scratchpad
@@ -25,9 +25,7 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
     """Upgrade the schema and return a ready-to-start host for the scratchpad."""
     settings = settings or ScratchpadSettings()
     common = common or QuarrySettings()
-    url = settings.resolved_database_url(common.data_dir)
-    await upgrade_schema_async(url, MIGRATIONS, VERSION_TABLE)
-    database = Database(url)
+    database = await open_migrated_database(settings.resolved_database_url(common.data_dir), MIGRATIONS, VERSION_TABLE)
     signal = CommitSignal()
     scratchpad = Scratchpad(
         ScratchpadStore(database),
@@ -36,10 +34,7 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
         max_batch=settings.max_batch,
         watch_poll_seconds=settings.watch_poll_seconds,
     )
-    listener = None
-    if database.is_postgres:
-        listener = PostgresCommitListener(database.url, NOTIFY_CHANNEL, signal)
-        listener.start()
+    listener = listen_for_commits(database, NOTIFY_CHANNEL, signal)
 
     def register(server: grpc.aio.Server) -> None:
         scratchpad_pb2_grpc.add_ScratchpadServiceServicer_to_server(ScratchpadServicer(scratchpad), server)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from dataclasses import dataclass
 
-from quarry import ids
+from quarry import ids, paging
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.identity import Role
 from quarry.vocabulary import EntryKind
@@ -132,13 +130,12 @@ def read_cursor(thread_id: str, after_sequence_no: int, page_size: int, page_tok
 
 
 def encode_page_token(thread_id: str, after_sequence_no: int) -> str:
-    return base64.urlsafe_b64encode(f"v1:{thread_id}:{after_sequence_no}".encode()).decode().rstrip("=")
+    return paging.encode_token(f"v1:{thread_id}:{after_sequence_no}")
 
 
 def decode_page_token(token: str) -> tuple[str, int] | None:
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError, ValueError):
+    raw = paging.decode_token(token)
+    if raw is None:
         return None
     version, _, rest = raw.partition(":")
     thread_id, _, after = rest.rpartition(":")

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from quarry.agent.conversation import metadata as conversation_metadata
+from quarry.agent.conversation import metadata_with_conversations
 from quarry.db import UTCDateTime, json_type
 
-metadata = sa.MetaData()
-for _table in conversation_metadata.tables.values():
-    _table.to_metadata(metadata)
+metadata = metadata_with_conversations()
 
 runs = sa.Table(
     "supervisor_runs",

@@ -10,8 +10,8 @@ from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
 from quarry.client import ScratchpadClient, open_channel
 from quarry.config import QuarrySettings, SupervisorSettings
-from quarry.db import Database, upgrade_schema_async
-from quarry.notify import CommitSignal, PostgresCommitListener
+from quarry.db import open_migrated_database
+from quarry.notify import CommitSignal, listen_for_commits
 from quarry.research_plane import ResearchPlane
 from quarry.security import ConnectionLimits, Tls
 from quarry.server import ServiceHost, ServiceRegistration, service_host
@@ -31,16 +31,12 @@ async def build_host(settings: SupervisorSettings | None = None, common: QuarryS
     settings = settings or SupervisorSettings()
     common = common or QuarrySettings()
     tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
-    url = settings.resolved_database_url(common.data_dir)
-    await upgrade_schema_async(url, MIGRATIONS, VERSION_TABLE)
-    database = Database(url)
+    database = await open_migrated_database(settings.resolved_database_url(common.data_dir), MIGRATIONS, VERSION_TABLE)
     model = ModelClient(ModelSettings.for_tier(settings, common))
     channel = open_channel(settings.scratchpad_address, tls=tls, limits=limits)
     delegations = DelegationClient(settings.worker_targets(), tls=tls, limits=limits)
     signal = CommitSignal()
-    listener = PostgresCommitListener(database.url, RUN_EVENTS_CHANNEL, signal) if database.is_postgres else None
-    if listener is not None:
-        listener.start()
+    listener = listen_for_commits(database, RUN_EVENTS_CHANNEL, signal)
     supervisor = Supervisor(
         RunStore(database),
         RunDependencies(

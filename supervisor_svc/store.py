@@ -8,8 +8,6 @@ terminal event is always the last one, whichever process writes it.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from quarry import paging
 from quarry.db import Database, reserve_sequence_numbers
 from quarry.errors import AlreadyExists, ErrorReason, FieldViolation, InvalidArgument
 from quarry.notify import notify_on_commit
@@ -76,18 +75,17 @@ def _record(row: sa.Row[Any]) -> RunRecord:
 
 
 def _page_token(record: RunRecord, state: str) -> str:
-    raw = f"v1|{state}|{record.create_time.isoformat()}|{record.run_id}"
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    return paging.encode_token(f"v1|{state}|{record.create_time.isoformat()}|{record.run_id}")
 
 
 def _decode_page_token(token: str, state: str) -> tuple[datetime, str]:
     try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-        version, token_state, when, run_id = raw.split("|")
+        # Not a token at all (None) fails the unpacking below like a malformed one.
+        version, token_state, when, run_id = (paging.decode_token(token) or "").split("|")
         if version != "v1" or token_state != state:
             raise ValueError(token)
         return datetime.fromisoformat(when), run_id
-    except (binascii.Error, UnicodeDecodeError, ValueError) as error:
+    except ValueError as error:
         raise InvalidArgument(
             [FieldViolation("page_token", "not a token from a ListRuns call with the same filter")]
         ) from error

@@ -12,7 +12,7 @@ from quarry.agent.model import ModelClient, ModelSettings
 from quarry.client import MonitorClient, ScratchpadClient, open_channel
 from quarry.compute import ComputeView
 from quarry.config import QuarrySettings, WorkerSettings
-from quarry.db import Database, upgrade_schema_async
+from quarry.db import open_migrated_database
 from quarry.identity import Principal
 from quarry.research_plane import ResearchPlane
 from quarry.security import ConnectionLimits, Tls
@@ -47,9 +47,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
     settings = settings or WorkerSettings()
     common = common or QuarrySettings()
     tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
-    url = settings.resolved_database_url(common.data_dir)
-    await upgrade_schema_async(url, MIGRATIONS, VERSION_TABLE)
-    database = Database(url)
+    database = await open_migrated_database(settings.resolved_database_url(common.data_dir), MIGRATIONS, VERSION_TABLE)
     model = ModelClient(ModelSettings.for_tier(settings, common))
     channel = open_channel(settings.scratchpad_address, tls=tls, limits=limits)
     scratchpad = ResearchPlane(ScratchpadClient(channel))

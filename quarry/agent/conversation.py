@@ -49,6 +49,15 @@ messages = sa.Table(
 )
 
 
+def metadata_with_conversations() -> sa.MetaData:
+    """A new MetaData for a service that runs the agent, already holding the conversation tables, so
+    that its own tables join them and its migrations see the whole schema it owns."""
+    service_metadata = sa.MetaData()
+    for table in metadata.tables.values():
+        table.to_metadata(service_metadata)
+    return service_metadata
+
+
 def _row(conversation_id: str, sequence_no: int, message: Message, now: datetime) -> dict[str, Any]:
     return {
         "conversation_id": conversation_id,

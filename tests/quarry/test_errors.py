@@ -1,9 +1,19 @@
 from __future__ import annotations
 
 import grpc
+import pytest
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from quarry.errors import ErrorReason, FieldViolation, InvalidArgument, NotFound, PermissionDenied, to_rpc_status
+from quarry import errors
+from quarry.errors import (
+    ErrorReason,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    QuarryError,
+    to_rpc_status,
+)
 
 
 def decode(status: grpc.Status) -> status_pb2.Status:
@@ -48,3 +58,16 @@ def test_permission_denied_keeps_its_reason_and_metadata() -> None:
     info = error_details_pb2.ErrorInfo()
     assert decode(status).details[0].Unpack(info)
     assert info.reason == "KIND_NOT_PERMITTED_FOR_ROLE" and info.metadata["role"] == "researcher"
+
+
+# InvalidArgument and NotFound take no message; the tests above cover their reasons.
+_PLAIN_ERRORS = [
+    error
+    for error in vars(errors).values()
+    if isinstance(error, type) and issubclass(error, QuarryError) and error not in (InvalidArgument, NotFound)
+]
+
+
+@pytest.mark.parametrize("error_class", _PLAIN_ERRORS)
+def test_an_error_without_a_reason_gives_its_status_code_name(error_class: type[QuarryError]) -> None:
+    assert error_class("boom").reason == error_class.code.name

@@ -40,6 +40,11 @@ async def _get_json(client: httpx.AsyncClient, method: str, url: str, **kwargs: 
         raise SearchError("the search service answered something that is not JSON") from error
 
 
+def _member(data: Any, key: str) -> Any:
+    """`data[key]` when the answer is an object; None otherwise, which `_results` reports as a bad shape."""
+    return data.get(key) if isinstance(data, dict) else None
+
+
 def _results(items: Any, snippet_key: str, limit: int) -> list[SearchResult]:
     if not isinstance(items, list):
         raise SearchError("the search service answered in an unexpected shape")
@@ -59,7 +64,7 @@ class SearxngBackend:
 
     async def search(self, query: str, limit: int) -> list[SearchResult]:
         data = await _get_json(self._client, "GET", self._url, params={"q": query, "format": "json"})
-        return _results(data.get("results") if isinstance(data, dict) else None, "content", limit)
+        return _results(_member(data, "results"), "content", limit)
 
 
 class TavilyBackend:
@@ -76,7 +81,7 @@ class TavilyBackend:
             json={"query": query, "max_results": limit},
             headers={"authorization": f"Bearer {self._api_key}"},
         )
-        return _results(data.get("results") if isinstance(data, dict) else None, "content", limit)
+        return _results(_member(data, "results"), "content", limit)
 
 
 class BraveBackend:
@@ -93,5 +98,4 @@ class BraveBackend:
             params={"q": query, "count": limit},
             headers={"x-subscription-token": self._api_key, "accept": "application/json"},
         )
-        web = data.get("web") if isinstance(data, dict) else None
-        return _results(web.get("results") if isinstance(web, dict) else None, "description", limit)
+        return _results(_member(_member(data, "web"), "results"), "description", limit)
