@@ -238,42 +238,59 @@ class ModelClient:
         *,
         live: bool,
     ) -> ModelReply:
-        text: list[str] = []
-        calls: dict[int, dict[str, str]] = {}
-        usage = Usage()
-        finish_reason = ""
+        pieces = _StreamedReply()
         async for chunk in stream:
-            if chunk.usage is not None:
-                usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
-            for choice in chunk.choices:
-                if choice.finish_reason:
-                    finish_reason = choice.finish_reason
-                delta = choice.delta
-                if delta.content:
-                    text.append(delta.content)
-                    if live:
-                        await forward(delta.content)
-                for call in delta.tool_calls or ():
-                    slot = calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
-                    if call.id:
-                        slot["id"] = call.id
-                    if call.function is not None:
-                        slot["name"] += call.function.name or ""
-                        slot["arguments"] += call.function.arguments or ""
-        content = "".join(text)
-        if not finish_reason:
+            text = pieces.add(chunk)
+            if text and live:
+                await forward(text)
+        if not pieces.finish_reason:
             raise ProviderError("the model stream ended without a finish reason")
+        content = "".join(pieces.text)
         if native:
-            tool_calls = tuple(
-                ToolCall(slot["id"] or f"{call_id_prefix}-{index}", slot["name"], slot["arguments"] or "{}")
-                for index, slot in sorted(calls.items())
-            )
-            return ModelReply(Message("assistant", content, tool_calls=tool_calls), usage, finish_reason)
+            message = Message("assistant", content, tool_calls=pieces.tool_calls(call_id_prefix))
+            return ModelReply(message, pieces.usage, pieces.finish_reason)
         parsed = text_protocol.parse_reply(content, call_id_prefix=call_id_prefix)
         if not live and parsed.prose:
             await forward(parsed.prose)
-        return ModelReply(
-            Message("assistant", content, tool_calls=tuple(parsed.calls)), usage, finish_reason, parsed.errors
+        message = Message("assistant", content, tool_calls=tuple(parsed.calls))
+        return ModelReply(message, pieces.usage, pieces.finish_reason, parsed.errors)
+
+
+class _StreamedReply:
+    """A streamed completion put back together: text, native tool calls by index, usage, finish reason."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.usage = Usage()
+        self.finish_reason = ""
+        self._calls: dict[int, dict[str, str]] = {}
+
+    def add(self, chunk: Any) -> str:
+        """Take one chunk; returns the text it added."""
+        if chunk.usage is not None:
+            self.usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
+        added = []
+        for choice in chunk.choices:
+            self.finish_reason = choice.finish_reason or self.finish_reason
+            if choice.delta.content:
+                added.append(choice.delta.content)
+            for call in choice.delta.tool_calls or ():
+                self._add_call(call)
+        self.text.extend(added)
+        return "".join(added)
+
+    def _add_call(self, call: Any) -> None:
+        slot = self._calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
+        if call.id:
+            slot["id"] = call.id
+        if call.function is not None:
+            slot["name"] += call.function.name or ""
+            slot["arguments"] += call.function.arguments or ""
+
+    def tool_calls(self, call_id_prefix: str) -> tuple[ToolCall, ...]:
+        return tuple(
+            ToolCall(slot["id"] or f"{call_id_prefix}-{index}", slot["name"], slot["arguments"] or "{}")
+            for index, slot in sorted(self._calls.items())
         )
 
 
