@@ -15,8 +15,19 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from quarry.agent.usage import Usage
 from quarry.identity import Principal, Role
-from quarry.v1 import common_pb2, monitor_pb2, scratchpad_pb2
-from quarry.vocabulary import DelegationErrorCode, Entry, EntryKind, Gpu, GpuProcess, JobLook, JobRef, JobState, Source
+from quarry.v1 import common_pb2, monitor_pb2, scratchpad_pb2, worker_pb2
+from quarry.vocabulary import (
+    DelegationErrorCode,
+    DelegationResult,
+    Entry,
+    EntryKind,
+    Gpu,
+    GpuProcess,
+    JobLook,
+    JobRef,
+    JobState,
+    Source,
+)
 
 if TYPE_CHECKING:
     from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
@@ -27,6 +38,8 @@ __all__ = [
     "JOB_STATES",
     "ROLES",
     "EnumMap",
+    "delegation_result_from_proto",
+    "delegation_result_to_proto",
     "duration",
     "duration_seconds",
     "entry_from_proto",
@@ -232,6 +245,41 @@ def job_look_from_proto(status: monitor_pb2.JobStatus) -> JobLook:
         exit_code=status.exit_code if status.HasField("exit_code") else None,
         detail=status.detail,
         log_tail=tuple(status.log_tail),
+    )
+
+
+def delegation_result_to_proto(result: DelegationResult) -> worker_pb2.DelegationResult:
+    message = worker_pb2.DelegationResult(
+        delegation_id=result.delegation_id,
+        outcome=common_pb2.DELEGATION_OUTCOME_SUCCEEDED if result.succeeded else common_pb2.DELEGATION_OUTCOME_FAILED,
+        summary=result.summary,
+        promoted_sequence_nos=list(result.promoted),
+        turns_used=result.turns,
+        usage=usage_to_proto(result.usage),
+        conversation_id=result.conversation_id,
+        tool_call_id=result.tool_call_id,
+    )
+    if result.error_code is not None:
+        code = DELEGATION_ERROR_CODES.to_proto(result.error_code)
+        message.error.CopyFrom(common_pb2.DelegationError(code=code, message=result.error_message))
+    return message
+
+
+def delegation_result_from_proto(message: worker_pb2.DelegationResult) -> DelegationResult:
+    """A failure whose code this build does not know (or that names none) reads as INTERNAL."""
+    code = None
+    if message.outcome != common_pb2.DELEGATION_OUTCOME_SUCCEEDED:
+        code = DELEGATION_ERROR_CODES.from_proto(message.error.code) or DelegationErrorCode.INTERNAL
+    return DelegationResult(
+        delegation_id=message.delegation_id,
+        tool_call_id=message.tool_call_id,
+        conversation_id=message.conversation_id,
+        error_code=code,
+        error_message=message.error.message,
+        summary=message.summary,
+        promoted=tuple(message.promoted_sequence_nos),
+        turns=message.turns_used,
+        usage=usage_from_proto(message.usage),
     )
 
 

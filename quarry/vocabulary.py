@@ -10,10 +10,12 @@ import enum
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from quarry.agent.usage import Usage
 from quarry.identity import Principal
 
 __all__ = [
     "DelegationErrorCode",
+    "DelegationResult",
     "Entry",
     "EntryKind",
     "Gpu",
@@ -69,6 +71,31 @@ class DelegationErrorCode(enum.StrEnum):
     WORKER_UNAVAILABLE = "worker_unavailable"
     PROTOCOL_VIOLATION = "protocol_violation"
     INTERNAL = "internal"
+
+
+@dataclass(frozen=True)
+class DelegationResult:
+    """How one delegation ended: the one result its Delegate stream carries, as the worker records it and
+    the supervisor keeps it. A failure never carries a summary; entries promoted before it are listed."""
+
+    delegation_id: str
+    tool_call_id: str = ""
+    conversation_id: str = ""
+    error_code: DelegationErrorCode | None = None  # None: it succeeded
+    error_message: str = ""
+    summary: str = ""
+    promoted: tuple[int, ...] = ()  # scratchpad sequence numbers
+    turns: int = 0
+    usage: Usage = field(default_factory=Usage)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.error_code is None
+
+    @property
+    def outcome_label(self) -> str:
+        """ "succeeded" or the error code, as metrics and spans name outcomes."""
+        return "succeeded" if self.error_code is None else self.error_code.value
 
 
 # -- compute: what the monitor observes and the agents ask about ---------------------------------

@@ -26,9 +26,9 @@ from quarry.agent.tools import ToolError
 from quarry.identity import Role
 from quarry.research_plane import ResearchPlane
 from quarry.telemetry import meter, tracer
-from quarry.vocabulary import Entry
+from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc.budget import RunAccount, TokenBudget
-from supervisor_svc.model import DelegationOrder, DelegationResult, ResearchPhase
+from supervisor_svc.model import DelegationOrder, ResearchPhase
 from supervisor_svc.publishing import RunPublisher
 from supervisor_svc.tools import DelegateParams
 from supervisor_svc.worker_client import DelegationClient
@@ -45,10 +45,10 @@ _DELEGATIONS = meter.create_counter("quarry.delegations", description="delegatio
 
 def render_result(result: DelegationResult, promoted_entries: Sequence[Entry] = ()) -> str:
     """What the supervisor's context keeps of a delegation."""
-    promoted = ", ".join(str(n) for n in result.promoted_sequence_nos) or "none"
+    promoted = ", ".join(str(n) for n in result.promoted) or "none"
     if result.error_code is None:
         text = (
-            f"delegation {result.delegation_id} succeeded in {result.turns_used} turns; scratchpad entries "
+            f"delegation {result.delegation_id} succeeded in {result.turns} turns; scratchpad entries "
             f"promoted: {promoted}.\nWorker summary: {result.summary}"
         )
     else:
@@ -166,7 +166,7 @@ class Delegator:
 
     async def _promoted_entries(self, result: DelegationResult) -> list[Entry]:
         """Re-read what the delegation promoted: the supervisor sees findings as the scratchpad holds them."""
-        numbers = set(result.promoted_sequence_nos)
+        numbers = set(result.promoted)
         if not numbers:
             return []
         try:

@@ -11,9 +11,8 @@ from datetime import datetime
 
 from quarry.convert import DELEGATION_ERROR_CODES, ENTRY_KINDS, EnumMap, principal_to_proto, usage_to_proto
 from quarry.v1 import common_pb2, supervisor_pb2
-from quarry.vocabulary import Entry
+from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc.model import (
-    DelegationResult,
     Report,
     ResearchPhase,
     RunErrorCode,

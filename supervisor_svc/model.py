@@ -13,7 +13,6 @@ from quarry import ids
 from quarry.agent.usage import Usage
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.identity import Role
-from quarry.vocabulary import DelegationErrorCode
 
 DEFAULT_SUPERVISOR_TURNS = 12
 MAX_TURNS_LIMIT = 64
@@ -134,27 +133,6 @@ class DelegationOrder:
     max_turns: int  # 0: the worker's default
     max_tokens: int  # 0: no token bound
     timeout_seconds: float
-
-
-@dataclass(frozen=True)
-class DelegationResult:
-    """How one delegation ended, as the supervisor keeps it: never the worker's transcript."""
-
-    delegation_id: str
-    error_code: DelegationErrorCode | None = None  # None: it succeeded
-    error_message: str = ""
-    summary: str = ""
-    turns_used: int = 0
-    promoted_sequence_nos: tuple[int, ...] = ()
-    usage: Usage = field(default_factory=Usage)
-
-    @property
-    def succeeded(self) -> bool:
-        return self.error_code is None
-
-    @property
-    def outcome_label(self) -> str:
-        return "succeeded" if self.error_code is None else self.error_code.value
 
 
 @dataclass(frozen=True)

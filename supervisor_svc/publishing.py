@@ -14,10 +14,10 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from quarry.notify import CommitSignal
 from quarry.research_plane import ResearchPlane
-from quarry.vocabulary import Entry
+from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc import events
 from supervisor_svc.events import PublicEvent
-from supervisor_svc.model import DelegationResult, ResearchPhase, RunOutcome, RunUsage
+from supervisor_svc.model import ResearchPhase, RunOutcome, RunUsage
 from supervisor_svc.store import RunStore
 
 log = logging.getLogger(__name__)

@@ -20,11 +20,11 @@ from typing import Any
 import grpc
 
 from quarry.client import open_channel
-from quarry.convert import DELEGATION_ERROR_CODES, ROLES, duration, usage_from_proto
+from quarry.convert import ROLES, delegation_result_from_proto, duration
 from quarry.security import ConnectionLimits, Tls
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from quarry.vocabulary import DelegationErrorCode
-from supervisor_svc.model import DelegationOrder, DelegationResult
+from quarry.vocabulary import DelegationResult
+from supervisor_svc.model import DelegationOrder
 
 log = logging.getLogger(__name__)
 
@@ -71,21 +71,6 @@ def request_for(order: DelegationOrder) -> worker_pb2.DelegateRequest:
     )
 
 
-def result_from_proto(result: worker_pb2.DelegationResult) -> DelegationResult:
-    code = None
-    if result.outcome != common_pb2.DELEGATION_OUTCOME_SUCCEEDED:
-        code = DELEGATION_ERROR_CODES.from_proto(result.error.code) or DelegationErrorCode.INTERNAL
-    return DelegationResult(
-        delegation_id=result.delegation_id,
-        error_code=code,
-        error_message=result.error.message,
-        summary=result.summary,
-        turns_used=result.turns_used,
-        promoted_sequence_nos=tuple(result.promoted_sequence_nos),
-        usage=usage_from_proto(result.usage),
-    )
-
-
 async def _notify(listener: EventListener, response: worker_pb2.DelegateResponse) -> None:
     """Progress is for watching: a listener that fails must not cost the delegation its result."""
     try:
@@ -121,7 +106,7 @@ class DelegationClient:
                 await on_turn(progress.turn, progress.max_turns)
 
         result = await self.delegate(request_for(order), deadline_seconds=deadline_seconds, on_event=progress)
-        return result_from_proto(result)
+        return delegation_result_from_proto(result)
 
     async def delegate(
         self,

@@ -7,11 +7,16 @@ from typing import Any
 
 import grpc
 
-from quarry.convert import DELEGATION_ERROR_CODES, ROLES, EnumMap, duration_seconds, timestamp, usage_to_proto
+from quarry.convert import (
+    ROLES,
+    EnumMap,
+    delegation_result_to_proto,
+    duration_seconds,
+    timestamp,
+)
 from quarry.errors import NotFound
-from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from quarry.vocabulary import DelegationErrorCode
-from worker_svc.model import DelegationRequest, DelegationState, Event, Outcome, Progress, Started
+from quarry.v1 import worker_pb2, worker_pb2_grpc
+from worker_svc.model import DelegationRequest, DelegationState, Event, Progress, Started
 from worker_svc.worker import Worker
 
 STATES: EnumMap[DelegationState, worker_pb2.DelegationState.ValueType] = EnumMap(
@@ -45,23 +50,6 @@ def request_from_proto(request: worker_pb2.DelegateRequest) -> DelegationRequest
     )
 
 
-def result_to_proto(outcome: Outcome) -> worker_pb2.DelegationResult:
-    result = worker_pb2.DelegationResult(
-        delegation_id=outcome.delegation_id,
-        outcome=common_pb2.DELEGATION_OUTCOME_SUCCEEDED if outcome.succeeded else common_pb2.DELEGATION_OUTCOME_FAILED,
-        summary=outcome.summary,
-        promoted_sequence_nos=list(outcome.promoted),
-        turns_used=outcome.turns,
-        usage=usage_to_proto(outcome.usage),
-        conversation_id=outcome.conversation_id,
-        tool_call_id=outcome.tool_call_id,
-    )
-    if not outcome.succeeded:
-        code = DELEGATION_ERROR_CODES.to_proto(outcome.error_code or DelegationErrorCode.INTERNAL)
-        result.error.CopyFrom(common_pb2.DelegationError(code=code, message=outcome.error_message))
-    return result
-
-
 def event_to_proto(event: Event) -> worker_pb2.DelegateResponse:
     if isinstance(event, Started):
         return worker_pb2.DelegateResponse(
@@ -81,7 +69,7 @@ def event_to_proto(event: Event) -> worker_pb2.DelegateResponse:
                 scratchpad_sequence_no=event.sequence_no,
             )
         )
-    return worker_pb2.DelegateResponse(result=result_to_proto(event))
+    return worker_pb2.DelegateResponse(result=delegation_result_to_proto(event))
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
@@ -116,7 +104,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             tool_call_id=record.tool_call_id,
         )
         if record.outcome is not None:
-            delegation.result.CopyFrom(result_to_proto(record.outcome))
+            delegation.result.CopyFrom(delegation_result_to_proto(record.outcome))
         if record.end_time is not None:
             delegation.end_time.CopyFrom(timestamp(record.end_time))
         return worker_pb2.GetDelegationResponse(delegation=delegation)

@@ -13,17 +13,18 @@ from sqlalchemy.exc import IntegrityError
 
 from quarry.agent.conversation import insert_conversation
 from quarry.agent.messages import Message
+from quarry.agent.usage import Usage
 from quarry.db import Database
 from quarry.errors import ErrorReason, FailedPrecondition
 from quarry.identity import Role
-from quarry.vocabulary import DelegationErrorCode
-from worker_svc.model import DelegationRecord, DelegationRequest, DelegationState, Outcome
+from quarry.vocabulary import DelegationErrorCode, DelegationResult
+from worker_svc.model import DelegationRecord, DelegationRequest, DelegationState
 from worker_svc.schema import delegations
 
 
 def _record(row: sa.Row[Any]) -> DelegationRecord:
     outcome = (
-        Outcome.from_json(row.delegation_id, row.tool_call_id, row.conversation_id, row.result)
+        _result_from_json(row.delegation_id, row.tool_call_id, row.conversation_id, row.result)
         if row.result is not None
         else None
     )
@@ -48,11 +49,44 @@ def _record(row: sa.Row[Any]) -> DelegationRecord:
 _RUNNING = delegations.c.state == DelegationState.RUNNING.value
 
 
-def _ended(outcome: Outcome) -> dict[str, Any]:
+def _result_json(result: DelegationResult) -> dict[str, object]:
+    """A result as its row keeps it (usage flat, as results were always stored)."""
+    return {
+        "succeeded": result.succeeded,
+        "summary": result.summary,
+        "error_code": result.error_code.value if result.error_code else None,
+        "error_message": result.error_message,
+        "promoted": list(result.promoted),
+        "turns": result.turns,
+        **result.usage.to_json(),
+    }
+
+
+def _result_from_json(
+    delegation_id: str, tool_call_id: str, conversation_id: str, data: dict[str, Any]
+) -> DelegationResult:
+    code = data.get("error_code")
+    error_code = DelegationErrorCode(str(code)) if code else None
+    if not data["succeeded"] and error_code is None:  # every failure names its code; be safe with old rows
+        error_code = DelegationErrorCode.INTERNAL
+    return DelegationResult(
+        delegation_id=delegation_id,
+        tool_call_id=tool_call_id,
+        conversation_id=conversation_id,
+        error_code=error_code,
+        error_message=str(data.get("error_message", "")),
+        summary=str(data.get("summary", "")),
+        promoted=tuple(int(n) for n in data.get("promoted") or []),
+        turns=int(data.get("turns", 0)),
+        usage=Usage.from_json(data),
+    )
+
+
+def _ended(outcome: DelegationResult) -> dict[str, Any]:
     """The columns that record a delegation's end."""
     return {
         "state": (DelegationState.SUCCEEDED if outcome.succeeded else DelegationState.FAILED).value,
-        "result": outcome.to_json(),
+        "result": _result_json(outcome),
         "last_error": "" if outcome.succeeded else f"{outcome.error_code}: {outcome.error_message}",
         "end_time": datetime.now(UTC),
     }
@@ -108,7 +142,7 @@ class DelegationStore:
                 metadata={"delegation_id": request.delegation_id},
             ) from None
 
-    async def finish(self, outcome: Outcome) -> None:
+    async def finish(self, outcome: DelegationResult) -> None:
         await self._db.write(
             lambda connection: connection.execute(
                 delegations.update().where(delegations.c.delegation_id == outcome.delegation_id).values(_ended(outcome))
@@ -142,11 +176,10 @@ class DelegationStore:
             ).first()
             if row is None:
                 return False
-            outcome = Outcome(
+            outcome = DelegationResult(
                 delegation_id=delegation_id,
                 tool_call_id=row.tool_call_id,
                 conversation_id=row.conversation_id,
-                succeeded=False,
                 error_code=DelegationErrorCode.INTERNAL,
                 error_message="the worker running this delegation stopped before it ended",
             )

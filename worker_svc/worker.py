@@ -1,4 +1,4 @@
-"""Runs delegations: one bounded agent run per Delegate call, always ending in one Outcome.
+"""Runs delegations: one bounded agent run per Delegate call, always ending in one DelegationResult.
 
 Each delegation gets a fresh conversation (never the scratchpad thread), the
 tools its role subscribes to, and hard bounds: turns, tokens and a deadline.
@@ -43,8 +43,8 @@ from quarry.errors import (
 from quarry.identity import Role
 from quarry.lease import LeaseKeeper, LeaseTerms
 from quarry.telemetry import meter, tracer
-from quarry.vocabulary import DelegationErrorCode
-from worker_svc.model import DelegationRecord, DelegationRequest, Event, Outcome, Progress, Started
+from quarry.vocabulary import DelegationErrorCode, DelegationResult
+from worker_svc.model import DelegationRecord, DelegationRequest, Event, Progress, Started
 from worker_svc.store import DelegationStore
 from worker_svc.tools import DelegationContext, tools_for
 
@@ -79,7 +79,7 @@ ROLE_INSTRUCTIONS: dict[Role, str] = {
 _ACTIVE = meter.create_up_down_counter("quarry.delegations.active", description="delegations running on this worker")
 
 
-def _outcome_label(outcome: Outcome) -> str:
+def _outcome_label(outcome: DelegationResult) -> str:
     return "succeeded" if outcome.succeeded else str(outcome.error_code or "failed")
 
 
@@ -168,7 +168,7 @@ class Worker:
         self._delegations = delegations
         self._context_for = context_for
         self._limits = limits
-        self._running: dict[str, asyncio.Task[Outcome]] = {}
+        self._running: dict[str, asyncio.Task[DelegationResult]] = {}
         self._admitting = 0
         self._leases = LeaseKeeper(
             "delegation",
@@ -190,7 +190,7 @@ class Worker:
         return await self._delegations.get(delegation_id)
 
     async def delegate(self, request: DelegationRequest) -> AsyncIterator[Event]:
-        """Check the request, then return its event stream; the stream's last event is its Outcome."""
+        """Check the request, then return its event stream; the stream's last event is its DelegationResult."""
         validate(request)
         existing = await self._delegations.get(request.delegation_id)
         if existing is not None and existing.outcome is not None:
@@ -219,7 +219,7 @@ class Worker:
 
     async def _admit(
         self, request: DelegationRequest, conversation_id: str, queue: asyncio.Queue[Event]
-    ) -> asyncio.Task[Outcome]:
+    ) -> asyncio.Task[DelegationResult]:
         assert request.role is not None
         opening = [system(ROLE_INSTRUCTIONS[request.role]), user(task_message(request))]
         # Refuses a delegation_id already running; creates the conversation in the same transaction.
@@ -230,7 +230,11 @@ class Worker:
         return task
 
     async def _stream(
-        self, request: DelegationRequest, conversation_id: str, task: asyncio.Task[Outcome], queue: asyncio.Queue[Event]
+        self,
+        request: DelegationRequest,
+        conversation_id: str,
+        task: asyncio.Task[DelegationResult],
+        queue: asyncio.Queue[Event],
     ) -> AsyncIterator[Event]:
         try:
             yield Started(request.delegation_id, conversation_id)
@@ -245,7 +249,7 @@ class Worker:
                     continue
                 event = getter.result()
                 yield event
-                if isinstance(event, Outcome):
+                if isinstance(event, DelegationResult):
                     return
         finally:
             if not task.done():  # the caller went away: cancel the model call and the tools too
@@ -254,20 +258,21 @@ class Worker:
                     await asyncio.shield(task)
 
     @staticmethod
-    def _lost(request: DelegationRequest, conversation_id: str, task: asyncio.Task[Outcome]) -> Outcome:
+    def _lost(
+        request: DelegationRequest, conversation_id: str, task: asyncio.Task[DelegationResult]
+    ) -> DelegationResult:
         log.error("delegation %s ended without an outcome", request.delegation_id)
-        return Outcome(
+        return DelegationResult(
             delegation_id=request.delegation_id,
             tool_call_id=request.tool_call_id,
             conversation_id=conversation_id,
-            succeeded=False,
             error_code=DelegationErrorCode.CANCELLED if task.cancelled() else DelegationErrorCode.INTERNAL,
             error_message="the delegation ended without a result",
         )
 
     async def _execute(
         self, request: DelegationRequest, conversation_id: str, opening: list[Message], queue: asyncio.Queue[Event]
-    ) -> Outcome:
+    ) -> DelegationResult:
         attributes = {
             "quarry.delegation_id": request.delegation_id,
             "quarry.run_id": request.run_id,
@@ -288,20 +293,19 @@ class Worker:
 
     async def _run(
         self, request: DelegationRequest, conversation_id: str, opening: list[Message], queue: asyncio.Queue[Event]
-    ) -> Outcome:
-        """Run the delegation; whatever happens, record and queue exactly one Outcome."""
+    ) -> DelegationResult:
+        """Run the delegation; whatever happens, record and queue exactly one DelegationResult."""
         assert request.role is not None
         run: AgentRun[DelegationContext] | None = None
         context: DelegationContext | None = None
         timeout = request.timeout_seconds or self._limits.default_timeout_seconds
         deadline = asyncio.timeout(timeout)
 
-        def ended(code: DelegationErrorCode | None, message: str = "", summary: str = "") -> Outcome:
-            return Outcome(
+        def ended(code: DelegationErrorCode | None, message: str = "", summary: str = "") -> DelegationResult:
+            return DelegationResult(
                 delegation_id=request.delegation_id,
                 tool_call_id=request.tool_call_id,
                 conversation_id=conversation_id,
-                succeeded=code is None,
                 summary=summary if code is None else "",  # partial prose is never a result
                 error_code=code,
                 error_message=message,

@@ -13,9 +13,10 @@ from quarry.agent.messages import ToolCall
 from quarry.agent.usage import Usage
 from quarry.db import Database, upgrade_schema_async
 from quarry.notify import CommitSignal
+from quarry.vocabulary import DelegationResult
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.delegating import Delegator
-from supervisor_svc.model import DelegationOrder, DelegationResult, StartRequest
+from supervisor_svc.model import DelegationOrder, StartRequest
 from supervisor_svc.publishing import RunEventLog, RunPublisher
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
 from supervisor_svc.store import RunStore
