@@ -181,8 +181,8 @@ class Database:
         self.engine.dispose()
 
 
-def upgrade_schema(url: str, migrations: Path, version_table: str) -> None:
-    """Apply a service's Alembic migrations up to head (blocking; call from a thread).
+def upgrade_schema(url: str, migrations: Path, version_table: str, revision: str = "head") -> None:
+    """Apply a service's Alembic migrations up to head, or to `revision` (blocking; call from a thread).
 
     On PostgreSQL an advisory lock serialises replicas that start together.
     """
@@ -200,7 +200,7 @@ def upgrade_schema(url: str, migrations: Path, version_table: str) -> None:
                 connection.commit()
             try:
                 config.attributes["connection"] = connection
-                command.upgrade(config, "head")
+                command.upgrade(config, revision)
                 connection.commit()
             finally:
                 if postgres:

@@ -7,15 +7,19 @@ and carries the retry rules.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from quarry.client import ScratchpadClient
 from quarry.convert import ENTRY_KINDS, entry_from_proto, principal_to_proto, source_to_proto
 from quarry.identity import Principal
+from quarry.v1 import scratchpad_pb2
 from quarry.vocabulary import Entry, EntryKind, Source
 
 __all__ = ["Appended", "ResearchPlane"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -53,8 +57,20 @@ class ResearchPlane:
 
     async def read_all(self, thread_id: str, *, after_sequence_no: int = 0) -> list[Entry]:
         entries = await self._client.read_all(thread_id, after_sequence_no=after_sequence_no)
-        return [entry_from_proto(entry) for entry in entries]
+        return [entry for entry in map(_readable, entries) if entry is not None]
 
     async def watch(self, thread_id: str, *, after_sequence_no: int = 0) -> AsyncIterator[Entry]:
-        async for entry in self._client.watch(thread_id, after_sequence_no=after_sequence_no):
-            yield entry_from_proto(entry)
+        async for message in self._client.watch(thread_id, after_sequence_no=after_sequence_no):
+            entry = _readable(message)
+            if entry is not None:
+                yield entry
+
+
+def _readable(message: scratchpad_pb2.Entry) -> Entry | None:
+    """The entry, or None for one of a kind or role this build does not know (a newer scratchpad's):
+    nothing here could act on it, and it must not fail the reader."""
+    try:
+        return entry_from_proto(message)
+    except ValueError as error:
+        log.warning("scratchpad entry skipped: %s", error)
+        return None

@@ -169,7 +169,7 @@ class Scratchpad:
         after_sequence_no: int = 0,
         page_size: int = 0,
         page_token: str = "",
-        kinds: Sequence[EntryKind] = (),
+        kinds: Sequence[EntryKind] | None = None,
     ) -> ReadPage:
         cursor = read_cursor(thread_id, after_sequence_no, page_size, page_token)
         entries, last = await self._store.read(thread_id, cursor.after_sequence_no, cursor.limit, kinds)
@@ -183,7 +183,7 @@ class Scratchpad:
         )
 
     async def open_watch(
-        self, thread_id: str, *, after_sequence_no: int = 0, kinds: Sequence[EntryKind] = ()
+        self, thread_id: str, *, after_sequence_no: int = 0, kinds: Sequence[EntryKind] | None = None
     ) -> AsyncIterator[Entry]:
         """Check the request and the thread now, then return the stream of entries.
 
@@ -194,7 +194,7 @@ class Scratchpad:
         await self._store.get_thread(thread_id)
         return self._watch(thread_id, cursor.after_sequence_no, kinds)
 
-    async def _watch(self, thread_id: str, after: int, kinds: Sequence[EntryKind]) -> AsyncIterator[Entry]:
+    async def _watch(self, thread_id: str, after: int, kinds: Sequence[EntryKind] | None) -> AsyncIterator[Entry]:
         while not self._closed:
             # Subscribe before reading, so a commit between the read and the wait still wakes us.
             waiter = self.signal.subscribe(thread_id)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
 
 from quarry.convert import ENTRY_KINDS, ROLES, entry_to_proto, source_from_proto, timestamp
 from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
+from quarry.vocabulary import EntryKind
 from scratchpad_svc.model import AppendCommand, NewThread, Thread
 from scratchpad_svc.scratchpad import Scratchpad
 
@@ -21,6 +22,11 @@ def thread_to_proto(thread: Thread) -> scratchpad_pb2.Thread:
         create_time=timestamp(thread.create_time),
         last_sequence_no=thread.last_sequence_no,
     )
+
+
+def _kinds(numbers: Sequence[int]) -> list[EntryKind] | None:
+    """No filter when the request names no kind; kinds this build does not know match nothing."""
+    return ENTRY_KINDS.known(numbers) if numbers else None
 
 
 class ScratchpadServicer(scratchpad_pb2_grpc.ScratchpadServiceServicer):
@@ -70,7 +76,7 @@ class ScratchpadServicer(scratchpad_pb2_grpc.ScratchpadServiceServicer):
             after_sequence_no=request.after_sequence_no,
             page_size=request.page_size,
             page_token=request.page_token,
-            kinds=ENTRY_KINDS.known(request.kinds),
+            kinds=_kinds(request.kinds),
         )
         return scratchpad_pb2.ReadResponse(
             entries=[entry_to_proto(entry) for entry in page.entries],
@@ -84,7 +90,7 @@ class ScratchpadServicer(scratchpad_pb2_grpc.ScratchpadServiceServicer):
         entries = await self._scratchpad.open_watch(
             request.thread_id,
             after_sequence_no=request.after_sequence_no,
-            kinds=ENTRY_KINDS.known(request.kinds),
+            kinds=_kinds(request.kinds),
         )
         # Headers now tell the client the watch is established, before any entry exists.
         await context.send_initial_metadata(())

@@ -250,7 +250,7 @@ class ScratchpadStore:
         return await self._db.read(work)
 
     async def read(
-        self, thread_id: str, after_sequence_no: int, limit: int, kinds: Sequence[EntryKind] = ()
+        self, thread_id: str, after_sequence_no: int, limit: int, kinds: Sequence[EntryKind] | None = None
     ) -> tuple[list[Entry], int]:
         """Committed entries after a sequence number, and the thread's last sequence number.
 
@@ -264,7 +264,7 @@ class ScratchpadStore:
             entries.c.sequence_no > after_sequence_no,
             entries.c.sequence_no <= threads.c.last_sequence_no,
         ]
-        if kinds:
+        if kinds is not None:  # None: every kind; an empty filter matches nothing
             join.append(entries.c.kind.in_([kind.value for kind in kinds]))
         # One statement: the counter and the entries it bounds come from one snapshot.
         query = (

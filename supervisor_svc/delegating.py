@@ -7,7 +7,7 @@ keeps: the outcome and the entries it promoted, as the scratchpad holds them,
 never the worker's transcript.
 
 Budget shares are fair by construction: the agent loop announces every call of
-a turn (`expect`) before any of them runs, so the first delegation of a turn
+a turn (`announce`) before any of them runs, so the first delegation of a turn
 already knows how many share the budget with it.
 """
 
@@ -19,10 +19,11 @@ import time
 from collections.abc import Sequence
 
 from opentelemetry import trace
+from pydantic import ValidationError
 
 from quarry.agent.messages import ToolCall
 from quarry.agent.scratchpad_tools import render_entries
-from quarry.agent.tools import ToolError
+from quarry.agent.tools import MAX_CALLS_PER_TURN, ToolError
 from quarry.identity import Role
 from quarry.research_plane import ResearchPlane
 from quarry.telemetry import meter, tracer
@@ -30,7 +31,7 @@ from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.model import DelegationOrder, ResearchPhase
 from supervisor_svc.publishing import RunPublisher
-from supervisor_svc.tools import DelegateParams
+from supervisor_svc.tools import DELEGATE_TOOL, DelegateParams
 from supervisor_svc.worker_client import DelegationClient
 
 log = logging.getLogger(__name__)
@@ -91,13 +92,23 @@ class Delegator:
         self._budget = budget
         self._publisher = publisher
         self._ordered = 0
-        self._expected: set[str] = set()  # this turn's delegate calls that have not ended
+        self._expected: set[str] = set()  # this turn's delegate calls that will run and have not ended
+        self._announced = 0  # this turn's calls, of any tool
 
     def new_turn(self) -> None:
         self._expected.clear()
+        self._announced = 0
 
-    def expect(self, call: ToolCall) -> None:
-        """A delegate call of this turn, told before any call of the turn runs."""
+    def announce(self, call: ToolCall) -> None:
+        """A call of this turn, told before any call of the turn runs. Only delegations that will run share
+        the budget: not one the registry refuses (arguments that do not validate, past the per-turn limit)."""
+        self._announced += 1
+        if call.name != DELEGATE_TOOL or self._announced > MAX_CALLS_PER_TURN:
+            return
+        try:
+            DelegateParams.model_validate_json(call.arguments or "{}")
+        except ValidationError:
+            return
         self._expected.add(call.id)
 
     async def delegate(self, params: DelegateParams, call: ToolCall) -> str:

@@ -7,7 +7,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from quarry import ids
 from quarry.agent.usage import Usage
@@ -51,14 +51,17 @@ class RunOptions:
     timeout_seconds: float = 0.0  # 0: the server's default
     max_tokens: int = 0  # 0: no token budget
 
+    # Stored (and hashed into a StartRun's request digest) under the field's first name, so that a
+    # request_id retried across an upgrade still finds its run and every release reads every row.
+    _STORED_NAMES: ClassVar[dict[str, str]] = {"max_worker_turns": "worker_max_turns"}
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {self._STORED_NAMES.get(key, key): value for key, value in asdict(self).items()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunOptions:
-        # Runs stored before the field took the contract's name kept it as worker_max_turns.
-        data = {("max_worker_turns" if key == "worker_max_turns" else key): value for key, value in data.items()}
-        return cls(**data)
+        names = {stored: name for name, stored in cls._STORED_NAMES.items()}
+        return cls(**{names.get(key, key): value for key, value in data.items()})
 
 
 @dataclass(frozen=True)

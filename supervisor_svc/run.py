@@ -37,7 +37,7 @@ from supervisor_svc.model import DEFAULT_SUPERVISOR_TURNS, ResearchPhase, RunErr
 from supervisor_svc.publishing import RunEventLog, RunPublisher
 from supervisor_svc.store import RunEnded
 from supervisor_svc.synthesis import ResearchEnd, write_report
-from supervisor_svc.tools import DELEGATE_TOOL, REGISTRY, SupervisorContext
+from supervisor_svc.tools import REGISTRY, SupervisorContext
 from supervisor_svc.worker_client import DelegationClient
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,7 @@ class _Observer(LoopObserver):
             raise BudgetSpent
 
     async def tool_called(self, turn: int, call: ToolCall) -> None:
-        if call.name == DELEGATE_TOOL:
-            self._delegator.expect(call)
+        self._delegator.announce(call)
 
     async def text(self, delta: str) -> None:
         await self._publisher.reasoning.add(delta)

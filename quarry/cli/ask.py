@@ -38,8 +38,12 @@ _SHOWN_ENTRIES = 8
 
 
 def _name(enum: Any, value: int) -> str:
-    """An enum value as words: RUN_STATE_SUCCEEDED -> "succeeded"."""
-    return enum_label(enum, value).replace("_", " ")
+    """An enum value as words: RUN_STATE_SUCCEEDED -> "succeeded"; a value this build does not know (a newer
+    server's, or one retired since an old run was recorded) as its number."""
+    try:
+        return enum_label(enum, value).replace("_", " ")
+    except ValueError:
+        return f"unknown ({value})"
 
 
 @dataclass

@@ -102,6 +102,9 @@ async def test_read_filters_by_kind(stub: Stub, make_thread: MakeThread) -> None
     )
     findings += list(page.entries)
     assert [entry.request_id for entry in findings] == ["f1", "f2"]
+    # A filter of kinds this server does not know (a retired one, a newer client's) matches nothing.
+    unknown = await stub.Read(scratchpad_pb2.ReadRequest(thread_id=thread_id, kinds=[7, 99]))
+    assert list(unknown.entries) == [] and unknown.last_sequence_no == 4
 
 
 async def test_watch_delivers_backlog_then_live_commits_and_resumes(

@@ -73,10 +73,10 @@ async def test_parallel_delegations_share_the_budget_left_from_the_first_one(sto
         budget=TokenBudget(1200, account),
         publisher=publisher,
     )
-    calls = [ToolCall(id=f"c{n}", name="delegate_research", arguments="{}") for n in range(3)]
+    calls = [ToolCall(id=f"c{n}", name="delegate_research", arguments='{"objective": "x"}') for n in range(3)]
     delegator.new_turn()
     for call in calls:  # the loop announces a turn's calls before any of them runs
-        delegator.expect(call)
+        delegator.announce(call)
     tasks = [asyncio.create_task(delegator.delegate(DelegateParams(objective="x"), call)) for call in calls]
     await workers.wait_for(2)
     # Three calls, two slots: the two running ones split what is left, the first as much as the second.
@@ -90,3 +90,33 @@ async def test_parallel_delegations_share_the_budget_left_from_the_first_one(sto
     results = await asyncio.gather(*tasks)
     assert all("succeeded" in text for text in results)
     assert account.usage().workers.tokens == 600
+
+
+async def test_a_delegate_call_the_registry_will_refuse_takes_no_share(store: RunStore) -> None:
+    workers = RecordingWorkers()
+    account = RunAccount()
+    publisher = RunPublisher(RunEventLog(store, CommitSignal(), RUN_ID), None, RUN_ID, RUN_ID)  # type: ignore[arg-type]
+    delegator = Delegator(
+        run_id=RUN_ID,
+        thread_id=RUN_ID,
+        max_worker_turns=0,
+        parallel=4,
+        deadline=time.monotonic() + 60,
+        client=workers,  # type: ignore[arg-type]
+        scratchpad=None,  # type: ignore[arg-type]
+        account=account,
+        budget=TokenBudget(1000, account),
+        publisher=publisher,
+    )
+    valid = [ToolCall(id=f"ok{n}", name="delegate_research", arguments='{"objective": "x"}') for n in range(2)]
+    delegator.new_turn()
+    delegator.announce(ToolCall(id="bad", name="delegate_research", arguments="{}"))  # no objective
+    delegator.announce(ToolCall(id="read", name="read_scratchpad", arguments="{}"))
+    for call in valid:
+        delegator.announce(call)
+    tasks = [asyncio.create_task(delegator.delegate(DelegateParams(objective="x"), call)) for call in valid]
+    await workers.wait_for(2)
+    assert [order.max_tokens for order in workers.orders] == [500, 500]
+    for call in valid:
+        workers.release[call.id].set()
+    await asyncio.gather(*tasks)
