@@ -2,6 +2,9 @@
 
 `create_server` builds and binds a server (tests bind port 0); `ServiceHost` owns
 start and stop of one service process, including graceful shutdown on SIGTERM.
+Request messages are decoded inside the handler chain, after the bearer-token
+check, so bytes that are no request message are INVALID_ARGUMENT like any other
+bad input, and an unauthenticated caller's body is never parsed.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -28,6 +32,7 @@ from quarry.security import BearerTokenInterceptor, ConnectionLimits, Tls
 __all__ = [
     "BoundServer",
     "ErrorTranslationInterceptor",
+    "RequestDecodingInterceptor",
     "ServiceHost",
     "ServiceRegistration",
     "create_server",
@@ -152,19 +157,102 @@ def _wrap_handler(
 ) -> grpc.RpcMethodHandler[Any, Any] | None:
     if handler is None:
         return None
+    codec = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
     if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(
-            _wrap_unary(handler.unary_unary, method),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return grpc.unary_unary_rpc_method_handler(_wrap_unary(handler.unary_unary, method), **codec)
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(
-            _wrap_stream(handler.unary_stream, method),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
+        return grpc.unary_stream_rpc_method_handler(_wrap_stream(handler.unary_stream, method), **codec)
+    # Client streaming (reflection): the wrappers pass the request iterator on as they would a request.
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(_wrap_unary(handler.stream_unary, method), **codec)
+    if handler.stream_stream is not None:
+        return grpc.stream_stream_rpc_method_handler(_wrap_stream(handler.stream_stream, method), **codec)
+    return handler
+
+
+class UndecodableRequest(QuarryError):
+    """The request body is not a serialized request message of the method called."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+Deserializer = Callable[[bytes], Any]
+
+
+def _decoder(deserializer: Deserializer, method: str) -> Deserializer:
+    def decode(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError as error:
+            # Not logged above debug: a client sending junk must not flood the log.
+            log.debug("undecodable request to %s: %s", method, error)
+            raise UndecodableRequest(f"the request body is not a valid request message for {method}") from None
+
+    return decode
+
+
+class RequestDecodingInterceptor(_Interceptor):
+    """Decodes request messages inside the handler, where a failure is a QuarryError, not in grpc's machinery.
+
+    grpc deserializes a unary request before any handler runs and answers a DecodeError with UNKNOWN and
+    an ERROR traceback per call. Innermost of the interceptors, this one registers unary requests as raw
+    bytes and decodes them when the handler is called, so the checks around it (the bearer token) run
+    first and a bad body is INVALID_ARGUMENT through the error translation. Streamed requests are
+    decoded as the handler reads them, which is inside it already; their decoder raises the same error.
+    """
+
+    async def intercept_service(  # type: ignore[override]
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        return _decoding(await continuation(details), details.method)
+
+
+def _decoding(handler: grpc.RpcMethodHandler[Any, Any] | None, method: str) -> grpc.RpcMethodHandler[Any, Any] | None:
+    if handler is None or handler.request_deserializer is None:
+        return handler
+    decode = _decoder(handler.request_deserializer, method)
+    serializer = handler.response_serializer
+    if handler.unary_unary is not None:
+        unary: Any = handler.unary_unary  # a coroutine function on the aio server (grpc-stubs says sync)
+
+        async def unary_behavior(data: bytes, context: Context) -> Any:
+            return await unary(decode(data), context)
+
+        return grpc.unary_unary_rpc_method_handler(unary_behavior, response_serializer=serializer)
+    if handler.unary_stream is not None:
+        streaming: Any = handler.unary_stream  # an async generator, or a coroutine writing with context.write()
+
+        async def stream_behavior(data: bytes, context: Context) -> AsyncIterator[Any]:
+            responses = streaming(decode(data), context)
+            if inspect.isawaitable(responses):
+                await responses
+                return
+            async for response in responses:
+                yield response
+
+        return grpc.unary_stream_rpc_method_handler(stream_behavior, response_serializer=serializer)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(
+            handler.stream_unary, request_deserializer=decode, response_serializer=serializer
+        )
+    if handler.stream_stream is not None:
+        return grpc.stream_stream_rpc_method_handler(
+            handler.stream_stream, request_deserializer=decode, response_serializer=serializer
         )
     return handler
+
+
+class _HealthServicer(health.aio.HealthServicer):  # type: ignore[misc,name-defined]
+    """grpc's health servicer, plus List, which the health proto has and grpc's servicer does not implement."""
+
+    async def List(self, request: health_pb2.HealthListRequest, context: Context) -> health_pb2.HealthListResponse:
+        return health_pb2.HealthListResponse(
+            statuses={
+                name: health_pb2.HealthCheckResponse(status=status) for name, status in self._server_status.items()
+            }
+        )
 
 
 @dataclass
@@ -198,15 +286,17 @@ def create_server(
     limits = limits or ConnectionLimits()
     server = grpc.aio.server(
         # Tracing first, so a server span covers the handler and the error translation, which in turn
-        # reports the token check's refusals.
+        # reports the token check's refusals and undecodable requests; the request is decoded last, so
+        # an unauthenticated caller's body is never parsed.
         interceptors=[
             *telemetry.server_interceptors(),
             ErrorTranslationInterceptor(),
             BearerTokenInterceptor(tokens or {}),
+            RequestDecodingInterceptor(),
         ],
         options=[*limits.server_options(), ("grpc.so_reuseport", 0)],
     )
-    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+    health_servicer = _HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for service in services:
         service.register(server)
