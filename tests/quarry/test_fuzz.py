@@ -1,0 +1,355 @@
+"""Fuzzing every RPC of every service over real gRPC: whatever the request holds, the answer is
+never UNKNOWN or INTERNAL (those mean an exception nobody translated).
+
+Requests are built by hypothesis from the message descriptors, so a new field or RPC is fuzzed
+without editing this file: strings with NUL bytes, very long ones and page-token-shaped ones,
+the extremes of every integer type, enum numbers no release defines, NaN and infinities, nested
+messages, repeated and map fields. The services run in this process on SQLite (one mesh for the
+module); a streaming RPC is read for at most a few responses, then cancelled. The example count
+is bounded and derandomized, so a run is quick and reproducible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import pytest_asyncio
+from google.protobuf import message_factory, text_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
+from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from quarry.paging import encode_token
+from quarry.v1 import monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
+from tests.quarry.every_service import SCRATCHPAD, every_service
+
+THREAD = "fuzz-thread"  # exists, so Append, Read and Watch get past the lookup
+HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
+SERVICES = [
+    scratchpad_pb2.DESCRIPTOR.services_by_name["ScratchpadService"],
+    worker_pb2.DESCRIPTOR.services_by_name["WorkerService"],
+    supervisor_pb2.DESCRIPTOR.services_by_name["SupervisorService"],
+    monitor_pb2.DESCRIPTOR.services_by_name["MonitorService"],
+    HEALTH,  # served by every server; fuzzed on the scratchpad's
+]
+METHODS = [method for service in SERVICES for method in service.methods]
+# Per RPC; FUZZ_MAX_EXAMPLES=500 runs a longer search locally.
+MAX_EXAMPLES = int(os.environ.get("FUZZ_MAX_EXAMPLES", "20"))
+MAX_DEPTH = 3  # nested messages deeper than this are left unset
+MAX_REPEATED = 3
+STREAM_RESPONSES = 2
+CALL_SECONDS = 10.0
+# A stream that says nothing for this long is waiting, as it should, for something to happen.
+STREAM_QUIET_SECONDS = 0.3
+
+# Requests that reach defects other items of issue 12 fix: tolerated here until those fixes are
+# merged, then remove the entries (each names the item and the field).
+Request = Any
+KNOWN_UNTIL_ITEM_4: dict[str, Callable[[Request], bool]] = {
+    # NUL in a monitor argv, working directory or log path: INTERNAL (found by this test: argv).
+    "quarry.v1.MonitorService.SubmitJob": lambda request: any(
+        "\x00" in text for text in [*request.local.argv, request.local.working_directory, request.local.log_path]
+    ),
+    "quarry.v1.MonitorService.WatchJob": lambda request: "\x00" in request.job.log_path,
+}
+KNOWN = [KNOWN_UNTIL_ITEM_4]
+
+# --- strategies from descriptors ---------------------------------------------------------------
+
+_INTEGER_RANGES = {
+    FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_SINT32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_SFIXED32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_SINT64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_SFIXED64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1),
+    FieldDescriptor.TYPE_FIXED32: (0, 2**32 - 1),
+    FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1),
+    FieldDescriptor.TYPE_FIXED64: (0, 2**64 - 1),
+}
+
+
+def _integers(low: int, high: int) -> st.SearchStrategy[int]:
+    edges = sorted(edge for edge in {low, high, 0, 1, -1, 2**31 - 1, 2**53 + 1, -(2**31)} if low <= edge <= high)
+    return st.one_of(st.sampled_from(edges), st.integers(low, high))
+
+
+def _strings() -> st.SearchStrategy[str]:
+    return st.one_of(
+        st.text(max_size=24),
+        st.sampled_from(["", THREAD, "\x00", "a\x00b", "../../etc/passwd", "local", " ", "x" * 70_000]),
+        st.just(THREAD),
+        st.from_regex(r"[a-z][a-z0-9-]{0,20}(\x00)?", fullmatch=True),  # id-shaped, so validation passes more often
+        st.text(max_size=40).map(encode_token),  # a well-formed token around any cursor text
+        st.from_regex(r"[0-9]{1,30}", fullmatch=True),
+    )
+
+
+def _scalar(field: FieldDescriptor) -> st.SearchStrategy[Any]:
+    kind = field.type
+    if kind in _INTEGER_RANGES:
+        return _integers(*_INTEGER_RANGES[kind])
+    if kind == FieldDescriptor.TYPE_STRING:
+        return _strings()
+    if kind == FieldDescriptor.TYPE_BYTES:
+        return st.binary(max_size=64)
+    if kind == FieldDescriptor.TYPE_BOOL:
+        return st.booleans()
+    if kind in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        edges = st.sampled_from([math.nan, math.inf, -math.inf, -0.0, 1e-45])
+        return st.one_of(edges, st.floats(width=32 if kind == FieldDescriptor.TYPE_FLOAT else 64))
+    if kind == FieldDescriptor.TYPE_ENUM:
+        known = [value.number for value in field.enum_type.values]
+        return st.one_of(st.sampled_from(known), _integers(-(2**31), 2**31 - 1))
+    raise AssertionError(f"no strategy for {field.full_name} (type {kind})")
+
+
+def messages(descriptor: Descriptor, depth: int = 0) -> st.SearchStrategy[Message]:
+    """Messages of `descriptor`, each field set or not, oneofs included (the last member set wins)."""
+    cls = message_factory.GetMessageClass(descriptor)
+    if depth >= MAX_DEPTH:
+        return st.just(cls())
+    optional = {field.name: _field(field, depth) for field in descriptor.fields}
+    return st.fixed_dictionaries({}, optional=optional).map(lambda values: _build(cls, descriptor, values))
+
+
+def _is_map(field: FieldDescriptor) -> bool:
+    return field.message_type is not None and field.message_type.GetOptions().map_entry
+
+
+def _field(field: FieldDescriptor, depth: int) -> st.SearchStrategy[Any]:
+    if _is_map(field):
+        key, value = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
+        return st.dictionaries(_single(key, depth + 1), _single(value, depth + 1), max_size=MAX_REPEATED)
+    single = _single(field, depth)
+    if field.is_repeated:
+        return st.lists(single, max_size=MAX_REPEATED)
+    return single
+
+
+def _single(field: FieldDescriptor, depth: int) -> st.SearchStrategy[Any]:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return st.deferred(lambda: messages(field.message_type, depth + 1))
+    return _scalar(field)
+
+
+def _build(cls: type[Message], descriptor: Descriptor, values: dict[str, Any]) -> Message:
+    message = cls()
+    for name, value in values.items():
+        field = descriptor.fields_by_name[name]
+        target = getattr(message, name)
+        if _is_map(field):
+            for key, item in value.items():
+                if isinstance(item, Message):
+                    target[key].CopyFrom(item)
+                else:
+                    target[key] = item
+        elif field.is_repeated:
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
+                for item in value:
+                    target.add().CopyFrom(item)
+            else:
+                target.extend(value)
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            target.CopyFrom(value)
+        else:
+            setattr(message, name, value)
+    return message
+
+
+RUN_ID = "run-" + "0" * 32
+# A valid request per RPC (text format): half the examples start from one and change a field or two,
+# so they get past validation to the code behind it.
+VALID = {
+    "quarry.v1.ScratchpadService.CreateThread": 'thread_id: "fuzz-new" title: "t" request_id: "r1"',
+    "quarry.v1.ScratchpadService.GetThread": f'thread_id: "{THREAD}"',
+    "quarry.v1.ScratchpadService.Append": (
+        f'thread_id: "{THREAD}" request_id: "r1" kind: ENTRY_KIND_NOTE content: "c"'
+        ' author { principal_id: "fuzz" role: ROLE_RESEARCHER }'
+    ),
+    "quarry.v1.ScratchpadService.Read": f'thread_id: "{THREAD}" page_size: 2',
+    "quarry.v1.ScratchpadService.Watch": f'thread_id: "{THREAD}"',
+    "quarry.v1.WorkerService.Delegate": (
+        f'delegation_id: "d1" run_id: "{RUN_ID}" scratchpad_thread_id: "{THREAD}" task {{ objective: "o" }}'
+        " role: ROLE_RESEARCHER budget { max_turns: 1 }"
+    ),
+    "quarry.v1.WorkerService.GetDelegation": 'delegation_id: "d1"',
+    "quarry.v1.SupervisorService.StartRun": 'question: "q" request_id: "r1"',
+    "quarry.v1.SupervisorService.StreamRun": f'run_id: "{RUN_ID}"',
+    "quarry.v1.SupervisorService.GetRun": f'run_id: "{RUN_ID}"',
+    "quarry.v1.SupervisorService.ListRuns": "page_size: 1",
+    "quarry.v1.SupervisorService.CancelRun": f'run_id: "{RUN_ID}" reason: "r"',
+    "quarry.v1.MonitorService.ListGpus": "",
+    "quarry.v1.MonitorService.WatchGpus": "interval { seconds: 1 }",
+    "quarry.v1.MonitorService.SubmitJob": 'local { argv: "/nonexistent/quarry-fuzz-program" } request_id: "j1"',
+    # Watching only: this test's own process.
+    "quarry.v1.MonitorService.WatchJob": f"job {{ local {{ pid: {os.getpid()} }} }} poll_interval {{ seconds: 1 }}",
+    "grpc.health.v1.Health.Check": 'service: ""',
+    "grpc.health.v1.Health.List": "",
+    "grpc.health.v1.Health.Watch": 'service: ""',
+}
+
+
+def _mutations(descriptor: Descriptor, valid: Message) -> st.SearchStrategy[Message]:
+    """`valid` with up to two of its fields replaced by fuzzed values."""
+    names = st.lists(st.sampled_from([field.name for field in descriptor.fields]), min_size=1, max_size=2, unique=True)
+    cls = type(valid)
+
+    def replaced(chosen: list[str]) -> st.SearchStrategy[Message]:
+        fields = {name: _field(descriptor.fields_by_name[name], 0) for name in chosen}
+        return st.fixed_dictionaries(fields).map(lambda values: _merged(valid, _build(cls, descriptor, values), chosen))
+
+    return names.flatmap(replaced)
+
+
+def _merged(valid: Message, changes: Message, names: list[str]) -> Message:
+    merged = type(valid)()
+    merged.CopyFrom(valid)
+    for name in names:
+        merged.ClearField(name)
+    merged.MergeFrom(changes)
+    return merged
+
+
+def _requests(method: MethodDescriptor) -> st.SearchStrategy[Message]:
+    cls = message_factory.GetMessageClass(method.input_type)
+    valid = text_format.Parse(VALID[method.full_name], cls())
+    strategy = messages(method.input_type)
+    if method.input_type.fields:
+        strategy = st.one_of(strategy, _mutations(method.input_type, valid))
+    if method.full_name == "quarry.v1.MonitorService.SubmitJob":
+        # The monitor runs local commands: never a program of the fuzzer's choosing, whatever else varies.
+        strategy = strategy.map(_harmless_program)
+    return strategy
+
+
+def _harmless_program(request: Message) -> Message:
+    assert isinstance(request, monitor_pb2.SubmitJobRequest)
+    if request.HasField("local") and request.local.argv:
+        request.local.argv[0] = "/nonexistent/quarry-fuzz-program"
+    return request
+
+
+# --- the calls -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Answer:
+    code: grpc.StatusCode
+    details: str
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def channels(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[str, grpc.aio.Channel]]:
+    """A channel to each service, by full service name (Health: the scratchpad's server)."""
+    tmp_path: Path = tmp_path_factory.mktemp("fuzz")
+    async with every_service(tmp_path) as services, contextlib.AsyncExitStack() as stack:
+        channels = {
+            name: await stack.enter_async_context(grpc.aio.insecure_channel(address))
+            for name, address in services.addresses.items()
+        }
+        channels[HEALTH.full_name] = channels[SCRATCHPAD]
+        create = channels[SCRATCHPAD].unary_unary(
+            f"/{SCRATCHPAD}/CreateThread",
+            request_serializer=scratchpad_pb2.CreateThreadRequest.SerializeToString,
+            response_deserializer=scratchpad_pb2.CreateThreadResponse.FromString,
+        )
+        await create(scratchpad_pb2.CreateThreadRequest(thread_id=THREAD, title="fuzz"), timeout=CALL_SECONDS)
+        yield channels
+
+
+def _response_class(method: MethodDescriptor) -> type[Message]:
+    return message_factory.GetMessageClass(method.output_type)
+
+
+async def _call(channel: grpc.aio.Channel, method: MethodDescriptor, request: Message) -> Answer:
+    path = f"/{method.containing_service.full_name}/{method.name}"
+    serializer, deserializer = type(request).SerializeToString, _response_class(method).FromString
+    try:
+        if not method.server_streaming:
+            unary = channel.unary_unary(path, request_serializer=serializer, response_deserializer=deserializer)
+            await unary(request, timeout=CALL_SECONDS)
+            return Answer(grpc.StatusCode.OK, "")
+        stream = channel.unary_stream(path, request_serializer=serializer, response_deserializer=deserializer)
+        call = stream(request, timeout=CALL_SECONDS)
+        try:
+            for _ in range(STREAM_RESPONSES):
+                try:
+                    response = await asyncio.wait_for(call.read(), STREAM_QUIET_SECONDS)
+                except TimeoutError:
+                    # Still open and waiting (the timeout cancelled the call): fine.
+                    return Answer(grpc.StatusCode.OK, "open")
+                if response is grpc.aio.EOF:
+                    return Answer(await call.code(), await call.details() or "")
+        finally:
+            call.cancel()
+        return Answer(grpc.StatusCode.OK, "streaming")
+    except grpc.aio.AioRpcError as error:
+        return Answer(error.code(), error.details() or "")
+
+
+def _known(method: MethodDescriptor, request: Message) -> bool:
+    return any(exclusions.get(method.full_name, lambda _request: False)(request) for exclusions in KNOWN)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("method", METHODS, ids=[method.full_name for method in METHODS])
+@settings(
+    max_examples=MAX_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(data=st.data())
+async def test_no_request_gets_unknown_or_internal(
+    channels: dict[str, grpc.aio.Channel], method: MethodDescriptor, data: st.DataObject
+) -> None:
+    request = data.draw(_requests(method), label="request")
+    answer = await _call(channels[method.containing_service.full_name], method, request)
+    if _known(method, request):
+        return
+    assert answer.code not in {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}, (
+        f"{method.full_name} answered {answer.code.name} ({answer.details}) to {_shown(request)}"
+    )
+
+
+def _shown(request: Message) -> str:
+    text = repr(request)
+    return text if len(text) < 2000 else text[:2000] + f"... ({len(text)} characters)"
+
+
+def test_every_rpc_has_a_valid_request() -> None:
+    assert {method.full_name for method in METHODS} == set(VALID)
+
+
+def test_the_strategies_reach_the_edges() -> None:
+    """The generator itself: NUL bytes, unknown enum numbers and extreme integers are among its values."""
+    seen: dict[str, bool] = {"nul": False, "unknown enum": False, "huge int": False, "nan": False}
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None)
+    @given(request=messages(scratchpad_pb2.ReadRequest.DESCRIPTOR), value=_scalar(_DOUBLE))
+    def collect(request: scratchpad_pb2.ReadRequest, value: float) -> None:
+        known = set(scratchpad_pb2.EntryKind.values())
+        seen["nul"] |= "\x00" in request.thread_id
+        seen["unknown enum"] |= any(kind not in known for kind in request.kinds)
+        seen["huge int"] |= abs(request.after_sequence_no) >= 2**62
+        seen["nan"] |= math.isnan(value)
+
+    collect()
+    assert seen == dict.fromkeys(seen, True)
+
+
+_DOUBLE = monitor_pb2.Gpu.DESCRIPTOR.fields_by_name["power_watts"]
