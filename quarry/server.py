@@ -170,23 +170,23 @@ def _wrap_handler(
     return handler
 
 
-class UndecodableRequest(QuarryError):
+class _UndecodableRequest(QuarryError):
     """The request body is not a serialized request message of the method called."""
 
     code = grpc.StatusCode.INVALID_ARGUMENT
 
 
-Deserializer = Callable[[bytes], Any]
+_Deserializer = Callable[[bytes], Any]
 
 
-def _decoder(deserializer: Deserializer, method: str) -> Deserializer:
+def _decoder(deserializer: _Deserializer, method: str) -> _Deserializer:
     def decode(data: bytes) -> Any:
         try:
             return deserializer(data)
         except DecodeError as error:
             # Not logged above debug: a client sending junk must not flood the log.
             log.debug("undecodable request to %s: %s", method, error)
-            raise UndecodableRequest(f"the request body is not a valid request message for {method}") from None
+            raise _UndecodableRequest(f"the request body is not a valid request message for {method}") from None
 
     return decode
 
