@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import grpc
 import pytest
 
+from quarry import paging
 from quarry.db import Database
 from quarry.v1 import common_pb2, supervisor_pb2, worker_pb2
 from supervisor_svc.model import StartRequest
@@ -210,6 +211,50 @@ async def test_runs_are_listed_newest_first_in_pages(mesh: Mesh) -> None:
         grpc.StatusCode.INVALID_ARGUMENT,
     )
     assert "page_token" in violations(error)
+
+
+RUN = "run-" + "b" * 32
+# Cursors that decode but that no ListRuns ever issued: each must be refused as INVALID_ARGUMENT.
+FORGED_CURSORS = [
+    f"v1||2024-01-01T00:00:00|{RUN}",  # a naive timestamp
+    f"v1||9999-12-31T23:59:59-23:59|{RUN}",  # beyond the last representable instant once in UTC
+    f"v1||0001-01-01T00:00:00+23:59|{RUN}",  # before the first
+    f"v1||2024-01-01T00:00:00+02:00|{RUN}",  # an offset this server never writes
+    f"v1||2024-01-01 00:00:00+00:00|{RUN}",  # not the form this server writes
+    "v1||2024-01-01T00:00:00+00:00|run-\x00",  # NUL in the run id
+    "v1||2024-01-01T00:00:00\x00+00:00|" + RUN,  # NUL in the timestamp
+    "v1||2024-01-01T00:00:00+00:00|not-a-run",
+    f"v1|\x00|2024-01-01T00:00:00+00:00|{RUN}",
+    f"v2||2024-01-01T00:00:00+00:00|{RUN}",
+    f"v1||2024-01-01T00:00:00+00:00|{RUN}|extra",
+    "v1||",
+    "",
+]
+
+
+@pytest.mark.parametrize("cursor", FORGED_CURSORS)
+async def test_list_runs_refuses_a_page_token_it_never_issued(mesh: Mesh, cursor: str) -> None:
+    error = await expect_error(
+        mesh.client.list_runs(page_token=paging.encode_token(cursor) or "="), grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert "page_token" in violations(error)
+
+
+async def test_list_runs_refuses_a_token_in_another_encoding(mesh: Mesh) -> None:
+    for n in range(2):
+        answer_at_once(mesh)
+        await mesh.events((await mesh.client.start_run(f"Question {n}?")).run_id)
+    token = (await mesh.client.list_runs(page_size=1)).next_page_token
+    assert len((await mesh.client.list_runs(page_token=token)).runs) == 1
+    # The same cursor, written with padding or with characters base64 decoding would skip.
+    for variant in [token + "=" * (-len(token) % 4 or 4), token[:4] + "!" + token[4:], token + "\n"]:
+        error = await expect_error(mesh.client.list_runs(page_token=variant), grpc.StatusCode.INVALID_ARGUMENT)
+        assert "page_token" in violations(error)
+    # Positions at either end of time are still positions: everything is older than the last, nothing than the first.
+    latest = paging.encode_token(f"v1||9999-12-31T23:59:59.999999+00:00|{RUN}")
+    assert len((await mesh.client.list_runs(page_token=latest)).runs) == 2
+    earliest = paging.encode_token(f"v1||0001-01-01T00:00:00+00:00|{RUN}")
+    assert list((await mesh.client.list_runs(page_token=earliest)).runs) == []
 
 
 async def test_start_run_is_idempotent_by_request_id(mesh: Mesh) -> None:
