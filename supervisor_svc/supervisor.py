@@ -135,6 +135,11 @@ class Supervisor:
         return await self._store.list_runs(page_size, page_token, state)
 
     async def cancel(self, run_id: str, reason: str) -> RunRecord:
+        violations = ids.violations(ids.RUN_ID.check("run_id", run_id))
+        if "\x00" in reason:  # it is stored with the run, and PostgreSQL text cannot hold NUL
+            violations.append(FieldViolation("reason", "must not contain NUL characters"))
+        if violations:
+            raise InvalidArgument(violations)
         record = await self.get(run_id)
         if record.state.ended:
             return record

@@ -297,6 +297,20 @@ async def test_bad_requests_name_their_fields(mesh: Mesh) -> None:
     await mesh.events(run.run_id)
 
 
+async def test_a_cancel_reason_with_a_nul_is_refused_and_the_run_goes_on(mesh: Mesh) -> None:
+    mesh.script.add("Research slowly", Stall(60))
+    mesh.script.add(SUPERVISOR, Reply(calls=(Call("delegate_research", {"objective": "Research slowly"}, "d1"),)))
+    run = await mesh.client.start_run("Slow question?")
+    await wait_for_phase(mesh, run.run_id, supervisor_pb2.RESEARCH_PHASE_WORKER_RESEARCHING)
+    error = await expect_error(
+        mesh.client.cancel_run(run.run_id, reason="stop\x00now"), grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert "reason" in violations(error)
+    assert (await mesh.client.get_run(run.run_id)).state == supervisor_pb2.RUN_STATE_RUNNING
+    cancelled = await mesh.client.cancel_run(run.run_id, reason="stop now")
+    assert cancelled.state == supervisor_pb2.RUN_STATE_CANCELLED and cancelled.cancel_reason == "stop now"
+
+
 async def test_reattaching_at_or_past_the_end(mesh: Mesh) -> None:
     answer_at_once(mesh)
     run = await mesh.client.start_run("Short?")
