@@ -268,6 +268,42 @@ async def test_start_run_is_idempotent_by_request_id(mesh: Mesh) -> None:
     assert len((await mesh.client.list_runs()).runs) == 1
 
 
+@pytest.mark.parametrize("supervisor_overrides", [{"max_active_runs": 2}], indirect=True)
+async def test_concurrent_retries_of_one_start_run_share_one_run_and_one_slot(mesh: Mesh) -> None:
+    mesh.script.add(SUPERVISOR, Stall(60), Stall(60))  # both runs stay active, holding their slots
+    calls = [mesh.client.start_run("Once, however often asked?", request_id="req-many") for _ in range(20)]
+    started = await asyncio.gather(*calls, return_exceptions=True)
+    refused = [result for result in started if isinstance(result, BaseException)]
+    assert refused == [], [str(error) for error in refused]
+    assert len({run.run_id for run in started if isinstance(run, supervisor_pb2.Run)}) == 1
+    assert len((await mesh.client.list_runs()).runs) == 1
+    # The retries took one slot between them: another request still fits, and then the supervisor is full.
+    other = await mesh.client.start_run("Another question?", request_id="req-other")
+    assert other.run_id not in {run.run_id for run in started if isinstance(run, supervisor_pb2.Run)}
+    error = await expect_error(mesh.client.start_run("One too many?"), grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert error_reason(error) == "TOO_MANY_RUNS"
+    # A retry of a request that already has its run gets it back even now, and a conflicting one is refused.
+    assert (await mesh.client.start_run("Another question?", request_id="req-other")).run_id == other.run_id
+    error = await expect_error(
+        mesh.client.start_run("Something else?", request_id="req-many"), grpc.StatusCode.ALREADY_EXISTS
+    )
+    assert error_reason(error) == "REQUEST_ID_REUSED"
+
+
+async def test_concurrent_start_runs_with_one_request_id_but_different_questions(mesh: Mesh) -> None:
+    mesh.script.add(SUPERVISOR, Stall(60))
+    calls = [mesh.client.start_run(f"Question {n % 2}?", request_id="req-split") for n in range(10)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    runs = [result for result in results if isinstance(result, supervisor_pb2.Run)]
+    refused = [result for result in results if not isinstance(result, supervisor_pb2.Run)]
+    # One question won the request_id; every call asking it got its run, every call asking the other was refused.
+    assert len({run.run_id for run in runs}) == 1 and len(runs) == 5
+    assert all(
+        isinstance(error, grpc.aio.AioRpcError) and error_reason(error) == "REQUEST_ID_REUSED" for error in refused
+    )
+    assert len((await mesh.client.list_runs()).runs) == 1
+
+
 async def test_bad_requests_name_their_fields(mesh: Mesh) -> None:
     options = supervisor_pb2.RunOptions(max_supervisor_turns=-1, max_worker_turns=65, max_parallel_delegations=99)
     options.timeout.FromSeconds(10**9)
