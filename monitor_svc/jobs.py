@@ -30,6 +30,7 @@ from monitor_svc import slurm
 from monitor_svc.model import JobObservation
 from monitor_svc.smi import MalformedOutput
 from monitor_svc.ssh import SshHosts, quote
+from monitor_svc.validation import refuse_nul
 from quarry.errors import AlreadyExists, ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument
 from quarry.vocabulary import JobRef, JobState
 
@@ -96,6 +97,14 @@ class Jobs:
     # -- submission -------------------------------------------------------------------------
 
     async def submit_local(self, argv: Sequence[str], cwd: str, log_path: str, request_id: str) -> JobRef:
+        refuse_nul(
+            {
+                **{f"local.argv[{index}]": arg for index, arg in enumerate(argv)},
+                "local.working_directory": cwd,
+                "local.log_path": log_path,
+                "request_id": request_id,
+            }
+        )
         if not argv:
             raise InvalidArgument([FieldViolation("local.argv", "required: the program and its arguments")])
         self.check_log_path(JobRef("local", log_path=log_path), "local.log_path")
@@ -129,6 +138,14 @@ class Jobs:
         return JobRef("local", pid=process.pid, log_path=str(log_file))
 
     async def submit_slurm(self, host: str, script_path: str, sbatch_args: Sequence[str], request_id: str) -> JobRef:
+        refuse_nul(
+            {
+                "slurm.host": host,
+                "slurm.script_path": script_path,
+                **{f"slurm.sbatch_args[{index}]": arg for index, arg in enumerate(sbatch_args)},
+                "request_id": request_id,
+            }
+        )
         self._hosts.require(host, field="slurm.host")
         if not script_path or script_path.startswith("-"):
             # Not an option in disguise: sbatch would read "-..." as one.

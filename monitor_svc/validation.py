@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from monitor_svc.slurm import check_job_id
 from quarry.errors import FieldViolation, InvalidArgument
@@ -17,6 +17,16 @@ JOB_KINDS = ("local", "remote", "slurm")
 
 def _invalid(field: str, description: str) -> InvalidArgument:
     return InvalidArgument([FieldViolation(field, description)])
+
+
+def refuse_nul(fields: Mapping[str, str]) -> None:
+    """Refuse NUL in text that becomes a path, an argument or a command: the OS cannot take it, and a
+    shell on a remote host would cut the text short there."""
+    violations = [
+        FieldViolation(field, "must not contain NUL characters") for field, value in fields.items() if "\x00" in value
+    ]
+    if violations:
+        raise InvalidArgument(violations)
 
 
 def require_job_kind(kind: str | None, allowed: Sequence[str]) -> str:
@@ -39,6 +49,7 @@ def check_job_ref(ref: JobRef) -> JobRef:
     """A job reference a watch can follow: a process id, or a Slurm job id, and the host where needed."""
     require_job_kind(ref.kind, JOB_KINDS)
     prefix = f"job.{ref.kind}"
+    refuse_nul({"job.log_path": ref.log_path, f"{prefix}.host": ref.host, f"{prefix}.job_id": ref.job_id})
     if ref.kind == "slurm":
         try:
             check_job_id(ref.job_id)

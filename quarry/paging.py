@@ -18,8 +18,13 @@ def encode_token(cursor: str) -> str:
 
 
 def decode_token(token: str) -> str | None:
-    """The cursor inside a token from `encode_token`; None for a string that cannot be one."""
+    """The cursor inside a token from `encode_token`; None for a string that cannot be one.
+
+    Only the exact text `encode_token` writes decodes: base64 decoding would otherwise skip stray
+    characters and accept padding, so many strings would stand for one token.
+    """
     try:
-        return base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        cursor = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         return None
+    return cursor if encode_token(cursor) == token else None

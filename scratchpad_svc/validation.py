@@ -141,6 +141,7 @@ def decode_page_token(token: str) -> tuple[str, int] | None:
     thread_id, _, after = rest.rpartition(":")
     if version != "v1" or not ids.THREAD_ID.matches(thread_id) or not SEQUENCE_NO.fullmatch(after):
         return None
-    if int(after) > MAX_SEQUENCE_NO:
+    # Only the form encode_page_token writes: no leading zeros, nothing past the largest sequence number.
+    if int(after) > MAX_SEQUENCE_NO or str(int(after)) != after:
         return None
     return thread_id, int(after)

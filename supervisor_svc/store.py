@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from quarry import paging
+from quarry import ids, paging
 from quarry.db import Database, reserve_sequence_numbers
 from quarry.errors import AlreadyExists, ErrorReason, FieldViolation, InvalidArgument
 from quarry.notify import notify_on_commit
@@ -79,16 +79,29 @@ def _page_token(record: RunRecord, state: str) -> str:
 
 
 def _decode_page_token(token: str, state: str) -> tuple[datetime, str]:
+    """The position a token from `_page_token` names; INVALID_ARGUMENT for any other string.
+
+    Only the exact form this server writes is accepted (an aware UTC timestamp as `isoformat` writes
+    it and a run id), so nothing a client crafts reaches the query as a naive, out-of-range or NUL value.
+    """
+    parts = (paging.decode_token(token) or "").split("|")
+    if len(parts) == 4:
+        version, token_state, when, run_id = parts
+        moment = _utc_timestamp(when)
+        if version == "v1" and token_state == state and moment is not None and ids.RUN_ID.matches(run_id):
+            return moment, run_id
+    raise InvalidArgument([FieldViolation("page_token", "not a token from a ListRuns call with the same filter")])
+
+
+def _utc_timestamp(text: str) -> datetime | None:
+    """`text` as a datetime when it is exactly what `isoformat` writes for an aware UTC datetime."""
     try:
-        # Not a token at all (None) fails the unpacking below like a malformed one.
-        version, token_state, when, run_id = (paging.decode_token(token) or "").split("|")
-        if version != "v1" or token_state != state:
-            raise ValueError(token)
-        return datetime.fromisoformat(when), run_id
-    except ValueError as error:
-        raise InvalidArgument(
-            [FieldViolation("page_token", "not a token from a ListRuns call with the same filter")]
-        ) from error
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if moment.tzinfo is None or moment.utcoffset() != timedelta(0) or moment.isoformat() != text:
+        return None
+    return moment
 
 
 class RunStore:

@@ -35,6 +35,9 @@ from supervisor_svc.store import RunEnded, RunStore, StoredEvent
 
 log = logging.getLogger(__name__)
 
+# How many other StartRuns with the same request_id (asking something else) one call waits out.
+_MAX_START_WAITS = 8
+
 
 @dataclass(frozen=True)
 class SupervisorLimits:
@@ -78,6 +81,9 @@ class Supervisor:
         self._owner = f"supervisor-{uuid.uuid4().hex[:12]}"
         self._runs: dict[str, tuple[ResearchRun, asyncio.Task[None]]] = {}
         self._starting = 0
+        # StartRuns under way by request_id (with the digest of what they ask): concurrent retries of one
+        # request share its start, so they take one slot and get one run.
+        self._starts: dict[str, tuple[str, asyncio.Future[RunRecord]]] = {}
         self._closing = asyncio.Event()
         # Renewals often enough that a CancelRun taken by another replica reaches the run within seconds.
         self._leases = LeaseKeeper(
@@ -96,6 +102,34 @@ class Supervisor:
 
     async def start_run(self, request: StartRequest) -> RunRecord:
         validate_start(request)
+        if not request.request_id:
+            return await self._start(request)
+        digest = request.digest()
+        for _ in range(_MAX_START_WAITS):
+            under_way = self._starts.get(request.request_id)
+            if under_way is None or under_way[1].done():
+                break
+            known, start = under_way
+            if known == digest:
+                return await asyncio.shield(start)  # the same request, already being started: its outcome
+            # Another request with this request_id is being started: once it has, the store says whose it is.
+            await asyncio.wait([start])
+        else:
+            raise Unavailable(f"other StartRuns with request_id {request.request_id!r} keep arriving; retry")
+        # A task of its own: a caller that goes away does not abandon a start its retries may be waiting on.
+        start = asyncio.ensure_future(self._start(request))
+        entry = (digest, start)
+        self._starts[request.request_id] = entry
+        start.add_done_callback(lambda _: self._start_ended(request.request_id, entry))
+        return await asyncio.shield(start)
+
+    def _start_ended(self, request_id: str, entry: tuple[str, asyncio.Future[RunRecord]]) -> None:
+        if self._starts.get(request_id) is entry:
+            del self._starts[request_id]
+        if not entry[1].cancelled():
+            entry[1].exception()  # retrieved, though every caller may have gone
+
+    async def _start(self, request: StartRequest) -> RunRecord:
         if request.request_id:  # a retry gets its run back, whatever the load now
             existing = await self._store.by_request_id(request.request_id, request)
             if existing is not None:
@@ -135,6 +169,11 @@ class Supervisor:
         return await self._store.list_runs(page_size, page_token, state)
 
     async def cancel(self, run_id: str, reason: str) -> RunRecord:
+        violations = ids.violations(ids.RUN_ID.check("run_id", run_id))
+        if "\x00" in reason:  # it is stored with the run, and PostgreSQL text cannot hold NUL
+            violations.append(FieldViolation("reason", "must not contain NUL characters"))
+        if violations:
+            raise InvalidArgument(violations)
         record = await self.get(run_id)
         if record.state.ended:
             return record

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from quarry.agent.messages import ToolCall
 from quarry.agent.scratchpad_tools import SCRATCHPAD_TOOLS, SourceParam
@@ -22,13 +22,26 @@ from quarry.research_plane import ResearchPlane
 DELEGATE_TOOL = "delegate_research"
 
 
+# The worker's bounds on a task (worker_svc.worker): a call past them is refused here, as a tool error the
+# model can correct, rather than by the worker.
+Criterion = Annotated[str, Field(max_length=1000)]
+InputRef = Annotated[str, Field(max_length=2048)]
+
+
 class DelegateParams(BaseModel):
     objective: str = Field(min_length=1, max_length=4000, description="the research task, self-contained")
-    criteria: list[str] = Field(default_factory=list, max_length=10, description="what a good answer must show")
-    input_refs: list[str] = Field(
+    criteria: list[Criterion] = Field(default_factory=list, max_length=10, description="what a good answer must show")
+    input_refs: list[InputRef] = Field(
         default_factory=list, max_length=20, description="scratchpad entries or URLs to start from"
     )
     role: Literal["researcher", "verifier"] = "researcher"
+
+    @field_validator("objective", "criteria", "input_refs")
+    @classmethod
+    def _no_nul(cls, value: str | list[str]) -> str | list[str]:
+        if any("\x00" in text for text in ([value] if isinstance(value, str) else value)):
+            raise ValueError("must not contain NUL characters")
+        return value
 
 
 class DelegationDesk(Protocol):

@@ -52,6 +52,12 @@ log = logging.getLogger(__name__)
 
 MAX_TURNS_LIMIT = 64
 MAX_OBJECTIVE_CHARS = 16_000
+# As many as the supervisor's delegate_research tool may ask for; a criterion is a sentence, an input
+# ref a scratchpad entry or a URL (the scratchpad's longest).
+MAX_CRITERIA = 10
+MAX_CRITERION_CHARS = 1000
+MAX_INPUT_REFS = 20
+MAX_INPUT_REF_CHARS = 2048
 MAX_TIMEOUT_SECONDS = 24 * 3600
 
 ROLE_CAPABILITIES: dict[Role, list[str]] = {
@@ -105,6 +111,10 @@ def validate(request: DelegationRequest) -> None:
         violations.append(FieldViolation("task.objective", "required"))
     elif len(request.objective) > MAX_OBJECTIVE_CHARS:
         violations.append(FieldViolation("task.objective", f"at most {MAX_OBJECTIVE_CHARS} characters"))
+    elif "\x00" in request.objective:
+        violations.append(FieldViolation("task.objective", "must not contain NUL characters"))
+    violations.extend(_list_violations("task.criteria", request.criteria, MAX_CRITERIA, MAX_CRITERION_CHARS))
+    violations.extend(_list_violations("task.input_refs", request.input_refs, MAX_INPUT_REFS, MAX_INPUT_REF_CHARS))
     if request.role not in ROLE_CAPABILITIES:
         roles = ", ".join(f"ROLE_{role.name}" for role in ROLE_CAPABILITIES)
         violations.append(FieldViolation("role", f"a worker runs one of: {roles}"))
@@ -116,6 +126,19 @@ def validate(request: DelegationRequest) -> None:
         violations.append(FieldViolation("budget.max_tokens", "must not be negative"))
     if violations:
         raise InvalidArgument(violations)
+
+
+def _list_violations(field: str, items: tuple[str, ...], max_items: int, max_chars: int) -> list[FieldViolation]:
+    """A bounded list of short texts without NUL (which PostgreSQL cannot store)."""
+    if len(items) > max_items:
+        return [FieldViolation(field, f"at most {max_items} items")]
+    found = []
+    for index, item in enumerate(items):
+        if len(item) > max_chars:
+            found.append(FieldViolation(f"{field}[{index}]", f"at most {max_chars} characters"))
+        elif "\x00" in item:
+            found.append(FieldViolation(f"{field}[{index}]", "must not contain NUL characters"))
+    return found
 
 
 def task_message(request: DelegationRequest) -> str:
@@ -187,6 +210,7 @@ class Worker:
         self._leases.start()
 
     async def get(self, delegation_id: str) -> DelegationRecord | None:
+        ids.DELEGATION_ID.require("delegation_id", delegation_id)
         return await self._delegations.get(delegation_id)
 
     async def delegate(self, request: DelegationRequest) -> AsyncIterator[Event]:

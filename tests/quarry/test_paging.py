@@ -15,3 +15,10 @@ def test_a_cursor_comes_back_from_its_token(cursor: str) -> None:
 @pytest.mark.parametrize("token", ["a", "abcde", "_w"])  # impossible lengths; bytes that are not UTF-8
 def test_a_string_that_is_no_token_decodes_to_none(token: str) -> None:
     assert paging.decode_token(token) is None
+
+
+@pytest.mark.parametrize("suffix", ["=", "==", "!", "\n", " "])
+def test_only_the_exact_token_decodes(suffix: str) -> None:
+    token = paging.encode_token("v1:t-1:7")
+    assert paging.decode_token(token + suffix) is None
+    assert paging.decode_token(token[:2] + suffix + token[2:]) is None

@@ -110,7 +110,9 @@ async def test_watch_of_unknown_or_malformed_thread_fails_before_streaming(stub:
 async def test_read_rejects_bad_paging(stub: Stub, make_thread: Callable[[], Awaitable[str]]) -> None:
     thread_id = await make_thread()
     other = await make_thread()
-    forged = [encode(f"v1:{thread_id}:{after}") for after in ["²", "9" * 30, "-1", ""]]
+    forged = [encode(f"v1:{thread_id}:{after}") for after in ["²", "9" * 30, "-1", "", "007", "1\x00", "1\n", " 1"]]
+    forged += [encode(f"v1:{thread_id}\x00:1"), encode(f"v2:{thread_id}:1"), encode(f"v1:{thread_id}:1") + "="]
+    forged += ["!" + encode(f"v1:{thread_id}:1")]  # characters base64 decoding would skip
     for request, field in [
         (scratchpad_pb2.ReadRequest(thread_id=thread_id, after_sequence_no=-1), "after_sequence_no"),
         (scratchpad_pb2.ReadRequest(thread_id=thread_id, page_size=-5), "page_size"),

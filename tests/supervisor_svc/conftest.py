@@ -77,7 +77,19 @@ def worker_settings(
 
 
 @pytest.fixture
-async def mesh(tmp_path: Path, model: ScriptedModel, site: FixtureWeb, database_url: str) -> AsyncIterator[Mesh]:
+def supervisor_overrides(request: pytest.FixtureRequest) -> dict[str, object]:
+    """Supervisor settings a test changes: parametrize this fixture indirectly, e.g. {"max_active_runs": 2}."""
+    return dict(getattr(request, "param", {}))
+
+
+@pytest.fixture
+async def mesh(
+    tmp_path: Path,
+    model: ScriptedModel,
+    site: FixtureWeb,
+    database_url: str,
+    supervisor_overrides: dict[str, object],
+) -> AsyncIterator[Mesh]:
     """The supervisor's database is SQLite or PostgreSQL (each test runs on both)."""
     script = Choreography()
     model.default = script
@@ -99,6 +111,7 @@ async def mesh(tmp_path: Path, model: ScriptedModel, site: FixtureWeb, database_
                     worker_addresses=",".join(worker.address for worker in workers),
                     model_base_url=model.base_url,
                     model_name="scripted",
+                    **supervisor_overrides,  # type: ignore[arg-type]
                 ),
                 common,
             )

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from quarry.agent.messages import ToolCall
 from quarry.agent.usage import Usage
@@ -120,3 +122,23 @@ async def test_a_delegate_call_the_registry_will_refuse_takes_no_share(store: Ru
     for call in valid:
         workers.release[call.id].set()
     await asyncio.gather(*tasks)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"objective": "x", "criteria": ["c" * 1001]}, "criteria"),
+        ({"objective": "x", "input_refs": ["https://a.b/" + "r" * 2048]}, "input_refs"),
+        ({"objective": "x", "criteria": ["c"] * 11}, "criteria"),
+        ({"objective": "Find\x00 it"}, "objective"),
+        ({"objective": "x", "input_refs": ["a\x00"]}, "input_refs"),
+    ],
+)
+def test_a_delegation_the_worker_would_refuse_is_refused_as_a_tool_error(
+    arguments: dict[str, object], field: str
+) -> None:
+    """The worker bounds criteria and input_refs and refuses NUL; the tool's own parameters say so first."""
+    with pytest.raises(ValidationError) as raised:
+        DelegateParams.model_validate_json(json.dumps(arguments))
+    assert {error["loc"][0] for error in raised.value.errors()} == {field}
+    assert DelegateParams(objective="x", criteria=["c" * 1000] * 10, input_refs=["r" * 2048] * 20).criteria

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from scratchpad_svc.service import build_host as build_scratchpad
 from tests.conftest import ServiceProcess, start_service, stop_service
 from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel, Stall
 from tests.fakes.web_server import FixtureWeb
+from tests.rpc import expect_error, violations
 from worker_svc.service import build_host as build_worker
 
 
@@ -72,15 +73,20 @@ def worker_settings(
 
 @asynccontextmanager
 async def in_process(
-    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, native_tools: bool
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, native_tools: bool, database_url: str = ""
 ) -> AsyncIterator[tuple[str, str, Callable[[], Awaitable[None]]]]:
-    """Scratchpad and worker hosts in this process (fast; real gRPC over real sockets)."""
+    """Scratchpad and worker hosts in this process (fast; real gRPC over real sockets).
+
+    The worker's database is `database_url`, or SQLite in the data directory.
+    """
     common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=2)
     scratchpad_host = await build_scratchpad(ScratchpadSettings(address="127.0.0.1:0"), common)
     async with scratchpad_host:
         with pytest.MonkeyPatch.context() as patch:
             for name, value in worker_settings(model, site, scratchpad_host.address, native_tools).items():
                 patch.setenv(name, value)
+            if database_url:
+                patch.setenv("QUARRY_WORKER_DATABASE_URL", database_url)
             settings = WorkerSettings(address="127.0.0.1:0")
         async with await build_worker(settings, common) as worker_host:
             yield scratchpad_host.address, worker_host.address, worker_host.shutdown
@@ -115,8 +121,27 @@ async def mesh(
 ) -> AsyncIterator[Mesh]:
     mode, native_tools = request.param
     start = in_process if mode == "in-process" else processes
+    async with mesh_on(start(tmp_path, model, site, native_tools), model, site) as mesh:
+        yield mesh
+
+
+@pytest.fixture
+async def mesh_on_database(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, database_url: str
+) -> AsyncIterator[Mesh]:
+    """The worker in this process, its delegations in SQLite or PostgreSQL (each test runs on both)."""
+    async with mesh_on(in_process(tmp_path, model, site, True, database_url), model, site) as mesh:
+        yield mesh
+
+
+@asynccontextmanager
+async def mesh_on(
+    services: AbstractAsyncContextManager[tuple[str, str, Callable[[], Awaitable[None]]]],
+    model: ScriptedModel,
+    site: FixtureWeb,
+) -> AsyncIterator[Mesh]:
     async with (
-        start(tmp_path, model, site, native_tools) as (scratchpad_address, worker_address, stop_worker),
+        services as (scratchpad_address, worker_address, stop_worker),
         insecure_channel(worker_address) as worker_channel,
         insecure_channel(scratchpad_address) as scratchpad_channel,
     ):
@@ -253,33 +278,79 @@ async def test_too_many_delegations_is_resource_exhausted(mesh: Mesh) -> None:
         call.cancel()
 
 
-@pytest.mark.parametrize("mesh", [IN_PROCESS], ids=["in-process"], indirect=True)
-@pytest.mark.parametrize(
-    ("change", "field"),
-    [
-        ({"delegation_id": ""}, "delegation_id"),
-        ({"run_id": "has space"}, "run_id"),
-        ({"scratchpad_thread_id": "Not-A-Thread"}, "scratchpad_thread_id"),
-        ({"task": worker_pb2.ResearchTask(objective="  ")}, "task.objective"),
-        ({"role": common_pb2.ROLE_SUPERVISOR}, "role"),
-        ({"budget": worker_pb2.DelegationBudget(max_turns=1000)}, "budget.max_turns"),
-        (
-            {"budget": worker_pb2.DelegationBudget(timeout=duration_pb2.Duration(seconds=315_576_000_000))},
-            "budget.timeout",
-        ),
-    ],
-)
-async def test_bad_requests_are_invalid_argument(mesh: Mesh, change: dict[str, object], field: str) -> None:
+LONG = "x" * 2049
+BAD_REQUESTS: list[tuple[str, dict[str, object], str]] = [
+    ("no delegation_id", {"delegation_id": ""}, "delegation_id"),
+    ("run_id with a space", {"run_id": "has space"}, "run_id"),
+    ("malformed thread", {"scratchpad_thread_id": "Not-A-Thread"}, "scratchpad_thread_id"),
+    ("blank objective", {"task": worker_pb2.ResearchTask(objective="  ")}, "task.objective"),
+    ("supervisor role", {"role": common_pb2.ROLE_SUPERVISOR}, "role"),
+    ("too many turns", {"budget": worker_pb2.DelegationBudget(max_turns=1000)}, "budget.max_turns"),
+    (
+        "timeout beyond a day",
+        {"budget": worker_pb2.DelegationBudget(timeout=duration_pb2.Duration(seconds=315_576_000_000))},
+        "budget.timeout",
+    ),
+    ("NUL in delegation_id", {"delegation_id": "run-1:\x00"}, "delegation_id"),
+    ("NUL in run_id", {"run_id": "run\x00"}, "run_id"),
+    ("NUL in tool_call_id", {"tool_call_id": "call\x00"}, "tool_call_id"),
+    ("NUL in the objective", {"task": worker_pb2.ResearchTask(objective="Find\x00 it")}, "task.objective"),
+    (
+        "NUL in a criterion",
+        {"task": worker_pb2.ResearchTask(objective="Find it", criteria=["ok", "cite\x00"])},
+        "task.criteria[1]",
+    ),
+    (
+        "NUL in an input ref",
+        {"task": worker_pb2.ResearchTask(objective="Find it", input_refs=["https://a.b/\x00"])},
+        "task.input_refs[0]",
+    ),
+    ("too many criteria", {"task": worker_pb2.ResearchTask(objective="Find it", criteria=["c"] * 11)}, "task.criteria"),
+    (
+        "too many input refs",
+        {"task": worker_pb2.ResearchTask(objective="Find it", input_refs=["r"] * 21)},
+        "task.input_refs",
+    ),
+    (
+        "a long criterion",
+        {"task": worker_pb2.ResearchTask(objective="Find it", criteria=[LONG])},
+        "task.criteria[0]",
+    ),
+    (
+        "a long input ref",
+        {"task": worker_pb2.ResearchTask(objective="Find it", input_refs=["ok", LONG])},
+        "task.input_refs[1]",
+    ),
+    (
+        "megabytes of criteria",
+        {"task": worker_pb2.ResearchTask(objective="Find it", criteria=["c" * (1 << 20)] * 3)},
+        "task.criteria[2]",
+    ),
+    ("a long objective", {"task": worker_pb2.ResearchTask(objective="o" * 16_001)}, "task.objective"),
+]
+
+
+@pytest.mark.parametrize(("case", "change", "field"), BAD_REQUESTS, ids=[case[0] for case in BAD_REQUESTS])
+async def test_bad_requests_are_invalid_argument(
+    mesh_on_database: Mesh, case: str, change: dict[str, object], field: str
+) -> None:
+    mesh = mesh_on_database
     request = mesh.request()
     for name, value in change.items():
         if isinstance(value, worker_pb2.ResearchTask | worker_pb2.DelegationBudget):
             getattr(request, name).CopyFrom(value)
         else:
             setattr(request, name, value)
-    with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await mesh.delegate(request)
-    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert field in (raised.value.details() or "")
+    error = await expect_error(mesh.delegate(request), grpc.StatusCode.INVALID_ARGUMENT)
+    assert field in violations(error), violations(error)
+    assert mesh.model.requests == [], "nothing reached the model"
+
+
+@pytest.mark.parametrize("delegation_id", ["", "run-1:\x00", "has space", "d" * 257])
+async def test_get_delegation_refuses_a_malformed_id(mesh_on_database: Mesh, delegation_id: str) -> None:
+    request = worker_pb2.GetDelegationRequest(delegation_id=delegation_id)
+    error = await expect_error(mesh_on_database.worker.GetDelegation(request), grpc.StatusCode.INVALID_ARGUMENT)
+    assert "delegation_id" in violations(error)
 
 
 @pytest.mark.parametrize(
