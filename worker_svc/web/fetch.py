@@ -145,7 +145,8 @@ def guarded_client(policy: AddressPolicy, *, timeout: float = 20.0, max_redirect
         max_redirects=max_redirects,
         timeout=timeout,
         trust_env=False,
-        # identity: the size limit then counts what arrives, so a small compressed body cannot inflate.
+        # identity: well-behaved servers send the body as is; what others compress anyway, read_body
+        # decodes within the size limit (httpx's own decoding would inflate each piece whole).
         headers={"user-agent": "quarry-research/0.1", "accept-encoding": "identity"},
     )
 
