@@ -212,6 +212,8 @@ class WorkerSettings(ModelTier):
     # Internal addresses page fetching may reach anyway: "HOST:PORT" or CIDR, comma-separated.
     fetch_allow: str = ""
     page_chunk_chars: int = Field(default=4000, ge=200, le=100_000)
+    # All one page fetch may take (connecting, redirects, the whole body), however the server paces it.
+    page_fetch_seconds: float = Field(default=20.0, gt=0, le=3600)
 
 
 class SupervisorSettings(ModelTier):

@@ -60,7 +60,9 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
     policy = AddressPolicy(allow=tuple(entry.strip() for entry in settings.fetch_allow.split(",") if entry.strip()))
     web = guarded_client(policy)
     # One page cache for the process: pages are public, what each delegation read is tracked per context.
-    pages = PageReader(web, corpus=corpus, chunk_chars=settings.page_chunk_chars)
+    pages = PageReader(
+        web, corpus=corpus, chunk_chars=settings.page_chunk_chars, fetch_seconds=settings.page_fetch_seconds
+    )
     search = search_backend(settings, corpus, search_http)
 
     def context_for(request: DelegationRequest) -> DelegationContext:

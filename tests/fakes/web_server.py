@@ -1,7 +1,12 @@
-"""A local fixture web on 127.0.0.1 for tests: pages, redirects, and a SearXNG-style search."""
+"""A local fixture web on 127.0.0.1 for tests: pages, redirects, and a SearXNG-style search.
+
+Hostile servers too: pages with any headers (a Content-Encoding that lies), redirects
+with a Location sent byte for byte, and a body that trickles a byte at a time.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -28,18 +33,36 @@ tallest structure in Paris.</p>
 @dataclass
 class FixtureWeb(Served):
     pages: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # path -> (content type, body)
+    headers: dict[str, dict[str, str]] = field(default_factory=dict)  # path -> more response headers
+    locations: dict[str, str] = field(default_factory=dict)  # path -> a Location header, sent as is
+    # /trickle sends this many bytes, one per `trickle_seconds`, then ends.
+    trickle_bytes: int = 50
+    trickle_seconds: float = 0.1
     hits: list[str] = field(default_factory=list)
     base_url: str = ""
     port: int = 0
     _runner: web.AppRunner | None = None
 
-    def add(self, path: str, body: str | bytes, content_type: str = "text/html; charset=utf-8") -> str:
+    def add(
+        self,
+        path: str,
+        body: str | bytes,
+        content_type: str = "text/html; charset=utf-8",
+        headers: dict[str, str] | None = None,
+    ) -> str:
         self.pages[path] = (content_type, body.encode() if isinstance(body, str) else body)
+        self.headers[path] = headers or {}
+        return f"{self.base_url}{path}"
+
+    def add_redirect(self, path: str, location: str) -> str:
+        """A 302 whose Location is `location` exactly (aiohttp's own redirects would normalise it)."""
+        self.locations[path] = location
         return f"{self.base_url}{path}"
 
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/redirect", self._redirect)
+        app.router.add_get("/trickle", self._trickle)
         app.router.add_get("/search", self._searxng)
         app.router.add_post("/tavily/search", self._tavily)
         app.router.add_get("/brave/res/v1/web/search", self._brave)
@@ -87,7 +110,22 @@ class FixtureWeb(Served):
     async def _page(self, request: web.Request) -> web.Response:
         path = "/" + request.match_info["path"]
         self.hits.append(path)
+        if path in self.locations:
+            return web.Response(status=302, headers={"location": self.locations[path]})
         if path not in self.pages:
             raise web.HTTPNotFound()
         content_type, body = self.pages[path]
-        return web.Response(body=body, headers={"content-type": content_type})
+        return web.Response(body=body, headers={"content-type": content_type, **self.headers.get(path, {})})
+
+    async def _trickle(self, request: web.Request) -> web.StreamResponse:
+        self.hits.append("/trickle")
+        response = web.StreamResponse(headers={"content-type": "text/plain"})
+        await response.prepare(request)
+        try:
+            for _ in range(self.trickle_bytes):
+                await response.write(b"x")
+                await asyncio.sleep(self.trickle_seconds)
+            await response.write_eof()
+        except ConnectionError:
+            pass  # the client gave up
+        return response

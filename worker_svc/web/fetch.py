@@ -6,6 +6,9 @@ such as the 169.254.169.254 metadata service, shared, reserved, multicast),
 and connects to the address it checked, so a name that resolves differently a
 moment later (DNS rebinding) cannot slip through. An allowlist admits chosen
 `host:port` pairs or networks; tests open it for their fixture server only.
+
+Bodies are read with `read_body`, which counts what arrives and what it
+inflates to: a small compressed body cannot grow past the size limit in memory.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -91,6 +95,8 @@ class _GuardedBackend(httpcore.AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
+        if not 0 < port < 65536:  # httpx parses any number; the socket layer would raise past httpx's errors
+            raise httpx.ConnectError(f"{host}:{port}: port {port} is out of range")
         addresses = await _resolve(host, port)
         allowed = [address for address in addresses if self._policy.permits(address, port)]
         if not allowed:
@@ -112,6 +118,8 @@ async def _resolve(host: str, port: int) -> Sequence[IPAddress]:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
         raise httpx.ConnectError(f"cannot resolve {host}: {error.strerror}") from error
+    except ValueError as error:  # UnicodeError: a label the IDNA codec refuses (empty, over 63 characters)
+        raise httpx.ConnectError(f"cannot resolve {host}: not a valid host name ({error})") from error
     return list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
 
 
@@ -137,6 +145,80 @@ def guarded_client(policy: AddressPolicy, *, timeout: float = 20.0, max_redirect
         max_redirects=max_redirects,
         timeout=timeout,
         trust_env=False,
-        # identity: the size limit then counts what arrives, so a small compressed body cannot inflate.
+        # identity: well-behaved servers send the body as is; what others compress anyway, read_body
+        # decodes within the size limit (httpx's own decoding would inflate each piece whole).
         headers={"user-agent": "quarry-research/0.1", "accept-encoding": "identity"},
     )
+
+
+class BodyError(Exception):
+    """A response body that is not read; the message says why (it follows the URL)."""
+
+
+class BodyTooLarge(BodyError):
+    """The body, as it arrives or as it inflates, passed the size limit."""
+
+
+# Content codings read_body decodes, by name: zlib's wbits (deflate may also come without its zlib header).
+_CODINGS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS}
+
+
+class _Inflater:
+    """One content coding, decoded a bounded amount at a time."""
+
+    def __init__(self, coding: str) -> None:
+        self._wbits = _CODINGS[coding]
+        self._zlib = zlib.decompressobj(self._wbits)
+        self._started = False
+
+    def feed(self, data: bytes, limit: int) -> bytes:
+        """At most `limit` decoded bytes of `data`; exactly `limit` means there may be more."""
+        try:
+            return self._decompress(data, limit)
+        except zlib.error as error:
+            if self._started or self._wbits != zlib.MAX_WBITS:
+                raise BodyError(f"has a body that cannot be decoded ({error})") from error
+            self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)  # deflate sent raw, without the zlib header
+            try:
+                return self._decompress(data, limit)
+            except zlib.error as raw_error:
+                raise BodyError(f"has a body that cannot be decoded ({raw_error})") from raw_error
+
+    def _decompress(self, data: bytes, limit: int) -> bytes:
+        if self._zlib.eof:
+            return b""  # bytes after the end of the stream are counted as they arrive, not decoded
+        output = self._zlib.decompress(data, limit)
+        self._started = True
+        return output
+
+
+async def read_body(response: httpx.Response, max_bytes: int) -> bytes:
+    """The decoded body of a streamed response, never holding more than `max_bytes` of it.
+
+    httpx would inflate each piece of a compressed body whole (2.6 KB of gzip inside
+    gzip becomes gigabytes in one step), so the raw bytes are decoded here instead,
+    `max_bytes` at most per step. One gzip or deflate layer is read, as servers send
+    it even to a client that asks for identity; stacked or other codings are refused.
+    Raises BodyTooLarge past the limit (raw or decoded) and BodyError for what cannot be read.
+    """
+    codings = [
+        coding.strip().lower()
+        for coding in response.headers.get_list("content-encoding", split_commas=True)
+        if coding.strip().lower() not in ("", "identity")
+    ]
+    if len(codings) > 1:
+        raise BodyError(f"is sent with stacked content codings ({', '.join(codings)}), which are not read")
+    if codings and codings[0] not in _CODINGS:
+        raise BodyError(f"is sent with content coding {codings[0]!r}, which is not read")
+    inflater = _Inflater(codings[0]) if codings else None
+    body = bytearray()
+    arrived = 0
+    async for raw in response.aiter_raw():
+        arrived += len(raw)
+        if arrived > max_bytes:
+            raise BodyTooLarge(f"is larger than {max_bytes} bytes")
+        # One byte past the budget is enough to know the body is too large.
+        body += inflater.feed(raw, max_bytes - len(body) + 1) if inflater is not None else raw
+        if len(body) > max_bytes:
+            raise BodyTooLarge(f"is larger than {max_bytes} bytes (decoded)")
+    return bytes(body)

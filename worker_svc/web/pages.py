@@ -21,8 +21,12 @@ import trafilatura
 from pypdf import PdfReader
 from pypdf.errors import PdfReadError
 
+from worker_svc.web.fetch import BodyError, read_body
+
 DEFAULT_CHUNK_CHARS = 4000
 DEFAULT_MAX_BYTES = 5 * 1024 * 1024
+# Everything one page fetch may take: connecting, redirects, headers and body.
+DEFAULT_FETCH_SECONDS = 20.0
 # Text past this many characters is not kept (about 500 pages of a book).
 MAX_TEXT_CHARS = 2_000_000
 # A quote shorter than this ("is 33", "t") proves nothing about a page.
@@ -143,11 +147,14 @@ class PageReader:
         cache_size: int = 256,
         cache_chars: int = 64_000_000,
         extract_seconds: float = 30.0,
+        fetch_seconds: float = DEFAULT_FETCH_SECONDS,
     ) -> None:
         self._client = client
         self._corpus = corpus
         self._chunk_chars = chunk_chars
         self._max_bytes = max_bytes
+        # A total, not per read: a server trickling a byte a second never trips httpx's timeouts.
+        self._fetch_seconds = fetch_seconds
         self._cache_size = cache_size
         # Bounded by size as well as count: one extracted PDF can hold millions of characters.
         self._cache_chars = cache_chars
@@ -193,14 +200,23 @@ class PageReader:
         if not url.startswith(("http://", "https://")):
             raise PageError(f"{url} is not an http(s) URL")
         try:
-            async with self._client.stream("GET", url) as response:
+            httpx.URL(url).host  # noqa: B018 - the host is decoded (IDNA) on first use
+        except (httpx.InvalidURL, UnicodeError) as error:  # UnicodeError: IDNA, e.g. a bare "xn--" label
+            raise PageError(f"{url} is not a valid URL ({error})") from error
+        deadline = asyncio.timeout(self._fetch_seconds)
+        try:
+            async with deadline, self._client.stream("GET", url) as response:
                 if response.status_code != 200:
                     raise PageError(f"{url} answered HTTP {response.status_code}")
-                body = bytearray()
-                async for piece in response.aiter_bytes():
-                    body.extend(piece)
-                    if len(body) > self._max_bytes:
-                        raise PageError(f"{url} is larger than {self._max_bytes} bytes")
-                return response.headers.get("content-type", ""), bytes(body)
+                body = await read_body(response, self._max_bytes)
+                return response.headers.get("content-type", ""), body
+        except TimeoutError as error:
+            if not deadline.expired():
+                raise PageError(f"{url} could not be fetched: {error}") from error
+            raise PageError(f"{url} took longer than the {self._fetch_seconds:g} s a page may take to fetch") from None
+        except BodyError as error:
+            raise PageError(f"{url} {error}") from error
         except httpx.HTTPError as error:
             raise PageError(f"{url} could not be fetched: {error}") from error
+        except (httpx.InvalidURL, UnicodeError) as error:  # e.g. a redirect to a URL httpx cannot parse
+            raise PageError(f"{url} could not be fetched: it leads to an invalid URL ({error})") from error
