@@ -9,12 +9,13 @@ Quotes are checked against the same text, after folding case and whitespace.
 from __future__ import annotations
 
 import asyncio
+import copy
 import io
 import re
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 import trafilatura
@@ -104,16 +105,84 @@ def extract(url: str, content_type: str, body: bytes) -> tuple[str, str]:
     if kind == "application/pdf" or body.startswith(b"%PDF-"):
         return _extract_pdf(url, body)
     if kind in ("text/html", "application/xhtml+xml") or (not kind and body.lstrip()[:1] == b"<"):
-        html = body.decode("utf-8", errors="replace")
-        text = trafilatura.extract(html, url=url, include_comments=False, favor_recall=True)
-        metadata = trafilatura.extract_metadata(html, default_url=url)
-        title = (metadata.title if metadata is not None and metadata.title else "") or url
-        if not text:
-            raise PageError(f"{url} has no readable text")
-        return title, text
+        return _extract_html(url, body.decode("utf-8", errors="replace"))
     if kind.startswith("text/") or kind in ("application/json", "application/xml"):
         return url, body.decode("utf-8", errors="replace")
     raise PageError(f"{url} is {kind or 'of an unknown type'}, which cannot be read as text")
+
+
+# Phrasing elements whose nesting the extractor can reorder: trafilatura moves the text of
+# `<code>varchar(<em><code>n</code></em>)</code>` out of order ("varchar( ... n)"), so such an
+# element is flattened to its text, in document order, before extraction.
+_INLINE_TAGS = frozenset(
+    {"a", "abbr", "acronym", "b", "bdi", "bdo", "big", "cite", "code", "data", "dfn", "em", "font", "i", "kbd"}
+    | {"mark", "q", "s", "samp", "small", "span", "strike", "strong", "sub", "sup", "time", "tt", "u", "var"}
+)
+# Elements that may sit inside a flattened inline element: other inline ones and line breaks.
+_FLATTENABLE = _INLINE_TAGS | {"br", "wbr"}
+_HEADINGS = ("h1", "h2", "h3", "h4", "h5", "h6")
+# Text of a heading's permalink anchor (`<a href="#id">#</a>`, Sphinx's pilcrow, ...).
+_PERMALINK_TEXT = frozenset({"", "#", "¶", "§", "🔗", "⚓"})
+
+
+def _flatten_inline(root: Any) -> None:
+    """Replace the children of every nested inline element by their text, in document order."""
+    for element in list(root.iter(*_INLINE_TAGS)):
+        if len(element) == 0 or element.getroottree().getroot() is not root:
+            continue  # no children, or inside an element flattened already
+        # Comments and processing instructions (tag not a str) carry no text; a block or an
+        # image inside is left to the extractor.
+        if any(isinstance(child.tag, str) and child.tag not in _FLATTENABLE for child in element.iterdescendants()):
+            continue
+        _replace_by_text(element)
+
+
+def _replace_by_text(element: Any) -> None:
+    """Drop the children of `element`, keeping their text (line breaks as newlines) in place."""
+    for line_break in element.iterdescendants("br"):
+        line_break.tail = "\n" + (line_break.tail or "")
+    text = "".join(element.itertext())
+    for child in list(element):
+        element.remove(child)  # the child's tail goes with it; it is in `text` already
+    element.text = text
+
+
+def _drop_permalinks(root: Any) -> None:
+    """Remove the anchors that only link a heading to itself, so heading text is just the heading."""
+    for anchor in list(root.xpath("//h1//a|//h2//a|//h3//a|//h4//a|//h5//a|//h6//a")):
+        if (anchor.get("href") or "").startswith("#") and anchor.text_content().strip() in _PERMALINK_TEXT:
+            anchor.drop_tree()  # keeps the anchor's tail
+
+
+def _keep_headings(root: Any) -> None:
+    """Turn headings into paragraphs of their text, without permalink anchors.
+
+    trafilatura drops headings that are not inside a content frame it recognises (documentation
+    generators nest them in `div.titlepage > div > div`), which loses a page's structure; as
+    paragraphs they survive every extraction path and come out as a line of their own.
+    """
+    for heading in list(root.iter(*_HEADINGS)):
+        if heading.getroottree().getroot() is not root:
+            continue  # a heading inside a heading, flattened with it
+        _replace_by_text(heading)
+        heading.attrib.clear()
+        heading.tag = "p"
+
+
+def _extract_html(url: str, html: str) -> tuple[str, str]:
+    tree = trafilatura.load_html(html)
+    if tree is None:
+        raise PageError(f"{url} has no readable text")
+    _flatten_inline(tree)
+    _drop_permalinks(tree)
+    # The title is read before headings become paragraphs (metadata looks at <h1>).
+    metadata = trafilatura.extract_metadata(copy.deepcopy(tree), default_url=url)
+    title = (metadata.title if metadata is not None and metadata.title else "") or url
+    _keep_headings(tree)
+    text = trafilatura.extract(tree, url=url, include_comments=False, favor_recall=True)
+    if not text:
+        raise PageError(f"{url} has no readable text")
+    return title, text
 
 
 def _extract_pdf(url: str, body: bytes) -> tuple[str, str]:
