@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import math
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,18 +52,6 @@ STREAM_RESPONSES = 2
 CALL_SECONDS = 10.0
 # A stream that says nothing for this long is waiting, as it should, for something to happen.
 STREAM_QUIET_SECONDS = 0.3
-
-# Requests that reach defects other items of issue 12 fix: tolerated here until those fixes are
-# merged, then remove the entries (each names the item and the field).
-Request = Any
-KNOWN_UNTIL_ITEM_4: dict[str, Callable[[Request], bool]] = {
-    # NUL in a monitor argv, working directory or log path: INTERNAL (found by this test: argv).
-    "quarry.v1.MonitorService.SubmitJob": lambda request: any(
-        "\x00" in text for text in [*request.local.argv, request.local.working_directory, request.local.log_path]
-    ),
-    "quarry.v1.MonitorService.WatchJob": lambda request: "\x00" in request.job.log_path,
-}
-KNOWN = [KNOWN_UNTIL_ITEM_4]
 
 # --- strategies from descriptors ---------------------------------------------------------------
 
@@ -300,10 +288,6 @@ async def _call(channel: grpc.aio.Channel, method: MethodDescriptor, request: Me
         return Answer(error.code(), error.details() or "")
 
 
-def _known(method: MethodDescriptor, request: Message) -> bool:
-    return any(exclusions.get(method.full_name, lambda _request: False)(request) for exclusions in KNOWN)
-
-
 @pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("method", METHODS, ids=[method.full_name for method in METHODS])
 @settings(
@@ -319,8 +303,6 @@ async def test_no_request_gets_unknown_or_internal(
 ) -> None:
     request = data.draw(_requests(method), label="request")
     answer = await _call(channels[method.containing_service.full_name], method, request)
-    if _known(method, request):
-        return
     assert answer.code not in {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}, (
         f"{method.full_name} answered {answer.code.name} ({answer.details}) to {_shown(request)}"
     )
