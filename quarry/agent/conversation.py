@@ -58,14 +58,23 @@ def metadata_with_conversations() -> sa.MetaData:
     return service_metadata
 
 
+def _storable(text: str) -> str:
+    """PostgreSQL text and JSON cannot hold NUL, which a fetched page or a model's reply may contain: it is
+    kept as U+FFFD, so a message is never lost to it (nor the delegation that wrote it)."""
+    return text.replace("\x00", "\ufffd")
+
+
 def _row(conversation_id: str, sequence_no: int, message: Message, now: datetime) -> dict[str, Any]:
     return {
         "conversation_id": conversation_id,
         "sequence_no": sequence_no,
         "role": message.role,
-        "content": message.content,
-        "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls],
-        "tool_call_id": message.tool_call_id,
+        "content": _storable(message.content),
+        "tool_calls": [
+            {"id": _storable(c.id), "name": _storable(c.name), "arguments": _storable(c.arguments)}
+            for c in message.tool_calls
+        ],
+        "tool_call_id": _storable(message.tool_call_id),
         "create_time": now,
     }
 

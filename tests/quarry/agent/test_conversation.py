@@ -67,3 +67,12 @@ async def test_a_conversation_created_with_its_opening_continues_after_it(store:
     await store.create("conv-open", [system("rules"), user("task")])
     assert await store.append("conv-open", [assistant("first reply")]) == [3]
     assert [m.content for m in await store.history("conv-open")] == ["rules", "task", "first reply"]
+
+
+async def test_nul_from_a_page_or_a_model_is_stored_not_fatal(store: ConversationStore) -> None:
+    await store.create("conv-nul")
+    call = ToolCall("c\x00", "read_web_page", '{"url": "http://x/\\u0000"}\x00')
+    await store.append("conv-nul", [assistant("before\x00after", (call,)), tool_result("c\x00", "page\x00text")])
+    [reply, result] = await store.history("conv-nul")
+    assert reply.content == "before\ufffdafter" and result.content == "page\ufffdtext"
+    assert reply.tool_calls[0].id == result.tool_call_id == "c\ufffd"
