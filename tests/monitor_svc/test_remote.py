@@ -471,3 +471,23 @@ async def test_a_log_swapped_for_a_symlink_after_the_watch_began_is_refused(
             async for response in stream:
                 assert "the private key" not in response.new_log_lines
     assert error_reason(raised.value) == "LOG_PATH_NOT_ALLOWED"
+
+
+async def test_a_remote_log_truncated_during_a_watch_is_read_again_from_its_start(
+    monitor: monitor_pb2_grpc.MonitorServiceStub, tmp_path: Path
+) -> None:
+    log = roots(tmp_path)["remote"] / "job.log"
+    log.write_text("epoch 1\nepoch 2\n")
+    sleeper = await asyncio.create_subprocess_exec("sleep", "60")
+    job = monitor_pb2.JobRef(remote=monitor_pb2.RemoteProcess(host="gpu1", pid=sleeper.pid), log_path=str(log))
+    stream = monitor.WatchJob(monitor_pb2.WatchJobRequest(job=job, poll_interval={"seconds": 1}), timeout=60)
+    try:
+        first = await asyncio.wait_for(anext(aiter(stream)), BOUND)
+        assert list(first.status.log_tail) == ["epoch 1", "epoch 2"]
+        log.write_text("restarted\n")  # shorter than what was read: rotated
+        later = await asyncio.wait_for(anext(aiter(stream)), BOUND)
+        assert list(later.new_log_lines) == ["restarted"]
+    finally:
+        stream.cancel()
+        sleeper.kill()
+        await sleeper.wait()
