@@ -9,16 +9,23 @@ time limit plus a buffer has passed.
 
 Log files are read only under configured roots (the monitor's own job
 directory, and per host its `log_roots`): a path elsewhere is refused, so a
-tool call cannot read, say, a private key.
+tool call cannot read, say, a private key. The path is resolved (symlinks
+followed) and checked again at every read, on this machine and on a host, so a
+link in a root to a file outside it is refused, even one made after the watch
+began. Only regular files with one link are read or written (see
+_check_log_file): a FIFO or a device is refused instead of blocking a thread or
+an SSH session, and a hard link to a file elsewhere is refused like the file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import os
 import posixpath
+import stat
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -86,13 +93,8 @@ class Jobs:
                 posixpath.normpath(path),
                 [posixpath.normpath(r) for r in self._hosts.require(ref.host).log_roots],
             )
-        if not any(resolved == root or resolved.startswith(root.rstrip("/") + "/") for root in roots):
-            where = "this machine" if ref.kind == "local" else ref.host
-            allowed = ", ".join(roots) or "none are configured"
-            raise FailedPrecondition(
-                f"{path} on {where} is outside the directories logs may be read from ({allowed})",
-                reason=ErrorReason.LOG_PATH_NOT_ALLOWED,
-            )
+        if not _within(resolved, roots):
+            raise _outside(path, "this machine" if ref.kind == "local" else ref.host, roots)
 
     # -- submission -------------------------------------------------------------------------
 
@@ -115,17 +117,23 @@ class Jobs:
         log_file = Path(log_path) if log_path else self._jobs_dir / f"job-{uuid.uuid4().hex[:12]}.log"
         try:
             await asyncio.to_thread(log_file.parent.mkdir, parents=True, exist_ok=True)
-            output = await asyncio.to_thread(log_file.open, "ab")
         except OSError as error:
             raise FailedPrecondition(
                 f"cannot write the log {log_file}: {error.strerror}", reason=ErrorReason.JOB_NOT_STARTED
             ) from error
-        with output:
+        # Created, or appended to if it is a regular file with one link: never a FIFO (which would block
+        # until a reader came) nor a hard link to a file elsewhere.
+        descriptor = await asyncio.to_thread(
+            _open_log, str(log_file), self._log_roots, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        )
+        if descriptor is None:  # O_CREAT made it, unless its directory went away meanwhile
+            raise FailedPrecondition(f"cannot write the log {log_file}", reason=ErrorReason.JOB_NOT_STARTED)
+        try:
             try:
                 process = await asyncio.create_subprocess_exec(
                     *argv,
                     cwd=cwd or None,
-                    stdout=output,
+                    stdout=descriptor,
                     stderr=asyncio.subprocess.STDOUT,
                     stdin=asyncio.subprocess.DEVNULL,
                     start_new_session=True,  # outlives the monitor, and is not killed by its Ctrl-C
@@ -134,6 +142,8 @@ class Jobs:
                 raise FailedPrecondition(
                     f"cannot start {argv[0]!r}: {error.strerror}", reason=ErrorReason.JOB_NOT_STARTED
                 ) from error
+        finally:
+            os.close(descriptor)  # the job has its own copy
         self._children[process.pid] = process
         return JobRef("local", pid=process.pid, log_path=str(log_file))
 
@@ -290,26 +300,167 @@ class Jobs:
         """(bytes from the offset, or the file's last chunk on a first read with a tail; the file's size)."""
         ref = watch.ref
         if ref.kind == "local":
-            return await asyncio.to_thread(_read_local, watch, tail_lines)
-        path = quote(ref.log_path)
-        size_result = await self._hosts.run(ref.host, f"wc -c < {path} 2>/dev/null")
-        if size_result.exit_status != 0 or not size_result.stdout.strip().isdigit():
-            return b"", 0  # not written yet
-        size = int(size_result.stdout.strip())
-        if tail_lines:
-            watch.log_offset = max(size - MAX_LOG_BYTES_PER_POLL, 0)
-        if size < watch.log_offset:  # truncated or rotated: start again from its beginning
-            watch.log_offset, watch.partial_line = 0, ""
+            return await asyncio.to_thread(_read_local, watch, tail_lines, self._log_roots)
+        roots = self._hosts.require(ref.host).log_roots
         result = await self._hosts.run(
-            ref.host, f"tail -c +{watch.log_offset + 1} -- {path} 2>/dev/null | head -c {MAX_LOG_BYTES_PER_POLL}"
+            ref.host, _remote_read(ref.log_path, roots, watch.log_offset, tail=tail_lines > 0)
         )
-        watch.log_offset += len(result.raw_stdout)
-        return result.raw_stdout, size
+        header, _, data = result.raw_stdout.partition(b"\n")
+        verdict, *values = header.decode(errors="replace").split() or ["?"]
+        if result.exit_status != 0 or verdict not in _REMOTE_VERDICTS or len(values) != _REMOTE_VERDICTS[verdict]:
+            raise FailedPrecondition(
+                f"unexpected output reading {ref.log_path} on {ref.host} (exit status {result.exit_status}): "
+                f"{header[:200]!r} {result.stderr.strip()[:200]}",
+                reason=ErrorReason.MALFORMED_OUTPUT,
+            )
+        if verdict == "missing":
+            return b"", 0  # not written yet
+        if verdict == "outside":
+            raise _outside(ref.log_path, ref.host, roots, resolved=True)
+        if verdict == "other":
+            raise _not_regular(ref.log_path, ref.host, values[0])
+        if verdict == "links":
+            raise _linked(ref.log_path, ref.host, int(values[0]))
+        size, start = int(values[0]), int(values[1])
+        if start < watch.log_offset:  # truncated or rotated: start again from its beginning
+            watch.partial_line = ""
+        watch.log_offset = start + len(data)
+        return data, size
 
 
-def _read_local(watch: _Watch, tail_lines: int) -> tuple[bytes, int]:
+# The remote side of _read_log, in POSIX sh with readlink -f (GNU coreutils, busybox): resolve the path and
+# the roots on the host, refuse a path outside them, a file that is not regular (before opening it: a FIFO
+# would block the session) and a file with several links (as _check_log_file does here), then print
+# "ok SIZE START" and the bytes from START (the offset, or the last chunk for a tail; 0 once truncated).
+# The tail runs under timeout(1) where the host has it: a file swapped for a FIFO after the checks ends
+# the read at that bound (and otherwise at the SSH command timeout), not never.
+_REMOTE_READ = """\
+p=$(readlink -f -- {path}) && [ -e "$p" ] || {{ echo missing; exit 0; }}
+inside=
+for r in {roots}; do
+  r=$(readlink -f -- "$r") || continue
+  case $p in "$r"|"${{r%/}}"/*) inside=1;; esac
+done
+[ -n "$inside" ] || {{ echo outside; exit 0; }}
+if [ ! -f "$p" ]; then
+  if [ -p "$p" ]; then k=FIFO; elif [ -d "$p" ]; then k=directory; elif [ -S "$p" ]; then k=socket
+  elif [ -c "$p" ] || [ -b "$p" ]; then k=device; else k=special; fi
+  echo "other $k"; exit 0
+fi
+set -- $(ls -ldn -- "$p" | awk 'NR == 1 {{ print $2, $5 }}')
+[ $# = 2 ] || {{ echo missing; exit 0; }}
+[ "$1" = 1 ] || {{ echo "links $1"; exit 0; }}
+size=$2 start={offset}
+[ {tail} = 0 ] || {{ start=$((size - {chunk})); [ "$start" -gt 0 ] || start=0; }}
+[ "$size" -ge "$start" ] || start=0
+echo "ok $size $start"
+t=; command -v timeout >/dev/null 2>&1 && t="timeout 10"
+$t tail -c +$((start + 1)) -- "$p" 2>/dev/null | head -c {chunk}
+"""
+_REMOTE_VERDICTS = {"missing": 0, "outside": 0, "other": 1, "links": 1, "ok": 2}  # first word: how many values
+
+
+def _remote_read(path: str, roots: Sequence[str], offset: int, *, tail: bool) -> str:
+    return _REMOTE_READ.format(
+        path=quote(path),
+        roots=quote(*roots) if roots else "",
+        offset=int(offset),
+        tail=int(tail),
+        chunk=MAX_LOG_BYTES_PER_POLL,
+    )
+
+
+def _within(path: str, roots: Sequence[str]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def _outside(path: str, where: str, roots: Sequence[str], *, resolved: bool = False) -> FailedPrecondition:
+    allowed = ", ".join(roots) or "none are configured"
+    through = " through a symbolic link" if resolved else ""
+    return FailedPrecondition(
+        f"{path} on {where} leads{through} outside the directories logs may be read from ({allowed})",
+        reason=ErrorReason.LOG_PATH_NOT_ALLOWED,
+    )
+
+
+def _not_regular(path: str, where: str, kind: str) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"{path} on {where} is not a regular file (a {kind}): only regular files are read as logs",
+        reason=ErrorReason.LOG_UNREADABLE,
+    )
+
+
+def _linked(path: str, where: str, links: int) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"{path} on {where} has {links} links: a file with several names may be one outside the log "
+        "directories, so it is not read as a log",
+        reason=ErrorReason.LOG_PATH_NOT_ALLOWED,
+    )
+
+
+def _kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISDIR, "directory"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return kind
+    return "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special"
+
+
+def _check_log_file(path: str, info: os.stat_result) -> None:
+    """Refuse what is not a regular file with exactly one link.
+
+    Not regular: reading a FIFO blocks until someone writes, a device may never end. Several links: a
+    hard link in a log root to a file elsewhere (a private key, another user's data) has the same inode
+    as that file, so the path check cannot see it; with two names or more the file is refused. The rule
+    is on the link count, not the owner: the files worth stealing (the monitor's SSH keys and settings)
+    belong to the monitor's own user, so an owner check would let exactly those through. The monitor's
+    own job logs are created by it with one link, and a job's log is rarely linked elsewhere; a log that
+    is can be copied into a root instead.
+    """
+    if not stat.S_ISREG(info.st_mode):
+        raise _not_regular(path, "this machine", _kind(info.st_mode))
+    if info.st_nlink > 1:
+        raise _linked(path, "this machine", info.st_nlink)
+
+
+def _open_log(path: str, roots: Sequence[str], flags: int) -> int | None:
+    """A descriptor for the log at `path` (None when there is none yet), checked and opened without blocking.
+
+    The path is resolved and checked against the roots at every call; the resolved path is opened with
+    O_NOFOLLOW (a symlink swapped in meanwhile fails) and O_NONBLOCK (a FIFO swapped in does not block),
+    and what was opened is checked again (fstat), so what is read is what was checked.
+    """
+    resolved = os.path.realpath(path)
+    if not _within(resolved, roots):
+        raise _outside(path, "this machine", roots, resolved=True)
     try:
-        with open(watch.ref.log_path, "rb") as handle:
+        if flags & os.O_CREAT == 0:
+            _check_log_file(path, os.stat(resolved))  # refused before opening: opening a device can act
+        descriptor = os.open(resolved, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        if error.errno == errno.ELOOP:  # became a symlink after it was resolved
+            raise _outside(path, "this machine", roots, resolved=True) from error
+        if error.errno == errno.ENXIO:  # a FIFO opened for writing, without a reader
+            raise _not_regular(path, "this machine", "FIFO") from error
+        raise FailedPrecondition(
+            f"cannot open the log {path}: {error.strerror}", reason=ErrorReason.LOG_UNREADABLE
+        ) from error
+    try:
+        _check_log_file(path, os.fstat(descriptor))
+        os.set_blocking(descriptor, True)  # a regular file: no change to reads, and a job's output is as usual
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def _read_local(watch: _Watch, tail_lines: int, roots: Sequence[str]) -> tuple[bytes, int]:
+    descriptor = _open_log(watch.ref.log_path, roots, os.O_RDONLY)
+    if descriptor is None:
+        return b"", 0
+    try:
+        with open(descriptor, "rb") as handle:
             size = handle.seek(0, os.SEEK_END)
             if tail_lines:
                 watch.log_offset = max(size - MAX_LOG_BYTES_PER_POLL, 0)
@@ -317,8 +468,6 @@ def _read_local(watch: _Watch, tail_lines: int) -> tuple[bytes, int]:
                 watch.log_offset, watch.partial_line = 0, ""
             handle.seek(watch.log_offset)
             data = handle.read(MAX_LOG_BYTES_PER_POLL)
-    except FileNotFoundError:
-        return b"", 0
     except OSError as error:
         raise FailedPrecondition(
             f"cannot read {watch.ref.log_path}: {error.strerror}", reason=ErrorReason.LOG_UNREADABLE
