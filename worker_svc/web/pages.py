@@ -161,7 +161,7 @@ def _drop_permalinks(root: Any) -> None:
 
 
 def _keep_headings(root: Any) -> None:
-    """Turn headings into paragraphs of their text, without permalink anchors.
+    """Turn headings into paragraphs of their text.
 
     trafilatura drops headings that are not inside a content frame it recognises (documentation
     generators nest them in `div.titlepage > div > div`), which loses a page's structure; as
