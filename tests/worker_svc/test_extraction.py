@@ -50,6 +50,8 @@ def test_nested_inline_code_keeps_its_order() -> None:
         ("<strong>a<em>b<code>c<sub>d</sub></code>e</em>f</strong>", "abcdef than to"),
         ("<kbd>line<br>break</kbd>", "line break than to"),
         ("<span>a<!-- hidden -->b<tt>c</tt></span>", "abc than to"),
+        ("<span>" * 200 + "deep<b>est</b>" + "</span>" * 200, "deepest than to"),
+        ("<code>a<span>b <img src='x.png'> c</span>d<em><code>e</code></em>f</code>", "ab cdef than to"),
     ],
 )
 def test_any_nesting_of_inline_elements_reads_in_order(html: str, expected: str) -> None:

@@ -126,15 +126,25 @@ _PERMALINK_TEXT = frozenset({"", "#", "¶", "§", "🔗", "⚓"})
 
 
 def _flatten_inline(root: Any) -> None:
-    """Replace the children of every nested inline element by their text, in document order."""
-    for element in list(root.iter(*_INLINE_TAGS)):
-        if len(element) == 0 or element.getroottree().getroot() is not root:
-            continue  # no children, or inside an element flattened already
-        # Comments and processing instructions (tag not a str) carry no text; a block or an
-        # image inside is left to the extractor.
-        if any(isinstance(child.tag, str) and child.tag not in _FLATTENABLE for child in element.iterdescendants()):
-            continue
-        _replace_by_text(element)
+    """Replace the children of every nested inline element by their text, in document order.
+
+    Linear in the size of the tree: which elements hold only inline content is worked out
+    children first in one pass, and each element is flattened at most once.
+    """
+    elements = list(root.iter())  # keeps the proxies alive, so they can be set members
+    not_inline: set[Any] = set()  # elements that hold a block, an image or the like
+    for element in reversed(elements):
+        if isinstance(element.tag, str) and (element.tag not in _FLATTENABLE or element in not_inline):
+            parent = element.getparent()
+            if parent is not None:
+                not_inline.add(parent)
+    gone: set[Any] = set()  # descendants of an element flattened already
+    for element in elements:
+        parent = element.getparent()
+        if element is not root and (parent is None or parent in gone):
+            gone.add(element)  # removed with a flattened ancestor (its children lose their parent)
+        elif element.tag in _INLINE_TAGS and len(element) and element not in not_inline:
+            _replace_by_text(element)
 
 
 def _replace_by_text(element: Any) -> None:
@@ -155,7 +165,7 @@ def _drop_permalinks(root: Any) -> None:
 
 
 def _keep_headings(root: Any) -> None:
-    """Turn headings into paragraphs of their text, without permalink anchors.
+    """Turn headings into paragraphs of their text.
 
     trafilatura drops headings that are not inside a content frame it recognises (documentation
     generators nest them in `div.titlepage > div > div`), which loses a page's structure; as
