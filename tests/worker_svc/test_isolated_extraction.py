@@ -120,7 +120,9 @@ async def test_an_extraction_that_never_ends_is_stopped_and_later_reads_work(
     assert len(hostile_reader.extraction_pids()) == 1
 
 
-async def test_an_extraction_that_allocates_without_end_is_stopped(hostile_reader: PageReader, site: FixtureWeb) -> None:
+async def test_an_extraction_that_allocates_without_end_is_stopped(
+    hostile_reader: PageReader, site: FixtureWeb
+) -> None:
     hog = site.add("/hog.html", "<html><body><p>HOG</p></body></html>")
     with pytest.raises(PageError, match=r"could not be read within the 384 MiB extraction may use"):
         await hostile_reader.read(hog)
