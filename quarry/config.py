@@ -214,6 +214,11 @@ class WorkerSettings(ModelTier):
     page_chunk_chars: int = Field(default=4000, ge=200, le=100_000)
     # All one page fetch may take (connecting, redirects, the whole body), however the server paces it.
     page_fetch_seconds: float = Field(default=20.0, gt=0, le=3600)
+    # Page text is extracted (HTML, PDF) in this many child processes; one that takes longer than
+    # page_extract_seconds or more memory than page_extract_memory_mb is killed and replaced.
+    page_extract_workers: int = Field(default=2, ge=1, le=64)
+    page_extract_seconds: float = Field(default=15.0, gt=0, le=3600)
+    page_extract_memory_mb: int = Field(default=1024, ge=256, le=1_048_576)
 
 
 class SupervisorSettings(ModelTier):

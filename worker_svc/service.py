@@ -61,7 +61,13 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
     web = guarded_client(policy)
     # One page cache for the process: pages are public, what each delegation read is tracked per context.
     pages = PageReader(
-        web, corpus=corpus, chunk_chars=settings.page_chunk_chars, fetch_seconds=settings.page_fetch_seconds
+        web,
+        corpus=corpus,
+        chunk_chars=settings.page_chunk_chars,
+        fetch_seconds=settings.page_fetch_seconds,
+        extract_seconds=settings.page_extract_seconds,
+        extract_memory_bytes=settings.page_extract_memory_mb * 2**20,
+        extract_workers=settings.page_extract_workers,
     )
     search = search_backend(settings, corpus, search_http)
 

@@ -13,16 +13,16 @@ import copy
 import io
 import re
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
 import trafilatura
 from pypdf import PdfReader
-from pypdf.errors import PdfReadError
 
 from worker_svc.web.fetch import BodyError, read_body
+from worker_svc.web.isolation import IsolatedPool, IsolationError, MemoryLimitExceeded, PoolClosed, TimeLimitExceeded
 
 DEFAULT_CHUNK_CHARS = 4000
 DEFAULT_MAX_BYTES = 5 * 1024 * 1024
@@ -32,6 +32,10 @@ DEFAULT_FETCH_SECONDS = 20.0
 MAX_TEXT_CHARS = 2_000_000
 # A quote shorter than this ("is 33", "t") proves nothing about a page.
 MIN_QUOTE_CHARS = 12
+# What one extraction may take, in its own process (a crafted PDF can loop or allocate without end).
+DEFAULT_EXTRACT_SECONDS = 15.0
+DEFAULT_EXTRACT_MEMORY_BYTES = 1024 * 2**20
+DEFAULT_EXTRACT_WORKERS = 2
 
 
 class PageError(Exception):
@@ -200,7 +204,11 @@ def _extract_pdf(url: str, body: bytes) -> tuple[str, str]:
         reader = PdfReader(io.BytesIO(body))
         text = "\n\n".join(page.extract_text() or "" for page in reader.pages)
         title = str(reader.metadata.title) if reader.metadata and reader.metadata.title else url
-    except (PdfReadError, ValueError, KeyError) as error:
+    except MemoryError:
+        raise  # the memory limit, reported as such
+    except Exception as error:
+        # pypdf's own errors (PdfReadError, LimitReachedError, DependencyError, ...) and, from deep in
+        # its parsers on hostile input, almost any built-in one (KeyError, TypeError, RecursionError, ...).
         raise PageError(f"{url} is a PDF that cannot be read ({error})") from error
     if not text.strip():
         raise PageError(f"{url} is a PDF without extractable text")
@@ -225,8 +233,11 @@ class PageReader:
         max_bytes: int = DEFAULT_MAX_BYTES,
         cache_size: int = 256,
         cache_chars: int = 64_000_000,
-        extract_seconds: float = 30.0,
+        extract_seconds: float = DEFAULT_EXTRACT_SECONDS,
+        extract_memory_bytes: int = DEFAULT_EXTRACT_MEMORY_BYTES,
+        extract_workers: int = DEFAULT_EXTRACT_WORKERS,
         fetch_seconds: float = DEFAULT_FETCH_SECONDS,
+        extractor: Callable[[str, str, bytes], tuple[str, str]] = extract,
     ) -> None:
         self._client = client
         self._corpus = corpus
@@ -239,10 +250,14 @@ class PageReader:
         self._cache_chars = cache_chars
         self._cached_chars = 0
         self._cache: OrderedDict[str, Page] = OrderedDict()
-        # Extraction gets its own small pool and a time limit, so hostile documents cannot
-        # starve the default pool (DNS lookups, corpus reads) or hold a delegation forever.
-        self._extractors = ThreadPoolExecutor(2, thread_name_prefix="extract")
-        self._extract_seconds = extract_seconds
+        # Extraction runs in a few child processes with a time and a memory limit: a hostile
+        # document's process is killed and replaced, so it cannot starve later reads, hold a
+        # delegation or keep the worker from stopping. `extractor` is `extract` but for tests
+        # (a picklable module-level function).
+        self._extractor = extractor
+        self._extractors = IsolatedPool(
+            extract_workers, seconds=extract_seconds, memory_bytes=extract_memory_bytes, preload=(__name__,)
+        )
 
     async def read(self, url: str) -> Page:
         page = self._cache.get(url)
@@ -255,13 +270,7 @@ class PageReader:
             title, text = await self._corpus.read(url)
         else:
             content_type, body = await self._fetch(url)
-            loop = asyncio.get_running_loop()
-            try:
-                title, text = await asyncio.wait_for(
-                    loop.run_in_executor(self._extractors, extract, url, content_type, body), self._extract_seconds
-                )
-            except TimeoutError:
-                raise PageError(f"{url} took too long to extract") from None
+            title, text = await self._extract(url, content_type, body)
         text = text[:MAX_TEXT_CHARS]
         page = Page(url=url, title=title, text=text, chunks=tuple(_chunk(text, self._chunk_chars)))
         if url not in self._cache:  # two concurrent reads of one URL cache it once
@@ -273,7 +282,31 @@ class PageReader:
         return page
 
     def close(self) -> None:
-        self._extractors.shutdown(wait=False, cancel_futures=True)
+        """Kill the extraction processes, without waiting on what they extract."""
+        self._extractors.close()
+
+    def extraction_pids(self) -> list[int]:
+        """Process ids of the live extraction processes."""
+        return self._extractors.pids()
+
+    async def _extract(self, url: str, content_type: str, body: bytes) -> tuple[str, str]:
+        pool = self._extractors
+        try:
+            return await pool.run(self._extractor, url, content_type, body)
+        except PageError:
+            raise
+        except TimeLimitExceeded:
+            raise PageError(f"{url} took too long to extract: it could not be read within {pool.seconds:g} s") from None
+        except MemoryLimitExceeded:
+            raise PageError(
+                f"{url} could not be read within the {pool.memory_bytes // 2**20} MiB extraction may use"
+            ) from None
+        except PoolClosed:
+            raise PageError(f"{url} was not read: the worker is shutting down") from None
+        except IsolationError as error:
+            raise PageError(f"{url} could not be read: extraction failed ({error})") from None
+        except Exception as error:  # whatever a parser raised on hostile input is the page's problem
+            raise PageError(f"{url} could not be read ({type(error).__name__}: {error})") from None
 
     async def _fetch(self, url: str) -> tuple[str, bytes]:
         if not url.startswith(("http://", "https://")):
