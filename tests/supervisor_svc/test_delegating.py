@@ -59,7 +59,8 @@ async def store(tmp_path: Path) -> AsyncIterator[RunStore]:
     await database.close()
 
 
-async def test_parallel_delegations_share_the_budget_left_from_the_first_one(store: RunStore) -> None:
+def desk(store: RunStore, *, parallel: int, max_tokens: int) -> tuple[Delegator, RecordingWorkers, RunAccount]:
+    """A delegation desk for one run in `store`, ordering work from recording workers."""
     workers = RecordingWorkers()
     account = RunAccount()
     publisher = RunPublisher(RunEventLog(store, CommitSignal(), RUN_ID), None, RUN_ID, RUN_ID)  # type: ignore[arg-type]
@@ -67,14 +68,19 @@ async def test_parallel_delegations_share_the_budget_left_from_the_first_one(sto
         run_id=RUN_ID,
         thread_id=RUN_ID,
         max_worker_turns=0,
-        parallel=2,
+        parallel=parallel,
         deadline=time.monotonic() + 60,
         client=workers,  # type: ignore[arg-type]
         scratchpad=None,  # type: ignore[arg-type]
         account=account,
-        budget=TokenBudget(1200, account),
+        budget=TokenBudget(max_tokens, account),
         publisher=publisher,
     )
+    return delegator, workers, account
+
+
+async def test_parallel_delegations_share_the_budget_left_from_the_first_one(store: RunStore) -> None:
+    delegator, workers, account = desk(store, parallel=2, max_tokens=1200)
     calls = [ToolCall(id=f"c{n}", name="delegate_research", arguments='{"objective": "x"}') for n in range(3)]
     delegator.new_turn()
     for call in calls:  # the loop announces a turn's calls before any of them runs
@@ -95,21 +101,7 @@ async def test_parallel_delegations_share_the_budget_left_from_the_first_one(sto
 
 
 async def test_a_delegate_call_the_registry_will_refuse_takes_no_share(store: RunStore) -> None:
-    workers = RecordingWorkers()
-    account = RunAccount()
-    publisher = RunPublisher(RunEventLog(store, CommitSignal(), RUN_ID), None, RUN_ID, RUN_ID)  # type: ignore[arg-type]
-    delegator = Delegator(
-        run_id=RUN_ID,
-        thread_id=RUN_ID,
-        max_worker_turns=0,
-        parallel=4,
-        deadline=time.monotonic() + 60,
-        client=workers,  # type: ignore[arg-type]
-        scratchpad=None,  # type: ignore[arg-type]
-        account=account,
-        budget=TokenBudget(1000, account),
-        publisher=publisher,
-    )
+    delegator, workers, _ = desk(store, parallel=4, max_tokens=1000)
     valid = [ToolCall(id=f"ok{n}", name="delegate_research", arguments='{"objective": "x"}') for n in range(2)]
     delegator.new_turn()
     delegator.announce(ToolCall(id="bad", name="delegate_research", arguments="{}"))  # no objective
