@@ -38,7 +38,14 @@ from monitor_svc.model import JobObservation
 from monitor_svc.smi import MalformedOutput
 from monitor_svc.ssh import SshHosts, quote
 from monitor_svc.validation import refuse_nul
-from quarry.errors import AlreadyExists, ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument
+from quarry.errors import (
+    AlreadyExists,
+    ErrorReason,
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    PermissionDenied,
+)
 from quarry.vocabulary import JobRef, JobState
 
 _T = TypeVar("_T")
@@ -69,8 +76,17 @@ class _Watch:
 
 
 class Jobs:
-    def __init__(self, hosts: SshHosts, jobs_dir: Path, limits: SlurmLimits, log_roots: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        hosts: SshHosts,
+        jobs_dir: Path,
+        limits: SlurmLimits,
+        log_roots: Sequence[str] = (),
+        *,
+        allow_submission: bool = False,
+    ) -> None:
         self._hosts = hosts
+        self._allow_submission = allow_submission
         self._jobs_dir = jobs_dir
         self._limits = limits
         self._log_roots = [os.path.realpath(root) for root in (str(jobs_dir), *log_roots)]
@@ -98,7 +114,16 @@ class Jobs:
 
     # -- submission -------------------------------------------------------------------------
 
+    def _check_submission_allowed(self) -> None:
+        # A job runs as the monitor's user; a deployment that wants that says so.
+        if not self._allow_submission:
+            raise PermissionDenied(
+                "this monitor does not run jobs; set QUARRY_MONITOR_ALLOW_JOB_SUBMISSION=true to allow SubmitJob",
+                reason=ErrorReason.JOB_SUBMISSION_DISABLED,
+            )
+
     async def submit_local(self, argv: Sequence[str], cwd: str, log_path: str, request_id: str) -> JobRef:
+        self._check_submission_allowed()
         refuse_nul(
             {
                 **{f"local.argv[{index}]": arg for index, arg in enumerate(argv)},
@@ -148,6 +173,7 @@ class Jobs:
         return JobRef("local", pid=process.pid, log_path=str(log_file))
 
     async def submit_slurm(self, host: str, script_path: str, sbatch_args: Sequence[str], request_id: str) -> JobRef:
+        self._check_submission_allowed()
         refuse_nul(
             {
                 "slurm.host": host,

@@ -11,10 +11,15 @@ from monitor_svc.jobs import Jobs, SlurmLimits
 from monitor_svc.servicer import MonitorServicer
 from monitor_svc.ssh import SshHosts
 from quarry.config import MonitorSettings, QuarrySettings
+from quarry.identity import MeshRole
+from quarry.mesh import Access
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 
 SERVICE_NAME = monitor_pb2.DESCRIPTOR.services_by_name["MonitorService"].full_name
+_EITHER = frozenset({MeshRole.SUPERVISOR, MeshRole.WORKER})
+# SubmitJob is further refused unless the monitor's settings allow job submission.
+ACCESS: Access = {"ListGpus": _EITHER, "WatchGpus": _EITHER, "SubmitJob": _EITHER, "WatchJob": _EITHER}
 
 
 async def build_host(settings: MonitorSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
@@ -27,6 +32,7 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
         Path(settings.jobs_dir) if settings.jobs_dir else common.data_dir / "jobs",
         SlurmLimits(settings.slurm_unknown_polls, settings.slurm_time_limit_buffer_seconds),
         settings.log_roots,
+        allow_submission=settings.allow_job_submission,
     )
 
     def register(server: grpc.aio.Server) -> None:
@@ -40,5 +46,6 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
         settings,
         common,
         ServiceRegistration(SERVICE_NAME, register),
+        access=ACCESS,
         on_stopped=[release],
     )

@@ -18,6 +18,7 @@ from google.protobuf.message import Message
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from quarry import telemetry
+from quarry.config import QuarrySettings
 from quarry.security import ConnectionLimits, Tls, bearer_metadata
 from quarry.streams import ResumePolicy, resumable_stream
 from quarry.v1 import (
@@ -31,6 +32,7 @@ from quarry.v1 import (
 )
 
 __all__ = [
+    "Dialer",
     "MonitorClient",
     "QuarryClient",
     "RetryPolicy",
@@ -79,10 +81,28 @@ def open_channel(
     """A channel to a Quarry service: TLS when `tls` is given (with this process's certificate, for mutual
     TLS), traced when tracing is on, and carrying a bearer token on every call when `token` is set."""
     options = (limits or ConnectionLimits()).channel_options()
-    interceptors = [*telemetry.client_interceptors(), *([_BearerToken(token)] if token else [])]
+    # grpc files an interceptor under one kind of call only, so each kind gets its own.
+    bearer = [_UnaryBearerToken(token), _StreamBearerToken(token)] if token else []
+    interceptors = [*telemetry.client_interceptors(), *bearer]
     if tls is not None:
         return grpc.aio.secure_channel(address, tls.channel_credentials(), options=options, interceptors=interceptors)
     return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+
+
+@dataclass(frozen=True)
+class Dialer:
+    """How a service reaches the mesh's other services: TLS, connection limits, and its mesh token."""
+
+    tls: Tls | None = None
+    limits: ConnectionLimits | None = None
+    token: str = ""
+
+    @classmethod
+    def from_settings(cls, common: QuarrySettings) -> Dialer:
+        return cls(Tls.from_settings(common), ConnectionLimits.from_settings(common), common.mesh_token)
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        return open_channel(address, tls=self.tls, limits=self.limits, token=self.token)
 
 
 def insecure_channel(address: str) -> grpc.aio.Channel:
@@ -98,7 +118,7 @@ else:  # grpc's classes are not subscriptable at run time
     _UnaryStream = grpc.aio.UnaryStreamClientInterceptor
 
 
-class _BearerToken(_UnaryUnary, _UnaryStream):
+class _BearerToken:
     def __init__(self, token: str) -> None:
         self._metadata = bearer_metadata(token)
 
@@ -106,9 +126,13 @@ class _BearerToken(_UnaryUnary, _UnaryStream):
         metadata = grpc.aio.Metadata(*(details.metadata or ()), *self._metadata)
         return details._replace(metadata=metadata)
 
+
+class _UnaryBearerToken(_BearerToken, _UnaryUnary):
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._with_token(details), request)
 
+
+class _StreamBearerToken(_BearerToken, _UnaryStream):
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._with_token(details), request)
 

@@ -131,6 +131,14 @@ class QuarrySettings(_Settings):
     # Calls in flight when that happens get this long to finish.
     max_connection_age_grace_seconds: float = Field(default=3600.0, ge=0)
     keepalive_seconds: float = Field(default=30.0, ge=1)
+    # Authentication between Quarry's own services. mesh_token: the secret this process presents on
+    # its calls to the others. mesh_peers: who may call this process's internal service, as
+    # "ROLE=sha256:HEX" (the digest of that role's token) or "ROLE=cn:NAME" (a client certificate's
+    # common name under mutual TLS), comma-separated. An internal service refuses to start without
+    # peers unless mesh_insecure says, explicitly, that anyone who can reach it may call it.
+    mesh_token: str = ""
+    mesh_peers: str = ""
+    mesh_insecure: bool = False
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -274,6 +282,8 @@ class MonitorSettings(ServiceSettings):
     # Hosts by name: JSON in QUARRY_MONITOR_HOSTS, or [monitor.hosts.NAME] tables in the config file.
     hosts: dict[str, SshHost] = Field(default_factory=dict)
     ssh_command_timeout: float = Field(default=30.0, gt=0, le=600)
+    # SubmitJob runs commands as the monitor's user: refused unless a deployment turns it on.
+    allow_job_submission: bool = False
     # A Slurm job neither sacct nor squeue knows is given up (UNKNOWN) after this many polls...
     slurm_unknown_polls: int = Field(default=30, ge=1, le=100_000)
     # ...or once its time limit plus this buffer has passed since it was submitted or first seen.

@@ -16,3 +16,14 @@ class Role(enum.StrEnum):
 class Principal:
     principal_id: str
     role: Role
+
+
+class MeshRole(enum.StrEnum):
+    """What a process is in the mesh, proven by its mesh credential: the authority its calls carry.
+
+    A thread author's Role is claimed in a request; a MeshRole is authenticated, and decides which
+    Roles a caller may act in.
+    """
+
+    SUPERVISOR = "supervisor"
+    WORKER = "worker"

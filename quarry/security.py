@@ -33,6 +33,8 @@ __all__ = [
     "Tls",
     "TlsConfigurationError",
     "bearer_metadata",
+    "guarded",
+    "presented_token",
 ]
 
 
@@ -159,23 +161,33 @@ class BearerTokenInterceptor(_ServerInterceptor):
         expected = next((e for prefix, e in self._expected.items() if details.method.startswith(prefix)), None)
         if expected is None or handler is None:
             return handler
-        return _guarded(handler, expected)
+        return guarded(handler, _checker(expected))
 
 
-def _check(context: Any, expected: bytes) -> None:
+def presented_token(context: Any) -> str:
+    """The bearer token the caller sent, or "" when it sent none."""
     presented = str(dict(context.invocation_metadata() or ()).get("authorization", ""))
-    if not hmac.compare_digest(presented.encode(), expected):
-        reason = "missing or wrong bearer token" if presented else "a bearer token is required"
-        raise Unauthenticated(reason, reason=ErrorReason.BEARER_TOKEN_INVALID)
+    scheme, _, token = presented.partition(" ")
+    return token if scheme == "Bearer" else ""
 
 
-def _guarded(handler: grpc.RpcMethodHandler[Any, Any], expected: bytes) -> grpc.RpcMethodHandler[Any, Any]:
-    """The same handler, checking the caller's token before anything else."""
+def _checker(expected: bytes) -> Callable[[Any], None]:
+    def check(context: Any) -> None:
+        presented = str(dict(context.invocation_metadata() or ()).get("authorization", ""))
+        if not hmac.compare_digest(presented.encode(), expected):
+            reason = "missing or wrong bearer token" if presented else "a bearer token is required"
+            raise Unauthenticated(reason, reason=ErrorReason.BEARER_TOKEN_INVALID)
+
+    return check
+
+
+def guarded(handler: grpc.RpcMethodHandler[Any, Any], check: Callable[[Any], None]) -> grpc.RpcMethodHandler[Any, Any]:
+    """The same handler, calling `check(context)` before anything else; what check raises ends the call."""
     if handler.unary_unary is not None:
         behavior = handler.unary_unary
 
         async def unary(request: Any, context: Any) -> Any:
-            _check(context, expected)
+            check(context)
             return await behavior(request, context)
 
         return grpc.unary_unary_rpc_method_handler(
@@ -185,7 +197,7 @@ def _guarded(handler: grpc.RpcMethodHandler[Any, Any], expected: bytes) -> grpc.
         stream_behavior: Any = handler.unary_stream  # an async generator on the aio server (grpc-stubs says sync)
 
         async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            _check(context, expected)
+            check(context)
             async for response in stream_behavior(request, context):
                 yield response
 

@@ -27,6 +27,7 @@ from grpc_reflection.v1alpha import reflection
 from quarry import telemetry
 from quarry.config import QuarrySettings, ServiceSettings
 from quarry.errors import QuarryError, internal_status, to_rpc_status
+from quarry.mesh import Access, MeshAuthentication, mesh_guard
 from quarry.security import BearerTokenInterceptor, ConnectionLimits, Tls
 
 __all__ = [
@@ -275,13 +276,15 @@ def create_server(
     tls: Tls | None = None,
     limits: ConnectionLimits | None = None,
     tokens: Mapping[str, str] | None = None,
+    mesh: MeshAuthentication | None = None,
 ) -> tuple[BoundServer, int]:
     """Build a server for `services` plus health and reflection, bound to `address`.
 
     Returns the server and the port it bound (useful with port 0). The owner
     starts it and reports health with `set_serving`. With `tls`, the port is
     TLS (mutual when it requires client certificates); `tokens` maps service
-    names to the bearer token their calls must carry.
+    names to the bearer token their calls must carry; `mesh` authenticates the
+    callers of internal services.
     """
     limits = limits or ConnectionLimits()
     server = grpc.aio.server(
@@ -292,6 +295,7 @@ def create_server(
             *telemetry.server_interceptors(),
             ErrorTranslationInterceptor(),
             BearerTokenInterceptor(tokens or {}),
+            *([mesh] if mesh else []),
             RequestDecodingInterceptor(),
         ],
         options=[*limits.server_options(), ("grpc.so_reuseport", 0)],
@@ -337,6 +341,7 @@ class ServiceHost:
         tls: Tls | None = None,
         limits: ConnectionLimits | None = None,
         tokens: Mapping[str, str] | None = None,
+        mesh: MeshAuthentication | None = None,
         health_address: str = "",
     ) -> None:
         self._tls = tls
@@ -346,6 +351,7 @@ class ServiceHost:
         self.health_port = 0
         self._limits = limits
         self._tokens = tokens
+        self._mesh = mesh
         self._address = address
         self._services = services
         self._grace = grace
@@ -363,7 +369,7 @@ class ServiceHost:
 
     async def start(self) -> int:
         self._bound, self.port = create_server(
-            self._address, self._services, tls=self._tls, limits=self._limits, tokens=self._tokens
+            self._address, self._services, tls=self._tls, limits=self._limits, tokens=self._tokens, mesh=self._mesh
         )
         await self._bound.server.start()
         if self._health_address:
@@ -419,8 +425,13 @@ def service_host(
     on_drain: Sequence[Hook] = (),
     on_stopped: Sequence[Hook] = (),
     tokens: Mapping[str, str] | None = None,
+    access: Access | None = None,
 ) -> ServiceHost:
-    """The host of one service as configured: its address and health port, TLS, limits and grace."""
+    """The host of one service as configured: its address and health port, TLS, limits and grace.
+
+    An internal service passes its `access` table: its callers must then prove a mesh role it allows.
+    """
+    mesh = None if access is None else mesh_guard(common, {registration.full_name: access}, settings.service_name)
     return ServiceHost(
         settings.address,
         [registration],
@@ -430,6 +441,7 @@ def service_host(
         tls=Tls.from_settings(common),
         limits=ConnectionLimits.from_settings(common),
         tokens=tokens,
+        mesh=mesh,
         health_address=settings.health_address,
     )
 

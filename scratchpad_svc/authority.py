@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from quarry.errors import ErrorReason, PermissionDenied
-from quarry.identity import Role
+from quarry.identity import MeshRole, Role
 from quarry.vocabulary import EntryKind
 
 WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
@@ -19,6 +19,26 @@ WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
         Role.VERIFIER: frozenset({EntryKind.VERDICT, EntryKind.ACKNOWLEDGEMENT, EntryKind.NOTE}),
     }
 )
+
+
+# The roles an authenticated caller may write as: a request's author role is a claim checked against this.
+ROLES_OF_CALLER: MappingProxyType[MeshRole, frozenset[Role]] = MappingProxyType(
+    {
+        MeshRole.SUPERVISOR: frozenset({Role.SUPERVISOR}),
+        MeshRole.WORKER: frozenset({Role.RESEARCHER, Role.VERIFIER}),
+    }
+)
+
+
+def check_may_act_as(caller: MeshRole | None, role: Role) -> None:
+    """Refuse an author role the authenticated caller does not hold (None: the service runs unauthenticated)."""
+    if caller is not None and role not in ROLES_OF_CALLER[caller]:
+        allowed = ", ".join(sorted(f"ROLE_{r.name}" for r in ROLES_OF_CALLER[caller]))
+        raise PermissionDenied(
+            f"the {caller.value} may not write as ROLE_{role.name}; it writes as {allowed}",
+            reason=ErrorReason.CALLER_NOT_PERMITTED,
+            metadata={"caller": caller.value, "role": role.value},
+        )
 
 
 def may_write(role: Role, kind: EntryKind) -> bool:

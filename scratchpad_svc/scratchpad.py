@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 from quarry import ids
 from quarry.errors import ErrorReason, Internal, QuarryError, Unavailable
+from quarry.identity import MeshRole
 from quarry.notify import CommitSignal
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import Entry, EntryKind
-from scratchpad_svc.authority import check_may_write
+from scratchpad_svc.authority import check_may_act_as, check_may_write
 from scratchpad_svc.model import AppendCommand, AppendResult, NewThread, Thread
 from scratchpad_svc.store import ScratchpadStore
 from scratchpad_svc.validation import (
@@ -86,18 +87,22 @@ class Scratchpad:
         ids.THREAD_ID.require("thread_id", thread_id)
         return await self._store.get_thread(thread_id)
 
-    async def append(self, command: AppendCommand) -> AppendResult:
-        """Validate, check authority, then commit with whatever else is queued for the thread."""
+    async def append(self, command: AppendCommand, caller: MeshRole | None = None) -> AppendResult:
+        """Validate, check authority, then commit with whatever else is queued for the thread.
+
+        `caller` is the authenticated mesh role of whoever sent it: the author role must be one it holds.
+        """
         attributes = {"quarry.thread_id": command.thread_id, "quarry.entry.kind": str(command.kind)}
         with tracer.start_as_current_span("scratchpad append", attributes=attributes) as span:
-            result = await self._append(command)
+            result = await self._append(command, caller)
             span.set_attributes({"quarry.sequence_no": result.entry.sequence_no, "quarry.replayed": result.replayed})
         _APPENDS.add(1, {"quarry.entry.kind": str(result.entry.kind), "quarry.replayed": result.replayed})
         return result
 
-    async def _append(self, command: AppendCommand) -> AppendResult:
+    async def _append(self, command: AppendCommand, caller: MeshRole | None) -> AppendResult:
         validate_append(command, self._limits)
         assert command.role is not None and command.kind is not None
+        check_may_act_as(caller, command.role)
         check_may_write(command.role, command.kind)
         if self._closed:
             raise ScratchpadClosed()

@@ -8,6 +8,8 @@ import grpc
 
 from quarry.config import QuarrySettings, ScratchpadSettings
 from quarry.db import open_migrated_database
+from quarry.identity import MeshRole
+from quarry.mesh import Access
 from quarry.notify import CommitSignal, listen_for_commits
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
@@ -19,6 +21,15 @@ from scratchpad_svc.validation import Limits
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "alembic_version_scratchpad"
 SERVICE_NAME = scratchpad_pb2.DESCRIPTOR.services_by_name["ScratchpadService"].full_name
+_EITHER = frozenset({MeshRole.SUPERVISOR, MeshRole.WORKER})
+# Only the supervisor opens threads; both write to them, in the roles authority.py lets each act in.
+ACCESS: Access = {
+    "CreateThread": frozenset({MeshRole.SUPERVISOR}),
+    "GetThread": _EITHER,
+    "Append": _EITHER,
+    "Read": _EITHER,
+    "Watch": _EITHER,
+}
 
 
 async def build_host(settings: ScratchpadSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
@@ -48,6 +59,7 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
         settings,
         common,
         ServiceRegistration(SERVICE_NAME, register),
+        access=ACCESS,
         on_drain=[scratchpad.close],
         on_stopped=[release],
     )

@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 
 from quarry.convert import ENTRY_KINDS, ROLES, entry_to_proto, source_from_proto, timestamp
+from quarry.mesh import current_caller
 from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
 from quarry.vocabulary import EntryKind
 from scratchpad_svc.model import AppendCommand, NewThread, Thread
@@ -64,7 +65,8 @@ class ScratchpadServicer(scratchpad_pb2_grpc.ScratchpadServiceServicer):
                 role=ROLES.from_proto(request.author.role),
                 content=request.content,
                 sources=tuple(source_from_proto(source) for source in request.sources),
-            )
+            ),
+            caller=current_caller(),
         )
         return scratchpad_pb2.AppendResponse(entry=entry_to_proto(result.entry), replayed=result.replayed)
 

@@ -8,12 +8,11 @@ import grpc
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
-from quarry.client import ScratchpadClient, open_channel
+from quarry.client import Dialer, ScratchpadClient
 from quarry.config import QuarrySettings, SupervisorSettings
 from quarry.db import open_migrated_database
 from quarry.notify import CommitSignal, listen_for_commits
 from quarry.research_plane import ResearchPlane
-from quarry.security import ConnectionLimits, Tls
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
 from supervisor_svc.run import RunDependencies
@@ -30,11 +29,11 @@ SERVICE_NAME = supervisor_pb2.DESCRIPTOR.services_by_name["SupervisorService"].f
 async def build_host(settings: SupervisorSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
     settings = settings or SupervisorSettings()
     common = common or QuarrySettings()
-    tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
+    dial = Dialer.from_settings(common)
     database = await open_migrated_database(settings.resolved_database_url(common.data_dir), MIGRATIONS, VERSION_TABLE)
     model = ModelClient(ModelSettings.for_tier(settings, common))
-    channel = open_channel(settings.scratchpad_address, tls=tls, limits=limits)
-    delegations = DelegationClient(settings.worker_targets(), tls=tls, limits=limits)
+    channel = dial.channel(settings.scratchpad_address)
+    delegations = DelegationClient(settings.worker_targets(), dial)
     signal = CommitSignal()
     listener = listen_for_commits(database, RUN_EVENTS_CHANNEL, signal)
     supervisor = Supervisor(

@@ -19,9 +19,8 @@ from typing import Any
 
 import grpc
 
-from quarry.client import open_channel
+from quarry.client import Dialer
 from quarry.convert import ROLES, delegation_result_from_proto, duration
-from quarry.security import ConnectionLimits, Tls
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from quarry.vocabulary import DelegationResult
 from supervisor_svc.model import DelegationOrder
@@ -82,14 +81,12 @@ async def _notify(listener: EventListener, response: worker_pb2.DelegateResponse
 
 
 class DelegationClient:
-    def __init__(
-        self, targets: Sequence[str], *, tls: Tls | None = None, limits: ConnectionLimits | None = None
-    ) -> None:
+    def __init__(self, targets: Sequence[str], dial: Dialer | None = None) -> None:
         if not targets:
             raise ValueError("at least one worker target is needed")
         self._targets = list(targets)
         # A target may be one DNS name for many workers (a headless Service): its channel balances over them.
-        self._channels = [open_channel(target, tls=tls, limits=limits) for target in self._targets]
+        self._channels = [(dial or Dialer()).channel(target) for target in self._targets]
         self._stubs = [worker_pb2_grpc.WorkerServiceStub(channel) for channel in self._channels]
         self._turn = itertools.cycle(range(len(self._stubs)))
 

@@ -10,7 +10,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -25,6 +25,8 @@ from sqlalchemy.engine import make_url
 
 from quarry.cli.launcher import serve_command
 from quarry.db import create_engine, upgrade_schema
+from quarry.identity import MeshRole
+from quarry.mesh import MeshPeers, new_token
 from tests.fakes.openai_server import ScriptedModel
 from tests.fakes.web_server import FixtureWeb
 
@@ -34,10 +36,15 @@ BACKENDS = ["sqlite", "postgresql"]
 
 @pytest.fixture(autouse=True)
 def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A developer's own QUARRY_* settings must not change what the tests see."""
+    """A developer's own QUARRY_* settings must not change what the tests see.
+
+    Internal services run unauthenticated unless a test gives them mesh peers (tests/quarry/test_mesh.py
+    and the process meshes do): most tests are about something else.
+    """
     for name in list(os.environ):
         if name.startswith("QUARRY_") and name != "QUARRY_TEST_POSTGRES_URL":
             monkeypatch.delenv(name)
+    monkeypatch.setenv("QUARRY_MESH_INSECURE", "true")
 
 
 @pytest.fixture
@@ -121,6 +128,19 @@ def reusable_port() -> int:
                 continue
             return port
     raise RuntimeError("no free port in 20000-32000")
+
+
+@dataclass(frozen=True)
+class MeshCredentials:
+    """A mesh token per role, for process meshes that authenticate each other as a deployment does."""
+
+    tokens: dict[MeshRole, str] = field(default_factory=lambda: {role: new_token() for role in MeshRole})
+
+    def env(self, role: MeshRole | None = None) -> dict[str, str]:
+        """The mesh settings of a service process that runs as `role` (None: one that calls no one)."""
+        peers = MeshPeers.of_tokens(self.tokens.items()).render()
+        own = {"QUARRY_MESH_TOKEN": self.tokens[role]} if role else {}
+        return {"QUARRY_MESH_INSECURE": "false", "QUARRY_MESH_PEERS": peers, **own}
 
 
 @dataclass

@@ -9,13 +9,13 @@ import httpx
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
-from quarry.client import MonitorClient, ScratchpadClient, open_channel
+from quarry.client import Dialer, MonitorClient, ScratchpadClient
 from quarry.compute import ComputeView
 from quarry.config import QuarrySettings, WorkerSettings
 from quarry.db import open_migrated_database
-from quarry.identity import Principal
+from quarry.identity import MeshRole, Principal
+from quarry.mesh import Access
 from quarry.research_plane import ResearchPlane
-from quarry.security import ConnectionLimits, Tls
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import worker_pb2, worker_pb2_grpc
 from worker_svc.corpus import Corpus
@@ -31,6 +31,11 @@ from worker_svc.worker import Worker, WorkerLimits
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "alembic_version_worker"
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
+# Delegations spend model tokens on the supervisor's behalf: only it may start or look at them.
+ACCESS: Access = {
+    "Delegate": frozenset({MeshRole.SUPERVISOR}),
+    "GetDelegation": frozenset({MeshRole.SUPERVISOR}),
+}
 
 
 def search_backend(settings: WorkerSettings, corpus: Corpus, http: httpx.AsyncClient) -> SearchBackend:
@@ -46,14 +51,12 @@ def search_backend(settings: WorkerSettings, corpus: Corpus, http: httpx.AsyncCl
 async def build_host(settings: WorkerSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
     settings = settings or WorkerSettings()
     common = common or QuarrySettings()
-    tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
+    dial = Dialer.from_settings(common)
     database = await open_migrated_database(settings.resolved_database_url(common.data_dir), MIGRATIONS, VERSION_TABLE)
     model = ModelClient(ModelSettings.for_tier(settings, common))
-    channel = open_channel(settings.scratchpad_address, tls=tls, limits=limits)
+    channel = dial.channel(settings.scratchpad_address)
     scratchpad = ResearchPlane(ScratchpadClient(channel))
-    monitor_channel = (
-        open_channel(settings.monitor_address, tls=tls, limits=limits) if settings.monitor_address else None
-    )
+    monitor_channel = dial.channel(settings.monitor_address) if settings.monitor_address else None
     monitor = ComputeView(MonitorClient(monitor_channel)) if monitor_channel else None
     corpus = Corpus(Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db")
     search_http = httpx.AsyncClient(timeout=30)
@@ -114,6 +117,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
         settings,
         common,
         ServiceRegistration(SERVICE_NAME, register),
+        access=ACCESS,
         # Running delegations get most of the grace period to finish; the rest end cancelled, recorded.
         on_drain=[lambda: worker.close(finish_within=common.shutdown_grace_seconds * 0.8)],
         on_stopped=[release],

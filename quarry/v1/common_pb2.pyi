@@ -151,6 +151,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """UNAVAILABLE: this replica is shutting down; retry on another."""
     ERROR_REASON_REQUEST_ID_REUSED: _ErrorReason.ValueType  # 43
     """ALREADY_EXISTS: a request_id was used before with a different request."""
+    ERROR_REASON_MESH_CREDENTIAL_INVALID: _ErrorReason.ValueType  # 44
+    """UNAUTHENTICATED: an internal service's caller presented no mesh credential it accepts."""
+    ERROR_REASON_CALLER_NOT_PERMITTED: _ErrorReason.ValueType  # 45
+    """PERMISSION_DENIED: the authenticated caller's mesh role may not call this method, or may not act
+    in the role the request names.
+    """
     ERROR_REASON_KIND_NOT_PERMITTED_FOR_ROLE: _ErrorReason.ValueType  # 60
     """ScratchpadService.
     PERMISSION_DENIED: the author's role may not write this entry kind.
@@ -187,6 +193,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION: the host's key is not in the known-hosts file."""
     ERROR_REASON_SSH_AUTH_FAILED: _ErrorReason.ValueType  # 127
     """FAILED_PRECONDITION: the host refused the configured key."""
+    ERROR_REASON_JOB_SUBMISSION_DISABLED: _ErrorReason.ValueType  # 128
+    """PERMISSION_DENIED: this monitor does not run jobs (QUARRY_MONITOR_ALLOW_JOB_SUBMISSION is off)."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of a failed RPC. Every error status a quarry
@@ -229,6 +237,12 @@ ERROR_REASON_SHUTTING_DOWN: ErrorReason.ValueType  # 42
 """UNAVAILABLE: this replica is shutting down; retry on another."""
 ERROR_REASON_REQUEST_ID_REUSED: ErrorReason.ValueType  # 43
 """ALREADY_EXISTS: a request_id was used before with a different request."""
+ERROR_REASON_MESH_CREDENTIAL_INVALID: ErrorReason.ValueType  # 44
+"""UNAUTHENTICATED: an internal service's caller presented no mesh credential it accepts."""
+ERROR_REASON_CALLER_NOT_PERMITTED: ErrorReason.ValueType  # 45
+"""PERMISSION_DENIED: the authenticated caller's mesh role may not call this method, or may not act
+in the role the request names.
+"""
 ERROR_REASON_KIND_NOT_PERMITTED_FOR_ROLE: ErrorReason.ValueType  # 60
 """ScratchpadService.
 PERMISSION_DENIED: the author's role may not write this entry kind.
@@ -265,6 +279,8 @@ ERROR_REASON_HOST_KEY_UNKNOWN: ErrorReason.ValueType  # 126
 """FAILED_PRECONDITION: the host's key is not in the known-hosts file."""
 ERROR_REASON_SSH_AUTH_FAILED: ErrorReason.ValueType  # 127
 """FAILED_PRECONDITION: the host refused the configured key."""
+ERROR_REASON_JOB_SUBMISSION_DISABLED: ErrorReason.ValueType  # 128
+"""PERMISSION_DENIED: this monitor does not run jobs (QUARRY_MONITOR_ALLOW_JOB_SUBMISSION is off)."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final

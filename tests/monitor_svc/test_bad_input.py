@@ -21,7 +21,9 @@ Stub = monitor_pb2_grpc.MonitorServiceStub
 
 @pytest.fixture
 async def monitor(tmp_path: Path) -> AsyncIterator[Stub]:
-    host = await build_host(MonitorSettings(address="127.0.0.1:0"), QuarrySettings(data_dir=tmp_path))
+    host = await build_host(
+        MonitorSettings(address="127.0.0.1:0", allow_job_submission=True), QuarrySettings(data_dir=tmp_path)
+    )
     await host.start()
     try:
         async with insecure_channel(host.address) as channel:

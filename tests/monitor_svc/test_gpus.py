@@ -79,7 +79,9 @@ def fake_nvml(*, init_error: str | None = None) -> types.ModuleType:
 
 @asynccontextmanager
 async def serving(tmp_path: Any) -> AsyncIterator[monitor_pb2_grpc.MonitorServiceStub]:
-    host = await build_host(MonitorSettings(address="127.0.0.1:0"), QuarrySettings(data_dir=tmp_path))
+    host = await build_host(
+        MonitorSettings(address="127.0.0.1:0", allow_job_submission=True), QuarrySettings(data_dir=tmp_path)
+    )
     async with host, insecure_channel(host.address) as channel:
         yield monitor_pb2_grpc.MonitorServiceStub(channel)
 

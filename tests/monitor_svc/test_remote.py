@@ -60,7 +60,7 @@ class FakeHost:
             known_hosts=str(self.known_hosts),
             log_roots=[str(self.state.parent / "logs")],
         )
-        return MonitorSettings(address="127.0.0.1:0", hosts={"gpu1": host}, **overrides)
+        return MonitorSettings(address="127.0.0.1:0", hosts={"gpu1": host}, allow_job_submission=True, **overrides)
 
 
 @pytest.fixture

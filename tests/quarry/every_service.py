@@ -2,13 +2,15 @@
 
 For tests that call every service the same way (bad bytes, the fuzz test): the services
 run on SQLite, the model and the web are the loopback fakes, the monitor has no SSH hosts.
+They authenticate each other as a deployed mesh does; a test calls the internal services with
+the supervisor's mesh credential, `Services.metadata`.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from monitor_svc.service import SERVICE_NAME as MONITOR
@@ -20,6 +22,9 @@ from quarry.config import (
     SupervisorSettings,
     WorkerSettings,
 )
+from quarry.identity import MeshRole
+from quarry.mesh import MeshPeers, new_token
+from quarry.security import bearer_metadata
 from scratchpad_svc.service import SERVICE_NAME as SCRATCHPAD
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.service import SERVICE_NAME as SUPERVISOR
@@ -38,13 +43,28 @@ class Services:
     addresses: dict[str, str]
     model: ScriptedModel
     site: FixtureWeb
+    # The mesh token of each role.
+    mesh_tokens: dict[MeshRole, str] = field(default_factory=dict)
+    supervisor_token: str = ""
+
+    def token(self, service: str) -> str:
+        """What a caller acting for the supervisor presents to `service`: the client token, or its mesh token."""
+        return self.supervisor_token if service == SUPERVISOR else self.mesh_tokens[MeshRole.SUPERVISOR]
+
+    def metadata(self, service: str) -> tuple[tuple[str, str], ...]:
+        return bearer_metadata(self.token(service))
 
 
 @contextlib.asynccontextmanager
 async def every_service(tmp_path: Path, *, supervisor_token: str = "") -> AsyncIterator[Services]:
     """Scratchpad, one worker, the supervisor and the monitor, each on its own port; the model
     answers every request with a short final reply, so delegations and runs end quickly."""
-    common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=1)
+    tokens = {role: new_token() for role in MeshRole}
+    peers = MeshPeers.of_tokens(tokens.items()).render()
+    shared = {"data_dir": tmp_path, "shutdown_grace_seconds": 1, "mesh_peers": peers, "mesh_insecure": False}
+    common = QuarrySettings(**shared)
+    as_worker = QuarrySettings(**shared, mesh_token=tokens[MeshRole.WORKER])
+    as_supervisor = QuarrySettings(**shared, mesh_token=tokens[MeshRole.SUPERVISOR])
     async with contextlib.AsyncExitStack() as stack:
         model = await stack.enter_async_context(ScriptedModel(default=lambda _body: Reply("nothing to add")))
         site = await stack.enter_async_context(FixtureWeb())
@@ -63,7 +83,7 @@ async def every_service(tmp_path: Path, *, supervisor_token: str = "") -> AsyncI
                 searxng_url=site.base_url,
                 fetch_allow=f"127.0.0.1:{site.port}",
             ),
-            common,
+            as_worker,
         )
         await stack.enter_async_context(worker)
         supervisor = await build_supervisor(
@@ -76,10 +96,12 @@ async def every_service(tmp_path: Path, *, supervisor_token: str = "") -> AsyncI
                 model_name="scripted",
                 auth_token=supervisor_token,
             ),
-            common,
+            as_supervisor,
         )
         await stack.enter_async_context(supervisor)
-        monitor = await build_monitor(MonitorSettings(address="127.0.0.1:0", jobs_dir=str(tmp_path / "jobs")), common)
+        monitor = await build_monitor(
+            MonitorSettings(address="127.0.0.1:0", jobs_dir=str(tmp_path / "jobs"), allow_job_submission=True), common
+        )
         await stack.enter_async_context(monitor)
         yield Services(
             {
@@ -90,4 +112,6 @@ async def every_service(tmp_path: Path, *, supervisor_token: str = "") -> AsyncI
             },
             model,
             site,
+            tokens,
+            supervisor_token,
         )

@@ -30,6 +30,7 @@ from grpc_health.v1 import health_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from quarry.client import open_channel
 from quarry.paging import encode_token
 from quarry.v1 import monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from tests.quarry.every_service import SCRATCHPAD, every_service
@@ -245,7 +246,7 @@ async def channels(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[di
     tmp_path: Path = tmp_path_factory.mktemp("fuzz")
     async with every_service(tmp_path) as services, contextlib.AsyncExitStack() as stack:
         channels = {
-            name: await stack.enter_async_context(grpc.aio.insecure_channel(address))
+            name: await stack.enter_async_context(open_channel(address, token=services.token(name)))
             for name, address in services.addresses.items()
         }
         channels[HEALTH.full_name] = channels[SCRATCHPAD]

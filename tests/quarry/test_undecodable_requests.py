@@ -82,7 +82,7 @@ async def test_the_refusal_names_the_problem(services: Services) -> None:
             f"/{SCRATCHPAD}/Append", request_serializer=_identity, response_deserializer=_identity
         )
         with pytest.raises(grpc.aio.AioRpcError) as raised:
-            await append(GARBAGE, timeout=10)
+            await append(GARBAGE, metadata=services.metadata(SCRATCHPAD), timeout=10)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert raised.value.details() == f"the request body is not a valid request message for /{SCRATCHPAD}/Append"
 
@@ -99,7 +99,7 @@ async def test_undecodable_bodies_are_invalid_argument_on_every_method_without_a
     answered = {}
     for service, descriptor in DESCRIPTORS.items():
         address = services.addresses.get(service, services.addresses[SCRATCHPAD])
-        metadata = bearer_metadata(TOKEN) if service == SUPERVISOR else ()
+        metadata = services.metadata(service) if service != HEALTH else ()
         for method in descriptor.methods:
             body = body_for(method.input_type)
             if body is None:
@@ -133,12 +133,14 @@ async def test_a_caller_without_the_token_is_refused_before_its_body_is_decoded(
     services: Services, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    address = services.addresses[SUPERVISOR]
-    for method in DESCRIPTORS[SUPERVISOR].methods:
-        name = f"/{SUPERVISOR}/{method.name}"
-        for metadata in [(), bearer_metadata("wrong")]:
-            code = await _send_raw(address, name, GARBAGE, streaming=method.server_streaming, metadata=metadata)
-            assert code == grpc.StatusCode.UNAUTHENTICATED, (name, metadata)
+    for service in (SUPERVISOR, SCRATCHPAD, WORKER, MONITOR):
+        for method in DESCRIPTORS[service].methods:
+            name = f"/{service}/{method.name}"
+            for metadata in [(), bearer_metadata("wrong")]:
+                code = await _send_raw(
+                    services.addresses[service], name, GARBAGE, streaming=method.server_streaming, metadata=metadata
+                )
+                assert code == grpc.StatusCode.UNAUTHENTICATED, (name, metadata)
     assert _errors(caplog) == []
 
 

@@ -10,13 +10,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from quarry.client import QuarryClient, ScratchpadClient, insecure_channel
+from quarry.client import QuarryClient, ScratchpadClient, insecure_channel, open_channel
 from quarry.config import QuarrySettings, ScratchpadSettings, SupervisorSettings, WorkerSettings
+from quarry.identity import MeshRole
 from quarry.server import ServiceHost
 from quarry.v1 import supervisor_pb2, worker_pb2, worker_pb2_grpc
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.service import build_host as build_supervisor
-from tests.conftest import ServiceProcess, start_service, stop_service
+from tests.conftest import MeshCredentials, ServiceProcess, start_service, stop_service
 from tests.fakes.choreography import Choreography
 from tests.fakes.openai_server import ScriptedModel
 from tests.fakes.web_server import FixtureWeb
@@ -29,9 +30,11 @@ HISTORY = """<!doctype html><html><head><title>Building the tower</title></head>
 </article></body></html>"""
 
 
-async def delegation_on(address: str, delegation_id: str) -> worker_pb2.Delegation | None:
-    """The delegation as the worker at `address` recorded it; None when that worker never ran it."""
-    async with insecure_channel(address) as channel:
+async def delegation_on(address: str, delegation_id: str, token: str = "") -> worker_pb2.Delegation | None:
+    """The delegation as the worker at `address` recorded it; None when that worker never ran it.
+
+    `token`: the supervisor's mesh token, for a worker that authenticates its callers."""
+    async with open_channel(address, token=token) as channel:
         try:
             response = await worker_pb2_grpc.WorkerServiceStub(channel).GetDelegation(
                 worker_pb2.GetDelegationRequest(delegation_id=delegation_id)
@@ -137,13 +140,22 @@ class ProcessMesh:
     scratchpad: ServiceProcess
     workers: list[ServiceProcess]
     supervisor: ServiceProcess
+    credentials: MeshCredentials
+
+    @property
+    def supervisor_token(self) -> str:
+        """The supervisor's mesh token, for a test that reads what the supervisor may read."""
+        return self.credentials.tokens[MeshRole.SUPERVISOR]
 
 
 @contextmanager
 def processes(
     tmp_path: Path, model: ScriptedModel, site: FixtureWeb, extra_env: dict[str, str] | None = None
 ) -> Iterator[ProcessMesh]:
-    """Scratchpad, two workers and the supervisor as `quarry serve` processes (SQLite), stopped by SIGTERM."""
+    """Scratchpad, two workers and the supervisor as `quarry serve` processes (SQLite), stopped by SIGTERM.
+
+    They authenticate each other with mesh tokens, as a deployment does."""
+    credentials = MeshCredentials()
     common = {
         "QUARRY_DATA_DIR": str(tmp_path),
         "QUARRY_LOG_LEVEL": "WARNING",
@@ -153,13 +165,14 @@ def processes(
     model_env = {"QUARRY_MODEL_BASE_URL": model.base_url, "QUARRY_MODEL_NAME": "scripted"}
     started: list[ServiceProcess] = []
     try:
-        scratchpad = start_service("scratchpad", common, tmp_path)
+        scratchpad = start_service("scratchpad", {**common, **credentials.env()}, tmp_path)
         started.append(scratchpad)
         workers = []
         for n in range(2):
             env = {
                 **common,
                 **model_env,
+                **credentials.env(MeshRole.WORKER),
                 "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{tmp_path / f'worker{n}.db'}",
                 "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad.address,
                 "QUARRY_WORKER_SEARCH_BACKEND": "searxng",
@@ -173,13 +186,14 @@ def processes(
             {
                 **common,
                 **model_env,
+                **credentials.env(MeshRole.SUPERVISOR),
                 "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS": scratchpad.address,
                 "QUARRY_SUPERVISOR_WORKER_ADDRESSES": ",".join(worker.address for worker in workers),
             },
             tmp_path,
         )
         started.append(supervisor)
-        yield ProcessMesh(scratchpad, workers, supervisor)
+        yield ProcessMesh(scratchpad, workers, supervisor, credentials)
     finally:
         for service in reversed(started):
             stop_service(service)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from quarry.client import QuarryClient, ScratchpadClient, insecure_channel
+from quarry.client import QuarryClient, ScratchpadClient, open_channel
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, append_finding
 from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel, Stall
@@ -114,13 +114,13 @@ async def test_the_seed_research_contract_across_processes(
             run = await client.start_run("How tall is the Eiffel Tower, and when was it built?")
             events = [event async for event in client.stream_run(run.run_id)]
             stored = await client.get_run(run.run_id)
-        async with insecure_channel(mesh.scratchpad.address) as channel:
+        async with open_channel(mesh.scratchpad.address, token=mesh.supervisor_token) as channel:
             entries = await ScratchpadClient(channel).read_all(run.scratchpad_thread_id)
         statuses = [e.status for e in events if e.HasField("status")]
         delegations = [s.delegation_id for s in statuses if s.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED]
         assert len(delegations) == 3, statuses
         placed = [
-            [await delegation_on(worker.address, delegation_id) for worker in mesh.workers]
+            [await delegation_on(worker.address, delegation_id, mesh.supervisor_token) for worker in mesh.workers]
             for delegation_id in delegations
         ]
 
@@ -265,7 +265,8 @@ async def test_a_worker_killed_mid_delegation_is_one_correlated_error_and_the_ru
                 events.append(event)
                 if event.status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_RESEARCHING:
                     delegation_id = event.status.delegation_id
-                    [victim] = [w for w in mesh.workers if await delegation_on(w.address, delegation_id) is not None]
+                    token = mesh.supervisor_token
+                    [victim] = [w for w in mesh.workers if await delegation_on(w.address, delegation_id, token)]
                     os.kill(victim.process.pid, signal.SIGKILL)
             stored = await client.get_run(run.run_id)
     assert victim.process.wait(10) == -signal.SIGKILL
