@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from quarry.client import QuarryClient, ScratchpadClient, open_channel
 from quarry.config import ConfigurationError, QuarrySettings, ScratchpadSettings, SupervisorSettings
+from quarry.mesh import mesh_guard
 from quarry.security import ConnectionLimits, Tls
 from quarry.server import ServiceHost, ServiceRegistration
 from quarry.v1 import common_pb2, scratchpad_pb2
@@ -126,6 +127,27 @@ async def test_mutual_tls_refuses_clients_without_a_valid_certificate(pki: Pki, 
             assert raised.value.code() == grpc.StatusCode.UNAVAILABLE, why
 
 
+async def test_under_mutual_tls_a_certificate_common_name_proves_a_mesh_role(pki: Pki, tmp_path: Path) -> None:
+    authority = pki.authority("quarry-ca")
+    ca = str(tmp_path / "quarry-ca.pem")
+    peers = "supervisor=cn:quarry-supervisor"
+    server = settings(tmp_path, pki.issue("scratchpad", authority), ca, mesh_peers=peers, mesh_insecure=False)
+    host = await build_scratchpad(ScratchpadSettings(address="127.0.0.1:0"), server)
+    async with host:
+        supervisor = Tls.from_settings(settings(tmp_path, pki.issue("quarry-supervisor", authority), ca))
+        assert await create_thread(host.address, supervisor)
+        # Signed by the same CA, but not a name the scratchpad accepts as a peer.
+        other = Tls.from_settings(settings(tmp_path, pki.issue("quarry-worker", authority), ca))
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await create_thread(host.address, other)
+        assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_peer_named_by_certificate_needs_mutual_tls(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="mutual TLS is not on"):
+        mesh_guard(settings(tmp_path, None, mesh_peers="worker=cn:quarry-worker"), {}, "scratchpad")
+
+
 async def test_server_only_tls_verifies_the_server(pki: Pki, tmp_path: Path) -> None:
     authority = pki.authority("quarry-ca")
     ca = str(tmp_path / "quarry-ca.pem")
@@ -178,6 +200,11 @@ async def test_the_supervisor_wants_its_bearer_token_but_probes_and_reflection_s
             assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
     async with QuarryClient.connect(guarded_supervisor, token="s3cret-token") as client:
         await expect_error(client.get_run(missing_id), grpc.StatusCode.NOT_FOUND)  # past the check
+        # Streams carry the token too (grpc files a client interceptor under one kind of call only).
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            async for _ in client.stream_run(missing_id):
+                pass
+        assert raised.value.code() == grpc.StatusCode.NOT_FOUND
         listed = await client.list_runs()
         assert list(listed.runs) == []
     async with open_channel(guarded_supervisor) as channel:
