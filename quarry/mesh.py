@@ -35,6 +35,7 @@ else:
 __all__ = [
     "Access",
     "MeshAuthentication",
+    "MeshKeys",
     "MeshPeer",
     "MeshPeers",
     "current_caller",
@@ -132,6 +133,29 @@ class MeshPeers:
             if peer.common_name and peer.common_name in common_names:
                 return peer.role
         return None
+
+
+@dataclass(frozen=True)
+class MeshKeys:
+    """A token for every mesh role: what `quarry up` hands its services, and `quarry mesh keys` prints."""
+
+    tokens: Mapping[MeshRole, str]
+
+    @classmethod
+    def generate(cls) -> MeshKeys:
+        return cls({role: new_token() for role in MeshRole})
+
+    def peers(self) -> MeshPeers:
+        return MeshPeers.of_tokens(self.tokens.items())
+
+    def environment(self, role: MeshRole | None) -> dict[str, str]:
+        """The mesh settings of a process that calls others as `role` (None: one that calls no one).
+
+        Every process learns every role's digest (its access table decides what each may do), and
+        only its own token.
+        """
+        own = {"QUARRY_MESH_TOKEN": self.tokens[role]} if role else {}
+        return {"QUARRY_MESH_PEERS": self.peers().render(), "QUARRY_MESH_INSECURE": "false", **own}
 
 
 _CALLER: contextvars.ContextVar[MeshRole | None] = contextvars.ContextVar("quarry_mesh_caller", default=None)

@@ -10,7 +10,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -25,8 +25,6 @@ from sqlalchemy.engine import make_url
 
 from quarry.cli.launcher import serve_command
 from quarry.db import create_engine, upgrade_schema
-from quarry.identity import MeshRole
-from quarry.mesh import MeshPeers, new_token
 from tests.fakes.openai_server import ScriptedModel
 from tests.fakes.web_server import FixtureWeb
 
@@ -128,19 +126,6 @@ def reusable_port() -> int:
                 continue
             return port
     raise RuntimeError("no free port in 20000-32000")
-
-
-@dataclass(frozen=True)
-class MeshCredentials:
-    """A mesh token per role, for process meshes that authenticate each other as a deployment does."""
-
-    tokens: dict[MeshRole, str] = field(default_factory=lambda: {role: new_token() for role in MeshRole})
-
-    def env(self, role: MeshRole | None = None) -> dict[str, str]:
-        """The mesh settings of a service process that runs as `role` (None: one that calls no one)."""
-        peers = MeshPeers.of_tokens(self.tokens.items()).render()
-        own = {"QUARRY_MESH_TOKEN": self.tokens[role]} if role else {}
-        return {"QUARRY_MESH_INSECURE": "false", "QUARRY_MESH_PEERS": peers, **own}
 
 
 @dataclass

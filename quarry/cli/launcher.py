@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from quarry.cli.registry import ServiceSpec
 from quarry.client import open_channel
 from quarry.config import QuarrySettings
+from quarry.mesh import MeshKeys
 from quarry.security import Tls
 
 READY_POLL_SECONDS = 0.1
@@ -92,9 +93,12 @@ async def _stop(services: Sequence[RunningService], grace: float) -> None:
 
 
 async def _start(
-    spec: ServiceSpec, started: Sequence[RunningService], run_dir: Path, address: str | None
+    spec: ServiceSpec, started: Sequence[RunningService], run_dir: Path, address: str | None, keys: MeshKeys
 ) -> RunningService:
     env = os.environ.copy()
+    # Each child gets its own mesh token (none for a service that calls no other) and every peer's digest.
+    env.pop("QUARRY_MESH_TOKEN", None)
+    env.update(keys.environment(spec.mesh_role))
     for needed, variable in spec.needs.items():
         # Started earlier (SERVICES lists dependencies first), so its address is known.
         env[variable] = next(s.address for s in started if s.name == needed)
@@ -123,8 +127,10 @@ async def _start_in_order(
 ) -> bool:
     """Start each service once the one before it serves, appending it to `services`; False after a stop request."""
     loop = asyncio.get_running_loop()
+    # Fresh for every `quarry up`: the services it starts trust each other, and no one else.
+    keys = MeshKeys.generate()
     for spec in specs:
-        service = await _start(spec, services, run_dir, addresses.get(spec.name))
+        service = await _start(spec, services, run_dir, addresses.get(spec.name), keys)
         services.append(service)
         starting = asyncio.create_task(_wait_ready(service, loop.time() + ready_timeout))
         if await _stop_requested_first([starting], stop_requested):

@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from quarry.cli.settings import load_settings
 from quarry.config import QuarrySettings, ServiceSettings
+from quarry.identity import MeshRole
 from quarry.server import ServiceHost
 
 
@@ -40,6 +41,8 @@ class ServiceSpec:
     needs: dict[str, str] = field(default_factory=dict)
     # None for a service without a database.
     migrations: Migrations | None = None
+    # The mesh role its calls to other services carry; None for a service that calls no other.
+    mesh_role: MeshRole | None = None
 
     def settings_type(self) -> type[ServiceSettings]:
         return cast(type[ServiceSettings], resolve(self.settings_class))
@@ -82,6 +85,7 @@ SERVICES: dict[str, ServiceSpec] = {
         builder="worker_svc.service:build_host",
         needs={"scratchpad": "QUARRY_WORKER_SCRATCHPAD_ADDRESS", "monitor": "QUARRY_WORKER_MONITOR_ADDRESS"},
         migrations=_migrations("worker_svc"),
+        mesh_role=MeshRole.WORKER,
     ),
     "supervisor": ServiceSpec(
         name="supervisor",
@@ -89,6 +93,7 @@ SERVICES: dict[str, ServiceSpec] = {
         builder="supervisor_svc.service:build_host",
         needs={"scratchpad": "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS", "worker": "QUARRY_SUPERVISOR_WORKER_ADDRESSES"},
         migrations=_migrations("supervisor_svc"),
+        mesh_role=MeshRole.SUPERVISOR,
     ),
 }
 

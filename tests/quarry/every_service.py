@@ -23,7 +23,7 @@ from quarry.config import (
     WorkerSettings,
 )
 from quarry.identity import MeshRole
-from quarry.mesh import MeshPeers, new_token
+from quarry.mesh import MeshKeys
 from quarry.security import bearer_metadata
 from scratchpad_svc.service import SERVICE_NAME as SCRATCHPAD
 from scratchpad_svc.service import build_host as build_scratchpad
@@ -59,8 +59,9 @@ class Services:
 async def every_service(tmp_path: Path, *, supervisor_token: str = "") -> AsyncIterator[Services]:
     """Scratchpad, one worker, the supervisor and the monitor, each on its own port; the model
     answers every request with a short final reply, so delegations and runs end quickly."""
-    tokens = {role: new_token() for role in MeshRole}
-    peers = MeshPeers.of_tokens(tokens.items()).render()
+    keys = MeshKeys.generate()
+    tokens = dict(keys.tokens)
+    peers = keys.peers().render()
     shared = {"data_dir": tmp_path, "shutdown_grace_seconds": 1, "mesh_peers": peers, "mesh_insecure": False}
     common = QuarrySettings(**shared)
     as_worker = QuarrySettings(**shared, mesh_token=tokens[MeshRole.WORKER])

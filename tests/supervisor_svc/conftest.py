@@ -13,11 +13,12 @@ import pytest
 from quarry.client import QuarryClient, ScratchpadClient, insecure_channel, open_channel
 from quarry.config import QuarrySettings, ScratchpadSettings, SupervisorSettings, WorkerSettings
 from quarry.identity import MeshRole
+from quarry.mesh import MeshKeys
 from quarry.server import ServiceHost
 from quarry.v1 import supervisor_pb2, worker_pb2, worker_pb2_grpc
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.service import build_host as build_supervisor
-from tests.conftest import MeshCredentials, ServiceProcess, start_service, stop_service
+from tests.conftest import ServiceProcess, start_service, stop_service
 from tests.fakes.choreography import Choreography
 from tests.fakes.openai_server import ScriptedModel
 from tests.fakes.web_server import FixtureWeb
@@ -140,7 +141,7 @@ class ProcessMesh:
     scratchpad: ServiceProcess
     workers: list[ServiceProcess]
     supervisor: ServiceProcess
-    credentials: MeshCredentials
+    credentials: MeshKeys
 
     @property
     def supervisor_token(self) -> str:
@@ -155,7 +156,7 @@ def processes(
     """Scratchpad, two workers and the supervisor as `quarry serve` processes (SQLite), stopped by SIGTERM.
 
     They authenticate each other with mesh tokens, as a deployment does."""
-    credentials = MeshCredentials()
+    credentials = MeshKeys.generate()
     common = {
         "QUARRY_DATA_DIR": str(tmp_path),
         "QUARRY_LOG_LEVEL": "WARNING",
@@ -165,14 +166,14 @@ def processes(
     model_env = {"QUARRY_MODEL_BASE_URL": model.base_url, "QUARRY_MODEL_NAME": "scripted"}
     started: list[ServiceProcess] = []
     try:
-        scratchpad = start_service("scratchpad", {**common, **credentials.env()}, tmp_path)
+        scratchpad = start_service("scratchpad", {**common, **credentials.environment(None)}, tmp_path)
         started.append(scratchpad)
         workers = []
         for n in range(2):
             env = {
                 **common,
                 **model_env,
-                **credentials.env(MeshRole.WORKER),
+                **credentials.environment(MeshRole.WORKER),
                 "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{tmp_path / f'worker{n}.db'}",
                 "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad.address,
                 "QUARRY_WORKER_SEARCH_BACKEND": "searxng",
@@ -186,7 +187,7 @@ def processes(
             {
                 **common,
                 **model_env,
-                **credentials.env(MeshRole.SUPERVISOR),
+                **credentials.environment(MeshRole.SUPERVISOR),
                 "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS": scratchpad.address,
                 "QUARRY_SUPERVISOR_WORKER_ADDRESSES": ",".join(worker.address for worker in workers),
             },

@@ -17,6 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from quarry.cli.registry import SERVICES
+from quarry.v1 import monitor_pb2, scratchpad_pb2, worker_pb2
 
 pytestmark = pytest.mark.slow
 
@@ -147,3 +148,34 @@ def test_services_stop_when_quarry_up_is_killed(up: Callable[..., QuarryUp]) -> 
     mesh.process.kill()  # no chance to clean up: the kernel's parent-death signal must do it
     mesh.process.wait(10)
     assert wait_gone(children) == [], "a service process outlived a killed quarry up"
+
+
+def test_up_gives_its_services_mesh_credentials_and_refuses_callers_without_one(
+    up: Callable[..., QuarryUp],
+) -> None:
+    mesh = up()
+    addresses = mesh.addresses(set(SERVICES))
+    calls = {
+        "scratchpad": ("/quarry.v1.ScratchpadService/CreateThread", scratchpad_pb2.CreateThreadRequest(title="x")),
+        "worker": ("/quarry.v1.WorkerService/GetDelegation", worker_pb2.GetDelegationRequest(delegation_id="d")),
+        "monitor": ("/quarry.v1.MonitorService/ListGpus", monitor_pb2.ListGpusRequest()),
+    }
+    for name, (method, request) in calls.items():
+        with grpc.insecure_channel(addresses[name]) as channel:
+            call = channel.unary_unary(method, request_serializer=type(request).SerializeToString)
+            with pytest.raises(grpc.RpcError) as raised:
+                call(request, timeout=10)
+        assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED, name  # type: ignore[attr-defined]
+    # The services themselves got their credentials: each child holds its own token, or none.
+    environments = {}
+    for pid in child_pids(mesh.process.pid):
+        variables = dict(
+            entry.split("=", 1) for entry in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in entry
+        )
+        service = Path(f"/proc/{pid}/cmdline").read_text().split("\0")[4]
+        environments[service] = variables
+    tokens = {name: variables.get("QUARRY_MESH_TOKEN") for name, variables in environments.items()}
+    assert tokens["scratchpad"] is None and tokens["monitor"] is None
+    assert tokens["supervisor"] and tokens["worker"] and tokens["supervisor"] != tokens["worker"]
+    peers = {variables["QUARRY_MESH_PEERS"] for variables in environments.values()}
+    assert len(peers) == 1 and tokens["supervisor"] not in peers.pop()
