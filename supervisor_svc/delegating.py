@@ -92,6 +92,7 @@ class Delegator:
         self._budget = budget
         self._publisher = publisher
         self._ordered = 0
+        self.dispatched = 0  # delegations that went out to a worker (not those the budget refused)
         self._expected: set[str] = set()  # this turn's delegate calls that will run and have not ended
         self._announced = 0  # this turn's calls, of any tool
 
@@ -120,6 +121,7 @@ class Delegator:
             try:
                 async with self._slots:
                     self._refuse_if_budget_spent()
+                    self.dispatched += 1
                     result = await self._run(self._order(params, call, delegation_id))
             finally:
                 self._expected.discard(call.id)

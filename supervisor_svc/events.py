@@ -7,6 +7,7 @@ reach a client as something to execute.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from quarry.convert import DELEGATION_ERROR_CODES, ENTRY_KINDS, EnumMap, principal_to_proto, usage_to_proto
@@ -19,6 +20,7 @@ from supervisor_svc.model import (
     RunOutcome,
     RunState,
     RunUsage,
+    RunWarning,
 )
 
 _PREVIEW_CHARS = 500
@@ -42,6 +44,9 @@ class PublicEvent:
 
 _ERROR_CODES: EnumMap[RunErrorCode, supervisor_pb2.RunErrorCode.ValueType] = EnumMap(
     {code: supervisor_pb2.RunErrorCode.Value(f"RUN_ERROR_CODE_{code.name}") for code in RunErrorCode}
+)
+_WARNING_CODES: EnumMap[RunWarning, supervisor_pb2.RunWarningCode.ValueType] = EnumMap(
+    {warning: supervisor_pb2.RunWarningCode.Value(f"RUN_WARNING_CODE_{warning.name}") for warning in RunWarning}
 )
 _PHASES: EnumMap[ResearchPhase, supervisor_pb2.ResearchPhase.ValueType] = EnumMap(
     {phase: supervisor_pb2.ResearchPhase.Value(f"RESEARCH_PHASE_{phase.name}") for phase in ResearchPhase}
@@ -70,6 +75,10 @@ def report_to_proto(report: Report) -> supervisor_pb2.Report:
 
 def error_to_proto(code: RunErrorCode, message: str) -> supervisor_pb2.RunError:
     return supervisor_pb2.RunError(code=_ERROR_CODES.to_proto(code), message=message)
+
+
+def warnings_to_proto(warnings: Sequence[RunWarning]) -> list[supervisor_pb2.RunWarning]:
+    return [supervisor_pb2.RunWarning(code=_WARNING_CODES.to_proto(w), message=w.message) for w in warnings]
 
 
 def status(phase: ResearchPhase, message: str, *, delegation_id: str = "") -> PublicEvent:
@@ -131,6 +140,7 @@ def ending(outcome: RunOutcome) -> PublicEvent:
                     removed_citations=report.removed_citations,
                     token_budget_exhausted=report.token_budget_exhausted,
                     turn_budget_exhausted=report.turn_budget_exhausted,
+                    warnings=warnings_to_proto(outcome.warnings),
                 )
             )
         )

@@ -43,6 +43,23 @@ class RunErrorCode(enum.StrEnum):
     INTERNAL = "internal"
 
 
+class RunWarning(enum.StrEnum):
+    """What a succeeded run's report lacks. The run still succeeds: the text is delivered, with the warning."""
+
+    NO_DELEGATIONS = "no_delegations"
+    NO_SOURCES = "no_sources"
+
+    @property
+    def message(self) -> str:
+        return _WARNING_MESSAGES[self]
+
+
+_WARNING_MESSAGES = {
+    RunWarning.NO_DELEGATIONS: "the model never delegated research: nothing was searched, the report cites no source",
+    RunWarning.NO_SOURCES: "no verified finding was cited: the report rests on no verified source",
+}
+
+
 @dataclass(frozen=True)
 class RunOptions:
     max_supervisor_turns: int = 0  # 0: DEFAULT_SUPERVISOR_TURNS
@@ -147,10 +164,11 @@ class RunOutcome:
     report: Report | None = None
     error_code: RunErrorCode | None = None
     message: str = ""  # the error, or why it was cancelled (cancellation is a state, not an error)
+    warnings: tuple[RunWarning, ...] = ()  # what a succeeded run's report lacks
 
     @classmethod
-    def succeeded(cls, report: Report, usage: RunUsage) -> RunOutcome:
-        return cls(RunState.SUCCEEDED, usage, report=report)
+    def succeeded(cls, report: Report, usage: RunUsage, warnings: tuple[RunWarning, ...] = ()) -> RunOutcome:
+        return cls(RunState.SUCCEEDED, usage, report=report, warnings=warnings)
 
     @classmethod
     def failed(cls, code: RunErrorCode, message: str, usage: RunUsage) -> RunOutcome:
@@ -191,6 +209,7 @@ class RunRecord:
     start_time: datetime | None = None
     end_time: datetime | None = None
     cancel_reason: str = ""  # why it was cancelled, once it was
+    warnings: tuple[RunWarning, ...] = ()  # what its report lacks, once it succeeded
 
 
 def validate_start(request: StartRequest) -> None:

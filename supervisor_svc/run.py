@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
@@ -36,7 +36,7 @@ from supervisor_svc.delegating import Delegator
 from supervisor_svc.model import DEFAULT_SUPERVISOR_TURNS, ResearchPhase, RunErrorCode, RunOutcome, RunRecord
 from supervisor_svc.publishing import RunEventLog, RunPublisher
 from supervisor_svc.store import RunEnded
-from supervisor_svc.synthesis import ResearchEnd, write_report
+from supervisor_svc.synthesis import ResearchEnd, report_warnings, write_report
 from supervisor_svc.tools import REGISTRY, SupervisorContext
 from supervisor_svc.worker_client import DelegationClient
 
@@ -125,7 +125,8 @@ class ResearchRun:
                 report, self._account.report = await write_report(
                     self._deps.model, self.record.question, entries, end, self._publisher.content
                 )
-            await self._end(watcher, RunOutcome.succeeded(report, self._account.usage()))
+            outcome = RunOutcome.succeeded(report, self._account.usage(), report_warnings(report, end))
+            await self._end(watcher, outcome)
         except asyncio.CancelledError:
             await asyncio.shield(self._end_cancelled(watcher))
             raise
@@ -198,7 +199,7 @@ class ResearchRun:
         except BudgetSpent:
             end = ResearchEnd(token_budget_exhausted=True)
         await self._publisher.reasoning.flush()
-        return end
+        return replace(end, delegations=delegator.dispatched)
 
     # -- endings ----------------------------------------------------------------------------
 

@@ -24,6 +24,9 @@ runs = sa.Table(
     sa.Column("state", sa.String(16), nullable=False),
     # Set once the run succeeded: markdown, citations, removed_citations, budget flags.
     sa.Column("report", json_type(), nullable=True),
+    # Set once the run succeeded: what its report lacks (RunWarning values); NULL means none, and is
+    # also what an earlier release writes, since it does not know the column.
+    sa.Column("warnings", json_type(), nullable=True),
     sa.Column("error_code", sa.String(32), nullable=False),
     sa.Column("last_error", sa.Text, nullable=False),
     # Token usage by tier, kept current while the run goes on.

@@ -10,7 +10,7 @@ import grpc
 from quarry.convert import EnumMap, duration, duration_seconds, timestamp
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
-from supervisor_svc.events import error_to_proto, report_to_proto, run_usage_to_proto
+from supervisor_svc.events import error_to_proto, report_to_proto, run_usage_to_proto, warnings_to_proto
 from supervisor_svc.model import RunOptions, RunRecord, RunState, StartRequest
 from supervisor_svc.supervisor import Supervisor
 
@@ -58,6 +58,7 @@ def run_to_proto(record: RunRecord) -> supervisor_pb2.Run:
         last_sequence_no=record.last_sequence_no,
         labels=record.labels,
         create_time=timestamp(record.create_time),
+        warnings=warnings_to_proto(record.warnings),
     )
     if record.report is not None:
         run.report.CopyFrom(report_to_proto(record.report))

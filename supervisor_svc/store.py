@@ -32,6 +32,7 @@ from supervisor_svc.model import (
     RunRecord,
     RunState,
     RunUsage,
+    RunWarning,
     StartRequest,
 )
 from supervisor_svc.schema import run_events, runs
@@ -71,7 +72,12 @@ def _record(row: sa.Row[Any]) -> RunRecord:
         start_time=row.start_time,
         end_time=row.end_time,
         cancel_reason=(row.cancel_reason or "") if row.state == RunState.CANCELLED.value else "",
+        warnings=tuple(RunWarning(w) for w in row.warnings or () if w in _KNOWN_WARNINGS),
     )
+
+
+# A warning a later release recorded and this one does not know is left out, not an error.
+_KNOWN_WARNINGS = frozenset(warning.value for warning in RunWarning)
 
 
 def _page_token(record: RunRecord, state: str) -> str:
@@ -217,6 +223,7 @@ class RunStore:
             "usage": outcome.usage.to_json(),
             "end_time": datetime.now(UTC),
             "report": outcome.report.to_json() if outcome.report else None,
+            "warnings": [warning.value for warning in outcome.warnings] or None,
         }
         if outcome.state is RunState.CANCELLED:
             columns["cancel_reason"] = outcome.message

@@ -18,7 +18,7 @@ from quarry.agent.model import ModelClient
 from quarry.agent.usage import Usage
 from quarry.identity import Role
 from quarry.vocabulary import Entry, EntryKind
-from supervisor_svc.model import Citation, Report
+from supervisor_svc.model import Citation, Report, RunWarning
 from supervisor_svc.publishing import TextStream
 
 # Entries whose sources a worker verified before the scratchpad accepted them.
@@ -81,6 +81,14 @@ class ResearchEnd:
     notes: str = ""  # the supervisor's last words on what the report should cover
     token_budget_exhausted: bool = False
     turn_budget_exhausted: bool = False
+    delegations: int = 0  # delegations that went out to a worker
+
+
+def report_warnings(report: Report, end: ResearchEnd) -> tuple[RunWarning, ...]:
+    """Why a report cites no verified source, if it cites none: prose without sources is not research."""
+    if report.citations:
+        return ()
+    return (RunWarning.NO_SOURCES,) if end.delegations else (RunWarning.NO_DELEGATIONS,)
 
 
 async def write_report(

@@ -13,7 +13,7 @@ import contextlib
 import json
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,11 @@ Connect = Callable[[], QuarryClient]
 EXIT_FAILED = 1
 EXIT_CANCELLED = 130
 _SHOWN_ENTRIES = 8
+# What a succeeded run's warnings say here; one this build does not know is shown in the server's words.
+_WARNINGS = {
+    supervisor_pb2.RUN_WARNING_CODE_NO_DELEGATIONS: "0 sources: the model never searched",
+    supervisor_pb2.RUN_WARNING_CODE_NO_SOURCES: "0 sources: no verified finding was cited",
+}
 
 
 def _name(enum: Any, value: int) -> str:
@@ -103,6 +108,11 @@ class RunView:
         return Group(*parts)
 
 
+def _print_warnings(console: Console, warnings: Iterable[supervisor_pb2.RunWarning]) -> None:
+    for warning in warnings:
+        console.print(Text(_WARNINGS.get(warning.code, warning.message), style="bold yellow"))
+
+
 def _summary(console: Console, event: supervisor_pb2.RunEvent) -> None:
     payload = event.WhichOneof("payload")
     if payload == "completed":
@@ -118,6 +128,7 @@ def _summary(console: Console, event: supervisor_pb2.RunEvent) -> None:
                     str(citation.scratchpad_sequence_no),
                 )
             console.print(table)
+        _print_warnings(console, completed.warnings)
         notes = []
         if completed.removed_citations:
             notes.append(f"{completed.removed_citations} unverifiable citation(s) removed")
@@ -226,6 +237,7 @@ async def show_run(connect: Connect, run_id: str, *, as_json: bool) -> int:
             console.print(
                 f'[{citation.number}] {citation.title or citation.url} <{citation.url}>: "{citation.excerpt}"'
             )
+    _print_warnings(console, run.warnings)
     total = run.usage.total
     console.print(
         Text(f"{total.input_tokens + total.output_tokens} tokens, {total.model_calls} model calls", style="dim")

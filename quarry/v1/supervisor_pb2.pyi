@@ -65,6 +65,38 @@ RUN_ERROR_CODE_DEADLINE_EXCEEDED: RunErrorCode.ValueType  # 3
 RUN_ERROR_CODE_INTERNAL: RunErrorCode.ValueType  # 5
 Global___RunErrorCode: _TypeAlias = RunErrorCode  # noqa: Y015
 
+class _RunWarningCode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RunWarningCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunWarningCode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RUN_WARNING_CODE_UNSPECIFIED: _RunWarningCode.ValueType  # 0
+    RUN_WARNING_CODE_NO_DELEGATIONS: _RunWarningCode.ValueType  # 1
+    """The supervisor model answered without delegating any research: nothing was searched or
+    read, and the report cites no source.
+    """
+    RUN_WARNING_CODE_NO_SOURCES: _RunWarningCode.ValueType  # 2
+    """Research was delegated, but the report cites no verified source: no worker promoted a
+    verified finding, or the report cited none of them.
+    """
+
+class RunWarningCode(_RunWarningCode, metaclass=_RunWarningCodeEnumTypeWrapper):
+    """What a succeeded run's report lacks. Such a run still succeeds and delivers its report: the
+    warning says, machine-readably, that the text rests on no verified source.
+    """
+
+RUN_WARNING_CODE_UNSPECIFIED: RunWarningCode.ValueType  # 0
+RUN_WARNING_CODE_NO_DELEGATIONS: RunWarningCode.ValueType  # 1
+"""The supervisor model answered without delegating any research: nothing was searched or
+read, and the report cites no source.
+"""
+RUN_WARNING_CODE_NO_SOURCES: RunWarningCode.ValueType  # 2
+"""Research was delegated, but the report cites no verified source: no worker promoted a
+verified finding, or the report cited none of them.
+"""
+Global___RunWarningCode: _TypeAlias = RunWarningCode  # noqa: Y015
+
 class _ResearchPhase:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -241,6 +273,29 @@ class RunError(_message.Message):
 Global___RunError: _TypeAlias = RunError  # noqa: Y015
 
 @_typing.final
+class RunWarning(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    code: Global___RunWarningCode.ValueType
+    message: _builtins.str
+    """The warning in words, for people."""
+    def __init__(
+        self,
+        *,
+        code: Global___RunWarningCode.ValueType = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunWarning: _TypeAlias = RunWarning  # noqa: Y015
+
+@_typing.final
 class Run(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -278,6 +333,7 @@ class Run(_message.Message):
     START_TIME_FIELD_NUMBER: _builtins.int
     END_TIME_FIELD_NUMBER: _builtins.int
     CANCEL_REASON_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     question: _builtins.str
     state: Global___RunState.ValueType
@@ -308,6 +364,10 @@ class Run(_message.Message):
     def start_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def end_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunWarning]:
+        """Set when state is RUN_STATE_SUCCEEDED: the same warnings as the run's RunCompletedEvent."""
+
     def __init__(
         self,
         *,
@@ -325,10 +385,11 @@ class Run(_message.Message):
         start_time: _timestamp_pb2.Timestamp | None = ...,
         end_time: _timestamp_pb2.Timestamp | None = ...,
         cancel_reason: _builtins.str = ...,
+        warnings: _abc.Iterable[Global___RunWarning] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "error", b"error", "options", b"options", "report", b"report", "start_time", b"start_time", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_reason", b"cancel_reason", "create_time", b"create_time", "end_time", b"end_time", "error", b"error", "labels", b"labels", "last_sequence_no", b"last_sequence_no", "options", b"options", "question", b"question", "report", b"report", "run_id", b"run_id", "scratchpad_thread_id", b"scratchpad_thread_id", "start_time", b"start_time", "state", b"state", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_reason", b"cancel_reason", "create_time", b"create_time", "end_time", b"end_time", "error", b"error", "labels", b"labels", "last_sequence_no", b"last_sequence_no", "options", b"options", "question", b"question", "report", b"report", "run_id", b"run_id", "scratchpad_thread_id", b"scratchpad_thread_id", "start_time", b"start_time", "state", b"state", "usage", b"usage", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -630,6 +691,7 @@ class RunCompletedEvent(_message.Message):
     REMOVED_CITATIONS_FIELD_NUMBER: _builtins.int
     TOKEN_BUDGET_EXHAUSTED_FIELD_NUMBER: _builtins.int
     TURN_BUDGET_EXHAUSTED_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     removed_citations: _builtins.int
     """Citations in the draft that resolved to no verified source and were removed."""
     token_budget_exhausted: _builtins.bool
@@ -642,6 +704,12 @@ class RunCompletedEvent(_message.Message):
     def report(self) -> Global___Report: ...
     @_builtins.property
     def usage(self) -> Global___RunUsage: ...
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunWarning]:
+        """Empty when the report cites at least one verified source; otherwise why it cites none
+        (the run still succeeded: see RunWarningCode).
+        """
+
     def __init__(
         self,
         *,
@@ -650,10 +718,11 @@ class RunCompletedEvent(_message.Message):
         removed_citations: _builtins.int = ...,
         token_budget_exhausted: _builtins.bool = ...,
         turn_budget_exhausted: _builtins.bool = ...,
+        warnings: _abc.Iterable[Global___RunWarning] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["report", b"report", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed_citations", b"removed_citations", "report", b"report", "token_budget_exhausted", b"token_budget_exhausted", "turn_budget_exhausted", b"turn_budget_exhausted", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed_citations", b"removed_citations", "report", b"report", "token_budget_exhausted", b"token_budget_exhausted", "turn_budget_exhausted", b"turn_budget_exhausted", "usage", b"usage", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -60,11 +60,65 @@ async def test_a_run_delegates_and_reports_with_verified_citations(mesh: Mesh) -
     assert "The tower is 330 m tall." in delegation_result and "The tower is 330 metres tall" in delegation_result
     assert "Champ de Mars" not in str(mesh.script.requests[SUPERVISOR])  # page text stays with the worker
     assert stored.last_sequence_no == events[-1].sequence_no
+    assert list(completed.warnings) == [] and list(stored.warnings) == []  # it cites a verified source
 
 
 def answer_at_once(mesh: Mesh, report: str = "Nothing was researched.") -> None:
     mesh.script.add(SUPERVISOR, Reply(content="No research needed."))
     mesh.script.add(REPORT, Reply(content=report))
+
+
+async def test_a_run_whose_model_never_delegated_succeeds_and_says_its_report_has_no_sources(mesh: Mesh) -> None:
+    answer_at_once(mesh, report="The tower is about 300 metres tall.")
+    run = await mesh.client.start_run("How tall is the Eiffel Tower?")
+    events = await mesh.events(run.run_id)
+    completed = events[-1].completed
+    assert completed.report.markdown == "The tower is about 300 metres tall."  # the text is still delivered
+    [warning] = completed.warnings
+    assert warning.code == supervisor_pb2.RUN_WARNING_CODE_NO_DELEGATIONS
+    assert "never delegated" in warning.message
+    stored = await mesh.client.get_run(run.run_id)
+    assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED and not stored.HasField("error")
+    assert list(stored.warnings) == list(completed.warnings)
+
+
+@pytest.mark.parametrize("promoted", [False, True], ids=["nothing-promoted", "nothing-cited"])
+async def test_a_run_whose_research_yields_no_cited_source_succeeds_with_a_no_sources_warning(
+    mesh: Mesh, promoted: bool
+) -> None:
+    if promoted:  # a finding was verified and promoted, but the report cites nothing that stands
+        researcher(mesh, "Find the height", "/article.html", "The tower is 330 m tall.", "The tower is 330 metres tall")
+    else:
+        mesh.script.add("Find the height", Reply(content="Found nothing worth promoting."))
+    mesh.script.add(
+        SUPERVISOR,
+        Reply(calls=(Call("delegate_research", {"objective": "Find the height"}, "d1"),)),
+        Reply(content="Write it up."),
+    )
+    mesh.script.add(REPORT, Reply(content="It is tall [7]."))
+    run = await mesh.client.start_run("How tall is the Eiffel Tower?")
+    events = await mesh.events(run.run_id)
+    completed = events[-1].completed
+    assert completed.report.markdown == "It is tall ." and list(completed.report.citations) == []
+    [warning] = completed.warnings
+    assert warning.code == supervisor_pb2.RUN_WARNING_CODE_NO_SOURCES
+    assert "no verified finding was cited" in warning.message
+    stored = await mesh.client.get_run(run.run_id)
+    assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED and list(stored.warnings) == list(completed.warnings)
+
+
+async def test_a_warning_from_a_later_release_is_left_out_of_the_run_not_an_error(mesh: Mesh) -> None:
+    answer_at_once(mesh)
+    run = await mesh.client.start_run("Read back by an earlier release?")
+    await mesh.events(run.run_id)
+    database = Database(mesh.supervisor_database_url)
+    try:
+        later = runs.update().where(runs.c.run_id == run.run_id).values(warnings=["no_delegations", "from_later"])
+        await database.write(lambda connection: connection.execute(later))
+    finally:
+        await database.close()
+    stored = await mesh.client.get_run(run.run_id)
+    assert [warning.code for warning in stored.warnings] == [supervisor_pb2.RUN_WARNING_CODE_NO_DELEGATIONS]
 
 
 async def test_a_client_that_reattaches_misses_nothing_and_sees_nothing_twice(mesh: Mesh) -> None:

@@ -62,6 +62,26 @@ async def test_ask_json_prints_one_event_per_line_and_runs_list_and_show_find_th
     assert code == 1 and "NOT_FOUND" in missing and "Traceback" not in missing
 
 
+async def test_ask_and_runs_show_say_when_a_report_rests_on_no_source(mesh: Mesh) -> None:
+    mesh.script.add(SUPERVISOR, Reply(content="I know this already."))
+    mesh.script.add(REPORT, Reply(content="The answer is 42."))
+    code, output = await finish(await quarry("ask", "What is the answer?", "--address", mesh.supervisor.address))
+    assert code == 0, output  # the run succeeded: the text is delivered, with the warning
+    assert "The answer is 42." in output and "0 sources: the model never searched" in output
+    [run] = (await mesh.client.list_runs()).runs
+    code, shown = await finish(await quarry("runs", "show", run.run_id, "--address", mesh.supervisor.address))
+    assert code == 0 and "0 sources: the model never searched" in shown
+    mesh.script.add("Look it up", Reply(content="Found nothing."))
+    mesh.script.add(
+        SUPERVISOR,
+        Reply(calls=(Call("delegate_research", {"objective": "Look it up"}, "d1"),)),
+        Reply(content="Write it up."),
+    )
+    mesh.script.add(REPORT, Reply(content="Nobody knows."))
+    code, output = await finish(await quarry("ask", "What is the question?", "--address", mesh.supervisor.address))
+    assert code == 0 and "0 sources: no verified finding was cited" in output, output
+
+
 async def test_ask_shows_progress_and_ctrl_c_cancels_the_run(mesh: Mesh) -> None:
     mesh.script.add("Research forever", Stall(60))
     mesh.script.add(SUPERVISOR, Reply(calls=(Call("delegate_research", {"objective": "Research forever"}, "d1"),)))
