@@ -131,10 +131,13 @@ class RunPublisher:
         except Exception as error:  # the final catch_up still reports every entry
             log.warning("run %s: scratchpad watch ended: %s", self._run_id, error)
 
-    async def catch_up(self) -> None:
-        """Report the entries the watch has not: the run's end must not wait on, or fail with, the scratchpad."""
+    async def catch_up(self, within: float | None = None) -> None:
+        """Report the entries the watch has not, giving the scratchpad at most `within` seconds: the run's
+        end must not wait on, or fail with, the scratchpad."""
         try:
-            entries = await self._scratchpad.read_all(self._thread_id, after_sequence_no=self._entries_published)
+            # Only the read is bounded: an event write cut short could still commit.
+            async with asyncio.timeout(within):
+                entries = await self._scratchpad.read_all(self._thread_id, after_sequence_no=self._entries_published)
             await self.entries(entries)
         except Exception as error:
             log.warning("run %s: could not report the last scratchpad entries: %s", self._run_id, error)

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, replace
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
@@ -103,6 +104,9 @@ class ResearchRun:
         self._publisher = RunPublisher(event_log, deps.scratchpad, self.run_id, record.scratchpad_thread_id)
         self._author = Principal(self.run_id, Role.SUPERVISOR)
         self.cancel_reason = "cancelled"
+        # When set (time.monotonic()), the run's end is recorded by then once it is stopped: the grace
+        # of a shutdown, or how long CancelRun waits.
+        self.end_by: float | None = None
 
     async def execute(self) -> None:
         """Run to exactly one terminal event (unless the run already ended elsewhere)."""
@@ -126,17 +130,22 @@ class ResearchRun:
                     self._deps.model, self.record.question, entries, end, self._publisher.content
                 )
             outcome = RunOutcome.succeeded(report, self._account.usage(), report_warnings(report, end))
-            await self._end(watcher, outcome)
         except asyncio.CancelledError:
-            await asyncio.shield(self._end_cancelled(watcher))
+            cancelled = RunOutcome.cancelled(self.cancel_reason, self._account.usage())
+            await asyncio.shield(self._quietly(self._end(watcher, cancelled)))
             raise
         except ProviderError as error:
-            await self._fail(watcher, RunErrorCode.PROVIDER_ERROR, str(error))
+            outcome = self._failed(RunErrorCode.PROVIDER_ERROR, str(error))
         except TimeoutError:
-            await self._fail(watcher, RunErrorCode.DEADLINE_EXCEEDED, f"the run ran past its {self._timeout:g} s limit")
+            outcome = self._failed(RunErrorCode.DEADLINE_EXCEEDED, f"the run ran past its {self._timeout:g} s limit")
         except Exception as error:
             log.exception("run %s failed", self.run_id)
-            await self._fail(watcher, RunErrorCode.INTERNAL, f"the supervisor failed: {type(error).__name__}: {error}")
+            outcome = self._failed(RunErrorCode.INTERNAL, f"the supervisor failed: {type(error).__name__}: {error}")
+        try:
+            await self._end(watcher, outcome)
+        except asyncio.CancelledError:  # stopped while ending: the outcome stands, recorded without the scratchpad
+            await asyncio.shield(self._quietly(self._record(outcome)))
+            raise
 
     async def _seed(self) -> None:
         thread_id = self.record.scratchpad_thread_id
@@ -204,15 +213,26 @@ class ResearchRun:
     # -- endings ----------------------------------------------------------------------------
 
     async def _end(self, watcher: asyncio.Task[None] | None, outcome: RunOutcome) -> None:
-        """Stop the live entry updates, report the entries they missed, then record the one ending."""
+        """Stop the live entry updates, report the entries they missed, then record the one ending.
+
+        With `end_by` set the ending is recorded by then, whatever the scratchpad does: the missed
+        entries get at most half the time left and are given up after it.
+        """
         if watcher is not None and not watcher.done():
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-        await self._publisher.catch_up()
+        left = self._seconds_left()
+        await self._publisher.catch_up(within=None if left is None else left / 2)
+        await self._record(outcome)
+
+    async def _record(self, outcome: RunOutcome) -> None:
+        """The terminal event and the run's final columns, retried while the database is away (until
+        `end_by`, when set)."""
+        left = self._seconds_left()
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(Unavailable),
-            stop=stop_after_delay(_END_RETRY_SECONDS),
+            stop=stop_after_delay(_END_RETRY_SECONDS if left is None else left),
             wait=wait_exponential(multiplier=0.1, max=2),
             reraise=True,
         )
@@ -224,14 +244,18 @@ class ResearchRun:
         except RunEnded:
             log.warning("run %s had already been ended elsewhere", self.run_id)
 
-    async def _fail(self, watcher: asyncio.Task[None] | None, code: RunErrorCode, message: str) -> None:
-        await self._end(watcher, RunOutcome.failed(code, message, self._account.usage()))
-
-    async def _end_cancelled(self, watcher: asyncio.Task[None] | None) -> None:
+    async def _quietly(self, ending: Awaitable[None]) -> None:
+        """An ending under a stop: a failure to record it is logged, and the task ends cancelled."""
         try:
-            await self._end(watcher, RunOutcome.cancelled(self.cancel_reason, self._account.usage()))
+            await ending
         except Exception:
-            log.exception("run %s: could not record its cancellation", self.run_id)
+            log.exception("run %s: could not record its end", self.run_id)
+
+    def _seconds_left(self) -> float | None:
+        return None if self.end_by is None else max(self.end_by - time.monotonic(), 0.0)
+
+    def _failed(self, code: RunErrorCode, message: str) -> RunOutcome:
+        return RunOutcome.failed(code, message, self._account.usage())
 
 
 def _synthesis_reason(end: ResearchEnd) -> str:

@@ -71,7 +71,8 @@ async def build_host(settings: SupervisorSettings | None = None, common: QuarryS
         common,
         ServiceRegistration(SERVICE_NAME, register),
         tokens={SERVICE_NAME: settings.auth_token},
-        on_drain=[supervisor.close],
+        # Runs record their ends within most of the grace period; the rest is for the lease keeper to stop.
+        on_drain=[lambda: supervisor.close(end_within=common.shutdown_grace_seconds * 0.8)],
         on_stopped=[release],
     )
     await supervisor.start()

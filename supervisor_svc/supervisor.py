@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -63,8 +64,7 @@ class _RunLeases:
         for run_id, reason in await self._store.cancel_requests(owner, ids):
             running = self._runs.get(run_id)
             if running is not None and not running[1].done():
-                running[0].cancel_reason = reason
-                running[1].cancel()
+                _stop(running, reason)
 
     async def expired(self, stale_before: datetime) -> list[str]:
         return await self._store.expired(stale_before)
@@ -180,10 +180,8 @@ class Supervisor:
         reason = reason.strip()[:1000] or "cancelled by the client"
         running = self._runs.get(run_id)
         if running is not None:
-            research, task = running
-            research.cancel_reason = reason
-            task.cancel()
-            await asyncio.wait([task], timeout=self._limits.cancel_wait_seconds)
+            _stop(running, reason, end_within=self._limits.cancel_wait_seconds)
+            await asyncio.wait([running[1]], timeout=self._limits.cancel_wait_seconds)
         else:  # another replica runs it: it sees the request on its next heartbeat
             await self._store.request_cancel(run_id, reason)
             await self._wait_ended(run_id)
@@ -262,11 +260,20 @@ class Supervisor:
             self._bus.publish(run_id)
         return True
 
-    async def close(self) -> None:
-        """Cancel every run (each records its cancelled end) and end the streams."""
+    async def close(self, end_within: float) -> None:
+        """Cancel every run and end the streams; each run records its cancelled end within `end_within`
+        seconds, whatever the scratchpad does."""
         self._closing.set()
-        for research, task in list(self._runs.values()):
-            research.cancel_reason = "the supervisor shut down"
-            task.cancel()
+        for running in list(self._runs.values()):
+            _stop(running, "the supervisor shut down", end_within=end_within)
         await asyncio.gather(*(task for _, task in self._runs.values()), return_exceptions=True)
         await self._leases.stop()
+
+
+def _stop(running: tuple[ResearchRun, asyncio.Task[None]], reason: str, *, end_within: float | None = None) -> None:
+    """Cancel a run; with `end_within`, it records its end within that many seconds."""
+    research, task = running
+    research.cancel_reason = reason
+    if end_within is not None:
+        research.end_by = time.monotonic() + end_within
+    task.cancel()
