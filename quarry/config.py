@@ -45,6 +45,10 @@ class ConfigurationError(ValueError):
     """Settings that cannot be used, said in the words a user configures them with."""
 
 
+# The config file's tables: one per settings class that names one (see _Settings).
+_TABLES: set[str] = set()
+
+
 def _config_table(table: str, known: set[str]) -> dict[str, Any]:
     path = os.environ.get(CONFIG_FILE_ENV)
     if not path:
@@ -56,6 +60,13 @@ def _config_table(table: str, known: set[str]) -> dict[str, Any]:
         raise ConfigurationError(f"cannot read {CONFIG_FILE_ENV}={path}: {error.strerror}") from error
     except tomllib.TOMLDecodeError as error:
         raise ConfigurationError(f"{path} is not valid TOML: {error}") from error
+    unknown_tables = sorted(set(document) - _TABLES)
+    if unknown_tables:
+        # A misspelt table would otherwise be ignored silently, like a misspelt key.
+        raise ConfigurationError(
+            f"{path}: unknown table(s) {', '.join(f'[{name}]' for name in unknown_tables)}; "
+            f"known: {', '.join(f'[{name}]' for name in sorted(_TABLES))}"
+        )
     section = document.get(table, {})
     if not isinstance(section, dict):
         raise ConfigurationError(f"{path}: [{table}] must be a table")
@@ -83,6 +94,12 @@ class _Settings(BaseSettings):
     """Base for settings classes: environment first, then the config file's table."""
 
     config_table: ClassVar[str]
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        if "config_table" in cls.__dict__:
+            _TABLES.add(cls.config_table)
 
     @classmethod
     def settings_customise_sources(

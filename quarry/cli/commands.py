@@ -27,6 +27,13 @@ CONFIGURATION_HELP = """configuration:
   service ([scratchpad]); the environment wins. README.md lists every setting."""
 
 
+def _positive(text: str) -> int:
+    number = int(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return number
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="quarry",
@@ -62,11 +69,24 @@ def _parser() -> argparse.ArgumentParser:
 
     corpus = commands.add_parser("corpus", help="the local document corpus the workers search")
     corpus_commands = corpus.add_subparsers(dest="corpus_command", required=True)
+    index_file = argparse.ArgumentParser(add_help=False)
+    index_file.add_argument(
+        "--index",
+        type=Path,
+        help="index file (default: QUARRY_WORKER_CORPUS_INDEX, else corpus.db in the data directory)",
+    )
     index = corpus_commands.add_parser(
-        "index", help="index (or re-index) a folder of Markdown, HTML, text and PDF files"
+        "index",
+        parents=[index_file],
+        help="add a folder of Markdown, HTML, text and PDF files, or re-index it (other folders stay)",
     )
     index.add_argument("folder", type=Path)
-    index.add_argument("--index", type=Path, help="index file (default: corpus.db in the data directory)")
+    corpus_commands.add_parser("list", parents=[index_file], help="the indexed folders, their documents and when")
+    remove = corpus_commands.add_parser("remove", parents=[index_file], help="drop a folder and its documents")
+    remove.add_argument("root", help="the folder, or its name as `quarry corpus list` shows it")
+    search = corpus_commands.add_parser("search", parents=[index_file], help="search the corpus as the workers do")
+    search.add_argument("query")
+    search.add_argument("--limit", type=_positive, default=10, help="hits to show (default 10)")
 
     address_help = "the supervisor's HOST:PORT (default: QUARRY_SUPERVISOR_ADDRESS, else 127.0.0.1:7410)"
     ask = commands.add_parser("ask", help="research a question and follow the run live")
@@ -142,21 +162,12 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
 
 
 def _corpus(args: argparse.Namespace, common: QuarrySettings) -> int:
-    from worker_svc.corpus import Corpus
+    from quarry.cli import corpus
+    from quarry.config import WorkerSettings
 
-    index = args.index or common.data_dir / "corpus.db"
-    try:
-        report = Corpus(index).index_folder(args.folder)
-    except OSError as error:
-        print(f"quarry corpus index: {error}", file=sys.stderr)
-        return 2
-    for path, why in report.skipped:
-        print(f"skipped {path}: {why}", file=sys.stderr)
-    print(
-        f"{index}: {len(report.added)} added, {len(report.updated)} updated, {len(report.removed)} removed, "
-        f"{report.unchanged} unchanged, {len(report.skipped)} skipped"
-    )
-    return 0
+    configured = load_settings(WorkerSettings).corpus_index
+    index = args.index or (Path(configured) if configured else common.data_dir / "corpus.db")
+    return corpus.run(args, index)
 
 
 def _connect_to_supervisor(args: argparse.Namespace, common: QuarrySettings) -> Connect:

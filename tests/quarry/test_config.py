@@ -55,6 +55,20 @@ def test_unknown_key_in_the_file_is_refused(tmp_path: Path, monkeypatch: pytest.
         ScratchpadSettings()
 
 
+def test_unknown_table_in_the_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "quarry.toml"
+    config.write_text('[quarry]\ndata_dir = "/srv/quarry"\n\n[wroker]\nsearch_backend = "brave"\n')
+    monkeypatch.setenv("QUARRY_CONFIG_FILE", str(config))
+    # Refused whichever settings are loaded, not only those of the table it was meant to be.
+    with pytest.raises(ConfigurationError, match=r"unknown table\(s\) \[wroker\]; known: .*\[worker\]"):
+        ScratchpadSettings()
+    assert main(["corpus", "list"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "[wroker]" in line and "[monitor], [quarry], [scratchpad], [supervisor], [worker]" in line
+
+
 @pytest.mark.parametrize(
     ("contents", "expected"),
     [(None, "cannot read"), ("[scratchpad\n", "not valid TOML"), ("scratchpad = 5\n", "must be a table")],

@@ -1,4 +1,4 @@
-"""`quarry ask`, `quarry runs` and `quarry doctor` as a user runs them: real processes against a real mesh."""
+"""`quarry ask`, `runs`, `doctor` and `corpus` as a user runs them: real processes, against a real mesh."""
 
 from __future__ import annotations
 
@@ -137,3 +137,29 @@ async def test_doctor_gives_a_verdict_per_line(mesh: Mesh, model: ScriptedModel,
     assert any(line.startswith("FAIL") and "'no-such-model' is not served" in line for line in output.splitlines())
     code, output = await finish(await quarry("doctor", env={**env, "QUARRY_MONITOR_ADDRESS": monitor.address}))
     assert code == 1 and any(line.startswith("FAIL") and "monitor service" in line for line in output.splitlines())
+
+
+async def test_corpus_search_prints_ranked_hits_from_every_folder(tmp_path: Path) -> None:
+    for folder, name, text in [
+        ("papers", "iron.md", "# Wrought iron\n\nWrought-iron towers are limited by wind load."),
+        ("notes", "stone.txt", "Stone towers are limited by the crushing strength of their base."),
+    ]:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / name).write_text(text)
+    index = ("--index", str(tmp_path / "corpus.db"))
+    for folder in ("papers", "notes"):
+        code, output = await finish(await quarry("corpus", "index", str(tmp_path / folder), *index))
+        assert code == 0 and "1 added" in output, output
+    code, output = await finish(await quarry("corpus", "search", "wind load towers", *index))
+    assert code == 0, output
+    lines = output.splitlines()
+    assert lines[:3] == [
+        "1. Wrought iron",
+        f"   corpus://papers/iron.md  ({(tmp_path / 'papers' / 'iron.md').resolve()})",
+        "   # Wrought iron Wrought-iron towers are limited by wind load.",
+    ]
+    assert lines[3].startswith("2. ") and "corpus://notes/stone.txt" in lines[4]
+    code, output = await finish(await quarry("corpus", "search", "towers", "--limit", "1", *index))
+    assert code == 0 and len(output.splitlines()) == 3
+    code, output = await finish(await quarry("corpus", "search", "aqueduct", *index))
+    assert code == 1 and "no document" in output
