@@ -127,6 +127,18 @@ def _parser() -> argparse.ArgumentParser:
     *others, last = (spec.name for spec, _ in databases())
     migrate.add_argument("services", nargs="*", help=f"{', '.join(others)} and/or {last} (default: all)")
 
+    mesh = commands.add_parser("mesh", help="the credentials Quarry's services authenticate each other with")
+    mesh_commands = mesh.add_subparsers(dest="mesh_command", required=True)
+    keys = mesh_commands.add_parser(
+        "keys", help="make a fresh token per role and print each service's mesh settings (`quarry up` needs none)"
+    )
+    keys.add_argument(
+        "--format",
+        choices=["env", "kubernetes"],
+        default="env",
+        help="env: QUARRY_MESH_* lines per service; kubernetes: the quarry-mesh Secret the manifests read",
+    )
+
     commands.add_parser(
         "doctor",
         help="check services, model endpoint, search backend and databases",
@@ -230,6 +242,15 @@ def _migrate(args: argparse.Namespace, common: QuarrySettings) -> int:
     return 0
 
 
+def _mesh(args: argparse.Namespace, common: QuarrySettings) -> int:
+    from quarry.cli.mesh import as_environment, as_kubernetes_secret
+    from quarry.mesh import MeshKeys
+
+    keys = MeshKeys.generate()
+    print(as_kubernetes_secret(keys) if args.format == "kubernetes" else as_environment(keys))
+    return 0
+
+
 def _doctor(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.cli.doctor import doctor
 
@@ -243,6 +264,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace, QuarrySettings], int]] = {
     "ask": _ask,
     "runs": _runs,
     "migrate": _migrate,
+    "mesh": _mesh,
     "doctor": _doctor,
 }
 
