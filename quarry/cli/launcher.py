@@ -93,12 +93,13 @@ async def _stop(services: Sequence[RunningService], grace: float) -> None:
 
 
 async def _start(
-    spec: ServiceSpec, started: Sequence[RunningService], run_dir: Path, address: str | None, keys: MeshKeys
+    spec: ServiceSpec, started: Sequence[RunningService], run_dir: Path, address: str | None, keys: MeshKeys | None
 ) -> RunningService:
     env = os.environ.copy()
     # Each child gets its own mesh token (none for a service that calls no other) and every peer's digest.
-    env.pop("QUARRY_MESH_TOKEN", None)
-    env.update(keys.environment(spec.mesh_role))
+    if keys is not None:
+        env.pop("QUARRY_MESH_TOKEN", None)
+        env.update(keys.environment(spec.mesh_role))
     for needed, variable in spec.needs.items():
         # Started earlier (SERVICES lists dependencies first), so its address is known.
         env[variable] = next(s.address for s in started if s.name == needed)
@@ -128,7 +129,8 @@ async def _start_in_order(
     """Start each service once the one before it serves, appending it to `services`; False after a stop request."""
     loop = asyncio.get_running_loop()
     # Fresh for every `quarry up`: the services it starts trust each other, and no one else.
-    keys = MeshKeys.generate()
+    # QUARRY_MESH_INSECURE=true (a machine one person uses, debugging by hand) runs them unauthenticated.
+    keys = None if QuarrySettings().mesh_insecure else MeshKeys.generate()
     for spec in specs:
         service = await _start(spec, services, run_dir, addresses.get(spec.name), keys)
         services.append(service)

@@ -153,7 +153,7 @@ def test_services_stop_when_quarry_up_is_killed(up: Callable[..., QuarryUp]) -> 
 def test_up_gives_its_services_mesh_credentials_and_refuses_callers_without_one(
     up: Callable[..., QuarryUp],
 ) -> None:
-    mesh = up()
+    mesh = up(QUARRY_MESH_INSECURE="false")
     addresses = mesh.addresses(set(SERVICES))
     calls = {
         "scratchpad": ("/quarry.v1.ScratchpadService/CreateThread", scratchpad_pb2.CreateThreadRequest(title="x")),
