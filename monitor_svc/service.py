@@ -1,4 +1,4 @@
-"""Assembles the monitor process: NVML probe, SSH hosts, job watcher, servicer, host."""
+"""Assembles the monitor process: NVML probe, SSH hosts, jobs (their records reloaded), servicer, host."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from pathlib import Path
 
 import grpc
 
-from monitor_svc.gpus import NvmlProbe
-from monitor_svc.jobs import Jobs, SlurmLimits
+from monitor_svc.gpus import GpuSampler, NvmlProbe
+from monitor_svc.jobs import Jobs, SlurmLimits, Supervision
+from monitor_svc.records import JobRecords
 from monitor_svc.servicer import MonitorServicer
 from monitor_svc.ssh import SshHosts
 from quarry.config import MonitorSettings, QuarrySettings
@@ -27,18 +28,25 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
     common = common or QuarrySettings()
     probe = NvmlProbe()
     hosts = SshHosts(settings.hosts, command_timeout=settings.ssh_command_timeout)
+    gpus = GpuSampler(probe, hosts)
     jobs = Jobs(
         hosts,
+        gpus,
         Path(settings.jobs_dir) if settings.jobs_dir else common.data_dir / "jobs",
+        # Not among the log roots: a record is not a log anyone may tail.
+        JobRecords(common.data_dir / "monitor" / "jobs"),
         SlurmLimits(settings.slurm_unknown_polls, settings.slurm_time_limit_buffer_seconds),
         settings.log_roots,
         allow_submission=settings.allow_job_submission,
+        supervision=Supervision(settings.job_poll_seconds, settings.job_stop_grace_seconds),
     )
+    await jobs.resume()
 
     def register(server: grpc.aio.Server) -> None:
-        monitor_pb2_grpc.add_MonitorServiceServicer_to_server(MonitorServicer(probe, hosts, jobs), server)
+        monitor_pb2_grpc.add_MonitorServiceServicer_to_server(MonitorServicer(gpus, hosts, jobs), server)
 
     async def release() -> None:
+        await jobs.close()
         await hosts.close()
         probe.close()
 

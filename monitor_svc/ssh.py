@@ -118,6 +118,10 @@ class SshHosts:
         except (OSError, asyncssh.Error, TimeoutError) as error:
             raise Unavailable(f"cannot reach {name} ({host.address}:{host.port}): {error}") from error
 
+    async def connect(self, name: str) -> None:
+        """Open the host's connection now (Unavailable, FailedPrecondition when it cannot be)."""
+        await self._connection(name)
+
     def _drop(self, name: str, connection: asyncssh.SSHClientConnection) -> None:
         """Forget a failed connection (only that one: another caller may have opened a new one) and close it."""
         if self._connections.get(name) is connection:

@@ -309,3 +309,7 @@ class MonitorSettings(ServiceSettings):
     jobs_dir: str = ""
     # Further local directories whose files jobs may log to and WatchJob may tail (the jobs dir always).
     log_roots: list[str] = Field(default_factory=list)
+    # How often the monitor looks at the jobs it started: their end, their wall-clock limit, their log metrics.
+    job_poll_seconds: float = Field(default=2.0, gt=0, le=600)
+    # A job past its wall-clock limit gets SIGTERM, and SIGKILL this long after.
+    job_stop_grace_seconds: float = Field(default=10.0, gt=0, le=3600)

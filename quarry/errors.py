@@ -64,6 +64,7 @@ class ErrorReason(enum.StrEnum):
     CONVERSATION_NOT_FOUND = "CONVERSATION_NOT_FOUND"
     DELEGATION_NOT_FOUND = "DELEGATION_NOT_FOUND"
     HOST_NOT_FOUND = "HOST_NOT_FOUND"
+    JOB_NOT_FOUND = "JOB_NOT_FOUND"
     RUN_NOT_FOUND = "RUN_NOT_FOUND"
     THREAD_NOT_FOUND = "THREAD_NOT_FOUND"
     # Scratchpad.
@@ -85,6 +86,8 @@ class ErrorReason(enum.StrEnum):
     HOST_KEY_UNKNOWN = "HOST_KEY_UNKNOWN"
     SSH_AUTH_FAILED = "SSH_AUTH_FAILED"
     JOB_SUBMISSION_DISABLED = "JOB_SUBMISSION_DISABLED"
+    GPUS_BUSY = "GPUS_BUSY"
+    GPUS_UNAVAILABLE = "GPUS_UNAVAILABLE"
 
 
 # The reason NotFound gives for each resource type it is raised for.
@@ -92,6 +95,7 @@ _NOT_FOUND_REASONS: dict[str, ErrorReason] = {
     "conversation": ErrorReason.CONVERSATION_NOT_FOUND,
     "delegation": ErrorReason.DELEGATION_NOT_FOUND,
     "host": ErrorReason.HOST_NOT_FOUND,
+    "job": ErrorReason.JOB_NOT_FOUND,
     "run": ErrorReason.RUN_NOT_FOUND,
     "thread": ErrorReason.THREAD_NOT_FOUND,
 }
