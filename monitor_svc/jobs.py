@@ -69,6 +69,7 @@ _T = TypeVar("_T")
 MAX_REQUEST_ID_CHARS = 256
 MAX_JSONL_BYTES = 64 * 1024 * 1024  # of a metrics file, its last part is read
 _CHUNKS_PER_POLL = 64  # a supervisor catching up with a long log reads at most this many chunks a poll
+_FINAL_CHUNKS = 4096  # and once the job has ended, this many (1 GiB): a process it left may write on
 _KILL_WAIT_SECONDS = 5.0  # after SIGKILL, how long the group is given to vanish
 # A job accounting says is still running, though the queue has forgotten it past its time limit, is given up.
 _RUNAWAY = "sacct still says {state}, but squeue no longer lists the job, past its time limit; given up"
@@ -117,7 +118,11 @@ class _Job:
 
     def update(self, observation: JobObservation) -> None:
         self.observation = observation
-        self.changed.set()  # wakes the watches
+        self.notify()
+
+    def notify(self) -> None:
+        """Wake the watches: the state changed, or new metric values came."""
+        self.changed.set()
         self.changed = asyncio.Event()
 
 
@@ -282,23 +287,23 @@ class Jobs:
         if len(request_id) > MAX_REQUEST_ID_CHARS:
             raise InvalidArgument([FieldViolation("request_id", f"at most {MAX_REQUEST_ID_CHARS} characters")])
         digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-        known = self._by_request.get(request_id)
-        if known is None:
-            if request_id not in self._submitting:
-                # A task of its own: a caller that goes away (a deadline) does not undo a started submission.
-                self._submitting[request_id] = (digest, asyncio.ensure_future(start(digest)))
-            expected, submission = self._submitting[request_id]
-            if expected == digest:
-                try:
-                    return (await asyncio.shield(submission)).record
-                finally:
-                    if submission.done() and self._submitting.get(request_id, (None, None))[1] is submission:
-                        del self._submitting[request_id]  # registered when it started; when it failed, a retry may
-        elif known.record.digest == digest:
-            return known.record
-        raise AlreadyExists(
-            f"request_id {request_id!r} already started a different job", reason=ErrorReason.REQUEST_ID_REUSED
-        )
+        if request_id not in self._submitting and request_id not in self._by_request:
+            # A task of its own: a caller that goes away (a deadline) does not undo a started submission.
+            self._submitting[request_id] = (digest, asyncio.ensure_future(start(digest)))
+        # Still starting (it is registered before it starts): its answer once it has started.
+        expected, submission = self._submitting.get(request_id) or (self._by_request[request_id].record.digest, None)
+        if expected != digest:
+            raise AlreadyExists(
+                f"request_id {request_id!r} already started a different job", reason=ErrorReason.REQUEST_ID_REUSED
+            )
+        if submission is None:
+            return self._by_request[request_id].record
+        try:
+            return (await asyncio.shield(submission)).record
+        finally:
+            # Once done it is registered, or it failed and a retry may try again.
+            if submission.done() and self._submitting.get(request_id, (None, None))[1] is submission:
+                del self._submitting[request_id]
 
     def _register(self, job: _Job) -> _Job:
         self._jobs[job.record.monitor_job_id] = job
@@ -441,13 +446,21 @@ class Jobs:
     async def _pending(self, record: JobRecord, metrics: tuple[CompiledMetric, ...]) -> _Job:
         """Record the job before it starts (a monitor stopping meanwhile must not start it twice); it now holds
         its GPUs."""
-        await self._records.save(record)
+        try:
+            await self._records.save(record)
+        except OSError as error:
+            raise FailedPrecondition(
+                f"cannot write the job's record: {error.strerror}", reason=ErrorReason.JOB_NOT_STARTED
+            ) from error
         return self._register(_Job(record, MetricTracker(metrics), JobObservation(JobState.PENDING, detail="starting")))
 
     async def _abandon(self, job: _Job) -> None:
         """It did not start: no record, and a retry may try again."""
         self._forget(job)
-        await self._records.delete(job.record)
+        try:
+            await self._records.delete(job.record)
+        except OSError as error:
+            log.error("cannot remove the record of job %s: %s", job.record.monitor_job_id, error)
 
     async def _started(self, job: _Job, what: str) -> None:
         record = job.record
@@ -588,7 +601,7 @@ class Jobs:
         if not tracker.reads_log or tracker.problem:
             return
         reads = 0
-        while final or reads < _CHUNKS_PER_POLL:
+        while reads < (_FINAL_CHUNKS if final else _CHUNKS_PER_POLL):
             reads += 1
             try:
                 data, size = await self._logs.read(cursor, 0)
@@ -603,6 +616,8 @@ class Jobs:
             if lines:
                 scan = await asyncio.to_thread(scan_lines, tracker.metrics, lines, tracker.lines_read + 1)
                 tracker.add_lines(scan, len(lines))
+                if scan.points:
+                    job.notify()
             if not data or cursor.offset >= size:
                 return
 
@@ -649,11 +664,11 @@ class Jobs:
         ends. A job the monitor started (ref.monitor_job_id) is reported as its supervisor sees it."""
         if ref.monitor_job_id:
             job = self._job_for(ref)
-            if job.record.kind != "slurm":
+            if job.record.kind != "slurm" or job.observation.state.ended:
                 async for observation in self._watch_job(job, interval, tail_lines):
                     yield observation
                 return
-            ref = job.record.ref
+            ref = job.record.ref  # sacct is the authority on a Slurm job's state
         self.check_log_path(ref)
         watch = _Watch.of(ref)
         previous: tuple[JobState, int | None] | None = None

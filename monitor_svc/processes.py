@@ -112,11 +112,12 @@ def parse_remote_stat(line: str, ticks: int | None) -> bool | None:
 
 def remote_group_alive(pgid: int) -> str:
     """Prints "alive" while a process of the group runs, else "gone"."""
-    return f"if kill -0 -- -{int(pgid)} 2>/dev/null; then echo alive; else echo gone; fi"
+    # No "--": dash's kill does not take it, and reads "-PGID" after the signal as a group anyway.
+    return f"if kill -0 -{int(pgid)} 2>/dev/null; then echo alive; else echo gone; fi"
 
 
 def remote_signal_group(pgid: int, signal: str) -> str:
-    return f"kill -{quote(signal)} -- -{int(pgid)} 2>/dev/null; true"
+    return f"kill -{quote(signal)} -{int(pgid)} 2>/dev/null; true"
 
 
 # Starts a command on a host, in its own session, with its output appended to the log (a regular file with

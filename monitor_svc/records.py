@@ -58,8 +58,9 @@ class JobRecord:
 
     @property
     def ref(self) -> JobRef:
+        """The job as WatchJob names it; by its id alone while it has no process or Slurm job (yet)."""
         return JobRef(
-            self.kind,
+            self.kind if self.pid or self.slurm_job_id else "",
             pid=self.pid,
             host=self.host,
             job_id=self.slurm_job_id,
