@@ -38,7 +38,7 @@ from typing import TypeVar
 from monitor_svc import processes, slurm
 from monitor_svc.gpus import GpuSampler, choose_gpus
 from monitor_svc.logs import LogCursor, Logs, open_log, split_lines
-from monitor_svc.metrics import CompiledMetric, MetricTracker, compile_metrics, jsonl_points, scan_lines
+from monitor_svc.metrics import CompiledMetric, MetricTracker, compile_metrics, jsonl_values, scan_lines
 from monitor_svc.model import Command, GpuRequest, JobObservation, JobOptions
 from monitor_svc.records import JobRecord, JobRecords, new_job_id
 from monitor_svc.smi import MalformedOutput
@@ -638,8 +638,8 @@ class Jobs:
             if data is None:
                 job.tracker.add_file(spec, [], f"{spec.jsonl_path} does not exist in {record.working_directory}")
                 continue
-            points = await asyncio.to_thread(jsonl_points, spec, data.split(b"\n"))
-            job.tracker.add_file(spec, points)
+            values = await asyncio.to_thread(jsonl_values, spec, data.split(b"\n"))
+            job.tracker.add_file(spec, values)
 
     async def _read_remote_file(self, record: JobRecord, relative: str) -> bytes | None:
         """The file (its last MAX_JSONL_BYTES) under the job's working directory on its host; None if missing."""

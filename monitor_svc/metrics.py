@@ -18,7 +18,7 @@ import math
 import posixpath
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import re2
 
@@ -109,9 +109,9 @@ def _jsonl_violations(spec: MetricSpec, prefix: str, working_directory: str) -> 
         violations.append(
             FieldViolation(f"{prefix}.path", "needs the job's working_directory, which it is relative to")
         )
-    for name, key, required in (("key", spec.jsonl_key, True), ("step_key", spec.jsonl_step_key, False)):
-        if (required and not key) or "\x00" in key or len(key) > _MAX_KEY_CHARS:
-            violations.append(FieldViolation(f"{prefix}.{name}", f"1 to {_MAX_KEY_CHARS} characters, without NUL"))
+    key = spec.jsonl_key
+    if not key or "\x00" in key or len(key) > _MAX_KEY_CHARS:
+        violations.append(FieldViolation(f"{prefix}.key", f"1 to {_MAX_KEY_CHARS} characters, without NUL"))
     return violations
 
 
@@ -151,11 +151,11 @@ def scan_lines(metrics: Sequence[CompiledMetric], lines: Sequence[str], first_li
     return Scan(points, unreadable)
 
 
-def jsonl_points(spec: MetricSpec, lines: Iterable[bytes]) -> list[MetricPoint]:
-    """The values of the spec's key in a JSON-lines file (pure); a line that is not an object with a number
-    there is skipped. The step is the step key's integer where given, else the line number."""
-    points = []
-    for number, raw in enumerate(lines, start=1):
+def jsonl_values(spec: MetricSpec, lines: Iterable[bytes]) -> list[float]:
+    """The values of the spec's key in a JSON-lines file, in order (pure); a line that is not an object with a
+    number there is skipped."""
+    values = []
+    for raw in lines:
         if len(raw) > MAX_JSONL_LINE_BYTES or not raw.strip():
             continue
         try:
@@ -165,11 +165,9 @@ def jsonl_points(spec: MetricSpec, lines: Iterable[bytes]) -> list[MetricPoint]:
         if not isinstance(entry, dict):
             continue
         value = _json_number(entry.get(spec.jsonl_key))
-        if value is None:
-            continue
-        step = entry.get(spec.jsonl_step_key) if spec.jsonl_step_key else None
-        points.append(MetricPoint(spec.name, value, step if type(step) is int and abs(step) < 2**63 else number))
-    return points
+        if value is not None:
+            values.append(value)
+    return values
 
 
 def _json_number(value: object) -> float | None:
@@ -191,19 +189,18 @@ class _Stats:
     unreadable: int = 0
 
 
-@dataclass
 class MetricTracker:
     """A job's metrics as read so far: statistics per metric, and the latest log values for watchers."""
 
-    metrics: tuple[CompiledMetric, ...]
-    lines_read: int = 0
-    problem: str = ""  # why the log or a file could not be read, when it could not
-    _stats: dict[str, _Stats] = field(default_factory=dict)
-    _points: collections.deque[tuple[int, MetricPoint]] = field(
-        default_factory=lambda: collections.deque(maxlen=MAX_POINTS)
-    )
-    _sequence: int = 0
-    _missing: dict[str, str] = field(default_factory=dict)  # why a file metric has no values
+    def __init__(self, metrics: tuple[CompiledMetric, ...]) -> None:
+        self.metrics = metrics
+        self.lines_read = 0
+        self.problem = ""  # why the log could not be read, when it could not
+        self._directions = {metric.spec.name: metric.spec.direction for metric in metrics}
+        self._stats: dict[str, _Stats] = {}
+        self._points: collections.deque[tuple[int, MetricPoint]] = collections.deque(maxlen=MAX_POINTS)
+        self._sequence = 0
+        self._missing: dict[str, str] = {}  # why a file metric has no values
 
     @property
     def reads_log(self) -> bool:
@@ -216,20 +213,19 @@ class MetricTracker:
         for point in scan.points:
             self._sequence += 1
             self._points.append((self._sequence, point))
-        self._count(scan.points)
+            self._count(point.name, point.value)
 
-    def add_file(self, spec: MetricSpec, points: Sequence[MetricPoint], missing: str = "") -> None:
-        self._count(points)
+    def add_file(self, spec: MetricSpec, values: Sequence[float], missing: str = "") -> None:
+        for value in values:
+            self._count(spec.name, value)
         if missing:
             self._missing[spec.name] = missing
 
-    def _count(self, points: Iterable[MetricPoint]) -> None:
-        directions = {metric.spec.name: metric.spec.direction for metric in self.metrics}
-        for point in points:
-            stats = self._stats.setdefault(point.name, _Stats())
-            better = min if directions[point.name] is MetricDirection.MINIMIZE else max
-            stats.last, stats.count = point.value, stats.count + 1
-            stats.best = point.value if stats.best is None else better(stats.best, point.value)
+    def _count(self, name: str, value: float) -> None:
+        stats = self._stats.setdefault(name, _Stats())
+        better = min if self._directions[name] is MetricDirection.MINIMIZE else max
+        stats.last, stats.count = value, stats.count + 1
+        stats.best = value if stats.best is None else better(stats.best, value)
 
     def points_after(self, sequence: int) -> tuple[tuple[MetricPoint, ...], int]:
         """The log values recorded after `sequence` (those still kept), and the sequence to ask after next."""

@@ -23,12 +23,11 @@ class MetricSpec:
     log_regex: str = ""
     jsonl_path: str = ""  # relative to the job's working directory
     jsonl_key: str = ""
-    jsonl_step_key: str = ""
 
 
 @dataclass(frozen=True)
 class MetricPoint:
-    """One value as it appeared: `step` is the log line number (from 1) or the JSON-lines step."""
+    """One value as it appeared in the log: `step` is its line number (from 1)."""
 
     name: str
     value: float

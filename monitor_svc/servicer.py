@@ -79,7 +79,6 @@ def _metric_spec(message: monitor_pb2.MetricSpec) -> MetricSpec:
         log_regex=message.log_regex,
         jsonl_path=jsonl.path,
         jsonl_key=jsonl.key,
-        jsonl_step_key=jsonl.step_key,
     )
 
 

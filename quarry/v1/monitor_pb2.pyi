@@ -807,25 +807,19 @@ class JsonlMetric(_message.Message):
 
     PATH_FIELD_NUMBER: _builtins.int
     KEY_FIELD_NUMBER: _builtins.int
-    STEP_KEY_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     """Relative to the job's working directory (which must be set), inside it."""
     key: _builtins.str
     """A top-level key whose value is a number; other lines are skipped."""
-    step_key: _builtins.str
-    """A top-level key whose integer value is a line's step; unset: the line
-    number.
-    """
     def __init__(
         self,
         *,
         path: _builtins.str = ...,
         key: _builtins.str = ...,
-        step_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "path", b"path", "step_key", b"step_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "path", b"path"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -885,7 +879,7 @@ class MetricPoint(_message.Message):
     name: _builtins.str
     value: _builtins.float
     step: _builtins.int
-    """The log line number (from 1), or the JSON-lines step."""
+    """The log line number, from 1."""
     def __init__(
         self,
         *,

@@ -174,7 +174,7 @@ async def test_json_lines_metrics_are_read_when_the_job_ends(monitor: Stub, tmp_
     accuracy = monitor_pb2.MetricSpec(
         name="acc",
         direction=monitor_pb2.METRIC_DIRECTION_MAXIMIZE,
-        jsonl_file=monitor_pb2.JsonlMetric(path="metrics.jsonl", key="acc", step_key="step"),
+        jsonl_file=monitor_pb2.JsonlMetric(path="metrics.jsonl", key="acc"),
     )
     missing = monitor_pb2.MetricSpec(
         name="f1",
