@@ -179,11 +179,11 @@ def _summary(console: Console, event: supervisor_pb2.RunEvent) -> None:
 
 def usage_line(usage: supervisor_pb2.RunUsage) -> str:
     """Tokens and model calls by tier, then in all: "tokens: supervisor 770 in 3 calls, workers ..."."""
-    tiers = [("supervisor", usage.supervisor), ("workers", usage.workers), ("total", usage.total)]
-    return "tokens: " + ", ".join(
-        f"{name} {tier.input_tokens + tier.output_tokens} in {tier.model_calls} call{'' if tier.model_calls == 1 else 's'}"
-        for name, tier in tiers
-    )
+    parts = []
+    for name, tier in [("supervisor", usage.supervisor), ("workers", usage.workers), ("total", usage.total)]:
+        calls = f"{tier.model_calls} call" if tier.model_calls == 1 else f"{tier.model_calls} calls"
+        parts.append(f"{name} {tier.input_tokens + tier.output_tokens} in {calls}")
+    return "tokens: " + ", ".join(parts)
 
 
 def exit_code(event: supervisor_pb2.RunEvent | None) -> int:
