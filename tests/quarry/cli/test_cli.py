@@ -14,6 +14,7 @@ import pytest
 from monitor_svc.service import build_host as build_monitor
 from quarry.config import MonitorSettings, QuarrySettings
 from quarry.v1 import supervisor_pb2
+from tests.conftest import reusable_port
 from tests.fakes.choreography import REPORT, SUPERVISOR
 from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Stall
 from tests.supervisor_svc.conftest import Mesh
@@ -152,5 +153,10 @@ async def test_doctor_gives_a_verdict_per_line(mesh: Mesh, model: ScriptedModel,
         code, output = await finish(await quarry("doctor", env={**env, "QUARRY_MODEL_NAME": "no-such-model"}))
     assert code == 1
     assert any(line.startswith("FAIL") and "'no-such-model' is not served" in line for line in output.splitlines())
-    code, output = await finish(await quarry("doctor", env={**env, "QUARRY_MONITOR_ADDRESS": monitor.address}))
+    closed = f"http://127.0.0.1:{reusable_port()}/v1"  # the workers' own endpoint, where nothing listens
+    stopped = {"QUARRY_MONITOR_ADDRESS": monitor.address, "QUARRY_WORKER_MODEL_BASE_URL": closed}
+    code, output = await finish(await quarry("doctor", env={**env, **stopped}))
     assert code == 1 and any(line.startswith("FAIL") and "monitor service" in line for line in output.splitlines())
+    said = " ".join(output.split())  # as one line, however the terminal wrapped it
+    assert f"FAIL worker model: {closed} is not reachable" in said
+    assert "set QUARRY_WORKER_MODEL_BASE_URL (or QUARRY_MODEL_BASE_URL for every tier)" in said
