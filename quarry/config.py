@@ -80,14 +80,14 @@ def _config_table(table: str, known: set[str]) -> dict[str, Any]:
 
 
 def describe_invalid(settings_class: type[BaseSettings], error: ValidationError) -> str:
-    """A ValidationError as lines naming the environment variable and the file key to fix."""
+    """A ValidationError as one line naming, for each problem, the environment variable and the file key to fix."""
     prefix = settings_class.model_config.get("env_prefix", "")
     table = getattr(settings_class, "config_table", "")
-    lines = []
+    problems = []
     for problem in error.errors():
         field = ".".join(str(part) for part in problem["loc"])
-        lines.append(f"  {prefix}{field.upper()} (or [{table}] {field} in {CONFIG_FILE_ENV}): {problem['msg']}")
-    return "invalid configuration:\n" + "\n".join(lines)
+        problems.append(f"{prefix}{field.upper()} (or [{table}] {field} in {CONFIG_FILE_ENV}): {problem['msg']}")
+    return "invalid configuration: " + "; ".join(problems)
 
 
 class _Settings(BaseSettings):

@@ -63,7 +63,14 @@ async def model_endpoint(tier: str, settings: ModelSettings) -> list[Verdict]:
         try:
             served = [model.id async for model in client.models.list()]
         except openai.APIError as error:
-            return [Verdict(name, False, f"{settings.base_url} is not reachable: {error}")]
+            return [
+                Verdict(
+                    name,
+                    False,
+                    f"{settings.base_url} is not reachable: {error}; set {settings.setting('MODEL_BASE_URL')} "
+                    "to the URL that serves the model",
+                )
+            ]
         verdicts = [Verdict(f"{name} endpoint", True, f"{settings.base_url} answers")]
         if settings.model not in served:
             listed = ", ".join(served[:10]) or "none"
@@ -130,11 +137,13 @@ def _health_checks(supervisor: SupervisorSettings, tls: Tls | None) -> list[Awai
 
     The front door first, then what it depends on (the reverse of the start order).
     """
-    checks: list[Awaitable[Verdict]] = []
-    for name, spec in reversed(SERVICES.items()):
-        addresses = supervisor.worker_targets() if name == "worker" else [spec.load_settings().address]
-        checks.extend(service_health(name, address, tls) for address in addresses)
-    return checks
+    # Every address before any check is made: settings that fail to load leave no check un-awaited.
+    targets = [
+        (name, address)
+        for name, spec in reversed(SERVICES.items())
+        for address in (supervisor.worker_targets() if name == "worker" else [spec.load_settings().address])
+    ]
+    return [service_health(name, address, tls) for name, address in targets]
 
 
 def _database_checks(common: QuarrySettings) -> list[Awaitable[Verdict]]:
@@ -150,8 +159,10 @@ async def diagnose(common: QuarrySettings, report: Callable[[Verdict], None]) ->
     supervisor, worker = load_settings(SupervisorSettings), load_settings(WorkerSettings)
     checks: list[Awaitable[Verdict | list[Verdict]]] = [*_health_checks(supervisor, Tls.from_settings(common))]
     tiers = {"supervisor": ModelSettings.for_tier(supervisor, common), "worker": ModelSettings.for_tier(worker, common)}
-    if dataclasses.replace(tiers["supervisor"], tier="") == dataclasses.replace(tiers["worker"], tier=""):
-        checks.append(model_endpoint("shared", tiers["supervisor"]))
+    # One endpoint for both tiers is checked once, and its errors name the shared settings.
+    shared = dataclasses.replace(tiers["supervisor"], tier="shared", env_prefix="")
+    if shared == dataclasses.replace(tiers["worker"], tier="shared", env_prefix=""):
+        checks.append(model_endpoint("shared", shared))
     else:
         checks.extend(model_endpoint(tier, settings) for tier, settings in tiers.items())
     checks.append(search_backend(worker, common))
