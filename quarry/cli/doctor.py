@@ -28,6 +28,7 @@ from quarry.client import open_channel
 from quarry.config import QuarrySettings, SupervisorSettings, WorkerSettings
 from quarry.db import schema_revisions
 from quarry.security import Tls
+from worker_svc.web.search import SearchError, http_backend
 
 TIMEOUT_SECONDS = 10.0
 
@@ -114,9 +115,25 @@ async def search_backend(settings: WorkerSettings, common: QuarrySettings) -> Ve
         except (httpx.HTTPError, ValueError) as error:
             return Verdict("search (searxng)", False, f"{settings.searxng_url}: {error}")
         return Verdict("search (searxng)", True, f"{settings.searxng_url} answers ({len(results)} results for 'test')")
+    if backend in ("arxiv", "semantic_scholar"):
+        return await _literature(settings)
     if not settings.search_api_key:
         return Verdict(f"search ({backend})", False, "QUARRY_WORKER_SEARCH_API_KEY is not set")
     return Verdict(f"search ({backend})", True, "an API key is set (not called: it would spend quota)", warning=True)
+
+
+async def _literature(settings: WorkerSettings) -> Verdict:
+    """One small search, as the workers would run it: these services are free to ask."""
+    check = f"search ({settings.search_backend})"
+    url = settings.arxiv_url if settings.search_backend == "arxiv" else settings.semantic_scholar_url
+    async with httpx.AsyncClient(timeout=TIMEOUT_SECONDS) as http:
+        backend = http_backend(settings.model_copy(update={"search_seconds": TIMEOUT_SECONDS}), http)
+        assert backend is not None
+        try:
+            results = await backend.search("test", 1)
+        except SearchError as error:
+            return Verdict(check, False, f"{url}: {error}")
+    return Verdict(check, True, f"{url} answers ({len(results)} results for 'test')")
 
 
 def database_state(name: str, url: str, migrations: Path, version_table: str) -> Verdict:
