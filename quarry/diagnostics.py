@@ -286,11 +286,11 @@ def peer_check(name: str, address: str, dial: Dialer, setting: str) -> Check:
                     health_pb2.HealthCheckRequest(), timeout=_CALL_SECONDS
                 )
             except grpc.aio.AioRpcError as error:
-                return Finding(Status.FAILED, f"{address}: {error.code().name} ({error.details()})", setting)
+                return Finding(Status.FAILED, f"{error.code().name} at {address} ({error.details()})", setting)
         status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
         if response.status != health_pb2.HealthCheckResponse.SERVING:
-            return Finding(Status.FAILED, f"{address}: {status}", setting)
-        return Finding(Status.OK, f"{address}: {status}")
+            return Finding(Status.FAILED, f"{status} at {address}", setting)
+        return Finding(Status.OK, f"{status} at {address}")
 
     return Check(name, run)
 

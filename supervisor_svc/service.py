@@ -45,7 +45,7 @@ def diagnostics(settings: SupervisorSettings, common: QuarrySettings, dial: Dial
     checks = [
         model_check,
         peer_check("scratchpad", settings.scratchpad_address, dial, scratchpad),
-        *(peer_check(f"worker {target}", target, dial, workers) for target in settings.worker_targets()),
+        *(peer_check("worker", target, dial, workers) for target in settings.worker_targets()),
         database_check,
     ]
     return Diagnostics("supervisor", facts=facts, checks=checks)

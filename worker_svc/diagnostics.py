@@ -54,7 +54,7 @@ async def _corpus(corpus: Corpus, setting: str) -> Finding:
         return Finding(Status.FAILED, f"{error}; run `quarry corpus index FOLDER`, or point {setting} at one", setting)
     if not documents:
         return Finding(Status.FAILED, f"{corpus.index_path} holds no documents; run `quarry corpus index FOLDER`")
-    return Finding(Status.OK, f"{corpus.index_path}: {documents} documents")
+    return Finding(Status.OK, f"{corpus.index_path}: {documents} document{'' if documents == 1 else 's'}")
 
 
 def diagnostics(
