@@ -208,8 +208,8 @@ def _masked(text: str, secrets: Sequence[str]) -> str:
 
 def _reason(error: BaseException, secrets: Sequence[str]) -> str:
     """An error as a short reason, its first line only, without any of `secrets`."""
-    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return _masked(f"{type(error).__name__}: {message}" if message else type(error).__name__, secrets)
+    lines = str(error).strip().splitlines()
+    return _masked(f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__, secrets)
 
 
 # --- the model endpoint ---------------------------------------------------------------------------
