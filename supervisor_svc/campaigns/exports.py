@@ -33,9 +33,9 @@ def experiments_jsonl(records: Sequence[CampaignRecord]) -> str:
 
 def dead_ends_markdown(records: Sequence[CampaignRecord]) -> str:
     sections = [
-        f"## Cycle {record.cycle}\n\n**Tried:** {record.approach.strip()}\n\n**Why it failed:** {record.reason.strip()}\n"
-        for record in records
-        if isinstance(record, DeadEnd)
+        f"## Cycle {r.cycle}\n\n**Tried:** {r.approach.strip()}\n\n**Why it failed:** {r.reason.strip()}\n"
+        for r in records
+        if isinstance(r, DeadEnd)
     ]
     return _document("Dead ends", "Approaches that failed. The campaign never retries them.", sections)
 

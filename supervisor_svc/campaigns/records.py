@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Annotated, Literal, Self
 
@@ -52,6 +53,13 @@ def _read_only(metrics: Mapping[str, float | None]) -> Mapping[str, float | None
     return MappingProxyType(dict(metrics))
 
 
+def _utc(moment: datetime) -> datetime:
+    return moment.astimezone(UTC)
+
+
+# Stored in UTC: any zone's offset survives as the instant it names, and the JSON is the same whatever wrote it.
+UtcDatetime = Annotated[AwareDatetime, AfterValidator(_utc)]
+
 # JSON has no NaN or infinity, so a metric is finite or None (not measured): the round trip is exact.
 Metrics = Annotated[
     Mapping[str, FiniteFloat | None],
@@ -88,8 +96,8 @@ class LedgerRecord(_Record):
     verdict: Verdict
     conclusion: str = ""
     tokens_used: int = Field(default=0, ge=0)
-    started_at: AwareDatetime
-    ended_at: AwareDatetime
+    started_at: UtcDatetime
+    ended_at: UtcDatetime
 
     @model_validator(mode="after")
     def _ends_after_it_starts(self) -> Self:
