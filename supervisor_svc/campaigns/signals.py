@@ -224,11 +224,6 @@ def baseline_batches(ledger: Sequence[LedgerRecord]) -> tuple[tuple[LedgerRecord
 def read_signals(ledger: Sequence[LedgerRecord], goal: MetricGoal, rules: SignalRules) -> Signals:
     """The signals after the ledger's records (in cycle order)."""
     noise: NoiseFloor | None = None
-    for runs in baseline_batches(ledger):
-        values = _values(runs, goal)
-        if len(values) >= 2:
-            noise = noise_floor(values, epsilon=rules.noise_epsilon)
-
     best: float | None = None
     best_commit = ""
     experiments = since_keep = measured_since_baseline = 0
@@ -243,6 +238,8 @@ def read_signals(ledger: Sequence[LedgerRecord], goal: MetricGoal, rules: Signal
             if value is not None:
                 batch.append(value)
                 best, best_commit = statistics.fmean(batch), record.commit
+                if len(batch) >= 2:
+                    noise = noise_floor(batch, epsilon=rules.noise_epsilon)
             retest = None
             continue
         experiments += 1
@@ -267,10 +264,6 @@ def read_signals(ledger: Sequence[LedgerRecord], goal: MetricGoal, rules: Signal
     else:
         needed = 0
     return Signals(goal, rules, noise, best, best_commit, experiments, since_keep, needed, retest)
-
-
-def _values(records: Sequence[LedgerRecord], goal: MetricGoal) -> list[float]:
-    return [value for record in records if (value := record.metric(goal.name)) is not None]
 
 
 def _number(value: float) -> str:
