@@ -75,7 +75,7 @@ def memory_view(brief: str, records: Sequence[CampaignRecord], goal: MetricGoal)
     milestones = _section(_MILESTONES, _milestones(ledger, goal), MILESTONES_CAP, "milestones")
     decisions = [f"cycle {record.cycle}: {record.text}" for record in records if isinstance(record, Decision)]
     room = LOG_CAP - len(milestones) - 2  # the blank line between the sections
-    latest = _section(_DECISIONS, decisions[-DECISIONS_KEPT:], room, "decisions", elided=len(decisions))
+    latest = _section(_DECISIONS, decisions[-DECISIONS_KEPT:], room, "decisions", total=len(decisions))
     return MemoryView(brief, f"{milestones}\n\n{latest}")
 
 
@@ -142,9 +142,9 @@ def _at(record: LedgerRecord) -> str:
     return f" at {record.commit[:12]}" if record.commit else ""
 
 
-def _section(title: str, lines: Sequence[str], cap: int, noun: str, elided: int = 0) -> str:
+def _section(title: str, lines: Sequence[str], cap: int, noun: str, total: int = 0) -> str:
     """A titled list within `cap` characters, title included."""
-    body = _bounded(lines, cap - len(title) - 1, noun, elided) if lines else _NONE
+    body = _bounded(lines, cap - len(title) - 1, noun, total) if lines else _NONE
     return f"{title}\n{body}"
 
 
