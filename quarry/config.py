@@ -220,6 +220,9 @@ class WorkerSettings(ModelTier):
     service_name: ClassVar[str] = "worker"
 
     address: str = "127.0.0.1:7412"
+    # How this worker names itself on the delegations it runs (QUARRY_WORKER_ID), so operators can tell
+    # workers apart; empty: the host name and a random suffix, new for each process.
+    id: str = Field(default="", max_length=64)
     # The scratchpad this worker promotes findings to.
     scratchpad_address: str = "127.0.0.1:7411"
     # The monitor behind the gpu_status and job_status tools; empty: those tools are not offered.

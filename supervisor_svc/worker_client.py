@@ -11,6 +11,7 @@ the same delegation_id (the worker de-duplicates by it).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import logging
@@ -28,8 +29,8 @@ from supervisor_svc.model import DelegationOrder
 log = logging.getLogger(__name__)
 
 EventListener = Callable[[worker_pb2.DelegateResponse], Awaitable[None] | None]
-# Told each worker turn as it starts: (turn, max_turns).
-TurnListener = Callable[[int, int], Awaitable[None]]
+# Told each worker turn as it starts: (turn, max_turns, the id of the worker running it).
+TurnListener = Callable[[int, int, str], Awaitable[None]]
 
 # Refusals that happen before a worker starts anything: another worker may take the delegation.
 _TRY_ELSEWHERE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -96,14 +97,21 @@ class DelegationClient:
 
     async def run(self, order: DelegationOrder, *, deadline_seconds: float, on_turn: TurnListener) -> DelegationResult:
         """`delegate` in the supervisor's own terms."""
+        worker_id = ""
 
         async def progress(response: worker_pb2.DelegateResponse) -> None:
-            progress = response.progress
-            if response.WhichOneof("event") == "progress" and progress.kind == worker_pb2.PROGRESS_KIND_TURN_STARTED:
-                await on_turn(progress.turn, progress.max_turns)
+            nonlocal worker_id
+            event, progress = response.WhichOneof("event"), response.progress
+            if event == "started":
+                worker_id = response.started.worker_id
+            elif event == "progress" and progress.kind == worker_pb2.PROGRESS_KIND_TURN_STARTED:
+                await on_turn(progress.turn, progress.max_turns, worker_id)
 
-        result = await self.delegate(request_for(order), deadline_seconds=deadline_seconds, on_event=progress)
-        return delegation_result_from_proto(result)
+        result = delegation_result_from_proto(
+            await self.delegate(request_for(order), deadline_seconds=deadline_seconds, on_event=progress)
+        )
+        # A failure made here (the worker died mid-stream) still names the worker that had taken it.
+        return result if result.worker_id else dataclasses.replace(result, worker_id=worker_id)
 
     async def delegate(
         self,

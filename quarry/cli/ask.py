@@ -56,6 +56,7 @@ class _Delegation:
     objective: str
     progress: str = "delegated"
     outcome: str = ""
+    worker: str = ""
 
 
 @dataclass
@@ -77,6 +78,7 @@ class RunView:
                 self.delegations[status.delegation_id] = _Delegation(status.message)
             elif status.delegation_id in self.delegations:
                 delegation = self.delegations[status.delegation_id]
+                delegation.worker = status.worker_id or delegation.worker
                 if status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_RESEARCHING:
                     delegation.progress = status.message
                 elif status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED:
@@ -94,10 +96,14 @@ class RunView:
     def render(self) -> RenderableType:
         parts: list[RenderableType] = [Text.from_markup(f"[bold]{self.question}[/]  [dim]{self.phase}[/]")]
         if self.delegations:
-            table = Table("delegation", "task", "progress", "outcome", expand=True)
+            table = Table("delegation", "task", "worker", "progress", "outcome", expand=True)
             for delegation_id, delegation in self.delegations.items():
                 table.add_row(
-                    delegation_id.rsplit(".", 2)[-2], delegation.objective[:80], delegation.progress, delegation.outcome
+                    delegation_id.rsplit(".", 2)[-2],
+                    delegation.objective[:80],
+                    delegation.worker,
+                    delegation.progress,
+                    delegation.outcome,
                 )
             parts.append(table)
         if self.entries:
