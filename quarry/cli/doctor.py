@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,15 +125,14 @@ def database_state(name: str, url: str, migrations: Path, version_table: str) ->
     return Verdict(check, True, f"at the newest revision ({head})")
 
 
-def _health_checks(supervisor: SupervisorSettings, tls: Tls | None) -> list[Awaitable[Verdict]]:
-    """One per service, at its configured address; the workers where the supervisor calls them (maybe several).
+def _health_checks(addresses: Mapping[str, Sequence[str]], tls: Tls | None) -> list[Awaitable[Verdict]]:
+    """One per service process, at its address (the workers: maybe several).
 
     The front door first, then what it depends on (the reverse of the start order).
     """
     checks: list[Awaitable[Verdict]] = []
-    for name, spec in reversed(SERVICES.items()):
-        addresses = supervisor.worker_targets() if name == "worker" else [spec.load_settings().address]
-        checks.extend(service_health(name, address, tls) for address in addresses)
+    for name in reversed(SERVICES):
+        checks.extend(service_health(name, address, tls) for address in addresses[name])
     return checks
 
 
@@ -146,9 +145,12 @@ def _database_checks(common: QuarrySettings) -> list[Awaitable[Verdict]]:
     return checks
 
 
-async def diagnose(common: QuarrySettings, report: Callable[[Verdict], None]) -> list[Verdict]:
+async def diagnose(
+    common: QuarrySettings, report: Callable[[Verdict], None], addresses: Mapping[str, Sequence[str]]
+) -> list[Verdict]:
+    """`addresses`: where each service is (the command line finds them)."""
     supervisor, worker = load_settings(SupervisorSettings), load_settings(WorkerSettings)
-    checks: list[Awaitable[Verdict | list[Verdict]]] = [*_health_checks(supervisor, Tls.from_settings(common))]
+    checks: list[Awaitable[Verdict | list[Verdict]]] = [*_health_checks(addresses, Tls.from_settings(common))]
     tiers = {"supervisor": ModelSettings.for_tier(supervisor, common), "worker": ModelSettings.for_tier(worker, common)}
     if dataclasses.replace(tiers["supervisor"], tier="") == dataclasses.replace(tiers["worker"], tier=""):
         checks.append(model_endpoint("shared", tiers["supervisor"]))
@@ -172,9 +174,9 @@ def print_verdict(console: Console) -> Callable[[Verdict], None]:
     return report
 
 
-def doctor(common: QuarrySettings) -> int:
+def doctor(common: QuarrySettings, addresses: Mapping[str, Sequence[str]]) -> int:
     console = Console()
-    verdicts = asyncio.run(diagnose(common, print_verdict(console)))
+    verdicts = asyncio.run(diagnose(common, print_verdict(console), addresses))
     failed = [v for v in verdicts if not v.ok]
     console.print(f"{len(failed)} problem(s) found" if failed else "everything needed to answer a question is in place")
     return 1 if failed else 0
