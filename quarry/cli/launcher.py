@@ -195,6 +195,20 @@ async def _wait_ready(child: Child, deadline: float) -> str:
             await asyncio.sleep(READY_POLL_SECONDS)
 
 
+def start_stages(instances: Sequence[Instance]) -> list[list[Instance]]:
+    """The instances in the order they start, several at once: a service once every service it calls serves."""
+    specs = {instance.spec.name: instance.spec for instance in instances}
+
+    @functools.cache
+    def depth(name: str) -> int:  # the longest chain of services below it
+        return max((depth(needed) + 1 for needed in specs[name].needs if needed in specs), default=0)
+
+    stages: dict[int, list[Instance]] = {}
+    for instance in instances:
+        stages.setdefault(depth(instance.spec.name), []).append(instance)
+    return [stages[level] for level in sorted(stages)]
+
+
 def stop_stages(children: Sequence[Child]) -> list[list[Child]]:
     """The children in the order they stop: a service once every service that calls it has stopped."""
     specs = {child.instance.spec.name: child.instance.spec for child in children}
@@ -269,10 +283,19 @@ class Mesh:
         child.process = await asyncio.create_subprocess_exec(*command, env=child.env, start_new_session=True)
         child.address = await _wait_ready(child, asyncio.get_running_loop().time() + self._ready_timeout)
 
-    async def start(self, instance: Instance) -> None:
-        child = Child(instance, self._run_dir / f"{instance.name}.addr", self._environment(instance), instance.address)
-        self.children.append(child)
-        await self._launch(child)
+    async def start(self, instances: Sequence[Instance]) -> None:
+        """Start the instances at once and wait until all serve; the first to fail cancels the others."""
+        children = [
+            Child(instance, self._run_dir / f"{instance.name}.addr", self._environment(instance), instance.address)
+            for instance in instances
+        ]
+        self.children.extend(children)
+        try:
+            async with asyncio.TaskGroup() as group:
+                for child in children:
+                    group.create_task(self._launch(child))
+        except ExceptionGroup as errors:
+            raise errors.exceptions[0] from None
 
     async def keep(self, child: Child) -> str:
         """Restart `child` each time it exits, within the policy's bound; returns why it gave up."""
@@ -374,10 +397,11 @@ async def run_mesh(
                 on_change=publish,
             )
             try:
-                for instance in instances:
-                    starting = asyncio.create_task(mesh.start(instance))
+                for stage in start_stages(instances):
+                    starting = asyncio.create_task(mesh.start(stage))
                     if await _stop_requested_first([starting], stop_requested):
                         starting.cancel()
+                        await asyncio.wait([starting])
                         return 0
                     starting.result()
                 publish()
