@@ -17,7 +17,7 @@ import signal
 import sys
 import tempfile
 from collections import deque
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -235,19 +235,13 @@ class Mesh:
     """The children of one `quarry up`: started in order, restarted when they die, stopped in order."""
 
     def __init__(
-        self,
-        run_dir: Path,
-        *,
-        ready_timeout: float,
-        policy: RestartPolicy,
-        announce: Announcer,
-        on_change: Callable[[], None],
+        self, run_dir: Path, data_dir: Path, *, ready_timeout: float, policy: RestartPolicy, announce: Announcer
     ) -> None:
         self._run_dir = run_dir
+        self._data_dir = data_dir
         self._ready_timeout = ready_timeout
         self._policy = policy
         self._announce = announce
-        self._on_change = on_change
         # Fresh for every `quarry up`: the services it starts trust each other, and no one else. A restarted
         # service gets the credentials it had, which its peers know.
         self._keys = MeshKeys.generate()
@@ -256,11 +250,15 @@ class Mesh:
     def rows(self) -> list[ServiceRow]:
         return [ServiceRow(c.name, c.address or "", c.pid, c.restarts) for c in self.children]
 
-    def state(self) -> MeshState:
+    def publish(self) -> None:
+        """Tell the other commands where the services are (the state file in the data directory)."""
         services: dict[str, list[str]] = {}
         for child in self.children:
             services.setdefault(child.instance.spec.name, []).append(child.address or "")
-        return MeshState(os.getpid(), services, {child.name: child.pid for child in self.children})
+        MeshState(os.getpid(), services, {child.name: child.pid for child in self.children}).write(self._data_dir)
+
+    def unpublish(self) -> None:
+        MeshState.remove(self._data_dir, os.getpid())
 
     def _environment(self, instance: Instance) -> dict[str, str]:
         env = os.environ.copy()
@@ -268,7 +266,7 @@ class Mesh:
         env.pop("QUARRY_MESH_TOKEN", None)
         env.update(self._keys.environment(instance.spec.mesh_role))
         for needed, variable in instance.spec.needs.items():
-            # Started earlier (SERVICES lists dependencies first), so their addresses are known.
+            # Started in an earlier stage, so their addresses are known.
             env[variable] = ",".join(c.address or "" for c in self.children if c.instance.spec.name == needed)
         env.update(instance.env)
         return env
@@ -326,7 +324,7 @@ class Mesh:
                     child.process.kill()
                 continue
             child.restarts += 1
-            self._on_change()  # before the announcement: whoever reads it finds the new state
+            self.publish()  # before the announcement: whoever reads it finds the new state
             self._announce.restarted(child.name, self.rows())
 
     async def stop(self, grace: float) -> None:
@@ -385,17 +383,8 @@ async def run_mesh(
         loop.add_signal_handler(signum, stop_requested.set)
     try:
         with data_dir_lock(data_dir), tempfile.TemporaryDirectory(prefix="quarry-up-") as run_dir:
-
-            def publish() -> None:
-                mesh.state().write(data_dir)
-
-            mesh = Mesh(
-                Path(run_dir),
-                ready_timeout=ready_timeout,
-                policy=policy or RestartPolicy(),
-                announce=announce,
-                on_change=publish,
-            )
+            policy = policy or RestartPolicy()
+            mesh = Mesh(Path(run_dir), data_dir, ready_timeout=ready_timeout, policy=policy, announce=announce)
             try:
                 for stage in start_stages(instances):
                     starting = asyncio.create_task(mesh.start(stage))
@@ -404,11 +393,11 @@ async def run_mesh(
                         await asyncio.wait([starting])
                         return 0
                     starting.result()
-                publish()
+                mesh.publish()
                 announce.ready(mesh.rows())
                 return await _supervise(mesh, stop_requested, announce)
             finally:
-                MeshState.remove(data_dir, os.getpid())
+                mesh.unpublish()  # first: no command should find a mesh that is going away
                 await mesh.stop(stop_timeout)
     except LaunchError as error:
         announce.failed(str(error))
