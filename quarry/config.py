@@ -80,14 +80,14 @@ def _config_table(table: str, known: set[str]) -> dict[str, Any]:
 
 
 def describe_invalid(settings_class: type[BaseSettings], error: ValidationError) -> str:
-    """A ValidationError as lines naming the environment variable and the file key to fix."""
+    """A ValidationError as one line naming, for each problem, the environment variable and the file key to fix."""
     prefix = settings_class.model_config.get("env_prefix", "")
     table = getattr(settings_class, "config_table", "")
-    lines = []
+    problems = []
     for problem in error.errors():
         field = ".".join(str(part) for part in problem["loc"])
-        lines.append(f"  {prefix}{field.upper()} (or [{table}] {field} in {CONFIG_FILE_ENV}): {problem['msg']}")
-    return "invalid configuration:\n" + "\n".join(lines)
+        problems.append(f"{prefix}{field.upper()} (or [{table}] {field} in {CONFIG_FILE_ENV}): {problem['msg']}")
+    return "invalid configuration: " + "; ".join(problems)
 
 
 class _Settings(BaseSettings):
@@ -231,10 +231,15 @@ class WorkerSettings(ModelTier):
     # Used when a Delegate request sets no timeout.
     default_timeout_seconds: float = Field(default=600.0, gt=0)
     context_tokens: int = Field(default=96_000, ge=1000)
-    # corpus, searxng, tavily or brave
-    search_backend: Literal["corpus", "searxng", "tavily", "brave"] = "corpus"
+    # corpus, searxng, tavily, brave, or the literature: arxiv or semantic_scholar
+    search_backend: Literal["corpus", "searxng", "tavily", "brave", "arxiv", "semantic_scholar"] = "corpus"
     searxng_url: str = ""
+    # Tavily's and Brave's key; Semantic Scholar's optional one (a higher rate limit).
     search_api_key: str = ""
+    arxiv_url: str = "https://export.arxiv.org"
+    semantic_scholar_url: str = "https://api.semanticscholar.org"
+    # All one search may take (connecting, the whole answer); past it the search is an error for the model.
+    search_seconds: float = Field(default=30.0, gt=0, le=600)
     # The local corpus index (`quarry corpus index`); empty means corpus.db in the data directory.
     corpus_index: str = ""
     # Internal addresses page fetching may reach anyway: "HOST:PORT" or CIDR, comma-separated.

@@ -222,12 +222,44 @@ class Internal(QuarryError):
     code = grpc.StatusCode.INTERNAL
 
 
+# Statuses travel in trailers, which clients cap (8 KiB by default, over which the caller sees
+# RESOURCE_EXHAUSTED instead of the error): whatever an error quotes from a request is cut to fit.
+MAX_MESSAGE_CHARS = 1024
+MAX_DETAIL_CHARS = 256
+MAX_FIELD_VIOLATIONS = 10
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
+def _bounded(detail: any_pb2.Any) -> any_pb2.Any:
+    info, bad_request = error_details_pb2.ErrorInfo(), error_details_pb2.BadRequest()
+    if detail.Unpack(info):
+        for key, value in list(info.metadata.items()):
+            info.metadata[key] = _clip(value, MAX_DETAIL_CHARS)
+        return _pack(info)
+    if detail.Unpack(bad_request):
+        kept = bad_request.field_violations[:MAX_FIELD_VIOLATIONS]
+        return _pack(
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(
+                        field=_clip(v.field, MAX_DETAIL_CHARS), description=_clip(v.description, MAX_DETAIL_CHARS)
+                    )
+                    for v in kept
+                ]
+            )
+        )
+    return detail
+
+
 def to_rpc_status(error: QuarryError) -> grpc.Status:
-    """The one translation from a domain error to a gRPC status with rich details."""
+    """The one translation from a domain error to a gRPC status with rich details, cut to fit a trailer."""
     status = status_pb2.Status(
         code=getattr(code_pb2, error.code.name),
-        message=error.message,
-        details=error.details(),
+        message=_clip(error.message, MAX_MESSAGE_CHARS),
+        details=[_bounded(detail) for detail in error.details()],
     )
     return rpc_status.to_status(status)
 

@@ -27,7 +27,7 @@ from worker_svc.store import DelegationStore
 from worker_svc.tools import DelegationContext
 from worker_svc.web.fetch import AddressPolicy, guarded_client
 from worker_svc.web.pages import PageReader
-from worker_svc.web.search import BraveBackend, SearchBackend, SearxngBackend, TavilyBackend
+from worker_svc.web.search import SearchBackend, http_backend
 from worker_svc.worker import Worker, WorkerLimits
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -46,16 +46,6 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()[:57]}-{secrets.token_hex(3)}"  # at most 64 characters, as the column
 
 
-def search_backend(settings: WorkerSettings, corpus: Corpus, http: httpx.AsyncClient) -> SearchBackend:
-    if settings.search_backend == "searxng":
-        return SearxngBackend(http, settings.searxng_url)
-    if settings.search_backend == "tavily":
-        return TavilyBackend(http, settings.search_api_key)
-    if settings.search_backend == "brave":
-        return BraveBackend(http, settings.search_api_key)
-    return corpus
-
-
 async def build_host(settings: WorkerSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
     settings = settings or WorkerSettings()
     common = common or QuarrySettings()
@@ -67,7 +57,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
     monitor_channel = dial.channel(settings.monitor_address) if settings.monitor_address else None
     monitor = ComputeView(MonitorClient(monitor_channel)) if monitor_channel else None
     corpus = Corpus(Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db")
-    search_http = httpx.AsyncClient(timeout=30)
+    search_http = httpx.AsyncClient(timeout=settings.search_seconds)
     policy = AddressPolicy(allow=tuple(entry.strip() for entry in settings.fetch_allow.split(",") if entry.strip()))
     web = guarded_client(policy)
     # One page cache for the process: pages are public, what each delegation read is tracked per context.
@@ -80,7 +70,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
         extract_memory_bytes=settings.page_extract_memory_mb * 2**20,
         extract_workers=settings.page_extract_workers,
     )
-    search = search_backend(settings, corpus, search_http)
+    search: SearchBackend = http_backend(settings, search_http) or corpus
 
     def context_for(request: DelegationRequest) -> DelegationContext:
         assert request.role is not None

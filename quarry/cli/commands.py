@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -19,7 +19,7 @@ from quarry.config import ConfigurationError, QuarrySettings
 from quarry.db import UnsupportedDatabase
 
 if TYPE_CHECKING:
-    from quarry.cli.ask import Connect
+    from quarry.cli.ask import Supervisor
 
 CONFIGURATION_HELP = """configuration:
   QUARRY_* environment variables (QUARRY_DATA_DIR, QUARRY_LOG_LEVEL,
@@ -153,6 +153,18 @@ def _parser() -> argparse.ArgumentParser:
     *others, last = (spec.name for spec, _ in databases())
     migrate.add_argument("services", nargs="*", help=f"{', '.join(others)} and/or {last} (default: all)")
 
+    mesh = commands.add_parser("mesh", help="the credentials Quarry's services authenticate each other with")
+    mesh_commands = mesh.add_subparsers(dest="mesh_command", required=True)
+    keys = mesh_commands.add_parser(
+        "keys", help="make a fresh token per role and print each service's mesh settings (`quarry up` needs none)"
+    )
+    keys.add_argument(
+        "--format",
+        choices=["env", "kubernetes"],
+        default="env",
+        help="env: QUARRY_MESH_* lines per service; kubernetes: the quarry-mesh Secret the manifests read",
+    )
+
     doctor = commands.add_parser(
         "doctor",
         parents=[data_dir],
@@ -178,9 +190,11 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.config import ModelTier
 
     specs = list(SERVICES.values())
+    overrides = {"address": "127.0.0.1:0"} if args.ephemeral_ports else {}
     models = []
+    # Every service's settings, read now: a bad one is this command's error, before any service starts.
     for spec in specs:
-        settings = spec.load_settings()
+        settings = spec.load_settings(**overrides)
         if isinstance(settings, ModelTier):
             model = ModelSettings.for_tier(settings, common)
             models.append((spec.name, model.model, model.base_url))
@@ -226,26 +240,23 @@ def service_addresses(name: str, common: QuarrySettings, explicit: str | None = 
     return list(state.services.get(name) or configured) if state else configured
 
 
-def _connect_to_supervisor(args: argparse.Namespace, common: QuarrySettings) -> Connect:
-    from quarry.client import QuarryClient
+def _supervisor(args: argparse.Namespace, common: QuarrySettings) -> Supervisor:
+    from quarry.cli.ask import Supervisor
+    from quarry.client import open_channel
     from quarry.config import SupervisorSettings
     from quarry.security import ConnectionLimits, Tls
 
-    supervisor = load_settings(SupervisorSettings)
+    settings = load_settings(SupervisorSettings)
     [address] = service_addresses("supervisor", common, args.address)
     tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
-
-    def connect() -> QuarryClient:
-        return QuarryClient.connect(address, token=supervisor.auth_token, tls=tls, limits=limits)
-
-    return connect
+    return Supervisor(address, lambda: open_channel(address, tls=tls, limits=limits, token=settings.auth_token))
 
 
 def _ask(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.cli import ask
     from quarry.v1 import supervisor_pb2
 
-    connect = _connect_to_supervisor(args, common)
+    supervisor = _supervisor(args, common)
     options = supervisor_pb2.RunOptions(
         max_supervisor_turns=args.max_turns,
         max_worker_turns=args.max_worker_turns,
@@ -254,16 +265,16 @@ def _ask(args: argparse.Namespace, common: QuarrySettings) -> int:
     )
     if args.timeout:
         options.timeout.FromNanoseconds(int(args.timeout * 1e9))
-    return ask.run_client_command(ask.ask(connect, args.question, options, as_json=args.json))
+    return ask.run_client_command(ask.ask(supervisor, args.question, options, as_json=args.json))
 
 
 def _runs(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.cli import ask
 
-    connect = _connect_to_supervisor(args, common)
+    supervisor = _supervisor(args, common)
     if args.runs_command == "list":
-        return ask.run_client_command(ask.list_runs(connect, args.state or "", args.limit, as_json=args.json))
-    return ask.run_client_command(ask.show_run(connect, args.run_id, as_json=args.json))
+        return ask.run_client_command(ask.list_runs(supervisor, args.state or "", args.limit, as_json=args.json))
+    return ask.run_client_command(ask.show_run(supervisor, args.run_id, as_json=args.json))
 
 
 def _migrate(args: argparse.Namespace, common: QuarrySettings) -> int:
@@ -274,15 +285,27 @@ def _migrate(args: argparse.Namespace, common: QuarrySettings) -> int:
     if unknown:
         print(f"quarry migrate: no database for {', '.join(unknown)}; choose from {', '.join(known)}", file=sys.stderr)
         return 2
-    for name in args.services or list(known):
-        spec, migrations = known[name]
-        url = spec.load_settings().resolved_database_url(common.data_dir)
+    # Every database's settings first: a bad one stops the command before any schema changes.
+    urls = {
+        name: known[name][0].load_settings().resolved_database_url(common.data_dir) for name in args.services or known
+    }
+    for name, url in urls.items():
+        _, migrations = known[name]
         try:
             upgrade_schema(url, migrations.scripts_path(), migrations.version_table_name())
         except (UnsupportedDatabase, SQLAlchemyError, OSError) as error:
             print(f"quarry migrate {name}: {error}", file=sys.stderr)
             return 1
         print(f"{name}: schema up to date")
+    return 0
+
+
+def _mesh(args: argparse.Namespace, common: QuarrySettings) -> int:
+    from quarry.cli.mesh import as_environment, as_kubernetes_secret
+    from quarry.mesh import MeshKeys
+
+    keys = MeshKeys.generate()
+    print(as_kubernetes_secret(keys) if args.format == "kubernetes" else as_environment(keys))
     return 0
 
 
@@ -300,11 +323,13 @@ HANDLERS: dict[str, Callable[[argparse.Namespace, QuarrySettings], int]] = {
     "ask": _ask,
     "runs": _runs,
     "migrate": _migrate,
+    "mesh": _mesh,
     "doctor": _doctor,
 }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line and run its command; a configuration error is one line and status 2."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -318,8 +343,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as error:
         print(f"quarry: {error}", file=sys.stderr)
         return 2
-
-
-def serve_main(service: str) -> NoReturn:
-    """The whole of each service's `__main__`: `python -m worker_svc` is `quarry serve worker`."""
-    sys.exit(main(["serve", service, *sys.argv[1:]]))

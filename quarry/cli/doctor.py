@@ -28,6 +28,7 @@ from quarry.client import open_channel
 from quarry.config import QuarrySettings, SupervisorSettings, WorkerSettings
 from quarry.db import schema_revisions
 from quarry.security import Tls
+from worker_svc.web.search import SearchError, http_backend
 
 TIMEOUT_SECONDS = 10.0
 
@@ -63,7 +64,14 @@ async def model_endpoint(tier: str, settings: ModelSettings) -> list[Verdict]:
         try:
             served = [model.id async for model in client.models.list()]
         except openai.APIError as error:
-            return [Verdict(name, False, f"{settings.base_url} is not reachable: {error}")]
+            return [
+                Verdict(
+                    name,
+                    False,
+                    f"{settings.base_url} is not reachable: {error}; set {settings.setting('MODEL_BASE_URL')} "
+                    "to the URL that serves the model",
+                )
+            ]
         verdicts = [Verdict(f"{name} endpoint", True, f"{settings.base_url} answers")]
         if settings.model not in served:
             listed = ", ".join(served[:10]) or "none"
@@ -107,9 +115,25 @@ async def search_backend(settings: WorkerSettings, common: QuarrySettings) -> Ve
         except (httpx.HTTPError, ValueError) as error:
             return Verdict("search (searxng)", False, f"{settings.searxng_url}: {error}")
         return Verdict("search (searxng)", True, f"{settings.searxng_url} answers ({len(results)} results for 'test')")
+    if backend in ("arxiv", "semantic_scholar"):
+        return await _literature(settings)
     if not settings.search_api_key:
         return Verdict(f"search ({backend})", False, "QUARRY_WORKER_SEARCH_API_KEY is not set")
     return Verdict(f"search ({backend})", True, "an API key is set (not called: it would spend quota)", warning=True)
+
+
+async def _literature(settings: WorkerSettings) -> Verdict:
+    """One small search, as the workers would run it: these services are free to ask."""
+    check = f"search ({settings.search_backend})"
+    url = settings.arxiv_url if settings.search_backend == "arxiv" else settings.semantic_scholar_url
+    async with httpx.AsyncClient(timeout=TIMEOUT_SECONDS) as http:
+        backend = http_backend(settings.model_copy(update={"search_seconds": TIMEOUT_SECONDS}), http)
+        assert backend is not None
+        try:
+            results = await backend.search("test", 1)
+        except SearchError as error:
+            return Verdict(check, False, f"{url}: {error}")
+    return Verdict(check, True, f"{url} answers ({len(results)} results for 'test')")
 
 
 def database_state(name: str, url: str, migrations: Path, version_table: str) -> Verdict:
@@ -152,8 +176,10 @@ async def diagnose(
     supervisor, worker = load_settings(SupervisorSettings), load_settings(WorkerSettings)
     checks: list[Awaitable[Verdict | list[Verdict]]] = [*_health_checks(addresses, Tls.from_settings(common))]
     tiers = {"supervisor": ModelSettings.for_tier(supervisor, common), "worker": ModelSettings.for_tier(worker, common)}
-    if dataclasses.replace(tiers["supervisor"], tier="") == dataclasses.replace(tiers["worker"], tier=""):
-        checks.append(model_endpoint("shared", tiers["supervisor"]))
+    # One endpoint for both tiers is checked once, and its errors name the shared settings.
+    shared = dataclasses.replace(tiers["supervisor"], tier="shared", env_prefix="")
+    if shared == dataclasses.replace(tiers["worker"], tier="shared", env_prefix=""):
+        checks.append(model_endpoint("shared", shared))
     else:
         checks.extend(model_endpoint(tier, settings) for tier, settings in tiers.items())
     checks.append(search_backend(worker, common))

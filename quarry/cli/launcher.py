@@ -95,7 +95,7 @@ def plan(
             instances.append(Instance(spec.name, spec, address=address))
             continue
         prefix = spec.settings_type().model_config.get("env_prefix", "")
-        settings = spec.load_settings()
+        settings = spec.load_settings(**({"address": address} if address else {}))
         for number in range(1, workers + 1):
             env = {f"{prefix}ID": f"worker-{number}"}
             if not settings.database_url and number > 1:
@@ -243,8 +243,9 @@ class Mesh:
         self._policy = policy
         self._announce = announce
         # Fresh for every `quarry up`: the services it starts trust each other, and no one else. A restarted
-        # service gets the credentials it had, which its peers know.
-        self._keys = MeshKeys.generate()
+        # service gets the credentials it had, which its peers know. QUARRY_MESH_INSECURE=true (a machine
+        # one person uses, debugging by hand) runs them unauthenticated.
+        self._keys = None if QuarrySettings().mesh_insecure else MeshKeys.generate()
         self.children: list[Child] = []
 
     def rows(self) -> list[ServiceRow]:
@@ -263,8 +264,9 @@ class Mesh:
     def _environment(self, instance: Instance) -> dict[str, str]:
         env = os.environ.copy()
         # Each child gets its own mesh token (none for a service that calls no other) and every peer's digest.
-        env.pop("QUARRY_MESH_TOKEN", None)
-        env.update(self._keys.environment(instance.spec.mesh_role))
+        if self._keys is not None:
+            env.pop("QUARRY_MESH_TOKEN", None)
+            env.update(self._keys.environment(instance.spec.mesh_role))
         for needed, variable in instance.spec.needs.items():
             # Started in an earlier stage, so their addresses are known.
             env[variable] = ",".join(c.address or "" for c in self.children if c.instance.spec.name == needed)

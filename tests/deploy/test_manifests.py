@@ -20,6 +20,8 @@ from quarry.config import (
     SupervisorSettings,
     WorkerSettings,
 )
+from quarry.identity import MeshRole
+from quarry.mesh import MeshPeers
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 OVERLAYS = ["dev", "prod"]
@@ -128,6 +130,27 @@ def test_the_overlays_differ_where_they_should() -> None:
     assert "quarry-model" not in by_kind(prod, "Secret"), "production keys come from a Secret made outside the repo"
     image = by_kind(prod, "Deployment")["quarry-supervisor"]["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image.endswith(":0.1.0")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_service_reads_the_mesh_peers_and_only_its_own_token(overlay: str) -> None:
+    resources = render(overlay)
+    deployments = {**by_kind(resources, "Deployment"), **by_kind(resources, "DaemonSet")}
+    own_token = {"supervisor": "supervisor-token", "worker": "worker-token", "scratchpad": None, "monitor": None}
+    for service, token_key in own_token.items():
+        [container] = deployments[f"quarry-{service}"]["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["QUARRY_MESH_PEERS"]["valueFrom"]["secretKeyRef"] == {"name": "quarry-mesh", "key": "peers"}
+        keys_read = {e["valueFrom"]["secretKeyRef"]["key"] for e in env.values() if "valueFrom" in e}
+        assert keys_read & {"supervisor-token", "worker-token"} == ({token_key} if token_key else set()), service
+
+
+def test_the_dev_mesh_secret_is_consistent_and_production_brings_its_own() -> None:
+    data = by_kind(render("dev"), "Secret")["quarry-mesh"]["stringData"]
+    peers = MeshPeers.parse(data["peers"])
+    assert peers.identify(data["supervisor-token"]) == MeshRole.SUPERVISOR
+    assert peers.identify(data["worker-token"]) == MeshRole.WORKER
+    assert "quarry-mesh" not in by_kind(render("prod"), "Secret"), "production tokens are made outside the repo"
 
 
 def test_the_image_runs_as_a_user_and_installs_everything_at_build_time() -> None:

@@ -14,6 +14,8 @@ from quarry.errors import (
     QuarryError,
     to_rpc_status,
 )
+from quarry.server import ServiceRegistration, create_server
+from tests.rpc import violations
 
 
 def decode(status: grpc.Status) -> status_pb2.Status:
@@ -71,3 +73,30 @@ _PLAIN_ERRORS = [
 @pytest.mark.parametrize("error_class", _PLAIN_ERRORS)
 def test_an_error_without_a_reason_gives_its_status_code_name(error_class: type[QuarryError]) -> None:
     assert error_class("boom").reason == error_class.code.name
+
+
+async def test_an_error_quoting_a_huge_request_still_reaches_the_client_whole() -> None:
+    """Trailers over the client's cap would turn any error into RESOURCE_EXHAUSTED: what it quotes is cut."""
+    huge = "x" * 100_000
+
+    async def refuse(request: bytes, context: object) -> bytes:
+        raise InvalidArgument(
+            [FieldViolation(f"labels[{i}]{huge}", f"bad: {huge}") for i in range(50)],
+            message=f"refused {huge}",
+        )
+
+    def register(server: grpc.aio.Server) -> None:
+        handler = grpc.unary_unary_rpc_method_handler(refuse)
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Echo", {"Refuse": handler})])
+
+    bound, port = create_server("127.0.0.1:0", [ServiceRegistration("test.Echo", register)])
+    await bound.server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await channel.unary_unary("/test.Echo/Refuse")(b"", timeout=10)
+    finally:
+        await bound.server.stop(None)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.details().startswith("refused xxx") and len(raised.value.details()) < 1100
+    assert len(violations(raised.value)) == 10

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from monitor_svc.service import ACCESS as MONITOR_ACCESS
 from monitor_svc.service import build_host as build_monitor
+from quarry.cli import main
 from quarry.client import open_channel
 from quarry.config import ConfigurationError, MonitorSettings, QuarrySettings, ScratchpadSettings
 from quarry.errors import ErrorReason
@@ -213,3 +215,36 @@ def test_bad_peers_are_a_configuration_error_naming_the_setting(text: str, messa
     with pytest.raises(ConfigurationError, match="QUARRY_MESH_PEERS") as raised:
         MeshPeers.parse(text)
     assert message in str(raised.value)
+
+
+def _blocks(output: str) -> dict[str, dict[str, str]]:
+    blocks: dict[str, dict[str, str]] = {}
+    current: dict[str, str] = {}
+    for line in output.splitlines():
+        if line.startswith("# ") and " " not in line[2:]:
+            current = blocks.setdefault(line[2:], {})
+        elif "=" in line and not line.startswith("#"):
+            name, _, value = line.partition("=")
+            current[name] = value
+    return blocks
+
+
+def test_mesh_keys_gives_each_service_only_its_own_token(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["mesh", "keys"]) == 0
+    blocks = _blocks(capsys.readouterr().out)
+    assert set(blocks) == {"scratchpad", "monitor", "worker", "supervisor"}
+    peers = MeshPeers.parse(blocks["scratchpad"]["QUARRY_MESH_PEERS"])
+    assert all(MeshPeers.parse(block["QUARRY_MESH_PEERS"]) == peers for block in blocks.values())
+    assert "QUARRY_MESH_TOKEN" not in blocks["scratchpad"] and "QUARRY_MESH_TOKEN" not in blocks["monitor"]
+    assert peers.identify(blocks["worker"]["QUARRY_MESH_TOKEN"]) == MeshRole.WORKER
+    assert peers.identify(blocks["supervisor"]["QUARRY_MESH_TOKEN"]) == MeshRole.SUPERVISOR
+
+
+def test_mesh_keys_for_kubernetes_is_the_secret_the_manifests_read(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["mesh", "keys", "--format", "kubernetes"]) == 0
+    secret = yaml.safe_load(capsys.readouterr().out)
+    assert (secret["kind"], secret["metadata"]["name"]) == ("Secret", "quarry-mesh")
+    data = secret["stringData"]
+    peers = MeshPeers.parse(data["peers"])
+    assert peers.identify(data["worker-token"]) == MeshRole.WORKER
+    assert peers.identify(data["supervisor-token"]) == MeshRole.SUPERVISOR

@@ -14,8 +14,9 @@ import pytest
 from monitor_svc.service import build_host as build_monitor
 from quarry.config import MonitorSettings, QuarrySettings
 from quarry.v1 import supervisor_pb2
+from tests.conftest import reusable_port
 from tests.fakes.choreography import REPORT, SUPERVISOR
-from tests.fakes.openai_server import Call, Reply, ScriptedModel, Stall
+from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Stall
 from tests.supervisor_svc.conftest import Mesh
 
 
@@ -100,6 +101,43 @@ async def test_ask_shows_progress_and_ctrl_c_cancels_the_run(mesh: Mesh) -> None
     assert run.state == supervisor_pb2.RUN_STATE_CANCELLED
 
 
+async def test_ask_ends_with_the_tokens_of_each_tier(mesh: Mesh) -> None:
+    delegate = Call("delegate_research", {"objective": "Measure the tower"}, "d1")
+    mesh.script.add(
+        SUPERVISOR,
+        Reply(calls=(delegate,), input_tokens=100, output_tokens=10),
+        Reply(content="Measured.", input_tokens=200, output_tokens=20),
+    )
+    mesh.script.add("Measure the tower", Reply(content="It is tall.", input_tokens=300, output_tokens=30))
+    mesh.script.add(REPORT, Reply(content="The tower is tall.", input_tokens=400, output_tokens=40))
+    code, output = await finish(await quarry("ask", "How tall is the tower?", "--address", mesh.supervisor.address))
+    assert code == 0, output
+    assert output.splitlines()[-1] == "tokens: supervisor 770 in 3 calls, workers 330 in 1 call, total 1100 in 4 calls"
+
+
+async def test_ask_ends_with_why_delegations_failed(mesh: Mesh, model: ScriptedModel) -> None:
+    delegate = Call("delegate_research", {"objective": "Weigh the tower"}, "d1")
+    mesh.script.add(SUPERVISOR, Reply(calls=(delegate,)), Reply(content="No weight found."))
+    mesh.script.add("Weigh the tower", HttpError(401, message="bad key"))
+    mesh.script.add(REPORT, Reply(content="Unknown."))
+    code, output = await finish(await quarry("ask", "How heavy is the tower?", "--address", mesh.supervisor.address))
+    assert code == 0, output
+    said = " ".join(output.split())  # as one line, however the terminal wrapped it
+    assert f"1 delegation(s) failed: model request failed: {model.base_url} answered HTTP 401" in said
+    assert "check QUARRY_WORKER_MODEL_API_KEY (or QUARRY_MODEL_API_KEY for every tier)" in said
+
+
+async def test_a_supervisor_whose_model_endpoint_is_down_fails_the_run_naming_the_url_and_its_setting(
+    mesh: Mesh, model: ScriptedModel
+) -> None:
+    await model.stop()
+    code, output = await finish(await quarry("ask", "Is the model up?", "--address", mesh.supervisor.address))
+    assert code == 1, output
+    said = " ".join(output.split())
+    assert f"run failed (provider error): model request failed: cannot reach {model.base_url}" in said
+    assert "set QUARRY_SUPERVISOR_MODEL_BASE_URL (or QUARRY_MODEL_BASE_URL for every tier)" in said
+
+
 async def test_doctor_gives_a_verdict_per_line(mesh: Mesh, model: ScriptedModel, tmp_path: Path) -> None:
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "note.md").write_text("# Note\n\nThe corpus has one document.\n")
@@ -135,8 +173,13 @@ async def test_doctor_gives_a_verdict_per_line(mesh: Mesh, model: ScriptedModel,
         code, output = await finish(await quarry("doctor", env={**env, "QUARRY_MODEL_NAME": "no-such-model"}))
     assert code == 1
     assert any(line.startswith("FAIL") and "'no-such-model' is not served" in line for line in output.splitlines())
-    code, output = await finish(await quarry("doctor", env={**env, "QUARRY_MONITOR_ADDRESS": monitor.address}))
+    closed = f"http://127.0.0.1:{reusable_port()}/v1"  # the workers' own endpoint, where nothing listens
+    stopped = {"QUARRY_MONITOR_ADDRESS": monitor.address, "QUARRY_WORKER_MODEL_BASE_URL": closed}
+    code, output = await finish(await quarry("doctor", env={**env, **stopped}))
     assert code == 1 and any(line.startswith("FAIL") and "monitor service" in line for line in output.splitlines())
+    said = " ".join(output.split())  # as one line, however the terminal wrapped it
+    assert f"FAIL worker model: {closed} is not reachable" in said
+    assert "set QUARRY_WORKER_MODEL_BASE_URL (or QUARRY_MODEL_BASE_URL for every tier)" in said
 
 
 async def test_corpus_search_prints_ranked_hits_from_every_folder(tmp_path: Path) -> None:

@@ -186,7 +186,7 @@ def test_services_stop_when_quarry_up_is_killed(up: Callable[..., QuarryUp]) -> 
 def test_up_gives_its_services_mesh_credentials_and_refuses_callers_without_one(
     up: Callable[..., QuarryUp],
 ) -> None:
-    mesh = up()
+    mesh = up(QUARRY_MESH_INSECURE="false")
     addresses = mesh.addresses(NAMES)
     calls = {
         "scratchpad": ("/quarry.v1.ScratchpadService/CreateThread", scratchpad_pb2.CreateThreadRequest(title="x")),
@@ -239,7 +239,8 @@ async def test_a_worker_killed_under_up_is_restarted_on_its_address_and_the_run_
         Reply(content="The second try worked."),
     )
     script.add(REPORT, Reply(content="Found on the restarted worker."))
-    mesh = up(**model_env(model))
+    # Authenticated, as by default: the restarted worker must accept the supervisor's credentials it had.
+    mesh = up(QUARRY_MESH_INSECURE="false", **model_env(model))
     addresses = await asyncio.to_thread(mesh.addresses, NAMES)
     before = mesh.state()
     async with QuarryClient.connect(addresses["supervisor"]) as client:
