@@ -68,7 +68,8 @@ class Supervisor:
             if error.code() == grpc.StatusCode.UNAVAILABLE:
                 raise Unavailable(
                     f"no supervisor answers at {self.address} ({error.details()}); start it with `quarry up`, "
-                    "or name where it runs with --address or QUARRY_SUPERVISOR_ADDRESS"
+                    "or name where it runs with --address or QUARRY_SUPERVISOR_ADDRESS (or the --data-dir of the "
+                    "quarry up that runs it)"
                 ) from None
             # Slow to answer, or a proxy without the health service: the command's own calls decide.
 
