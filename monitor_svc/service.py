@@ -11,6 +11,7 @@ from monitor_svc.jobs import Jobs, SlurmLimits
 from monitor_svc.servicer import MonitorServicer
 from monitor_svc.ssh import SshHosts
 from quarry.config import MonitorSettings, QuarrySettings
+from quarry.diagnostics import Check, Diagnostics, Fact, Finding, Status, setting_name
 from quarry.identity import MeshRole
 from quarry.mesh import Access
 from quarry.server import ServiceHost, ServiceRegistration, service_host
@@ -20,6 +21,25 @@ SERVICE_NAME = monitor_pb2.DESCRIPTOR.services_by_name["MonitorService"].full_na
 _EITHER = frozenset({MeshRole.SUPERVISOR, MeshRole.WORKER})
 # SubmitJob is further refused unless the monitor's settings allow job submission.
 ACCESS: Access = {"ListGpus": _EITHER, "WatchGpus": _EITHER, "SubmitJob": _EITHER, "WatchJob": _EITHER}
+
+
+def diagnostics(settings: MonitorSettings, probe: NvmlProbe) -> Diagnostics:
+    async def local_gpus() -> Finding:
+        gpus, reason = await probe.sample()
+        if not gpus:
+            # A monitor may be there only for its SSH hosts or jobs: no local GPU is worth knowing, not a fault.
+            return Finding(Status.WARNING, reason or "this host has no NVIDIA GPU")
+        return Finding(Status.OK, f"{len(gpus)} GPU(s): {', '.join(sorted({gpu.name for gpu in gpus}))}")
+
+    facts = [
+        Fact("SSH hosts", ", ".join(sorted(settings.hosts)) or "none", setting_name(settings, "hosts")),
+        Fact(
+            "job submission",
+            "allowed" if settings.allow_job_submission else "refused",
+            setting_name(settings, "allow_job_submission"),
+        ),
+    ]
+    return Diagnostics("monitor", facts=facts, checks=[Check("local GPUs", local_gpus)])
 
 
 async def build_host(settings: MonitorSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
@@ -47,5 +67,6 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
         common,
         ServiceRegistration(SERVICE_NAME, register),
         access=ACCESS,
+        diagnostics=diagnostics(settings, probe),
         on_stopped=[release],
     )

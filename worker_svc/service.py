@@ -21,6 +21,7 @@ from quarry.research_plane import ResearchPlane
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import worker_pb2, worker_pb2_grpc
 from worker_svc.corpus import Corpus
+from worker_svc.diagnostics import diagnostics
 from worker_svc.model import DelegationRequest
 from worker_svc.servicer import WorkerServicer
 from worker_svc.store import DelegationStore
@@ -116,6 +117,15 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
         common,
         ServiceRegistration(SERVICE_NAME, register),
         access=ACCESS,
+        diagnostics=diagnostics(
+            settings,
+            common,
+            corpus=corpus,
+            search=search,
+            dial=dial,
+            migrations=MIGRATIONS,
+            version_table=VERSION_TABLE,
+        ),
         # Running delegations get most of the grace period to finish; the rest end cancelled, recorded.
         on_drain=[lambda: worker.close(finish_within=common.shutdown_grace_seconds * 0.8)],
         on_stopped=[release],

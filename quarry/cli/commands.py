@@ -25,7 +25,7 @@ CONFIGURATION_HELP = """configuration:
   QUARRY_* environment variables (QUARRY_DATA_DIR, QUARRY_LOG_LEVEL,
   QUARRY_SCRATCHPAD_ADDRESS, QUARRY_SCRATCHPAD_DATABASE_URL, ...), or a TOML
   file named by QUARRY_CONFIG_FILE with a [quarry] table and one table per
-  service ([scratchpad]); the environment wins. README.md lists every setting."""
+  service ([scratchpad]); the environment wins. docs/settings.md lists every setting."""
 
 
 def _positive(text: str) -> int:
@@ -168,7 +168,7 @@ def _parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser(
         "doctor",
         parents=[data_dir],
-        help="check services, model endpoint, search backend and databases",
+        help="ask each running service what it uses (model endpoint, search, database, peers) and how that works",
         epilog=CONFIGURATION_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

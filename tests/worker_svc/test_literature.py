@@ -9,13 +9,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from quarry.cli.doctor import search_backend as doctor_search
 from quarry.client import ScratchpadClient, insecure_channel
 from quarry.config import QuarrySettings, ScratchpadSettings, WorkerSettings
+from quarry.diagnostics import Finding, Status
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from scratchpad_svc.service import build_host as build_scratchpad
 from tests.fakes.literature_server import ARXIV_EMPTY, ATOM, ENTITY_BOMB, Canned, Literature
 from tests.fakes.openai_server import Call, Reply, ScriptedModel
+from worker_svc.corpus import Corpus
+from worker_svc.diagnostics import search_check
 from worker_svc.service import build_host as build_worker
 from worker_svc.web.search import (
     MAX_ANSWER_BYTES,
@@ -24,6 +26,7 @@ from worker_svc.web.search import (
     SearchError,
     SearchResult,
     SemanticScholarBackend,
+    http_backend,
 )
 
 
@@ -185,14 +188,21 @@ async def test_huge_and_stalled_answers_are_search_errors(literature: Literature
             await backend.search("towers", 5)
 
 
-async def test_doctor_runs_one_literature_search(literature: Literature, tmp_path: Path) -> None:
-    common = QuarrySettings(data_dir=tmp_path)
-    verdict = await doctor_search(WorkerSettings(search_backend="arxiv", arxiv_url=literature.base_url), common)
-    assert verdict.ok and verdict.check == "search (arxiv)" and "1 results for 'test'" in verdict.detail
+async def _diagnose(settings: WorkerSettings, tmp_path: Path) -> tuple[str, Finding]:
+    async with httpx.AsyncClient() as client:
+        backend = http_backend(settings, client)
+        assert backend is not None
+        check = search_check(settings, Corpus(tmp_path / "corpus.db"), backend)
+        return check.name, await check.run()
+
+
+async def test_the_workers_diagnostics_run_one_literature_search(literature: Literature, tmp_path: Path) -> None:
+    name, found = await _diagnose(WorkerSettings(search_backend="arxiv", arxiv_url=literature.base_url), tmp_path)
+    assert (name, found.status) == ("search (arxiv)", Status.OK) and "results for 'test'" in found.detail
     literature.semantic_scholar.status = 429
     settings = WorkerSettings(search_backend="semantic_scholar", semantic_scholar_url=literature.base_url)
-    verdict = await doctor_search(settings, common)
-    assert not verdict.ok and "HTTP 429" in verdict.detail, "no API key is needed, so the service is asked"
+    name, found = await _diagnose(settings, tmp_path)
+    assert found.status == Status.FAILED and "HTTP 429" in found.detail, "no API key is needed, so it is asked"
 
 
 async def test_a_delegation_on_arxiv_shows_the_model_authors_and_years(

@@ -17,7 +17,9 @@ from quarry.v1 import supervisor_pb2
 from tests.conftest import reusable_port
 from tests.fakes.choreography import REPORT, SUPERVISOR
 from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Stall
-from tests.supervisor_svc.conftest import Mesh
+from tests.fakes.web_server import FixtureWeb
+from tests.supervisor_svc.conftest import Mesh, worker_settings
+from worker_svc.service import build_host as build_worker
 
 
 @pytest.fixture
@@ -138,48 +140,55 @@ async def test_a_supervisor_whose_model_endpoint_is_down_fails_the_run_naming_th
     assert "set QUARRY_SUPERVISOR_MODEL_BASE_URL (or QUARRY_MODEL_BASE_URL for every tier)" in said
 
 
-async def test_doctor_gives_a_verdict_per_line(mesh: Mesh, model: ScriptedModel, tmp_path: Path) -> None:
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "note.md").write_text("# Note\n\nThe corpus has one document.\n")
-    code, _ = await finish(
-        await quarry("corpus", "index", str(tmp_path / "docs"), "--index", str(tmp_path / "corpus.db"))
-    )
-    assert code == 0
+async def test_doctor_reports_what_the_services_use_not_what_its_terminal_is_set_to(
+    mesh: Mesh, model: ScriptedModel, site: FixtureWeb, tmp_path: Path
+) -> None:
+    closed = f"http://127.0.0.1:{reusable_port()}/v1"  # nothing listens there
     monitor = await build_monitor(MonitorSettings(address="127.0.0.1:0"), QuarrySettings(data_dir=tmp_path))
+    # The worker this terminal knows nothing of: its model endpoint is set where the worker runs.
+    lost = await build_worker(
+        worker_settings("127.0.0.1:0", tmp_path / "lost.db", mesh.scratchpad_address, model, site).model_copy(
+            update={"model_base_url": closed}
+        ),
+        QuarrySettings(data_dir=tmp_path),
+    )
     env = {
         "QUARRY_DATA_DIR": str(tmp_path),
         "QUARRY_SUPERVISOR_ADDRESS": mesh.supervisor.address,
         "QUARRY_SUPERVISOR_WORKER_ADDRESSES": ",".join(mesh.worker_addresses),
         "QUARRY_SCRATCHPAD_ADDRESS": mesh.scratchpad_address,
-        "QUARRY_MODEL_BASE_URL": model.base_url,
-        "QUARRY_MODEL_NAME": "scripted",
-        "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{tmp_path / 'worker0.db'}",
-        "QUARRY_SUPERVISOR_DATABASE_URL": mesh.supervisor_database_url,
+        # This terminal's model is not the services': they answer for themselves.
+        "QUARRY_MODEL_BASE_URL": closed,
     }
-    async with monitor:
+    async with monitor, lost:
         env["QUARRY_MONITOR_ADDRESS"] = monitor.address
-        model.script(Reply(content="OK"))
         code, output = await finish(await quarry("doctor", env=env))
         assert code == 0, output
         lines = output.splitlines()
-        for check in ("supervisor service", "worker service", "scratchpad service", "monitor service"):
+        for check in ("supervisor service", "scratchpad service", "monitor service", "supervisor model endpoint"):
             assert any(line.startswith(" ok ") and check in line for line in lines), (check, output)
-        for check in ("shared model endpoint", "shared model name", "shared model completion", "search (corpus)"):
-            assert any(line.startswith(" ok ") and check in line for line in lines), (check, output)
-        for check in ("scratchpad database", "worker database", "supervisor database"):
-            assert any(line.startswith(" ok ") and check in line and "newest revision" in line for line in lines), (
-                output
+        for worker in mesh.worker_addresses:
+            for check in ("service", "model endpoint", "search (searxng)", "scratchpad", "database"):
+                assert any(line.startswith(" ok ") and f"worker {worker} {check}" in line for line in lines), output
+        assert f"model base URL: {model.base_url}  (QUARRY_WORKER_MODEL_BASE_URL or QUARRY_MODEL_BASE_URL)" in output
+        assert closed not in output
+
+        code, output = await finish(
+            await quarry(
+                "doctor",
+                env={
+                    **env,
+                    "QUARRY_MODEL_BASE_URL": model.base_url,
+                    "QUARRY_SUPERVISOR_WORKER_ADDRESSES": lost.address,
+                },
             )
-        code, output = await finish(await quarry("doctor", env={**env, "QUARRY_MODEL_NAME": "no-such-model"}))
-    assert code == 1
-    assert any(line.startswith("FAIL") and "'no-such-model' is not served" in line for line in output.splitlines())
-    closed = f"http://127.0.0.1:{reusable_port()}/v1"  # the workers' own endpoint, where nothing listens
-    stopped = {"QUARRY_MONITOR_ADDRESS": monitor.address, "QUARRY_WORKER_MODEL_BASE_URL": closed}
-    code, output = await finish(await quarry("doctor", env={**env, **stopped}))
+        )
+        assert code == 1, output
+        [failed] = [line for line in output.splitlines() if line.startswith("FAIL")]
+        assert failed.startswith(f"FAIL  worker model endpoint: {closed} is not reachable"), output
+        assert "QUARRY_WORKER_MODEL_BASE_URL or QUARRY_MODEL_BASE_URL" in failed
+    code, output = await finish(await quarry("doctor", env=env))
     assert code == 1 and any(line.startswith("FAIL") and "monitor service" in line for line in output.splitlines())
-    said = " ".join(output.split())  # as one line, however the terminal wrapped it
-    assert f"FAIL worker model: {closed} is not reachable" in said
-    assert "set QUARRY_WORKER_MODEL_BASE_URL (or QUARRY_MODEL_BASE_URL for every tier)" in said
 
 
 async def test_corpus_search_prints_ranked_hits_from_every_folder(tmp_path: Path) -> None:
