@@ -297,9 +297,7 @@ def test_a_service_dying_past_the_restart_bound_stops_the_mesh(up: Callable[...,
     assert not (mesh.data_dir / "mesh.json").exists()
 
 
-def test_a_second_up_on_the_same_data_dir_is_refused_and_clients_find_the_first(
-    up: Callable[..., QuarryUp], tmp_path: Path
-) -> None:
+def test_a_second_up_on_the_same_data_dir_is_refused_and_clients_find_the_first(up: Callable[..., QuarryUp]) -> None:
     first = up()
     addresses = first.addresses(NAMES)
     second = up()
@@ -309,9 +307,13 @@ def test_a_second_up_on_the_same_data_dir_is_refused_and_clients_find_the_first(
     assert first.process.poll() is None and first.state().services["supervisor"] == [addresses["supervisor"]]
     env = {**os.environ, "COLUMNS": "250"}
     client = [sys.executable, "-m", "quarry"]
-    runs = subprocess.run([*client, "runs", "list", "--data-dir", str(first.data_dir)], env=env, capture_output=True)
+    runs = subprocess.run(
+        [*client, "runs", "list", "--data-dir", str(first.data_dir)], env=env, capture_output=True, timeout=60
+    )
     assert runs.returncode == 0, runs.stderr
-    doctor = subprocess.run([*client, "doctor", "--data-dir", str(first.data_dir)], env=env, capture_output=True)
+    doctor = subprocess.run(
+        [*client, "doctor", "--data-dir", str(first.data_dir)], env=env, capture_output=True, timeout=60
+    )
     for name, address in addresses.items():
         service = "worker" if name == "worker-1" else name
         assert f"{service} service: {address}: SERVING" in doctor.stdout.decode(), doctor.stdout.decode()
