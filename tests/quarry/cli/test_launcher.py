@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from quarry.cli.mesh_state import MeshState
 from quarry.client import QuarryClient
 from quarry.v1 import common_pb2, monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
+from tests.conftest import reusable_port
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
 from tests.fakes.openai_server import Await, Call, Reply, ScriptedModel, Stall
 
@@ -298,14 +299,17 @@ def test_a_service_dying_past_the_restart_bound_stops_the_mesh(up: Callable[...,
 
 
 def test_a_second_up_on_the_same_data_dir_is_refused_and_clients_find_the_first(up: Callable[..., QuarryUp]) -> None:
-    first = up()
+    # The mesh's model endpoint, where nothing listens; the terminal that runs doctor is set to another.
+    mesh_model = f"http://127.0.0.1:{reusable_port()}/v1"
+    first = up(QUARRY_MODEL_BASE_URL=mesh_model)
     addresses = first.addresses(NAMES)
     second = up()
     assert second.process.wait(30) == 1
     refusal = second.rest_of_output()
     assert f"another quarry up (pid {first.process.pid}) is running on {first.data_dir}" in refusal
     assert first.process.poll() is None and first.state().services["supervisor"] == [addresses["supervisor"]]
-    env = {**os.environ, "COLUMNS": "250"}
+    terminal_model = f"http://127.0.0.1:{reusable_port()}/elsewhere"
+    env = {**os.environ, "COLUMNS": "250", "QUARRY_MODEL_BASE_URL": terminal_model}
     client = [sys.executable, "-m", "quarry"]
     runs = subprocess.run(
         [*client, "runs", "list", "--data-dir", str(first.data_dir)], env=env, capture_output=True, timeout=60
@@ -314,9 +318,14 @@ def test_a_second_up_on_the_same_data_dir_is_refused_and_clients_find_the_first(
     doctor = subprocess.run(
         [*client, "doctor", "--data-dir", str(first.data_dir)], env=env, capture_output=True, timeout=60
     )
+    said = doctor.stdout.decode()
     for name, address in addresses.items():
         service = "worker" if name == "worker-1" else name
-        assert f"{service} service: {address}: SERVING" in doctor.stdout.decode(), doctor.stdout.decode()
+        assert f"{service} service: {address}: SERVING" in said, said
+    # Doctor reports what the running services use, not what its own terminal is set to.
+    assert doctor.returncode == 1, said
+    assert f"worker model endpoint: {mesh_model} is not reachable" in " ".join(said.split()), said
+    assert terminal_model not in said
 
 
 def log_lines(output: str) -> list[dict[str, str]]:
