@@ -1,4 +1,4 @@
-"""Assembles the monitor process: NVML probe, SSH hosts, job watcher, servicer, host."""
+"""Assembles the monitor process: NVML probe, SSH hosts, job watcher, workspaces, servicer, host."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from monitor_svc.gpus import NvmlProbe
 from monitor_svc.jobs import Jobs, SlurmLimits
 from monitor_svc.servicer import MonitorServicer
 from monitor_svc.ssh import SshHosts
+from monitor_svc.workspaces.operations import Workspaces
+from monitor_svc.workspaces.registry import WorkspaceRegistry
 from quarry.config import MonitorSettings, QuarrySettings
 from quarry.identity import MeshRole
 from quarry.mesh import Access
@@ -19,7 +21,24 @@ from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 SERVICE_NAME = monitor_pb2.DESCRIPTOR.services_by_name["MonitorService"].full_name
 _EITHER = frozenset({MeshRole.SUPERVISOR, MeshRole.WORKER})
 # SubmitJob is further refused unless the monitor's settings allow job submission.
-ACCESS: Access = {"ListGpus": _EITHER, "WatchGpus": _EITHER, "SubmitJob": _EITHER, "WatchJob": _EITHER}
+ACCESS: Access = {
+    "ListGpus": _EITHER,
+    "WatchGpus": _EITHER,
+    "SubmitJob": _EITHER,
+    "WatchJob": _EITHER,
+    # Workspaces: only under the configured workspace roots, which are empty by default.
+    "OpenWorkspace": _EITHER,
+    "GetWorkspace": _EITHER,
+    "ListWorkspaceTree": _EITHER,
+    "ReadWorkspaceFile": _EITHER,
+    "SearchWorkspace": _EITHER,
+    "WriteWorkspaceFile": _EITHER,
+    "PatchWorkspace": _EITHER,
+    "CreateWorkspaceBranch": _EITHER,
+    "DiffWorkspace": _EITHER,
+    "CommitWorkspace": _EITHER,
+    "ResetWorkspace": _EITHER,
+}
 
 
 async def build_host(settings: MonitorSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
@@ -34,9 +53,15 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
         settings.log_roots,
         allow_submission=settings.allow_job_submission,
     )
+    workspaces = Workspaces(
+        WorkspaceRegistry(common.data_dir / "monitor" / "workspaces"),
+        hosts,
+        settings.workspace_roots,
+        git_timeout=settings.workspace_git_timeout,
+    )
 
     def register(server: grpc.aio.Server) -> None:
-        monitor_pb2_grpc.add_MonitorServiceServicer_to_server(MonitorServicer(probe, hosts, jobs), server)
+        monitor_pb2_grpc.add_MonitorServiceServicer_to_server(MonitorServicer(probe, hosts, jobs, workspaces), server)
 
     async def release() -> None:
         await hosts.close()

@@ -17,6 +17,8 @@ from monitor_svc.model import JobObservation
 from monitor_svc.smi import APP_QUERY, GPU_QUERY, MalformedOutput, parse_gpus
 from monitor_svc.ssh import SshHosts
 from monitor_svc.validation import check_job_ref, interval_seconds, require_job_kind, tail_lines
+from monitor_svc.workspaces.operations import Workspaces
+from monitor_svc.workspaces.rpc import WorkspaceServicer
 from quarry.convert import (
     duration_seconds,
     gpu_to_proto,
@@ -26,7 +28,7 @@ from quarry.convert import (
     timestamp,
 )
 from quarry.errors import ErrorReason, FailedPrecondition
-from quarry.v1 import monitor_pb2, monitor_pb2_grpc
+from quarry.v1 import monitor_pb2
 from quarry.vocabulary import JobLook
 
 LOCAL = "local"
@@ -43,8 +45,11 @@ def _look(observation: JobObservation, tail: list[str]) -> JobLook:
     return JobLook(observation.state, observation.exit_code, observation.detail, tuple(tail))
 
 
-class MonitorServicer(monitor_pb2_grpc.MonitorServiceServicer):
-    def __init__(self, probe: NvmlProbe, hosts: SshHosts, jobs: Jobs) -> None:
+class MonitorServicer(WorkspaceServicer):
+    """GPUs and jobs here; the workspace RPCs come from WorkspaceServicer."""
+
+    def __init__(self, probe: NvmlProbe, hosts: SshHosts, jobs: Jobs, workspaces: Workspaces) -> None:
+        super().__init__(workspaces)
         self._probe = probe
         self._hosts = hosts
         self._jobs = jobs

@@ -288,6 +288,8 @@ class SshHost(BaseModel):
     known_hosts: str = ""
     # Directories on the host whose files WatchJob may tail; none by default.
     log_roots: list[str] = Field(default_factory=list)
+    # Directories on the host under which workspaces may be opened; none by default.
+    workspace_roots: list[str] = Field(default_factory=list)
 
 
 class MonitorSettings(ServiceSettings):
@@ -309,3 +311,7 @@ class MonitorSettings(ServiceSettings):
     jobs_dir: str = ""
     # Further local directories whose files jobs may log to and WatchJob may tail (the jobs dir always).
     log_roots: list[str] = Field(default_factory=list)
+    # Local directories under which workspaces may be opened (their files read and written); none by default.
+    workspace_roots: list[str] = Field(default_factory=list)
+    # Seconds one git command in a workspace may take (locally and over SSH).
+    workspace_git_timeout: float = Field(default=60.0, gt=0, le=600)
