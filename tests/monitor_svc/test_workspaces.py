@@ -19,6 +19,7 @@ import grpc
 import pytest
 
 from monitor_svc.workspaces import operations
+from quarry.client import MonitorClient, insecure_channel
 from quarry.config import MonitorSettings
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 from tests.monitor_svc.fake_ssh import fake_ssh_host, monitor_for
@@ -71,13 +72,14 @@ class Env:
     settings: MonitorSettings
     stack: contextlib.AsyncExitStack
     stub: Stub = field(init=False)
+    address: str = field(init=False)
 
     async def start(self, settings: MonitorSettings | None = None) -> Stub:
         """A monitor on the same data directory (a restart), replacing `stub`."""
         host, channel, stub = await monitor_for(settings or self.settings, self.tmp_path / "data")
         self.stack.push_async_callback(host.shutdown)
         self.stack.push_async_callback(channel.close, None)
-        self.stub = stub
+        self.stub, self.address = stub, host.address
         return stub
 
     async def open(self, root: Path | str | None = None, protected: list[str] | None = None) -> monitor_pb2.Workspace:
@@ -521,3 +523,31 @@ async def test_a_workspace_survives_a_monitor_restart(env: Env, ws: str) -> None
     }
     await env.start(settings)
     await failed(env.stub.GetWorkspace(monitor_pb2.GetWorkspaceRequest(workspace_id=ws)), "WORKSPACE_ROOT_NOT_ALLOWED")
+
+
+# -- the Python client --------------------------------------------------------------------------------
+
+
+async def test_the_python_client_reaches_every_workspace_rpc(env: Env) -> None:
+    async with insecure_channel(env.address) as channel:
+        client = MonitorClient(channel)
+        opened = await client.open_workspace(str(env.project), host=env.host, protected_paths=PROTECTED)
+        ws = opened.workspace_id
+        assert (await client.get_workspace(ws)) == opened
+        tree = await client.list_workspace_tree(ws, max_depth=1)
+        assert "train.py" in [entry.path for entry in tree.entries]
+        assert (await client.read_workspace_file(ws, "train.py", start_line=3, end_line=3)).content == "LR = 0.1\n"
+        assert [m.line_number for m in (await client.search_workspace(ws, "LR =", glob="*.py")).matches] == [3]
+        branch = await client.create_workspace_branch(ws, "exp")
+        assert branch.git.branch == "exp"
+        assert (await client.write_workspace_file(ws, "new.py", "x = 1\n")).created
+        patch = "--- a/train.py\n+++ b/train.py\n@@ -3 +3 @@\n-LR = 0.1\n+LR = 0.2\n"
+        assert list((await client.patch_workspace(ws, patch, request_id="c-1")).modified_paths) == ["train.py"]
+        assert list((await client.patch_workspace(ws, patch, request_id="c-1")).modified_paths) == ["train.py"]
+        diff = await client.diff_workspace(ws)
+        assert "+LR = 0.2" in diff.diff and list(diff.untracked_paths) == ["new.py"]
+        commit = await client.commit_workspace(ws, "lr 0.2")
+        assert commit.committed and commit.commit == git(env.project, "rev-parse", "HEAD")
+        reset = await client.reset_workspace(ws, "main", remove_untracked=True)
+        assert reset.git.head_commit == opened.git.head_commit and reset.git.branch == "exp"
+        assert (env.project / "train.py").read_text() == TRAIN
