@@ -53,8 +53,10 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
         settings.log_roots,
         allow_submission=settings.allow_job_submission,
     )
+    # The registry resolves a workspace_id to its host, root and protected paths (for jobs, too).
+    registry = WorkspaceRegistry(common.data_dir / "monitor" / "workspaces")
     workspaces = Workspaces(
-        WorkspaceRegistry(common.data_dir / "monitor" / "workspaces"),
+        registry,
         hosts,
         settings.workspace_roots,
         git_timeout=settings.workspace_git_timeout,

@@ -1,8 +1,8 @@
 """Git in a workspace, as pure pieces: the argument vectors the monitor runs and the output it reads.
 
 Every git command runs in the workspace root, as an argument vector (never through a local shell;
-over SSH every word is quoted), with hooks off (core.hooksPath=/dev/null), no fsmonitor, pager,
-colour or signing, never prompting, and looking for the repository at the root only
+over SSH every word is quoted), with hooks off (core.hooksPath=/dev/null), no fsmonitor and no
+signing, never prompting, and looking for the repository at the root only
 (GIT_CEILING_DIRECTORIES): a root inside another repository's working tree is not a repository,
 so a commit or a reset never reaches files outside the root.
 """
@@ -15,18 +15,7 @@ from monitor_svc.workspaces.backend import GIT_ENV
 from monitor_svc.workspaces.model import GitState
 from quarry.errors import FieldViolation, InvalidArgument
 
-_OPTIONS = (
-    "-c",
-    "core.hooksPath=/dev/null",
-    "-c",
-    "core.fsmonitor=false",
-    "-c",
-    "core.pager=cat",
-    "-c",
-    "color.ui=false",
-    "-c",
-    "commit.gpgsign=false",
-)
+_OPTIONS = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "commit.gpgsign=false")
 # Commits the monitor makes are Quarry's, whoever the host's git user is.
 IDENTITY = ("-c", "user.name=Quarry", "-c", "user.email=quarry@localhost")
 MAX_REVISION_CHARS = 256

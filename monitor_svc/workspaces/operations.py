@@ -129,10 +129,10 @@ class Replies:
         self._answers: OrderedDict[str, tuple[object, asyncio.Future[Any]]] = OrderedDict()
 
     async def once(self, request_id: str, request: object, act: Callable[[], Awaitable[_T]]) -> _T:
+        # Each change runs as a task of its own: a caller that goes away does not stop it half done.
         if not request_id:
-            return await act()
+            return await asyncio.shield(asyncio.ensure_future(act()))
         if request_id not in self._answers:
-            # A task of its own: a caller that goes away does not undo a change under way.
             self._answers[request_id] = (request, asyncio.ensure_future(act()))
             while len(self._answers) > self._size:
                 self._answers.popitem(last=False)
@@ -184,10 +184,6 @@ class Workspaces:
         self._locks: dict[str, asyncio.Lock] = {}
         self._replies = Replies()
 
-    @property
-    def registry(self) -> WorkspaceRegistry:
-        return self._registry
-
     def _allowed_roots(self, host: str) -> list[str]:
         if host == LOCAL:
             return self._local_roots
@@ -226,15 +222,16 @@ class Workspaces:
                 f"{root} on {host} is not an existing directory", reason=ErrorReason.WORKSPACE_ROOT_INVALID
             )
         record = WorkspaceRecord(workspace_id(host, resolved), host, resolved, rules, allowed)
-        existing = await self._registry.find(record.workspace_id)
-        if existing is not None and existing.protected_paths != rules:
-            raise AlreadyExists(
-                f"{resolved} on {host} is open as {existing.workspace_id} with the protected paths "
-                f"{list(existing.protected_paths)}; open it with the same ones",
-                reason=ErrorReason.WORKSPACE_EXISTS,
-            )
-        if existing != record:
-            await self._registry.save(record)
+        async with self._lock(record):  # two opens at once: one record, whichever comes first
+            existing = await self._registry.find(record.workspace_id)
+            if existing is not None and existing.protected_paths != rules:
+                raise AlreadyExists(
+                    f"{resolved} on {host} is open as {existing.workspace_id} with the protected paths "
+                    f"{list(existing.protected_paths)}; open it with the same ones",
+                    reason=ErrorReason.WORKSPACE_EXISTS,
+                )
+            if existing != record:
+                await self._registry.save(record)
         return await self._describe(record, backend)
 
     async def _allowed_root(self, backend: Backend, resolved: str) -> str | None:
@@ -408,7 +405,8 @@ class Workspaces:
     ) -> AsyncIterator[tuple[str, str, int]]:
         """(relative path, host path, size) of each file to search, in path order, skipping tools' directories."""
         if info.kind is EntryKind.FILE:
-            if info.size <= SEARCH_FILE_BYTES:
+            name = posixpath.basename(start)
+            if info.size <= SEARCH_FILE_BYTES and (not glob or fnmatchcase(start, glob) or fnmatchcase(name, glob)):
                 yield start, resolved, info.size
             return
         if info.kind is not EntryKind.DIRECTORY:
