@@ -13,6 +13,7 @@ from monitor_svc.ssh import SshHosts
 from monitor_svc.workspaces.operations import Workspaces
 from monitor_svc.workspaces.registry import WorkspaceRegistry
 from quarry.config import MonitorSettings, QuarrySettings
+from quarry.diagnostics import Check, Diagnostics, Fact, Finding, Status, setting_name
 from quarry.identity import MeshRole
 from quarry.mesh import Access
 from quarry.server import ServiceHost, ServiceRegistration, service_host
@@ -39,6 +40,25 @@ ACCESS: Access = {
     "CommitWorkspace": _EITHER,
     "ResetWorkspace": _EITHER,
 }
+
+
+def diagnostics(settings: MonitorSettings, probe: NvmlProbe) -> Diagnostics:
+    async def local_gpus() -> Finding:
+        gpus, reason = await probe.sample()
+        if not gpus:
+            # A monitor may be there only for its SSH hosts or jobs: no local GPU is worth knowing, not a fault.
+            return Finding(Status.WARNING, reason or "this host has no NVIDIA GPU")
+        return Finding(Status.OK, f"{len(gpus)} GPU(s): {', '.join(sorted({gpu.name for gpu in gpus}))}")
+
+    facts = [
+        Fact("SSH hosts", ", ".join(sorted(settings.hosts)) or "none", setting_name(settings, "hosts")),
+        Fact(
+            "job submission",
+            "allowed" if settings.allow_job_submission else "refused",
+            setting_name(settings, "allow_job_submission"),
+        ),
+    ]
+    return Diagnostics("monitor", facts=facts, checks=[Check("local GPUs", local_gpus)])
 
 
 async def build_host(settings: MonitorSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
@@ -74,5 +94,6 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
         common,
         ServiceRegistration(SERVICE_NAME, register),
         access=ACCESS,
+        diagnostics=diagnostics(settings, probe),
         on_stopped=[release],
     )

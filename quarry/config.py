@@ -80,19 +80,23 @@ def _config_table(table: str, known: set[str]) -> dict[str, Any]:
 
 
 def describe_invalid(settings_class: type[BaseSettings], error: ValidationError) -> str:
-    """A ValidationError as lines naming the environment variable and the file key to fix."""
+    """A ValidationError as one line naming, for each problem, the environment variable and the file key to fix."""
     prefix = settings_class.model_config.get("env_prefix", "")
     table = getattr(settings_class, "config_table", "")
-    lines = []
+    problems = []
     for problem in error.errors():
         field = ".".join(str(part) for part in problem["loc"])
-        lines.append(f"  {prefix}{field.upper()} (or [{table}] {field} in {CONFIG_FILE_ENV}): {problem['msg']}")
-    return "invalid configuration:\n" + "\n".join(lines)
+        problems.append(f"{prefix}{field.upper()} (or [{table}] {field} in {CONFIG_FILE_ENV}): {problem['msg']}")
+    return "invalid configuration: " + "; ".join(problems)
 
 
 class _Settings(BaseSettings):
-    """Base for settings classes: environment first, then the config file's table."""
+    """Base for settings classes: environment first, then the config file's table.
 
+    Each field's docstring says what it means: docs/settings.md is generated from them.
+    """
+
+    model_config = SettingsConfigDict(use_attribute_docstrings=True)
     config_table: ClassVar[str]
 
     @classmethod
@@ -122,40 +126,51 @@ class QuarrySettings(_Settings):
     config_table: ClassVar[str] = "quarry"
 
     data_dir: Path = Field(default_factory=_default_data_dir)
-    # Seconds in-flight RPCs get to finish after SIGTERM before they are cancelled.
+    """Where the default SQLite databases, the corpus index and local job logs live."""
     shutdown_grace_seconds: float = Field(default=5.0, ge=0, le=300)
+    """Seconds in-flight RPCs get to finish after SIGTERM before they are cancelled."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
-    # json: one object per line with trace_id/span_id (for collectors); text: the same, readable.
+    """The least severe log lines written."""
     log_format: Literal["json", "text"] = "json"
-    # The model endpoint every tier uses unless its own settings name another
-    # (any OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 for vLLM).
+    """json: one object per line with trace_id and span_id (for collectors); text: the same, readable.
+    Configured API keys and anything after Bearer, Authorization or api_key are masked in both."""
     model_base_url: str = "http://127.0.0.1:8000/v1"
+    """The model endpoint of every tier unless the tier names its own: any OpenAI-compatible endpoint
+    (vLLM, Ollama, llama.cpp, OpenAI, ...)."""
     model_name: str = "default"
+    """The model every tier asks for unless the tier names its own; the endpoint must serve it."""
     model_api_key: str = "unused"
-    # False for models without native tool calling: tools go through a text protocol.
+    """The key sent to the model endpoint, for every tier that sets none of its own."""
     model_native_tools: bool = True
+    """False for models without native tool calling: tools then go through a text `<tool_call>` protocol."""
     model_request_timeout: float = Field(default=120.0, gt=0)
-    # TLS between services: this process's certificate and key (its server identity, and its client
-    # identity under mutual TLS), and the CA that verifies the other side. Empty: plaintext.
+    """Seconds one model request may take, streaming included."""
     tls_cert_file: str = ""
+    """This process's TLS certificate: its server identity, and its client identity under mutual TLS.
+    Empty (with the key and CA): plaintext between services."""
     tls_key_file: str = ""
+    """The private key of that certificate."""
     tls_ca_file: str = ""
-    # With a CA configured, servers refuse clients without a certificate it signed (mutual TLS).
+    """The CA that verifies the other side of every connection between services."""
     tls_require_client_cert: bool = True
+    """With a CA configured, servers refuse clients without a certificate it signed (mutual TLS)."""
     max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024, le=256 * 1024 * 1024)
-    # Servers ask clients to reconnect after this long, so scaled-out replicas get new calls.
+    """The largest message any server or client accepts."""
     max_connection_age_seconds: float = Field(default=300.0, ge=1)
-    # Calls in flight when that happens get this long to finish.
+    """Servers ask clients to reconnect after this long, so scaled-out replicas (new workers) get new calls."""
     max_connection_age_grace_seconds: float = Field(default=3600.0, ge=0)
+    """Calls in flight when a server asks its client to reconnect get this long to finish."""
     keepalive_seconds: float = Field(default=30.0, ge=1)
-    # Authentication between Quarry's own services. mesh_token: the secret this process presents on
-    # its calls to the others. mesh_peers: who may call this process's internal service, as
-    # "ROLE=sha256:HEX" (the digest of that role's token) or "ROLE=cn:NAME" (a client certificate's
-    # common name under mutual TLS), comma-separated. An internal service refuses to start without
-    # peers unless mesh_insecure says, explicitly, that anyone who can reach it may call it.
+    """How often an idle connection is pinged, so a dead peer is noticed."""
     mesh_token: str = ""
+    """The secret this process presents on its calls to the other services (`quarry up` makes one per
+    start; `quarry mesh keys` makes them for a deployment)."""
     mesh_peers: str = ""
+    """Who may call this process's internal service, comma-separated: "ROLE=sha256:HEX" (the digest of
+    that role's mesh token) or "ROLE=cn:NAME" (a client certificate's common name, under mutual TLS)."""
     mesh_insecure: bool = False
+    """Lets an internal service start without mesh peers, callable by anyone who can reach it. Without
+    peers and without this, it refuses to start."""
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -169,12 +184,14 @@ class ServiceSettings(_Settings):
     service_name: ClassVar[str]
 
     address: str
-    # SQLAlchemy URL; empty means a SQLite file under the data directory.
+    """The HOST:PORT the service listens on (port 0 picks a free one)."""
     database_url: str = ""
-    # HOST:PORT for a Prometheus scrape endpoint of this service's metrics; empty: none.
+    """The service's database as a SQLAlchemy URL (`sqlite:///PATH` or `postgresql://USER@HOST:PORT/DB`);
+    empty: a SQLite file named after the service in the data directory."""
     prometheus_address: str = ""
-    # HOST:PORT serving only the health service in plaintext, for probes when TLS is on; empty: none.
+    """HOST:PORT of a Prometheus scrape endpoint (`/metrics`) for this service's metrics; empty: none."""
     health_address: str = ""
+    """HOST:PORT serving only the health service, in plaintext, for probes that cannot speak TLS; empty: none."""
 
     @field_validator("address")
     @classmethod
@@ -196,22 +213,30 @@ class ScratchpadSettings(ServiceSettings):
     service_name: ClassVar[str] = "scratchpad"
 
     address: str = "127.0.0.1:7411"
+    """The HOST:PORT the scratchpad listens on (port 0 picks a free one)."""
     max_content_bytes: int = Field(default=64 * 1024, ge=1, le=16 * 1024 * 1024)
+    """The largest entry content, counted in UTF-8 bytes."""
     max_sources: int = Field(default=32, ge=0, le=1000)
-    # Appends that queue behind one in-flight transaction commit together.
+    """The most sources one entry may carry."""
     max_batch: int = Field(default=256, ge=1, le=10_000)
-    # Watchers re-read after this long without a commit signal (a safety net only).
+    """Appends that queue behind one in-flight transaction commit together, up to this many."""
     watch_poll_seconds: float = Field(default=5.0, gt=0, le=3600)
+    """A Watch re-reads after this long without a commit signal (a safety net only)."""
 
 
 class ModelTier(ServiceSettings):
     """A service that calls a model: its tier's endpoint, falling back field by field to [quarry]'s."""
 
     model_base_url: str = ""
+    """This tier's own model endpoint; empty: QUARRY_MODEL_BASE_URL."""
     model_name: str = ""
+    """This tier's own model; empty: QUARRY_MODEL_NAME."""
     model_api_key: str = ""
+    """This tier's own key for its endpoint; empty: QUARRY_MODEL_API_KEY."""
     model_native_tools: bool | None = None
+    """Whether this tier's model calls tools natively; unset: QUARRY_MODEL_NATIVE_TOOLS."""
     model_request_timeout: float | None = Field(default=None, gt=0)
+    """Seconds one of this tier's model requests may take; unset: QUARRY_MODEL_REQUEST_TIMEOUT."""
 
 
 class WorkerSettings(ModelTier):
@@ -220,30 +245,46 @@ class WorkerSettings(ModelTier):
     service_name: ClassVar[str] = "worker"
 
     address: str = "127.0.0.1:7412"
-    # The scratchpad this worker promotes findings to.
+    """The HOST:PORT the worker listens on (port 0 picks a free one)."""
     scratchpad_address: str = "127.0.0.1:7411"
-    # The monitor behind the gpu_status and job_status tools; empty: those tools are not offered.
+    """The scratchpad this worker promotes findings to (`quarry up` sets it)."""
     monitor_address: str = ""
+    """The monitor behind the gpu_status and job_status tools (`quarry up` sets it); empty: those tools
+    are not offered."""
     max_concurrent_delegations: int = Field(default=64, ge=1, le=10_000)
-    # Used when a Delegate request sets no timeout.
+    """Delegations this worker runs at once; beyond it Delegate answers RESOURCE_EXHAUSTED."""
     default_timeout_seconds: float = Field(default=600.0, gt=0)
+    """A delegation's deadline when the Delegate request sets none."""
     context_tokens: int = Field(default=96_000, ge=1000)
-    # corpus, searxng, tavily or brave
-    search_backend: Literal["corpus", "searxng", "tavily", "brave"] = "corpus"
+    """The history budget of each worker model call: older turns are truncated to fit."""
+    search_backend: Literal["corpus", "searxng", "tavily", "brave", "arxiv", "semantic_scholar"] = "corpus"
+    """Where web_search looks: the local corpus, a SearXNG instance (`searxng_url`), Tavily or Brave
+    (`search_api_key`), or the literature: arXiv (`arxiv_url`) or Semantic Scholar (`semantic_scholar_url`)."""
     searxng_url: str = ""
+    """The SearXNG instance's base URL, for the searxng backend."""
     search_api_key: str = ""
-    # The local corpus index (`quarry corpus index`); empty means corpus.db in the data directory.
+    """The API key of the tavily or brave backend; Semantic Scholar's optional one (a higher rate limit)."""
+    arxiv_url: str = "https://export.arxiv.org"
+    """arXiv's API, for the arxiv backend."""
+    semantic_scholar_url: str = "https://api.semanticscholar.org"
+    """Semantic Scholar's API, for the semantic_scholar backend."""
+    search_seconds: float = Field(default=30.0, gt=0, le=600)
+    """All one search may take (connecting, the whole answer); past it the search is an error for the model."""
     corpus_index: str = ""
-    # Internal addresses page fetching may reach anyway: "HOST:PORT" or CIDR, comma-separated.
+    """The local corpus index `quarry corpus index` writes; empty: corpus.db in the data directory."""
     fetch_allow: str = ""
+    """Internal addresses page fetching may reach anyway, as HOST:PORT or CIDR, comma-separated; every
+    other non-public address is refused."""
     page_chunk_chars: int = Field(default=4000, ge=200, le=100_000)
-    # All one page fetch may take (connecting, redirects, the whole body), however the server paces it.
+    """Pages are served to the model in chunks of this many characters."""
     page_fetch_seconds: float = Field(default=20.0, gt=0, le=3600)
-    # Page text is extracted (HTML, PDF) in this many child processes; one that takes longer than
-    # page_extract_seconds or more memory than page_extract_memory_mb is killed and replaced.
+    """All one page fetch may take (connecting, redirects, the whole body), however the server paces it."""
     page_extract_workers: int = Field(default=2, ge=1, le=64)
+    """Child processes that extract page text (HTML, PDF)."""
     page_extract_seconds: float = Field(default=15.0, gt=0, le=3600)
+    """An extraction that takes longer is killed (and its process replaced); the read is an error for the model."""
     page_extract_memory_mb: int = Field(default=1024, ge=256, le=1_048_576)
+    """The address space of each extraction process; one that needs more is killed and replaced."""
 
 
 class SupervisorSettings(ModelTier):
@@ -252,23 +293,28 @@ class SupervisorSettings(ModelTier):
     service_name: ClassVar[str] = "supervisor"
 
     address: str = "127.0.0.1:7410"
+    """The HOST:PORT the supervisor listens on, and where `quarry ask` connects."""
     scratchpad_address: str = "127.0.0.1:7411"
-    # Worker processes, comma-separated HOST:PORT; delegations go round-robin over them.
+    """The scratchpad the supervisor's runs write to (`quarry up` sets it)."""
     worker_addresses: str = "127.0.0.1:7412"
-    # Used when a run sets no timeout.
+    """Worker HOST:PORTs (or a `dns:///` name that resolves to all of them), comma-separated; delegations
+    go round-robin over those whose health says SERVING, and a refused one is retried once on the next."""
     default_run_timeout_seconds: float = Field(default=1800.0, gt=0)
-    # Delegations one run may have in flight, when the run does not say.
+    """A run's limit when StartRun sets none."""
     max_parallel_delegations: int = Field(default=4, ge=1, le=64)
-    # Runs this process executes at once; StartRun beyond it is RESOURCE_EXHAUSTED.
+    """Delegations one run may have in flight, when the run does not say."""
     max_active_runs: int = Field(default=32, ge=1, le=10_000)
-    # A run whose supervisor stops renewing its lease this long is ended as failed.
+    """Runs this process executes at once; beyond it StartRun answers RESOURCE_EXHAUSTED."""
     run_lease_seconds: float = Field(default=30.0, ge=1, le=3600)
+    """A run whose supervisor stops renewing its lease this long is ended as failed (by any replica)."""
     context_tokens: int = Field(default=96_000, ge=1000)
-    # When set, SupervisorService calls need `authorization: Bearer <token>` (health and reflection stay open).
+    """The history budget of each supervisor model call: older turns are truncated to fit."""
     auth_token: str = ""
-    # A waiting StreamRun re-reads after this long without a wake-up (a safety net: commits wake it,
-    # on PostgreSQL across replicas too).
+    """When set, SupervisorService calls need `authorization: Bearer <token>` (health, diagnostics and
+    reflection stay open); the command line sends it too."""
     stream_poll_seconds: float = Field(default=1.0, gt=0, le=3600)
+    """A waiting StreamRun re-reads after this long without a wake-up (a safety net: commits wake it,
+    on PostgreSQL across replicas too)."""
 
     def worker_targets(self) -> list[str]:
         return [target.strip() for target in self.worker_addresses.split(",") if target.strip()]
@@ -277,19 +323,23 @@ class SupervisorSettings(ModelTier):
 class SshHost(BaseModel):
     """A host the monitor reaches over SSH (nvidia-smi, process liveness, log tails, Slurm)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     address: str
+    """The host's name or IP address."""
     port: int = Field(default=22, ge=1, le=65535)
+    """Its SSH port."""
     user: str
-    # Private key file; empty uses none (the server must then accept another method).
+    """The user to log in as."""
     key_path: str = ""
-    # known_hosts file the host key must be in; empty means ~/.ssh/known_hosts. Never skipped.
+    """A private key file; empty uses none (the server must then accept another method)."""
     known_hosts: str = ""
-    # Directories on the host whose files WatchJob may tail; none by default.
+    """The known_hosts file the host key must be in; empty: ~/.ssh/known_hosts. Never skipped."""
     log_roots: list[str] = Field(default_factory=list)
-    # Directories on the host under which workspaces may be opened; none by default.
+    """Directories on the host whose files WatchJob may tail; none by default."""
     workspace_roots: list[str] = Field(default_factory=list)
+    """Directories on the host under which workspaces may be opened (files over SFTP, git over SSH); none
+    by default."""
 
 
 class MonitorSettings(ServiceSettings):
@@ -298,20 +348,25 @@ class MonitorSettings(ServiceSettings):
     service_name: ClassVar[str] = "monitor"
 
     address: str = "127.0.0.1:7413"
-    # Hosts by name: JSON in QUARRY_MONITOR_HOSTS, or [monitor.hosts.NAME] tables in the config file.
+    """The HOST:PORT the monitor listens on (port 0 picks a free one)."""
     hosts: dict[str, SshHost] = Field(default_factory=dict)
+    """SSH hosts by name: JSON, e.g. `{"gpu1": {"address": "10.0.0.5", "user": "me", "key_path":
+    "/keys/id_ed25519"}}`, or `[monitor.hosts.NAME]` tables in the config file (fields below)."""
     ssh_command_timeout: float = Field(default=30.0, gt=0, le=600)
-    # SubmitJob runs commands as the monitor's user: refused unless a deployment turns it on.
+    """Seconds one remote command may take."""
     allow_job_submission: bool = False
-    # A Slurm job neither sacct nor squeue knows is given up (UNKNOWN) after this many polls...
+    """SubmitJob runs commands as the monitor's user: it is refused unless this turns it on."""
     slurm_unknown_polls: int = Field(default=30, ge=1, le=100_000)
-    # ...or once its time limit plus this buffer has passed since it was submitted or first seen.
+    """A Slurm job neither sacct nor squeue knows is given up (UNKNOWN) after this many polls..."""
     slurm_time_limit_buffer_seconds: float = Field(default=600.0, ge=0)
-    # Logs of local jobs started without a log_path; empty means jobs/ in the data directory.
+    """...or once its time limit plus this buffer has passed since it was submitted or first seen."""
     jobs_dir: str = ""
-    # Further local directories whose files jobs may log to and WatchJob may tail (the jobs dir always).
+    """Logs of local jobs started without a log path; empty: jobs/ in the data directory."""
     log_roots: list[str] = Field(default_factory=list)
-    # Local directories under which workspaces may be opened (their files read and written); none by default.
+    """Further local directories whose files jobs may log to and WatchJob may tail (the jobs directory
+    always); in the environment a JSON list, e.g. `["/data/logs"]`."""
     workspace_roots: list[str] = Field(default_factory=list)
-    # Seconds one git command in a workspace may take (locally and over SSH).
+    """Local directories under which workspaces may be opened, their files read and written as the
+    monitor's user; none by default, so no workspace opens. A JSON list, e.g. `["/srv/experiments"]`."""
     workspace_git_timeout: float = Field(default=60.0, gt=0, le=600)
+    """Seconds one git command in a workspace may take (on this machine and over SSH)."""

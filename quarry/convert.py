@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from quarry.agent.usage import Usage
+from quarry.diagnostics import Report, Status
 from quarry.identity import Principal, Role
-from quarry.v1 import common_pb2, monitor_pb2, scratchpad_pb2, worker_pb2
+from quarry.v1 import common_pb2, diagnostics_pb2, monitor_pb2, scratchpad_pb2, worker_pb2
 from quarry.vocabulary import (
     DelegationErrorCode,
     DelegationResult,
@@ -34,12 +35,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DELEGATION_ERROR_CODES",
+    "DIAGNOSTIC_STATUSES",
     "ENTRY_KINDS",
     "JOB_STATES",
     "ROLES",
     "EnumMap",
     "delegation_result_from_proto",
     "delegation_result_to_proto",
+    "diagnostics_report_to_proto",
     "duration",
     "duration_seconds",
     "entry_from_proto",
@@ -112,6 +115,10 @@ JOB_STATES: EnumMap[JobState, monitor_pb2.JobState.ValueType] = EnumMap(
 
 DELEGATION_ERROR_CODES: EnumMap[DelegationErrorCode, common_pb2.DelegationErrorCode.ValueType] = EnumMap(
     {code: common_pb2.DelegationErrorCode.Value(f"DELEGATION_ERROR_CODE_{code.name}") for code in DelegationErrorCode}
+)
+
+DIAGNOSTIC_STATUSES: EnumMap[Status, diagnostics_pb2.DiagnosticStatus.ValueType] = EnumMap(
+    {status: diagnostics_pb2.DiagnosticStatus.Value(f"DIAGNOSTIC_STATUS_{status.name}") for status in Status}
 )
 
 
@@ -316,3 +323,21 @@ def timestamp(value: datetime) -> timestamp_pb2.Timestamp:
     message = timestamp_pb2.Timestamp()
     message.FromDatetime(value.astimezone(UTC))
     return message
+
+
+def diagnostics_report_to_proto(report: Report) -> diagnostics_pb2.GetDiagnosticsResponse:
+    return diagnostics_pb2.GetDiagnosticsResponse(
+        service=report.service,
+        version=report.version,
+        facts=[diagnostics_pb2.DiagnosticFact(name=f.name, value=f.value, setting=f.setting) for f in report.facts],
+        checks=[
+            diagnostics_pb2.DiagnosticCheck(
+                name=name,
+                status=DIAGNOSTIC_STATUSES.to_proto(finding.status),
+                detail=finding.detail,
+                setting=finding.setting,
+            )
+            for name, finding in report.findings
+        ],
+        check_time=timestamp(report.checked_at),
+    )

@@ -1,4 +1,4 @@
-"""The service kernel: a grpc.aio server with health, reflection and error translation.
+"""The service kernel: a grpc.aio server with health, diagnostics, reflection and error translation.
 
 `create_server` builds and binds a server (tests bind port 0); `ServiceHost` owns
 start and stop of one service process, including graceful shutdown on SIGTERM.
@@ -26,9 +26,12 @@ from grpc_reflection.v1alpha import reflection
 
 from quarry import telemetry
 from quarry.config import QuarrySettings, ServiceSettings
+from quarry.convert import diagnostics_report_to_proto
+from quarry.diagnostics import Diagnoser, Diagnostics
 from quarry.errors import QuarryError, internal_status, to_rpc_status
 from quarry.mesh import Access, MeshAuthentication, mesh_guard
 from quarry.security import BearerTokenInterceptor, ConnectionLimits, Tls
+from quarry.v1 import diagnostics_pb2, diagnostics_pb2_grpc
 
 __all__ = [
     "BoundServer",
@@ -42,6 +45,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_DIAGNOSTICS_SERVICE = diagnostics_pb2.DESCRIPTOR.services_by_name["DiagnosticsService"].full_name
 
 if TYPE_CHECKING:
     Context = grpc.aio.ServicerContext[Any, Any]
@@ -256,6 +261,16 @@ class _HealthServicer(health.aio.HealthServicer):  # type: ignore[misc,name-defi
         )
 
 
+class _DiagnosticsServicer(diagnostics_pb2_grpc.DiagnosticsServiceServicer):
+    def __init__(self, diagnoser: Diagnoser) -> None:
+        self._diagnoser = diagnoser
+
+    async def GetDiagnostics(
+        self, request: diagnostics_pb2.GetDiagnosticsRequest, context: Context
+    ) -> diagnostics_pb2.GetDiagnosticsResponse:
+        return diagnostics_report_to_proto(await self._diagnoser.report())
+
+
 @dataclass
 class BoundServer:
     server: grpc.aio.Server
@@ -277,14 +292,16 @@ def create_server(
     limits: ConnectionLimits | None = None,
     tokens: Mapping[str, str] | None = None,
     mesh: MeshAuthentication | None = None,
+    diagnostics: Diagnostics | None = None,
 ) -> tuple[BoundServer, int]:
-    """Build a server for `services` plus health and reflection, bound to `address`.
+    """Build a server for `services` plus health, diagnostics and reflection, bound to `address`.
 
     Returns the server and the port it bound (useful with port 0). The owner
     starts it and reports health with `set_serving`. With `tls`, the port is
     TLS (mutual when it requires client certificates); `tokens` maps service
     names to the bearer token their calls must carry; `mesh` authenticates the
-    callers of internal services.
+    callers of internal services. Health, diagnostics and reflection are named
+    in neither, so they stay open; `diagnostics` is what the service reports.
     """
     limits = limits or ConnectionLimits()
     server = grpc.aio.server(
@@ -305,9 +322,10 @@ def create_server(
     for service in services:
         service.register(server)
     names = [service.full_name for service in services]
-    reflection.enable_server_reflection(
-        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
-    )
+    diagnoser = Diagnoser(diagnostics or Diagnostics(service=", ".join(names)))
+    diagnostics_pb2_grpc.add_DiagnosticsServiceServicer_to_server(_DiagnosticsServicer(diagnoser), server)
+    health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+    reflection.enable_server_reflection([*names, health_name, _DIAGNOSTICS_SERVICE, reflection.SERVICE_NAME], server)
     try:
         port = server.add_secure_port(address, tls.server_credentials()) if tls else server.add_insecure_port(address)
     except RuntimeError as error:  # grpc reports a failed bind this way
@@ -342,6 +360,7 @@ class ServiceHost:
         limits: ConnectionLimits | None = None,
         tokens: Mapping[str, str] | None = None,
         mesh: MeshAuthentication | None = None,
+        diagnostics: Diagnostics | None = None,
         health_address: str = "",
     ) -> None:
         self._tls = tls
@@ -352,6 +371,7 @@ class ServiceHost:
         self._limits = limits
         self._tokens = tokens
         self._mesh = mesh
+        self._diagnostics = diagnostics
         self._address = address
         self._services = services
         self._grace = grace
@@ -369,7 +389,13 @@ class ServiceHost:
 
     async def start(self) -> int:
         self._bound, self.port = create_server(
-            self._address, self._services, tls=self._tls, limits=self._limits, tokens=self._tokens, mesh=self._mesh
+            self._address,
+            self._services,
+            tls=self._tls,
+            limits=self._limits,
+            tokens=self._tokens,
+            mesh=self._mesh,
+            diagnostics=self._diagnostics,
         )
         await self._bound.server.start()
         if self._health_address:
@@ -426,10 +452,12 @@ def service_host(
     on_stopped: Sequence[Hook] = (),
     tokens: Mapping[str, str] | None = None,
     access: Access | None = None,
+    diagnostics: Diagnostics | None = None,
 ) -> ServiceHost:
     """The host of one service as configured: its address and health port, TLS, limits and grace.
 
     An internal service passes its `access` table: its callers must then prove a mesh role it allows.
+    `diagnostics` is what the service reports about itself to anyone who asks (`quarry doctor`).
     """
     mesh = None if access is None else mesh_guard(common, {registration.full_name: access}, settings.service_name)
     return ServiceHost(
@@ -442,6 +470,7 @@ def service_host(
         limits=ConnectionLimits.from_settings(common),
         tokens=tokens,
         mesh=mesh,
+        diagnostics=diagnostics,
         health_address=settings.health_address,
     )
 

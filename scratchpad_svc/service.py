@@ -8,6 +8,7 @@ import grpc
 
 from quarry.config import QuarrySettings, ScratchpadSettings
 from quarry.db import open_migrated_database
+from quarry.diagnostics import Diagnostics, database_diagnostics
 from quarry.identity import MeshRole
 from quarry.mesh import Access
 from quarry.notify import CommitSignal, listen_for_commits
@@ -46,6 +47,7 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
         watch_poll_seconds=settings.watch_poll_seconds,
     )
     listener = listen_for_commits(database, NOTIFY_CHANNEL, signal)
+    database_fact, database_check = database_diagnostics(settings, common, MIGRATIONS, VERSION_TABLE)
 
     def register(server: grpc.aio.Server) -> None:
         scratchpad_pb2_grpc.add_ScratchpadServiceServicer_to_server(ScratchpadServicer(scratchpad), server)
@@ -60,6 +62,7 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
         common,
         ServiceRegistration(SERVICE_NAME, register),
         access=ACCESS,
+        diagnostics=Diagnostics("scratchpad", facts=[database_fact], checks=[database_check]),
         on_drain=[scratchpad.close],
         on_stopped=[release],
     )

@@ -11,6 +11,7 @@ from quarry.agent.model import ModelClient, ModelSettings
 from quarry.client import Dialer, ScratchpadClient
 from quarry.config import QuarrySettings, SupervisorSettings
 from quarry.db import open_migrated_database
+from quarry.diagnostics import Diagnostics, Fact, database_diagnostics, model_diagnostics, peer_check, setting_name
 from quarry.notify import CommitSignal, listen_for_commits
 from quarry.research_plane import ResearchPlane
 from quarry.server import ServiceHost, ServiceRegistration, service_host
@@ -24,6 +25,30 @@ from supervisor_svc.worker_client import DelegationClient
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "alembic_version_supervisor"
 SERVICE_NAME = supervisor_pb2.DESCRIPTOR.services_by_name["SupervisorService"].full_name
+
+
+def diagnostics(settings: SupervisorSettings, common: QuarrySettings, dial: Dialer) -> Diagnostics:
+    model_facts, model_check = model_diagnostics(settings, common)
+    database_fact, database_check = database_diagnostics(settings, common, MIGRATIONS, VERSION_TABLE)
+    scratchpad, workers = setting_name(settings, "scratchpad_address"), setting_name(settings, "worker_addresses")
+    facts = [
+        *model_facts,
+        Fact("scratchpad", settings.scratchpad_address, scratchpad),
+        Fact("workers", ", ".join(settings.worker_targets()), workers),
+        database_fact,
+        Fact(
+            "client authentication",
+            "a bearer token" if settings.auth_token else "none",
+            setting_name(settings, "auth_token"),
+        ),
+    ]
+    checks = [
+        model_check,
+        peer_check("scratchpad", settings.scratchpad_address, dial, scratchpad),
+        *(peer_check("worker", target, dial, workers) for target in settings.worker_targets()),
+        database_check,
+    ]
+    return Diagnostics("supervisor", facts=facts, checks=checks)
 
 
 async def build_host(settings: SupervisorSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
@@ -71,6 +96,7 @@ async def build_host(settings: SupervisorSettings | None = None, common: QuarryS
         common,
         ServiceRegistration(SERVICE_NAME, register),
         tokens={SERVICE_NAME: settings.auth_token},
+        diagnostics=diagnostics(settings, common, dial),
         # Runs record their ends within most of the grace period; the rest is for the lease keeper to stop.
         on_drain=[lambda: supervisor.close(end_within=common.shutdown_grace_seconds * 0.8)],
         on_stopped=[release],

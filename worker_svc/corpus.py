@@ -281,6 +281,19 @@ class Corpus:
             connection.execute("DELETE FROM roots WHERE id = ?", (root,))
         return Root(name=name, folder=None if folder is None else Path(folder), documents=count, indexed_at=indexed_at)
 
+    def document_count(self) -> int:
+        """How many documents the index holds, read without creating or upgrading it (blocking).
+
+        Raises CorpusError when there is no index, or the file is not one."""
+        if not self.index_path.is_file():
+            raise CorpusError(f"there is no index at {self.index_path}")
+        try:
+            with closing(sqlite3.connect(self.index_path.resolve().as_uri() + "?mode=ro", uri=True)) as connection:
+                (count,) = connection.execute("SELECT count(*) FROM documents").fetchone()
+        except sqlite3.Error as error:
+            raise CorpusError(f"{self.index_path} is not a corpus index: {error}") from None
+        return int(count)
+
     def hits(self, query: str, limit: int) -> list[Hit]:
         """Best matches first (bm25), with the file each was read from (blocking)."""
         expression = _match_expression(query)

@@ -19,13 +19,14 @@ from quarry.research_plane import ResearchPlane
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import worker_pb2, worker_pb2_grpc
 from worker_svc.corpus import Corpus
+from worker_svc.diagnostics import diagnostics
 from worker_svc.model import DelegationRequest
 from worker_svc.servicer import WorkerServicer
 from worker_svc.store import DelegationStore
 from worker_svc.tools import DelegationContext
 from worker_svc.web.fetch import AddressPolicy, guarded_client
 from worker_svc.web.pages import PageReader
-from worker_svc.web.search import BraveBackend, SearchBackend, SearxngBackend, TavilyBackend
+from worker_svc.web.search import SearchBackend, http_backend
 from worker_svc.worker import Worker, WorkerLimits
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -36,16 +37,6 @@ ACCESS: Access = {
     "Delegate": frozenset({MeshRole.SUPERVISOR}),
     "GetDelegation": frozenset({MeshRole.SUPERVISOR}),
 }
-
-
-def search_backend(settings: WorkerSettings, corpus: Corpus, http: httpx.AsyncClient) -> SearchBackend:
-    if settings.search_backend == "searxng":
-        return SearxngBackend(http, settings.searxng_url)
-    if settings.search_backend == "tavily":
-        return TavilyBackend(http, settings.search_api_key)
-    if settings.search_backend == "brave":
-        return BraveBackend(http, settings.search_api_key)
-    return corpus
 
 
 async def build_host(settings: WorkerSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
@@ -59,7 +50,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
     monitor_channel = dial.channel(settings.monitor_address) if settings.monitor_address else None
     monitor = ComputeView(MonitorClient(monitor_channel)) if monitor_channel else None
     corpus = Corpus(Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db")
-    search_http = httpx.AsyncClient(timeout=30)
+    search_http = httpx.AsyncClient(timeout=settings.search_seconds)
     policy = AddressPolicy(allow=tuple(entry.strip() for entry in settings.fetch_allow.split(",") if entry.strip()))
     web = guarded_client(policy)
     # One page cache for the process: pages are public, what each delegation read is tracked per context.
@@ -72,7 +63,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
         extract_memory_bytes=settings.page_extract_memory_mb * 2**20,
         extract_workers=settings.page_extract_workers,
     )
-    search = search_backend(settings, corpus, search_http)
+    search: SearchBackend = http_backend(settings, search_http) or corpus
 
     def context_for(request: DelegationRequest) -> DelegationContext:
         assert request.role is not None
@@ -118,6 +109,15 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
         common,
         ServiceRegistration(SERVICE_NAME, register),
         access=ACCESS,
+        diagnostics=diagnostics(
+            settings,
+            common,
+            corpus=corpus,
+            search=search,
+            dial=dial,
+            migrations=MIGRATIONS,
+            version_table=VERSION_TABLE,
+        ),
         # Running delegations get most of the grace period to finish; the rest end cancelled, recorded.
         on_drain=[lambda: worker.close(finish_within=common.shutdown_grace_seconds * 0.8)],
         on_stopped=[release],

@@ -21,7 +21,10 @@ from quarry.identity import Principal
 from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import JobRef
 from worker_svc.web.pages import Page, PageError, PageReader
-from worker_svc.web.search import SearchBackend, SearchError
+from worker_svc.web.search import SearchBackend, SearchError, SearchResult
+
+# A paper's byline names this many authors, then "et al." (some papers have thousands).
+BYLINE_AUTHORS = 5
 
 CAPABILITIES: dict[str, list[str]] = {
     "web_search": ["perform_web_search", "read_web_page", "search_web_page", "scroll_web_page"],
@@ -95,7 +98,19 @@ async def perform_web_search(params: SearchParams, context: DelegationContext) -
         raise ToolError(str(error)) from error
     if not results:
         return f"No results for {params.query!r}."
-    return "\n".join(f"{n}. {r.title}\n   {r.url}\n   {r.snippet}" for n, r in enumerate(results, start=1))
+    return "\n".join(
+        f"{n}. {r.title}\n" + (f"   {byline}\n" if (byline := _byline(r)) else "") + f"   {r.url}\n   {r.snippet}"
+        for n, r in enumerate(results, start=1)
+    )
+
+
+def _byline(result: SearchResult) -> str:
+    """A paper's authors and year ("A, B, C et al. (2017)"); empty for a web page."""
+    authors = ", ".join(result.authors[:BYLINE_AUTHORS])
+    if len(result.authors) > BYLINE_AUTHORS:
+        authors += " et al."
+    year = f"({result.year})" if result.year is not None else ""
+    return " ".join(part for part in (authors, year) if part)
 
 
 async def read_web_page(params: ReadPageParams, context: DelegationContext) -> str:
@@ -119,7 +134,12 @@ async def scroll_web_page(params: ScrollParams, context: DelegationContext) -> s
 
 
 WEB_TOOLS: list[Tool[Any, DelegationContext]] = [
-    Tool("perform_web_search", "Search the web (or the local corpus) for pages.", SearchParams, perform_web_search),
+    Tool(
+        "perform_web_search",
+        "Search the web (or the local corpus, or the literature) for pages.",
+        SearchParams,
+        perform_web_search,
+    ),
     Tool("read_web_page", "Read the first page of a document's text.", ReadPageParams, read_web_page),
     Tool("search_web_page", "Find text inside a document, with the pages it is on.", SearchPageParams, search_web_page),
     Tool("scroll_web_page", "Read another page of a document.", ScrollParams, scroll_web_page),

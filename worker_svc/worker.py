@@ -40,11 +40,11 @@ from quarry.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from quarry.identity import Role
 from quarry.lease import LeaseKeeper, LeaseTerms
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import DelegationErrorCode, DelegationResult
 from worker_svc.model import DelegationRecord, DelegationRequest, Event, Progress, Started
+from worker_svc.roles import ROLES
 from worker_svc.store import DelegationStore
 from worker_svc.tools import DelegationContext, tools_for
 
@@ -59,28 +59,6 @@ MAX_CRITERION_CHARS = 1000
 MAX_INPUT_REFS = 20
 MAX_INPUT_REF_CHARS = 2048
 MAX_TIMEOUT_SECONDS = 24 * 3600
-
-ROLE_CAPABILITIES: dict[Role, list[str]] = {
-    Role.RESEARCHER: ["web_search", "scratchpad"],
-    Role.VERIFIER: ["web_search", "scratchpad"],
-}
-# Roles that subscribe to `compute` (gpu_status, job_status) when the worker has a monitor.
-COMPUTE_ROLES = frozenset({Role.RESEARCHER})
-
-ROLE_INSTRUCTIONS: dict[Role, str] = {
-    Role.RESEARCHER: (
-        "You are a research worker. Read the shared scratchpad first: it holds the task's seed and what other "
-        "workers found. Search, read pages, and verify. Promote only verified findings with append_scratchpad "
-        "(kind 'finding'), each citing pages you read in this task with excerpts quoted exactly. Add a 'marker' "
-        "or an 'acknowledgement' when the task asks for one. Finish with a short summary of what you promoted."
-    ),
-    Role.VERIFIER: (
-        "You are a verifier. Read the scratchpad, re-read the sources the findings cite, and record a 'verdict' "
-        "for each finding you checked, quoting the passage that supports or contradicts it. Finish with a short "
-        "summary of your verdicts."
-    ),
-}
-
 
 _ACTIVE = meter.create_up_down_counter("quarry.delegations.active", description="delegations running on this worker")
 
@@ -115,8 +93,8 @@ def validate(request: DelegationRequest) -> None:
         violations.append(FieldViolation("task.objective", "must not contain NUL characters"))
     violations.extend(_list_violations("task.criteria", request.criteria, MAX_CRITERIA, MAX_CRITERION_CHARS))
     violations.extend(_list_violations("task.input_refs", request.input_refs, MAX_INPUT_REFS, MAX_INPUT_REF_CHARS))
-    if request.role not in ROLE_CAPABILITIES:
-        roles = ", ".join(f"ROLE_{role.name}" for role in ROLE_CAPABILITIES)
+    if request.role not in ROLES:
+        roles = ", ".join(f"ROLE_{role.name}" for role in ROLES)
         violations.append(FieldViolation("role", f"a worker runs one of: {roles}"))
     if not 0 <= request.max_turns <= MAX_TURNS_LIMIT:
         violations.append(FieldViolation("budget.max_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)"))
@@ -245,7 +223,7 @@ class Worker:
         self, request: DelegationRequest, conversation_id: str, queue: asyncio.Queue[Event]
     ) -> asyncio.Task[DelegationResult]:
         assert request.role is not None
-        opening = [system(ROLE_INSTRUCTIONS[request.role]), user(task_message(request))]
+        opening = [system(ROLES[request.role].instructions), user(task_message(request))]
         # Refuses a delegation_id already running; creates the conversation in the same transaction.
         await self._delegations.start(request, conversation_id, opening)
         task = asyncio.create_task(self._execute(request, conversation_id, opening, queue))
@@ -346,10 +324,8 @@ class Worker:
                 max_tokens=request.max_tokens,
                 context_tokens=self._limits.context_tokens,
             )
-            capabilities = ROLE_CAPABILITIES[request.role]
-            if self._limits.compute and request.role in COMPUTE_ROLES:
-                capabilities = [*capabilities, "compute"]
-            tools = tools_for(capabilities)
+            available = frozenset({"compute"} if self._limits.compute else ())
+            tools = tools_for(ROLES[request.role].capabilities_given(available))
             run = AgentRun(self._model, tools, self._conversations, conversation_id, limits, observer, agent="worker")
             async with deadline:
                 answer = await run.run(context, history=list(opening))

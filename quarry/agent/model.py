@@ -63,6 +63,9 @@ class ModelSettings:
     temperature: float | None = None
     # Which tier calls it ("supervisor", "worker"): a label on token metrics.
     tier: str = "agent"
+    # The prefix of that tier's own settings ("QUARRY_WORKER_"), for errors that say what to set;
+    # empty where only the shared QUARRY_MODEL_* settings apply.
+    env_prefix: str = ""
 
     @classmethod
     def for_tier(cls, tier: ModelTier, common: QuarrySettings) -> ModelSettings:
@@ -74,7 +77,13 @@ class ModelSettings:
             native_tools=common.model_native_tools if tier.model_native_tools is None else tier.model_native_tools,
             request_timeout=tier.model_request_timeout or common.model_request_timeout,
             tier=tier.service_name,
+            env_prefix=tier.model_config.get("env_prefix", ""),
         )
+
+    def setting(self, name: str) -> str:
+        """The variables that set `name` (e.g. "MODEL_BASE_URL") for this model, as a user writes them."""
+        shared = f"QUARRY_{name}"
+        return f"{self.env_prefix}{name} (or {shared} for every tier)" if self.env_prefix else shared
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,10 @@ def _retry_after(error: openai.APIStatusError) -> float | None:
         pass  # a malformed header is no instruction
     usable = [value for value in candidates if math.isfinite(value)]
     return max(0.0, usable[0]) if usable else None
+
+
+# The settings to check when the endpoint answers with one of these statuses.
+_STATUS_HINTS = {401: ("MODEL_API_KEY",), 403: ("MODEL_API_KEY",), 404: ("MODEL_NAME", "MODEL_BASE_URL")}
 
 
 def _retryable(error: Exception) -> bool:
@@ -183,17 +196,35 @@ class ModelClient:
                 raise failed.error from None
             except Exception as error:  # the SDK, httpx or a broken stream: all are provider failures
                 if emitted or not _retryable(error) or attempt == self.settings.max_attempts:
-                    raise ProviderError(f"model request failed: {_describe(error)}") from error
+                    raise ProviderError(self._failure(error)) from error
                 assert isinstance(error, openai.APIStatusError)
                 wait = _retry_after(error)
                 if wait is None:
                     wait = min(8.0, 0.25 * 2 ** (attempt - 1)) * (0.5 + random.random())
                 if time.monotonic() + wait > deadline:
-                    raise ProviderError(
-                        f"model request failed: {_describe(error)}; retrying would pass the retry budget"
-                    ) from error
+                    raise ProviderError(f"{self._failure(error)}; retrying would pass the retry budget") from error
                 await asyncio.sleep(wait)
         raise AssertionError("unreachable: the loop returns or raises")
+
+    def _failure(self, error: Exception) -> str:
+        """Why a request failed, at which endpoint, and the setting that fixes it when one does."""
+        url, setting = self.settings.base_url, self.settings.setting
+        if isinstance(error, openai.APITimeoutError):
+            return (
+                f"model request failed: {url} did not answer within {self.settings.request_timeout:g} s "
+                f"({_describe(error)}); {setting('MODEL_REQUEST_TIMEOUT')} allows longer"
+            )
+        if isinstance(error, openai.APIConnectionError):
+            # The SDK says only "Connection error."; its cause says why (refused, unknown host).
+            why = error.__cause__ or _describe(error)
+            return (
+                f"model request failed: cannot reach {url} ({why}); start the model server there, "
+                f"or set {setting('MODEL_BASE_URL')} to the URL it serves"
+            )
+        if isinstance(error, openai.APIStatusError) and error.status_code in _STATUS_HINTS:
+            check = " and ".join(setting(name) for name in _STATUS_HINTS[error.status_code])
+            return f"model request failed: {url} answered {_describe(error)}; check {check}"
+        return f"model request failed: {_describe(error)} (from {url})"
 
     async def _stream(
         self,
@@ -244,7 +275,7 @@ class ModelClient:
             if text and live:
                 await forward(text)
         if not pieces.finish_reason:
-            raise ProviderError("the model stream ended without a finish reason")
+            raise ProviderError(f"the model stream from {self.settings.base_url} ended without a finish reason")
         content = "".join(pieces.text)
         if native:
             message = Message("assistant", content, tool_calls=pieces.tool_calls(call_id_prefix))

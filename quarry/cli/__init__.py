@@ -1,5 +1,31 @@
-"""The `quarry` command line: the layer above the kernel and the services, which it starts by name."""
+"""The `quarry` command line: the layer above the kernel and the services, which it starts by name.
 
-from quarry.cli.commands import main, serve_main
+This module stays light: the rest loads inside `main`, so a Ctrl-C while it loads (a second
+or more on a busy machine) ends the command as quietly as one later.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
 
 __all__ = ["main", "serve_main"]
+
+# The status a shell gives a command that SIGINT ended.
+EXIT_INTERRUPTED = 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The `quarry` command; a Ctrl-C that no command has taken charge of ends it without a traceback."""
+    try:
+        from quarry.cli.commands import run
+
+        return run(argv)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def serve_main(service: str) -> NoReturn:
+    """The whole of each service's `__main__`: `python -m worker_svc` is `quarry serve worker`."""
+    sys.exit(main(["serve", service, *sys.argv[1:]]))

@@ -13,24 +13,25 @@ import contextlib
 import json
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Iterable
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 from google.protobuf import json_format
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from quarry.client import QuarryClient, is_terminal
+from quarry.client import QuarryClient, RetryPolicy, is_terminal
 from quarry.convert import enum_label
+from quarry.errors import Unavailable
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
-
-# Opens the client for one command (address, TLS and token already chosen).
-Connect = Callable[[], QuarryClient]
 
 EXIT_FAILED = 1
 EXIT_CANCELLED = 130
@@ -40,6 +41,36 @@ _WARNINGS = {
     supervisor_pb2.RUN_WARNING_CODE_NO_DELEGATIONS: "0 sources: the model never searched",
     supervisor_pb2.RUN_WARNING_CODE_NO_SOURCES: "0 sources: no verified finding was cited",
 }
+# How long a command waits for the supervisor to answer at all before saying it is not running;
+# the calls after that retry for RetryPolicy.total_seconds, which would be a silent half minute.
+REACH = RetryPolicy(total_seconds=1.0, attempt_timeout=1.0)
+
+
+@dataclass(frozen=True)
+class Supervisor:
+    """Where the client commands find the supervisor: its address, and a channel to it (TLS and token chosen)."""
+
+    address: str
+    open_channel: Callable[[], grpc.aio.Channel]
+
+    @contextlib.asynccontextmanager
+    async def connect(self) -> AsyncIterator[QuarryClient]:
+        """A client, once the supervisor has answered; Unavailable, in about a second, when nothing answers."""
+        channel = self.open_channel()
+        async with QuarryClient(channel) as client:
+            await self._reachable(health_pb2_grpc.HealthStub(channel))
+            yield client
+
+    async def _reachable(self, health: health_pb2_grpc.HealthStub) -> None:
+        try:
+            await REACH.call(health.Check, health_pb2.HealthCheckRequest())
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.UNAVAILABLE:
+                raise Unavailable(
+                    f"no supervisor answers at {self.address} ({error.details()}); start it with `quarry up`, "
+                    "or name where it runs with --address or QUARRY_SUPERVISOR_ADDRESS"
+                ) from None
+            # Slow to answer, or a proxy without the health service: the command's own calls decide.
 
 
 def _name(enum: Any, value: int) -> str:
@@ -56,6 +87,8 @@ class _Delegation:
     objective: str
     progress: str = "delegated"
     outcome: str = ""
+    # Why it failed, in the worker's words (a model endpoint it cannot reach, say).
+    error: str = ""
 
 
 @dataclass
@@ -84,12 +117,17 @@ class RunView:
                 elif status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_FAILED:
                     code = _name(common_pb2.DelegationErrorCode, status.delegation_error.code)
                     delegation.outcome = f"[red]failed: {code}[/]"
+                    delegation.error = status.delegation_error.message
         elif payload == "scratchpad":
             entry = event.scratchpad
             kind = _name(scratchpad_pb2.EntryKind, entry.kind)
             self.entries.append(f"[{entry.scratchpad_sequence_no}] {kind}: {entry.preview}")
         elif payload == "content":
             self.report += event.content.delta
+
+    def failures(self) -> Counter[str]:
+        """Why delegations failed, each reason with how many it stopped: the live table is gone by the end."""
+        return Counter(delegation.error for delegation in self.delegations.values() if delegation.error)
 
     def render(self) -> RenderableType:
         parts: list[RenderableType] = [Text.from_markup(f"[bold]{self.question}[/]  [dim]{self.phase}[/]")]
@@ -136,15 +174,27 @@ def _summary(console: Console, event: supervisor_pb2.RunEvent) -> None:
             notes.append("the token budget stopped further research")
         if completed.turn_budget_exhausted:
             notes.append("the turn bound stopped further research")
-        total = completed.usage.total
-        notes.append(f"{total.input_tokens + total.output_tokens} tokens in {total.model_calls} model calls")
-        console.print(Text("; ".join(notes), style="dim"))
+        if notes:
+            console.print(Text("; ".join(notes), style="dim"))
+        usage = completed.usage
     elif payload == "failed":
         error = event.failed.error
         code = _name(supervisor_pb2.RunErrorCode, error.code)
-        console.print(f"[red]run failed[/] ({code}): {error.message}")
+        console.print(f"[red]run failed[/] ({code}): {escape(error.message)}")
+        usage = event.failed.usage
     else:
-        console.print(f"[yellow]run cancelled[/]: {event.cancelled.reason}")
+        console.print(f"[yellow]run cancelled[/]: {escape(event.cancelled.reason)}")
+        usage = event.cancelled.usage
+    console.print(Text(usage_line(usage), style="dim"))
+
+
+def usage_line(usage: supervisor_pb2.RunUsage) -> str:
+    """Tokens and model calls by tier, then in all: "tokens: supervisor 770 in 3 calls, workers ..."."""
+    parts = []
+    for name, tier in [("supervisor", usage.supervisor), ("workers", usage.workers), ("total", usage.total)]:
+        calls = f"{tier.model_calls} call" if tier.model_calls == 1 else f"{tier.model_calls} calls"
+        parts.append(f"{name} {tier.input_tokens + tier.output_tokens} in {calls}")
+    return "tokens: " + ", ".join(parts)
 
 
 def exit_code(event: supervisor_pb2.RunEvent | None) -> int:
@@ -153,9 +203,9 @@ def exit_code(event: supervisor_pb2.RunEvent | None) -> int:
     return EXIT_CANCELLED if event is not None and event.HasField("cancelled") else EXIT_FAILED
 
 
-async def ask(connect: Connect, question: str, options: supervisor_pb2.RunOptions, *, as_json: bool) -> int:
+async def ask(supervisor: Supervisor, question: str, options: supervisor_pb2.RunOptions, *, as_json: bool) -> int:
     console = Console()
-    async with connect() as client:
+    async with supervisor.connect() as client:
         run = await client.start_run(question, options=options)
         if not as_json:
             console.print(f"[dim]run {run.run_id} (Ctrl-C cancels it)[/]")
@@ -191,15 +241,17 @@ async def ask(connect: Connect, question: str, options: supervisor_pb2.RunOption
         print("quarry ask: the run's event stream ended without a result", file=sys.stderr)
         return EXIT_FAILED
     if not as_json:
+        for reason, count in view.failures().items():
+            console.print(f"[yellow]{count} delegation(s) failed[/]: {escape(reason)}")
         _summary(console, last)
     return exit_code(last)
 
 
-async def list_runs(connect: Connect, state: str, limit: int, *, as_json: bool) -> int:
+async def list_runs(supervisor: Supervisor, state: str, limit: int, *, as_json: bool) -> int:
     state_value = (
         supervisor_pb2.RunState.Value(f"RUN_STATE_{state.upper()}") if state else supervisor_pb2.RUN_STATE_UNSPECIFIED
     )
-    async with connect() as client:
+    async with supervisor.connect() as client:
         response = await client.list_runs(page_size=limit, state=state_value)
     if as_json:
         for run in response.runs:
@@ -218,8 +270,8 @@ async def list_runs(connect: Connect, state: str, limit: int, *, as_json: bool) 
     return 0
 
 
-async def show_run(connect: Connect, run_id: str, *, as_json: bool) -> int:
-    async with connect() as client:
+async def show_run(supervisor: Supervisor, run_id: str, *, as_json: bool) -> int:
+    async with supervisor.connect() as client:
         run = await client.get_run(run_id)
     if as_json:
         print(json.dumps(json_format.MessageToDict(run)))
@@ -228,9 +280,9 @@ async def show_run(connect: Connect, run_id: str, *, as_json: bool) -> int:
     console.print(f"[bold]{run.question}[/]")
     console.print(f"{run.run_id}: {_name(supervisor_pb2.RunState, run.state)}")
     if run.HasField("error"):
-        console.print(f"[red]{run.error.message}[/]")
+        console.print(f"[red]{escape(run.error.message)}[/]")
     if run.cancel_reason:
-        console.print(f"[yellow]run cancelled[/]: {run.cancel_reason}")
+        console.print(f"[yellow]run cancelled[/]: {escape(run.cancel_reason)}")
     if run.HasField("report"):
         console.print(Markdown(run.report.markdown))
         for citation in run.report.citations:
@@ -238,10 +290,7 @@ async def show_run(connect: Connect, run_id: str, *, as_json: bool) -> int:
                 f'[{citation.number}] {citation.title or citation.url} <{citation.url}>: "{citation.excerpt}"'
             )
     _print_warnings(console, run.warnings)
-    total = run.usage.total
-    console.print(
-        Text(f"{total.input_tokens + total.output_tokens} tokens, {total.model_calls} model calls", style="dim")
-    )
+    console.print(Text(usage_line(run.usage), style="dim"))
     return 0
 
 
@@ -250,9 +299,12 @@ def describe_rpc_error(error: grpc.aio.AioRpcError) -> str:
 
 
 def run_client_command(command: Coroutine[Any, Any, int]) -> int:
-    """Run a client command; a refusal from the service is one line on stderr, not a traceback."""
+    """Run a client command; a refusal from the service, or no service, is one line on stderr, not a traceback."""
     try:
         return asyncio.run(command)
     except grpc.aio.AioRpcError as error:
         print(f"quarry: {describe_rpc_error(error)}", file=sys.stderr)
+        return EXIT_FAILED
+    except Unavailable as error:
+        print(f"quarry: {error}", file=sys.stderr)
         return EXIT_FAILED

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -18,13 +18,13 @@ from quarry.config import ConfigurationError, QuarrySettings
 from quarry.db import UnsupportedDatabase
 
 if TYPE_CHECKING:
-    from quarry.cli.ask import Connect
+    from quarry.cli.ask import Supervisor
 
 CONFIGURATION_HELP = """configuration:
   QUARRY_* environment variables (QUARRY_DATA_DIR, QUARRY_LOG_LEVEL,
   QUARRY_SCRATCHPAD_ADDRESS, QUARRY_SCRATCHPAD_DATABASE_URL, ...), or a TOML
   file named by QUARRY_CONFIG_FILE with a [quarry] table and one table per
-  service ([scratchpad]); the environment wins. README.md lists every setting."""
+  service ([scratchpad]); the environment wins. docs/settings.md lists every setting."""
 
 
 def _positive(text: str) -> int:
@@ -141,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
 
     commands.add_parser(
         "doctor",
-        help="check services, model endpoint, search backend and databases",
+        help="ask each running service what it uses (model endpoint, search, database, peers) and how that works",
         epilog=CONFIGURATION_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -162,6 +162,9 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
     if args.data_dir:
         os.environ["QUARRY_DATA_DIR"] = str(args.data_dir.resolve())
     addresses = {name: "127.0.0.1:0" for name in SERVICES} if args.ephemeral_ports else {}
+    # Every service's settings, read now: a bad one is this command's error, before any service starts.
+    for spec in SERVICES.values():
+        spec.load_settings(**({"address": addresses[spec.name]} if spec.name in addresses else {}))
     return asyncio.run(
         run_mesh(
             list(SERVICES.values()),
@@ -182,26 +185,23 @@ def _corpus(args: argparse.Namespace, common: QuarrySettings) -> int:
     return corpus.run(args, index)
 
 
-def _connect_to_supervisor(args: argparse.Namespace, common: QuarrySettings) -> Connect:
-    from quarry.client import QuarryClient
+def _supervisor(args: argparse.Namespace, common: QuarrySettings) -> Supervisor:
+    from quarry.cli.ask import Supervisor
+    from quarry.client import open_channel
     from quarry.config import SupervisorSettings
     from quarry.security import ConnectionLimits, Tls
 
-    supervisor = load_settings(SupervisorSettings)
-    address = args.address or supervisor.address
+    settings = load_settings(SupervisorSettings)
+    address = args.address or settings.address
     tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
-
-    def connect() -> QuarryClient:
-        return QuarryClient.connect(address, token=supervisor.auth_token, tls=tls, limits=limits)
-
-    return connect
+    return Supervisor(address, lambda: open_channel(address, tls=tls, limits=limits, token=settings.auth_token))
 
 
 def _ask(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.cli import ask
     from quarry.v1 import supervisor_pb2
 
-    connect = _connect_to_supervisor(args, common)
+    supervisor = _supervisor(args, common)
     options = supervisor_pb2.RunOptions(
         max_supervisor_turns=args.max_turns,
         max_worker_turns=args.max_worker_turns,
@@ -210,16 +210,16 @@ def _ask(args: argparse.Namespace, common: QuarrySettings) -> int:
     )
     if args.timeout:
         options.timeout.FromNanoseconds(int(args.timeout * 1e9))
-    return ask.run_client_command(ask.ask(connect, args.question, options, as_json=args.json))
+    return ask.run_client_command(ask.ask(supervisor, args.question, options, as_json=args.json))
 
 
 def _runs(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.cli import ask
 
-    connect = _connect_to_supervisor(args, common)
+    supervisor = _supervisor(args, common)
     if args.runs_command == "list":
-        return ask.run_client_command(ask.list_runs(connect, args.state or "", args.limit, as_json=args.json))
-    return ask.run_client_command(ask.show_run(connect, args.run_id, as_json=args.json))
+        return ask.run_client_command(ask.list_runs(supervisor, args.state or "", args.limit, as_json=args.json))
+    return ask.run_client_command(ask.show_run(supervisor, args.run_id, as_json=args.json))
 
 
 def _migrate(args: argparse.Namespace, common: QuarrySettings) -> int:
@@ -230,9 +230,12 @@ def _migrate(args: argparse.Namespace, common: QuarrySettings) -> int:
     if unknown:
         print(f"quarry migrate: no database for {', '.join(unknown)}; choose from {', '.join(known)}", file=sys.stderr)
         return 2
-    for name in args.services or list(known):
-        spec, migrations = known[name]
-        url = spec.load_settings().resolved_database_url(common.data_dir)
+    # Every database's settings first: a bad one stops the command before any schema changes.
+    urls = {
+        name: known[name][0].load_settings().resolved_database_url(common.data_dir) for name in args.services or known
+    }
+    for name, url in urls.items():
+        _, migrations = known[name]
         try:
             upgrade_schema(url, migrations.scripts_path(), migrations.version_table_name())
         except (UnsupportedDatabase, SQLAlchemyError, OSError) as error:
@@ -269,7 +272,8 @@ HANDLERS: dict[str, Callable[[argparse.Namespace, QuarrySettings], int]] = {
 }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line and run its command; a configuration error is one line and status 2."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -280,8 +284,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as error:
         print(f"quarry: {error}", file=sys.stderr)
         return 2
-
-
-def serve_main(service: str) -> NoReturn:
-    """The whole of each service's `__main__`: `python -m worker_svc` is `quarry serve worker`."""
-    sys.exit(main(["serve", service, *sys.argv[1:]]))

@@ -1,34 +1,33 @@
 """`quarry doctor`: is this installation able to answer a question? One verdict per line.
 
-Checks each service's gRPC health, the model endpoint of each tier (reachable,
-the model known to it, one tiny completion), the workers' search backend, and
-each service database's migration state. Reads only: nothing is created or
-upgraded.
+Asks each running service what it works with and what it finds when it checks, from where it
+runs (DiagnosticsService): its model endpoint and model, its search backend, the services it
+calls, its database. The terminal's own settings only say where the services are (and are checked
+for validity): what a service uses may differ from them, and its own answer is what counts.
+Reads only: nothing is created or upgraded.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import sqlite3
-from collections.abc import Awaitable, Callable
+import os
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
-import httpx
-import openai
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
+from rich.markup import escape
 
-from quarry.agent.model import ModelSettings
-from quarry.cli.registry import SERVICES, databases
+from quarry.cli.registry import SERVICES
 from quarry.cli.settings import load_settings
 from quarry.client import open_channel
-from quarry.config import QuarrySettings, SupervisorSettings, WorkerSettings
-from quarry.db import schema_revisions
+from quarry.config import CONFIG_FILE_ENV, ConfigurationError, QuarrySettings, SupervisorSettings
 from quarry.security import Tls
+from quarry.v1 import diagnostics_pb2, diagnostics_pb2_grpc
 
+# A service's checks take a few seconds at most (quarry.diagnostics.CHECK_SECONDS); this leaves room.
 TIMEOUT_SECONDS = 10.0
 
 
@@ -39,126 +38,89 @@ class Verdict:
     detail: str
     # A warning: worth knowing, not a reason the installation cannot work.
     warning: bool = False
+    # Printed under the verdict: what the service works with.
+    notes: tuple[str, ...] = ()
 
 
-async def service_health(name: str, address: str, tls: Tls | None) -> Verdict:
+def service_addresses(supervisor: SupervisorSettings) -> list[tuple[str, str]]:
+    """(service, address) for each service where this terminal's settings place it; the workers where the
+    supervisor calls them (maybe several). The front door first, then what it depends on."""
+    addresses: list[tuple[str, str]] = []
+    for name, spec in reversed(SERVICES.items()):
+        targets = supervisor.worker_targets() if name == "worker" else [spec.load_settings().address]
+        addresses.extend((name, target) for target in targets)
+    return addresses
+
+
+def _address_setting(name: str) -> str:
+    return "QUARRY_SUPERVISOR_WORKER_ADDRESSES" if name == "worker" else f"QUARRY_{name.upper()}_ADDRESS"
+
+
+def configuration() -> Verdict:
+    """This terminal's settings, valid for every service; a ConfigurationError (one line, status 2) when not,
+    as for every command."""
+    problems = []
+    for spec in SERVICES.values():
+        try:
+            spec.load_settings()
+        except ConfigurationError as error:
+            problems.append(f"{spec.name}: {error}")
+    if problems:
+        raise ConfigurationError("; ".join(problems))
+    source = os.environ.get(CONFIG_FILE_ENV) or "the environment only"
+    return Verdict("configuration", True, f"valid here ({source}); used only to find the services")
+
+
+def _check_verdict(label: str, check: diagnostics_pb2.DiagnosticCheck) -> Verdict:
+    warning = check.status == diagnostics_pb2.DIAGNOSTIC_STATUS_WARNING
+    # A status this build does not know counts as a failure: nothing vouches for it.
+    ok = warning or check.status == diagnostics_pb2.DIAGNOSTIC_STATUS_OK
+    detail = check.detail
+    if check.setting and check.status != diagnostics_pb2.DIAGNOSTIC_STATUS_OK:
+        detail += f" (set by {check.setting} where the {label} runs)"
+    return Verdict(f"{label} {check.name}", ok, detail, warning=warning)
+
+
+def _fact_note(fact: diagnostics_pb2.DiagnosticFact) -> str:
+    return f"{fact.name}: {fact.value}" + (f"  ({fact.setting})" if fact.setting else "")
+
+
+async def ask_service(name: str, label: str, address: str, tls: Tls | None) -> list[Verdict]:
+    """The service's health, what it works with, and each of its own checks."""
+    service = f"{label} service"
     async with open_channel(address, tls=tls) as channel:
         try:
-            response = await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=TIMEOUT_SECONDS / 2
+            health = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=TIMEOUT_SECONDS
+            )
+            report = await diagnostics_pb2_grpc.DiagnosticsServiceStub(channel).GetDiagnostics(
+                diagnostics_pb2.GetDiagnosticsRequest(), timeout=TIMEOUT_SECONDS
             )
         except grpc.aio.AioRpcError as error:
-            return Verdict(f"{name} service", False, f"{address}: {error.code().name} ({error.details()})")
-    serving = response.status == health_pb2.HealthCheckResponse.SERVING
-    status = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
-    return Verdict(f"{name} service", serving, f"{address}: {status}")
-
-
-async def model_endpoint(tier: str, settings: ModelSettings) -> list[Verdict]:
-    name = f"{tier} model"
-    client = openai.AsyncOpenAI(
-        base_url=settings.base_url, api_key=settings.api_key, timeout=TIMEOUT_SECONDS, max_retries=0
-    )
-    try:
-        try:
-            served = [model.id async for model in client.models.list()]
-        except openai.APIError as error:
-            return [Verdict(name, False, f"{settings.base_url} is not reachable: {error}")]
-        verdicts = [Verdict(f"{name} endpoint", True, f"{settings.base_url} answers")]
-        if settings.model not in served:
-            listed = ", ".join(served[:10]) or "none"
-            verdicts.append(Verdict(f"{name} name", False, f"{settings.model!r} is not served there; served: {listed}"))
-            return verdicts
-        verdicts.append(Verdict(f"{name} name", True, f"{settings.model!r} is served"))
-        try:
-            reply = await client.chat.completions.create(
-                model=settings.model, messages=[{"role": "user", "content": "Reply with the word OK."}], max_tokens=4
-            )
-        except openai.APIError as error:
-            verdicts.append(Verdict(f"{name} completion", False, f"a one-line completion failed: {error}"))
-            return verdicts
-        text = (reply.choices[0].message.content or "").strip() if reply.choices else ""
-        verdicts.append(Verdict(f"{name} completion", True, f"answered {text[:40]!r}"))
-        return verdicts
-    finally:
-        await client.close()
-
-
-async def search_backend(settings: WorkerSettings, common: QuarrySettings) -> Verdict:
-    backend = settings.search_backend
-    if backend == "corpus":
-        index = Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db"
-        if not index.exists():
-            return Verdict("search (corpus)", False, f"no index at {index}; run `quarry corpus index FOLDER`")
-        try:
-            with sqlite3.connect(f"file:{index}?mode=ro", uri=True) as connection:
-                (documents,) = connection.execute("SELECT count(*) FROM documents").fetchone()
-        except sqlite3.Error as error:
-            return Verdict("search (corpus)", False, f"{index} is not a corpus index: {error}")
-        return Verdict("search (corpus)", documents > 0, f"{index}: {documents} documents")
-    if backend == "searxng":
-        try:
-            async with httpx.AsyncClient(timeout=TIMEOUT_SECONDS) as http:
-                response = await http.get(
-                    f"{settings.searxng_url.rstrip('/')}/search", params={"q": "test", "format": "json"}
-                )
-                response.raise_for_status()
-                results = response.json().get("results", [])
-        except (httpx.HTTPError, ValueError) as error:
-            return Verdict("search (searxng)", False, f"{settings.searxng_url}: {error}")
-        return Verdict("search (searxng)", True, f"{settings.searxng_url} answers ({len(results)} results for 'test')")
-    if not settings.search_api_key:
-        return Verdict(f"search ({backend})", False, "QUARRY_WORKER_SEARCH_API_KEY is not set")
-    return Verdict(f"search ({backend})", True, "an API key is set (not called: it would spend quota)", warning=True)
-
-
-def database_state(name: str, url: str, migrations: Path, version_table: str) -> Verdict:
-    check = f"{name} database"
-    try:
-        current, head = schema_revisions(url, migrations, version_table)
-    except Exception as error:  # any driver error is the verdict
-        return Verdict(check, False, f"cannot read it: {type(error).__name__}: {error}")
-    if current is None:
-        return Verdict(check, True, "not created yet; the service creates it on start", warning=True)
-    if current != head:
-        return Verdict(check, False, f"at revision {current}, the code needs {head}; restart the service to upgrade")
-    return Verdict(check, True, f"at the newest revision ({head})")
-
-
-def _health_checks(supervisor: SupervisorSettings, tls: Tls | None) -> list[Awaitable[Verdict]]:
-    """One per service, at its configured address; the workers where the supervisor calls them (maybe several).
-
-    The front door first, then what it depends on (the reverse of the start order).
-    """
-    checks: list[Awaitable[Verdict]] = []
-    for name, spec in reversed(SERVICES.items()):
-        addresses = supervisor.worker_targets() if name == "worker" else [spec.load_settings().address]
-        checks.extend(service_health(name, address, tls) for address in addresses)
-    return checks
-
-
-def _database_checks(common: QuarrySettings) -> list[Awaitable[Verdict]]:
-    checks: list[Awaitable[Verdict]] = []
-    for spec, migrations in databases():
-        url = spec.load_settings().resolved_database_url(common.data_dir)
-        scripts, table = migrations.scripts_path(), migrations.version_table_name()
-        checks.append(asyncio.to_thread(database_state, spec.name, url, scripts, table))
-    return checks
+            hint = f"is it running? This terminal looks for it at {_address_setting(name)}"
+            return [Verdict(service, False, f"{address}: {error.code().name} ({error.details()}); {hint}")]
+    if report.service != name:
+        found = report.service or "an unnamed service"
+        return [Verdict(service, False, f"{address} is {found}, not the {name}; check {_address_setting(name)}")]
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(health.status)
+    serving = health.status == health_pb2.HealthCheckResponse.SERVING
+    notes = tuple(map(_fact_note, report.facts))
+    verdicts = [Verdict(service, serving, f"{address}: {status}, quarry {report.version}", notes=notes)]
+    return verdicts + [_check_verdict(label, check) for check in report.checks]
 
 
 async def diagnose(common: QuarrySettings, report: Callable[[Verdict], None]) -> list[Verdict]:
-    supervisor, worker = load_settings(SupervisorSettings), load_settings(WorkerSettings)
-    checks: list[Awaitable[Verdict | list[Verdict]]] = [*_health_checks(supervisor, Tls.from_settings(common))]
-    tiers = {"supervisor": ModelSettings.for_tier(supervisor, common), "worker": ModelSettings.for_tier(worker, common)}
-    if dataclasses.replace(tiers["supervisor"], tier="") == dataclasses.replace(tiers["worker"], tier=""):
-        checks.append(model_endpoint("shared", tiers["supervisor"]))
-    else:
-        checks.extend(model_endpoint(tier, settings) for tier, settings in tiers.items())
-    checks.append(search_backend(worker, common))
-    checks.extend(_database_checks(common))
-    verdicts: list[Verdict] = []
-    for result in await asyncio.gather(*checks):
-        for verdict in result if isinstance(result, list) else [result]:
+    verdicts = [configuration()]
+    report(verdicts[0])
+    addresses = service_addresses(load_settings(SupervisorSettings))
+    tls = Tls.from_settings(common)
+    several = Counter(name for name, _ in addresses)
+    labels = [name if several[name] == 1 else f"{name} {address}" for name, address in addresses]
+    answers = await asyncio.gather(
+        *(ask_service(name, label, address, tls) for (name, address), label in zip(addresses, labels, strict=True))
+    )
+    for answer in answers:
+        for verdict in answer:
             verdicts.append(verdict)
             report(verdict)
     return verdicts
@@ -167,7 +129,9 @@ async def diagnose(common: QuarrySettings, report: Callable[[Verdict], None]) ->
 def print_verdict(console: Console) -> Callable[[Verdict], None]:
     def report(verdict: Verdict) -> None:
         mark = "[yellow]warn[/]" if verdict.warning else "[green] ok [/]" if verdict.ok else "[red]FAIL[/]"
-        console.print(f"{mark}  {verdict.check}: {verdict.detail}", highlight=False)
+        console.print(f"{mark}  {escape(verdict.check)}: {escape(verdict.detail)}", highlight=False, soft_wrap=True)
+        for note in verdict.notes:
+            console.print(f"        {note}", style="dim", markup=False, highlight=False, soft_wrap=True)
 
     return report
 

@@ -32,6 +32,9 @@ def serve(
         exit_with_parent(parent_pid)
     try:
         observability = telemetry.setup(spec.name, prometheus_address=settings.prometheus_address)
+    except ConfigurationError as error:
+        print(f"quarry serve {spec.name}: {error}", file=sys.stderr)
+        return 2
     except (OSError, ValueError) as error:
         print(f"quarry serve {spec.name}: cannot set up telemetry: {error}", file=sys.stderr)
         return 1
@@ -41,7 +44,10 @@ def serve(
 
     try:
         return asyncio.run(build_and_serve())
-    except (UnsupportedDatabase, SQLAlchemyError, OSError, ConfigurationError) as error:
+    except ConfigurationError as error:  # found while building (TLS files, say): status 2, as for any setting
+        print(f"quarry serve {spec.name}: {error}", file=sys.stderr)
+        return 2
+    except (UnsupportedDatabase, SQLAlchemyError, OSError) as error:
         # Startup failures a user can fix: say what failed, without a traceback.
         print(f"quarry serve {spec.name}: cannot start: {error}", file=sys.stderr)
         return 1

@@ -33,17 +33,19 @@ from hypothesis import strategies as st
 
 from quarry.client import open_channel
 from quarry.paging import encode_token
-from quarry.v1 import monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
+from quarry.v1 import diagnostics_pb2, monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from tests.quarry.every_service import MONITOR, SCRATCHPAD, every_service
 
 THREAD = "fuzz-thread"  # exists, so Append, Read and Watch get past the lookup
 HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
+DIAGNOSTICS = diagnostics_pb2.DESCRIPTOR.services_by_name["DiagnosticsService"]
 SERVICES = [
     scratchpad_pb2.DESCRIPTOR.services_by_name["ScratchpadService"],
     worker_pb2.DESCRIPTOR.services_by_name["WorkerService"],
     supervisor_pb2.DESCRIPTOR.services_by_name["SupervisorService"],
     monitor_pb2.DESCRIPTOR.services_by_name["MonitorService"],
-    HEALTH,  # served by every server; fuzzed on the scratchpad's
+    HEALTH,  # served by every server, like diagnostics; both fuzzed on the scratchpad's
+    DIAGNOSTICS,
 ]
 METHODS = [method for service in SERVICES for method in service.methods]
 # Per RPC; FUZZ_MAX_EXAMPLES=500 runs a longer search locally.
@@ -203,6 +205,7 @@ VALID = {
     "grpc.health.v1.Health.Check": 'service: ""',
     "grpc.health.v1.Health.List": "",
     "grpc.health.v1.Health.Watch": 'service: ""',
+    "quarry.v1.DiagnosticsService.GetDiagnostics": "",
 }
 
 
@@ -269,14 +272,14 @@ def fuzz_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def channels(fuzz_dir: Path) -> AsyncIterator[dict[str, grpc.aio.Channel]]:
-    """A channel to each service, by full service name (Health: the scratchpad's server)."""
+    """A channel to each service, by full service name (Health and diagnostics: the scratchpad's server)."""
     tmp_path = fuzz_dir
     async with every_service(tmp_path) as services, contextlib.AsyncExitStack() as stack:
         channels = {
             name: await stack.enter_async_context(open_channel(address, token=services.token(name)))
             for name, address in services.addresses.items()
         }
-        channels[HEALTH.full_name] = channels[SCRATCHPAD]
+        channels[HEALTH.full_name] = channels[DIAGNOSTICS.full_name] = channels[SCRATCHPAD]
         create = channels[SCRATCHPAD].unary_unary(
             f"/{SCRATCHPAD}/CreateThread",
             request_serializer=scratchpad_pb2.CreateThreadRequest.SerializeToString,

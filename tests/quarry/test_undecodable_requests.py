@@ -15,19 +15,21 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from quarry.security import bearer_metadata
-from quarry.v1 import monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
+from quarry.v1 import diagnostics_pb2, monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from tests.quarry.every_service import MONITOR, SCRATCHPAD, SUPERVISOR, WORKER, Services, every_service
 
 # A length-delimited field whose length is a broken varint: no message type parses it.
 GARBAGE = b"\x0a\xff\xff\xff\xff"
 TOKEN = "s3cret"
 HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+DIAGNOSTICS = diagnostics_pb2.DESCRIPTOR.services_by_name["DiagnosticsService"].full_name
 DESCRIPTORS = {
     SCRATCHPAD: scratchpad_pb2.DESCRIPTOR.services_by_name["ScratchpadService"],
     WORKER: worker_pb2.DESCRIPTOR.services_by_name["WorkerService"],
     SUPERVISOR: supervisor_pb2.DESCRIPTOR.services_by_name["SupervisorService"],
     MONITOR: monitor_pb2.DESCRIPTOR.services_by_name["MonitorService"],
     HEALTH: health_pb2.DESCRIPTOR.services_by_name["Health"],
+    DIAGNOSTICS: diagnostics_pb2.DESCRIPTOR.services_by_name["DiagnosticsService"],
 }
 
 
@@ -99,7 +101,7 @@ async def test_undecodable_bodies_are_invalid_argument_on_every_method_without_a
     answered = {}
     for service, descriptor in DESCRIPTORS.items():
         address = services.addresses.get(service, services.addresses[SCRATCHPAD])
-        metadata = services.metadata(service) if service != HEALTH else ()
+        metadata = services.metadata(service) if service not in (HEALTH, DIAGNOSTICS) else ()
         for method in descriptor.methods:
             body = body_for(method.input_type)
             if body is None:

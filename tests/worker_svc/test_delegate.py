@@ -238,6 +238,14 @@ async def test_provider_failure_after_partial_text_is_a_failed_result_without_th
     assert recorded.last_error.startswith("provider_error")
 
 
+async def test_a_model_endpoint_that_is_down_fails_the_delegation_naming_its_url_and_setting(mesh: Mesh) -> None:
+    await mesh.model.stop()
+    result = (await mesh.delegate(mesh.request()))[-1].result
+    assert result.error.code == common_pb2.DELEGATION_ERROR_CODE_PROVIDER_ERROR
+    assert f"cannot reach {mesh.model.base_url}" in result.error.message
+    assert "set QUARRY_WORKER_MODEL_BASE_URL (or QUARRY_MODEL_BASE_URL for every tier)" in result.error.message
+
+
 async def test_turn_budget_and_deadline_are_distinct_failures(mesh: Mesh) -> None:
     mesh.model.script(*[Reply(calls=(Call("read_scratchpad", {}, f"c{i}"),)) for i in range(3)])
     turns = await mesh.delegate(mesh.request("run-1:turns", max_turns=3))

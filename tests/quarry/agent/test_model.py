@@ -9,6 +9,8 @@ import pytest
 from quarry.agent.messages import system, user
 from quarry.agent.model import ModelClient, ModelSettings, ProviderError
 from quarry.agent.usage import Usage
+from quarry.config import ModelTier, QuarrySettings, SupervisorSettings, WorkerSettings
+from tests.conftest import reusable_port
 from tests.fakes.openai_server import Call, DropAfter, HttpError, Reply, ScriptedModel, Stall
 
 TOOLS = [
@@ -105,6 +107,30 @@ async def test_a_stall_past_the_request_timeout_fails(model: ScriptedModel) -> N
     model.script(Stall(30))
     with pytest.raises(ProviderError, match="Timeout"):
         await client(model, request_timeout=0.5).complete(HISTORY, call_id_prefix="t1")
+
+
+@pytest.mark.parametrize("tier", [WorkerSettings, SupervisorSettings])
+async def test_an_unreachable_endpoint_names_its_url_and_the_settings_that_choose_it(tier: type[ModelTier]) -> None:
+    url = f"http://127.0.0.1:{reusable_port()}/v1"  # nothing listens there
+    settings = ModelSettings.for_tier(tier(), QuarrySettings(model_base_url=url))
+    unreachable = ModelClient(settings)
+    with pytest.raises(ProviderError) as failure:
+        await unreachable.complete(HISTORY, call_id_prefix="t1")
+    await unreachable.close()
+    prefix = tier.model_config.get("env_prefix")
+    assert f"cannot reach {url}" in str(failure.value)
+    assert f"set {prefix}MODEL_BASE_URL (or QUARRY_MODEL_BASE_URL for every tier)" in str(failure.value)
+
+
+@pytest.mark.parametrize(("status", "setting"), [(401, "QUARRY_MODEL_API_KEY"), (404, "QUARRY_MODEL_NAME")])
+async def test_a_refusal_names_the_endpoint_and_the_setting_to_check(
+    model: ScriptedModel, status: int, setting: str
+) -> None:
+    model.script(HttpError(status))
+    with pytest.raises(ProviderError) as failure:
+        await client(model).complete(HISTORY, call_id_prefix="t1")
+    assert f"{model.base_url} answered HTTP {status}" in str(failure.value)
+    assert f"check {setting}" in str(failure.value)
 
 
 async def test_text_protocol_for_models_without_native_tools(model: ScriptedModel) -> None:

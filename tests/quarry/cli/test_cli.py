@@ -14,9 +14,12 @@ import pytest
 from monitor_svc.service import build_host as build_monitor
 from quarry.config import MonitorSettings, QuarrySettings
 from quarry.v1 import supervisor_pb2
+from tests.conftest import reusable_port
 from tests.fakes.choreography import REPORT, SUPERVISOR
-from tests.fakes.openai_server import Call, Reply, ScriptedModel, Stall
-from tests.supervisor_svc.conftest import Mesh
+from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Stall
+from tests.fakes.web_server import FixtureWeb
+from tests.supervisor_svc.conftest import Mesh, worker_settings
+from worker_svc.service import build_host as build_worker
 
 
 @pytest.fixture
@@ -100,42 +103,91 @@ async def test_ask_shows_progress_and_ctrl_c_cancels_the_run(mesh: Mesh) -> None
     assert run.state == supervisor_pb2.RUN_STATE_CANCELLED
 
 
-async def test_doctor_gives_a_verdict_per_line(mesh: Mesh, model: ScriptedModel, tmp_path: Path) -> None:
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "note.md").write_text("# Note\n\nThe corpus has one document.\n")
-    code, _ = await finish(
-        await quarry("corpus", "index", str(tmp_path / "docs"), "--index", str(tmp_path / "corpus.db"))
+async def test_ask_ends_with_the_tokens_of_each_tier(mesh: Mesh) -> None:
+    delegate = Call("delegate_research", {"objective": "Measure the tower"}, "d1")
+    mesh.script.add(
+        SUPERVISOR,
+        Reply(calls=(delegate,), input_tokens=100, output_tokens=10),
+        Reply(content="Measured.", input_tokens=200, output_tokens=20),
     )
-    assert code == 0
+    mesh.script.add("Measure the tower", Reply(content="It is tall.", input_tokens=300, output_tokens=30))
+    mesh.script.add(REPORT, Reply(content="The tower is tall.", input_tokens=400, output_tokens=40))
+    code, output = await finish(await quarry("ask", "How tall is the tower?", "--address", mesh.supervisor.address))
+    assert code == 0, output
+    assert output.splitlines()[-1] == "tokens: supervisor 770 in 3 calls, workers 330 in 1 call, total 1100 in 4 calls"
+
+
+async def test_ask_ends_with_why_delegations_failed(mesh: Mesh, model: ScriptedModel) -> None:
+    delegate = Call("delegate_research", {"objective": "Weigh the tower"}, "d1")
+    mesh.script.add(SUPERVISOR, Reply(calls=(delegate,)), Reply(content="No weight found."))
+    mesh.script.add("Weigh the tower", HttpError(401, message="bad key"))
+    mesh.script.add(REPORT, Reply(content="Unknown."))
+    code, output = await finish(await quarry("ask", "How heavy is the tower?", "--address", mesh.supervisor.address))
+    assert code == 0, output
+    said = " ".join(output.split())  # as one line, however the terminal wrapped it
+    assert f"1 delegation(s) failed: model request failed: {model.base_url} answered HTTP 401" in said
+    assert "check QUARRY_WORKER_MODEL_API_KEY (or QUARRY_MODEL_API_KEY for every tier)" in said
+
+
+async def test_a_supervisor_whose_model_endpoint_is_down_fails_the_run_naming_the_url_and_its_setting(
+    mesh: Mesh, model: ScriptedModel
+) -> None:
+    await model.stop()
+    code, output = await finish(await quarry("ask", "Is the model up?", "--address", mesh.supervisor.address))
+    assert code == 1, output
+    said = " ".join(output.split())
+    assert f"run failed (provider error): model request failed: cannot reach {model.base_url}" in said
+    assert "set QUARRY_SUPERVISOR_MODEL_BASE_URL (or QUARRY_MODEL_BASE_URL for every tier)" in said
+
+
+async def test_doctor_reports_what_the_services_use_not_what_its_terminal_is_set_to(
+    mesh: Mesh, model: ScriptedModel, site: FixtureWeb, tmp_path: Path
+) -> None:
+    closed = f"http://127.0.0.1:{reusable_port()}/v1"  # nothing listens there
     monitor = await build_monitor(MonitorSettings(address="127.0.0.1:0"), QuarrySettings(data_dir=tmp_path))
+    # The worker this terminal knows nothing of: its model endpoint is set where the worker runs.
+    lost = await build_worker(
+        worker_settings("127.0.0.1:0", tmp_path / "lost.db", mesh.scratchpad_address, model, site).model_copy(
+            update={"model_base_url": closed}
+        ),
+        QuarrySettings(data_dir=tmp_path),
+    )
     env = {
         "QUARRY_DATA_DIR": str(tmp_path),
         "QUARRY_SUPERVISOR_ADDRESS": mesh.supervisor.address,
         "QUARRY_SUPERVISOR_WORKER_ADDRESSES": ",".join(mesh.worker_addresses),
         "QUARRY_SCRATCHPAD_ADDRESS": mesh.scratchpad_address,
-        "QUARRY_MODEL_BASE_URL": model.base_url,
-        "QUARRY_MODEL_NAME": "scripted",
-        "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{tmp_path / 'worker0.db'}",
-        "QUARRY_SUPERVISOR_DATABASE_URL": mesh.supervisor_database_url,
+        # This terminal's model is not the services': they answer for themselves.
+        "QUARRY_MODEL_BASE_URL": closed,
     }
-    async with monitor:
+    async with monitor, lost:
         env["QUARRY_MONITOR_ADDRESS"] = monitor.address
-        model.script(Reply(content="OK"))
         code, output = await finish(await quarry("doctor", env=env))
         assert code == 0, output
         lines = output.splitlines()
-        for check in ("supervisor service", "worker service", "scratchpad service", "monitor service"):
+        for check in ("supervisor service", "scratchpad service", "monitor service", "supervisor model endpoint"):
             assert any(line.startswith(" ok ") and check in line for line in lines), (check, output)
-        for check in ("shared model endpoint", "shared model name", "shared model completion", "search (corpus)"):
-            assert any(line.startswith(" ok ") and check in line for line in lines), (check, output)
-        for check in ("scratchpad database", "worker database", "supervisor database"):
-            assert any(line.startswith(" ok ") and check in line and "newest revision" in line for line in lines), (
-                output
+        for worker in mesh.worker_addresses:
+            for check in ("service", "model endpoint", "search (searxng)", "scratchpad", "database"):
+                assert any(line.startswith(" ok ") and f"worker {worker} {check}" in line for line in lines), output
+        assert f"model base URL: {model.base_url}  (QUARRY_WORKER_MODEL_BASE_URL or QUARRY_MODEL_BASE_URL)" in output
+        assert closed not in output
+
+        code, output = await finish(
+            await quarry(
+                "doctor",
+                env={
+                    **env,
+                    "QUARRY_MODEL_BASE_URL": model.base_url,
+                    "QUARRY_SUPERVISOR_WORKER_ADDRESSES": lost.address,
+                },
             )
-        code, output = await finish(await quarry("doctor", env={**env, "QUARRY_MODEL_NAME": "no-such-model"}))
-    assert code == 1
-    assert any(line.startswith("FAIL") and "'no-such-model' is not served" in line for line in output.splitlines())
-    code, output = await finish(await quarry("doctor", env={**env, "QUARRY_MONITOR_ADDRESS": monitor.address}))
+        )
+        assert code == 1, output
+        [failed] = [line for line in output.splitlines() if line.startswith("FAIL")]
+        assert failed.startswith(f"FAIL  worker model endpoint: {closed} is not reachable"), output
+        assert "QUARRY_WORKER_MODEL_BASE_URL or QUARRY_MODEL_BASE_URL" in failed
+    code, output = await finish(await quarry("doctor", env=env))
     assert code == 1 and any(line.startswith("FAIL") and "monitor service" in line for line in output.splitlines())
 
 

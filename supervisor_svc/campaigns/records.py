@@ -1,0 +1,179 @@
+"""The typed, immutable records a campaign appends to its scratchpad thread, as JSON content.
+
+Every record names its `kind` and the `schema_version` it was written with. Reading is strict
+about types (a number written as a string is refused, timestamps must carry a zone) and
+forgiving about the future: fields a newer release added are ignored, so an older supervisor
+still reads a newer thread. Records are values: frozen, metrics included.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Annotated, Literal, Self
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    PlainSerializer,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+
+from quarry.errors import Internal
+from quarry.vocabulary import JobState
+
+SCHEMA_VERSION = 1
+
+
+class Verdict(enum.StrEnum):
+    """What a cycle's run decided for the campaign's branch."""
+
+    BASELINE = "baseline"  # a measurement of the unchanged kept state (noise floor, best so far)
+    KEEP = "keep"  # an improvement beyond the noise: the commit stays on the branch
+    DISCARD = "discard"  # no improvement: the workspace goes back to the last kept commit
+    RETEST = "retest"  # an improvement inside the noise: run the same commit again
+    FAILED = "failed"  # no metric: the change, the job or the cycle failed
+
+
+class ViolationKind(enum.StrEnum):
+    PROTECTED_PATH_TOUCHED = "protected_path_touched"
+    METRIC_FILE_EDITED = "metric_file_edited"
+    JOB_OVER_BUDGET = "job_over_budget"
+
+
+def _read_only(metrics: Mapping[str, float | None]) -> Mapping[str, float | None]:
+    return MappingProxyType(dict(metrics))
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.astimezone(UTC)
+
+
+# Stored in UTC: any zone's offset survives as the instant it names, and the JSON is the same whatever wrote it.
+UtcDatetime = Annotated[AwareDatetime, AfterValidator(_utc)]
+
+# JSON has no NaN or infinity, so a metric is finite or None (not measured): the round trip is exact.
+Metrics = Annotated[
+    Mapping[str, FiniteFloat | None],
+    AfterValidator(_read_only),
+    PlainSerializer(dict, return_type=dict[str, float | None]),
+]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+    schema_version: int = Field(default=SCHEMA_VERSION, ge=1)
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    def __deepcopy__(self, memo: dict[int, object] | None = None) -> Self:
+        # Immutable all the way down, so a copy is the record itself (a read-only mapping cannot be pickled).
+        return self
+
+
+class LedgerRecord(_Record):
+    """One cycle: what was tried, where, how the job ended, what it measured and what was decided."""
+
+    kind: Literal["ledger"] = "ledger"
+    cycle: int = Field(ge=1)
+    hypothesis: str
+    action: str
+    commit: str = ""  # "" when the cycle failed before committing
+    job_id: str = ""  # "" when no job was launched
+    job_state: JobState | None = None
+    exit_code: int | None = None
+    metrics: Metrics = Field(default_factory=lambda: MappingProxyType({}))
+    verdict: Verdict
+    conclusion: str = ""
+    tokens_used: int = Field(default=0, ge=0)
+    started_at: UtcDatetime
+    ended_at: UtcDatetime
+
+    @model_validator(mode="after")
+    def _ends_after_it_starts(self) -> Self:
+        if self.ended_at < self.started_at:
+            raise ValueError("ended_at is before started_at")
+        return self
+
+    def metric(self, name: str) -> float | None:
+        """The run's value of one metric; None when it was not measured."""
+        return self.metrics.get(name)
+
+
+class DeadEnd(_Record):
+    """An approach that failed, and why: THINK is told never to retry it."""
+
+    kind: Literal["dead_end"] = "dead_end"
+    cycle: int = Field(ge=1)
+    approach: str
+    reason: str
+
+
+class Insight(_Record):
+    """A durable observation worth keeping beyond the rolling memory."""
+
+    kind: Literal["insight"] = "insight"
+    cycle: int = Field(ge=1)
+    text: str
+
+
+class Directive(_Record):
+    """A human's instruction for the next THINK; `request_id` makes sending it idempotent."""
+
+    kind: Literal["directive"] = "directive"
+    text: str = Field(min_length=1)
+    request_id: str = Field(min_length=1)
+
+
+class DirectiveConsumed(_Record):
+    """The directive `request_id` was given to the THINK of `cycle`; it is never given again."""
+
+    kind: Literal["directive_consumed"] = "directive_consumed"
+    request_id: str = Field(min_length=1)
+    cycle: int = Field(ge=1)
+
+
+class Decision(_Record):
+    """A decision the leader took and its reason, as the rolling memory keeps them."""
+
+    kind: Literal["decision"] = "decision"
+    cycle: int = Field(ge=1)
+    text: str
+
+
+class Violation(_Record):
+    """A rule of the brief or the budget the cycle broke; `subject` is the path or the job concerned."""
+
+    kind: Literal["violation"] = "violation"
+    cycle: int = Field(ge=1)
+    rule: ViolationKind
+    subject: str
+    detail: str
+
+
+CampaignRecord = Annotated[
+    LedgerRecord | DeadEnd | Insight | Directive | DirectiveConsumed | Decision | Violation,
+    Field(discriminator="kind"),
+]
+
+_RECORD: TypeAdapter[CampaignRecord] = TypeAdapter(CampaignRecord)
+
+
+def record_from_json(content: str) -> CampaignRecord:
+    """The record a thread entry holds; INTERNAL when the content is not one (the thread is written by code)."""
+    try:
+        return _RECORD.validate_json(content)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "content"
+        raise Internal(f"not a campaign record: {where}: {first['msg']}") from error

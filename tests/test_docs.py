@@ -1,0 +1,73 @@
+"""The documentation is the project's own: every file it names is in the repository, it points at
+nothing outside it, and the settings reference is what the settings classes say."""
+
+from __future__ import annotations
+
+import re
+import runpy
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from quarry.config import SshHost
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# A path in backquotes, e.g. `quarry/server.py` or `protos/baseline/`.
+_PATH = re.compile(r"`(\.{0,2}/?[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)+/?)`")
+# The target of a Markdown link that is not a URL.
+_LINK = re.compile(r"\]\((?![a-z]+:)([^)#\s]+)")
+_GENERATOR = runpy.run_path(str(ROOT / "scripts" / "gen_settings_doc.py"))
+
+
+def named_paths(text: str) -> list[str]:
+    """The paths a document names that start at the top of this repository (or climb out of it)."""
+    tops = {entry.name for entry in ROOT.iterdir()}
+    return [path for path in _PATH.findall(text) if path.startswith(("../", "/")) or path.split("/")[0] in tops]
+
+
+def test_every_file_the_docs_name_is_in_the_repository() -> None:
+    missing = [
+        f"{document.name}: {path}"
+        for document in DOCUMENTS
+        for path in named_paths(document.read_text(encoding="utf-8"))
+        if path.startswith(("../", "/")) or not (ROOT / path).exists()
+    ]
+    assert missing == []
+
+
+def test_every_link_in_the_docs_leads_to_a_file_in_the_repository() -> None:
+    broken = [
+        f"{document.name}: {target}"
+        for document in DOCUMENTS
+        for target in _LINK.findall(document.read_text(encoding="utf-8"))
+        if not (document.parent / target).resolve().is_relative_to(ROOT) or not (document.parent / target).exists()
+    ]
+    assert broken == []
+
+
+def test_the_path_check_sees_a_missing_file_and_a_path_outside() -> None:
+    text = "`quarry/server.py`, `quarry/nowhere.py`, `../shared/DESIGN.md`, `nvidia.com/gpu`, `google/api/x.proto`"
+    assert named_paths(text) == ["quarry/server.py", "quarry/nowhere.py", "../shared/DESIGN.md"]
+
+
+def test_no_document_refers_to_design_notes_kept_outside_the_repository() -> None:
+    for document in DOCUMENTS:
+        text = document.read_text(encoding="utf-8")
+        assert "DESIGN.md" not in text and "../shared" not in text, document.name
+
+
+def test_the_settings_reference_is_current() -> None:
+    committed = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    assert committed == _GENERATOR["reference"](), "run python3 scripts/gen_settings_doc.py"
+
+
+def test_every_setting_says_what_it_means() -> None:
+    models: list[type[BaseModel]] = [model for _, model in _GENERATOR["SECTIONS"]] + [SshHost]
+    undocumented = [
+        f"{model.__name__}.{name}"
+        for model in models
+        for name, field in model.model_fields.items()
+        if not field.description
+    ]
+    assert undocumented == []

@@ -1,0 +1,50 @@
+"""The roles a worker runs: for each, the tools it may use and its standing instructions.
+
+A role's authority is this table, enforced in code: a tool not in a role's capabilities is never
+offered to its model, whatever the task says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from quarry.identity import Role
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    instructions: str
+    # Logical capabilities (worker_svc/tools.py expands them into tools).
+    capabilities: tuple[str, ...]
+    # Capabilities the role also gets when this worker has what they need (e.g. a monitor for "compute").
+    optional_capabilities: tuple[str, ...] = ()
+
+    def capabilities_given(self, available: frozenset[str]) -> list[str]:
+        return [*self.capabilities, *(c for c in self.optional_capabilities if c in available)]
+
+
+ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
+    {
+        Role.RESEARCHER: RoleSpec(
+            instructions=(
+                "You are a research worker. Read the shared scratchpad first: it holds the task's seed and what "
+                "other workers found. Search, read pages, and verify. Promote only verified findings with "
+                "append_scratchpad (kind 'finding'), each citing pages you read in this task with excerpts quoted "
+                "exactly. Add a 'marker' or an 'acknowledgement' when the task asks for one. Finish with a short "
+                "summary of what you promoted."
+            ),
+            capabilities=("web_search", "scratchpad"),
+            optional_capabilities=("compute",),
+        ),
+        Role.VERIFIER: RoleSpec(
+            instructions=(
+                "You are a verifier. Read the scratchpad, re-read the sources the findings cite, and record a "
+                "'verdict' for each finding you checked, quoting the passage that supports or contradicts it. "
+                "Finish with a short summary of your verdicts."
+            ),
+            capabilities=("web_search", "scratchpad"),
+        ),
+    }
+)
