@@ -56,6 +56,14 @@ async def _bounded(stream: asyncssh.SSHReader[bytes], limit: int) -> tuple[bytes
     return bytes(data), False
 
 
+async def _drained(stream: asyncssh.SSHReader[bytes], limit: int) -> bytes:
+    """The stream's first `limit` bytes, the rest read and dropped (so the command never blocks writing)."""
+    data = bytearray()
+    while chunk := _as_bytes(await stream.read(_CHUNK)):
+        data.extend(chunk[: max(limit - len(data), 0)])
+    return bytes(data)
+
+
 async def _collect(
     process: asyncssh.SSHClientProcess[bytes], max_stdout: int | None
 ) -> tuple[int | None, bytes, bytes, bool]:
@@ -63,14 +71,14 @@ async def _collect(
     if max_stdout is None:
         result = await process.wait(check=False)
         return result.exit_status, _as_bytes(result.stdout), _as_bytes(result.stderr), False
-    errors = asyncio.ensure_future(_bounded(process.stderr, _CHUNK))
+    errors = asyncio.ensure_future(_drained(process.stderr, _CHUNK))
     try:
         stdout, truncated = await _bounded(process.stdout, max_stdout)
         if truncated:
             process.close()
             return None, stdout, b"", True
         result = await process.wait(check=False)
-        return result.exit_status, stdout, (await errors)[0], False
+        return result.exit_status, stdout, await errors, False
     finally:
         errors.cancel()
 

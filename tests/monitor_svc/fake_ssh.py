@@ -42,7 +42,6 @@ class FakeHost:
     client_key: Path
     connections: list[str] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
-    commands: list[str] = field(default_factory=list)
 
     def write(self, name: str, text: str) -> None:
         (self.state / name).write_text(text)
@@ -85,8 +84,6 @@ async def fake_ssh_host(tmp_path: Path) -> AsyncIterator[FakeHost]:
             fake.closed.append("closed")
 
     async def run_command(process: asyncssh.SSHServerProcess[str]) -> None:
-        assert fake is not None
-        fake.commands.append(process.command or "")
         command = await asyncio.create_subprocess_shell(
             process.command or "true",
             stdout=asyncio.subprocess.PIPE,

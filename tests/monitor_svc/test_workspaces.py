@@ -421,7 +421,11 @@ async def test_git_branch_commit_diff_and_reset(env: Env, ws: str) -> None:
     diff = await env.stub.DiffWorkspace(monitor_pb2.DiffWorkspaceRequest(workspace_id=ws))
     assert "-LR = 0.1\n+LR = 0.2\n" in diff.diff and diff.base_commit == initial and diff.target_commit == ""
     assert list(diff.untracked_paths) == ["sweep.py"] and not diff.truncated
+    hook = env.project / ".git/hooks/pre-commit"  # would refuse the commit, and leave a mark, if it ran
+    hook.write_text(f"#!/bin/sh\ntouch {env.tmp_path / 'hook-ran'}\nexit 1\n")
+    hook.chmod(0o755)
     commit = await env.stub.CommitWorkspace(monitor_pb2.CommitWorkspaceRequest(workspace_id=ws, message="Try lr 0.2"))
+    assert not (env.tmp_path / "hook-ran").exists(), "git hooks never run"
     assert commit.committed and commit.commit == git(env.project, "rev-parse", "HEAD") != initial
     assert git(env.project, "log", "-1", "--format=%s %an") == "Try lr 0.2 Quarry"
     nothing = await env.stub.CommitWorkspace(monitor_pb2.CommitWorkspaceRequest(workspace_id=ws, message="again"))
