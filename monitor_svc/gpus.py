@@ -1,19 +1,27 @@
-"""Local GPUs through NVML (nvidia-ml-py): sampled in a thread, never an error when there is no driver.
+"""GPUs: this machine's through NVML (nvidia-ml-py), an SSH host's through nvidia-smi; and picking free ones.
 
-NVML is initialised once per process and shut down on stop. A host without
-the NVIDIA driver (or without nvidia-ml-py) reports no GPUs and the reason; a
-field the driver does not support on a device is left at zero.
+NVML is initialised once per process and shut down on stop, and sampled in a
+thread. A host without the NVIDIA driver (or without nvidia-ml-py) reports no
+GPUs and the reason, never an error; a field the driver does not support on a
+device is left at zero.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
+from monitor_svc.model import GpuRequest
+from monitor_svc.smi import APP_QUERY, GPU_QUERY, MalformedOutput, parse_gpus
+from monitor_svc.ssh import SshHosts
+from quarry.errors import ErrorReason, FailedPrecondition, ResourceExhausted
 from quarry.vocabulary import Gpu, GpuProcess
+
+LOCAL = "local"
 
 log = logging.getLogger(__name__)
 
@@ -91,3 +99,59 @@ class NvmlProbe:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+class GpuSampler:
+    """The GPUs of this machine ("" or "local") or of a configured SSH host, each named with its host."""
+
+    def __init__(self, probe: NvmlProbe, hosts: SshHosts) -> None:
+        self._probe = probe
+        self._hosts = hosts
+
+    async def sample(self, host: str) -> tuple[list[Gpu], str]:
+        """(the GPUs, the reason there are none)."""
+        if host in ("", LOCAL):
+            samples, reason = await self._probe.sample()
+            return [replace(sample, host=LOCAL) for sample in samples], reason
+        self._hosts.require(host)
+        gpus = await self._hosts.run(host, GPU_QUERY)
+        if gpus.exit_status != 0:
+            reason = gpus.stderr.strip() or gpus.stdout.strip() or f"exit status {gpus.exit_status}"
+            return [], f"nvidia-smi on {host} failed: {reason}"
+        apps = await self._hosts.run(host, APP_QUERY)
+        try:
+            samples = parse_gpus(gpus.stdout, apps.stdout if apps.exit_status == 0 else "")
+        except MalformedOutput as error:
+            raise FailedPrecondition(
+                f"nvidia-smi on {host} printed something unexpected: {error}", reason=ErrorReason.MALFORMED_OUTPUT
+            ) from error
+        return [replace(sample, host=host) for sample in samples], ""
+
+
+def choose_gpus(
+    gpus: Sequence[Gpu], unavailable_reason: str, reserved: Collection[int], request: GpuRequest, where: str
+) -> tuple[int, ...]:
+    """The GPU indices for a job, ascending: the ones asked for, or the least-used free ones.
+
+    FAILED_PRECONDITION GPUS_UNAVAILABLE when the host does not have them (retrying will not help);
+    RESOURCE_EXHAUSTED GPUS_BUSY when it does but running jobs hold too many of them.
+    """
+    known = {gpu.index for gpu in gpus}
+    have = f"{where} has {len(known)} GPU(s)" + (f" ({unavailable_reason})" if unavailable_reason else "")
+    missing = sorted(set(request.indices) - known)
+    if missing or request.count > len(known):
+        wanted = f"GPU(s) {missing}" if missing else f"{request.count} GPU(s)"
+        raise FailedPrecondition(f"{have}; {wanted} were asked for", reason=ErrorReason.GPUS_UNAVAILABLE)
+    busy = sorted(set(request.indices) & set(reserved))
+    if busy:
+        raise ResourceExhausted(f"GPU(s) {busy} of {where} are reserved by running jobs", reason=ErrorReason.GPUS_BUSY)
+    if request.indices:
+        return tuple(sorted(request.indices))
+    free = sorted((gpu for gpu in gpus if gpu.index not in reserved), key=lambda g: (g.memory_used_bytes, g.index))
+    if len(free) < request.count:
+        raise ResourceExhausted(
+            f"{len(free)} of the {len(known)} GPU(s) of {where} are free (the others are reserved by running jobs); "
+            f"{request.count} were asked for",
+            reason=ErrorReason.GPUS_BUSY,
+        )
+    return tuple(sorted(gpu.index for gpu in free[: request.count]))

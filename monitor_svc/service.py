@@ -1,4 +1,4 @@
-"""Assembles the monitor process: NVML probe, SSH hosts, job watcher, workspaces, servicer, host."""
+"""Assembles the monitor process: NVML probe, SSH hosts, jobs (their records reloaded), workspaces, servicer, host."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from pathlib import Path
 
 import grpc
 
-from monitor_svc.gpus import NvmlProbe
-from monitor_svc.jobs import Jobs, SlurmLimits
+from monitor_svc.gpus import GpuSampler, NvmlProbe
+from monitor_svc.jobs import Jobs, SlurmLimits, Supervision
+from monitor_svc.records import JobRecords
 from monitor_svc.servicer import MonitorServicer
 from monitor_svc.ssh import SshHosts
 from monitor_svc.workspaces.operations import Workspaces
@@ -57,6 +58,11 @@ def diagnostics(settings: MonitorSettings, probe: NvmlProbe) -> Diagnostics:
             "allowed" if settings.allow_job_submission else "refused",
             setting_name(settings, "allow_job_submission"),
         ),
+        Fact(
+            "workspace roots",
+            ", ".join(settings.workspace_roots) or "none",
+            setting_name(settings, "workspace_roots"),
+        ),
     ]
     return Diagnostics("monitor", facts=facts, checks=[Check("local GPUs", local_gpus)])
 
@@ -66,13 +72,19 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
     common = common or QuarrySettings()
     probe = NvmlProbe()
     hosts = SshHosts(settings.hosts, command_timeout=settings.ssh_command_timeout)
+    gpus = GpuSampler(probe, hosts)
     jobs = Jobs(
         hosts,
+        gpus,
         Path(settings.jobs_dir) if settings.jobs_dir else common.data_dir / "jobs",
+        # Not among the log roots: a record is not a log anyone may tail.
+        JobRecords(common.data_dir / "monitor" / "jobs"),
         SlurmLimits(settings.slurm_unknown_polls, settings.slurm_time_limit_buffer_seconds),
         settings.log_roots,
         allow_submission=settings.allow_job_submission,
+        supervision=Supervision(settings.job_poll_seconds, settings.job_stop_grace_seconds),
     )
+    await jobs.resume()
     # The registry resolves a workspace_id to its host, root and protected paths (for jobs, too).
     registry = WorkspaceRegistry(common.data_dir / "monitor" / "workspaces")
     workspaces = Workspaces(
@@ -83,9 +95,10 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
     )
 
     def register(server: grpc.aio.Server) -> None:
-        monitor_pb2_grpc.add_MonitorServiceServicer_to_server(MonitorServicer(probe, hosts, jobs, workspaces), server)
+        monitor_pb2_grpc.add_MonitorServiceServicer_to_server(MonitorServicer(gpus, hosts, jobs, workspaces), server)
 
     async def release() -> None:
+        await jobs.close()
         await hosts.close()
         probe.close()
 

@@ -1,25 +1,40 @@
-"""MonitorService over gRPC: translates quarry.v1 messages to the GPU probes and job watchers and back."""
+"""MonitorService over gRPC: translates quarry.v1 messages to the GPU probes and job watchers and back
+(the workspace RPCs: monitor_svc/workspaces/rpc.py)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
 
-from monitor_svc.gpus import NvmlProbe
+from monitor_svc.gpus import GpuSampler
 from monitor_svc.jobs import Jobs
-from monitor_svc.model import JobObservation
-from monitor_svc.smi import APP_QUERY, GPU_QUERY, MalformedOutput, parse_gpus
+from monitor_svc.model import (
+    Command,
+    GpuRequest,
+    JobObservation,
+    JobOptions,
+    MetricDirection,
+    MetricPoint,
+    MetricResult,
+    MetricSpec,
+)
 from monitor_svc.ssh import SshHosts
-from monitor_svc.validation import check_job_ref, interval_seconds, require_job_kind, tail_lines
+from monitor_svc.validation import (
+    check_job_ref,
+    check_monitor_job_id,
+    interval_seconds,
+    require_job_kind,
+    tail_lines,
+)
 from monitor_svc.workspaces.operations import Workspaces
 from monitor_svc.workspaces.rpc import WorkspaceServicer
 from quarry.convert import (
+    EnumMap,
     duration_seconds,
     gpu_to_proto,
     job_look_to_proto,
@@ -27,13 +42,17 @@ from quarry.convert import (
     job_ref_to_proto,
     timestamp,
 )
-from quarry.errors import ErrorReason, FailedPrecondition
 from quarry.v1 import monitor_pb2
 from quarry.vocabulary import JobLook
 
-LOCAL = "local"
 DEFAULT_GPU_INTERVAL = 5.0
 DEFAULT_JOB_INTERVAL = 10.0
+METRIC_DIRECTIONS: EnumMap[MetricDirection, monitor_pb2.MetricDirection.ValueType] = EnumMap(
+    {
+        direction: monitor_pb2.MetricDirection.Value(f"METRIC_DIRECTION_{direction.name}")
+        for direction in MetricDirection
+    }
+)
 
 
 def _seconds(value: duration_pb2.Duration, *, has: bool) -> float | None:
@@ -45,33 +64,66 @@ def _look(observation: JobObservation, tail: list[str]) -> JobLook:
     return JobLook(observation.state, observation.exit_code, observation.detail, tuple(tail))
 
 
+def _options(message: monitor_pb2.JobOptions) -> JobOptions:
+    return JobOptions(
+        environment=dict(message.environment),
+        wall_clock_limit=_seconds(message.wall_clock_limit, has=message.HasField("wall_clock_limit")),
+        gpus=GpuRequest(message.gpus.count, tuple(message.gpus.indices)),
+        metrics=tuple(_metric_spec(spec) for spec in message.metrics),
+        workspace_id=message.workspace_id,
+    )
+
+
+def _metric_spec(message: monitor_pb2.MetricSpec) -> MetricSpec:
+    jsonl = message.jsonl_file
+    return MetricSpec(
+        message.name,
+        METRIC_DIRECTIONS.from_proto(message.direction),
+        log_regex=message.log_regex,
+        jsonl_path=jsonl.path,
+        jsonl_key=jsonl.key,
+    )
+
+
+def _metric_result(result: MetricResult) -> monitor_pb2.MetricResult:
+    return monitor_pb2.MetricResult(
+        name=result.name,
+        direction=METRIC_DIRECTIONS.to_proto(result.direction),
+        state=monitor_pb2.METRIC_STATE_FOUND if result.found else monitor_pb2.METRIC_STATE_NOT_FOUND,
+        value=result.value or 0.0,
+        best=result.best or 0.0,
+        count=result.count,
+        detail=result.detail,
+    )
+
+
+def _metric_point(point: MetricPoint) -> monitor_pb2.MetricPoint:
+    return monitor_pb2.MetricPoint(name=point.name, value=point.value, step=point.step)
+
+
+def _command(message: monitor_pb2.LocalCommand | monitor_pb2.RemoteCommand, host: str = "") -> Command:
+    return Command(
+        argv=tuple(message.argv),
+        command_line=message.command_line,
+        working_directory=message.working_directory,
+        log_path=message.log_path,
+        host=host,
+    )
+
+
 class MonitorServicer(WorkspaceServicer):
     """GPUs and jobs here; the workspace RPCs come from WorkspaceServicer."""
 
-    def __init__(self, probe: NvmlProbe, hosts: SshHosts, jobs: Jobs, workspaces: Workspaces) -> None:
+    def __init__(self, gpus: GpuSampler, hosts: SshHosts, jobs: Jobs, workspaces: Workspaces) -> None:
         super().__init__(workspaces)
-        self._probe = probe
+        self._gpu_sampler = gpus
         self._hosts = hosts
         self._jobs = jobs
 
     async def _gpus(self, host: str) -> tuple[list[monitor_pb2.Gpu], str]:
         """(GPUs, the reason there are none) for this machine or a configured SSH host."""
-        if host in ("", LOCAL):
-            samples, reason = await self._probe.sample()
-            return [gpu_to_proto(replace(sample, host=LOCAL)) for sample in samples], reason
-        self._hosts.require(host)
-        gpus = await self._hosts.run(host, GPU_QUERY)
-        if gpus.exit_status != 0:
-            reason = gpus.stderr.strip() or gpus.stdout.strip() or f"exit status {gpus.exit_status}"
-            return [], f"nvidia-smi on {host} failed: {reason}"
-        apps = await self._hosts.run(host, APP_QUERY)
-        try:
-            samples = parse_gpus(gpus.stdout, apps.stdout if apps.exit_status == 0 else "")
-        except MalformedOutput as error:
-            raise FailedPrecondition(
-                f"nvidia-smi on {host} printed something unexpected: {error}", reason=ErrorReason.MALFORMED_OUTPUT
-            ) from error
-        return [gpu_to_proto(replace(sample, host=host)) for sample in samples], ""
+        samples, reason = await self._gpu_sampler.sample(host)
+        return [gpu_to_proto(sample) for sample in samples], reason
 
     async def ListGpus(
         self, request: monitor_pb2.ListGpusRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -100,25 +152,30 @@ class MonitorServicer(WorkspaceServicer):
     async def SubmitJob(
         self, request: monitor_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> monitor_pb2.SubmitJobResponse:
-        kind = require_job_kind(request.WhichOneof("job"), ("local", "slurm"))
+        kind = require_job_kind(request.WhichOneof("job"), ("local", "remote", "slurm"))
+        options = _options(request.options)
         if kind == "local":
-            local = request.local
-            ref = await self._jobs.submit_local(
-                list(local.argv), local.working_directory, local.log_path, request.request_id
-            )
+            record = await self._jobs.submit_local(_command(request.local), options, request.request_id)
+        elif kind == "remote":
+            remote = request.remote
+            record = await self._jobs.submit_remote(_command(remote, remote.host), options, request.request_id)
         else:
             submission = request.slurm
-            ref = await self._jobs.submit_slurm(
-                submission.host, submission.script_path, list(submission.sbatch_args), request.request_id
+            record = await self._jobs.submit_slurm(
+                submission.host, submission.script_path, list(submission.sbatch_args), options, request.request_id
             )
-        return monitor_pb2.SubmitJobResponse(job=job_ref_to_proto(ref))
+        return monitor_pb2.SubmitJobResponse(job=job_ref_to_proto(record.ref), gpu_indices=record.gpus)
 
     async def WatchJob(
         self, request: monitor_pb2.WatchJobRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[monitor_pb2.WatchJobResponse]:
-        ref = check_job_ref(job_ref_from_proto(request.job))
-        if ref.host:
-            self._hosts.require(ref.host, field=f"job.{ref.kind}.host")
+        ref = job_ref_from_proto(request.job)
+        if ref.monitor_job_id:
+            check_monitor_job_id(ref)
+        if ref.kind or not ref.monitor_job_id:  # a job the monitor started may be named by its id alone
+            check_job_ref(ref)
+            if ref.host:
+                self._hosts.require(ref.host, field=f"job.{ref.kind}.host")
         interval = interval_seconds(
             _seconds(request.poll_interval, has=request.HasField("poll_interval")),
             "poll_interval",
@@ -130,5 +187,10 @@ class MonitorServicer(WorkspaceServicer):
         async for observation in self._jobs.watch(ref, interval, lines_wanted):
             lines = list(observation.new_log_lines)
             status = job_look_to_proto(_look(observation, lines if first else []))
-            yield monitor_pb2.WatchJobResponse(status=status, new_log_lines=[] if first else lines)
+            status.metrics.extend(_metric_result(result) for result in observation.metrics)
+            yield monitor_pb2.WatchJobResponse(
+                status=status,
+                new_log_lines=[] if first else lines,
+                metric_points=[_metric_point(point) for point in observation.metric_points],
+            )
             first = False

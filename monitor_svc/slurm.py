@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -89,6 +90,14 @@ def parse_time_limit(text: str) -> float | None:
     else:
         hours, minutes, seconds = parts[-3:]
     return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def format_time_limit(seconds: float) -> str:
+    """A --time value: days-hours:minutes:seconds, whole seconds rounded up."""
+    days, rest = divmod(math.ceil(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, whole = divmod(rest, 60)
+    return f"{days}-{hours:02d}:{minutes:02d}:{whole:02d}"
 
 
 def parse_sacct(output: str, job_id: str) -> SlurmObservation | None:

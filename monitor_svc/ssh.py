@@ -96,10 +96,6 @@ class SshHosts:
         self._closed = False
 
     @property
-    def timeout(self) -> float:
-        return self._timeout
-
-    @property
     def names(self) -> list[str]:
         return sorted(self._hosts)
 
@@ -164,6 +160,10 @@ class SshHosts:
             ) from error
         except (OSError, asyncssh.Error, TimeoutError) as error:
             raise Unavailable(f"cannot reach {name} ({host.address}:{host.port}): {error}") from error
+
+    async def connect(self, name: str) -> None:
+        """Open the host's connection now (Unavailable, FailedPrecondition when it cannot be)."""
+        await self._connection(name)
 
     def _drop(self, name: str, connection: asyncssh.SSHClientConnection) -> None:
         """Forget a failed connection (only that one: another caller may have opened a new one) and close it."""

@@ -370,3 +370,8 @@ class MonitorSettings(ServiceSettings):
     monitor's user; none by default, so no workspace opens. A JSON list, e.g. `["/srv/experiments"]`."""
     workspace_git_timeout: float = Field(default=60.0, gt=0, le=600)
     """Seconds one git command in a workspace may take (on this machine and over SSH)."""
+    job_poll_seconds: float = Field(default=2.0, gt=0, le=600)
+    """How often the monitor looks at the jobs it started: their end, their wall-clock limit, their log
+    metrics."""
+    job_stop_grace_seconds: float = Field(default=10.0, gt=0, le=3600)
+    """A job past its wall-clock limit gets SIGTERM, and SIGKILL this many seconds after."""

@@ -217,21 +217,27 @@ def gpu_from_proto(message: monitor_pb2.Gpu) -> Gpu:
 def job_ref_from_proto(job: monitor_pb2.JobRef) -> JobRef:
     """The reference a JobRef names, unchecked (an unset target gives an empty kind)."""
     target = job.WhichOneof("target")
+    found = job.monitor_job_id
     if target == "local":
-        return JobRef("local", pid=job.local.pid, log_path=job.log_path)
+        return JobRef("local", pid=job.local.pid, log_path=job.log_path, monitor_job_id=found)
     if target == "remote":
-        return JobRef("remote", pid=job.remote.pid, host=job.remote.host, log_path=job.log_path)
+        return JobRef("remote", pid=job.remote.pid, host=job.remote.host, log_path=job.log_path, monitor_job_id=found)
     if target == "slurm":
-        return JobRef("slurm", host=job.slurm.host, job_id=job.slurm.job_id, log_path=job.log_path)
-    return JobRef("", log_path=job.log_path)
+        return JobRef(
+            "slurm", host=job.slurm.host, job_id=job.slurm.job_id, log_path=job.log_path, monitor_job_id=found
+        )
+    return JobRef("", log_path=job.log_path, monitor_job_id=found)
 
 
 def job_ref_to_proto(ref: JobRef) -> monitor_pb2.JobRef:
+    message = monitor_pb2.JobRef(log_path=ref.log_path, monitor_job_id=ref.monitor_job_id)
     if ref.kind == "local":
-        return monitor_pb2.JobRef(local=monitor_pb2.LocalProcess(pid=ref.pid), log_path=ref.log_path)
-    if ref.kind == "remote":
-        return monitor_pb2.JobRef(remote=monitor_pb2.RemoteProcess(host=ref.host, pid=ref.pid), log_path=ref.log_path)
-    return monitor_pb2.JobRef(slurm=monitor_pb2.SlurmJob(host=ref.host, job_id=ref.job_id), log_path=ref.log_path)
+        message.local.pid = ref.pid
+    elif ref.kind == "remote":
+        message.remote.CopyFrom(monitor_pb2.RemoteProcess(host=ref.host, pid=ref.pid))
+    elif ref.kind == "slurm":
+        message.slurm.CopyFrom(monitor_pb2.SlurmJob(host=ref.host, job_id=ref.job_id))
+    return message
 
 
 def job_look_to_proto(look: JobLook) -> monitor_pb2.JobStatus:

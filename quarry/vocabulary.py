@@ -126,6 +126,7 @@ class JobRef:
     host: str = ""
     job_id: str = ""
     log_path: str = ""
+    monitor_job_id: str = ""  # a job the monitor started and keeps a record of
 
 
 @dataclass(frozen=True)

@@ -143,6 +143,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """A host missing from the monitor's configuration."""
     ERROR_REASON_WORKSPACE_NOT_FOUND: _ErrorReason.ValueType  # 25
     """A workspace the monitor has no record of."""
+    ERROR_REASON_JOB_NOT_FOUND: _ErrorReason.ValueType  # 29
+    """A job the monitor has no record of (JobRef.monitor_job_id)."""
     ERROR_REASON_BEARER_TOKEN_INVALID: _ErrorReason.ValueType  # 40
     """Any service.
     UNAUTHENTICATED: the bearer token is missing, malformed or not accepted.
@@ -198,7 +200,7 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_JOB_SUBMISSION_DISABLED: _ErrorReason.ValueType  # 128
     """PERMISSION_DENIED: this monitor does not run jobs (QUARRY_MONITOR_ALLOW_JOB_SUBMISSION is off)."""
     ERROR_REASON_WORKSPACE_ROOT_NOT_ALLOWED: _ErrorReason.ValueType  # 140
-    """Workspaces (140-159).
+    """Workspaces (140-149).
     FAILED_PRECONDITION: the workspace root is outside the host's configured workspace roots.
     """
     ERROR_REASON_WORKSPACE_ROOT_INVALID: _ErrorReason.ValueType  # 141
@@ -223,6 +225,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION: the path is not a regular file (a directory, a FIFO...) or not a directory."""
     ERROR_REASON_WORKSPACE_SEARCH_TOO_SLOW: _ErrorReason.ValueType  # 149
     """FAILED_PRECONDITION: the search did not finish in time (a pattern that backtracks)."""
+    ERROR_REASON_GPUS_BUSY: _ErrorReason.ValueType  # 150
+    """Experiment jobs (numbered from 150).
+    RESOURCE_EXHAUSTED: not enough of the host's GPUs are free (others are reserved by running jobs); retry later.
+    """
+    ERROR_REASON_GPUS_UNAVAILABLE: _ErrorReason.ValueType  # 151
+    """FAILED_PRECONDITION: the host does not have the GPUs asked for (fewer, no such index, no driver)."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of a failed RPC. Every error status a quarry
@@ -257,6 +265,8 @@ ERROR_REASON_HOST_NOT_FOUND: ErrorReason.ValueType  # 24
 """A host missing from the monitor's configuration."""
 ERROR_REASON_WORKSPACE_NOT_FOUND: ErrorReason.ValueType  # 25
 """A workspace the monitor has no record of."""
+ERROR_REASON_JOB_NOT_FOUND: ErrorReason.ValueType  # 29
+"""A job the monitor has no record of (JobRef.monitor_job_id)."""
 ERROR_REASON_BEARER_TOKEN_INVALID: ErrorReason.ValueType  # 40
 """Any service.
 UNAUTHENTICATED: the bearer token is missing, malformed or not accepted.
@@ -312,7 +322,7 @@ ERROR_REASON_SSH_AUTH_FAILED: ErrorReason.ValueType  # 127
 ERROR_REASON_JOB_SUBMISSION_DISABLED: ErrorReason.ValueType  # 128
 """PERMISSION_DENIED: this monitor does not run jobs (QUARRY_MONITOR_ALLOW_JOB_SUBMISSION is off)."""
 ERROR_REASON_WORKSPACE_ROOT_NOT_ALLOWED: ErrorReason.ValueType  # 140
-"""Workspaces (140-159).
+"""Workspaces (140-149).
 FAILED_PRECONDITION: the workspace root is outside the host's configured workspace roots.
 """
 ERROR_REASON_WORKSPACE_ROOT_INVALID: ErrorReason.ValueType  # 141
@@ -337,6 +347,12 @@ ERROR_REASON_WORKSPACE_WRONG_KIND: ErrorReason.ValueType  # 148
 """FAILED_PRECONDITION: the path is not a regular file (a directory, a FIFO...) or not a directory."""
 ERROR_REASON_WORKSPACE_SEARCH_TOO_SLOW: ErrorReason.ValueType  # 149
 """FAILED_PRECONDITION: the search did not finish in time (a pattern that backtracks)."""
+ERROR_REASON_GPUS_BUSY: ErrorReason.ValueType  # 150
+"""Experiment jobs (numbered from 150).
+RESOURCE_EXHAUSTED: not enough of the host's GPUs are free (others are reserved by running jobs); retry later.
+"""
+ERROR_REASON_GPUS_UNAVAILABLE: ErrorReason.ValueType  # 151
+"""FAILED_PRECONDITION: the host does not have the GPUs asked for (fewer, no such index, no driver)."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final

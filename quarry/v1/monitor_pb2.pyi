@@ -60,6 +60,48 @@ JOB_STATE_UNKNOWN: JobState.ValueType  # 8
 JOB_STATE_NOT_FOUND: JobState.ValueType  # 9
 Global___JobState: _TypeAlias = JobState  # noqa: Y015
 
+class _MetricDirection:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MetricDirectionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MetricDirection.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    METRIC_DIRECTION_UNSPECIFIED: _MetricDirection.ValueType  # 0
+    METRIC_DIRECTION_MINIMIZE: _MetricDirection.ValueType  # 1
+    METRIC_DIRECTION_MAXIMIZE: _MetricDirection.ValueType  # 2
+
+class MetricDirection(_MetricDirection, metaclass=_MetricDirectionEnumTypeWrapper): ...
+
+METRIC_DIRECTION_UNSPECIFIED: MetricDirection.ValueType  # 0
+METRIC_DIRECTION_MINIMIZE: MetricDirection.ValueType  # 1
+METRIC_DIRECTION_MAXIMIZE: MetricDirection.ValueType  # 2
+Global___MetricDirection: _TypeAlias = MetricDirection  # noqa: Y015
+
+class _MetricState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MetricStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MetricState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    METRIC_STATE_UNSPECIFIED: _MetricState.ValueType  # 0
+    METRIC_STATE_FOUND: _MetricState.ValueType  # 1
+    """At least one value was read."""
+    METRIC_STATE_NOT_FOUND: _MetricState.ValueType  # 2
+    """No value was read (the pattern never matched, the file or key is
+    missing); says nothing about how the job ended.
+    """
+
+class MetricState(_MetricState, metaclass=_MetricStateEnumTypeWrapper): ...
+
+METRIC_STATE_UNSPECIFIED: MetricState.ValueType  # 0
+METRIC_STATE_FOUND: MetricState.ValueType  # 1
+"""At least one value was read."""
+METRIC_STATE_NOT_FOUND: MetricState.ValueType  # 2
+"""No value was read (the pattern never matched, the file or key is
+missing); says nothing about how the job ended.
+"""
+Global___MetricState: _TypeAlias = MetricState  # noqa: Y015
+
 class _WorkspaceEntryKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -331,8 +373,14 @@ class JobRef(_message.Message):
     REMOTE_FIELD_NUMBER: _builtins.int
     SLURM_FIELD_NUMBER: _builtins.int
     LOG_PATH_FIELD_NUMBER: _builtins.int
+    MONITOR_JOB_ID_FIELD_NUMBER: _builtins.int
     log_path: _builtins.str
     """Optional log file whose tail is reported."""
+    monitor_job_id: _builtins.str
+    """Set on a job SubmitJob started: the monitor's record of it. A watch of a
+    reference with it follows that record (its wall-clock limit, metrics and
+    end as the monitor saw them); the target may then be left unset.
+    """
     @_builtins.property
     def local(self) -> Global___LocalProcess: ...
     @_builtins.property
@@ -346,10 +394,11 @@ class JobRef(_message.Message):
         remote: Global___RemoteProcess | None = ...,
         slurm: Global___SlurmJob | None = ...,
         log_path: _builtins.str = ...,
+        monitor_job_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["local", b"local", "remote", b"remote", "slurm", b"slurm", "target", b"target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["local", b"local", "log_path", b"log_path", "remote", b"remote", "slurm", b"slurm", "target", b"target"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["local", b"local", "log_path", b"log_path", "monitor_job_id", b"monitor_job_id", "remote", b"remote", "slurm", b"slurm", "target", b"target"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["local", "remote", "slurm"]  # noqa: Y015
     _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
@@ -366,6 +415,7 @@ class JobStatus(_message.Message):
     LOG_TAIL_FIELD_NUMBER: _builtins.int
     SAMPLE_TIME_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
     state: Global___JobState.ValueType
     exit_code: _builtins.int
     """Set when the exit status is known."""
@@ -374,6 +424,12 @@ class JobStatus(_message.Message):
     def log_tail(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def sample_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def metrics(self) -> _containers.RepeatedCompositeFieldContainer[Global___MetricResult]:
+        """Once a job with metrics has ended: each metric's evaluation, in the
+        order of its specs.
+        """
+
     def __init__(
         self,
         *,
@@ -382,10 +438,11 @@ class JobStatus(_message.Message):
         log_tail: _abc.Iterable[_builtins.str] | None = ...,
         sample_time: _timestamp_pb2.Timestamp | None = ...,
         detail: _builtins.str = ...,
+        metrics: _abc.Iterable[Global___MetricResult] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "sample_time", b"sample_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "detail", b"detail", "exit_code", b"exit_code", "log_tail", b"log_tail", "sample_time", b"sample_time", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "detail", b"detail", "exit_code", b"exit_code", "log_tail", b"log_tail", "metrics", b"metrics", "sample_time", b"sample_time", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
@@ -429,21 +486,29 @@ class WatchJobResponse(_message.Message):
 
     STATUS_FIELD_NUMBER: _builtins.int
     NEW_LOG_LINES_FIELD_NUMBER: _builtins.int
+    METRIC_POINTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def status(self) -> Global___JobStatus: ...
     @_builtins.property
     def new_log_lines(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Log lines written since the previous response."""
 
+    @_builtins.property
+    def metric_points(self) -> _containers.RepeatedCompositeFieldContainer[Global___MetricPoint]:
+        """Values of log_regex metrics seen in the log since the previous response
+        (the first response: all seen so far, up to a bound), in log order.
+        """
+
     def __init__(
         self,
         *,
         status: Global___JobStatus | None = ...,
         new_log_lines: _abc.Iterable[_builtins.str] | None = ...,
+        metric_points: _abc.Iterable[Global___MetricPoint] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["new_log_lines", b"new_log_lines", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["metric_points", b"metric_points", "new_log_lines", b"new_log_lines", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -456,21 +521,29 @@ class LocalCommand(_message.Message):
     ARGV_FIELD_NUMBER: _builtins.int
     WORKING_DIRECTORY_FIELD_NUMBER: _builtins.int
     LOG_PATH_FIELD_NUMBER: _builtins.int
+    COMMAND_LINE_FIELD_NUMBER: _builtins.int
     working_directory: _builtins.str
     log_path: _builtins.str
     """stdout and stderr go here."""
+    command_line: _builtins.str
+    """Instead of argv: one line split into arguments as a POSIX shell would
+    (quotes, backslashes), never run by a shell (no pipes, no expansion).
+    """
     @_builtins.property
-    def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The program and its arguments; or command_line instead."""
+
     def __init__(
         self,
         *,
         argv: _abc.Iterable[_builtins.str] | None = ...,
         working_directory: _builtins.str = ...,
         log_path: _builtins.str = ...,
+        command_line: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "log_path", b"log_path", "working_directory", b"working_directory"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "command_line", b"command_line", "log_path", b"log_path", "working_directory", b"working_directory"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -509,25 +582,35 @@ class SubmitJobRequest(_message.Message):
 
     LOCAL_FIELD_NUMBER: _builtins.int
     SLURM_FIELD_NUMBER: _builtins.int
+    REMOTE_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Idempotency key; a repeat returns the job it started."""
     @_builtins.property
     def local(self) -> Global___LocalCommand: ...
     @_builtins.property
     def slurm(self) -> Global___SlurmSubmission: ...
+    @_builtins.property
+    def remote(self) -> Global___RemoteCommand: ...
+    @_builtins.property
+    def options(self) -> Global___JobOptions:
+        """How the job runs and what it measures."""
+
     def __init__(
         self,
         *,
         local: Global___LocalCommand | None = ...,
         slurm: Global___SlurmSubmission | None = ...,
+        remote: Global___RemoteCommand | None = ...,
         request_id: _builtins.str = ...,
+        options: Global___JobOptions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "local", b"local", "slurm", b"slurm"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "local", b"local", "options", b"options", "remote", b"remote", "slurm", b"slurm"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "local", b"local", "request_id", b"request_id", "slurm", b"slurm"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "local", b"local", "options", b"options", "remote", b"remote", "request_id", b"request_id", "slurm", b"slurm"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_job: _TypeAlias = _typing.Literal["local", "slurm"]  # noqa: Y015
+    _WhichOneofReturnType_job: _TypeAlias = _typing.Literal["local", "slurm", "remote"]  # noqa: Y015
     _WhichOneofArgType_job: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_job) -> _WhichOneofReturnType_job | None: ...
 
@@ -538,22 +621,304 @@ class SubmitJobResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_FIELD_NUMBER: _builtins.int
+    GPU_INDICES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def job(self) -> Global___JobRef:
         """Watch it with WatchJob."""
+
+    @_builtins.property
+    def gpu_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The GPUs reserved for the job (CUDA_VISIBLE_DEVICES), by NVML index."""
 
     def __init__(
         self,
         *,
         job: Global___JobRef | None = ...,
+        gpu_indices: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_indices", b"gpu_indices", "job", b"job"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubmitJobResponse: _TypeAlias = SubmitJobResponse  # noqa: Y015
+
+@_typing.final
+class RemoteCommand(_message.Message):
+    """--- Experiment jobs: how a submitted job runs and what it measures. ---
+
+    A command on a configured SSH host, started in its own session with its
+    output appended to a log file under one of the host's log_roots.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_FIELD_NUMBER: _builtins.int
+    ARGV_FIELD_NUMBER: _builtins.int
+    COMMAND_LINE_FIELD_NUMBER: _builtins.int
+    WORKING_DIRECTORY_FIELD_NUMBER: _builtins.int
+    LOG_PATH_FIELD_NUMBER: _builtins.int
+    host: _builtins.str
+    """A host from the monitor's configuration."""
+    command_line: _builtins.str
+    """As in LocalCommand: split into arguments, never run by a shell."""
+    working_directory: _builtins.str
+    """Absolute; unset means the SSH user's home directory."""
+    log_path: _builtins.str
+    """Absolute, under one of the host's log_roots; unset means a new file in
+    the first of them.
+    """
+    @_builtins.property
+    def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The program and its arguments; or command_line instead."""
+
+    def __init__(
+        self,
+        *,
+        host: _builtins.str = ...,
+        argv: _abc.Iterable[_builtins.str] | None = ...,
+        command_line: _builtins.str = ...,
+        working_directory: _builtins.str = ...,
+        log_path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "command_line", b"command_line", "host", b"host", "log_path", b"log_path", "working_directory", b"working_directory"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoteCommand: _TypeAlias = RemoteCommand  # noqa: Y015
+
+@_typing.final
+class JobOptions(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class EnvironmentEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    WALL_CLOCK_LIMIT_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    """Reserved for workspaces; not accepted yet (the job runs in its
+    working_directory).
+    """
+    @_builtins.property
+    def environment(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Added to the job's environment (which never holds the monitor's own
+        QUARRY_* settings). Names are [A-Za-z_][A-Za-z0-9_]*.
+        """
+
+    @_builtins.property
+    def wall_clock_limit(self) -> _duration_pb2.Duration:
+        """Stopped once it has run this long: SIGTERM to its process group, SIGKILL
+        after a grace, and its state is JOB_STATE_TIMED_OUT. For Slurm, --time.
+        """
+
+    @_builtins.property
+    def gpus(self) -> Global___GpuRequest: ...
+    @_builtins.property
+    def metrics(self) -> _containers.RepeatedCompositeFieldContainer[Global___MetricSpec]:
+        """Read by the monitor, from the log as it grows and once the job has ended."""
+
+    def __init__(
+        self,
+        *,
+        environment: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        wall_clock_limit: _duration_pb2.Duration | None = ...,
+        gpus: Global___GpuRequest | None = ...,
+        metrics: _abc.Iterable[Global___MetricSpec] | None = ...,
+        workspace_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "wall_clock_limit", b"wall_clock_limit"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "gpus", b"gpus", "metrics", b"metrics", "wall_clock_limit", b"wall_clock_limit", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobOptions: _TypeAlias = JobOptions  # noqa: Y015
+
+@_typing.final
+class GpuRequest(_message.Message):
+    """GPUs for a job: a count (the monitor picks free ones, least memory used
+    first) or specific indices; none already reserved by a running job of this
+    monitor. Refused with RESOURCE_EXHAUSTED GPUS_BUSY when not enough are free.
+    For Slurm, only a count: --gres=gpu:N.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COUNT_FIELD_NUMBER: _builtins.int
+    INDICES_FIELD_NUMBER: _builtins.int
+    count: _builtins.int
+    @_builtins.property
+    def indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        count: _builtins.int = ...,
+        indices: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "indices", b"indices"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GpuRequest: _TypeAlias = GpuRequest  # noqa: Y015
+
+@_typing.final
+class MetricSpec(_message.Message):
+    """A number the job reports, read by code (never by a model)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DIRECTION_FIELD_NUMBER: _builtins.int
+    LOG_REGEX_FIELD_NUMBER: _builtins.int
+    JSONL_FILE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Letters, digits and _ . / -, at most 64 characters, unique in a job."""
+    direction: Global___MetricDirection.ValueType
+    log_regex: _builtins.str
+    """A regular expression with exactly one capture group, searched in each
+    log line; the group is read as a number.
+    """
+    @_builtins.property
+    def jsonl_file(self) -> Global___JsonlMetric:
+        """A key of the objects in a JSON-lines file the job writes."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        direction: Global___MetricDirection.ValueType = ...,
+        log_regex: _builtins.str = ...,
+        jsonl_file: Global___JsonlMetric | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["jsonl_file", b"jsonl_file", "log_regex", b"log_regex", "source", b"source"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["direction", b"direction", "jsonl_file", b"jsonl_file", "log_regex", b"log_regex", "name", b"name", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["log_regex", "jsonl_file"]  # noqa: Y015
+    _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_source) -> _WhichOneofReturnType_source | None: ...
+
+Global___MetricSpec: _TypeAlias = MetricSpec  # noqa: Y015
+
+@_typing.final
+class JsonlMetric(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """Relative to the job's working directory (which must be set), inside it."""
+    key: _builtins.str
+    """A top-level key whose value is a number; other lines are skipped."""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JsonlMetric: _TypeAlias = JsonlMetric  # noqa: Y015
+
+@_typing.final
+class MetricResult(_message.Message):
+    """A metric once the job has ended."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DIRECTION_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    BEST_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    direction: Global___MetricDirection.ValueType
+    state: Global___MetricState.ValueType
+    value: _builtins.float
+    """The last value read (last wins)."""
+    best: _builtins.float
+    """The best value by direction, and how many values were read."""
+    count: _builtins.int
+    detail: _builtins.str
+    """Why it was not found, or what was skipped."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        direction: Global___MetricDirection.ValueType = ...,
+        state: Global___MetricState.ValueType = ...,
+        value: _builtins.float = ...,
+        best: _builtins.float = ...,
+        count: _builtins.int = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["best", b"best", "count", b"count", "detail", b"detail", "direction", b"direction", "name", b"name", "state", b"state", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MetricResult: _TypeAlias = MetricResult  # noqa: Y015
+
+@_typing.final
+class MetricPoint(_message.Message):
+    """One value of a metric as it appeared."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    value: _builtins.float
+    step: _builtins.int
+    """The log line number, from 1."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        value: _builtins.float = ...,
+        step: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "step", b"step", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MetricPoint: _TypeAlias = MetricPoint  # noqa: Y015
 
 @_typing.final
 class WorkspaceGitState(_message.Message):

@@ -134,15 +134,18 @@ class MonitorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SubmitJob(self, request, context):
-        """Starts a job: a local command, or a Slurm batch script over SSH.
-        Idempotent by request_id.
+        """Starts a job: a local command, a command on an SSH host, or a Slurm batch
+        script over SSH; optionally with an environment, a wall-clock limit, GPUs
+        and metrics (JobOptions). Idempotent by request_id, also across restarts
+        of the monitor, which keeps a durable record of every job it started.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def WatchJob(self, request, context):
-        """Streams a job's state changes and new log lines until it ends.
+        """Streams a job's state changes, new log lines and metric values until it
+        ends; the last response carries the job's metrics.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

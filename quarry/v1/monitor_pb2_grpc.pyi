@@ -42,11 +42,15 @@ class MonitorServiceStub:
     WatchGpus: _grpc.UnaryStreamMultiCallable[_monitor_pb2.WatchGpusRequest, _monitor_pb2.WatchGpusResponse]
     """Streams a GPU sample every interval until the client cancels."""
     SubmitJob: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.SubmitJobRequest, _monitor_pb2.SubmitJobResponse]
-    """Starts a job: a local command, or a Slurm batch script over SSH.
-    Idempotent by request_id.
+    """Starts a job: a local command, a command on an SSH host, or a Slurm batch
+    script over SSH; optionally with an environment, a wall-clock limit, GPUs
+    and metrics (JobOptions). Idempotent by request_id, also across restarts
+    of the monitor, which keeps a durable record of every job it started.
     """
     WatchJob: _grpc.UnaryStreamMultiCallable[_monitor_pb2.WatchJobRequest, _monitor_pb2.WatchJobResponse]
-    """Streams a job's state changes and new log lines until it ends."""
+    """Streams a job's state changes, new log lines and metric values until it
+    ends; the last response carries the job's metrics.
+    """
     OpenWorkspace: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.OpenWorkspaceRequest, _monitor_pb2.OpenWorkspaceResponse]
     """Workspaces: a directory on this machine or a configured SSH host, under one
     of the workspace roots the monitor is configured with, whose files the
@@ -98,11 +102,15 @@ class MonitorServiceAsyncStub(MonitorServiceStub):
     WatchGpus: _aio.UnaryStreamMultiCallable[_monitor_pb2.WatchGpusRequest, _monitor_pb2.WatchGpusResponse]  # type: ignore[assignment]
     """Streams a GPU sample every interval until the client cancels."""
     SubmitJob: _aio.UnaryUnaryMultiCallable[_monitor_pb2.SubmitJobRequest, _monitor_pb2.SubmitJobResponse]  # type: ignore[assignment]
-    """Starts a job: a local command, or a Slurm batch script over SSH.
-    Idempotent by request_id.
+    """Starts a job: a local command, a command on an SSH host, or a Slurm batch
+    script over SSH; optionally with an environment, a wall-clock limit, GPUs
+    and metrics (JobOptions). Idempotent by request_id, also across restarts
+    of the monitor, which keeps a durable record of every job it started.
     """
     WatchJob: _aio.UnaryStreamMultiCallable[_monitor_pb2.WatchJobRequest, _monitor_pb2.WatchJobResponse]  # type: ignore[assignment]
-    """Streams a job's state changes and new log lines until it ends."""
+    """Streams a job's state changes, new log lines and metric values until it
+    ends; the last response carries the job's metrics.
+    """
     OpenWorkspace: _aio.UnaryUnaryMultiCallable[_monitor_pb2.OpenWorkspaceRequest, _monitor_pb2.OpenWorkspaceResponse]  # type: ignore[assignment]
     """Workspaces: a directory on this machine or a configured SSH host, under one
     of the workspace roots the monitor is configured with, whose files the
@@ -169,8 +177,10 @@ class MonitorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _monitor_pb2.SubmitJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_monitor_pb2.SubmitJobResponse, _abc.Awaitable[_monitor_pb2.SubmitJobResponse]]:
-        """Starts a job: a local command, or a Slurm batch script over SSH.
-        Idempotent by request_id.
+        """Starts a job: a local command, a command on an SSH host, or a Slurm batch
+        script over SSH; optionally with an environment, a wall-clock limit, GPUs
+        and metrics (JobOptions). Idempotent by request_id, also across restarts
+        of the monitor, which keeps a durable record of every job it started.
         """
 
     @_abc_1.abstractmethod
@@ -179,7 +189,9 @@ class MonitorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _monitor_pb2.WatchJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_monitor_pb2.WatchJobResponse], _abc.AsyncIterator[_monitor_pb2.WatchJobResponse]]:
-        """Streams a job's state changes and new log lines until it ends."""
+        """Streams a job's state changes, new log lines and metric values until it
+        ends; the last response carries the job's metrics.
+        """
 
     @_abc_1.abstractmethod
     def OpenWorkspace(

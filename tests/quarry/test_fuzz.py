@@ -185,7 +185,11 @@ VALID = {
     "quarry.v1.SupervisorService.CancelRun": f'run_id: "{RUN_ID}" reason: "r"',
     "quarry.v1.MonitorService.ListGpus": "",
     "quarry.v1.MonitorService.WatchGpus": "interval { seconds: 1 }",
-    "quarry.v1.MonitorService.SubmitJob": 'local { argv: "/nonexistent/quarry-fuzz-program" } request_id: "j1"',
+    "quarry.v1.MonitorService.SubmitJob": (
+        'local { argv: "/nonexistent/quarry-fuzz-program" } request_id: "j1" options { environment { key: "A"'
+        ' value: "1" } wall_clock_limit { seconds: 5 } gpus { count: 0 } metrics { name: "loss"'
+        ' direction: METRIC_DIRECTION_MINIMIZE log_regex: "loss=(\\\\S+)" } }'
+    ),
     # Watching only: this test's own process.
     "quarry.v1.MonitorService.WatchJob": f"job {{ local {{ pid: {os.getpid()} }} }} poll_interval {{ seconds: 1 }}",
     # WORKSPACE_ROOT and WORKSPACE_ID: the git repository the `workspace` fixture opened.
@@ -245,8 +249,13 @@ def _requests(method: MethodDescriptor, workspace: Workspace) -> st.SearchStrate
 
 def _harmless_program(request: Message) -> Message:
     assert isinstance(request, monitor_pb2.SubmitJobRequest)
-    if request.HasField("local") and request.local.argv:
-        request.local.argv[0] = "/nonexistent/quarry-fuzz-program"
+    for kind in ("local", "remote"):
+        if request.HasField(kind):
+            command = getattr(request, kind)
+            if command.argv:
+                command.argv[0] = "/nonexistent/quarry-fuzz-program"
+            if command.command_line:
+                command.command_line = "/nonexistent/quarry-fuzz-program " + command.command_line
     return request
 
 
