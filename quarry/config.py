@@ -246,6 +246,10 @@ class WorkerSettings(ModelTier):
 
     address: str = "127.0.0.1:7412"
     """The HOST:PORT the worker listens on (port 0 picks a free one)."""
+    id: str = Field(default="", max_length=64)
+    """How this worker names itself on the delegations it runs (GetDelegation, the run's status events), so
+    operators can tell workers apart; empty: the host name and a random suffix, new for each process.
+    `quarry up` sets worker-1, worker-2, ..."""
     scratchpad_address: str = "127.0.0.1:7411"
     """The scratchpad this worker promotes findings to (`quarry up` sets it)."""
     monitor_address: str = ""

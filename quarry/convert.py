@@ -271,6 +271,7 @@ def delegation_result_to_proto(result: DelegationResult) -> worker_pb2.Delegatio
         usage=usage_to_proto(result.usage),
         conversation_id=result.conversation_id,
         tool_call_id=result.tool_call_id,
+        worker_id=result.worker_id,
     )
     if result.error_code is not None:
         code = DELEGATION_ERROR_CODES.to_proto(result.error_code)
@@ -293,6 +294,7 @@ def delegation_result_from_proto(message: worker_pb2.DelegationResult) -> Delega
         promoted=tuple(message.promoted_sequence_nos),
         turns=message.turns_used,
         usage=usage_from_proto(message.usage),
+        worker_id=message.worker_id,
     )
 
 

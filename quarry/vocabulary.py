@@ -87,6 +87,8 @@ class DelegationResult:
     promoted: tuple[int, ...] = ()  # scratchpad sequence numbers
     turns: int = 0
     usage: Usage = field(default_factory=Usage)
+    # The worker that ran it (its configured id); empty when no worker took it.
+    worker_id: str = ""
 
     @property
     def succeeded(self) -> bool:

@@ -162,10 +162,13 @@ class Delegator:
             )
         )
 
-        async def turn_started(turn: int, max_turns: int) -> None:
+        async def turn_started(turn: int, max_turns: int, worker_id: str) -> None:
             await announced
             await self._publisher.status(
-                ResearchPhase.WORKER_RESEARCHING, f"turn {turn} of {max_turns}", delegation_id=order.delegation_id
+                ResearchPhase.WORKER_RESEARCHING,
+                f"turn {turn} of {max_turns}",
+                delegation_id=order.delegation_id,
+                worker_id=worker_id,
             )
 
         try:

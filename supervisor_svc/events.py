@@ -81,24 +81,27 @@ def warnings_to_proto(warnings: Sequence[RunWarning]) -> list[supervisor_pb2.Run
     return [supervisor_pb2.RunWarning(code=_WARNING_CODES.to_proto(w), message=w.message) for w in warnings]
 
 
-def status(phase: ResearchPhase, message: str, *, delegation_id: str = "") -> PublicEvent:
-    return PublicEvent(_status(phase, message, delegation_id))
+def status(phase: ResearchPhase, message: str, *, delegation_id: str = "", worker_id: str = "") -> PublicEvent:
+    return PublicEvent(_status(phase, message, delegation_id, worker_id))
 
 
-def _status(phase: ResearchPhase, message: str, delegation_id: str = "") -> supervisor_pb2.RunEvent:
+def _status(
+    phase: ResearchPhase, message: str, delegation_id: str = "", worker_id: str = ""
+) -> supervisor_pb2.RunEvent:
     event = supervisor_pb2.ResearchStatusEvent(
-        phase=_PHASES.to_proto(phase), message=message, delegation_id=delegation_id
+        phase=_PHASES.to_proto(phase), message=message, delegation_id=delegation_id, worker_id=worker_id
     )
     return supervisor_pb2.RunEvent(status=event)
 
 
 def delegation_ended(result: DelegationResult) -> PublicEvent:
-    """WORKER_COMPLETED or WORKER_FAILED, with the outcome and, on failure, the error."""
+    """WORKER_COMPLETED or WORKER_FAILED, with the outcome, the worker and, on failure, the error."""
     if result.error_code is None:
-        event = _status(ResearchPhase.WORKER_COMPLETED, "worker finished", result.delegation_id)
+        event = _status(ResearchPhase.WORKER_COMPLETED, "worker finished", result.delegation_id, result.worker_id)
         event.status.delegation_outcome = common_pb2.DELEGATION_OUTCOME_SUCCEEDED
         return PublicEvent(event)
-    event = _status(ResearchPhase.WORKER_FAILED, f"worker failed: {result.error_message}", result.delegation_id)
+    message = f"worker failed: {result.error_message}"
+    event = _status(ResearchPhase.WORKER_FAILED, message, result.delegation_id, result.worker_id)
     event.status.delegation_outcome = common_pb2.DELEGATION_OUTCOME_FAILED
     event.status.delegation_error.code = DELEGATION_ERROR_CODES.to_proto(result.error_code)
     event.status.delegation_error.message = result.error_message

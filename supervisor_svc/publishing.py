@@ -103,8 +103,8 @@ class RunPublisher:
     async def started(self) -> None:
         await self._log.mark_running(events.status(ResearchPhase.STARTED, "research started"))
 
-    async def status(self, phase: ResearchPhase, message: str, *, delegation_id: str = "") -> None:
-        await self._log.emit(events.status(phase, message, delegation_id=delegation_id))
+    async def status(self, phase: ResearchPhase, message: str, *, delegation_id: str = "", worker_id: str = "") -> None:
+        await self._log.emit(events.status(phase, message, delegation_id=delegation_id, worker_id=worker_id))
 
     async def delegation_ended(self, result: DelegationResult, usage: RunUsage) -> None:
         await self._log.record_usage(events.delegation_ended(result), usage)

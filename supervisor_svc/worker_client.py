@@ -6,14 +6,21 @@ for the delegation gets one DelegationResult carrying its delegation_id: the
 worker's own, or an error made here. Workers are addressed as a list of
 targets used round-robin; a delegation refused as UNAVAILABLE or
 RESOURCE_EXHAUSTED before any event is tried once more on the next worker with
-the same delegation_id (the worker de-duplicates by it).
+the same delegation_id (the worker de-duplicates by it). A worker that served
+before and cannot be reached now is most likely restarting (`quarry up`
+restarts a dead one on its address): the second attempt gives it a few
+seconds to come back before the delegation counts it as unavailable.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import inspect
 import itertools
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -27,9 +34,12 @@ from supervisor_svc.model import DelegationOrder
 
 log = logging.getLogger(__name__)
 
+# How long a delegation waits for a worker that served before to be reachable again.
+RECONNECT_WAIT_SECONDS = 10.0
+
 EventListener = Callable[[worker_pb2.DelegateResponse], Awaitable[None] | None]
-# Told each worker turn as it starts: (turn, max_turns).
-TurnListener = Callable[[int, int], Awaitable[None]]
+# Told each worker turn as it starts: (turn, max_turns, the id of the worker running it).
+TurnListener = Callable[[int, int, str], Awaitable[None]]
 
 # Refusals that happen before a worker starts anything: another worker may take the delegation.
 _TRY_ELSEWHERE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -81,7 +91,9 @@ async def _notify(listener: EventListener, response: worker_pb2.DelegateResponse
 
 
 class DelegationClient:
-    def __init__(self, targets: Sequence[str], dial: Dialer | None = None) -> None:
+    def __init__(
+        self, targets: Sequence[str], dial: Dialer | None = None, *, reconnect_wait: float = RECONNECT_WAIT_SECONDS
+    ) -> None:
         if not targets:
             raise ValueError("at least one worker target is needed")
         self._targets = list(targets)
@@ -89,6 +101,8 @@ class DelegationClient:
         self._channels = [(dial or Dialer()).channel(target) for target in self._targets]
         self._stubs = [worker_pb2_grpc.WorkerServiceStub(channel) for channel in self._channels]
         self._turn = itertools.cycle(range(len(self._stubs)))
+        self._reconnect_wait = reconnect_wait
+        self._served: set[int] = set()  # targets that have answered a delegation
 
     async def close(self) -> None:
         for channel in self._channels:
@@ -96,14 +110,21 @@ class DelegationClient:
 
     async def run(self, order: DelegationOrder, *, deadline_seconds: float, on_turn: TurnListener) -> DelegationResult:
         """`delegate` in the supervisor's own terms."""
+        worker_id = ""
 
         async def progress(response: worker_pb2.DelegateResponse) -> None:
-            progress = response.progress
-            if response.WhichOneof("event") == "progress" and progress.kind == worker_pb2.PROGRESS_KIND_TURN_STARTED:
-                await on_turn(progress.turn, progress.max_turns)
+            nonlocal worker_id
+            event, progress = response.WhichOneof("event"), response.progress
+            if event == "started":
+                worker_id = response.started.worker_id
+            elif event == "progress" and progress.kind == worker_pb2.PROGRESS_KIND_TURN_STARTED:
+                await on_turn(progress.turn, progress.max_turns, worker_id)
 
-        result = await self.delegate(request_for(order), deadline_seconds=deadline_seconds, on_event=progress)
-        return delegation_result_from_proto(result)
+        result = delegation_result_from_proto(
+            await self.delegate(request_for(order), deadline_seconds=deadline_seconds, on_event=progress)
+        )
+        # A failure made here (the worker died mid-stream) still names the worker that had taken it.
+        return result if result.worker_id else dataclasses.replace(result, worker_id=worker_id)
 
     async def delegate(
         self,
@@ -115,7 +136,12 @@ class DelegationClient:
         """Run one delegation on some worker; never raises except when the caller is cancelled."""
         for attempt in (1, 2):
             index = next(self._turn)
-            outcome = await self._attempt(self._stubs[index], request, deadline_seconds, on_event)
+            # The last chance: a worker that is coming back is worth waiting for (the first attempt fails over).
+            waited = await self._reconnected(index, deadline_seconds) if attempt == 2 else 0.0
+            remaining = None if deadline_seconds is None else max(deadline_seconds - waited, 0.001)
+            outcome = await self._attempt(self._stubs[index], request, remaining, on_event)
+            if isinstance(outcome, worker_pb2.DelegationResult) or outcome[1]:
+                self._served.add(index)
             if isinstance(outcome, worker_pb2.DelegationResult):
                 return outcome
             error, events_seen = outcome
@@ -130,6 +156,17 @@ class DelegationClient:
             code = _ERROR_CODES.get(error.code(), common_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE)
             return failed(request, code, f"worker {self._targets[index]}: {error.code().name}: {error.details()}")
         raise AssertionError("unreachable: the second attempt always returns")
+
+    async def _reconnected(self, index: int, deadline_seconds: float | None) -> float:
+        """Wait, within bounds, for a worker that served before to be reachable again; the seconds waited."""
+        channel = self._channels[index]
+        if index not in self._served or channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+            return 0.0
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(channel.channel_ready(), min(self._reconnect_wait, deadline_seconds or math.inf))
+        return loop.time() - started
 
     async def _attempt(
         self,

@@ -35,6 +35,7 @@ class DelegationRequest:
 class Started:
     delegation_id: str
     conversation_id: str
+    worker_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,3 +68,4 @@ class DelegationRecord:
     last_error: str
     create_time: datetime
     end_time: datetime | None = None
+    worker_id: str = ""  # empty for delegations recorded before workers had an id

@@ -30,5 +30,7 @@ delegations = sa.Table(
     # worker died is ended as failed instead of staying "running".
     sa.Column("owner", sa.String(64), nullable=False, server_default=""),
     sa.Column("heartbeat_time", UTCDateTime, nullable=True),
+    # The configured id of the worker that ran it (QUARRY_WORKER_ID), shown to operators.
+    sa.Column("worker_id", sa.String(64), nullable=False, server_default=""),
     sa.Index("worker_delegations_by_state", "state", "heartbeat_time"),
 )

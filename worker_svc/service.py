@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+import socket
 from pathlib import Path
 
 import grpc
@@ -37,6 +39,12 @@ ACCESS: Access = {
     "Delegate": frozenset({MeshRole.SUPERVISOR}),
     "GetDelegation": frozenset({MeshRole.SUPERVISOR}),
 }
+
+
+def default_worker_id() -> str:
+    """The id of a worker configured without one: its host (a pod's name under Kubernetes) and a random
+    suffix, so that two workers on one host differ."""
+    return f"{socket.gethostname()[:57]}-{secrets.token_hex(3)}"  # at most 64 characters, as the column
 
 
 async def build_host(settings: WorkerSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
@@ -79,7 +87,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
     worker = Worker(
         model=model,
         conversations=ConversationStore(database),
-        delegations=DelegationStore(database),
+        delegations=DelegationStore(database, worker_id=settings.id or default_worker_id()),
         context_for=context_for,
         limits=WorkerLimits(
             max_concurrent=settings.max_concurrent_delegations,

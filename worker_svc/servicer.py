@@ -54,7 +54,7 @@ def event_to_proto(event: Event) -> worker_pb2.DelegateResponse:
     if isinstance(event, Started):
         return worker_pb2.DelegateResponse(
             started=worker_pb2.DelegationStarted(
-                delegation_id=event.delegation_id, conversation_id=event.conversation_id
+                delegation_id=event.delegation_id, conversation_id=event.conversation_id, worker_id=event.worker_id
             )
         )
     if isinstance(event, Progress):
@@ -102,6 +102,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             create_time=timestamp(record.create_time),
             last_error=record.last_error,
             tool_call_id=record.tool_call_id,
+            worker_id=record.worker_id,
         )
         if record.outcome is not None:
             delegation.result.CopyFrom(delegation_result_to_proto(record.outcome))

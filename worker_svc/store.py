@@ -24,7 +24,7 @@ from worker_svc.schema import delegations
 
 def _record(row: sa.Row[Any]) -> DelegationRecord:
     outcome = (
-        _result_from_json(row.delegation_id, row.tool_call_id, row.conversation_id, row.result)
+        _result_from_json(row.delegation_id, row.tool_call_id, row.conversation_id, row.result, row.worker_id)
         if row.result is not None
         else None
     )
@@ -43,6 +43,7 @@ def _record(row: sa.Row[Any]) -> DelegationRecord:
         last_error=row.last_error,
         create_time=row.create_time,
         end_time=row.end_time,
+        worker_id=row.worker_id,
     )
 
 
@@ -63,7 +64,7 @@ def _result_json(result: DelegationResult) -> dict[str, object]:
 
 
 def _result_from_json(
-    delegation_id: str, tool_call_id: str, conversation_id: str, data: dict[str, Any]
+    delegation_id: str, tool_call_id: str, conversation_id: str, data: dict[str, Any], worker_id: str
 ) -> DelegationResult:
     code = data.get("error_code")
     error_code = DelegationErrorCode(str(code)) if code else None
@@ -79,6 +80,7 @@ def _result_from_json(
         promoted=tuple(int(n) for n in data.get("promoted") or []),
         turns=int(data.get("turns", 0)),
         usage=Usage.from_json(data),
+        worker_id=worker_id,
     )
 
 
@@ -93,9 +95,12 @@ def _ended(outcome: DelegationResult) -> dict[str, Any]:
 
 
 class DelegationStore:
-    def __init__(self, database: Database, owner: str = "") -> None:
+    def __init__(self, database: Database, owner: str = "", worker_id: str = "") -> None:
         self._db = database
+        # The lease holder: unique to this process, whatever the worker's configured id.
         self.owner = owner or f"worker-{uuid.uuid4().hex[:12]}"
+        # What the delegations this process runs are recorded as run by.
+        self.worker_id = worker_id
 
     async def get(self, delegation_id: str) -> DelegationRecord | None:
         def work(connection: Connection) -> DelegationRecord | None:
@@ -127,6 +132,7 @@ class DelegationStore:
             "end_time": None,
             "owner": self.owner,
             "heartbeat_time": datetime.now(UTC),
+            "worker_id": self.worker_id,
         }
         try:
 
@@ -170,7 +176,7 @@ class DelegationStore:
 
         def work(connection: Connection) -> bool:
             row = connection.execute(
-                sa.select(delegations.c.tool_call_id, delegations.c.conversation_id).where(
+                sa.select(delegations.c.tool_call_id, delegations.c.conversation_id, delegations.c.worker_id).where(
                     delegations.c.delegation_id == delegation_id
                 )
             ).first()
@@ -182,6 +188,7 @@ class DelegationStore:
                 conversation_id=row.conversation_id,
                 error_code=DelegationErrorCode.INTERNAL,
                 error_message="the worker running this delegation stopped before it ended",
+                worker_id=row.worker_id,
             )
             # Conditional on the state still being "running": two sweepers end it once.
             still_running = sa.and_(delegations.c.delegation_id == delegation_id, _RUNNING)

@@ -239,7 +239,7 @@ class Worker:
         queue: asyncio.Queue[Event],
     ) -> AsyncIterator[Event]:
         try:
-            yield Started(request.delegation_id, conversation_id)
+            yield Started(request.delegation_id, conversation_id, self._delegations.worker_id)
             while True:
                 getter = asyncio.ensure_future(queue.get())
                 await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
@@ -259,9 +259,8 @@ class Worker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(task)
 
-    @staticmethod
     def _lost(
-        request: DelegationRequest, conversation_id: str, task: asyncio.Task[DelegationResult]
+        self, request: DelegationRequest, conversation_id: str, task: asyncio.Task[DelegationResult]
     ) -> DelegationResult:
         log.error("delegation %s ended without an outcome", request.delegation_id)
         return DelegationResult(
@@ -270,6 +269,7 @@ class Worker:
             conversation_id=conversation_id,
             error_code=DelegationErrorCode.CANCELLED if task.cancelled() else DelegationErrorCode.INTERNAL,
             error_message="the delegation ended without a result",
+            worker_id=self._delegations.worker_id,
         )
 
     async def _execute(
@@ -314,6 +314,7 @@ class Worker:
                 promoted=tuple(context.promoted) if context else (),
                 turns=run.turns if run else 0,
                 usage=run.usage if run else Usage(),
+                worker_id=self._delegations.worker_id,
             )
 
         try:
@@ -397,5 +398,5 @@ def _check_same_request(record: DelegationRecord, request: DelegationRequest) ->
 
 async def _replay(record: DelegationRecord) -> AsyncIterator[Event]:
     assert record.outcome is not None
-    yield Started(record.delegation_id, record.conversation_id)
+    yield Started(record.delegation_id, record.conversation_id, record.worker_id)
     yield record.outcome

@@ -68,7 +68,8 @@ class Supervisor:
             if error.code() == grpc.StatusCode.UNAVAILABLE:
                 raise Unavailable(
                     f"no supervisor answers at {self.address} ({error.details()}); start it with `quarry up`, "
-                    "or name where it runs with --address or QUARRY_SUPERVISOR_ADDRESS"
+                    "or name where it runs with --address or QUARRY_SUPERVISOR_ADDRESS (or the --data-dir of the "
+                    "quarry up that runs it)"
                 ) from None
             # Slow to answer, or a proxy without the health service: the command's own calls decide.
 
@@ -87,6 +88,7 @@ class _Delegation:
     objective: str
     progress: str = "delegated"
     outcome: str = ""
+    worker: str = ""
     # Why it failed, in the worker's words (a model endpoint it cannot reach, say).
     error: str = ""
 
@@ -110,6 +112,7 @@ class RunView:
                 self.delegations[status.delegation_id] = _Delegation(status.message)
             elif status.delegation_id in self.delegations:
                 delegation = self.delegations[status.delegation_id]
+                delegation.worker = status.worker_id or delegation.worker
                 if status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_RESEARCHING:
                     delegation.progress = status.message
                 elif status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED:
@@ -132,10 +135,14 @@ class RunView:
     def render(self) -> RenderableType:
         parts: list[RenderableType] = [Text.from_markup(f"[bold]{self.question}[/]  [dim]{self.phase}[/]")]
         if self.delegations:
-            table = Table("delegation", "task", "progress", "outcome", expand=True)
+            table = Table("delegation", "task", "worker", "progress", "outcome", expand=True)
             for delegation_id, delegation in self.delegations.items():
                 table.add_row(
-                    delegation_id.rsplit(".", 2)[-2], delegation.objective[:80], delegation.progress, delegation.outcome
+                    delegation_id.rsplit(".", 2)[-2],
+                    delegation.objective[:80],
+                    delegation.worker,
+                    delegation.progress,
+                    delegation.outcome,
                 )
             parts.append(table)
         if self.entries:

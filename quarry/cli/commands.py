@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from quarry.cli.launcher import RestartPolicy
 from quarry.cli.registry import SERVICES, databases
 from quarry.cli.settings import load_settings
 from quarry.config import ConfigurationError, QuarrySettings
@@ -34,7 +35,20 @@ def _positive(text: str) -> int:
     return number
 
 
+def _not_negative(text: str) -> int:
+    number = int(text)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return number
+
+
 def _parser() -> argparse.ArgumentParser:
+    # Every command but `serve` takes it: where the databases, the corpus and a running `quarry up`'s
+    # addresses (mesh.json) are.
+    data_dir = argparse.ArgumentParser(add_help=False)
+    data_dir.add_argument(
+        "--data-dir", type=Path, help="the data directory (default: QUARRY_DATA_DIR, else ~/.local/share/quarry)"
+    )
     parser = argparse.ArgumentParser(
         prog="quarry",
         description="Quarry deep-research mesh",
@@ -57,19 +71,27 @@ def _parser() -> argparse.ArgumentParser:
 
     up = commands.add_parser(
         "up",
-        help="start every service as its own process",
+        parents=[data_dir],
+        help="start every service as its own process, and restart any that dies",
         epilog=CONFIGURATION_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    up.add_argument("--data-dir", type=Path, help="where SQLite databases live (default: QUARRY_DATA_DIR)")
     up.add_argument(
         "--ephemeral-ports", action="store_true", help="bind every service to a free port instead of its default"
     )
+    up.add_argument("--workers", type=_positive, default=1, help="worker processes (default 1)")
     up.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for each service")
+    up.add_argument(
+        "--max-restarts",
+        type=_not_negative,
+        default=RestartPolicy.max_restarts,
+        help=f"restarts of one service within {RestartPolicy.window_seconds:g} s before quarry up gives up and "
+        f"stops (default {RestartPolicy.max_restarts})",
+    )
 
     corpus = commands.add_parser("corpus", help="the local document corpus the workers search")
     corpus_commands = corpus.add_subparsers(dest="corpus_command", required=True)
-    index_file = argparse.ArgumentParser(add_help=False)
+    index_file = argparse.ArgumentParser(add_help=False, parents=[data_dir])
     index_file.add_argument(
         "--index",
         type=Path,
@@ -88,8 +110,11 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("query")
     search.add_argument("--limit", type=_positive, default=10, help="hits to show (default 10)")
 
-    address_help = "the supervisor's HOST:PORT (default: QUARRY_SUPERVISOR_ADDRESS, else 127.0.0.1:7410)"
-    ask = commands.add_parser("ask", help="research a question and follow the run live")
+    address_help = (
+        "the supervisor's HOST:PORT (default: QUARRY_SUPERVISOR_ADDRESS, else where the quarry up running on the "
+        "data directory serves, else 127.0.0.1:7410)"
+    )
+    ask = commands.add_parser("ask", parents=[data_dir], help="research a question and follow the run live")
     ask.add_argument("question")
     ask.add_argument("--address", help=address_help)
     ask.add_argument("--json", action="store_true", help="print one JSON object per event instead")
@@ -108,18 +133,19 @@ def _parser() -> argparse.ArgumentParser:
 
     runs = commands.add_parser("runs", help="list research runs or show one")
     runs_commands = runs.add_subparsers(dest="runs_command", required=True)
-    runs_list = runs_commands.add_parser("list", help="the newest runs")
+    runs_list = runs_commands.add_parser("list", parents=[data_dir], help="the newest runs")
     runs_list.add_argument("--state", choices=["queued", "running", "succeeded", "failed", "cancelled"])
     runs_list.add_argument("--limit", type=int, default=20)
     runs_list.add_argument("--json", action="store_true")
     runs_list.add_argument("--address", help=address_help)
-    runs_show = runs_commands.add_parser("show", help="one run: state, report, citations, usage")
+    runs_show = runs_commands.add_parser("show", parents=[data_dir], help="one run: state, report, citations, usage")
     runs_show.add_argument("run_id")
     runs_show.add_argument("--json", action="store_true")
     runs_show.add_argument("--address", help=address_help)
 
     migrate = commands.add_parser(
         "migrate",
+        parents=[data_dir],
         help="upgrade each service's database schema, then exit (a Kubernetes Job before a rollout)",
         epilog=CONFIGURATION_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -139,12 +165,14 @@ def _parser() -> argparse.ArgumentParser:
         help="env: QUARRY_MESH_* lines per service; kubernetes: the quarry-mesh Secret the manifests read",
     )
 
-    commands.add_parser(
+    doctor = commands.add_parser(
         "doctor",
+        parents=[data_dir],
         help="ask each running service what it uses (model endpoint, search, database, peers) and how that works",
         epilog=CONFIGURATION_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    doctor.add_argument("--address", help=address_help)
     return parser
 
 
@@ -157,21 +185,27 @@ def _serve(args: argparse.Namespace, common: QuarrySettings) -> int:
 
 
 def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
-    from quarry.cli.launcher import Announcer, run_mesh
+    from quarry.agent.model import ModelSettings
+    from quarry.cli.launcher import Announcer, plan, run_mesh
+    from quarry.config import ModelTier
 
-    if args.data_dir:
-        os.environ["QUARRY_DATA_DIR"] = str(args.data_dir.resolve())
-    addresses = {name: "127.0.0.1:0" for name in SERVICES} if args.ephemeral_ports else {}
+    specs = list(SERVICES.values())
+    overrides = {"address": "127.0.0.1:0"} if args.ephemeral_ports else {}
+    models = []
     # Every service's settings, read now: a bad one is this command's error, before any service starts.
-    for spec in SERVICES.values():
-        spec.load_settings(**({"address": addresses[spec.name]} if spec.name in addresses else {}))
+    for spec in specs:
+        settings = spec.load_settings(**overrides)
+        if isinstance(settings, ModelTier):
+            model = ModelSettings.for_tier(settings, common)
+            models.append((spec.name, model.model, model.base_url))
     return asyncio.run(
         run_mesh(
-            list(SERVICES.values()),
-            addresses=addresses,
+            plan(specs, workers=args.workers, data_dir=common.data_dir, ephemeral_ports=args.ephemeral_ports),
+            data_dir=common.data_dir,
             ready_timeout=args.ready_timeout,
             stop_timeout=common.shutdown_grace_seconds + 5.0,
-            announce=Announcer(data_dir=Path(os.environ.get("QUARRY_DATA_DIR") or common.data_dir)),
+            announce=Announcer(data_dir=common.data_dir, models=models),
+            policy=RestartPolicy(max_restarts=args.max_restarts),
         )
     )
 
@@ -185,6 +219,27 @@ def _corpus(args: argparse.Namespace, common: QuarrySettings) -> int:
     return corpus.run(args, index)
 
 
+def service_addresses(name: str, common: QuarrySettings, explicit: str | None = None) -> list[str]:
+    """Where a client command finds a service: the address it was given, else the address set in the
+    environment, else where the `quarry up` running on the data directory serves it, else the setting.
+
+    Workers are where the supervisor calls them (maybe several).
+    """
+    from quarry.cli.mesh_state import MeshState
+    from quarry.config import SupervisorSettings
+
+    if explicit:
+        return [explicit]
+    if name == "worker":
+        variable, configured = "QUARRY_SUPERVISOR_WORKER_ADDRESSES", load_settings(SupervisorSettings).worker_targets()
+    else:
+        spec = SERVICES[name]
+        variable = f"{spec.settings_type().model_config.get('env_prefix', '')}ADDRESS"
+        configured = [spec.load_settings().address]
+    state = None if os.environ.get(variable) else MeshState.read(common.data_dir)
+    return list(state.services.get(name) or configured) if state else configured
+
+
 def _supervisor(args: argparse.Namespace, common: QuarrySettings) -> Supervisor:
     from quarry.cli.ask import Supervisor
     from quarry.client import open_channel
@@ -192,7 +247,7 @@ def _supervisor(args: argparse.Namespace, common: QuarrySettings) -> Supervisor:
     from quarry.security import ConnectionLimits, Tls
 
     settings = load_settings(SupervisorSettings)
-    address = args.address or settings.address
+    [address] = service_addresses("supervisor", common, args.address)
     tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
     return Supervisor(address, lambda: open_channel(address, tls=tls, limits=limits, token=settings.auth_token))
 
@@ -257,7 +312,8 @@ def _mesh(args: argparse.Namespace, common: QuarrySettings) -> int:
 def _doctor(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.cli.doctor import doctor
 
-    return doctor(common)
+    explicit = {"supervisor": args.address}
+    return doctor(common, {name: service_addresses(name, common, explicit.get(name)) for name in SERVICES})
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace, QuarrySettings], int]] = {
@@ -279,6 +335,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if getattr(args, "data_dir", None):
+        # Through the environment: the settings read it, and so do the services `quarry up` starts.
+        os.environ["QUARRY_DATA_DIR"] = str(args.data_dir.resolve())
     try:
         return HANDLERS[args.command](args, load_settings(QuarrySettings))
     except ConfigurationError as error:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -21,9 +21,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from quarry.cli.registry import SERVICES
-from quarry.cli.settings import load_settings
 from quarry.client import open_channel
-from quarry.config import CONFIG_FILE_ENV, ConfigurationError, QuarrySettings, SupervisorSettings
+from quarry.config import CONFIG_FILE_ENV, ConfigurationError, QuarrySettings
 from quarry.security import Tls
 from quarry.v1 import diagnostics_pb2, diagnostics_pb2_grpc
 
@@ -42,14 +41,11 @@ class Verdict:
     notes: tuple[str, ...] = ()
 
 
-def service_addresses(supervisor: SupervisorSettings) -> list[tuple[str, str]]:
-    """(service, address) for each service where this terminal's settings place it; the workers where the
-    supervisor calls them (maybe several). The front door first, then what it depends on."""
-    addresses: list[tuple[str, str]] = []
-    for name, spec in reversed(SERVICES.items()):
-        targets = supervisor.worker_targets() if name == "worker" else [spec.load_settings().address]
-        addresses.extend((name, target) for target in targets)
-    return addresses
+def targets(found: Mapping[str, Sequence[str]]) -> list[tuple[str, str]]:
+    """(service, address) for each service where the command line found it (`quarry.cli.commands.
+    service_addresses`: this terminal's settings, or the state file of a running `quarry up`); the workers
+    maybe several. The front door first, then what it depends on."""
+    return [(name, address) for name in reversed(SERVICES) for address in found[name]]
 
 
 def _address_setting(name: str) -> str:
@@ -109,10 +105,12 @@ async def ask_service(name: str, label: str, address: str, tls: Tls | None) -> l
     return verdicts + [_check_verdict(label, check) for check in report.checks]
 
 
-async def diagnose(common: QuarrySettings, report: Callable[[Verdict], None]) -> list[Verdict]:
+async def diagnose(
+    common: QuarrySettings, report: Callable[[Verdict], None], found: Mapping[str, Sequence[str]]
+) -> list[Verdict]:
     verdicts = [configuration()]
     report(verdicts[0])
-    addresses = service_addresses(load_settings(SupervisorSettings))
+    addresses = targets(found)
     tls = Tls.from_settings(common)
     several = Counter(name for name, _ in addresses)
     labels = [name if several[name] == 1 else f"{name} {address}" for name, address in addresses]
@@ -136,9 +134,9 @@ def print_verdict(console: Console) -> Callable[[Verdict], None]:
     return report
 
 
-def doctor(common: QuarrySettings) -> int:
+def doctor(common: QuarrySettings, found: Mapping[str, Sequence[str]]) -> int:
     console = Console()
-    verdicts = asyncio.run(diagnose(common, print_verdict(console)))
+    verdicts = asyncio.run(diagnose(common, print_verdict(console), found))
     failed = [v for v in verdicts if not v.ok]
     console.print(f"{len(failed)} problem(s) found" if failed else "everything needed to answer a question is in place")
     return 1 if failed else 0

@@ -1,21 +1,31 @@
-"""`quarry up`: every service as its own OS process, supervised until Ctrl-C or SIGTERM."""
+"""`quarry up`: every service as its own OS process, supervised until Ctrl-C or SIGTERM.
+
+A service that dies is restarted on the address it had (its peers hold that address), with the
+mesh credentials it had, after a backoff that doubles with each exit, at most so many times within
+a window; the other services keep running. On stop, services stop in dependency order, each stage
+within the grace period: the supervisor first, then the workers, then what they call.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import functools
 import os
 import signal
 import sys
 import tempfile
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from quarry.cli.mesh_state import MeshState
 from quarry.cli.registry import ServiceSpec
 from quarry.client import open_channel
 from quarry.config import QuarrySettings
@@ -23,6 +33,7 @@ from quarry.mesh import MeshKeys
 from quarry.security import Tls
 
 READY_POLL_SECONDS = 0.1
+LOCK_FILE = "up.lock"
 
 
 class LaunchError(RuntimeError):
@@ -41,73 +52,175 @@ def serve_command(
     return command
 
 
-@dataclass
-class RunningService:
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How often a service that keeps dying is restarted before `quarry up` gives up on the mesh."""
+
+    max_restarts: int = 5
+    window_seconds: float = 600.0
+    first_delay: float = 0.5
+    max_delay: float = 30.0
+
+    def delay(self, exits: int) -> float:
+        """The wait before the restart that follows the `exits`-th exit within the window."""
+        return float(min(self.first_delay * 2 ** (exits - 1), self.max_delay))
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One process `quarry up` runs: a service, the name it is shown by, and its own settings."""
+
     name: str
-    process: asyncio.subprocess.Process
+    spec: ServiceSpec
+    # Set on top of the environment `quarry up` runs in.
+    env: dict[str, str] = field(default_factory=dict)
+    # Where it listens; None: its own setting.
+    address: str | None = None
+
+
+def plan(
+    specs: Sequence[ServiceSpec], *, workers: int = 1, data_dir: Path, ephemeral_ports: bool = False
+) -> list[Instance]:
+    """The processes of a mesh, in start order: each service once, the worker `workers` times.
+
+    Workers are named (and identify themselves as) worker-1..N. Worker-1 listens where the worker is
+    configured to; the others on free ports of the same host. Each has its own SQLite database unless
+    one is configured: worker-1 keeps the worker's usual file (what `quarry migrate` and `quarry
+    doctor` look at), the others get worker-2.db, ... beside it.
+    """
+    instances = []
+    for spec in specs:
+        address = "127.0.0.1:0" if ephemeral_ports else None
+        if spec.name != "worker":
+            instances.append(Instance(spec.name, spec, address=address))
+            continue
+        prefix = spec.settings_type().model_config.get("env_prefix", "")
+        settings = spec.load_settings(**({"address": address} if address else {}))
+        for number in range(1, workers + 1):
+            env = {f"{prefix}ID": f"worker-{number}"}
+            if not settings.database_url and number > 1:
+                env[f"{prefix}DATABASE_URL"] = f"sqlite:///{data_dir / f'worker-{number}.db'}"
+            own_address = address or (None if number == 1 else f"{settings.address.rpartition(':')[0]}:0")
+            instances.append(Instance(f"worker-{number}", spec, env, own_address))
+    return instances
+
+
+@dataclass
+class Child:
+    """A running instance: its current process and its history."""
+
+    instance: Instance
     port_file: Path
-    address: str = ""
+    env: dict[str, str]
+    # The address asked for at first; once serving, the one it bound, which every restart reuses.
+    address: str | None
+    process: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    # loop.time() of its recent exits, within the restart window.
+    exits: deque[float] = field(default_factory=deque)
+
+    @property
+    def name(self) -> str:
+        return self.instance.name
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid if self.process else 0
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
 
 
-async def _wait_ready(service: RunningService, deadline: float) -> None:
-    """Wait for the child to write its bound address, then for health to say SERVING."""
+class ServiceRow(NamedTuple):
+    name: str
+    address: str
+    pid: int
+    restarts: int
+
+
+def describe_exit(status: int) -> str:
+    if status < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-status).name}"
+    return f"exited with status {status}"
+
+
+@contextlib.contextmanager
+def data_dir_lock(data_dir: Path) -> Iterator[None]:
+    """Hold the data directory for this `quarry up`: a second one on it would share its SQLite files."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / LOCK_FILE
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            raise LaunchError(
+                f"another quarry up (pid {holder}) is running on {data_dir}; stop it first, or give this one "
+                "its own --data-dir"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        yield  # the lock goes with the file's closing, or with the process
+
+
+async def _wait_ready(child: Child, deadline: float) -> str:
+    """Wait for the child to write its bound address, then for health to say SERVING; its address."""
     loop = asyncio.get_running_loop()
-    while not service.address:
-        if service.process.returncode is not None:
-            raise LaunchError(f"{service.name} exited with status {service.process.returncode} while starting")
+    process = child.process
+    assert process is not None
+    while not child.port_file.exists():
+        if process.returncode is not None:
+            raise LaunchError(f"{child.name} {describe_exit(process.returncode)} while starting")
         if loop.time() > deadline:
-            raise LaunchError(f"{service.name} did not bind an address in time")
-        if service.port_file.exists():
-            service.address = service.port_file.read_text().strip()
-        else:
-            await asyncio.sleep(READY_POLL_SECONDS)
+            raise LaunchError(f"{child.name} did not bind an address in time")
+        await asyncio.sleep(READY_POLL_SECONDS)
+    address = child.port_file.read_text().strip()
     # The services' own TLS settings (the environment they inherit), so the check speaks their protocol.
-    async with open_channel(service.address, tls=Tls.from_settings(QuarrySettings())) as channel:
+    async with open_channel(address, tls=Tls.from_settings(QuarrySettings())) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
-            if service.process.returncode is not None:
-                raise LaunchError(f"{service.name} exited with status {service.process.returncode} while starting")
+            if process.returncode is not None:
+                raise LaunchError(f"{child.name} {describe_exit(process.returncode)} while starting")
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise LaunchError(f"{service.name} did not report SERVING in time")
+                raise LaunchError(f"{child.name} did not report SERVING in time")
             with contextlib.suppress(grpc.aio.AioRpcError):
                 response = await stub.Check(health_pb2.HealthCheckRequest(), timeout=min(remaining, 2.0))
                 if response.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
+                    return address
             await asyncio.sleep(READY_POLL_SECONDS)
 
 
-async def _stop(services: Sequence[RunningService], grace: float) -> None:
-    """SIGTERM every child (reverse start order), then SIGKILL whoever outlives the grace period."""
-    for service in reversed(services):
-        if service.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                service.process.send_signal(signal.SIGTERM)
-    for service in reversed(services):
-        try:
-            await asyncio.wait_for(service.process.wait(), grace)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                service.process.kill()
-            await service.process.wait()
+def start_stages(instances: Sequence[Instance]) -> list[list[Instance]]:
+    """The instances in the order they start, several at once: a service once every service it calls serves."""
+    specs = {instance.spec.name: instance.spec for instance in instances}
+
+    @functools.cache
+    def depth(name: str) -> int:  # the longest chain of services below it
+        return max((depth(needed) + 1 for needed in specs[name].needs if needed in specs), default=0)
+
+    stages: dict[int, list[Instance]] = {}
+    for instance in instances:
+        stages.setdefault(depth(instance.spec.name), []).append(instance)
+    return [stages[level] for level in sorted(stages)]
 
 
-async def _start(
-    spec: ServiceSpec, started: Sequence[RunningService], run_dir: Path, address: str | None, keys: MeshKeys | None
-) -> RunningService:
-    env = os.environ.copy()
-    # Each child gets its own mesh token (none for a service that calls no other) and every peer's digest.
-    if keys is not None:
-        env.pop("QUARRY_MESH_TOKEN", None)
-        env.update(keys.environment(spec.mesh_role))
-    for needed, variable in spec.needs.items():
-        # Started earlier (SERVICES lists dependencies first), so its address is known.
-        env[variable] = next(s.address for s in started if s.name == needed)
-    port_file = run_dir / f"{spec.name}.addr"
-    command = serve_command(spec.name, port_file, address=address, parent_pid=os.getpid())
-    # A session of its own: Ctrl-C reaches only us, and we stop the children in order.
-    process = await asyncio.create_subprocess_exec(*command, env=env, start_new_session=True)
-    return RunningService(spec.name, process, port_file)
+def stop_stages(children: Sequence[Child]) -> list[list[Child]]:
+    """The children in the order they stop: a service once every service that calls it has stopped."""
+    specs = {child.instance.spec.name: child.instance.spec for child in children}
+
+    @functools.cache
+    def depth(name: str) -> int:  # the longest chain of callers above it
+        return max((depth(caller.name) + 1 for caller in specs.values() if name in caller.needs), default=0)
+
+    stages: dict[int, list[Child]] = {}
+    for child in children:
+        stages.setdefault(depth(child.instance.spec.name), []).append(child)
+    return [stages[level] for level in sorted(stages)]
 
 
 async def _stop_requested_first(tasks: Collection[asyncio.Task[Any]], stop_requested: asyncio.Event) -> bool:
@@ -118,102 +231,235 @@ async def _stop_requested_first(tasks: Collection[asyncio.Task[Any]], stop_reque
     return stop_requested.is_set()
 
 
-async def _start_in_order(
-    specs: Sequence[ServiceSpec],
-    services: list[RunningService],
-    run_dir: Path,
-    addresses: dict[str, str],
-    ready_timeout: float,
-    stop_requested: asyncio.Event,
-) -> bool:
-    """Start each service once the one before it serves, appending it to `services`; False after a stop request."""
-    loop = asyncio.get_running_loop()
-    # Fresh for every `quarry up`: the services it starts trust each other, and no one else.
-    # QUARRY_MESH_INSECURE=true (a machine one person uses, debugging by hand) runs them unauthenticated.
-    keys = None if QuarrySettings().mesh_insecure else MeshKeys.generate()
-    for spec in specs:
-        service = await _start(spec, services, run_dir, addresses.get(spec.name), keys)
-        services.append(service)
-        starting = asyncio.create_task(_wait_ready(service, loop.time() + ready_timeout))
-        if await _stop_requested_first([starting], stop_requested):
-            starting.cancel()
-            return False
-        starting.result()
-    return True
+class Mesh:
+    """The children of one `quarry up`: started in order, restarted when they die, stopped in order."""
+
+    def __init__(
+        self, run_dir: Path, data_dir: Path, *, ready_timeout: float, policy: RestartPolicy, announce: Announcer
+    ) -> None:
+        self._run_dir = run_dir
+        self._data_dir = data_dir
+        self._ready_timeout = ready_timeout
+        self._policy = policy
+        self._announce = announce
+        # Fresh for every `quarry up`: the services it starts trust each other, and no one else. A restarted
+        # service gets the credentials it had, which its peers know. QUARRY_MESH_INSECURE=true (a machine
+        # one person uses, debugging by hand) runs them unauthenticated.
+        self._keys = None if QuarrySettings().mesh_insecure else MeshKeys.generate()
+        self.children: list[Child] = []
+
+    def rows(self) -> list[ServiceRow]:
+        return [ServiceRow(c.name, c.address or "", c.pid, c.restarts) for c in self.children]
+
+    def publish(self) -> None:
+        """Tell the other commands where the services are (the state file in the data directory)."""
+        services: dict[str, list[str]] = {}
+        for child in self.children:
+            services.setdefault(child.instance.spec.name, []).append(child.address or "")
+        MeshState(os.getpid(), services, {child.name: child.pid for child in self.children}).write(self._data_dir)
+
+    def unpublish(self) -> None:
+        MeshState.remove(self._data_dir, os.getpid())
+
+    def _environment(self, instance: Instance) -> dict[str, str]:
+        env = os.environ.copy()
+        # Each child gets its own mesh token (none for a service that calls no other) and every peer's digest.
+        if self._keys is not None:
+            env.pop("QUARRY_MESH_TOKEN", None)
+            env.update(self._keys.environment(instance.spec.mesh_role))
+        for needed, variable in instance.spec.needs.items():
+            # Started in an earlier stage, so their addresses are known.
+            env[variable] = ",".join(c.address or "" for c in self.children if c.instance.spec.name == needed)
+        env.update(instance.env)
+        return env
+
+    async def _launch(self, child: Child) -> None:
+        """Start the child's process and wait until it serves."""
+        child.port_file.unlink(missing_ok=True)
+        command = serve_command(
+            child.instance.spec.name, child.port_file, address=child.address, parent_pid=os.getpid()
+        )
+        # A session of its own: Ctrl-C reaches only us, and we stop the children in order.
+        child.process = await asyncio.create_subprocess_exec(*command, env=child.env, start_new_session=True)
+        child.address = await _wait_ready(child, asyncio.get_running_loop().time() + self._ready_timeout)
+
+    async def start(self, instances: Sequence[Instance]) -> None:
+        """Start the instances at once and wait until all serve; the first to fail cancels the others."""
+        children = [
+            Child(instance, self._run_dir / f"{instance.name}.addr", self._environment(instance), instance.address)
+            for instance in instances
+        ]
+        self.children.extend(children)
+        try:
+            async with asyncio.TaskGroup() as group:
+                for child in children:
+                    group.create_task(self._launch(child))
+        except ExceptionGroup as errors:
+            raise errors.exceptions[0] from None
+
+    async def keep(self, child: Child) -> str:
+        """Restart `child` each time it exits, within the policy's bound; returns why it gave up."""
+        loop = asyncio.get_running_loop()
+        policy = self._policy
+        while True:
+            assert child.process is not None
+            status = await child.process.wait()
+            now = loop.time()
+            child.exits.append(now)
+            while child.exits[0] <= now - policy.window_seconds:
+                child.exits.popleft()
+            exits = len(child.exits)
+            if exits > policy.max_restarts:
+                return (
+                    f"{child.name} {describe_exit(status)}: {exits} exits within {policy.window_seconds:g} s, "
+                    f"more than the {policy.max_restarts} restarts allowed; not restarting it again"
+                )
+            delay = policy.delay(exits)
+            self._announce.restarting(child.name, describe_exit(status), delay, exits, policy)
+            await asyncio.sleep(delay)
+            try:
+                await self._launch(child)
+            except LaunchError as error:
+                self._announce.restart_failed(str(error))
+                if child.running():  # it hangs: as good as dead, and counted so
+                    assert child.process is not None
+                    child.process.kill()
+                continue
+            child.restarts += 1
+            self.publish()  # before the announcement: whoever reads it finds the new state
+            self._announce.restarted(child.name, self.rows())
+
+    async def stop(self, grace: float) -> None:
+        """Stop the children stage by stage: SIGTERM, then SIGKILL for whoever outlives the grace period."""
+        for stage in stop_stages(self.children):
+            stopping = [child for child in stage if child.running()]
+            for child in stopping:
+                assert child.process is not None
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.send_signal(signal.SIGTERM)
+            await asyncio.gather(*(self._reap(child, grace) for child in stopping))
+
+    async def _reap(self, child: Child, grace: float) -> None:
+        process = child.process
+        assert process is not None
+        try:
+            await asyncio.wait_for(process.wait(), grace)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+        self._announce.stopped(child.name, process.returncode or 0)
 
 
-async def _supervise(services: Sequence[RunningService], stop_requested: asyncio.Event, announce: Announcer) -> int:
-    """Announce the running services and wait for a stop request (0) or for one of them to die (1)."""
-    announce.ready([(s.name, s.address, s.process.pid) for s in services])
-    exits = [asyncio.create_task(s.process.wait()) for s in services]
-    stopped = await _stop_requested_first(exits, stop_requested)
-    for task in exits:
-        task.cancel()
-    if stopped:
-        announce.stopping()
-        return 0
-    dead = [s for s in services if s.process.returncode is not None]
-    announce.failed(", ".join(f"{s.name} exited with status {s.process.returncode}" for s in dead))
-    return 1
+async def _supervise(mesh: Mesh, stop_requested: asyncio.Event, announce: Announcer) -> int:
+    """Keep every child running until a stop request (0) or until one of them dies too often (1)."""
+    keepers = [asyncio.create_task(mesh.keep(child)) for child in mesh.children]
+    try:
+        if await _stop_requested_first(keepers, stop_requested):
+            announce.stopping()
+            return 0
+        announce.failed("; ".join(task.result() for task in keepers if task.done()))
+        return 1
+    finally:
+        for task in keepers:
+            task.cancel()
+        await asyncio.gather(*keepers, return_exceptions=True)
 
 
 async def run_mesh(
-    specs: Sequence[ServiceSpec],
+    instances: Sequence[Instance],
     *,
-    addresses: dict[str, str],
+    data_dir: Path,
     ready_timeout: float,
     stop_timeout: float,
     announce: Announcer,
+    policy: RestartPolicy | None = None,
 ) -> int:
-    """Start the named services, announce them once all serve, and supervise until told to stop.
+    """Start the instances, announce them once all serve, and keep them running until told to stop.
 
-    Returns 0 after a requested stop, 1 when a service failed to start or died.
+    Returns 0 after a requested stop, 1 when a service failed to start or kept dying.
     """
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop_requested.set)
-    services: list[RunningService] = []
-    with tempfile.TemporaryDirectory(prefix="quarry-up-") as run_dir:
-        try:
-            if not await _start_in_order(specs, services, Path(run_dir), addresses, ready_timeout, stop_requested):
-                return 0
-            return await _supervise(services, stop_requested, announce)
-        except LaunchError as error:
-            announce.failed(str(error))
-            return 1
-        finally:
-            await _stop(services, stop_timeout)
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(signum)
+    try:
+        with data_dir_lock(data_dir), tempfile.TemporaryDirectory(prefix="quarry-up-") as run_dir:
+            policy = policy or RestartPolicy()
+            mesh = Mesh(Path(run_dir), data_dir, ready_timeout=ready_timeout, policy=policy, announce=announce)
+            try:
+                for stage in start_stages(instances):
+                    starting = asyncio.create_task(mesh.start(stage))
+                    if await _stop_requested_first([starting], stop_requested):
+                        starting.cancel()
+                        await asyncio.wait([starting])
+                        return 0
+                    starting.result()
+                mesh.publish()
+                announce.ready(mesh.rows())
+                return await _supervise(mesh, stop_requested, announce)
+            finally:
+                mesh.unpublish()  # first: no command should find a mesh that is going away
+                await mesh.stop(stop_timeout)
+    except LaunchError as error:
+        announce.failed(str(error))
+        return 1
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
 
 
 class Announcer:
     """Prints what `quarry up` is doing; a class so tests and other front ends can replace it."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, models: Sequence[tuple[str, str, str]] = ()) -> None:
         from rich.console import Console
 
         self._console = Console(highlight=False)
         self._data_dir = data_dir
+        # (tier, model name, endpoint) for each tier that calls a model.
+        self._models = models
 
-    def ready(self, services: Sequence[tuple[str, str, int]]) -> None:
+    def _table(self, services: Sequence[ServiceRow]) -> None:
         from rich.table import Table
 
         table = Table(title="quarry is up", title_justify="left")
         table.add_column("service")
         table.add_column("address")
         table.add_column("pid", justify="right")
-        for name, address, pid in services:
-            table.add_row(name, address, str(pid))
+        table.add_column("restarts", justify="right")
+        for name, address, pid, restarts in services:
+            table.add_row(name, address, str(pid), str(restarts))
         self._console.print(table)
+
+    def ready(self, services: Sequence[ServiceRow]) -> None:
+        self._table(services)
         # One plain line per service, stable for scripts: "<name> <address>".
-        for name, address, _pid in services:
-            print(f"serving {name} {address}", flush=True)
+        for row in services:
+            print(f"serving {row.name} {row.address}", flush=True)
+        for tier, model, endpoint in self._models:
+            self._console.print(f"{tier} model: {model} at {endpoint}")
         self._console.print(f"data: {self._data_dir}\nCtrl-C stops every service.")
+
+    def restarting(self, name: str, why: str, delay: float, restart: int, policy: RestartPolicy) -> None:
+        self._console.print(
+            f"[yellow]{name} {why}[/yellow]; restarting it in {delay:g} s "
+            f"(restart {restart} of at most {policy.max_restarts} in {policy.window_seconds:g} s)"
+        )
+
+    def restart_failed(self, reason: str) -> None:
+        self._console.print(f"[yellow]restart failed:[/yellow] {reason}")
+
+    def restarted(self, name: str, services: Sequence[ServiceRow]) -> None:
+        self._table(services)
+        row = next(row for row in services if row.name == name)
+        print(f"restarted {row.name} {row.address}", flush=True)
 
     def stopping(self) -> None:
         self._console.print("stopping…")
+
+    def stopped(self, name: str, status: int) -> None:
+        print(f"stopped {name}" + (f" ({describe_exit(status)})" if status else ""), flush=True)
 
     def failed(self, reason: str) -> None:
         self._console.print(f"[red]quarry up failed:[/red] {reason}")

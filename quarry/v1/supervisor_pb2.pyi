@@ -577,12 +577,15 @@ class ResearchStatusEvent(_message.Message):
     DELEGATION_ID_FIELD_NUMBER: _builtins.int
     DELEGATION_OUTCOME_FIELD_NUMBER: _builtins.int
     DELEGATION_ERROR_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
     phase: Global___ResearchPhase.ValueType
     message: _builtins.str
     delegation_id: _builtins.str
     """Set for worker phases."""
     delegation_outcome: _common_pb2.DelegationOutcome.ValueType
     """Set for RESEARCH_PHASE_WORKER_COMPLETED and RESEARCH_PHASE_WORKER_FAILED."""
+    worker_id: _builtins.str
+    """The worker serving the delegation, once one has taken it (its id, e.g. "worker-2"; not a process id)."""
     @_builtins.property
     def delegation_error(self) -> _common_pb2.DelegationError:
         """Set for RESEARCH_PHASE_WORKER_FAILED."""
@@ -595,10 +598,11 @@ class ResearchStatusEvent(_message.Message):
         delegation_id: _builtins.str = ...,
         delegation_outcome: _common_pb2.DelegationOutcome.ValueType = ...,
         delegation_error: _common_pb2.DelegationError | None = ...,
+        worker_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["delegation_error", b"delegation_error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delegation_error", b"delegation_error", "delegation_id", b"delegation_id", "delegation_outcome", b"delegation_outcome", "message", b"message", "phase", b"phase"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delegation_error", b"delegation_error", "delegation_id", b"delegation_id", "delegation_outcome", b"delegation_outcome", "message", b"message", "phase", b"phase", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -206,18 +206,22 @@ class DelegationStarted(_message.Message):
 
     DELEGATION_ID_FIELD_NUMBER: _builtins.int
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
     delegation_id: _builtins.str
     conversation_id: _builtins.str
     """The worker's private conversation, distinct from the scratchpad thread."""
+    worker_id: _builtins.str
+    """The worker that runs it (its configured id, e.g. "worker-2"), so operators can tell workers apart."""
     def __init__(
         self,
         *,
         delegation_id: _builtins.str = ...,
         conversation_id: _builtins.str = ...,
+        worker_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "delegation_id", b"delegation_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "delegation_id", b"delegation_id", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -278,6 +282,7 @@ class DelegationResult(_message.Message):
     USAGE_FIELD_NUMBER: _builtins.int
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
     delegation_id: _builtins.str
     outcome: _common_pb2.DelegationOutcome.ValueType
     summary: _builtins.str
@@ -285,6 +290,8 @@ class DelegationResult(_message.Message):
     turns_used: _builtins.int
     conversation_id: _builtins.str
     tool_call_id: _builtins.str
+    worker_id: _builtins.str
+    """The worker that ran it; empty when no worker took it."""
     @_builtins.property
     def error(self) -> _common_pb2.DelegationError:
         """Set when outcome is DELEGATION_OUTCOME_FAILED."""
@@ -307,10 +314,11 @@ class DelegationResult(_message.Message):
         usage: _common_pb2.Usage | None = ...,
         conversation_id: _builtins.str = ...,
         tool_call_id: _builtins.str = ...,
+        worker_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "delegation_id", b"delegation_id", "error", b"error", "outcome", b"outcome", "promoted_sequence_nos", b"promoted_sequence_nos", "summary", b"summary", "tool_call_id", b"tool_call_id", "turns_used", b"turns_used", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "delegation_id", b"delegation_id", "error", b"error", "outcome", b"outcome", "promoted_sequence_nos", b"promoted_sequence_nos", "summary", b"summary", "tool_call_id", b"tool_call_id", "turns_used", b"turns_used", "usage", b"usage", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -332,6 +340,7 @@ class Delegation(_message.Message):
     END_TIME_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
     delegation_id: _builtins.str
     run_id: _builtins.str
     conversation_id: _builtins.str
@@ -341,6 +350,8 @@ class Delegation(_message.Message):
     last_error: _builtins.str
     """The error the delegation ended with; empty unless it failed."""
     tool_call_id: _builtins.str
+    worker_id: _builtins.str
+    """The worker that ran it (its configured id); empty for delegations recorded before workers had one."""
     @_builtins.property
     def task(self) -> Global___ResearchTask: ...
     @_builtins.property
@@ -366,10 +377,11 @@ class Delegation(_message.Message):
         end_time: _timestamp_pb2.Timestamp | None = ...,
         last_error: _builtins.str = ...,
         tool_call_id: _builtins.str = ...,
+        worker_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "result", b"result", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "delegation_id", b"delegation_id", "end_time", b"end_time", "last_error", b"last_error", "result", b"result", "role", b"role", "run_id", b"run_id", "scratchpad_thread_id", b"scratchpad_thread_id", "state", b"state", "task", b"task", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "delegation_id", b"delegation_id", "end_time", b"end_time", "last_error", b"last_error", "result", b"result", "role", b"role", "run_id", b"run_id", "scratchpad_thread_id", b"scratchpad_thread_id", "state", b"state", "task", b"task", "tool_call_id", b"tool_call_id", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,8 +3,9 @@
 Real HTTP, so the real `openai` client and its failure paths run. Each
 request to /v1/chat/completions takes the next step of the script: a reply
 (text and/or tool calls, streamed or not) or a fault (an HTTP error, a 429
-with Retry-After, a stall, a connection dropped after partial text). Every
-request is recorded for assertions.
+with Retry-After, a stall, a connection dropped after partial text), either
+possibly held until the test says (`Await`). Every request is recorded for
+assertions.
 """
 
 from __future__ import annotations
@@ -63,7 +64,15 @@ class DropAfter:
     text: str
 
 
-Step = Reply | HttpError | Stall | DropAfter
+@dataclass(frozen=True)
+class Await:
+    """Hold the request until the test sets `event` (e.g. once a restarted service serves), then take `then`."""
+
+    event: asyncio.Event
+    then: Reply | HttpError | Stall | DropAfter
+
+
+Step = Reply | HttpError | Stall | DropAfter | Await
 
 
 @dataclass
@@ -121,6 +130,12 @@ class ScriptedModel(Served):
         else:
             assert self.default is not None
             step = self.default(body)
+        if isinstance(step, Await):
+            waits = [asyncio.ensure_future(step.event.wait()), asyncio.ensure_future(self._closing.wait())]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for wait in waits:
+                wait.cancel()
+            step = step.then
         if isinstance(step, Reply) and step.delay:
             await asyncio.sleep(step.delay)
         if isinstance(step, HttpError):

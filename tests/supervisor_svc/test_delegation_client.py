@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,33 @@ async def test_an_unreachable_worker_is_retried_once_on_the_next(workers: Worker
     result = await client.delegate(request(workers, "run-1:retry"), deadline_seconds=30)
     await client.close()
     assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED and result.summary == "done elsewhere"
+
+
+async def test_a_worker_that_served_and_comes_back_on_its_address_is_waited_for(
+    tmp_path: Path, workers: Workers, model: ScriptedModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    model.script(Reply(content="before"), Reply(content="after the restart"))
+    settings = WorkerSettings(
+        address=f"127.0.0.1:{reusable_port()}",
+        database_url=f"sqlite:///{tmp_path / 'restarting.db'}",
+        model_base_url=model.base_url,
+        model_name="scripted",
+    )
+    common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=1)
+    client = DelegationClient([settings.address], reconnect_wait=30)
+    async with await build_worker(settings, common):
+        assert (await client.delegate(request(workers, "run-1:before"), deadline_seconds=30)).summary == "before"
+    # The worker is gone: the first attempt fails at once, the second waits for it to come back.
+    pending = asyncio.create_task(client.delegate(request(workers, "run-1:after"), deadline_seconds=60))
+    for _ in range(200):
+        if "trying another" in caplog.text or pending.done():
+            break
+        await asyncio.sleep(0.05)
+    assert not pending.done(), "the delegation gave up on a worker that served before"
+    async with await build_worker(settings, common):
+        result = await pending
+    await client.close()
+    assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED and result.summary == "after the restart"
 
 
 async def test_no_reachable_worker_is_one_correlated_error(workers: Workers) -> None:

@@ -174,6 +174,29 @@ async def test_parallel_delegations_in_one_turn_run_at_once(mesh: Mesh) -> None:
     assert len(tool_results) == 2 and all("succeeded" in result for result in tool_results)
 
 
+async def test_status_events_name_the_worker_serving_each_delegation(mesh: Mesh) -> None:
+    for name in ("Task one", "Task two"):
+        mesh.script.add(name, Reply(content="done"))
+    calls = (
+        Call("delegate_research", {"objective": "Task one"}, "a"),
+        Call("delegate_research", {"objective": "Task two"}, "b"),
+    )
+    mesh.script.add(SUPERVISOR, Reply(calls=calls), Reply(content="Both done."))
+    mesh.script.add(REPORT, Reply(content="Report."))
+    run = await mesh.client.start_run("Who did what?")
+    events = await mesh.events(run.run_id)
+    assert events[-1].WhichOneof("payload") == "completed"
+    named: dict[str, set[str]] = {}
+    for status in (e.status for e in events if e.HasField("status") and e.status.delegation_id):
+        if status.phase != supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED:  # no worker has it yet
+            named.setdefault(status.delegation_id, set()).add(status.worker_id)
+    assert len(named) == 2
+    for delegation_id, worker_ids in named.items():
+        [recorded] = [d for a in mesh.worker_addresses if (d := await delegation_on(a, delegation_id)) is not None]
+        assert worker_ids == {recorded.worker_id} and recorded.worker_id
+    assert len({recorded_id for ids in named.values() for recorded_id in ids}) == 2, "round-robin: two workers"
+
+
 async def wait_for_phase(mesh: Mesh, run_id: str, phase: supervisor_pb2.ResearchPhase.ValueType) -> int:
     async for event in mesh.client.stream_run(run_id):
         if event.status.phase == phase:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel, Sta
 from tests.fakes.web_server import FixtureWeb
 from tests.rpc import expect_error, violations
 from worker_svc.service import build_host as build_worker
+from worker_svc.service import default_worker_id
 
 
 @dataclass
@@ -51,6 +53,7 @@ class Mesh:
         return [response async for response in self.worker.Delegate(request, timeout=60)]
 
 
+WORKER_ID = "worker-7"
 IN_PROCESS = ("in-process", True)
 PROCESSES = pytest.param(("processes", True), marks=pytest.mark.slow, id="processes")
 
@@ -68,6 +71,7 @@ def worker_settings(
         "QUARRY_WORKER_SEARXNG_URL": site.base_url,
         "QUARRY_WORKER_FETCH_ALLOW": f"127.0.0.1:{site.port}",
         "QUARRY_WORKER_MAX_CONCURRENT_DELEGATIONS": "2",
+        "QUARRY_WORKER_ID": WORKER_ID,
     }
 
 
@@ -189,6 +193,7 @@ async def test_a_delegation_streams_progress_and_ends_in_one_result(mesh: Mesh) 
     assert "does not occur" in rejected[0]["content"], "a misquote is refused, and the corrected append lands"
     conversation_id = events[0].started.conversation_id
     assert conversation_id and conversation_id != mesh.thread_id and result.conversation_id == conversation_id
+    assert events[0].started.worker_id == result.worker_id == WORKER_ID, "the worker names itself as configured"
     progress = [e.progress for e in events if e.WhichOneof("event") == "progress"]
     assert [(p.turn, p.max_turns) for p in progress if p.kind == worker_pb2.PROGRESS_KIND_TURN_STARTED] == [
         (turn, 8) for turn in range(1, 6)
@@ -210,12 +215,19 @@ async def test_a_delegation_streams_progress_and_ends_in_one_result(mesh: Mesh) 
         await mesh.worker.GetDelegation(worker_pb2.GetDelegationRequest(delegation_id="run-1:call-1"))
     ).delegation
     assert recorded.state == worker_pb2.DELEGATION_STATE_SUCCEEDED and recorded.result == result
+    assert recorded.worker_id == WORKER_ID
     assert recorded.end_time.seconds >= recorded.create_time.seconds > 0
 
     # A repeated Delegate returns the recorded result without running again.
     requests_before = len(mesh.model.requests)
     again = await mesh.delegate(mesh.request())
     assert again[-1].result == result and len(mesh.model.requests) == requests_before
+    assert again[0].started.worker_id == WORKER_ID
+
+
+def test_a_worker_without_a_configured_id_names_itself_by_its_host_and_differs_from_the_next() -> None:
+    first, second = default_worker_id(), default_worker_id()
+    assert first.startswith(socket.gethostname()[:50]) and first != second
 
 
 async def test_provider_failure_after_partial_text_is_a_failed_result_without_the_text(mesh: Mesh) -> None:

@@ -215,3 +215,23 @@ async def test_corpus_search_prints_ranked_hits_from_every_folder(tmp_path: Path
     assert code == 0 and len(output.splitlines()) == 3
     code, output = await finish(await quarry("corpus", "search", "aqueduct", *index))
     assert code == 1 and "no document" in output
+
+
+def test_the_live_view_shows_the_worker_serving_each_delegation() -> None:
+    from rich.console import Console
+
+    from quarry.cli.ask import RunView
+
+    view = RunView("Who?")
+    for phase, message, worker_id in [
+        (supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED, "Find it", ""),
+        (supervisor_pb2.RESEARCH_PHASE_WORKER_RESEARCHING, "turn 1 of 8", "worker-2"),
+    ]:
+        status = supervisor_pb2.ResearchStatusEvent(
+            phase=phase, message=message, delegation_id="run-x.1.call", worker_id=worker_id
+        )
+        view.apply(supervisor_pb2.RunEvent(status=status))
+    console = Console(record=True, width=160)
+    console.print(view.render())
+    [row] = [line for line in console.export_text().splitlines() if "Find it" in line]
+    assert "worker-2" in row and "turn 1 of 8" in row

@@ -1,7 +1,10 @@
-"""`quarry up` starts each service as its own process, reports them, and stops them all."""
+"""`quarry up` starts each service as its own process, reports them, restarts one that dies, and stops them
+all in dependency order."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import queue
 import signal
@@ -16,20 +19,35 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from quarry.cli.registry import SERVICES
-from quarry.v1 import monitor_pb2, scratchpad_pb2, worker_pb2
+from quarry.cli.mesh_state import MeshState
+from quarry.client import QuarryClient
+from quarry.v1 import common_pb2, monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
+from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
+from tests.fakes.openai_server import Await, Call, Reply, ScriptedModel, Stall
 
 pytestmark = pytest.mark.slow
+
+# The processes of a default `quarry up`, by the names it shows.
+NAMES = {"scratchpad", "monitor", "worker-1", "supervisor"}
 
 
 class QuarryUp:
     """A `quarry up` process whose output is read on a thread, so waiting on it has a deadline."""
 
-    def __init__(self, tmp_path: Path, **env: str) -> None:
+    def __init__(self, tmp_path: Path, *args: str, **env: str) -> None:
+        self.data_dir = tmp_path / "data"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "quarry", "up", "--ephemeral-ports", "--data-dir", str(tmp_path / "data")],
+            [sys.executable, "-m", "quarry", "up", "--ephemeral-ports", "--data-dir", str(self.data_dir), *args],
             # TMPDIR: its run directory lands in tmp_path even when it is killed before cleaning up.
-            env={**os.environ, "QUARRY_LOG_LEVEL": "WARNING", "TMPDIR": str(tmp_path), **env},
+            # COLUMNS: its messages are not wrapped.
+            env={
+                **os.environ,
+                "QUARRY_LOG_LEVEL": "WARNING",
+                "QUARRY_SHUTDOWN_GRACE_SECONDS": "2",
+                "TMPDIR": str(tmp_path),
+                "COLUMNS": "250",
+                **env,
+            },
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -64,6 +82,20 @@ class QuarryUp:
                 found[name] = address
         return found
 
+    def wait_for(self, prefix: str, timeout: float = 60) -> str:
+        """The next line that starts with `prefix`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.next_line(deadline)
+            assert line is not None, f"quarry up ended before saying {prefix!r}:\n" + "".join(self.output)
+            if line.startswith(prefix):
+                return line
+
+    def state(self) -> MeshState:
+        state = MeshState.read(self.data_dir)
+        assert state is not None and state.pid == self.process.pid
+        return state
+
     def rest_of_output(self, timeout: float = 60) -> str:
         deadline = time.monotonic() + timeout
         while self.next_line(deadline) is not None:
@@ -75,8 +107,8 @@ class QuarryUp:
 def up(tmp_path: Path) -> Iterator[Callable[..., QuarryUp]]:
     started: list[QuarryUp] = []
 
-    def start(**env: str) -> QuarryUp:
-        instance = QuarryUp(tmp_path, **env)
+    def start(*args: str, **env: str) -> QuarryUp:
+        instance = QuarryUp(tmp_path, *args, **env)
         started.append(instance)
         return instance
 
@@ -119,7 +151,7 @@ def test_up_serves_every_service_and_stops_them_all(
     up: Callable[..., QuarryUp], tmp_path: Path, stop_signal: signal.Signals
 ) -> None:
     mesh = up()
-    addresses = mesh.addresses(set(SERVICES))
+    addresses = mesh.addresses(NAMES)
     children = child_pids(mesh.process.pid)
     assert len(children) == len(addresses)
     for address in addresses.values():
@@ -130,6 +162,7 @@ def test_up_serves_every_service_and_stops_them_all(
     mesh.process.send_signal(stop_signal)
     assert mesh.process.wait(30) == 0
     assert wait_gone(children) == [], "a service process outlived quarry up"
+    assert not (tmp_path / "data" / "mesh.json").exists(), "a clean stop removes the state file"
 
 
 def test_up_fails_clearly_when_a_service_cannot_start(up: Callable[..., QuarryUp]) -> None:
@@ -142,7 +175,7 @@ def test_up_fails_clearly_when_a_service_cannot_start(up: Callable[..., QuarryUp
 
 def test_services_stop_when_quarry_up_is_killed(up: Callable[..., QuarryUp]) -> None:
     mesh = up()
-    mesh.addresses(set(SERVICES))
+    mesh.addresses(NAMES)
     children = child_pids(mesh.process.pid)
     assert children
     mesh.process.kill()  # no chance to clean up: the kernel's parent-death signal must do it
@@ -154,14 +187,14 @@ def test_up_gives_its_services_mesh_credentials_and_refuses_callers_without_one(
     up: Callable[..., QuarryUp],
 ) -> None:
     mesh = up(QUARRY_MESH_INSECURE="false")
-    addresses = mesh.addresses(set(SERVICES))
+    addresses = mesh.addresses(NAMES)
     calls = {
         "scratchpad": ("/quarry.v1.ScratchpadService/CreateThread", scratchpad_pb2.CreateThreadRequest(title="x")),
         "worker": ("/quarry.v1.WorkerService/GetDelegation", worker_pb2.GetDelegationRequest(delegation_id="d")),
         "monitor": ("/quarry.v1.MonitorService/ListGpus", monitor_pb2.ListGpusRequest()),
     }
     for name, (method, request) in calls.items():
-        with grpc.insecure_channel(addresses[name]) as channel:
+        with grpc.insecure_channel(addresses["worker-1" if name == "worker" else name]) as channel:
             call = channel.unary_unary(method, request_serializer=type(request).SerializeToString)
             with pytest.raises(grpc.RpcError) as raised:
                 call(request, timeout=10)
@@ -179,3 +212,168 @@ def test_up_gives_its_services_mesh_credentials_and_refuses_callers_without_one(
     assert tokens["supervisor"] and tokens["worker"] and tokens["supervisor"] != tokens["worker"]
     peers = {variables["QUARRY_MESH_PEERS"] for variables in environments.values()}
     assert len(peers) == 1 and tokens["supervisor"] not in peers.pop()
+
+
+def model_env(model: ScriptedModel) -> dict[str, str]:
+    return {"QUARRY_MODEL_BASE_URL": model.base_url, "QUARRY_MODEL_NAME": "scripted"}
+
+
+def worker_ends(events: list[supervisor_pb2.RunEvent]) -> list[supervisor_pb2.ResearchStatusEvent]:
+    ended = (supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED, supervisor_pb2.RESEARCH_PHASE_WORKER_FAILED)
+    return [event.status for event in events if event.status.phase in ended]
+
+
+async def test_a_worker_killed_under_up_is_restarted_on_its_address_and_the_run_completes_on_it(
+    up: Callable[..., QuarryUp], model: ScriptedModel
+) -> None:
+    script = Choreography()
+    model.default = script
+    restarted = asyncio.Event()
+    script.add("Research slowly", Stall(60))
+    script.add("Research again", Reply(content="Found it."))
+    script.add(
+        SUPERVISOR,
+        Reply(calls=(Call("delegate_research", {"objective": "Research slowly"}, "s-slow"),)),
+        # The supervisor's next turn waits for the restart, so its delegation finds the worker back.
+        Await(restarted, Reply(calls=(Call("delegate_research", {"objective": "Research again"}, "s-again"),))),
+        Reply(content="The second try worked."),
+    )
+    script.add(REPORT, Reply(content="Found on the restarted worker."))
+    # Authenticated, as by default: the restarted worker must accept the supervisor's credentials it had.
+    mesh = up(QUARRY_MESH_INSECURE="false", **model_env(model))
+    addresses = await asyncio.to_thread(mesh.addresses, NAMES)
+    before = mesh.state()
+    async with QuarryClient.connect(addresses["supervisor"]) as client:
+        run = await client.start_run("Does the run survive a worker's death?")
+        events = []
+        async for event in client.stream_run(run.run_id):
+            events.append(event)
+            if event.status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_RESEARCHING and not restarted.is_set():
+                os.kill(before.processes["worker-1"], signal.SIGKILL)
+                await asyncio.to_thread(mesh.wait_for, "restarted worker-1")
+                restarted.set()
+        stored = await client.get_run(run.run_id)
+    ends = worker_ends(events)
+    assert [end.phase for end in ends] == [
+        supervisor_pb2.RESEARCH_PHASE_WORKER_FAILED,
+        supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED,
+    ]
+    assert ends[0].delegation_error.code == common_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE
+    assert [end.worker_id for end in ends] == ["worker-1", "worker-1"]
+    lost, served = script.tool_results(SUPERVISOR)
+    assert lost.startswith(f"error: delegation {ends[0].delegation_id} failed (WORKER_UNAVAILABLE)")
+    assert served.startswith(f"delegation {ends[1].delegation_id} succeeded")
+    assert events[-1].WhichOneof("payload") == "completed" and stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED
+    # Back on the address its peers hold; nothing else was restarted.
+    after = mesh.state()
+    assert after.services == before.services
+    assert after.processes["worker-1"] != before.processes["worker-1"]
+    assert {n: p for n, p in after.processes.items() if n != "worker-1"} == {
+        n: p for n, p in before.processes.items() if n != "worker-1"
+    }
+    output = "".join(mesh.output)
+    assert "worker-1 was killed by SIGKILL; restarting it in 0.5 s (restart 1 of at most 5 in 600 s)" in output
+    # The table printed after the restart: service, address, pid, restarts.
+    row = next(line for line in reversed(mesh.output) if "│ worker-1 " in line)
+    cells = [cell.strip() for cell in row.split("│")[1:-1]]
+    assert cells == ["worker-1", addresses["worker-1"], str(after.processes["worker-1"]), "1"]
+
+
+def test_a_service_dying_past_the_restart_bound_stops_the_mesh(up: Callable[..., QuarryUp]) -> None:
+    mesh = up("--max-restarts", "1")
+    mesh.addresses(NAMES)
+    children = child_pids(mesh.process.pid)
+    os.kill(mesh.state().processes["worker-1"], signal.SIGKILL)
+    mesh.wait_for("restarted worker-1")
+    restarted = mesh.state().processes["worker-1"]
+    os.kill(restarted, signal.SIGKILL)
+    output = mesh.rest_of_output()
+    assert mesh.process.wait(30) == 1
+    assert (
+        "quarry up failed: worker-1 was killed by SIGKILL: 2 exits within 600 s, more than the 1 restarts allowed"
+        in output
+    )
+    assert wait_gone([*children, restarted]) == [], "a service process outlived quarry up"
+    assert not (mesh.data_dir / "mesh.json").exists()
+
+
+def test_a_second_up_on_the_same_data_dir_is_refused_and_clients_find_the_first(up: Callable[..., QuarryUp]) -> None:
+    first = up()
+    addresses = first.addresses(NAMES)
+    second = up()
+    assert second.process.wait(30) == 1
+    refusal = second.rest_of_output()
+    assert f"another quarry up (pid {first.process.pid}) is running on {first.data_dir}" in refusal
+    assert first.process.poll() is None and first.state().services["supervisor"] == [addresses["supervisor"]]
+    env = {**os.environ, "COLUMNS": "250"}
+    client = [sys.executable, "-m", "quarry"]
+    runs = subprocess.run(
+        [*client, "runs", "list", "--data-dir", str(first.data_dir)], env=env, capture_output=True, timeout=60
+    )
+    assert runs.returncode == 0, runs.stderr
+    doctor = subprocess.run(
+        [*client, "doctor", "--data-dir", str(first.data_dir)], env=env, capture_output=True, timeout=60
+    )
+    for name, address in addresses.items():
+        service = "worker" if name == "worker-1" else name
+        assert f"{service} service: {address}: SERVING" in doctor.stdout.decode(), doctor.stdout.decode()
+
+
+def log_lines(output: str) -> list[dict[str, str]]:
+    """The services' own log lines (JSON) in `quarry up`'s output, in the order they were written."""
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+async def test_two_workers_are_told_apart_ask_finds_up_by_its_data_dir_and_callers_stop_first(
+    up: Callable[..., QuarryUp], model: ScriptedModel
+) -> None:
+    script = Choreography()
+    model.default = script
+    for task in ("Task one", "Task two"):
+        script.add(task, Reply(content="done"))
+    calls = tuple(Call("delegate_research", {"objective": task}, task[-3:]) for task in ("Task one", "Task two"))
+    script.add(SUPERVISOR, Reply(calls=calls), Reply(content="Both done."))
+    script.add(REPORT, Reply(content="Report."))
+    # INFO: each service logs when it is asked to stop and when it has stopped.
+    mesh = up("--workers", "2", QUARRY_LOG_LEVEL="INFO", **model_env(model))
+    addresses = await asyncio.to_thread(mesh.addresses, NAMES | {"worker-2"})
+    assert mesh.state().services["worker"] == [addresses["worker-1"], addresses["worker-2"]]
+    assert (mesh.data_dir / "worker.db").exists() and (mesh.data_dir / "worker-2.db").exists()
+    ask = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "quarry", "ask", "--json", "--data-dir", str(mesh.data_dir), "Two at once?"],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(ask.communicate(), 60)
+    assert ask.returncode == 0, stderr.decode()
+    events = [json.loads(line) for line in stdout.decode().splitlines()]
+    assert "completed" in events[-1]
+    served_by = {
+        event["status"]["delegationId"]: event["status"].get("workerId")
+        for event in events
+        if event.get("status", {}).get("phase") == "RESEARCH_PHASE_WORKER_COMPLETED"
+    }
+    assert sorted(served_by.values()) == ["worker-1", "worker-2"], events
+
+    mesh.process.send_signal(signal.SIGTERM)
+    output = await asyncio.to_thread(mesh.rest_of_output)
+    assert mesh.process.wait(30) == 0
+    logs = log_lines(output)
+
+    def asked_to_stop(*services: str) -> int:
+        """Where the first of them logged that it was asked to stop."""
+        return min(
+            n for n, line in enumerate(logs) if line["service"] in services and line["message"] == "shutdown requested"
+        )
+
+    def stopped(*names: str) -> int:
+        """Where the last of them logged that it had stopped."""
+        done = {f"stopped {addresses[name]}" for name in names}
+        return max(n for n, line in enumerate(logs) if line["message"] in done)
+
+    # Each stage is asked to stop only once the one before it has stopped.
+    assert stopped("supervisor") < asked_to_stop("worker")
+    assert stopped("worker-1", "worker-2") < asked_to_stop("monitor", "scratchpad")
+    stages = [line.split()[1] for line in output.splitlines() if line.startswith("stopped ")]
+    assert stages[0] == "supervisor" and set(stages[1:3]) == {"worker-1", "worker-2"}
+    assert set(stages[3:]) == {"monitor", "scratchpad"}
