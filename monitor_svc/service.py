@@ -1,4 +1,4 @@
-"""Assembles the monitor process: NVML probe, SSH hosts, jobs (their records reloaded), servicer, host."""
+"""Assembles the monitor process: NVML probe, SSH hosts, jobs (their records reloaded), workspaces, servicer, host."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from monitor_svc.jobs import Jobs, SlurmLimits, Supervision
 from monitor_svc.records import JobRecords
 from monitor_svc.servicer import MonitorServicer
 from monitor_svc.ssh import SshHosts
+from monitor_svc.workspaces.operations import Workspaces
+from monitor_svc.workspaces.registry import WorkspaceRegistry
 from quarry.config import MonitorSettings, QuarrySettings
 from quarry.diagnostics import Check, Diagnostics, Fact, Finding, Status, setting_name
 from quarry.identity import MeshRole
@@ -21,7 +23,24 @@ from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 SERVICE_NAME = monitor_pb2.DESCRIPTOR.services_by_name["MonitorService"].full_name
 _EITHER = frozenset({MeshRole.SUPERVISOR, MeshRole.WORKER})
 # SubmitJob is further refused unless the monitor's settings allow job submission.
-ACCESS: Access = {"ListGpus": _EITHER, "WatchGpus": _EITHER, "SubmitJob": _EITHER, "WatchJob": _EITHER}
+ACCESS: Access = {
+    "ListGpus": _EITHER,
+    "WatchGpus": _EITHER,
+    "SubmitJob": _EITHER,
+    "WatchJob": _EITHER,
+    # Workspaces: only under the configured workspace roots, which are empty by default.
+    "OpenWorkspace": _EITHER,
+    "GetWorkspace": _EITHER,
+    "ListWorkspaceTree": _EITHER,
+    "ReadWorkspaceFile": _EITHER,
+    "SearchWorkspace": _EITHER,
+    "WriteWorkspaceFile": _EITHER,
+    "PatchWorkspace": _EITHER,
+    "CreateWorkspaceBranch": _EITHER,
+    "DiffWorkspace": _EITHER,
+    "CommitWorkspace": _EITHER,
+    "ResetWorkspace": _EITHER,
+}
 
 
 def diagnostics(settings: MonitorSettings, probe: NvmlProbe) -> Diagnostics:
@@ -38,6 +57,11 @@ def diagnostics(settings: MonitorSettings, probe: NvmlProbe) -> Diagnostics:
             "job submission",
             "allowed" if settings.allow_job_submission else "refused",
             setting_name(settings, "allow_job_submission"),
+        ),
+        Fact(
+            "workspace roots",
+            ", ".join(settings.workspace_roots) or "none",
+            setting_name(settings, "workspace_roots"),
         ),
     ]
     return Diagnostics("monitor", facts=facts, checks=[Check("local GPUs", local_gpus)])
@@ -61,9 +85,17 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
         supervision=Supervision(settings.job_poll_seconds, settings.job_stop_grace_seconds),
     )
     await jobs.resume()
+    # The registry resolves a workspace_id to its host, root and protected paths (for jobs, too).
+    registry = WorkspaceRegistry(common.data_dir / "monitor" / "workspaces")
+    workspaces = Workspaces(
+        registry,
+        hosts,
+        settings.workspace_roots,
+        git_timeout=settings.workspace_git_timeout,
+    )
 
     def register(server: grpc.aio.Server) -> None:
-        monitor_pb2_grpc.add_MonitorServiceServicer_to_server(MonitorServicer(gpus, hosts, jobs), server)
+        monitor_pb2_grpc.add_MonitorServiceServicer_to_server(MonitorServicer(gpus, hosts, jobs, workspaces), server)
 
     async def release() -> None:
         await jobs.close()

@@ -1,4 +1,5 @@
-"""MonitorService over gRPC: translates quarry.v1 messages to the GPU probes and job watchers and back."""
+"""MonitorService over gRPC: translates quarry.v1 messages to the GPU probes and job watchers and back
+(the workspace RPCs: monitor_svc/workspaces/rpc.py)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ from monitor_svc.validation import (
     require_job_kind,
     tail_lines,
 )
+from monitor_svc.workspaces.operations import Workspaces
+from monitor_svc.workspaces.rpc import WorkspaceServicer
 from quarry.convert import (
     EnumMap,
     duration_seconds,
@@ -39,7 +42,7 @@ from quarry.convert import (
     job_ref_to_proto,
     timestamp,
 )
-from quarry.v1 import monitor_pb2, monitor_pb2_grpc
+from quarry.v1 import monitor_pb2
 from quarry.vocabulary import JobLook
 
 DEFAULT_GPU_INTERVAL = 5.0
@@ -108,8 +111,11 @@ def _command(message: monitor_pb2.LocalCommand | monitor_pb2.RemoteCommand, host
     )
 
 
-class MonitorServicer(monitor_pb2_grpc.MonitorServiceServicer):
-    def __init__(self, gpus: GpuSampler, hosts: SshHosts, jobs: Jobs) -> None:
+class MonitorServicer(WorkspaceServicer):
+    """GPUs and jobs here; the workspace RPCs come from WorkspaceServicer."""
+
+    def __init__(self, gpus: GpuSampler, hosts: SshHosts, jobs: Jobs, workspaces: Workspaces) -> None:
+        super().__init__(workspaces)
         self._gpu_sampler = gpus
         self._hosts = hosts
         self._jobs = jobs

@@ -9,9 +9,11 @@ failure, and closed when the monitor stops.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shlex
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +24,8 @@ from quarry.errors import ErrorReason, FailedPrecondition, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 
-_SESSIONS = 8
+_SESSIONS = 8  # plus one SFTP session, below OpenSSH's MaxSessions of 10
+_CHUNK = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class CommandResult:
     stdout: str  # decoded, undecodable bytes replaced
     stderr: str
     raw_stdout: bytes  # as sent: byte offsets into remote files count these
+    truncated: bool = False  # stdout was longer than the caller's limit: cut there, the command closed
 
 
 def _as_bytes(output: bytes | str | None) -> bytes:
@@ -42,6 +46,43 @@ def quote(*argv: str) -> str:
     return " ".join(shlex.quote(arg) for arg in argv)
 
 
+async def _bounded(stream: asyncssh.SSHReader[bytes], limit: int) -> tuple[bytes, bool]:
+    """Up to `limit` bytes of the stream, and whether there was more."""
+    data = bytearray()
+    while chunk := _as_bytes(await stream.read(_CHUNK)):
+        data.extend(chunk)
+        if len(data) > limit:
+            return bytes(data[:limit]), True
+    return bytes(data), False
+
+
+async def _drained(stream: asyncssh.SSHReader[bytes], limit: int) -> bytes:
+    """The stream's first `limit` bytes, the rest read and dropped (so the command never blocks writing)."""
+    data = bytearray()
+    while chunk := _as_bytes(await stream.read(_CHUNK)):
+        data.extend(chunk[: max(limit - len(data), 0)])
+    return bytes(data)
+
+
+async def _collect(
+    process: asyncssh.SSHClientProcess[bytes], max_stdout: int | None
+) -> tuple[int | None, bytes, bytes, bool]:
+    """(exit status, stdout, stderr, truncated): all of it, or stdout up to `max_stdout` (then closed)."""
+    if max_stdout is None:
+        result = await process.wait(check=False)
+        return result.exit_status, _as_bytes(result.stdout), _as_bytes(result.stderr), False
+    errors = asyncio.ensure_future(_drained(process.stderr, _CHUNK))
+    try:
+        stdout, truncated = await _bounded(process.stdout, max_stdout)
+        if truncated:
+            process.close()
+            return None, stdout, b"", True
+        result = await process.wait(check=False)
+        return result.exit_status, stdout, await errors, False
+    finally:
+        errors.cancel()
+
+
 class SshHosts:
     def __init__(self, hosts: dict[str, SshHost], *, command_timeout: float = 30.0) -> None:
         self._hosts = hosts
@@ -50,6 +91,8 @@ class SshHosts:
         self._locks: dict[str, asyncio.Lock] = {name: asyncio.Lock() for name in hosts}
         # Below OpenSSH's default MaxSessions (10): commands beyond it wait instead of failing.
         self._sessions: dict[str, asyncio.Semaphore] = {name: asyncio.Semaphore(_SESSIONS) for name in hosts}
+        self._sftp: dict[str, tuple[asyncssh.SSHClientConnection, asyncssh.SFTPClient]] = {}
+        self._sftp_locks: dict[str, asyncio.Lock] = {name: asyncio.Lock() for name in hosts}
         self._closed = False
 
     @property
@@ -128,30 +171,66 @@ class SshHosts:
             del self._connections[name]
         connection.close()
 
-    async def run(self, name: str, command: str) -> CommandResult:
-        """Run a shell command on the host; its exit status is returned, not raised."""
+    async def run(
+        self, name: str, command: str, *, time_limit: float | None = None, max_stdout: int | None = None
+    ) -> CommandResult:
+        """Run a shell command on the host; its exit status is returned, not raised.
+
+        `time_limit` replaces the configured command timeout; with `max_stdout`, output beyond it is not
+        read: the command is closed and the result says it was truncated (its exit status is then -1).
+        """
+        limit = self._timeout if time_limit is None else time_limit
         connection = await self._connection(name)
         async with self._sessions[name]:
             try:
                 async with connection.create_process(command, stdin=asyncssh.DEVNULL, encoding=None) as process:
                     try:
-                        result = await asyncio.wait_for(process.wait(check=False), self._timeout)
+                        status, raw, errors, truncated = await asyncio.wait_for(_collect(process, max_stdout), limit)
                     except TimeoutError as error:
                         process.close()  # the remote command must not keep a session open
                         self._drop(name, connection)  # a hung command may mean a half-open connection
                         raise Unavailable(
-                            f"{command.split()[0]} on {name} did not finish within {self._timeout:g} s"
+                            f"{command.split()[0]} on {name} did not finish within {limit:g} s"
                         ) from error
             except (OSError, asyncssh.Error) as error:
                 self._drop(name, connection)  # reopened on the next command
                 raise Unavailable(f"the connection to {name} failed: {error}") from error
-        raw, errors = _as_bytes(result.stdout), _as_bytes(result.stderr)
         return CommandResult(
-            exit_status=result.exit_status if result.exit_status is not None else -1,
+            exit_status=status if status is not None else -1,
             stdout=raw.decode(errors="replace"),
             stderr=errors.decode(errors="replace"),
             raw_stdout=raw,
+            truncated=truncated,
         )
+
+    @contextlib.asynccontextmanager
+    async def sftp(self, name: str) -> AsyncIterator[asyncssh.SFTPClient]:
+        """The host's SFTP session (one per connection, opened on first use) for a few calls, bounded by
+        the command timeout. A file's own error (missing, refused) is the caller's to handle; a failure of
+        the session or the connection drops the connection (reopened on next use) and is UNAVAILABLE."""
+        connection = await self._connection(name)
+        async with self._sftp_locks[name]:
+            known = self._sftp.get(name)
+            if known is not None and known[0] is connection:
+                client = known[1]
+            else:
+                try:
+                    client = await asyncio.wait_for(connection.start_sftp_client(), self._timeout)
+                except (OSError, asyncssh.Error, TimeoutError) as error:
+                    self._drop(name, connection)
+                    raise Unavailable(f"cannot open an SFTP session on {name}: {error}") from error
+                self._sftp[name] = (connection, client)
+        try:
+            async with asyncio.timeout(self._timeout):
+                yield client
+        except (asyncssh.SFTPConnectionLost, asyncssh.SFTPNoConnection) as error:
+            self._drop(name, connection)
+            raise Unavailable(f"the SFTP session on {name} failed: {error}") from error
+        except asyncssh.SFTPError:
+            raise
+        except (OSError, asyncssh.Error, TimeoutError) as error:
+            self._drop(name, connection)
+            raise Unavailable(f"the SFTP session on {name} failed: {error}") from error
 
     async def close(self) -> None:
         self._closed = True

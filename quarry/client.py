@@ -337,8 +337,17 @@ class QuarryClient:
             yield event
 
 
+# Seconds a workspace call may take beyond the attempt timeout: the monitor bounds its own work (a call
+# may run several git or SSH commands, each within its timeout, or a search's child process).
+_WORKSPACE_SECONDS = 120.0
+
+
 class MonitorClient:
-    """GPUs and jobs, as the monitor sees them; no model is involved."""
+    """GPUs, jobs and workspaces, as the monitor sees them; no model is involved.
+
+    Workspace changes carry a request_id (a fresh one unless given), so a retry after UNAVAILABLE or
+    a deadline is answered with the first result instead of applying a patch or a commit twice.
+    """
 
     def __init__(self, channel: grpc.aio.Channel, retry: RetryPolicy | None = None) -> None:
         self._stub = monitor_pb2_grpc.MonitorServiceStub(channel)
@@ -363,3 +372,132 @@ class MonitorClient:
         finally:
             stream.cancel()
         raise RuntimeError("the monitor ended the watch without a status")
+
+    # -- workspaces -------------------------------------------------------------------------------------
+
+    async def _workspace_call(self, method: Callable[..., Any], request: Message) -> Any:
+        return await self._retry.call(method, request, extra_timeout=_WORKSPACE_SECONDS)
+
+    async def open_workspace(
+        self, root: str, *, host: str = "", protected_paths: Sequence[str] = (), request_id: str = ""
+    ) -> monitor_pb2.Workspace:
+        """Open (or find again: the id depends only on host and root) a directory under a workspace root."""
+        request = monitor_pb2.OpenWorkspaceRequest(
+            host=host, root=root, protected_paths=protected_paths, request_id=request_id or str(uuid.uuid4())
+        )
+        response: monitor_pb2.OpenWorkspaceResponse = await self._workspace_call(self._stub.OpenWorkspace, request)
+        return response.workspace
+
+    async def get_workspace(self, workspace_id: str) -> monitor_pb2.Workspace:
+        """The workspace and its current git state (HEAD, branch, dirty)."""
+        request = monitor_pb2.GetWorkspaceRequest(workspace_id=workspace_id)
+        response: monitor_pb2.GetWorkspaceResponse = await self._workspace_call(self._stub.GetWorkspace, request)
+        return response.workspace
+
+    async def list_workspace_tree(
+        self, workspace_id: str, path: str = "", *, max_depth: int = 0, max_entries: int = 0
+    ) -> monitor_pb2.ListWorkspaceTreeResponse:
+        request = monitor_pb2.ListWorkspaceTreeRequest(
+            workspace_id=workspace_id, path=path, max_depth=max_depth, max_entries=max_entries
+        )
+        response: monitor_pb2.ListWorkspaceTreeResponse = await self._workspace_call(
+            self._stub.ListWorkspaceTree, request
+        )
+        return response
+
+    async def read_workspace_file(
+        self, workspace_id: str, path: str, *, start_line: int = 0, end_line: int = 0, max_bytes: int = 0
+    ) -> monitor_pb2.ReadWorkspaceFileResponse:
+        request = monitor_pb2.ReadWorkspaceFileRequest(
+            workspace_id=workspace_id, path=path, start_line=start_line, end_line=end_line, max_bytes=max_bytes
+        )
+        response: monitor_pb2.ReadWorkspaceFileResponse = await self._workspace_call(
+            self._stub.ReadWorkspaceFile, request
+        )
+        return response
+
+    async def search_workspace(
+        self,
+        workspace_id: str,
+        pattern: str,
+        *,
+        path: str = "",
+        glob: str = "",
+        case_insensitive: bool = False,
+        max_matches: int = 0,
+    ) -> monitor_pb2.SearchWorkspaceResponse:
+        request = monitor_pb2.SearchWorkspaceRequest(
+            workspace_id=workspace_id,
+            pattern=pattern,
+            path=path,
+            glob=glob,
+            case_insensitive=case_insensitive,
+            max_matches=max_matches,
+        )
+        response: monitor_pb2.SearchWorkspaceResponse = await self._workspace_call(self._stub.SearchWorkspace, request)
+        return response
+
+    async def write_workspace_file(
+        self, workspace_id: str, path: str, content: str, *, request_id: str = ""
+    ) -> monitor_pb2.WriteWorkspaceFileResponse:
+        request = monitor_pb2.WriteWorkspaceFileRequest(
+            workspace_id=workspace_id, path=path, content=content, request_id=request_id or str(uuid.uuid4())
+        )
+        response: monitor_pb2.WriteWorkspaceFileResponse = await self._workspace_call(
+            self._stub.WriteWorkspaceFile, request
+        )
+        return response
+
+    async def patch_workspace(
+        self, workspace_id: str, patch: str, *, request_id: str = ""
+    ) -> monitor_pb2.PatchWorkspaceResponse:
+        """Apply a unified diff to every file it names or to none (FAILED_PRECONDITION names the hunk)."""
+        request = monitor_pb2.PatchWorkspaceRequest(
+            workspace_id=workspace_id, patch=patch, request_id=request_id or str(uuid.uuid4())
+        )
+        response: monitor_pb2.PatchWorkspaceResponse = await self._workspace_call(self._stub.PatchWorkspace, request)
+        return response
+
+    async def create_workspace_branch(
+        self, workspace_id: str, branch: str, *, start_point: str = "", request_id: str = ""
+    ) -> monitor_pb2.Workspace:
+        request = monitor_pb2.CreateWorkspaceBranchRequest(
+            workspace_id=workspace_id,
+            branch=branch,
+            start_point=start_point,
+            request_id=request_id or str(uuid.uuid4()),
+        )
+        response: monitor_pb2.CreateWorkspaceBranchResponse = await self._workspace_call(
+            self._stub.CreateWorkspaceBranch, request
+        )
+        return response.workspace
+
+    async def diff_workspace(
+        self, workspace_id: str, *, base: str = "", target: str = "", max_bytes: int = 0
+    ) -> monitor_pb2.DiffWorkspaceResponse:
+        request = monitor_pb2.DiffWorkspaceRequest(
+            workspace_id=workspace_id, base=base, target=target, max_bytes=max_bytes
+        )
+        response: monitor_pb2.DiffWorkspaceResponse = await self._workspace_call(self._stub.DiffWorkspace, request)
+        return response
+
+    async def commit_workspace(
+        self, workspace_id: str, message: str, *, request_id: str = ""
+    ) -> monitor_pb2.CommitWorkspaceResponse:
+        request = monitor_pb2.CommitWorkspaceRequest(
+            workspace_id=workspace_id, message=message, request_id=request_id or str(uuid.uuid4())
+        )
+        response: monitor_pb2.CommitWorkspaceResponse = await self._workspace_call(self._stub.CommitWorkspace, request)
+        return response
+
+    async def reset_workspace(
+        self, workspace_id: str, commit: str, *, remove_untracked: bool = False, request_id: str = ""
+    ) -> monitor_pb2.Workspace:
+        request = monitor_pb2.ResetWorkspaceRequest(
+            workspace_id=workspace_id,
+            commit=commit,
+            remove_untracked=remove_untracked,
+            request_id=request_id or str(uuid.uuid4()),
+        )
+        response: monitor_pb2.ResetWorkspaceResponse = await self._workspace_call(self._stub.ResetWorkspace, request)
+        return response.workspace

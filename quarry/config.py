@@ -341,6 +341,9 @@ class SshHost(BaseModel):
     """The known_hosts file the host key must be in; empty: ~/.ssh/known_hosts. Never skipped."""
     log_roots: list[str] = Field(default_factory=list)
     """Directories on the host whose files WatchJob may tail; none by default."""
+    workspace_roots: list[str] = Field(default_factory=list)
+    """Directories on the host under which workspaces may be opened (files over SFTP, git over SSH); none
+    by default."""
 
 
 class MonitorSettings(ServiceSettings):
@@ -366,6 +369,11 @@ class MonitorSettings(ServiceSettings):
     log_roots: list[str] = Field(default_factory=list)
     """Further local directories whose files jobs may log to and WatchJob may tail (the jobs directory
     always); in the environment a JSON list, e.g. `["/data/logs"]`."""
+    workspace_roots: list[str] = Field(default_factory=list)
+    """Local directories under which workspaces may be opened, their files read and written as the
+    monitor's user; none by default, so no workspace opens. A JSON list, e.g. `["/srv/experiments"]`."""
+    workspace_git_timeout: float = Field(default=60.0, gt=0, le=600)
+    """Seconds one git command in a workspace may take (on this machine and over SSH)."""
     job_poll_seconds: float = Field(default=2.0, gt=0, le=600)
     """How often the monitor looks at the jobs it started: their end, their wall-clock limit, their log
     metrics."""

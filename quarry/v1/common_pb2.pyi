@@ -141,6 +141,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_CONVERSATION_NOT_FOUND: _ErrorReason.ValueType  # 23
     ERROR_REASON_HOST_NOT_FOUND: _ErrorReason.ValueType  # 24
     """A host missing from the monitor's configuration."""
+    ERROR_REASON_WORKSPACE_NOT_FOUND: _ErrorReason.ValueType  # 25
+    """A workspace the monitor has no record of."""
     ERROR_REASON_JOB_NOT_FOUND: _ErrorReason.ValueType  # 29
     """A job the monitor has no record of (JobRef.monitor_job_id)."""
     ERROR_REASON_BEARER_TOKEN_INVALID: _ErrorReason.ValueType  # 40
@@ -197,6 +199,32 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION: the host refused the configured key."""
     ERROR_REASON_JOB_SUBMISSION_DISABLED: _ErrorReason.ValueType  # 128
     """PERMISSION_DENIED: this monitor does not run jobs (QUARRY_MONITOR_ALLOW_JOB_SUBMISSION is off)."""
+    ERROR_REASON_WORKSPACE_ROOT_NOT_ALLOWED: _ErrorReason.ValueType  # 140
+    """Workspaces (140-149).
+    FAILED_PRECONDITION: the workspace root is outside the host's configured workspace roots.
+    """
+    ERROR_REASON_WORKSPACE_ROOT_INVALID: _ErrorReason.ValueType  # 141
+    """FAILED_PRECONDITION: the workspace root is not an existing directory."""
+    ERROR_REASON_WORKSPACE_PATH_ESCAPES: _ErrorReason.ValueType  # 142
+    """INVALID_ARGUMENT: a path is absolute or has a ".." component; FAILED_PRECONDITION: a symbolic
+    link leads it outside the workspace root.
+    """
+    ERROR_REASON_WORKSPACE_PATH_PROTECTED: _ErrorReason.ValueType  # 143
+    """FAILED_PRECONDITION: the change would write a protected path (or git's own .git directory);
+    the message names the rule.
+    """
+    ERROR_REASON_WORKSPACE_PATCH_FAILED: _ErrorReason.ValueType  # 144
+    """FAILED_PRECONDITION: a hunk of the patch does not apply; the message names the file and the hunk."""
+    ERROR_REASON_WORKSPACE_NOT_A_REPO: _ErrorReason.ValueType  # 145
+    """FAILED_PRECONDITION: a git operation in a workspace whose root is not a git working tree."""
+    ERROR_REASON_WORKSPACE_GIT_FAILED: _ErrorReason.ValueType  # 146
+    """FAILED_PRECONDITION: git refused the operation (an unknown commit, an existing branch...)."""
+    ERROR_REASON_WORKSPACE_EXISTS: _ErrorReason.ValueType  # 147
+    """ALREADY_EXISTS: the workspace is open with other protected paths."""
+    ERROR_REASON_WORKSPACE_WRONG_KIND: _ErrorReason.ValueType  # 148
+    """FAILED_PRECONDITION: the path is not a regular file (a directory, a FIFO...) or not a directory."""
+    ERROR_REASON_WORKSPACE_SEARCH_TOO_SLOW: _ErrorReason.ValueType  # 149
+    """FAILED_PRECONDITION: the search did not finish in time (a pattern that backtracks)."""
     ERROR_REASON_GPUS_BUSY: _ErrorReason.ValueType  # 150
     """Experiment jobs (numbered from 150).
     RESOURCE_EXHAUSTED: not enough of the host's GPUs are free (others are reserved by running jobs); retry later.
@@ -235,6 +263,8 @@ ERROR_REASON_DELEGATION_NOT_FOUND: ErrorReason.ValueType  # 22
 ERROR_REASON_CONVERSATION_NOT_FOUND: ErrorReason.ValueType  # 23
 ERROR_REASON_HOST_NOT_FOUND: ErrorReason.ValueType  # 24
 """A host missing from the monitor's configuration."""
+ERROR_REASON_WORKSPACE_NOT_FOUND: ErrorReason.ValueType  # 25
+"""A workspace the monitor has no record of."""
 ERROR_REASON_JOB_NOT_FOUND: ErrorReason.ValueType  # 29
 """A job the monitor has no record of (JobRef.monitor_job_id)."""
 ERROR_REASON_BEARER_TOKEN_INVALID: ErrorReason.ValueType  # 40
@@ -291,6 +321,32 @@ ERROR_REASON_SSH_AUTH_FAILED: ErrorReason.ValueType  # 127
 """FAILED_PRECONDITION: the host refused the configured key."""
 ERROR_REASON_JOB_SUBMISSION_DISABLED: ErrorReason.ValueType  # 128
 """PERMISSION_DENIED: this monitor does not run jobs (QUARRY_MONITOR_ALLOW_JOB_SUBMISSION is off)."""
+ERROR_REASON_WORKSPACE_ROOT_NOT_ALLOWED: ErrorReason.ValueType  # 140
+"""Workspaces (140-149).
+FAILED_PRECONDITION: the workspace root is outside the host's configured workspace roots.
+"""
+ERROR_REASON_WORKSPACE_ROOT_INVALID: ErrorReason.ValueType  # 141
+"""FAILED_PRECONDITION: the workspace root is not an existing directory."""
+ERROR_REASON_WORKSPACE_PATH_ESCAPES: ErrorReason.ValueType  # 142
+"""INVALID_ARGUMENT: a path is absolute or has a ".." component; FAILED_PRECONDITION: a symbolic
+link leads it outside the workspace root.
+"""
+ERROR_REASON_WORKSPACE_PATH_PROTECTED: ErrorReason.ValueType  # 143
+"""FAILED_PRECONDITION: the change would write a protected path (or git's own .git directory);
+the message names the rule.
+"""
+ERROR_REASON_WORKSPACE_PATCH_FAILED: ErrorReason.ValueType  # 144
+"""FAILED_PRECONDITION: a hunk of the patch does not apply; the message names the file and the hunk."""
+ERROR_REASON_WORKSPACE_NOT_A_REPO: ErrorReason.ValueType  # 145
+"""FAILED_PRECONDITION: a git operation in a workspace whose root is not a git working tree."""
+ERROR_REASON_WORKSPACE_GIT_FAILED: ErrorReason.ValueType  # 146
+"""FAILED_PRECONDITION: git refused the operation (an unknown commit, an existing branch...)."""
+ERROR_REASON_WORKSPACE_EXISTS: ErrorReason.ValueType  # 147
+"""ALREADY_EXISTS: the workspace is open with other protected paths."""
+ERROR_REASON_WORKSPACE_WRONG_KIND: ErrorReason.ValueType  # 148
+"""FAILED_PRECONDITION: the path is not a regular file (a directory, a FIFO...) or not a directory."""
+ERROR_REASON_WORKSPACE_SEARCH_TOO_SLOW: ErrorReason.ValueType  # 149
+"""FAILED_PRECONDITION: the search did not finish in time (a pattern that backtracks)."""
 ERROR_REASON_GPUS_BUSY: ErrorReason.ValueType  # 150
 """Experiment jobs (numbered from 150).
 RESOURCE_EXHAUSTED: not enough of the host's GPUs are free (others are reserved by running jobs); retry later.

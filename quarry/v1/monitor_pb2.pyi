@@ -102,6 +102,31 @@ missing); says nothing about how the job ended.
 """
 Global___MetricState: _TypeAlias = MetricState  # noqa: Y015
 
+class _WorkspaceEntryKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WorkspaceEntryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WorkspaceEntryKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WORKSPACE_ENTRY_KIND_UNSPECIFIED: _WorkspaceEntryKind.ValueType  # 0
+    WORKSPACE_ENTRY_KIND_FILE: _WorkspaceEntryKind.ValueType  # 1
+    WORKSPACE_ENTRY_KIND_DIRECTORY: _WorkspaceEntryKind.ValueType  # 2
+    WORKSPACE_ENTRY_KIND_SYMLINK: _WorkspaceEntryKind.ValueType  # 3
+    """Listed, never followed."""
+    WORKSPACE_ENTRY_KIND_OTHER: _WorkspaceEntryKind.ValueType  # 4
+    """A FIFO, socket or device."""
+
+class WorkspaceEntryKind(_WorkspaceEntryKind, metaclass=_WorkspaceEntryKindEnumTypeWrapper): ...
+
+WORKSPACE_ENTRY_KIND_UNSPECIFIED: WorkspaceEntryKind.ValueType  # 0
+WORKSPACE_ENTRY_KIND_FILE: WorkspaceEntryKind.ValueType  # 1
+WORKSPACE_ENTRY_KIND_DIRECTORY: WorkspaceEntryKind.ValueType  # 2
+WORKSPACE_ENTRY_KIND_SYMLINK: WorkspaceEntryKind.ValueType  # 3
+"""Listed, never followed."""
+WORKSPACE_ENTRY_KIND_OTHER: WorkspaceEntryKind.ValueType  # 4
+"""A FIFO, socket or device."""
+Global___WorkspaceEntryKind: _TypeAlias = WorkspaceEntryKind  # noqa: Y015
+
 @_typing.final
 class GpuProcess(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -894,3 +919,770 @@ class MetricPoint(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MetricPoint: _TypeAlias = MetricPoint  # noqa: Y015
+
+@_typing.final
+class WorkspaceGitState(_message.Message):
+    """The git state of a workspace when it was described."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IS_REPO_FIELD_NUMBER: _builtins.int
+    HEAD_COMMIT_FIELD_NUMBER: _builtins.int
+    BRANCH_FIELD_NUMBER: _builtins.int
+    DIRTY_FIELD_NUMBER: _builtins.int
+    is_repo: _builtins.bool
+    """The root is the top of a git working tree (a directory inside another
+    repository's tree is not).
+    """
+    head_commit: _builtins.str
+    """The commit HEAD points at; empty before the first commit."""
+    branch: _builtins.str
+    """The checked-out branch; empty when HEAD is detached."""
+    dirty: _builtins.bool
+    """The working tree has uncommitted changes or untracked files."""
+    def __init__(
+        self,
+        *,
+        is_repo: _builtins.bool = ...,
+        head_commit: _builtins.str = ...,
+        branch: _builtins.str = ...,
+        dirty: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["branch", b"branch", "dirty", b"dirty", "head_commit", b"head_commit", "is_repo", b"is_repo"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkspaceGitState: _TypeAlias = WorkspaceGitState  # noqa: Y015
+
+@_typing.final
+class Workspace(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    ROOT_FIELD_NUMBER: _builtins.int
+    PROTECTED_PATHS_FIELD_NUMBER: _builtins.int
+    GIT_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    """"ws-" and 16 hex digits, derived from host and root."""
+    host: _builtins.str
+    """"local" for this machine, else a host from the monitor's configuration."""
+    root: _builtins.str
+    """The root's absolute path on its host, symbolic links resolved."""
+    @_builtins.property
+    def protected_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Paths relative to the root that are read-only: a file, a directory (and
+        everything under it), or a glob ("data/*.csv"; `*` matches across "/").
+        """
+
+    @_builtins.property
+    def git(self) -> Global___WorkspaceGitState: ...
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        host: _builtins.str = ...,
+        root: _builtins.str = ...,
+        protected_paths: _abc.Iterable[_builtins.str] | None = ...,
+        git: Global___WorkspaceGitState | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["git", b"git"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["git", b"git", "host", b"host", "protected_paths", b"protected_paths", "root", b"root", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Workspace: _TypeAlias = Workspace  # noqa: Y015
+
+@_typing.final
+class OpenWorkspaceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_FIELD_NUMBER: _builtins.int
+    ROOT_FIELD_NUMBER: _builtins.int
+    PROTECTED_PATHS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    host: _builtins.str
+    """A host from the monitor's configuration; empty or "local" means this machine."""
+    root: _builtins.str
+    """An existing directory under one of the host's workspace roots."""
+    request_id: _builtins.str
+    """Optional idempotency key; the workspace_id is derived from host and root either way."""
+    @_builtins.property
+    def protected_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Read-only paths (see Workspace.protected_paths). Opening an open workspace
+        again must name the same ones.
+        """
+
+    def __init__(
+        self,
+        *,
+        host: _builtins.str = ...,
+        root: _builtins.str = ...,
+        protected_paths: _abc.Iterable[_builtins.str] | None = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "protected_paths", b"protected_paths", "request_id", b"request_id", "root", b"root"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenWorkspaceRequest: _TypeAlias = OpenWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class OpenWorkspaceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def workspace(self) -> Global___Workspace: ...
+    def __init__(
+        self,
+        *,
+        workspace: Global___Workspace | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenWorkspaceResponse: _TypeAlias = OpenWorkspaceResponse  # noqa: Y015
+
+@_typing.final
+class GetWorkspaceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetWorkspaceRequest: _TypeAlias = GetWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class GetWorkspaceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def workspace(self) -> Global___Workspace: ...
+    def __init__(
+        self,
+        *,
+        workspace: Global___Workspace | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetWorkspaceResponse: _TypeAlias = GetWorkspaceResponse  # noqa: Y015
+
+@_typing.final
+class WorkspaceEntry(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    CHILDREN_OMITTED_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """Relative to the workspace root, "/"-separated."""
+    kind: Global___WorkspaceEntryKind.ValueType
+    size_bytes: _builtins.int
+    """A file's size; 0 for anything else."""
+    children_omitted: _builtins.bool
+    """A directory whose entries are not listed: a skipped one (.git, a virtual
+    environment, a cache) or one at the depth limit.
+    """
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        kind: Global___WorkspaceEntryKind.ValueType = ...,
+        size_bytes: _builtins.int = ...,
+        children_omitted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children_omitted", b"children_omitted", "kind", b"kind", "path", b"path", "size_bytes", b"size_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkspaceEntry: _TypeAlias = WorkspaceEntry  # noqa: Y015
+
+@_typing.final
+class ListWorkspaceTreeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    MAX_DEPTH_FIELD_NUMBER: _builtins.int
+    MAX_ENTRIES_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    path: _builtins.str
+    """A directory relative to the root; empty means the root."""
+    max_depth: _builtins.int
+    """Levels below `path` to list; 0 means 3, at most 16."""
+    max_entries: _builtins.int
+    """Entries to return; 0 means 500, at most 5000. Shallower entries come first."""
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        path: _builtins.str = ...,
+        max_depth: _builtins.int = ...,
+        max_entries: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_depth", b"max_depth", "max_entries", b"max_entries", "path", b"path", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkspaceTreeRequest: _TypeAlias = ListWorkspaceTreeRequest  # noqa: Y015
+
+@_typing.final
+class ListWorkspaceTreeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    truncated: _builtins.bool
+    """More entries than max_entries exist within max_depth."""
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkspaceEntry]:
+        """Sorted by path."""
+
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___WorkspaceEntry] | None = ...,
+        truncated: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkspaceTreeResponse: _TypeAlias = ListWorkspaceTreeResponse  # noqa: Y015
+
+@_typing.final
+class ReadWorkspaceFileRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    START_LINE_FIELD_NUMBER: _builtins.int
+    END_LINE_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    path: _builtins.str
+    """A file relative to the root."""
+    start_line: _builtins.int
+    """First line to return, from 1; 0 means 1."""
+    end_line: _builtins.int
+    """Last line to return (inclusive); 0 means the end of the file."""
+    max_bytes: _builtins.int
+    """Most bytes of content to return; 0 means 64 KiB, at most 1 MiB."""
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        path: _builtins.str = ...,
+        start_line: _builtins.int = ...,
+        end_line: _builtins.int = ...,
+        max_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_line", b"end_line", "max_bytes", b"max_bytes", "path", b"path", "start_line", b"start_line", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadWorkspaceFileRequest: _TypeAlias = ReadWorkspaceFileRequest  # noqa: Y015
+
+@_typing.final
+class ReadWorkspaceFileResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTENT_FIELD_NUMBER: _builtins.int
+    START_LINE_FIELD_NUMBER: _builtins.int
+    END_LINE_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    BINARY_FIELD_NUMBER: _builtins.int
+    content: _builtins.str
+    """The lines, with their line endings; undecodable bytes replaced."""
+    start_line: _builtins.int
+    """The first and last line returned (end_line 0 when none are)."""
+    end_line: _builtins.int
+    size_bytes: _builtins.int
+    """The whole file's size."""
+    truncated: _builtins.bool
+    """Fewer lines than asked for were returned because of max_bytes or the
+    monitor's read limit; continue from end_line + 1.
+    """
+    binary: _builtins.bool
+    """The file holds NUL bytes: it is not text, and no content is returned."""
+    def __init__(
+        self,
+        *,
+        content: _builtins.str = ...,
+        start_line: _builtins.int = ...,
+        end_line: _builtins.int = ...,
+        size_bytes: _builtins.int = ...,
+        truncated: _builtins.bool = ...,
+        binary: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["binary", b"binary", "content", b"content", "end_line", b"end_line", "size_bytes", b"size_bytes", "start_line", b"start_line", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadWorkspaceFileResponse: _TypeAlias = ReadWorkspaceFileResponse  # noqa: Y015
+
+@_typing.final
+class SearchWorkspaceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    PATTERN_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    GLOB_FIELD_NUMBER: _builtins.int
+    CASE_INSENSITIVE_FIELD_NUMBER: _builtins.int
+    MAX_MATCHES_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    pattern: _builtins.str
+    """A Python regular expression, matched against each line."""
+    path: _builtins.str
+    """A directory or file relative to the root; empty means the root."""
+    glob: _builtins.str
+    """Only files whose path relative to the root or whose name matches this
+    glob ("*.py"); empty means every file.
+    """
+    case_insensitive: _builtins.bool
+    max_matches: _builtins.int
+    """Matches to return; 0 means 100, at most 1000."""
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        pattern: _builtins.str = ...,
+        path: _builtins.str = ...,
+        glob: _builtins.str = ...,
+        case_insensitive: _builtins.bool = ...,
+        max_matches: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["case_insensitive", b"case_insensitive", "glob", b"glob", "max_matches", b"max_matches", "path", b"path", "pattern", b"pattern", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchWorkspaceRequest: _TypeAlias = SearchWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class SearchMatch(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    LINE_NUMBER_FIELD_NUMBER: _builtins.int
+    LINE_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """Relative to the workspace root."""
+    line_number: _builtins.int
+    """From 1."""
+    line: _builtins.str
+    """The matching line, without its ending, cut to 500 characters."""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        line_number: _builtins.int = ...,
+        line: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["line", b"line", "line_number", b"line_number", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchMatch: _TypeAlias = SearchMatch  # noqa: Y015
+
+@_typing.final
+class SearchWorkspaceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MATCHES_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    FILES_SCANNED_FIELD_NUMBER: _builtins.int
+    BYTES_SCANNED_FIELD_NUMBER: _builtins.int
+    truncated: _builtins.bool
+    """The search stopped early: max_matches were found, or the monitor's limits
+    on files or bytes scanned were reached.
+    """
+    files_scanned: _builtins.int
+    bytes_scanned: _builtins.int
+    @_builtins.property
+    def matches(self) -> _containers.RepeatedCompositeFieldContainer[Global___SearchMatch]: ...
+    def __init__(
+        self,
+        *,
+        matches: _abc.Iterable[Global___SearchMatch] | None = ...,
+        truncated: _builtins.bool = ...,
+        files_scanned: _builtins.int = ...,
+        bytes_scanned: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_scanned", b"bytes_scanned", "files_scanned", b"files_scanned", "matches", b"matches", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchWorkspaceResponse: _TypeAlias = SearchWorkspaceResponse  # noqa: Y015
+
+@_typing.final
+class WriteWorkspaceFileRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    path: _builtins.str
+    """A file relative to the root; missing directories are created."""
+    content: _builtins.str
+    """The whole new content, at most 4 MiB."""
+    request_id: _builtins.str
+    """Optional idempotency key: a repeat returns the first answer."""
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        path: _builtins.str = ...,
+        content: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "path", b"path", "request_id", b"request_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteWorkspaceFileRequest: _TypeAlias = WriteWorkspaceFileRequest  # noqa: Y015
+
+@_typing.final
+class WriteWorkspaceFileResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    size_bytes: _builtins.int
+    created: _builtins.bool
+    """The file did not exist before."""
+    def __init__(
+        self,
+        *,
+        size_bytes: _builtins.int = ...,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "size_bytes", b"size_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteWorkspaceFileResponse: _TypeAlias = WriteWorkspaceFileResponse  # noqa: Y015
+
+@_typing.final
+class PatchWorkspaceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    PATCH_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    patch: _builtins.str
+    """A unified diff (as `diff -u` or `git diff` print it), at most 4 MiB; paths
+    relative to the root, with or without git's a/ and b/ prefixes.
+    """
+    request_id: _builtins.str
+    """Optional idempotency key: a repeat returns the first answer."""
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        patch: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["patch", b"patch", "request_id", b"request_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PatchWorkspaceRequest: _TypeAlias = PatchWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class PatchWorkspaceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODIFIED_PATHS_FIELD_NUMBER: _builtins.int
+    CREATED_PATHS_FIELD_NUMBER: _builtins.int
+    DELETED_PATHS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def modified_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def created_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def deleted_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        modified_paths: _abc.Iterable[_builtins.str] | None = ...,
+        created_paths: _abc.Iterable[_builtins.str] | None = ...,
+        deleted_paths: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_paths", b"created_paths", "deleted_paths", b"deleted_paths", "modified_paths", b"modified_paths"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PatchWorkspaceResponse: _TypeAlias = PatchWorkspaceResponse  # noqa: Y015
+
+@_typing.final
+class CreateWorkspaceBranchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    BRANCH_FIELD_NUMBER: _builtins.int
+    START_POINT_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    branch: _builtins.str
+    """A new branch name."""
+    start_point: _builtins.str
+    """The commit (a hash, a branch or a tag) it starts from; empty means HEAD."""
+    request_id: _builtins.str
+    """Optional idempotency key: a repeat returns the first answer."""
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        branch: _builtins.str = ...,
+        start_point: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["branch", b"branch", "request_id", b"request_id", "start_point", b"start_point", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateWorkspaceBranchRequest: _TypeAlias = CreateWorkspaceBranchRequest  # noqa: Y015
+
+@_typing.final
+class CreateWorkspaceBranchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def workspace(self) -> Global___Workspace: ...
+    def __init__(
+        self,
+        *,
+        workspace: Global___Workspace | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateWorkspaceBranchResponse: _TypeAlias = CreateWorkspaceBranchResponse  # noqa: Y015
+
+@_typing.final
+class DiffWorkspaceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    BASE_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    base: _builtins.str
+    """The commit to compare against; empty means HEAD."""
+    target: _builtins.str
+    """The commit to compare; empty means the working tree."""
+    max_bytes: _builtins.int
+    """Most bytes of diff to return; 0 means 256 KiB, at most 4 MiB."""
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        base: _builtins.str = ...,
+        target: _builtins.str = ...,
+        max_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base", b"base", "max_bytes", b"max_bytes", "target", b"target", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DiffWorkspaceRequest: _TypeAlias = DiffWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class DiffWorkspaceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIFF_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    BASE_COMMIT_FIELD_NUMBER: _builtins.int
+    TARGET_COMMIT_FIELD_NUMBER: _builtins.int
+    UNTRACKED_PATHS_FIELD_NUMBER: _builtins.int
+    diff: _builtins.str
+    """The unified diff, as `git diff` prints it (renames as a deletion and an addition)."""
+    truncated: _builtins.bool
+    base_commit: _builtins.str
+    """The commits compared (target_commit empty for the working tree)."""
+    target_commit: _builtins.str
+    @_builtins.property
+    def untracked_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Files git does not track yet (not in the diff); only for the working tree."""
+
+    def __init__(
+        self,
+        *,
+        diff: _builtins.str = ...,
+        truncated: _builtins.bool = ...,
+        base_commit: _builtins.str = ...,
+        target_commit: _builtins.str = ...,
+        untracked_paths: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_commit", b"base_commit", "diff", b"diff", "target_commit", b"target_commit", "truncated", b"truncated", "untracked_paths", b"untracked_paths"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DiffWorkspaceResponse: _TypeAlias = DiffWorkspaceResponse  # noqa: Y015
+
+@_typing.final
+class CommitWorkspaceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    message: _builtins.str
+    request_id: _builtins.str
+    """Optional idempotency key: a repeat returns the first answer."""
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        message: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "request_id", b"request_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitWorkspaceRequest: _TypeAlias = CommitWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class CommitWorkspaceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMIT_FIELD_NUMBER: _builtins.int
+    COMMITTED_FIELD_NUMBER: _builtins.int
+    commit: _builtins.str
+    """The new commit; HEAD when there was nothing to commit."""
+    committed: _builtins.bool
+    """False when the working tree had no changes."""
+    def __init__(
+        self,
+        *,
+        commit: _builtins.str = ...,
+        committed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "committed", b"committed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitWorkspaceResponse: _TypeAlias = CommitWorkspaceResponse  # noqa: Y015
+
+@_typing.final
+class ResetWorkspaceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    COMMIT_FIELD_NUMBER: _builtins.int
+    REMOVE_UNTRACKED_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    workspace_id: _builtins.str
+    commit: _builtins.str
+    """The commit (a hash, a branch or a tag) to reset to."""
+    remove_untracked: _builtins.bool
+    """Also delete untracked files and directories (git clean -d; ignored files stay)."""
+    request_id: _builtins.str
+    """Optional idempotency key: a repeat returns the first answer."""
+    def __init__(
+        self,
+        *,
+        workspace_id: _builtins.str = ...,
+        commit: _builtins.str = ...,
+        remove_untracked: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "remove_untracked", b"remove_untracked", "request_id", b"request_id", "workspace_id", b"workspace_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetWorkspaceRequest: _TypeAlias = ResetWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class ResetWorkspaceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def workspace(self) -> Global___Workspace: ...
+    def __init__(
+        self,
+        *,
+        workspace: Global___Workspace | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetWorkspaceResponse: _TypeAlias = ResetWorkspaceResponse  # noqa: Y015

@@ -56,6 +56,61 @@ class MonitorServiceStub:
                 request_serializer=quarry_dot_v1_dot_monitor__pb2.WatchJobRequest.SerializeToString,
                 response_deserializer=quarry_dot_v1_dot_monitor__pb2.WatchJobResponse.FromString,
                 _registered_method=True)
+        self.OpenWorkspace = channel.unary_unary(
+                '/quarry.v1.MonitorService/OpenWorkspace',
+                request_serializer=quarry_dot_v1_dot_monitor__pb2.OpenWorkspaceRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_monitor__pb2.OpenWorkspaceResponse.FromString,
+                _registered_method=True)
+        self.GetWorkspace = channel.unary_unary(
+                '/quarry.v1.MonitorService/GetWorkspace',
+                request_serializer=quarry_dot_v1_dot_monitor__pb2.GetWorkspaceRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_monitor__pb2.GetWorkspaceResponse.FromString,
+                _registered_method=True)
+        self.ListWorkspaceTree = channel.unary_unary(
+                '/quarry.v1.MonitorService/ListWorkspaceTree',
+                request_serializer=quarry_dot_v1_dot_monitor__pb2.ListWorkspaceTreeRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_monitor__pb2.ListWorkspaceTreeResponse.FromString,
+                _registered_method=True)
+        self.ReadWorkspaceFile = channel.unary_unary(
+                '/quarry.v1.MonitorService/ReadWorkspaceFile',
+                request_serializer=quarry_dot_v1_dot_monitor__pb2.ReadWorkspaceFileRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_monitor__pb2.ReadWorkspaceFileResponse.FromString,
+                _registered_method=True)
+        self.SearchWorkspace = channel.unary_unary(
+                '/quarry.v1.MonitorService/SearchWorkspace',
+                request_serializer=quarry_dot_v1_dot_monitor__pb2.SearchWorkspaceRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_monitor__pb2.SearchWorkspaceResponse.FromString,
+                _registered_method=True)
+        self.WriteWorkspaceFile = channel.unary_unary(
+                '/quarry.v1.MonitorService/WriteWorkspaceFile',
+                request_serializer=quarry_dot_v1_dot_monitor__pb2.WriteWorkspaceFileRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_monitor__pb2.WriteWorkspaceFileResponse.FromString,
+                _registered_method=True)
+        self.PatchWorkspace = channel.unary_unary(
+                '/quarry.v1.MonitorService/PatchWorkspace',
+                request_serializer=quarry_dot_v1_dot_monitor__pb2.PatchWorkspaceRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_monitor__pb2.PatchWorkspaceResponse.FromString,
+                _registered_method=True)
+        self.CreateWorkspaceBranch = channel.unary_unary(
+                '/quarry.v1.MonitorService/CreateWorkspaceBranch',
+                request_serializer=quarry_dot_v1_dot_monitor__pb2.CreateWorkspaceBranchRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_monitor__pb2.CreateWorkspaceBranchResponse.FromString,
+                _registered_method=True)
+        self.DiffWorkspace = channel.unary_unary(
+                '/quarry.v1.MonitorService/DiffWorkspace',
+                request_serializer=quarry_dot_v1_dot_monitor__pb2.DiffWorkspaceRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_monitor__pb2.DiffWorkspaceResponse.FromString,
+                _registered_method=True)
+        self.CommitWorkspace = channel.unary_unary(
+                '/quarry.v1.MonitorService/CommitWorkspace',
+                request_serializer=quarry_dot_v1_dot_monitor__pb2.CommitWorkspaceRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_monitor__pb2.CommitWorkspaceResponse.FromString,
+                _registered_method=True)
+        self.ResetWorkspace = channel.unary_unary(
+                '/quarry.v1.MonitorService/ResetWorkspace',
+                request_serializer=quarry_dot_v1_dot_monitor__pb2.ResetWorkspaceRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_monitor__pb2.ResetWorkspaceResponse.FromString,
+                _registered_method=True)
 
 
 class MonitorServiceServicer:
@@ -96,6 +151,93 @@ class MonitorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenWorkspace(self, request, context):
+        """Workspaces: a directory on this machine or a configured SSH host, under one
+        of the workspace roots the monitor is configured with, whose files the
+        caller reads and edits. Every path in a workspace request is relative to
+        its root and must stay inside it (no "..", no absolute path, no symbolic
+        link leading out); its protected paths are never written.
+
+        Opens a workspace. Idempotent: the same host and root always give the same
+        workspace_id, and the record survives a monitor restart.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetWorkspace(self, request, context):
+        """A workspace and its current git state (HEAD, branch, dirty).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkspaceTree(self, request, context):
+        """Files and directories under a path, depth-limited, skipping .git, virtual
+        environments, caches and node_modules.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadWorkspaceFile(self, request, context):
+        """A text file, or a range of its lines, size-capped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SearchWorkspace(self, request, context):
+        """Lines of text files matching a regular expression (Python `re` syntax).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteWorkspaceFile(self, request, context):
+        """Writes a file atomically (a temporary file renamed over it), creating its
+        directories.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PatchWorkspace(self, request, context):
+        """Applies a unified diff to every file it names, or to none: a hunk that does
+        not apply is FAILED_PRECONDITION naming the file and the hunk.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateWorkspaceBranch(self, request, context):
+        """Creates a git branch and checks it out.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DiffWorkspace(self, request, context):
+        """The git diff of the working tree, or of a commit, against a commit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitWorkspace(self, request, context):
+        """Commits every change in the working tree (new files included).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetWorkspace(self, request, context):
+        """Resets the working tree and the current branch to a commit (git reset --hard).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MonitorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -118,6 +260,61 @@ def add_MonitorServiceServicer_to_server(servicer, server):
                     servicer.WatchJob,
                     request_deserializer=quarry_dot_v1_dot_monitor__pb2.WatchJobRequest.FromString,
                     response_serializer=quarry_dot_v1_dot_monitor__pb2.WatchJobResponse.SerializeToString,
+            ),
+            'OpenWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenWorkspace,
+                    request_deserializer=quarry_dot_v1_dot_monitor__pb2.OpenWorkspaceRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_monitor__pb2.OpenWorkspaceResponse.SerializeToString,
+            ),
+            'GetWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWorkspace,
+                    request_deserializer=quarry_dot_v1_dot_monitor__pb2.GetWorkspaceRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_monitor__pb2.GetWorkspaceResponse.SerializeToString,
+            ),
+            'ListWorkspaceTree': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkspaceTree,
+                    request_deserializer=quarry_dot_v1_dot_monitor__pb2.ListWorkspaceTreeRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_monitor__pb2.ListWorkspaceTreeResponse.SerializeToString,
+            ),
+            'ReadWorkspaceFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadWorkspaceFile,
+                    request_deserializer=quarry_dot_v1_dot_monitor__pb2.ReadWorkspaceFileRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_monitor__pb2.ReadWorkspaceFileResponse.SerializeToString,
+            ),
+            'SearchWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchWorkspace,
+                    request_deserializer=quarry_dot_v1_dot_monitor__pb2.SearchWorkspaceRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_monitor__pb2.SearchWorkspaceResponse.SerializeToString,
+            ),
+            'WriteWorkspaceFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteWorkspaceFile,
+                    request_deserializer=quarry_dot_v1_dot_monitor__pb2.WriteWorkspaceFileRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_monitor__pb2.WriteWorkspaceFileResponse.SerializeToString,
+            ),
+            'PatchWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.PatchWorkspace,
+                    request_deserializer=quarry_dot_v1_dot_monitor__pb2.PatchWorkspaceRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_monitor__pb2.PatchWorkspaceResponse.SerializeToString,
+            ),
+            'CreateWorkspaceBranch': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateWorkspaceBranch,
+                    request_deserializer=quarry_dot_v1_dot_monitor__pb2.CreateWorkspaceBranchRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_monitor__pb2.CreateWorkspaceBranchResponse.SerializeToString,
+            ),
+            'DiffWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.DiffWorkspace,
+                    request_deserializer=quarry_dot_v1_dot_monitor__pb2.DiffWorkspaceRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_monitor__pb2.DiffWorkspaceResponse.SerializeToString,
+            ),
+            'CommitWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitWorkspace,
+                    request_deserializer=quarry_dot_v1_dot_monitor__pb2.CommitWorkspaceRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_monitor__pb2.CommitWorkspaceResponse.SerializeToString,
+            ),
+            'ResetWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetWorkspace,
+                    request_deserializer=quarry_dot_v1_dot_monitor__pb2.ResetWorkspaceRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_monitor__pb2.ResetWorkspaceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -230,6 +427,303 @@ class MonitorService:
             '/quarry.v1.MonitorService/WatchJob',
             quarry_dot_v1_dot_monitor__pb2.WatchJobRequest.SerializeToString,
             quarry_dot_v1_dot_monitor__pb2.WatchJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.MonitorService/OpenWorkspace',
+            quarry_dot_v1_dot_monitor__pb2.OpenWorkspaceRequest.SerializeToString,
+            quarry_dot_v1_dot_monitor__pb2.OpenWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.MonitorService/GetWorkspace',
+            quarry_dot_v1_dot_monitor__pb2.GetWorkspaceRequest.SerializeToString,
+            quarry_dot_v1_dot_monitor__pb2.GetWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkspaceTree(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.MonitorService/ListWorkspaceTree',
+            quarry_dot_v1_dot_monitor__pb2.ListWorkspaceTreeRequest.SerializeToString,
+            quarry_dot_v1_dot_monitor__pb2.ListWorkspaceTreeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadWorkspaceFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.MonitorService/ReadWorkspaceFile',
+            quarry_dot_v1_dot_monitor__pb2.ReadWorkspaceFileRequest.SerializeToString,
+            quarry_dot_v1_dot_monitor__pb2.ReadWorkspaceFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.MonitorService/SearchWorkspace',
+            quarry_dot_v1_dot_monitor__pb2.SearchWorkspaceRequest.SerializeToString,
+            quarry_dot_v1_dot_monitor__pb2.SearchWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteWorkspaceFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.MonitorService/WriteWorkspaceFile',
+            quarry_dot_v1_dot_monitor__pb2.WriteWorkspaceFileRequest.SerializeToString,
+            quarry_dot_v1_dot_monitor__pb2.WriteWorkspaceFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PatchWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.MonitorService/PatchWorkspace',
+            quarry_dot_v1_dot_monitor__pb2.PatchWorkspaceRequest.SerializeToString,
+            quarry_dot_v1_dot_monitor__pb2.PatchWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateWorkspaceBranch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.MonitorService/CreateWorkspaceBranch',
+            quarry_dot_v1_dot_monitor__pb2.CreateWorkspaceBranchRequest.SerializeToString,
+            quarry_dot_v1_dot_monitor__pb2.CreateWorkspaceBranchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DiffWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.MonitorService/DiffWorkspace',
+            quarry_dot_v1_dot_monitor__pb2.DiffWorkspaceRequest.SerializeToString,
+            quarry_dot_v1_dot_monitor__pb2.DiffWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.MonitorService/CommitWorkspace',
+            quarry_dot_v1_dot_monitor__pb2.CommitWorkspaceRequest.SerializeToString,
+            quarry_dot_v1_dot_monitor__pb2.CommitWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.MonitorService/ResetWorkspace',
+            quarry_dot_v1_dot_monitor__pb2.ResetWorkspaceRequest.SerializeToString,
+            quarry_dot_v1_dot_monitor__pb2.ResetWorkspaceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,42 @@ class MonitorServiceStub:
     """Streams a job's state changes, new log lines and metric values until it
     ends; the last response carries the job's metrics.
     """
+    OpenWorkspace: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.OpenWorkspaceRequest, _monitor_pb2.OpenWorkspaceResponse]
+    """Workspaces: a directory on this machine or a configured SSH host, under one
+    of the workspace roots the monitor is configured with, whose files the
+    caller reads and edits. Every path in a workspace request is relative to
+    its root and must stay inside it (no "..", no absolute path, no symbolic
+    link leading out); its protected paths are never written.
+
+    Opens a workspace. Idempotent: the same host and root always give the same
+    workspace_id, and the record survives a monitor restart.
+    """
+    GetWorkspace: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.GetWorkspaceRequest, _monitor_pb2.GetWorkspaceResponse]
+    """A workspace and its current git state (HEAD, branch, dirty)."""
+    ListWorkspaceTree: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.ListWorkspaceTreeRequest, _monitor_pb2.ListWorkspaceTreeResponse]
+    """Files and directories under a path, depth-limited, skipping .git, virtual
+    environments, caches and node_modules.
+    """
+    ReadWorkspaceFile: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.ReadWorkspaceFileRequest, _monitor_pb2.ReadWorkspaceFileResponse]
+    """A text file, or a range of its lines, size-capped."""
+    SearchWorkspace: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.SearchWorkspaceRequest, _monitor_pb2.SearchWorkspaceResponse]
+    """Lines of text files matching a regular expression (Python `re` syntax)."""
+    WriteWorkspaceFile: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.WriteWorkspaceFileRequest, _monitor_pb2.WriteWorkspaceFileResponse]
+    """Writes a file atomically (a temporary file renamed over it), creating its
+    directories.
+    """
+    PatchWorkspace: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.PatchWorkspaceRequest, _monitor_pb2.PatchWorkspaceResponse]
+    """Applies a unified diff to every file it names, or to none: a hunk that does
+    not apply is FAILED_PRECONDITION naming the file and the hunk.
+    """
+    CreateWorkspaceBranch: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.CreateWorkspaceBranchRequest, _monitor_pb2.CreateWorkspaceBranchResponse]
+    """Creates a git branch and checks it out."""
+    DiffWorkspace: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.DiffWorkspaceRequest, _monitor_pb2.DiffWorkspaceResponse]
+    """The git diff of the working tree, or of a commit, against a commit."""
+    CommitWorkspace: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.CommitWorkspaceRequest, _monitor_pb2.CommitWorkspaceResponse]
+    """Commits every change in the working tree (new files included)."""
+    ResetWorkspace: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.ResetWorkspaceRequest, _monitor_pb2.ResetWorkspaceResponse]
+    """Resets the working tree and the current branch to a commit (git reset --hard)."""
 
 @_typing.type_check_only
 class MonitorServiceAsyncStub(MonitorServiceStub):
@@ -75,6 +111,42 @@ class MonitorServiceAsyncStub(MonitorServiceStub):
     """Streams a job's state changes, new log lines and metric values until it
     ends; the last response carries the job's metrics.
     """
+    OpenWorkspace: _aio.UnaryUnaryMultiCallable[_monitor_pb2.OpenWorkspaceRequest, _monitor_pb2.OpenWorkspaceResponse]  # type: ignore[assignment]
+    """Workspaces: a directory on this machine or a configured SSH host, under one
+    of the workspace roots the monitor is configured with, whose files the
+    caller reads and edits. Every path in a workspace request is relative to
+    its root and must stay inside it (no "..", no absolute path, no symbolic
+    link leading out); its protected paths are never written.
+
+    Opens a workspace. Idempotent: the same host and root always give the same
+    workspace_id, and the record survives a monitor restart.
+    """
+    GetWorkspace: _aio.UnaryUnaryMultiCallable[_monitor_pb2.GetWorkspaceRequest, _monitor_pb2.GetWorkspaceResponse]  # type: ignore[assignment]
+    """A workspace and its current git state (HEAD, branch, dirty)."""
+    ListWorkspaceTree: _aio.UnaryUnaryMultiCallable[_monitor_pb2.ListWorkspaceTreeRequest, _monitor_pb2.ListWorkspaceTreeResponse]  # type: ignore[assignment]
+    """Files and directories under a path, depth-limited, skipping .git, virtual
+    environments, caches and node_modules.
+    """
+    ReadWorkspaceFile: _aio.UnaryUnaryMultiCallable[_monitor_pb2.ReadWorkspaceFileRequest, _monitor_pb2.ReadWorkspaceFileResponse]  # type: ignore[assignment]
+    """A text file, or a range of its lines, size-capped."""
+    SearchWorkspace: _aio.UnaryUnaryMultiCallable[_monitor_pb2.SearchWorkspaceRequest, _monitor_pb2.SearchWorkspaceResponse]  # type: ignore[assignment]
+    """Lines of text files matching a regular expression (Python `re` syntax)."""
+    WriteWorkspaceFile: _aio.UnaryUnaryMultiCallable[_monitor_pb2.WriteWorkspaceFileRequest, _monitor_pb2.WriteWorkspaceFileResponse]  # type: ignore[assignment]
+    """Writes a file atomically (a temporary file renamed over it), creating its
+    directories.
+    """
+    PatchWorkspace: _aio.UnaryUnaryMultiCallable[_monitor_pb2.PatchWorkspaceRequest, _monitor_pb2.PatchWorkspaceResponse]  # type: ignore[assignment]
+    """Applies a unified diff to every file it names, or to none: a hunk that does
+    not apply is FAILED_PRECONDITION naming the file and the hunk.
+    """
+    CreateWorkspaceBranch: _aio.UnaryUnaryMultiCallable[_monitor_pb2.CreateWorkspaceBranchRequest, _monitor_pb2.CreateWorkspaceBranchResponse]  # type: ignore[assignment]
+    """Creates a git branch and checks it out."""
+    DiffWorkspace: _aio.UnaryUnaryMultiCallable[_monitor_pb2.DiffWorkspaceRequest, _monitor_pb2.DiffWorkspaceResponse]  # type: ignore[assignment]
+    """The git diff of the working tree, or of a commit, against a commit."""
+    CommitWorkspace: _aio.UnaryUnaryMultiCallable[_monitor_pb2.CommitWorkspaceRequest, _monitor_pb2.CommitWorkspaceResponse]  # type: ignore[assignment]
+    """Commits every change in the working tree (new files included)."""
+    ResetWorkspace: _aio.UnaryUnaryMultiCallable[_monitor_pb2.ResetWorkspaceRequest, _monitor_pb2.ResetWorkspaceResponse]  # type: ignore[assignment]
+    """Resets the working tree and the current branch to a commit (git reset --hard)."""
 
 class MonitorServiceServicer(metaclass=_abc_1.ABCMeta):
     """Observes compute without spending model tokens: GPUs through NVML, remote
@@ -120,5 +192,107 @@ class MonitorServiceServicer(metaclass=_abc_1.ABCMeta):
         """Streams a job's state changes, new log lines and metric values until it
         ends; the last response carries the job's metrics.
         """
+
+    @_abc_1.abstractmethod
+    def OpenWorkspace(
+        self,
+        request: _monitor_pb2.OpenWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_monitor_pb2.OpenWorkspaceResponse, _abc.Awaitable[_monitor_pb2.OpenWorkspaceResponse]]:
+        """Workspaces: a directory on this machine or a configured SSH host, under one
+        of the workspace roots the monitor is configured with, whose files the
+        caller reads and edits. Every path in a workspace request is relative to
+        its root and must stay inside it (no "..", no absolute path, no symbolic
+        link leading out); its protected paths are never written.
+
+        Opens a workspace. Idempotent: the same host and root always give the same
+        workspace_id, and the record survives a monitor restart.
+        """
+
+    @_abc_1.abstractmethod
+    def GetWorkspace(
+        self,
+        request: _monitor_pb2.GetWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_monitor_pb2.GetWorkspaceResponse, _abc.Awaitable[_monitor_pb2.GetWorkspaceResponse]]:
+        """A workspace and its current git state (HEAD, branch, dirty)."""
+
+    @_abc_1.abstractmethod
+    def ListWorkspaceTree(
+        self,
+        request: _monitor_pb2.ListWorkspaceTreeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_monitor_pb2.ListWorkspaceTreeResponse, _abc.Awaitable[_monitor_pb2.ListWorkspaceTreeResponse]]:
+        """Files and directories under a path, depth-limited, skipping .git, virtual
+        environments, caches and node_modules.
+        """
+
+    @_abc_1.abstractmethod
+    def ReadWorkspaceFile(
+        self,
+        request: _monitor_pb2.ReadWorkspaceFileRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_monitor_pb2.ReadWorkspaceFileResponse, _abc.Awaitable[_monitor_pb2.ReadWorkspaceFileResponse]]:
+        """A text file, or a range of its lines, size-capped."""
+
+    @_abc_1.abstractmethod
+    def SearchWorkspace(
+        self,
+        request: _monitor_pb2.SearchWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_monitor_pb2.SearchWorkspaceResponse, _abc.Awaitable[_monitor_pb2.SearchWorkspaceResponse]]:
+        """Lines of text files matching a regular expression (Python `re` syntax)."""
+
+    @_abc_1.abstractmethod
+    def WriteWorkspaceFile(
+        self,
+        request: _monitor_pb2.WriteWorkspaceFileRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_monitor_pb2.WriteWorkspaceFileResponse, _abc.Awaitable[_monitor_pb2.WriteWorkspaceFileResponse]]:
+        """Writes a file atomically (a temporary file renamed over it), creating its
+        directories.
+        """
+
+    @_abc_1.abstractmethod
+    def PatchWorkspace(
+        self,
+        request: _monitor_pb2.PatchWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_monitor_pb2.PatchWorkspaceResponse, _abc.Awaitable[_monitor_pb2.PatchWorkspaceResponse]]:
+        """Applies a unified diff to every file it names, or to none: a hunk that does
+        not apply is FAILED_PRECONDITION naming the file and the hunk.
+        """
+
+    @_abc_1.abstractmethod
+    def CreateWorkspaceBranch(
+        self,
+        request: _monitor_pb2.CreateWorkspaceBranchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_monitor_pb2.CreateWorkspaceBranchResponse, _abc.Awaitable[_monitor_pb2.CreateWorkspaceBranchResponse]]:
+        """Creates a git branch and checks it out."""
+
+    @_abc_1.abstractmethod
+    def DiffWorkspace(
+        self,
+        request: _monitor_pb2.DiffWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_monitor_pb2.DiffWorkspaceResponse, _abc.Awaitable[_monitor_pb2.DiffWorkspaceResponse]]:
+        """The git diff of the working tree, or of a commit, against a commit."""
+
+    @_abc_1.abstractmethod
+    def CommitWorkspace(
+        self,
+        request: _monitor_pb2.CommitWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_monitor_pb2.CommitWorkspaceResponse, _abc.Awaitable[_monitor_pb2.CommitWorkspaceResponse]]:
+        """Commits every change in the working tree (new files included)."""
+
+    @_abc_1.abstractmethod
+    def ResetWorkspace(
+        self,
+        request: _monitor_pb2.ResetWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_monitor_pb2.ResetWorkspaceResponse, _abc.Awaitable[_monitor_pb2.ResetWorkspaceResponse]]:
+        """Resets the working tree and the current branch to a commit (git reset --hard)."""
 
 def add_MonitorServiceServicer_to_server(servicer: MonitorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -84,3 +84,57 @@ async def test_a_watch_with_a_nul_names_its_field(monitor: Stub, job: monitor_pb
             raise AssertionError("no status for a malformed job")
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, raised.value.details()
     assert field in violations(raised.value)
+
+
+WS = "ws-0123456789abcdef"  # well formed; the checks come before the lookup
+WORKSPACE_CALLS: list[tuple[str, str, Any, str]] = [
+    ("OpenWorkspace", "root", monitor_pb2.OpenWorkspaceRequest(root="/tmp/a\x00b"), "root"),
+    ("OpenWorkspace", "host", monitor_pb2.OpenWorkspaceRequest(host="g\x00", root="/tmp"), "host"),
+    (
+        "OpenWorkspace",
+        "protected path",
+        monitor_pb2.OpenWorkspaceRequest(root="/tmp", protected_paths=["ok", "e\x00val"]),
+        "protected_paths[1]",
+    ),
+    ("OpenWorkspace", "request id", monitor_pb2.OpenWorkspaceRequest(root="/tmp", request_id="r\x00"), "request_id"),
+    ("ReadWorkspaceFile", "path", monitor_pb2.ReadWorkspaceFileRequest(workspace_id=WS, path="a\x00"), "path"),
+    (
+        "WriteWorkspaceFile",
+        "path",
+        monitor_pb2.WriteWorkspaceFileRequest(workspace_id=WS, path="a\x00", content="x"),
+        "path",
+    ),
+    (
+        "SearchWorkspace",
+        "glob",
+        monitor_pb2.SearchWorkspaceRequest(workspace_id=WS, pattern="x", glob="*\x00"),
+        "glob",
+    ),
+    (
+        "PatchWorkspace",
+        "path in the patch",
+        monitor_pb2.PatchWorkspaceRequest(workspace_id=WS, patch="--- a/x\x00\n+++ b/x\x00\n@@ -1 +1 @@\n-a\n+b\n"),
+        "patch",
+    ),
+    (
+        "CreateWorkspaceBranch",
+        "branch",
+        monitor_pb2.CreateWorkspaceBranchRequest(workspace_id=WS, branch="b\x00"),
+        "branch",
+    ),
+    ("CommitWorkspace", "message", monitor_pb2.CommitWorkspaceRequest(workspace_id=WS, message="m\x00"), "message"),
+    ("ResetWorkspace", "commit", monitor_pb2.ResetWorkspaceRequest(workspace_id=WS, commit="HEAD\x00"), "commit"),
+    ("GetWorkspace", "workspace id", monitor_pb2.GetWorkspaceRequest(workspace_id="ws-\x00"), "workspace_id"),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "case", "request_message", "field"),
+    WORKSPACE_CALLS,
+    ids=[f"{method}: {case}" for method, case, _, _ in WORKSPACE_CALLS],
+)
+async def test_a_workspace_request_with_a_nul_names_its_field(
+    monitor: Stub, method: str, case: str, request_message: Any, field: str
+) -> None:
+    error = await expect_error(getattr(monitor, method)(request_message), grpc.StatusCode.INVALID_ARGUMENT)
+    assert field in violations(error), violations(error)

@@ -27,13 +27,11 @@ from monitor_svc.service import build_host
 from quarry.client import insecure_channel
 from quarry.config import MonitorSettings, QuarrySettings
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
-from tests.monitor_svc import test_remote
+from tests.monitor_svc.fake_ssh import FakeHost
 from tests.monitor_svc.test_gpus import fake_nvml
 from tests.rpc import error_reason, expect_error, violations
 
 Stub = monitor_pb2_grpc.MonitorServiceStub
-ssh_host = test_remote.ssh_host  # the real asyncssh server with fake nvidia-smi and Slurm tools
-FakeHost = test_remote.FakeHost
 
 LOSS = monitor_pb2.MetricSpec(
     name="loss", direction=monitor_pb2.METRIC_DIRECTION_MINIMIZE, log_regex=r"loss=([0-9.a-z]+)"

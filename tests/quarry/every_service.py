@@ -2,6 +2,7 @@
 
 For tests that call every service the same way (bad bytes, the fuzz test): the services
 run on SQLite, the model and the web are the loopback fakes, the monitor has no SSH hosts.
+Workspaces may be opened under `workspaces/` in the temporary directory.
 They authenticate each other as a deployed mesh does; a test calls the internal services with
 the supervisor's mesh credential, `Services.metadata`.
 """
@@ -101,7 +102,13 @@ async def every_service(tmp_path: Path, *, supervisor_token: str = "") -> AsyncI
         )
         await stack.enter_async_context(supervisor)
         monitor = await build_monitor(
-            MonitorSettings(address="127.0.0.1:0", jobs_dir=str(tmp_path / "jobs"), allow_job_submission=True), common
+            MonitorSettings(
+                address="127.0.0.1:0",
+                jobs_dir=str(tmp_path / "jobs"),
+                allow_job_submission=True,
+                workspace_roots=[str(tmp_path / "workspaces")],
+            ),
+            common,
         )
         await stack.enter_async_context(monitor)
         yield Services(

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import math
 import os
+import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from hypothesis import strategies as st
 from quarry.client import open_channel
 from quarry.paging import encode_token
 from quarry.v1 import diagnostics_pb2, monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
-from tests.quarry.every_service import SCRATCHPAD, every_service
+from tests.quarry.every_service import MONITOR, SCRATCHPAD, every_service
 
 THREAD = "fuzz-thread"  # exists, so Append, Read and Watch get past the lookup
 HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
@@ -191,6 +192,20 @@ VALID = {
     ),
     # Watching only: this test's own process.
     "quarry.v1.MonitorService.WatchJob": f"job {{ local {{ pid: {os.getpid()} }} }} poll_interval {{ seconds: 1 }}",
+    # WORKSPACE_ROOT and WORKSPACE_ID: the git repository the `workspace` fixture opened.
+    "quarry.v1.MonitorService.OpenWorkspace": 'root: "WORKSPACE_ROOT" protected_paths: "eval" request_id: "w1"',
+    "quarry.v1.MonitorService.GetWorkspace": 'workspace_id: "WORKSPACE_ID"',
+    "quarry.v1.MonitorService.ListWorkspaceTree": 'workspace_id: "WORKSPACE_ID" max_depth: 2',
+    "quarry.v1.MonitorService.ReadWorkspaceFile": 'workspace_id: "WORKSPACE_ID" path: "train.py" end_line: 2',
+    "quarry.v1.MonitorService.SearchWorkspace": 'workspace_id: "WORKSPACE_ID" pattern: "lr" glob: "*.py"',
+    "quarry.v1.MonitorService.WriteWorkspaceFile": 'workspace_id: "WORKSPACE_ID" path: "notes.txt" content: "x"',
+    "quarry.v1.MonitorService.PatchWorkspace": (
+        'workspace_id: "WORKSPACE_ID" patch: "--- a/train.py\\n+++ b/train.py\\n@@ -1 +1 @@\\n-lr = 1\\n+lr = 2\\n"'
+    ),
+    "quarry.v1.MonitorService.CreateWorkspaceBranch": 'workspace_id: "WORKSPACE_ID" branch: "fuzz"',
+    "quarry.v1.MonitorService.DiffWorkspace": 'workspace_id: "WORKSPACE_ID"',
+    "quarry.v1.MonitorService.CommitWorkspace": 'workspace_id: "WORKSPACE_ID" message: "m"',
+    "quarry.v1.MonitorService.ResetWorkspace": 'workspace_id: "WORKSPACE_ID" commit: "HEAD"',
     "grpc.health.v1.Health.Check": 'service: ""',
     "grpc.health.v1.Health.List": "",
     "grpc.health.v1.Health.Watch": 'service: ""',
@@ -219,9 +234,10 @@ def _merged(valid: Message, changes: Message, names: list[str]) -> Message:
     return merged
 
 
-def _requests(method: MethodDescriptor) -> st.SearchStrategy[Message]:
+def _requests(method: MethodDescriptor, workspace: Workspace) -> st.SearchStrategy[Message]:
     cls = message_factory.GetMessageClass(method.input_type)
-    valid = text_format.Parse(VALID[method.full_name], cls())
+    text = VALID[method.full_name].replace("WORKSPACE_ROOT", workspace.root).replace("WORKSPACE_ID", workspace.id)
+    valid = text_format.Parse(text, cls())
     strategy = messages(method.input_type)
     if method.input_type.fields:
         strategy = st.one_of(strategy, _mutations(method.input_type, valid))
@@ -252,10 +268,21 @@ class Answer:
     details: str
 
 
+@dataclass(frozen=True)
+class Workspace:
+    root: str
+    id: str
+
+
+@pytest.fixture(scope="module")
+def fuzz_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fuzz")
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def channels(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[str, grpc.aio.Channel]]:
+async def channels(fuzz_dir: Path) -> AsyncIterator[dict[str, grpc.aio.Channel]]:
     """A channel to each service, by full service name (Health and diagnostics: the scratchpad's server)."""
-    tmp_path: Path = tmp_path_factory.mktemp("fuzz")
+    tmp_path = fuzz_dir
     async with every_service(tmp_path) as services, contextlib.AsyncExitStack() as stack:
         channels = {
             name: await stack.enter_async_context(open_channel(address, token=services.token(name)))
@@ -269,6 +296,34 @@ async def channels(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[di
         )
         await create(scratchpad_pb2.CreateThreadRequest(thread_id=THREAD, title="fuzz"), timeout=CALL_SECONDS)
         yield channels
+
+
+@pytest.fixture(scope="module")
+def repository(fuzz_dir: Path) -> Path:
+    """A git repository under the monitor's workspace root."""
+    root = fuzz_dir / "workspaces" / "project"
+    (root / "eval").mkdir(parents=True)
+    (root / "train.py").write_text("lr = 1\nprint(lr)\n")
+    (root / "eval" / "score.py").write_text("SCORE = 1\n")
+    identity = ["-c", "user.name=fuzz", "-c", "user.email=fuzz@example.com"]
+    for command in (["init", "-q"], ["add", "-A"], [*identity, "commit", "-qm", "initial"]):
+        subprocess.run(["git", "-C", str(root), *command], check=True)
+    return root
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def workspace(channels: dict[str, grpc.aio.Channel], repository: Path) -> Workspace:
+    """The repository opened as a workspace: the fuzzed workspace RPCs act on it."""
+    root = repository
+    open_workspace = channels[MONITOR].unary_unary(
+        f"/{MONITOR}/OpenWorkspace",
+        request_serializer=monitor_pb2.OpenWorkspaceRequest.SerializeToString,
+        response_deserializer=monitor_pb2.OpenWorkspaceResponse.FromString,
+    )
+    opened = await open_workspace(
+        monitor_pb2.OpenWorkspaceRequest(root=str(root), protected_paths=["eval"]), timeout=CALL_SECONDS
+    )
+    return Workspace(str(root), opened.workspace.workspace_id)
 
 
 def _response_class(method: MethodDescriptor) -> type[Message]:
@@ -312,9 +367,9 @@ async def _call(channel: grpc.aio.Channel, method: MethodDescriptor, request: Me
 )
 @given(data=st.data())
 async def test_no_request_gets_unknown_or_internal(
-    channels: dict[str, grpc.aio.Channel], method: MethodDescriptor, data: st.DataObject
+    channels: dict[str, grpc.aio.Channel], workspace: Workspace, method: MethodDescriptor, data: st.DataObject
 ) -> None:
-    request = data.draw(_requests(method), label="request")
+    request = data.draw(_requests(method, workspace), label="request")
     answer = await _call(channels[method.containing_service.full_name], method, request)
     assert answer.code not in {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}, (
         f"{method.full_name} answered {answer.code.name} ({answer.details}) to {_shown(request)}"
