@@ -234,6 +234,17 @@ class WorkerSettings(ModelTier):
     search_api_key: str = ""
     # The local corpus index (`quarry corpus index`); empty means corpus.db in the data directory.
     corpus_index: str = ""
+    # Dense retrieval through the model endpoint's /v1/embeddings: with a model named, the corpus
+    # search fuses BM25 with vector similarity and web results are reranked by it; empty: BM25 alone.
+    embedding_model: str = ""
+    # Sent as the request's `dimensions` and checked against the answer; None: the model's own.
+    embedding_dimensions: int | None = Field(default=None, ge=1, le=65_536)
+    # Empty: the worker tier's model endpoint and key.
+    embedding_base_url: str = ""
+    embedding_api_key: str = ""
+    # Passages sent in one /v1/embeddings request while indexing.
+    embedding_batch_size: int = Field(default=64, ge=1, le=2048)
+    embedding_rerank_web: bool = True
     # Internal addresses page fetching may reach anyway: "HOST:PORT" or CIDR, comma-separated.
     fetch_allow: str = ""
     page_chunk_chars: int = Field(default=4000, ge=200, le=100_000)

@@ -199,8 +199,9 @@ def test_cli_indexes_lists_and_removes_folders(tmp_path: Path, capsys: pytest.Ca
     assert "2 added" in capsys.readouterr().out
     assert main(["corpus", "list", *index]) == 0
     listed = capsys.readouterr().out.splitlines()
-    assert [line.split()[:3] for line in listed] == [["docs", "4", "documents"], ["more", "2", "documents"]]
+    assert [line.split()[:3] for line in listed[:2]] == [["docs", "4", "documents"], ["more", "2", "documents"]]
     assert listed[1].endswith(str((tmp_path / "more").resolve()))
+    assert listed[2:] == ["vectors: none (search is BM25 alone)"]
     assert main(["corpus", "remove", "more", *index]) == 0
     assert "removed more" in capsys.readouterr().out
     assert main(["corpus", "remove", "more", *index]) == 2

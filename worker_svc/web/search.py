@@ -6,6 +6,7 @@ an ordinary client; only URLs the model picks go through the SSRF guard.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,6 +22,14 @@ class SearchResult:
     title: str
     url: str
     snippet: str
+
+
+class SearchResults(list[SearchResult]):
+    """Results with a remark for the reader: the search fell short of what was configured (a fallback)."""
+
+    def __init__(self, results: Iterable[SearchResult] = (), notice: str = "") -> None:
+        super().__init__(results)
+        self.notice = notice
 
 
 class SearchBackend(Protocol):
