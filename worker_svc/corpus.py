@@ -580,24 +580,31 @@ class Corpus:
         expression = _match_expression(query)
         if not expression:
             return Retrieval([], "bm25")
-        depth = limit if self.embedder is None else max(limit, FUSION_DEPTH)
         with self._connect() as connection:
-            lexical = [
-                doc
-                for (doc,) in connection.execute(
-                    "SELECT rowid FROM documents WHERE documents MATCH ? ORDER BY rank LIMIT ?", (expression, depth)
-                )
-            ]
-            if self.embedder is None:
-                return Retrieval(self._hits(connection, lexical[:limit], query, {}), "bm25")
+            # One snapshot: the documents, the vectors and their version agree whatever an indexing commits.
+            connection.execute("BEGIN")
             try:
-                nearest = self._nearest(connection, self.embedder, query, depth)
-            except (_VectorsUnusable, EmbeddingError) as error:
-                log.warning("corpus search fell back to BM25 alone: %s", error)
-                notice = f"Keyword (BM25) search only: {error}."
-                return Retrieval(self._hits(connection, lexical[:limit], query, {}), "bm25", notice)
-            fused = reciprocal_rank_fusion([lexical, list(nearest)])[:limit]
-            return Retrieval(self._hits(connection, fused, query, nearest), "hybrid")
+                return self._retrieve(connection, expression, query, limit)
+            finally:
+                connection.execute("COMMIT")
+
+    def _retrieve(self, connection: sqlite3.Connection, expression: str, query: str, limit: int) -> Retrieval:
+        depth = limit if self.embedder is None else max(limit, FUSION_DEPTH)
+        lexical = [
+            doc
+            for (doc,) in connection.execute(
+                "SELECT rowid FROM documents WHERE documents MATCH ? ORDER BY rank LIMIT ?", (expression, depth)
+            )
+        ]
+        if self.embedder is None:
+            return Retrieval(self._hits(connection, lexical[:limit], query, {}), "bm25")
+        try:
+            nearest = self._nearest(connection, self.embedder, query, depth)
+        except (_VectorsUnusable, EmbeddingError) as error:
+            log.warning("corpus search fell back to BM25 alone: %s", error)
+            return Retrieval(self._hits(connection, lexical[:limit], query, {}), "bm25", str(error))
+        fused = reciprocal_rank_fusion([lexical, list(nearest)])[:limit]
+        return Retrieval(self._hits(connection, fused, query, nearest), "hybrid")
 
     def _nearest(self, connection: sqlite3.Connection, embedder: Embedder, query: str, depth: int) -> dict[int, int]:
         """The `depth` documents whose passages are nearest the query, best first, each with its best
@@ -679,7 +686,8 @@ class Corpus:
     async def search(self, query: str, limit: int) -> list[SearchResult]:
         """Best matches first: BM25 and vectors fused, or BM25 alone (with a notice when it fell back)."""
         retrieval = await asyncio.to_thread(self.retrieve, query, limit)
-        return SearchResults((hit.result for hit in retrieval.hits), notice=retrieval.notice)
+        notice = f"Keyword (BM25) search only: {retrieval.notice}." if retrieval.notice else ""
+        return SearchResults((hit.result for hit in retrieval.hits), notice=notice)
 
     def _read(self, url: str) -> tuple[str, str]:
         key = url.removeprefix(SCHEME)

@@ -95,7 +95,9 @@ class Embedder:
             response = self._client.embeddings.create(**request)
             rows = [item.embedding for item in sorted(response.data, key=lambda item: item.index)]
         except openai.APIStatusError as error:
-            raise EmbeddingError(f"{where} answered HTTP {error.status_code}: {error.message}") from error
+            # The SDK's message repeats the status; the body's own says what went wrong.
+            detail = error.body.get("message") if isinstance(error.body, dict) else None
+            raise EmbeddingError(f"{where} answered HTTP {error.status_code}: {detail or error.message}") from error
         except Exception as error:  # the SDK, httpx or a malformed answer: all are the endpoint failing
             raise EmbeddingError(f"{where} failed: {type(error).__name__}: {error}") from error
         if len(rows) != len(texts):

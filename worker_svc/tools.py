@@ -21,7 +21,7 @@ from quarry.identity import Principal
 from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import JobRef
 from worker_svc.web.pages import Page, PageError, PageReader
-from worker_svc.web.search import SearchBackend, SearchError
+from worker_svc.web.search import SearchBackend, SearchError, SearchResults
 
 CAPABILITIES: dict[str, list[str]] = {
     "web_search": ["perform_web_search", "read_web_page", "search_web_page", "scroll_web_page"],
@@ -93,9 +93,11 @@ async def perform_web_search(params: SearchParams, context: DelegationContext) -
         results = await context.search.search(params.query, params.limit)
     except SearchError as error:
         raise ToolError(str(error)) from error
+    # Said to the model when the search fell back from what is configured (e.g. keywords without embeddings).
+    notice = f"{results.notice}\n" if isinstance(results, SearchResults) and results.notice else ""
     if not results:
-        return f"No results for {params.query!r}."
-    return "\n".join(f"{n}. {r.title}\n   {r.url}\n   {r.snippet}" for n, r in enumerate(results, start=1))
+        return f"{notice}No results for {params.query!r}."
+    return notice + "\n".join(f"{n}. {r.title}\n   {r.url}\n   {r.snippet}" for n, r in enumerate(results, start=1))
 
 
 async def read_web_page(params: ReadPageParams, context: DelegationContext) -> str:

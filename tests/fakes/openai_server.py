@@ -90,8 +90,8 @@ class ScriptedModel(Served):
     # Length of each vector when the request names no `dimensions`; `force_dimensions` overrides both.
     embedding_dimensions: int = 64
     force_dimensions: int | None = None
-    # Answered, in order, instead of the next /v1/embeddings requests.
-    embedding_faults: deque[HttpError] = field(default_factory=deque)
+    # Answered, in order, instead of the next /v1/embeddings requests; None answers as usual.
+    embedding_faults: deque[HttpError | None] = field(default_factory=deque)
     embedding_requests: list[dict[str, Any]] = field(default_factory=list)
     base_url: str = ""
     _runner: web.AppRunner | None = None
@@ -121,8 +121,8 @@ class ScriptedModel(Served):
     async def _embeddings(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.embedding_requests.append(body)
-        if self.embedding_faults:
-            fault = self.embedding_faults.popleft()
+        fault = self.embedding_faults.popleft() if self.embedding_faults else None
+        if fault is not None:
             return web.json_response({"error": {"message": fault.message}}, status=fault.status)
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
         dimensions = self.force_dimensions or body.get("dimensions") or self.embedding_dimensions
