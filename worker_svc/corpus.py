@@ -65,6 +65,8 @@ PASSAGE_CHARS = 1500
 FUSION_DEPTH = 50
 # Characters of text a snippet shows, about FTS5's 24-token snippets.
 SNIPPET_CHARS = 200
+# Occurrences of the query's words a snippet chooses among: the first ones, in a long text.
+SNIPPET_MATCHES = 500
 # Words a snippet does not look for: they are everywhere.
 _COMMON_WORDS_TEXT = (
     "a an and are as at be by can do does for from how i in is it of on or that the this to what when which why with"
@@ -148,9 +150,10 @@ class _Matrix:
     """Every passage vector of one vectors_version, in memory: a search is one matrix product."""
 
     version: str
-    docs: npt.NDArray[np.int64]
-    starts: npt.NDArray[np.int64]
-    vectors: Vectors
+    vectors: Vectors  # one row per passage, ordered by document, then start
+    starts: npt.NDArray[np.int64]  # each passage's start in its document's text
+    docs: npt.NDArray[np.int64]  # each document once, in the rows' order
+    first: npt.NDArray[np.int64]  # the row of each document's first passage
 
 
 class _VectorsUnusable(Exception):
@@ -223,7 +226,7 @@ def _snippet(text: str, query: str, passage: int | None) -> str:
     if stems:
         alternatives = "|".join(re.escape(stem) for stem in sorted(stems, key=len, reverse=True))
         pattern = re.compile(rf"\b({alternatives})\w*", re.IGNORECASE)
-        found = [(match.start(), match.group(1).lower()) for match in islice(pattern.finditer(text), 2000)]
+        found = [(match.start(), match.group(1).lower()) for match in islice(pattern.finditer(text), SNIPPET_MATCHES)]
         best_count, end = 0, 0
         for index, (position, _) in enumerate(found):
             while end < len(found) and found[end][0] < position + SNIPPET_CHARS * 4 // 5:
@@ -630,12 +633,15 @@ class Corpus:
                 f"index holds {dimensions}-dimensional ones; `quarry corpus index --reembed FOLDER` computes them again"
             )
         matrix = self._load_matrix(connection, meta.get("vectors_version", ""), dimensions)
-        order = np.argsort(-(matrix.vectors @ query_vector), kind="stable")
+        scores = matrix.vectors @ query_vector
+        best = np.maximum.reduceat(scores, matrix.first)  # each document's best passage
+        top = np.argsort(-best, kind="stable") if len(best) <= depth else np.argpartition(-best, depth - 1)[:depth]
+        top = top[np.argsort(-best[top], kind="stable")]
+        ends = np.append(matrix.first[1:], len(scores))
         nearest: dict[int, int] = {}
-        for index in order:
-            nearest.setdefault(int(matrix.docs[index]), int(matrix.starts[index]))
-            if len(nearest) == depth:
-                break
+        for document in top:
+            first, end = int(matrix.first[document]), int(ends[document])
+            nearest[int(matrix.docs[document])] = int(matrix.starts[first + int(np.argmax(scores[first:end]))])
         return nearest
 
     def _load_matrix(self, connection: sqlite3.Connection, version: str, dimensions: int) -> _Matrix:
@@ -644,11 +650,14 @@ class Corpus:
             if self._matrix is None or self._matrix.version != version:
                 rows = connection.execute("SELECT doc, start, vector FROM vectors ORDER BY doc, start").fetchall()
                 vectors = np.frombuffer(b"".join(row[2] for row in rows), dtype="<f4").reshape(len(rows), dimensions)
+                docs = np.array([row[0] for row in rows], dtype=np.int64)
+                first = np.flatnonzero(np.diff(docs, prepend=-1))
                 self._matrix = _Matrix(
                     version,
-                    np.array([row[0] for row in rows], dtype=np.int64),
-                    np.array([row[1] for row in rows], dtype=np.int64),
                     vectors.astype(np.float32),
+                    np.array([row[1] for row in rows], dtype=np.int64),
+                    docs[first],
+                    first.astype(np.int64),
                 )
             return self._matrix
 

@@ -92,8 +92,9 @@ class Embedder:
         if self.settings.dimensions is not None:
             request["dimensions"] = self.settings.dimensions
         try:
-            response = self._client.embeddings.create(**request)
-            rows = [item.embedding for item in sorted(response.data, key=lambda item: item.index)]
+            # Read as plain JSON: the SDK's models cost a Python object per number, more than all else here.
+            response = self._client.embeddings.with_raw_response.create(**request).http_response.json()
+            rows = [item["embedding"] for item in sorted(response["data"], key=lambda item: item["index"])]
         except openai.APIStatusError as error:
             # The SDK's message repeats the status; the body's own says what went wrong.
             detail = error.body.get("message") if isinstance(error.body, dict) else None
