@@ -1,6 +1,6 @@
 """Corpus retrieval benchmark: indexing time, query latency, recall, and what snippets cost.
 
-    python3 bench/retrieval.py [--pages 600] [--questions 100] [--dimensions 384]
+    python3 bench/retrieval.py [--pages 600] [--questions 100] [--dimensions 384] [--rounds 3]
 
 Writes `pages` synthetic manual pages (Markdown, about 7 KB each): each is about one
 subject and one aspect of it ("Replica latency"), with cross-references to other
@@ -14,7 +14,7 @@ count as the words they stand for: the embeddings are an oracle for this rewordi
     scripted server over loopback HTTP), per 1,000 pages.
   - Queries: each question through `Corpus.retrieve` (5 hits) in both modes: latency
     p50/p99, and recall (the page asked about is first: R@1, in the five: R@5); and
-    the vector ranking alone, for reference.
+    the vector ranking alone, for reference. Each runs `rounds` times, taking turns.
   - Snippets: the same BM25 queries as the search ran before (FTS5 `snippet()` in the
     ranking query), as it runs now (ranking, then snippets from the hits' text only),
     and the ranking alone.
@@ -237,14 +237,21 @@ async def main_async(args: argparse.Namespace) -> None:
             print(f"\n{args.questions} pages asked about, in three phrasings; 5 hits each:\n")
             print("| search | questions | p50 ms | p99 ms | R@1 | R@5 |")
             print("| --- | --- | ---: | ---: | ---: | ---: |")
-            for label, run in (
-                ("BM25 only", search(plain)),
-                ("hybrid (RRF)", search(hybrid)),
-                ("vectors alone (reference)", vectors_alone(hybrid, embedder)),
-            ):
-                for kind, asked in questions.items():
-                    latencies, at_1, at_5 = await asyncio.to_thread(timed, run, asked)
-                    print(row(f"{label} | {kind}", latencies, (at_1, at_5)))
+            searches = {
+                "BM25 only": search(plain),
+                "hybrid (RRF)": search(hybrid),
+                "vectors alone (reference)": vectors_alone(hybrid, embedder),
+            }
+            latencies: dict[tuple[str, str], list[float]] = {}
+            recall: dict[tuple[str, str], tuple[float, float]] = {}
+            for _ in range(args.rounds):  # the searches take turns, so that the machine's drift hits all alike
+                for label, run in searches.items():
+                    for kind, asked in questions.items():
+                        times, at_1, at_5 = await asyncio.to_thread(timed, run, asked)
+                        latencies.setdefault((label, kind), []).extend(times)
+                        recall[label, kind] = (at_1, at_5)
+            for label, kind in latencies:
+                print(row(f"{label} | {kind}", latencies[label, kind], recall[label, kind]))
             everything = [question for asked in questions.values() for question in asked]
             before = "SELECT path, title, snippet(documents, 2, '', '', ' … ', 24) FROM documents"
             ranked = "SELECT path FROM documents"
@@ -252,18 +259,23 @@ async def main_async(args: argparse.Namespace) -> None:
             print(f"\nsnippets, the {len(everything)} questions, BM25 only:\n")
             print("| query | p50 ms | p99 ms |")
             print("| --- | ---: | ---: |")
-            for label, run in (
-                ("before: FTS5 snippet() in the ranking query", fts5_query(workdir / "bm25.db", before + clause)),
-                ("now: ranking, then snippets of the 5 hits (`Corpus.retrieve`)", search(plain)),
-                ("ranking alone, no snippets", fts5_query(workdir / "bm25.db", ranked + clause)),
-            ):
-                latencies, _, _ = await asyncio.to_thread(timed, run, everything)
-                print(row(label, latencies))
+            queries = {
+                "before: FTS5 snippet() in the ranking query": fts5_query(workdir / "bm25.db", before + clause),
+                "now: ranking, then snippets of the 5 hits (`Corpus.retrieve`)": search(plain),
+                "ranking alone, no snippets": fts5_query(workdir / "bm25.db", ranked + clause),
+            }
+            snippet_latencies: dict[str, list[float]] = {}
+            for _ in range(args.rounds):
+                for label, run in queries.items():
+                    times, _, _ = await asyncio.to_thread(timed, run, everything)
+                    snippet_latencies.setdefault(label, []).extend(times)
+            for label, times in snippet_latencies.items():
+                print(row(label, times))
             embedder.close()
 
 
 def main() -> None:
-    asyncio.run(main_async(arguments(__doc__, pages=600, questions=100, dimensions=384, batch=64)))
+    asyncio.run(main_async(arguments(__doc__, pages=600, questions=100, dimensions=384, batch=64, rounds=3)))
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ FUSION_DEPTH = 50
 SNIPPET_CHARS = 200
 # Occurrences of the query's words a snippet chooses among: the first ones, in a long text.
 SNIPPET_MATCHES = 500
-# Words a snippet does not look for: they are everywhere.
+# Words neither the search nor a snippet looks for, beside others: they are everywhere.
 _COMMON_WORDS_TEXT = (
     "a an and are as at be by can do does for from how i in is it of on or that the this to what when which why with"
 )
@@ -169,9 +169,11 @@ def _plain_title(text: str, file: Path) -> str:
 
 
 def _match_expression(query: str) -> str:
-    """Free text as an FTS5 query: every word quoted (no syntax errors), any word may match."""
+    """Free text as an FTS5 query: every word quoted (no syntax errors), any word may match. Common words
+    are left out when others remain: a document that has only those is no match, whatever its rank."""
     words = [word.replace('"', '""') for word in query.split()]
-    return " OR ".join(f'"{word}"' for word in words)
+    content = [word for word in words if word.lower().strip(".,;:!?'\"()") not in _COMMON_WORDS]
+    return " OR ".join(f'"{word}"' for word in content or words)
 
 
 def _is_binary(body: bytes) -> bool:

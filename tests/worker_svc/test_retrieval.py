@@ -86,11 +86,11 @@ async def test_hybrid_search_fuses_bm25_and_vector_ranks(embeddings: ScriptedMod
     assert report.embedded == 4
     query = "vessel crossings to the harbour"
     bm25 = await urls(Corpus(index), query)
-    # BM25 sees only `to`, `the` and `harbour`; the short page about trains has them all.
-    assert bm25 == [f"corpus://docs/{name}" for name in ("trains.md", "harbours.md", "ships.md", "logbooks.md")]
+    # BM25 sees only `harbour` (`to` and `the` are in every page, so they are not looked for).
+    assert bm25 == [f"corpus://docs/{name}" for name in ("harbours.md", "trains.md", "ships.md")]
     by_meaning = []
     question = bag_of_words_vector(query, 64, SYNONYMS)
-    for url in bm25:
+    for url in [*bm25, "corpus://docs/logbooks.md"]:
         title, text = await corpus.read(url)
         page = bag_of_words_vector(f"{title}\n\n{text}", 64, SYNONYMS)
         by_meaning.append((-sum(a * b for a, b in zip(question, page, strict=True)), url))
@@ -99,8 +99,10 @@ async def test_hybrid_search_fuses_bm25_and_vector_ranks(embeddings: ScriptedMod
     hybrid = [hit.result.url for hit in retrieval.hits]
     assert (retrieval.mode, retrieval.notice) == ("hybrid", "")
     assert hybrid == reciprocal_rank_fusion([bm25, vectors])
-    assert hybrid[0] == "corpus://docs/ships.md", "the page about vessels' crossings, in other words, comes first"
+    assert vectors[0] == "corpus://docs/ships.md", "the page about vessels' crossings, in other words"
+    assert hybrid[:2] == ["corpus://docs/harbours.md", "corpus://docs/ships.md"], "first in one, second in the other"
     assert hybrid not in (bm25, vectors), "fusion is neither ranking alone"
+    assert "corpus://docs/logbooks.md" in hybrid, "a page without any of the words, found by meaning"
     assert [r.url for r in await corpus.search(query, 2)] == hybrid[:2], "the worker's search is the same search"
 
 
