@@ -15,9 +15,10 @@ count as the words they stand for: the embeddings are an oracle for this rewordi
   - Queries: each question through `Corpus.retrieve` (5 hits) in both modes: latency
     p50/p99, and recall (the page asked about is first: R@1, in the five: R@5); and
     the vector ranking alone, for reference. Each runs `rounds` times, taking turns.
-  - Snippets: the same BM25 queries as the search ran before (FTS5 `snippet()` in the
-    ranking query), as it runs now (ranking, then snippets from the hits' text only),
-    and the ranking alone.
+  - Snippets: the same BM25 queries as the search ran them before (every word of the
+    question, FTS5 `snippet()` in the ranking query) and as it runs them now (common
+    words left out, ranking, then snippets from the 5 hits' text only), each also as
+    the ranking alone.
 The embeddings cost what the scripted server costs (hashing words), not what a model
 costs: the hybrid figures are Quarry's share plus one loopback HTTP request per query.
 Prints figures only.
@@ -198,12 +199,17 @@ def vectors_alone(corpus: Corpus, embedder: Embedder) -> Callable[[str], list[st
     return run
 
 
-def fts5_query(index: Path, sql: str) -> Callable[[str], list[str]]:
+def every_word(query: str) -> str:
+    """The FTS5 expression the search used before: every word, common ones too."""
+    return " OR ".join('"{}"'.format(word.replace('"', '""')) for word in query.split())
+
+
+def fts5_query(index: Path, sql: str, expression: Callable[[str], str]) -> Callable[[str], list[str]]:
     """One BM25 query as raw SQL on the index, on one connection (the search opens one per query)."""
     connection = sqlite3.connect(index, check_same_thread=False)
 
     def run(text: str) -> list[str]:
-        return [f"corpus://{row[0]}" for row in connection.execute(sql, (_match_expression(text), 5))]
+        return [f"corpus://{row[0]}" for row in connection.execute(sql, (expression(text), 5))]
 
     return run
 
@@ -259,10 +265,14 @@ async def main_async(args: argparse.Namespace) -> None:
             print(f"\nsnippets, the {len(everything)} questions, BM25 only:\n")
             print("| query | p50 ms | p99 ms |")
             print("| --- | ---: | ---: |")
+            index = workdir / "bm25.db"
             queries = {
-                "before: FTS5 snippet() in the ranking query": fts5_query(workdir / "bm25.db", before + clause),
-                "now: ranking, then snippets of the 5 hits (`Corpus.retrieve`)": search(plain),
-                "ranking alone, no snippets": fts5_query(workdir / "bm25.db", ranked + clause),
+                "before: every word, FTS5 snippet() in the ranking query": fts5_query(
+                    index, before + clause, every_word
+                ),
+                "before, ranking alone": fts5_query(index, ranked + clause, every_word),
+                "now: common words left out, ranking, then snippets of the 5 hits (`Corpus.retrieve`)": search(plain),
+                "now, ranking alone": fts5_query(index, ranked + clause, _match_expression),
             }
             snippet_latencies: dict[str, list[float]] = {}
             for _ in range(args.rounds):

@@ -227,8 +227,9 @@ def _snippet(text: str, query: str, passage: int | None) -> str:
     begin = passage or 0
     if stems:
         alternatives = "|".join(re.escape(stem) for stem in sorted(stems, key=len, reverse=True))
-        pattern = re.compile(rf"\b({alternatives})\w*", re.IGNORECASE)
-        found = [(match.start(), match.group(1).lower()) for match in islice(pattern.finditer(text), SNIPPET_MATCHES)]
+        # Lower case is the text's own length but for a few letters, and is searched twice as fast as IGNORECASE.
+        pattern = re.compile(rf"\b({alternatives})")
+        found = [(match.start(), match.group(1)) for match in islice(pattern.finditer(text.lower()), SNIPPET_MATCHES)]
         best_count, end = 0, 0
         for index, (position, _) in enumerate(found):
             while end < len(found) and found[end][0] < position + SNIPPET_CHARS * 4 // 5:
