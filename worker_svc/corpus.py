@@ -342,7 +342,7 @@ class Corpus:
     def _connect(self, *, write: bool = False) -> Iterator[sqlite3.Connection]:
         """A connection to the upgraded index; with write, inside one transaction."""
         self.index_path.parent.mkdir(parents=True, exist_ok=True)
-        with closing(sqlite3.connect(self.index_path, isolation_level=None, check_same_thread=False)) as connection:
+        with closing(sqlite3.connect(self.index_path, isolation_level=None)) as connection:
             _upgrade(connection, self.index_path)
             if not write:
                 yield connection
