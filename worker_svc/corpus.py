@@ -249,6 +249,11 @@ def _snippet(text: str, query: str, passage: int | None) -> str:
     return ("… " if begin > 0 else "") + piece + (" …" if end < len(text) else "")
 
 
+def _space(model: str | None, dimensions: int | None) -> str:
+    """Which vectors, in words: `64-dimensional vectors from 'model'`."""
+    return f"{'' if dimensions is None else f'{dimensions}-dimensional '}vectors from {model!r}"
+
+
 def _meta(connection: sqlite3.Connection) -> dict[str, str]:
     return dict(connection.execute("SELECT name, value FROM meta").fetchall())
 
@@ -483,8 +488,7 @@ class Corpus:
                 reembedded = (
                     "asked to"
                     if reembed
-                    else f"the index held {dimensions}-dimensional vectors from {model!r}, "
-                    f"not {wanted.dimensions or 'the'}-dimensional ones from {wanted.model!r}"
+                    else f"the index held {_space(model, dimensions)}, not {_space(wanted.model, wanted.dimensions)}"
                 )
             connection.execute("DELETE FROM vectors")
             _set_meta(connection, "embedding_model", wanted.model)
@@ -625,8 +629,8 @@ class Corpus:
         dimensions = int(stored)
         if model != wanted.model or wanted.dimensions not in (None, dimensions):
             raise _VectorsUnusable(
-                f"the index holds {dimensions}-dimensional vectors from {model!r}, but the embeddings configured are "
-                f"{wanted.dimensions or 'the'}-dimensional ones from {wanted.model!r}; "
+                f"the index holds {_space(model, dimensions)}, but the embeddings configured are "
+                f"{_space(wanted.model, wanted.dimensions)}; "
                 "`quarry corpus index --reembed FOLDER` computes them again"
             )
         query_vector = embedder.embed([query])[0]

@@ -197,13 +197,18 @@ async def test_search_refuses_vectors_from_another_model_and_says_so(embeddings:
     results = await other.search("harbour", 2)
     assert [r.url for r in results] == ["corpus://docs/harbours.md", "corpus://docs/trains.md"], "BM25 answers"
     assert isinstance(results, SearchResults)
-    assert "64-dimensional vectors from 'scripted-embedder', but the embeddings configured are 16-dimensional" in (
-        results.notice
+    assert (
+        "holds 64-dimensional vectors from 'scripted-embedder', but the embeddings configured are 16-dimensional"
+        in (results.notice)
     )
     assert len(embeddings.embedding_requests) == requests, "the endpoint is not asked for a vector it cannot use"
     # Indexing with the new configuration embeds everything again.
     report = await asyncio.to_thread(other.index_folder, tmp_path / "docs")
-    assert report.embedded == 4 and "held 64-dimensional vectors" in report.reembedded
+    assert report.embedded == 4
+    assert report.reembedded == (
+        "the index held 64-dimensional vectors from 'scripted-embedder', "
+        "not 16-dimensional vectors from 'scripted-embedder'"
+    )
     assert (await asyncio.to_thread(other.retrieve, "harbour", 2)).mode == "hybrid"
 
 
