@@ -276,6 +276,19 @@ class WorkerSettings(ModelTier):
     """All one search may take (connecting, the whole answer); past it the search is an error for the model."""
     corpus_index: str = ""
     """The local corpus index `quarry corpus index` writes; empty: corpus.db in the data directory."""
+    embedding_model: str = ""
+    """Dense retrieval through the model endpoint's /v1/embeddings: with a model named, the corpus search
+    fuses BM25 with vector similarity and web results are reranked by it; empty: BM25 alone."""
+    embedding_dimensions: int | None = Field(default=None, ge=1, le=65_536)
+    """Sent as the embeddings request's `dimensions` and checked against the answer; empty: the model's own."""
+    embedding_base_url: str = ""
+    """The embeddings endpoint; empty: the worker tier's model endpoint."""
+    embedding_api_key: str = ""
+    """The embeddings endpoint's key; empty: the worker tier's model key."""
+    embedding_batch_size: int = Field(default=64, ge=1, le=2048)
+    """Passages sent in one /v1/embeddings request while indexing."""
+    embedding_rerank_web: bool = True
+    """With embeddings configured, web and literature results are reranked by similarity to the query too."""
     fetch_allow: str = ""
     """Internal addresses page fetching may reach anyway, as HOST:PORT or CIDR, comma-separated; every
     other non-public address is refused."""

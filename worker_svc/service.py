@@ -23,6 +23,7 @@ from quarry.v1 import worker_pb2, worker_pb2_grpc
 from worker_svc.corpus import Corpus
 from worker_svc.diagnostics import diagnostics
 from worker_svc.model import DelegationRequest
+from worker_svc.retrieval import Embedder, EmbeddingSettings, RerankedSearch
 from worker_svc.servicer import WorkerServicer
 from worker_svc.store import DelegationStore
 from worker_svc.tools import DelegationContext
@@ -57,7 +58,9 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
     scratchpad = ResearchPlane(ScratchpadClient(channel))
     monitor_channel = dial.channel(settings.monitor_address) if settings.monitor_address else None
     monitor = ComputeView(MonitorClient(monitor_channel)) if monitor_channel else None
-    corpus = Corpus(Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db")
+    embedding = EmbeddingSettings.for_worker(settings, common)
+    embedder = None if embedding is None else Embedder(embedding)
+    corpus = Corpus(Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db", embedder)
     search_http = httpx.AsyncClient(timeout=settings.search_seconds)
     policy = AddressPolicy(allow=tuple(entry.strip() for entry in settings.fetch_allow.split(",") if entry.strip()))
     web = guarded_client(policy)
@@ -72,6 +75,8 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
         extract_workers=settings.page_extract_workers,
     )
     search: SearchBackend = http_backend(settings, search_http) or corpus
+    if embedder is not None and search is not corpus and settings.embedding_rerank_web:
+        search = RerankedSearch(search, embedder)
 
     def context_for(request: DelegationRequest) -> DelegationContext:
         assert request.role is not None
@@ -107,6 +112,8 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
         await model.close()
         await web.aclose()
         await search_http.aclose()
+        if embedder is not None:
+            embedder.close()
         await channel.close(None)
         if monitor_channel is not None:
             await monitor_channel.close(None)

@@ -21,7 +21,7 @@ from quarry.identity import Principal
 from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import JobRef
 from worker_svc.web.pages import Page, PageError, PageReader
-from worker_svc.web.search import SearchBackend, SearchError, SearchResult
+from worker_svc.web.search import SearchBackend, SearchError, SearchResult, SearchResults
 
 # A paper's byline names this many authors, then "et al." (some papers have thousands).
 BYLINE_AUTHORS = 5
@@ -96,9 +96,11 @@ async def perform_web_search(params: SearchParams, context: DelegationContext) -
         results = await context.search.search(params.query, params.limit)
     except SearchError as error:
         raise ToolError(str(error)) from error
+    # Said to the model when the search fell back from what is configured (e.g. keywords without embeddings).
+    notice = f"{results.notice}\n" if isinstance(results, SearchResults) and results.notice else ""
     if not results:
-        return f"No results for {params.query!r}."
-    return "\n".join(
+        return f"{notice}No results for {params.query!r}."
+    return notice + "\n".join(
         f"{n}. {r.title}\n" + (f"   {byline}\n" if (byline := _byline(r)) else "") + f"   {r.url}\n   {r.snippet}"
         for n, r in enumerate(results, start=1)
     )

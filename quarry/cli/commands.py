@@ -103,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
         help="add a folder of Markdown, HTML, text and PDF files, or re-index it (other folders stay)",
     )
     index.add_argument("folder", type=Path)
+    index.add_argument(
+        "--reembed", action="store_true", help="compute every document's vectors again (with an embedding model)"
+    )
     corpus_commands.add_parser("list", parents=[index_file], help="the indexed folders, their documents and when")
     remove = corpus_commands.add_parser("remove", parents=[index_file], help="drop a folder and its documents")
     remove.add_argument("root", help="the folder, or its name as `quarry corpus list` shows it")
@@ -213,10 +216,11 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
 def _corpus(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.cli import corpus
     from quarry.config import WorkerSettings
+    from worker_svc.retrieval import EmbeddingSettings
 
-    configured = load_settings(WorkerSettings).corpus_index
-    index = args.index or (Path(configured) if configured else common.data_dir / "corpus.db")
-    return corpus.run(args, index)
+    settings = load_settings(WorkerSettings)
+    index = args.index or (Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db")
+    return corpus.run(args, index, EmbeddingSettings.for_worker(settings, common))
 
 
 def service_addresses(name: str, common: QuarrySettings, explicit: str | None = None) -> list[str]:

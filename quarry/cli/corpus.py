@@ -5,10 +5,16 @@ from __future__ import annotations
 import argparse
 import sqlite3
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
-from worker_svc.corpus import Corpus, CorpusError, IndexReport, Root
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from worker_svc.corpus import Corpus, CorpusError, IndexReport, Retrieval, Root
+from worker_svc.retrieval import Embedder, EmbeddingSettings
 
 
 def _when(root: Root) -> str:
@@ -35,9 +41,52 @@ def _print_report(report: IndexReport, folder: Path, index: Path) -> None:
         print(f"  not Markdown, HTML, text or PDF, so not indexed: {kinds}")
 
 
-def _index(corpus: Corpus, folder: Path) -> int:
-    report = corpus.index_folder(folder)
+@contextmanager
+def _progress_bar() -> Iterator[Callable[[int, int], None]]:
+    """A progress(done, total) that shows a bar on stderr from its first call; gone once done."""
+    with Progress(
+        TextColumn("embedding documents"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = None
+
+        def progress(done: int, total: int) -> None:
+            nonlocal task
+            if task is None:
+                task = bar.add_task("embedding", total=total)
+            bar.update(task, completed=done)
+
+        yield progress
+
+
+def _print_vectors(corpus: Corpus, report: IndexReport) -> None:
+    if corpus.embedder is not None:
+        model = corpus.embedder.settings.model
+        print(
+            f"  {report.embedded} documents embedded with {model}"
+            if report.embedded
+            else f"  vectors: {model}, up to date"
+        )
+        if report.reembedded:
+            print(f"  every document embedded again: {report.reembedded}")
+        return
+    status = corpus.embedding_status()
+    if status.model is not None and status.embedded < status.documents:
+        print(
+            f"  {status.documents - status.embedded} of {status.documents} documents have no vectors from"
+            f" {status.model}, which hybrid search uses: set QUARRY_WORKER_EMBEDDING_MODEL and index again"
+        )
+
+
+def _index(corpus: Corpus, folder: Path, reembed: bool) -> int:
+    with _progress_bar() as progress:
+        report = corpus.index_folder(folder, reembed=reembed, progress=progress)
     _print_report(report, folder.resolve(), corpus.index_path)
+    _print_vectors(corpus, report)
     for root in corpus.roots():
         if root.folder is None:
             print(
@@ -55,6 +104,14 @@ def _list(corpus: Corpus) -> int:
     width = max(len(root.name) for root in roots)
     for root in roots:
         print(f"{root.name:<{width}}  {root.documents:>6} documents  indexed {_when(root)}  {_where(root)}")
+    status = corpus.embedding_status()
+    if status.model is None:
+        print("vectors: none (search is BM25 alone)")
+    else:
+        print(
+            f"vectors: {status.model}, {status.dimensions} dimensions,"
+            f" for {status.embedded} of {status.documents} documents"
+        )
     return 0
 
 
@@ -64,8 +121,19 @@ def _remove(corpus: Corpus, which: str) -> int:
     return 0
 
 
+def _mode(corpus: Corpus, retrieval: Retrieval) -> str:
+    if retrieval.mode == "hybrid":
+        assert corpus.embedder is not None
+        return f"hybrid search: BM25 fused with {corpus.embedder.settings.model} embeddings"
+    if corpus.embedder is None:
+        return "BM25 search (no embedding model configured)"
+    return f"BM25 search alone: {retrieval.notice}"
+
+
 def _search(corpus: Corpus, query: str, limit: int) -> int:
-    hits = corpus.hits(query, limit)
+    retrieval = corpus.retrieve(query, limit)
+    print(_mode(corpus, retrieval))
+    hits = retrieval.hits
     if not hits:
         print(f"no document in {corpus.index_path} matches {query!r}", file=sys.stderr)
         return 1
@@ -76,12 +144,14 @@ def _search(corpus: Corpus, query: str, limit: int) -> int:
     return 0
 
 
-def run(args: argparse.Namespace, index: Path) -> int:
-    """One `quarry corpus` command against the index file."""
-    corpus = Corpus(index)
+def run(args: argparse.Namespace, index: Path, embedding: EmbeddingSettings | None = None) -> int:
+    """One `quarry corpus` command against the index file; with embedding, indexing computes vectors and
+    search is hybrid."""
+    embedder = None if embedding is None else Embedder(embedding)
+    corpus = Corpus(index, embedder)
     try:
         if args.corpus_command == "index":
-            return _index(corpus, args.folder)
+            return _index(corpus, args.folder, args.reembed)
         if args.corpus_command == "list":
             return _list(corpus)
         if args.corpus_command == "remove":
@@ -90,3 +160,6 @@ def run(args: argparse.Namespace, index: Path) -> int:
     except (CorpusError, OSError, sqlite3.Error) as error:
         print(f"quarry corpus {args.corpus_command}: {error}", file=sys.stderr)
         return 2
+    finally:
+        if embedder is not None:
+            embedder.close()

@@ -6,13 +6,21 @@ request to /v1/chat/completions takes the next step of the script: a reply
 with Retry-After, a stall, a connection dropped after partial text), either
 possibly held until the test says (`Await`). Every request is recorded for
 assertions.
+
+/v1/embeddings answers with deterministic vectors (`bag_of_words_vector`): a
+hashed bag of words in which the words of `synonyms` count as the word they
+stand for, so texts that say the same thing in those words land close together.
+Scripted faults for it queue in `embedding_faults`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
+import math
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -86,6 +94,14 @@ class ScriptedModel(Served):
     request_times: list[float] = field(default_factory=list)
     # (arrival, last byte sent, request body), each by time.monotonic(): benchmarks time hops with these.
     exchanges: list[tuple[float, float, dict[str, Any]]] = field(default_factory=list)
+    # Word -> the word it stands for, in the embeddings this server answers.
+    synonyms: dict[str, str] = field(default_factory=dict)
+    # Length of each vector when the request names no `dimensions`; `force_dimensions` overrides both.
+    embedding_dimensions: int = 64
+    force_dimensions: int | None = None
+    # Answered, in order, instead of the next /v1/embeddings requests; None answers as usual.
+    embedding_faults: deque[HttpError | None] = field(default_factory=deque)
+    embedding_requests: list[dict[str, Any]] = field(default_factory=list)
     base_url: str = ""
     _runner: web.AppRunner | None = None
     _closing: asyncio.Event = field(default_factory=asyncio.Event)
@@ -97,6 +113,7 @@ class ScriptedModel(Served):
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         self._runner, port = await serve_on_loopback(app)
         self.base_url = f"http://127.0.0.1:{port}/v1"
 
@@ -108,6 +125,28 @@ class ScriptedModel(Served):
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(
             {"object": "list", "data": [{"id": "scripted", "object": "model", "owned_by": "tests"}]}
+        )
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.embedding_requests.append(body)
+        fault = self.embedding_faults.popleft() if self.embedding_faults else None
+        if fault is not None:
+            return web.json_response({"error": {"message": fault.message}}, status=fault.status)
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        dimensions = self.force_dimensions or body.get("dimensions") or self.embedding_dimensions
+        data = [
+            {"object": "embedding", "index": index, "embedding": bag_of_words_vector(text, dimensions, self.synonyms)}
+            for index, text in enumerate(inputs)
+        ]
+        tokens = sum(len(text.split()) for text in inputs)
+        return web.json_response(
+            {
+                "object": "list",
+                "data": data,
+                "model": body.get("model", "scripted"),
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
         )
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -243,3 +282,23 @@ def _usage(step: Reply) -> dict[str, int]:
         "completion_tokens": step.output_tokens,
         "total_tokens": step.input_tokens + step.output_tokens,
     }
+
+
+# Words too common to say what a text is about.
+_STOP_WORDS_TEXT = (
+    "a an and are as at be by can do does for from how in is it its of on or that the this to what when which why with"
+)
+STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
+
+
+def bag_of_words_vector(text: str, dimensions: int, synonyms: dict[str, str]) -> list[float]:
+    """A unit vector: each word (as the word it stands for) adds +1 or -1 to a bucket chosen by its hash."""
+    vector = [0.0] * dimensions
+    for word in re.findall(r"[a-z0-9]+", text.lower()):
+        if word in STOP_WORDS:
+            continue
+        digest = hashlib.blake2b(synonyms.get(word, word).encode(), digest_size=8).digest()
+        bucket = int.from_bytes(digest[:4], "little") % dimensions
+        vector[bucket] += 1.0 if digest[4] & 1 else -1.0
+    norm = math.sqrt(sum(value * value for value in vector))
+    return [value / norm for value in vector] if norm else vector

@@ -47,6 +47,16 @@ async def test_index_search_and_read(corpus: Corpus, tmp_path: Path) -> None:
     assert title == "The Louvre" and "Mona Lisa" in text
 
 
+async def test_a_document_with_only_the_query_s_common_words_is_no_match(corpus: Corpus, tmp_path: Path) -> None:
+    corpus.index_folder(tmp_path / "docs")
+    assert {r.url for r in await corpus.search("how tall is the tower", 10)} == {
+        "corpus://docs/eiffel.md",
+        "corpus://docs/bridges.txt",
+        "corpus://docs/report.pdf",
+    }, "the Louvre's page has `is` and `the`, not `tall` or `tower`"
+    assert len(await corpus.search("is the", 10)) == 4, "a query of common words alone still looks for them"
+
+
 async def test_indexing_is_incremental(corpus: Corpus, tmp_path: Path) -> None:
     docs = tmp_path / "docs"
     corpus.index_folder(docs)
@@ -199,8 +209,9 @@ def test_cli_indexes_lists_and_removes_folders(tmp_path: Path, capsys: pytest.Ca
     assert "2 added" in capsys.readouterr().out
     assert main(["corpus", "list", *index]) == 0
     listed = capsys.readouterr().out.splitlines()
-    assert [line.split()[:3] for line in listed] == [["docs", "4", "documents"], ["more", "2", "documents"]]
+    assert [line.split()[:3] for line in listed[:2]] == [["docs", "4", "documents"], ["more", "2", "documents"]]
     assert listed[1].endswith(str((tmp_path / "more").resolve()))
+    assert listed[2:] == ["vectors: none (search is BM25 alone)"]
     assert main(["corpus", "remove", "more", *index]) == 0
     assert "removed more" in capsys.readouterr().out
     assert main(["corpus", "remove", "more", *index]) == 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 from xml.etree.ElementTree import Element
@@ -49,6 +50,14 @@ class SearchResult:
     # Papers carry these (arXiv, Semantic Scholar); web pages and the corpus leave them empty.
     authors: tuple[str, ...] = ()
     year: int | None = None
+
+
+class SearchResults(list[SearchResult]):
+    """Results with a remark for the reader: the search fell short of what was configured (a fallback)."""
+
+    def __init__(self, results: Iterable[SearchResult] = (), notice: str = "") -> None:
+        super().__init__(results)
+        self.notice = notice
 
 
 class SearchBackend(Protocol):

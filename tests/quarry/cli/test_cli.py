@@ -205,14 +205,15 @@ async def test_corpus_search_prints_ranked_hits_from_every_folder(tmp_path: Path
     code, output = await finish(await quarry("corpus", "search", "wind load towers", *index))
     assert code == 0, output
     lines = output.splitlines()
-    assert lines[:3] == [
+    assert lines[:4] == [
+        "BM25 search (no embedding model configured)",
         "1. Wrought iron",
         f"   corpus://papers/iron.md  ({(tmp_path / 'papers' / 'iron.md').resolve()})",
         "   # Wrought iron Wrought-iron towers are limited by wind load.",
     ]
-    assert lines[3].startswith("2. ") and "corpus://notes/stone.txt" in lines[4]
+    assert lines[4].startswith("2. ") and "corpus://notes/stone.txt" in lines[5]
     code, output = await finish(await quarry("corpus", "search", "towers", "--limit", "1", *index))
-    assert code == 0 and len(output.splitlines()) == 3
+    assert code == 0 and len(output.splitlines()) == 4
     code, output = await finish(await quarry("corpus", "search", "aqueduct", *index))
     assert code == 1 and "no document" in output
 

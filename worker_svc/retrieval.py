@@ -1,0 +1,153 @@
+"""Dense retrieval through the model endpoint's /v1/embeddings: the embedder, rank fusion, web results reranked.
+
+Any OpenAI-compatible provider serves embeddings (vLLM, Ollama, llama.cpp, hosted APIs);
+the deployment names the model. Vectors are unit length, so cosine similarity is a dot
+product. Rankings from different scorers (BM25, vectors, a search engine's own order) are
+fused by reciprocal rank: their scores are not comparable, their ranks are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import openai
+
+from quarry.agent.model import ModelSettings
+from worker_svc.web.search import SearchBackend, SearchResult, SearchResults
+
+if TYPE_CHECKING:
+    from quarry.config import QuarrySettings, WorkerSettings
+
+log = logging.getLogger(__name__)
+
+# Reciprocal rank fusion's constant (Cormack et al. 2009): the first ranks of each list count
+# most, and no list's top result outweighs agreement between lists.
+RRF_K = 60
+# Web results fetched for a rerank, at most: a reranked page of results draws on twice as many.
+RERANK_POOL = 20
+
+Vectors = npt.NDArray[np.float32]
+Item = TypeVar("Item", bound=Hashable)
+
+
+class EmbeddingError(Exception):
+    """The embeddings endpoint failed, or answered vectors that cannot be used."""
+
+
+@dataclass(frozen=True)
+class EmbeddingSettings:
+    base_url: str
+    model: str
+    api_key: str = "unused"
+    # Asked for and checked; None takes the model's own size.
+    dimensions: int | None = None
+    # Texts per request while indexing.
+    batch_size: int = 64
+    request_timeout: float = 120.0
+    # The openai SDK's retries (429, 5xx, connection errors), with its backoff.
+    max_retries: int = 2
+
+    @classmethod
+    def for_worker(cls, settings: WorkerSettings, common: QuarrySettings) -> EmbeddingSettings | None:
+        """The worker's embeddings, or None when no embedding model is configured; the endpoint, key and
+        timeout fall back to the worker tier's model settings."""
+        if not settings.embedding_model:
+            return None
+        tier = ModelSettings.for_tier(settings, common)
+        return cls(
+            base_url=settings.embedding_base_url or tier.base_url,
+            model=settings.embedding_model,
+            api_key=settings.embedding_api_key or tier.api_key,
+            dimensions=settings.embedding_dimensions,
+            batch_size=settings.embedding_batch_size,
+            request_timeout=tier.request_timeout,
+        )
+
+
+class Embedder:
+    """Texts to unit vectors through /v1/embeddings. Blocking and thread-safe: async callers use a thread."""
+
+    def __init__(self, settings: EmbeddingSettings) -> None:
+        self.settings = settings
+        self._client = openai.OpenAI(
+            base_url=settings.base_url,
+            api_key=settings.api_key,
+            max_retries=settings.max_retries,
+            timeout=settings.request_timeout,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        """One request: a row per text, in order, each of unit length (or zero). Raises EmbeddingError."""
+        where = f"the embeddings endpoint {self.settings.base_url} (model {self.settings.model!r})"
+        request: dict[str, Any] = {"model": self.settings.model, "input": list(texts), "encoding_format": "float"}
+        if self.settings.dimensions is not None:
+            request["dimensions"] = self.settings.dimensions
+        try:
+            # Read as plain JSON: the SDK's models cost a Python object per number, more than all else here.
+            response = self._client.embeddings.with_raw_response.create(**request).http_response.json()
+            rows = [item["embedding"] for item in sorted(response["data"], key=lambda item: item["index"])]
+        except openai.APIStatusError as error:
+            # The SDK's message repeats the status; the body's own says what went wrong.
+            detail = error.body.get("message") if isinstance(error.body, dict) else None
+            raise EmbeddingError(f"{where} answered HTTP {error.status_code}: {detail or error.message}") from error
+        except Exception as error:  # the SDK, httpx or a malformed answer: all are the endpoint failing
+            raise EmbeddingError(f"{where} failed: {type(error).__name__}: {error}") from error
+        if len(rows) != len(texts):
+            raise EmbeddingError(f"{where} answered {len(rows)} vectors for {len(texts)} texts")
+        sizes = sorted({len(row) for row in rows})
+        if len(sizes) > 1 or not sizes or sizes[0] == 0:
+            raise EmbeddingError(f"{where} answered vectors of sizes {sizes}, not one size")
+        if self.settings.dimensions is not None and sizes[0] != self.settings.dimensions:
+            raise EmbeddingError(
+                f"{where} answered {sizes[0]}-dimensional vectors, but embedding_dimensions is "
+                f"{self.settings.dimensions}: set it to a size the model gives"
+            )
+        matrix = np.asarray(rows, dtype=np.float32)
+        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+        unit: Vectors = (matrix / np.where(norms == 0, 1, norms)).astype(np.float32)
+        return unit
+
+
+def reciprocal_rank_fusion(rankings: Sequence[Sequence[Item]], k: int = RRF_K) -> list[Item]:
+    """Every item of the rankings (each best first), by the sum of 1 / (k + rank) over the rankings holding it.
+
+    Ties keep the order in which the items were first seen, the first ranking's first.
+    """
+    scores: dict[Item, float] = {}
+    for ranking in rankings:
+        for rank, item in enumerate(ranking, start=1):
+            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
+    return sorted(scores, key=lambda item: -scores[item])
+
+
+class RerankedSearch:
+    """A search backend whose results are reordered by meaning too: its own ranks fused with the ranks of
+    each result's similarity (title and snippet) to the query. Without the embeddings, its own order."""
+
+    def __init__(self, backend: SearchBackend, embedder: Embedder) -> None:
+        self._backend = backend
+        self._embedder = embedder
+
+    async def search(self, query: str, limit: int) -> list[SearchResult]:
+        results = await self._backend.search(query, max(limit, min(2 * limit, RERANK_POOL)))
+        if len(results) < 2:
+            return results
+        texts = [query, *(f"{result.title}\n{result.snippet}" for result in results)]
+        try:
+            vectors = await asyncio.to_thread(self._embedder.embed, texts)
+        except EmbeddingError as error:
+            log.warning("web search results not reranked: %s", error)
+            return SearchResults(results[:limit], notice=f"Results in the search service's own order: {error}.")
+        similarity = vectors[1:] @ vectors[0]
+        by_meaning = sorted(range(len(results)), key=lambda index: -float(similarity[index]))
+        order = reciprocal_rank_fusion([list(range(len(results))), by_meaning])
+        return [results[index] for index in order[:limit]]
