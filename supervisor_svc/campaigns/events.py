@@ -6,7 +6,7 @@ client sees is what code decided to tell it.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from quarry.convert import JOB_STATES, EnumMap, job_ref_to_proto, timestamp
 from quarry.v1 import campaign_pb2, monitor_pb2
@@ -76,6 +76,31 @@ def ledger_row(record: LedgerRecord) -> campaign_pb2.LedgerRow:
         if value is not None:
             metric.value = value
     return row
+
+
+def ledger_record(row: campaign_pb2.LedgerRow) -> LedgerRecord:
+    """A ledger row as the record it mirrors (for code that computes signals from a campaign's events).
+
+    Raises ValueError for a verdict or job state this build does not know.
+    """
+    verdict = _VERDICTS.from_proto(row.verdict)
+    if verdict is None:
+        raise ValueError(f"ledger row {row.cycle} has a verdict this build does not know")
+    return LedgerRecord(
+        cycle=row.cycle,
+        hypothesis=row.hypothesis,
+        action=row.action,
+        commit=row.commit,
+        job_id=row.job_id,
+        job_state=JOB_STATES.from_proto(row.job_state),
+        exit_code=row.exit_code if row.HasField("exit_code") else None,
+        metrics={metric.name: metric.value if metric.HasField("value") else None for metric in row.metrics},
+        verdict=verdict,
+        conclusion=row.conclusion,
+        tokens_used=row.tokens_used,
+        started_at=row.start_time.ToDatetime(tzinfo=UTC),
+        ended_at=row.end_time.ToDatetime(tzinfo=UTC),
+    )
 
 
 def phase_changed(phase: Phase, cycle: int, message: str = "") -> Event:
