@@ -200,7 +200,10 @@ def _lab_arguments(lab: argparse.ArgumentParser, parents: list[argparse.Argument
     start.add_argument("--log-regex", help="a pattern with one group, the number, searched in the log")
     start.add_argument("--jsonl-path", help="or a JSON-lines file the experiment writes...")
     start.add_argument("--jsonl-key", help="...and the key of the number in it")
-    start.add_argument("--command", help="the experiment's command line (never run by a shell)")
+    # Not "command", which names the quarry command itself.
+    start.add_argument(
+        "--command", dest="experiment_command", help="the experiment's command line (never run by a shell)"
+    )
     start.add_argument("--experiment-seconds", type=float, help="the wall-clock budget of one experiment")
     start.add_argument("--gpus", type=int, help="GPUs per experiment")
     start.add_argument("--max-tokens-per-hour", type=int)

@@ -206,7 +206,11 @@ def settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
             "jsonl_path": args.jsonl_path,
             "jsonl_key": args.jsonl_key,
         },
-        "experiment": {"command": args.command, "wall_clock_seconds": args.experiment_seconds, "gpus": args.gpus},
+        "experiment": {
+            "command": args.experiment_command,
+            "wall_clock_seconds": args.experiment_seconds,
+            "gpus": args.gpus,
+        },
         "budgets": {
             "max_tokens_per_hour": args.max_tokens_per_hour,
             "max_tokens": args.max_tokens,

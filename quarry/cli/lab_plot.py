@@ -38,7 +38,7 @@ def plot_ledger(
         shown = [(cycle, value) for cycle, value in points if value is not None]
         if shown:
             cycles, values = zip(*shown, strict=True)
-            axes.scatter(cycles, values, marker=marker, color=colour, label=label, zorder=3)
+            axes.scatter(cycles, values, marker=marker, s=60, color=colour, label=label, zorder=3)
     failed = [r.cycle for r in ledger if r.verdict is Verdict.FAILED]
     if failed:
         axes.scatter(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,13 +17,10 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
-from quarry.client import CampaignClient, open_channel
-from quarry.config import QuarrySettings, SupervisorSettings
 from quarry.db import Database, open_migrated_database
 from quarry.errors import ErrorReason, InvalidArgument, Unimplemented
 from quarry.notify import CommitSignal
-from quarry.server import ServiceHost
-from quarry.v1 import campaign_pb2, monitor_pb2
+from quarry.v1 import campaign_pb2
 from supervisor_svc.campaigns.model import CampaignState, Phase, Progress, validate_spec
 from supervisor_svc.campaigns.records import LedgerRecord, Verdict
 from supervisor_svc.campaigns.service import CampaignLimits, Campaigns
@@ -32,55 +28,19 @@ from supervisor_svc.campaigns.servicer import spec_from_proto
 from supervisor_svc.campaigns.store import CampaignLost, CampaignStore
 from supervisor_svc.schema import campaigns as campaigns_table
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
-from supervisor_svc.service import build_host as build_supervisor
-from tests.conftest import reusable_port
 from tests.fakes.openai_server import ScriptedModel
 from tests.rpc import error_reason, expect_error, violations
-from tests.supervisor_svc.campaign_loops import WaitingLoops
+from tests.supervisor_svc.campaign_loops import ServedCampaigns as Served
+from tests.supervisor_svc.campaign_loops import WaitingLoops, campaign_spec, serve_campaigns
 
 PAUSED = campaign_pb2.CAMPAIGN_STATE_PAUSED
-
-
-def spec(goal: str = "Lower the validation loss.") -> campaign_pb2.CampaignSpec:
-    message = campaign_pb2.CampaignSpec(
-        title="tiny",
-        brief=campaign_pb2.CampaignBrief(goal=goal, protected_paths=["eval.py"]),
-        workspace=campaign_pb2.CampaignWorkspace(root="/srv/workspace"),
-        metric=monitor_pb2.MetricSpec(
-            name="val_loss", direction=monitor_pb2.METRIC_DIRECTION_MINIMIZE, log_regex=r"val_loss=(\S+)"
-        ),
-        experiment=campaign_pb2.CampaignExperiment(command_line="python3 train.py --config 'a b.toml'"),
-    )
-    message.experiment.wall_clock_limit.FromSeconds(300)
-    return message
-
-
-@dataclass
-class Served:
-    host: ServiceHost
-    client: CampaignClient
-    loops: WaitingLoops
-
-    async def events(self, campaign_id: str, after: int = 0) -> list[campaign_pb2.CampaignEvent]:
-        return [event async for event in self.client.stream_campaign(campaign_id, after_sequence_no=after)]
+spec = campaign_spec
 
 
 @pytest.fixture
 async def served(tmp_path: Path, database_url: str, model: ScriptedModel) -> AsyncIterator[Served]:
-    loops = WaitingLoops()
-    settings = SupervisorSettings(
-        address="127.0.0.1:0",
-        database_url=database_url,
-        scratchpad_address=f"127.0.0.1:{reusable_port()}",  # campaigns here never reach it
-        worker_addresses=f"127.0.0.1:{reusable_port()}",
-        model_base_url=model.base_url,
-        model_name="scripted",
-    )
-    common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=1)
-    host = await build_supervisor(settings, common, campaign_loop=loops)
-    async with host, open_channel(host.address) as channel:
-        yield Served(host, CampaignClient(channel), loops)
-    loops.release.set()
+    async with serve_campaigns(tmp_path, database_url, model) as served:
+        yield served
 
 
 async def test_a_start_is_idempotent_by_request_id(served: Served) -> None:
