@@ -466,14 +466,6 @@ class CampaignStore:
 
         return await self._db.write(work)
 
-    async def hold(self, campaign_id: str, owner: str) -> None:
-        """`owner` drives the campaign from now (it has just made it live again)."""
-        await self._db.write(
-            lambda connection: connection.execute(
-                campaigns.update().where(_live(campaign_id)).values(owner=owner, heartbeat_time=datetime.now(UTC))
-            )
-        )
-
     async def release(self, owner: str, campaign_ids: Sequence[str]) -> None:
         """Give up the leases of campaigns `owner` stops driving (it shuts down): any replica takes them over
         at its next sweep."""
@@ -500,8 +492,12 @@ class CampaignStore:
         now = datetime.now(UTC)
 
         def work(connection: Connection) -> bool:
-            if key and self._has_key(connection, campaign_id, key):
-                return False
+            if key:
+                # Lock the row first (and check the condition), so two writers of one key take turns.
+                if reserve_sequence_numbers(connection, campaigns, condition, 0) is None:
+                    raise CampaignLost(campaign_id)
+                if self._has_key(connection, campaign_id, key):
+                    return False
             values = columns(connection, now) if callable(columns) else columns
             self._write_in(connection, campaign_id, batch, condition, values, now, key=key)
             return True
