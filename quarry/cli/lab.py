@@ -56,6 +56,7 @@ from rich.text import Text
 from quarry.cli.ask import Supervisor, name_of
 from quarry.client import CampaignClient
 from quarry.v1 import campaign_pb2, monitor_pb2
+from supervisor_svc.campaigns import signals as defaults
 from supervisor_svc.campaigns.events import ledger_record
 from supervisor_svc.campaigns.signals import Direction, MetricGoal, SignalRules, read_signals
 
@@ -425,16 +426,21 @@ def _print_ledger(rows: Sequence[campaign_pb2.LedgerRow], campaign: campaign_pb2
 
 
 def signal_inputs(spec: campaign_pb2.CampaignSpec) -> tuple[MetricGoal, SignalRules]:
-    """The metric goal and signal rules of a campaign as the server returns it (every default spelled out)."""
+    """The metric goal and signal rules of a campaign's spec, unset values as the server reads them."""
     maximize = spec.metric.direction == monitor_pb2.METRIC_DIRECTION_MAXIMIZE
     goal = MetricGoal(spec.metric.name, Direction.MAXIMIZE if maximize else Direction.MINIMIZE)
     rules = spec.signals
+
+    def optional(name: str, default: int) -> int:
+        value: int = getattr(rules, name) if rules.HasField(name) else default
+        return value
+
     return goal, SignalRules(
-        baseline_runs=rules.baseline_runs,
-        rebaseline_every=rules.rebaseline_every,
-        noise_epsilon=rules.noise_epsilon,
-        max_retests=rules.max_retests,
-        stagnation_window=rules.stagnation_window,
+        baseline_runs=rules.baseline_runs or defaults.DEFAULT_BASELINE_RUNS,
+        rebaseline_every=optional("rebaseline_every", defaults.DEFAULT_REBASELINE_EVERY),
+        noise_epsilon=rules.noise_epsilon or defaults.DEFAULT_NOISE_EPSILON,
+        max_retests=optional("max_retests", defaults.DEFAULT_MAX_RETESTS),
+        stagnation_window=optional("stagnation_window", defaults.DEFAULT_STAGNATION_WINDOW),
         phase_gate=rules.phase_gate if rules.HasField("phase_gate") else None,
     )
 

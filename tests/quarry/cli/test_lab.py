@@ -14,11 +14,14 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from rich.console import Console
 
 from quarry.cli.commands import _parser
-from quarry.cli.lab import SpecError, load_settings, settings_from_flags, spec_from_settings
-from quarry.v1 import monitor_pb2
-from supervisor_svc.campaigns.model import CampaignState, Progress
+from quarry.cli.lab import CampaignView, SpecError, load_settings, settings_from_flags, spec_from_settings
+from quarry.v1 import campaign_pb2, monitor_pb2
+from quarry.vocabulary import JobRef, JobState
+from supervisor_svc.campaigns import events
+from supervisor_svc.campaigns.model import CampaignState, JobProgress, MetricPoint, Phase, Progress
 from supervisor_svc.campaigns.records import LedgerRecord, Verdict
 from tests.fakes.openai_server import ScriptedModel
 from tests.supervisor_svc.campaign_loops import ServedCampaigns, campaign_spec, serve_campaigns
@@ -206,3 +209,31 @@ def test_flags_alone_make_a_spec_and_lay_over_a_file_section_by_section(tmp_path
     path.write_text(CAMPAIGN_FILE)
     merged = spec_from_settings(load_settings(path, settings_from_flags(_flags("--goal", "Other goal."))))
     assert merged.brief.goal == "Other goal." and list(merged.brief.constraints) == ["Keep it under a minute."]
+
+
+def test_the_live_view_shows_the_cycle_the_running_job_its_log_the_best_and_the_last_rows() -> None:
+    campaign = campaign_pb2.Campaign(campaign_id="campaign-" + "1" * 32, spec=campaign_spec())
+    campaign.spec.signals.CopyFrom(campaign_pb2.CampaignSignalRules(baseline_runs=3, max_retests=2))
+    view = CampaignView(campaign)
+    stored = [events.ledger_recorded(record) for record in LEDGER[:4]]
+    stored.append(events.phase_changed(Phase.WAITING, 5, "waiting for the experiment"))
+    progress = JobProgress(
+        cycle=5,
+        job=JobRef("local", pid=4242, monitor_job_id="job-7"),
+        state=JobState.RUNNING,
+        gpu_indices=(0, 1),
+        log_tail=("step 10 loss 0.9", "step 20 val_loss=0.47"),
+        metric_points=(MetricPoint("val_loss", 0.47, 2),),
+    )
+    stored.append(events.job_progress(progress))
+    for sequence_no, event in enumerate(stored, start=1):
+        view.apply(
+            campaign_pb2.CampaignEvent.FromString(event.stored(campaign.campaign_id, sequence_no, datetime.now(UTC)))
+        )
+    console = Console(record=True, width=200)
+    console.print(view.render())
+    text = console.export_text()
+    assert "cycle 5, waiting (running): waiting for the experiment" in text
+    assert "job job-7: running, GPUs 0, 1" in text and "step 20 val_loss=0.47" in text
+    assert "best val_loss: 0.4 (noise floor 0.02)" in text
+    assert "keep" in text and "baseline" in text
