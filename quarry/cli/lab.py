@@ -431,7 +431,7 @@ def signal_inputs(spec: campaign_pb2.CampaignSpec) -> tuple[MetricGoal, SignalRu
     goal = MetricGoal(spec.metric.name, Direction.MAXIMIZE if maximize else Direction.MINIMIZE)
     rules = spec.signals
 
-    def optional(name: str, default: int) -> int:
+    def optional(name: Any, default: int) -> int:  # Any: HasField's stubs take only literal names
         value: int = getattr(rules, name) if rules.HasField(name) else default
         return value
 
