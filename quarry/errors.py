@@ -61,6 +61,7 @@ class ErrorReason(enum.StrEnum):
     MESH_CREDENTIAL_INVALID = "MESH_CREDENTIAL_INVALID"
     CALLER_NOT_PERMITTED = "CALLER_NOT_PERMITTED"
     # A missing resource, one per resource type NotFound names.
+    CAMPAIGN_NOT_FOUND = "CAMPAIGN_NOT_FOUND"
     CONVERSATION_NOT_FOUND = "CONVERSATION_NOT_FOUND"
     DELEGATION_NOT_FOUND = "DELEGATION_NOT_FOUND"
     HOST_NOT_FOUND = "HOST_NOT_FOUND"
@@ -77,6 +78,10 @@ class ErrorReason(enum.StrEnum):
     DELEGATION_RUNNING = "DELEGATION_RUNNING"
     # Supervisor.
     TOO_MANY_RUNS = "TOO_MANY_RUNS"
+    # Campaigns.
+    TOO_MANY_CAMPAIGNS = "TOO_MANY_CAMPAIGNS"
+    CAMPAIGN_ENDED = "CAMPAIGN_ENDED"
+    CAMPAIGN_LOOP_MISSING = "CAMPAIGN_LOOP_MISSING"
     # Monitor.
     LOG_PATH_NOT_ALLOWED = "LOG_PATH_NOT_ALLOWED"
     JOB_NOT_STARTED = "JOB_NOT_STARTED"
@@ -104,6 +109,7 @@ class ErrorReason(enum.StrEnum):
 
 # The reason NotFound gives for each resource type it is raised for.
 _NOT_FOUND_REASONS: dict[str, ErrorReason] = {
+    "campaign": ErrorReason.CAMPAIGN_NOT_FOUND,
     "conversation": ErrorReason.CONVERSATION_NOT_FOUND,
     "delegation": ErrorReason.DELEGATION_NOT_FOUND,
     "host": ErrorReason.HOST_NOT_FOUND,

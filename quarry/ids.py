@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from quarry.errors import FieldViolation, InvalidArgument
 
 __all__ = [
+    "CAMPAIGN_ID",
     "DELEGATION_ID",
     "LABEL_KEY",
     "PRINCIPAL_ID",
@@ -22,6 +23,7 @@ __all__ = [
     "THREAD_ID",
     "TOOL_CALL_ID",
     "IdRule",
+    "new_campaign_id",
     "new_conversation_id",
     "new_run_id",
     "violations",
@@ -77,6 +79,8 @@ THREAD_ID = IdRule(
     re.compile(r"[a-z0-9][a-z0-9-]{0,62}"), "1-63 characters of a-z, 0-9 and '-', starting with a letter or digit"
 )
 RUN_ID = IdRule(re.compile(r"run-[0-9a-f]{32}"), "a run id (run-<32 hex digits>)")
+# Also the id of the campaign's scratchpad thread, so it has a thread id's shape too.
+CAMPAIGN_ID = IdRule(re.compile(r"campaign-[0-9a-f]{32}"), "a campaign id (campaign-<32 hex digits>)")
 LABEL_KEY = IdRule(
     re.compile(r"[a-z][a-z0-9_.-]{0,62}"), "1-63 lowercase letters, digits, _ . -, starting with a letter"
 )
@@ -84,6 +88,10 @@ LABEL_KEY = IdRule(
 
 def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex}"
+
+
+def new_campaign_id() -> str:
+    return f"campaign-{uuid.uuid4().hex}"
 
 
 def new_conversation_id() -> str:

@@ -1,11 +1,12 @@
-"""Leases on live work (a supervisor's runs, a worker's delegations), so that a process that dies never
-leaves its work "running" forever.
+"""Leases on live work (a supervisor's runs and campaigns, a worker's delegations), so that a process that
+dies never leaves its work "running" forever.
 
 Each row of live work names its owner process and when the owner last renewed it. The owner renews
 the leases of the work it still runs at an interval; every process also sweeps for leases nobody
-renewed for `lease_seconds` and ends that work as failed. A service's store supplies the SQL
-(`LeaseStore`) and how to end one item (`end_as_failed`); the timing, the skipping of work this
-process still runs, and the error handling live here once.
+renewed for `lease_seconds` and takes that work over: a run or a delegation is ended as failed, a
+campaign is resumed here. A service's store supplies the SQL (`LeaseStore`) and how to take over one
+item (`take_over`); the timing, the skipping of work this process still runs, and the error
+handling live here once.
 """
 
 from __future__ import annotations
@@ -46,10 +47,11 @@ class LeaseTerms:
 
 
 class LeaseKeeper(BackgroundTask):
-    """The background task that renews one process's leases and ends the work of owners that stopped.
+    """The background task that renews one process's leases and takes over the work of owners that stopped.
 
-    `held` lists the ids this process runs now; `end_as_failed(id)` ends one expired item and says
-    whether this call ended it (False when another process got there first).
+    `held` lists the ids this process runs now; `take_over(id)` ends one expired item as failed, or
+    resumes it here, and says whether this call did (False when another process got there first);
+    `taken_over` says which, for the log.
     """
 
     def __init__(
@@ -59,16 +61,18 @@ class LeaseKeeper(BackgroundTask):
         store: LeaseStore,
         *,
         held: Callable[[], Collection[str]],
-        end_as_failed: Callable[[str], Awaitable[bool]],
+        take_over: Callable[[str], Awaitable[bool]],
         terms: LeaseTerms,
+        taken_over: str = "ended as failed",
     ) -> None:
         super().__init__(f"{kind}-leases")
         self._kind = kind
         self.owner = owner
         self._store = store
         self._held = held
-        self._end_as_failed = end_as_failed
+        self._take_over = take_over
         self._terms = terms
+        self._taken_over = taken_over
 
     async def _run(self) -> None:
         """Renew and sweep now, then every interval until stopped."""
@@ -89,5 +93,5 @@ class LeaseKeeper(BackgroundTask):
         for expired_id in await self._store.expired(stale_before):
             if expired_id in held:  # still running here: its renewal was late, not its owner gone
                 continue
-            if await self._end_as_failed(expired_id):
-                log.warning("%s %s: its owner stopped renewing the lease; ended as failed", self._kind, expired_id)
+            if await self._take_over(expired_id):
+                log.warning("%s %s: its owner stopped renewing the lease; %s", self._kind, expired_id, self._taken_over)

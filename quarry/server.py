@@ -448,6 +448,7 @@ def service_host(
     common: QuarrySettings,
     registration: ServiceRegistration,
     *,
+    also: Sequence[ServiceRegistration] = (),
     on_drain: Sequence[Hook] = (),
     on_stopped: Sequence[Hook] = (),
     tokens: Mapping[str, str] | None = None,
@@ -456,13 +457,14 @@ def service_host(
 ) -> ServiceHost:
     """The host of one service as configured: its address and health port, TLS, limits and grace.
 
+    `also` are services served beside it on the same port (the supervisor's campaigns).
     An internal service passes its `access` table: its callers must then prove a mesh role it allows.
     `diagnostics` is what the service reports about itself to anyone who asks (`quarry doctor`).
     """
     mesh = None if access is None else mesh_guard(common, {registration.full_name: access}, settings.service_name)
     return ServiceHost(
         settings.address,
-        [registration],
+        [registration, *also],
         grace=common.shutdown_grace_seconds,
         on_drain=on_drain,
         on_stopped=on_stopped,

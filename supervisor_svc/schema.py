@@ -1,4 +1,5 @@
-"""The supervisor's tables: runs, their public event log, and the agent kernel's conversation tables."""
+"""The supervisor's tables: runs and campaigns, their public event logs, campaign directives, and the agent
+kernel's conversation tables."""
 
 from __future__ import annotations
 
@@ -56,4 +57,85 @@ run_events = sa.Table(
     sa.Column("payload", sa.LargeBinary, nullable=False),
     sa.Column("terminal", sa.Boolean, nullable=False),
     sa.Column("create_time", UTCDateTime, nullable=False),
+)
+
+campaigns = sa.Table(
+    "supervisor_campaigns",
+    metadata,
+    sa.Column("campaign_id", sa.String(64), primary_key=True),
+    # The StartCampaign idempotency key, and a digest of the spec it asked for.
+    sa.Column("request_id", sa.String(256), nullable=True, unique=True),
+    sa.Column("request_digest", sa.String(64), nullable=False),
+    # The validated spec (supervisor_svc.campaigns.model.CampaignSpec as JSON).
+    sa.Column("spec", json_type(), nullable=False),
+    # queued, running, sleeping, paused, stopped, completed, failed
+    sa.Column("state", sa.String(16), nullable=False),
+    # baseline, think, execute, waiting, reflect, idle
+    sa.Column("phase", sa.String(16), nullable=False),
+    sa.Column("cycle", sa.Integer, nullable=False),
+    sa.Column("best_value", sa.Double, nullable=True),
+    sa.Column("noise_floor", sa.Double, nullable=True),
+    sa.Column("tokens", sa.BigInteger, nullable=False),
+    # Tokens by minute over the last hour: [[minute, tokens], ...].
+    sa.Column("usage_window", json_type(), nullable=False),
+    sa.Column("cycles", sa.Integer, nullable=False),
+    sa.Column("branch", sa.String(128), nullable=False),
+    sa.Column("scratchpad_thread_id", sa.String(63), nullable=False),
+    sa.Column("pause_reason", sa.Text, nullable=False),
+    sa.Column("end_reason", sa.Text, nullable=False),
+    sa.Column("pending_directives", sa.Integer, nullable=False),
+    # The event counter: the newest event's sequence number.
+    sa.Column("last_sequence_no", sa.BigInteger, nullable=False),
+    sa.Column("sleep_until", UTCDateTime, nullable=True),
+    sa.Column("sleep_reason", sa.Text, nullable=False),
+    sa.Column("resume_time", UTCDateTime, nullable=True),
+    # The process driving a live campaign (queued, running, sleeping) and when it last said so: a lease,
+    # as runs have, except that a campaign whose owner stopped renewing is taken over, not failed.
+    sa.Column("owner", sa.String(64), nullable=False),
+    sa.Column("heartbeat_time", UTCDateTime, nullable=False),
+    sa.Column("create_time", UTCDateTime, nullable=False),
+    sa.Column("update_time", UTCDateTime, nullable=False),
+    sa.Column("end_time", UTCDateTime, nullable=True),
+    sa.Index("supervisor_campaigns_by_time", "create_time", "campaign_id"),
+    sa.Index("supervisor_campaigns_by_state", "state", "heartbeat_time"),
+)
+
+campaign_events = sa.Table(
+    "supervisor_campaign_events",
+    metadata,
+    sa.Column(
+        "campaign_id",
+        sa.String(64),
+        sa.ForeignKey("supervisor_campaigns.campaign_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("sequence_no", sa.BigInteger, primary_key=True),
+    # The serialized quarry.v1.CampaignEvent, sent as it is.
+    sa.Column("payload", sa.LargeBinary, nullable=False),
+    sa.Column("terminal", sa.Boolean, nullable=False),
+    # Set by a writer that may repeat itself (a loop redoing a cycle after a restart): an event with a key
+    # is stored once.
+    sa.Column("dedupe_key", sa.String(128), nullable=True),
+    sa.Column("create_time", UTCDateTime, nullable=False),
+    sa.UniqueConstraint("campaign_id", "dedupe_key", name="supervisor_campaign_events_dedupe"),
+)
+
+campaign_directives = sa.Table(
+    "supervisor_campaign_directives",
+    metadata,
+    sa.Column(
+        "campaign_id",
+        sa.String(64),
+        sa.ForeignKey("supervisor_campaigns.campaign_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("request_id", sa.String(256), primary_key=True),
+    sa.Column("text", sa.Text, nullable=False),
+    # pending, consumed
+    sa.Column("state", sa.String(16), nullable=False),
+    # The sequence number of its directive_received event: directives are given in the order they came.
+    sa.Column("position", sa.BigInteger, nullable=False),
+    sa.Column("consumed_cycle", sa.Integer, nullable=False),
+    sa.Column("create_time", UTCDateTime, nullable=False),
+    sa.Column("consume_time", UTCDateTime, nullable=True),
 )

@@ -15,7 +15,10 @@ from quarry.diagnostics import Diagnostics, Fact, database_diagnostics, model_di
 from quarry.notify import CommitSignal, listen_for_commits
 from quarry.research_plane import ResearchPlane
 from quarry.server import ServiceHost, ServiceRegistration, service_host
-from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
+from quarry.v1 import campaign_pb2, campaign_pb2_grpc, supervisor_pb2, supervisor_pb2_grpc
+from supervisor_svc.campaigns.service import CampaignLimits, CampaignLoopFactory, Campaigns
+from supervisor_svc.campaigns.servicer import CampaignServicer
+from supervisor_svc.campaigns.store import CAMPAIGN_EVENTS_CHANNEL, CampaignStore
 from supervisor_svc.run import RunDependencies
 from supervisor_svc.servicer import SupervisorServicer
 from supervisor_svc.store import RUN_EVENTS_CHANNEL, RunStore
@@ -25,6 +28,7 @@ from supervisor_svc.worker_client import DelegationClient
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "alembic_version_supervisor"
 SERVICE_NAME = supervisor_pb2.DESCRIPTOR.services_by_name["SupervisorService"].full_name
+CAMPAIGN_SERVICE = campaign_pb2.DESCRIPTOR.services_by_name["CampaignService"].full_name
 
 
 def diagnostics(settings: SupervisorSettings, common: QuarrySettings, dial: Dialer) -> Diagnostics:
@@ -51,7 +55,17 @@ def diagnostics(settings: SupervisorSettings, common: QuarrySettings, dial: Dial
     return Diagnostics("supervisor", facts=facts, checks=checks)
 
 
-async def build_host(settings: SupervisorSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
+async def build_host(
+    settings: SupervisorSettings | None = None,
+    common: QuarrySettings | None = None,
+    *,
+    campaign_loop: CampaignLoopFactory | None = None,
+) -> ServiceHost:
+    """The supervisor's host: SupervisorService and CampaignService on one port.
+
+    `campaign_loop` makes the loop that drives each campaign; without one, StartCampaign answers
+    UNIMPLEMENTED (the other campaign calls still work, and another replica may drive the campaigns).
+    """
     settings = settings or SupervisorSettings()
     common = common or QuarrySettings()
     dial = Dialer.from_settings(common)
@@ -79,13 +93,25 @@ async def build_host(settings: SupervisorSettings | None = None, common: QuarryS
         ),
         signal,
     )
+    campaign_signal = CommitSignal()
+    campaign_listener = listen_for_commits(database, CAMPAIGN_EVENTS_CHANNEL, campaign_signal)
+    campaigns = Campaigns(
+        CampaignStore(database),
+        campaign_loop,
+        CampaignLimits(lease_seconds=settings.run_lease_seconds, stream_poll_seconds=settings.stream_poll_seconds),
+        campaign_signal,
+    )
 
     def register(server: grpc.aio.Server) -> None:
         supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(SupervisorServicer(supervisor), server)
 
+    def register_campaigns(server: grpc.aio.Server) -> None:
+        campaign_pb2_grpc.add_CampaignServiceServicer_to_server(CampaignServicer(campaigns), server)
+
     async def release() -> None:
-        if listener is not None:
-            await listener.stop()
+        for commits in (listener, campaign_listener):
+            if commits is not None:
+                await commits.stop()
         await model.close()
         await delegations.close()
         await channel.close(None)
@@ -95,11 +121,17 @@ async def build_host(settings: SupervisorSettings | None = None, common: QuarryS
         settings,
         common,
         ServiceRegistration(SERVICE_NAME, register),
-        tokens={SERVICE_NAME: settings.auth_token},
+        also=[ServiceRegistration(CAMPAIGN_SERVICE, register_campaigns)],
+        tokens={SERVICE_NAME: settings.auth_token, CAMPAIGN_SERVICE: settings.auth_token},
         diagnostics=diagnostics(settings, common, dial),
-        # Runs record their ends within most of the grace period; the rest is for the lease keeper to stop.
-        on_drain=[lambda: supervisor.close(end_within=common.shutdown_grace_seconds * 0.8)],
+        # Campaign loops only stop (their state is durable) and give up their leases, which is quick; runs
+        # record their ends within most of the grace period; the rest is for the lease keepers to stop.
+        on_drain=[
+            lambda: campaigns.close(end_within=common.shutdown_grace_seconds * 0.2),
+            lambda: supervisor.close(end_within=common.shutdown_grace_seconds * 0.8),
+        ],
         on_stopped=[release],
     )
     await supervisor.start()
+    await campaigns.start()
     return host

@@ -91,7 +91,7 @@ class Supervisor:
             self._owner,
             _RunLeases(store, self._runs),
             held=lambda: list(self._runs),
-            end_as_failed=self._end_as_failed,
+            take_over=self._end_as_failed,
             terms=LeaseTerms(limits.lease_seconds, max_interval_seconds=2.0),
         )
 

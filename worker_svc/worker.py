@@ -176,7 +176,7 @@ class Worker:
             delegations.owner,
             delegations,
             held=lambda: self._running.keys(),
-            end_as_failed=delegations.end_as_failed,
+            take_over=delegations.end_as_failed,
             terms=LeaseTerms(lease_seconds=limits.lease_seconds, max_interval_seconds=5.0),
         )
         self._admitted = asyncio.Event()  # set while no admission is under way

@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from quarry.client import QuarryClient, RetryPolicy, is_terminal
+from quarry.client import CampaignClient, QuarryClient, RetryPolicy, is_terminal
 from quarry.convert import enum_label
 from quarry.errors import Unavailable
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
@@ -61,6 +61,16 @@ class Supervisor:
             await self._reachable(health_pb2_grpc.HealthStub(channel))
             yield client
 
+    @contextlib.asynccontextmanager
+    async def campaigns(self) -> AsyncIterator[CampaignClient]:
+        """The campaign API of the same supervisor (same address, same token), once it has answered."""
+        channel = self.open_channel()
+        try:
+            await self._reachable(health_pb2_grpc.HealthStub(channel))
+            yield CampaignClient(channel)
+        finally:
+            await channel.close(None)
+
     async def _reachable(self, health: health_pb2_grpc.HealthStub) -> None:
         try:
             await REACH.call(health.Check, health_pb2.HealthCheckRequest())
@@ -74,7 +84,7 @@ class Supervisor:
             # Slow to answer, or a proxy without the health service: the command's own calls decide.
 
 
-def _name(enum: Any, value: int) -> str:
+def name_of(enum: Any, value: int) -> str:
     """An enum value as words: RUN_STATE_SUCCEEDED -> "succeeded"; a value this build does not know (a newer
     server's, or one retired since an old run was recorded) as its number."""
     try:
@@ -107,7 +117,7 @@ class RunView:
         payload = event.WhichOneof("payload")
         if payload == "status":
             status = event.status
-            self.phase = _name(supervisor_pb2.ResearchPhase, status.phase)
+            self.phase = name_of(supervisor_pb2.ResearchPhase, status.phase)
             if status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED:
                 self.delegations[status.delegation_id] = _Delegation(status.message)
             elif status.delegation_id in self.delegations:
@@ -118,12 +128,12 @@ class RunView:
                 elif status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED:
                     delegation.outcome = "[green]succeeded[/]"
                 elif status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_FAILED:
-                    code = _name(common_pb2.DelegationErrorCode, status.delegation_error.code)
+                    code = name_of(common_pb2.DelegationErrorCode, status.delegation_error.code)
                     delegation.outcome = f"[red]failed: {code}[/]"
                     delegation.error = status.delegation_error.message
         elif payload == "scratchpad":
             entry = event.scratchpad
-            kind = _name(scratchpad_pb2.EntryKind, entry.kind)
+            kind = name_of(scratchpad_pb2.EntryKind, entry.kind)
             self.entries.append(f"[{entry.scratchpad_sequence_no}] {kind}: {entry.preview}")
         elif payload == "content":
             self.report += event.content.delta
@@ -186,7 +196,7 @@ def _summary(console: Console, event: supervisor_pb2.RunEvent) -> None:
         usage = completed.usage
     elif payload == "failed":
         error = event.failed.error
-        code = _name(supervisor_pb2.RunErrorCode, error.code)
+        code = name_of(supervisor_pb2.RunErrorCode, error.code)
         console.print(f"[red]run failed[/] ({code}): {escape(error.message)}")
         usage = event.failed.usage
     else:
@@ -268,7 +278,7 @@ async def list_runs(supervisor: Supervisor, state: str, limit: int, *, as_json: 
     table.add_column("run", no_wrap=True)  # whole, so it can be copied into `quarry runs show`
     for run in response.runs:
         table.add_row(
-            _name(supervisor_pb2.RunState, run.state),
+            name_of(supervisor_pb2.RunState, run.state),
             run.create_time.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"),
             run.question[:70],
             run.run_id,
@@ -285,7 +295,7 @@ async def show_run(supervisor: Supervisor, run_id: str, *, as_json: bool) -> int
         return 0
     console = Console()
     console.print(f"[bold]{run.question}[/]")
-    console.print(f"{run.run_id}: {_name(supervisor_pb2.RunState, run.state)}")
+    console.print(f"{run.run_id}: {name_of(supervisor_pb2.RunState, run.state)}")
     if run.HasField("error"):
         console.print(f"[red]{escape(run.error.message)}[/]")
     if run.cancel_reason:

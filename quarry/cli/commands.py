@@ -146,6 +146,13 @@ def _parser() -> argparse.ArgumentParser:
     runs_show.add_argument("--json", action="store_true")
     runs_show.add_argument("--address", help=address_help)
 
+    supervisor_address = argparse.ArgumentParser(add_help=False)
+    supervisor_address.add_argument("--address", help=address_help)
+    lab = commands.add_parser(
+        "lab", help="campaigns: autonomous experiment loops over a code workspace (start, watch, ledger, plot...)"
+    )
+    _lab_arguments(lab, [data_dir, supervisor_address])
+
     migrate = commands.add_parser(
         "migrate",
         parents=[data_dir],
@@ -177,6 +184,68 @@ def _parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("--address", help=address_help)
     return parser
+
+
+def _lab_arguments(lab: argparse.ArgumentParser, parents: list[argparse.ArgumentParser]) -> None:
+    """The `quarry lab` subcommands; `parents` give each the supervisor's address and the data directory."""
+    commands = lab.add_subparsers(dest="lab_command", required=True)
+    start = commands.add_parser("start", parents=parents, help="start a campaign from a TOML file and/or flags")
+    start.add_argument("file", nargs="?", type=Path, help="the campaign file (TOML); flags override it")
+    start.add_argument("--title")
+    start.add_argument("--goal")
+    start.add_argument("--constraint", action="append", help="a rule the changes must keep (repeatable)")
+    start.add_argument("--editable", action="append", help="a path the campaign may edit (repeatable)")
+    start.add_argument("--protected", action="append", help="a path it must never change (repeatable)")
+    start.add_argument("--host", help="the monitor host the workspace is on (default: the monitor's machine)")
+    start.add_argument("--root", help="the workspace: an absolute path to a git working tree")
+    start.add_argument("--metric", help="the metric's name")
+    start.add_argument("--direction", choices=["maximize", "minimize"])
+    start.add_argument("--log-regex", help="a pattern with one group, the number, searched in the log")
+    start.add_argument("--jsonl-path", help="or a JSON-lines file the experiment writes...")
+    start.add_argument("--jsonl-key", help="...and the key of the number in it")
+    # Not "command", which names the quarry command itself.
+    start.add_argument(
+        "--command", dest="experiment_command", help="the experiment's command line (never run by a shell)"
+    )
+    start.add_argument("--experiment-seconds", type=float, help="the wall-clock budget of one experiment")
+    start.add_argument("--gpus", type=int, help="GPUs per experiment")
+    start.add_argument("--max-tokens-per-hour", type=int)
+    start.add_argument("--max-tokens", type=int)
+    start.add_argument("--max-cycles-per-hour", type=int)
+    start.add_argument("--max-cycles", type=int)
+    start.add_argument("--stop-time", help="when to stop, with a zone: 2026-12-24T08:00:00Z")
+    start.add_argument("--max-consecutive-failures", type=int, help="failed cycles in a row before pausing")
+    start.add_argument("--baseline-runs", type=int, help="runs of the unchanged state per baseline (default 3)")
+    start.add_argument("--phase-gate", type=float, help="the metric value whose clearing is reported")
+    start.add_argument("--stop-at-gate", action="store_true", help="complete the campaign at the phase gate")
+    start.add_argument("--request-id", default="", help="retry safely with the same id (default: a new one)")
+    start.add_argument("--json", action="store_true", help="print the campaign as JSON")
+
+    listing = commands.add_parser("list", parents=parents, help="the newest campaigns")
+    listing.add_argument(
+        "--state", choices=["queued", "running", "sleeping", "paused", "stopped", "completed", "failed"]
+    )
+    listing.add_argument("--limit", type=int, default=20)
+    listing.add_argument("--json", action="store_true")
+    show = commands.add_parser("show", parents=parents, help="one campaign: state, phase, best, budgets")
+    show.add_argument("campaign_id")
+    show.add_argument("--json", action="store_true")
+    for verb, text in [("pause", "pause a campaign"), ("resume", "resume a paused one"), ("stop", "stop for good")]:
+        command = commands.add_parser(verb, parents=parents, help=text)
+        command.add_argument("campaign_id")
+        command.add_argument("--reason", default="")
+    direct = commands.add_parser("direct", parents=parents, help="a directive for the campaign's next THINK")
+    direct.add_argument("campaign_id")
+    direct.add_argument("text")
+    direct.add_argument("--request-id", default="")
+    ledger = commands.add_parser("ledger", parents=parents, help="the campaign's ledger, one row per cycle")
+    ledger.add_argument("campaign_id")
+    ledger.add_argument("--jsonl", action="store_true", help="one JSON object per row")
+    watch = commands.add_parser("watch", parents=parents, help="follow a campaign live (Ctrl-C leaves it running)")
+    watch.add_argument("campaign_id")
+    plot = commands.add_parser("plot", parents=parents, help="a PNG of the metric over the experiments")
+    plot.add_argument("campaign_id")
+    plot.add_argument("-o", "--output", type=Path, help="the PNG to write (default: <campaign id>.png)")
 
 
 def _serve(args: argparse.Namespace, common: QuarrySettings) -> int:
@@ -281,6 +350,12 @@ def _runs(args: argparse.Namespace, common: QuarrySettings) -> int:
     return ask.run_client_command(ask.show_run(supervisor, args.run_id, as_json=args.json))
 
 
+def _lab(args: argparse.Namespace, common: QuarrySettings) -> int:
+    from quarry.cli import ask, lab
+
+    return ask.run_client_command(lab.run(args, _supervisor(args, common)))
+
+
 def _migrate(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.db import upgrade_schema
 
@@ -326,6 +401,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace, QuarrySettings], int]] = {
     "corpus": _corpus,
     "ask": _ask,
     "runs": _runs,
+    "lab": _lab,
     "migrate": _migrate,
     "mesh": _mesh,
     "doctor": _doctor,

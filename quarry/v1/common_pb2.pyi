@@ -143,6 +143,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """A host missing from the monitor's configuration."""
     ERROR_REASON_WORKSPACE_NOT_FOUND: _ErrorReason.ValueType  # 25
     """A workspace the monitor has no record of."""
+    ERROR_REASON_CAMPAIGN_NOT_FOUND: _ErrorReason.ValueType  # 26
+    """A campaign the supervisor has no record of."""
     ERROR_REASON_JOB_NOT_FOUND: _ErrorReason.ValueType  # 29
     """A job the monitor has no record of (JobRef.monitor_job_id)."""
     ERROR_REASON_BEARER_TOKEN_INVALID: _ErrorReason.ValueType  # 40
@@ -179,6 +181,14 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """SupervisorService.
     RESOURCE_EXHAUSTED: the supervisor runs as many runs as it may.
     """
+    ERROR_REASON_TOO_MANY_CAMPAIGNS: _ErrorReason.ValueType  # 101
+    """CampaignService.
+    RESOURCE_EXHAUSTED: the supervisor runs as many campaigns as it may.
+    """
+    ERROR_REASON_CAMPAIGN_ENDED: _ErrorReason.ValueType  # 102
+    """FAILED_PRECONDITION: the campaign has ended (stopped, completed or failed)."""
+    ERROR_REASON_CAMPAIGN_LOOP_MISSING: _ErrorReason.ValueType  # 103
+    """UNIMPLEMENTED: this supervisor has no campaign loop to run a campaign with."""
     ERROR_REASON_LOG_PATH_NOT_ALLOWED: _ErrorReason.ValueType  # 120
     """MonitorService.
     FAILED_PRECONDITION: the log path is outside the directories the monitor may read.
@@ -265,6 +275,8 @@ ERROR_REASON_HOST_NOT_FOUND: ErrorReason.ValueType  # 24
 """A host missing from the monitor's configuration."""
 ERROR_REASON_WORKSPACE_NOT_FOUND: ErrorReason.ValueType  # 25
 """A workspace the monitor has no record of."""
+ERROR_REASON_CAMPAIGN_NOT_FOUND: ErrorReason.ValueType  # 26
+"""A campaign the supervisor has no record of."""
 ERROR_REASON_JOB_NOT_FOUND: ErrorReason.ValueType  # 29
 """A job the monitor has no record of (JobRef.monitor_job_id)."""
 ERROR_REASON_BEARER_TOKEN_INVALID: ErrorReason.ValueType  # 40
@@ -301,6 +313,14 @@ ERROR_REASON_TOO_MANY_RUNS: ErrorReason.ValueType  # 100
 """SupervisorService.
 RESOURCE_EXHAUSTED: the supervisor runs as many runs as it may.
 """
+ERROR_REASON_TOO_MANY_CAMPAIGNS: ErrorReason.ValueType  # 101
+"""CampaignService.
+RESOURCE_EXHAUSTED: the supervisor runs as many campaigns as it may.
+"""
+ERROR_REASON_CAMPAIGN_ENDED: ErrorReason.ValueType  # 102
+"""FAILED_PRECONDITION: the campaign has ended (stopped, completed or failed)."""
+ERROR_REASON_CAMPAIGN_LOOP_MISSING: ErrorReason.ValueType  # 103
+"""UNIMPLEMENTED: this supervisor has no campaign loop to run a campaign with."""
 ERROR_REASON_LOG_PATH_NOT_ALLOWED: ErrorReason.ValueType  # 120
 """MonitorService.
 FAILED_PRECONDITION: the log path is outside the directories the monitor may read.

@@ -28,14 +28,16 @@ from quarry.mesh import MeshKeys
 from quarry.security import bearer_metadata
 from scratchpad_svc.service import SERVICE_NAME as SCRATCHPAD
 from scratchpad_svc.service import build_host as build_scratchpad
+from supervisor_svc.service import CAMPAIGN_SERVICE as CAMPAIGN
 from supervisor_svc.service import SERVICE_NAME as SUPERVISOR
 from supervisor_svc.service import build_host as build_supervisor
 from tests.fakes.openai_server import Reply, ScriptedModel
 from tests.fakes.web_server import FixtureWeb
+from tests.supervisor_svc.campaign_loops import WaitingLoops
 from worker_svc.service import SERVICE_NAME as WORKER
 from worker_svc.service import build_host as build_worker
 
-__all__ = ["MONITOR", "SCRATCHPAD", "SUPERVISOR", "WORKER", "Services", "every_service"]
+__all__ = ["CAMPAIGN", "MONITOR", "SCRATCHPAD", "SUPERVISOR", "WORKER", "Services", "every_service"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ class Services:
 
     def token(self, service: str) -> str:
         """What a caller acting for the supervisor presents to `service`: the client token, or its mesh token."""
-        return self.supervisor_token if service == SUPERVISOR else self.mesh_tokens[MeshRole.SUPERVISOR]
+        public = service in (SUPERVISOR, CAMPAIGN)
+        return self.supervisor_token if public else self.mesh_tokens[MeshRole.SUPERVISOR]
 
     def metadata(self, service: str) -> tuple[tuple[str, str], ...]:
         return bearer_metadata(self.token(service))
@@ -58,8 +61,9 @@ class Services:
 
 @contextlib.asynccontextmanager
 async def every_service(tmp_path: Path, *, supervisor_token: str = "") -> AsyncIterator[Services]:
-    """Scratchpad, one worker, the supervisor and the monitor, each on its own port; the model
-    answers every request with a short final reply, so delegations and runs end quickly."""
+    """Scratchpad, one worker, the supervisor (with campaigns, driven by a stand-in loop that waits) and the
+    monitor, each on its own port; the model answers every request with a short final reply, so
+    delegations and runs end quickly."""
     keys = MeshKeys.generate()
     tokens = dict(keys.tokens)
     peers = keys.peers().render()
@@ -99,6 +103,7 @@ async def every_service(tmp_path: Path, *, supervisor_token: str = "") -> AsyncI
                 auth_token=supervisor_token,
             ),
             as_supervisor,
+            campaign_loop=WaitingLoops(),
         )
         await stack.enter_async_context(supervisor)
         monitor = await build_monitor(
@@ -116,6 +121,7 @@ async def every_service(tmp_path: Path, *, supervisor_token: str = "") -> AsyncI
                 SCRATCHPAD: scratchpad.address,
                 WORKER: worker.address,
                 SUPERVISOR: supervisor.address,
+                CAMPAIGN: supervisor.address,
                 MONITOR: monitor.address,
             },
             model,

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from quarry.client import open_channel
 from quarry.paging import encode_token
-from quarry.v1 import diagnostics_pb2, monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
+from quarry.v1 import campaign_pb2, diagnostics_pb2, monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from tests.quarry.every_service import MONITOR, SCRATCHPAD, every_service
 
 THREAD = "fuzz-thread"  # exists, so Append, Read and Watch get past the lookup
@@ -43,6 +43,7 @@ SERVICES = [
     scratchpad_pb2.DESCRIPTOR.services_by_name["ScratchpadService"],
     worker_pb2.DESCRIPTOR.services_by_name["WorkerService"],
     supervisor_pb2.DESCRIPTOR.services_by_name["SupervisorService"],
+    campaign_pb2.DESCRIPTOR.services_by_name["CampaignService"],
     monitor_pb2.DESCRIPTOR.services_by_name["MonitorService"],
     HEALTH,  # served by every server, like diagnostics; both fuzzed on the scratchpad's
     DIAGNOSTICS,
@@ -162,6 +163,16 @@ def _build(cls: type[Message], descriptor: Descriptor, values: dict[str, Any]) -
 
 
 RUN_ID = "run-" + "0" * 32
+CAMPAIGN_ID = "campaign-" + "0" * 32
+# The loop that drives fuzzed campaigns only waits (tests/supervisor_svc/campaign_loops.py): nothing runs.
+CAMPAIGN_SPEC = (
+    'spec { title: "t" brief { goal: "g" constraints: "c" editable_paths: "src" protected_paths: "eval.py" }'
+    ' workspace { root: "/nonexistent/quarry-fuzz-workspace" }'
+    ' metric { name: "loss" direction: METRIC_DIRECTION_MINIMIZE log_regex: "loss=(\\\\S+)" }'
+    ' experiment { command_line: "/nonexistent/quarry-fuzz-program --lr 0.1" wall_clock_limit { seconds: 60 } }'
+    " budgets { max_tokens_per_hour: 1000 max_cycles: 3 max_consecutive_failures: 2 }"
+    " signals { baseline_runs: 2 rebaseline_every: 5 phase_gate: 0.5 stop_at_phase_gate: true } }"
+)
 # A valid request per RPC (text format): half the examples start from one and change a field or two,
 # so they get past validation to the code behind it.
 VALID = {
@@ -183,6 +194,14 @@ VALID = {
     "quarry.v1.SupervisorService.GetRun": f'run_id: "{RUN_ID}"',
     "quarry.v1.SupervisorService.ListRuns": "page_size: 1",
     "quarry.v1.SupervisorService.CancelRun": f'run_id: "{RUN_ID}" reason: "r"',
+    "quarry.v1.CampaignService.StartCampaign": f'{CAMPAIGN_SPEC} request_id: "c1"',
+    "quarry.v1.CampaignService.GetCampaign": f'campaign_id: "{CAMPAIGN_ID}"',
+    "quarry.v1.CampaignService.ListCampaigns": "page_size: 1 state: CAMPAIGN_STATE_RUNNING",
+    "quarry.v1.CampaignService.StreamCampaign": f'campaign_id: "{CAMPAIGN_ID}"',
+    "quarry.v1.CampaignService.PauseCampaign": f'campaign_id: "{CAMPAIGN_ID}" reason: "r"',
+    "quarry.v1.CampaignService.ResumeCampaign": f'campaign_id: "{CAMPAIGN_ID}" reason: "r"',
+    "quarry.v1.CampaignService.StopCampaign": f'campaign_id: "{CAMPAIGN_ID}" reason: "r"',
+    "quarry.v1.CampaignService.SendDirective": f'campaign_id: "{CAMPAIGN_ID}" text: "try" request_id: "d1"',
     "quarry.v1.MonitorService.ListGpus": "",
     "quarry.v1.MonitorService.WatchGpus": "interval { seconds: 1 }",
     "quarry.v1.MonitorService.SubmitJob": (

@@ -38,7 +38,7 @@ async def test_held_work_is_renewed_and_expired_work_of_others_is_ended() -> Non
         "owner-1",
         leases,
         held=lambda: {"mine-late"},
-        end_as_failed=leases.end_as_failed,
+        take_over=leases.end_as_failed,
         terms=LeaseTerms(lease_seconds=30),
     )
     await keeper.renew_and_sweep()

@@ -15,8 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from quarry.security import bearer_metadata
-from quarry.v1 import diagnostics_pb2, monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
-from tests.quarry.every_service import MONITOR, SCRATCHPAD, SUPERVISOR, WORKER, Services, every_service
+from quarry.v1 import campaign_pb2, diagnostics_pb2, monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
+from tests.quarry.every_service import CAMPAIGN, MONITOR, SCRATCHPAD, SUPERVISOR, WORKER, Services, every_service
 
 # A length-delimited field whose length is a broken varint: no message type parses it.
 GARBAGE = b"\x0a\xff\xff\xff\xff"
@@ -27,6 +27,7 @@ DESCRIPTORS = {
     SCRATCHPAD: scratchpad_pb2.DESCRIPTOR.services_by_name["ScratchpadService"],
     WORKER: worker_pb2.DESCRIPTOR.services_by_name["WorkerService"],
     SUPERVISOR: supervisor_pb2.DESCRIPTOR.services_by_name["SupervisorService"],
+    CAMPAIGN: campaign_pb2.DESCRIPTOR.services_by_name["CampaignService"],
     MONITOR: monitor_pb2.DESCRIPTOR.services_by_name["MonitorService"],
     HEALTH: health_pb2.DESCRIPTOR.services_by_name["Health"],
     DIAGNOSTICS: diagnostics_pb2.DESCRIPTOR.services_by_name["DiagnosticsService"],
@@ -135,7 +136,7 @@ async def test_a_caller_without_the_token_is_refused_before_its_body_is_decoded(
     services: Services, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    for service in (SUPERVISOR, SCRATCHPAD, WORKER, MONITOR):
+    for service in (SUPERVISOR, CAMPAIGN, SCRATCHPAD, WORKER, MONITOR):
         for method in DESCRIPTORS[service].methods:
             name = f"/{service}/{method.name}"
             for metadata in [(), bearer_metadata("wrong")]:
@@ -147,8 +148,10 @@ async def test_a_caller_without_the_token_is_refused_before_its_body_is_decoded(
 
 
 async def test_health_list_names_every_service_and_its_status(services: Services) -> None:
-    for service, address in services.addresses.items():
+    for address in set(services.addresses.values()):
         async with grpc.aio.insecure_channel(address) as channel:
             response = await health_pb2_grpc.HealthStub(channel).List(health_pb2.HealthListRequest(), timeout=10)
         statuses = {name: status.status for name, status in response.statuses.items()}
-        assert statuses == {"": health_pb2.HealthCheckResponse.SERVING, service: health_pb2.HealthCheckResponse.SERVING}
+        # The supervisor serves campaigns beside runs: every service at the address is listed.
+        served_here = [name for name, at in services.addresses.items() if at == address]
+        assert statuses == dict.fromkeys(["", *served_here], health_pb2.HealthCheckResponse.SERVING)

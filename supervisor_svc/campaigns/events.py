@@ -1,0 +1,172 @@
+"""Public campaign events built from the campaign's domain facts: the one place a CampaignEvent is made.
+
+The builders take phases, records and monitor observations, never model output as such, so what a
+client sees is what code decided to tell it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from quarry.convert import JOB_STATES, EnumMap, job_ref_to_proto, timestamp
+from quarry.v1 import campaign_pb2, monitor_pb2
+from supervisor_svc.campaigns.model import CampaignState, DirectiveState, JobProgress, Phase, SignalKind
+from supervisor_svc.campaigns.records import LedgerRecord, Verdict, Violation, ViolationKind
+
+
+class Event:
+    """A public event as the campaign code handles it: opaque until stored, numbered and sent."""
+
+    __slots__ = ("_message",)
+
+    def __init__(self, message: campaign_pb2.CampaignEvent) -> None:
+        self._message = message
+
+    @property
+    def terminal(self) -> bool:
+        return self._message.HasField("ended")
+
+    def stored(self, campaign_id: str, sequence_no: int, create_time: datetime) -> bytes:
+        """The event as the campaign's log keeps it and StreamCampaign sends it."""
+        self._message.campaign_id = campaign_id
+        self._message.sequence_no = sequence_no
+        self._message.create_time.FromDatetime(create_time)
+        return self._message.SerializeToString()
+
+
+STATES: EnumMap[CampaignState, campaign_pb2.CampaignState.ValueType] = EnumMap(
+    {state: campaign_pb2.CampaignState.Value(f"CAMPAIGN_STATE_{state.name}") for state in CampaignState}
+)
+PHASES: EnumMap[Phase, campaign_pb2.CampaignPhase.ValueType] = EnumMap(
+    {phase: campaign_pb2.CampaignPhase.Value(f"CAMPAIGN_PHASE_{phase.name}") for phase in Phase}
+)
+DIRECTIVE_STATES: EnumMap[DirectiveState, campaign_pb2.DirectiveState.ValueType] = EnumMap(
+    {state: campaign_pb2.DirectiveState.Value(f"DIRECTIVE_STATE_{state.name}") for state in DirectiveState}
+)
+_VERDICTS: EnumMap[Verdict, campaign_pb2.LedgerVerdict.ValueType] = EnumMap(
+    {verdict: campaign_pb2.LedgerVerdict.Value(f"LEDGER_VERDICT_{verdict.name}") for verdict in Verdict}
+)
+_RULES: EnumMap[ViolationKind, campaign_pb2.ViolationRule.ValueType] = EnumMap(
+    {rule: campaign_pb2.ViolationRule.Value(f"VIOLATION_RULE_{rule.name}") for rule in ViolationKind}
+)
+_SIGNALS: EnumMap[SignalKind, campaign_pb2.CampaignSignalKind.ValueType] = EnumMap(
+    {kind: campaign_pb2.CampaignSignalKind.Value(f"CAMPAIGN_SIGNAL_KIND_{kind.name}") for kind in SignalKind}
+)
+
+
+def ledger_row(record: LedgerRecord) -> campaign_pb2.LedgerRow:
+    row = campaign_pb2.LedgerRow(
+        cycle=record.cycle,
+        hypothesis=record.hypothesis,
+        action=record.action,
+        commit=record.commit,
+        job_id=record.job_id,
+        verdict=_VERDICTS.to_proto(record.verdict),
+        conclusion=record.conclusion,
+        tokens_used=record.tokens_used,
+        start_time=timestamp(record.started_at),
+        end_time=timestamp(record.ended_at),
+    )
+    if record.job_state is not None:
+        row.job_state = JOB_STATES.to_proto(record.job_state)
+    if record.exit_code is not None:
+        row.exit_code = record.exit_code
+    for name, value in record.metrics.items():
+        metric = row.metrics.add(name=name)
+        if value is not None:
+            metric.value = value
+    return row
+
+
+def ledger_record(row: campaign_pb2.LedgerRow) -> LedgerRecord:
+    """A ledger row as the record it mirrors (for code that computes signals from a campaign's events).
+
+    Raises ValueError for a verdict or job state this build does not know.
+    """
+    verdict = _VERDICTS.from_proto(row.verdict)
+    if verdict is None:
+        raise ValueError(f"ledger row {row.cycle} has a verdict this build does not know")
+    return LedgerRecord(
+        cycle=row.cycle,
+        hypothesis=row.hypothesis,
+        action=row.action,
+        commit=row.commit,
+        job_id=row.job_id,
+        job_state=JOB_STATES.from_proto(row.job_state),
+        exit_code=row.exit_code if row.HasField("exit_code") else None,
+        metrics={metric.name: metric.value if metric.HasField("value") else None for metric in row.metrics},
+        verdict=verdict,
+        conclusion=row.conclusion,
+        tokens_used=row.tokens_used,
+        started_at=row.start_time.ToDatetime(tzinfo=UTC),
+        ended_at=row.end_time.ToDatetime(tzinfo=UTC),
+    )
+
+
+def phase_changed(phase: Phase, cycle: int, message: str = "") -> Event:
+    changed = campaign_pb2.CampaignPhaseChangedEvent(phase=PHASES.to_proto(phase), cycle=cycle, message=message)
+    return Event(campaign_pb2.CampaignEvent(phase_changed=changed))
+
+
+def ledger_recorded(record: LedgerRecord) -> Event:
+    return Event(campaign_pb2.CampaignEvent(ledger_recorded=ledger_row(record)))
+
+
+def job_progress(progress: JobProgress) -> Event:
+    event = campaign_pb2.CampaignJobProgressEvent(
+        cycle=progress.cycle,
+        job=job_ref_to_proto(progress.job),
+        state=JOB_STATES.to_proto(progress.state),
+        gpu_indices=progress.gpu_indices,
+        log_tail=progress.log_tail,
+        metric_points=[
+            monitor_pb2.MetricPoint(name=point.name, value=point.value, step=point.step)
+            for point in progress.metric_points
+        ],
+    )
+    return Event(campaign_pb2.CampaignEvent(job_progress=event))
+
+
+def sleeping(reason: str, until: datetime) -> Event:
+    event = campaign_pb2.CampaignSleepingEvent(reason=reason, until=timestamp(until))
+    return Event(campaign_pb2.CampaignEvent(sleeping=event))
+
+
+def paused(reason: str) -> Event:
+    return Event(campaign_pb2.CampaignEvent(paused=campaign_pb2.CampaignPausedEvent(reason=reason)))
+
+
+def resumed(reason: str) -> Event:
+    return Event(campaign_pb2.CampaignEvent(resumed=campaign_pb2.CampaignResumedEvent(reason=reason)))
+
+
+def directive_received(request_id: str, text: str) -> Event:
+    event = campaign_pb2.DirectiveReceivedEvent(request_id=request_id, text=text)
+    return Event(campaign_pb2.CampaignEvent(directive_received=event))
+
+
+def directive_consumed(request_id: str, cycle: int) -> Event:
+    event = campaign_pb2.DirectiveConsumedEvent(request_id=request_id, cycle=cycle)
+    return Event(campaign_pb2.CampaignEvent(directive_consumed=event))
+
+
+def signal(kind: SignalKind, message: str, value: float | None = None) -> Event:
+    event = campaign_pb2.CampaignSignalEvent(kind=_SIGNALS.to_proto(kind), message=message)
+    if value is not None:
+        event.value = value
+    return Event(campaign_pb2.CampaignEvent(signal=event))
+
+
+def violation(record: Violation) -> Event:
+    event = campaign_pb2.CampaignViolationEvent(
+        cycle=record.cycle, rule=_RULES.to_proto(record.rule), subject=record.subject, detail=record.detail
+    )
+    return Event(campaign_pb2.CampaignEvent(violation=event))
+
+
+def ended(state: CampaignState, reason: str) -> Event:
+    """The one terminal event of a campaign."""
+    if not state.ended:
+        raise ValueError(f"not a campaign's end: {state}")
+    event = campaign_pb2.CampaignEndedEvent(state=STATES.to_proto(state), reason=reason)
+    return Event(campaign_pb2.CampaignEvent(ended=event))
