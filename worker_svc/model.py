@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from quarry.identity import Role
-from quarry.vocabulary import DelegationResult
+from quarry.vocabulary import DelegationResult, Tier
 
 
 class DelegationState(enum.StrEnum):
@@ -29,6 +29,8 @@ class DelegationRequest:
     max_turns: int = 0  # 0: the default
     timeout_seconds: float = 0.0  # 0: the server default
     max_tokens: int = 0  # 0: no token bound
+    question: str = ""  # the run's research question, part of a blind role's contract
+    tier: Tier | None = None  # None: the role's default
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class Started:
     delegation_id: str
     conversation_id: str
     worker_id: str = ""
+    tier: Tier | None = None
+    model: str = ""
 
 
 @dataclass(frozen=True)
@@ -69,3 +73,5 @@ class DelegationRecord:
     create_time: datetime
     end_time: datetime | None = None
     worker_id: str = ""  # empty for delegations recorded before workers had an id
+    question: str = ""
+    tier: Tier | None = None  # None for delegations recorded before tiers

@@ -17,7 +17,7 @@ from quarry.agent.usage import Usage
 from quarry.db import Database
 from quarry.errors import ErrorReason, FailedPrecondition
 from quarry.identity import Role
-from quarry.vocabulary import DelegationErrorCode, DelegationResult
+from quarry.vocabulary import DelegationErrorCode, DelegationResult, Tier
 from worker_svc.model import DelegationRecord, DelegationRequest, DelegationState
 from worker_svc.schema import delegations
 
@@ -44,6 +44,8 @@ def _record(row: sa.Row[Any]) -> DelegationRecord:
         create_time=row.create_time,
         end_time=row.end_time,
         worker_id=row.worker_id,
+        question=str(row.task.get("question", "")),
+        tier=Tier(row.task["tier"]) if row.task.get("tier") else None,
     )
 
 
@@ -60,6 +62,11 @@ def _result_json(result: DelegationResult) -> dict[str, object]:
         "promoted": list(result.promoted),
         "turns": result.turns,
         **result.usage.to_json(),
+        "output_kind": result.output_kind,
+        "output_json": result.output_json,
+        "output_sequence_no": result.output_sequence_no,
+        "tier": result.tier.value if result.tier else None,
+        "model": result.model,
     }
 
 
@@ -81,6 +88,11 @@ def _result_from_json(
         turns=int(data.get("turns", 0)),
         usage=Usage.from_json(data),
         worker_id=worker_id,
+        output_kind=str(data.get("output_kind") or ""),
+        output_json=str(data.get("output_json") or ""),
+        output_sequence_no=int(data.get("output_sequence_no") or 0),
+        tier=Tier(data["tier"]) if data.get("tier") else None,
+        model=str(data.get("model") or ""),
     )
 
 
@@ -109,9 +121,11 @@ class DelegationStore:
 
         return await self._db.read(work)
 
-    async def start(self, request: DelegationRequest, conversation_id: str, opening: Sequence[Message]) -> None:
-        """Record a delegation as running, with its new conversation, in one transaction; a second start of
-        the same id is refused."""
+    async def start(
+        self, request: DelegationRequest, conversation_id: str, opening: Sequence[Message], tier: Tier
+    ) -> None:
+        """Record a delegation as running on `tier`, with its new conversation, in one transaction; a second
+        start of the same id is refused."""
         assert request.role is not None
         row = {
             "delegation_id": request.delegation_id,
@@ -124,6 +138,8 @@ class DelegationStore:
                 "objective": request.objective,
                 "criteria": list(request.criteria),
                 "input_refs": list(request.input_refs),
+                "question": request.question,
+                "tier": tier.value,
             },
             "state": DelegationState.RUNNING.value,
             "result": None,
