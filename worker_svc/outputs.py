@@ -30,6 +30,7 @@ from quarry.research_records import (
     RECORD_TYPES,
     Adjudication,
     CitationAudit,
+    CitationJudgement,
     ClaimVerdict,
     InputRefs,
     RecordError,
@@ -240,7 +241,7 @@ def describe(record: ResearchRecord) -> str:
     if isinstance(record, ClaimVerdict):
         return f"finding {record.finding_ref}: {record.judgement.value}"
     if isinstance(record, CitationAudit):
-        raised = len(record.objections(0))
+        raised = sum(sentence.judgement is not CitationJudgement.SOUND for sentence in record.sentences)
         return f"{len(record.sentences)} sentence(s) audited, {raised} objection(s) raised"
     if isinstance(record, Adjudication):
         return f"objection {record.objection_ref}: {record.decision.value}"
