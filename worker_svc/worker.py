@@ -98,11 +98,23 @@ def validate(request: DelegationRequest) -> None:
         violations.append(FieldViolation("task.objective", f"at most {MAX_OBJECTIVE_CHARS} characters"))
     elif "\x00" in request.objective:
         violations.append(FieldViolation("task.objective", "must not contain NUL characters"))
+    if len(request.question) > MAX_OBJECTIVE_CHARS:
+        violations.append(FieldViolation("task.question", f"at most {MAX_OBJECTIVE_CHARS} characters"))
+    elif "\x00" in request.question:
+        violations.append(FieldViolation("task.question", "must not contain NUL characters"))
     violations.extend(_list_violations("task.criteria", request.criteria, MAX_CRITERIA, MAX_CRITERION_CHARS))
     violations.extend(_list_violations("task.input_refs", request.input_refs, MAX_INPUT_REFS, MAX_INPUT_REF_CHARS))
     if request.role not in ROLES:
         roles = ", ".join(f"ROLE_{role.name}" for role in ROLES)
         violations.append(FieldViolation("role", f"a worker runs one of: {roles}"))
+    elif ROLES[request.role].blind and not InputRefs.parse(request.input_refs).entries:
+        # Its inputs are all it may see: without an entry to judge it could only spend tokens.
+        violations.append(
+            FieldViolation(
+                "task.input_refs",
+                f'a ROLE_{request.role.name} task names the scratchpad entries it judges (sequence numbers, e.g. "12")',
+            )
+        )
     if not 0 <= request.max_turns <= MAX_TURNS_LIMIT:
         violations.append(FieldViolation("budget.max_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)"))
     if not 0 <= request.timeout_seconds <= MAX_TIMEOUT_SECONDS:

@@ -25,7 +25,9 @@ async def delegate(
         delegation_id=delegation_id,
         run_id="run-compute",
         scratchpad_thread_id=thread_id,
-        task=worker_pb2.ResearchTask(objective="Is the training job still running, and on which GPU?"),
+        task=worker_pb2.ResearchTask(
+            objective="Is the training job still running, and on which GPU?", input_refs=["1"]
+        ),
         role=role,  # type: ignore[arg-type]
     )
     async for response in stub.Delegate(request, timeout=60):
