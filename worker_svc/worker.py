@@ -104,7 +104,7 @@ def validate(request: DelegationRequest) -> None:
         violations.append(FieldViolation("task.question", "must not contain NUL characters"))
     violations.extend(_list_violations("task.criteria", request.criteria, MAX_CRITERIA, MAX_CRITERION_CHARS))
     violations.extend(_list_violations("task.input_refs", request.input_refs, MAX_INPUT_REFS, MAX_INPUT_REF_CHARS))
-    if request.role not in ROLES:
+    if request.role is None or request.role not in ROLES:
         roles = ", ".join(f"ROLE_{role.name}" for role in ROLES)
         violations.append(FieldViolation("role", f"a worker runs one of: {roles}"))
     elif ROLES[request.role].blind and not InputRefs.parse(request.input_refs).entries:
