@@ -13,7 +13,6 @@ notices on its next write or lease renewal. Nothing follows a campaign's ended e
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -43,6 +42,7 @@ from supervisor_svc.campaigns.model import (
 )
 from supervisor_svc.campaigns.records import LedgerRecord
 from supervisor_svc.schema import campaign_directives, campaign_events, campaigns
+from supervisor_svc.store import StoredEvent
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -58,13 +58,6 @@ _Columns = Callable[[Connection, datetime], dict[str, Any]]
 
 class CampaignLost(Exception):
     """The campaign is no longer this owner's to drive: paused, stopped, ended, gone or taken over."""
-
-
-@dataclass(frozen=True)
-class StoredEvent:
-    sequence_no: int
-    payload: bytes
-    terminal: bool
 
 
 def _record(row: sa.Row[Any], now: datetime) -> CampaignRecord:
