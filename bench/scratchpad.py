@@ -30,13 +30,18 @@ from typing import Any
 import grpc
 import psycopg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from harness import arguments, peak_rss_mib, percentile, running_service
+from harness import arguments, mesh_environment, mesh_token, peak_rss_mib, percentile, running_service
 from sqlalchemy.engine import make_url
 
+from quarry.identity import MeshRole
+from quarry.security import bearer_metadata
 from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
 
 AUTHOR = common_pb2.Principal(principal_id="bench", role=common_pb2.ROLE_RESEARCHER)
 CONTENT = "A benchmark finding of ordinary size. " * 8  # ~300 bytes
+# Researchers' findings come from workers; threads are the supervisor's to create.
+AS_WORKER = bearer_metadata(mesh_token(MeshRole.WORKER))
+AS_SUPERVISOR = bearer_metadata(mesh_token(MeshRole.SUPERVISOR))
 
 
 def append_request(thread_id: str, request_id: str, content: str = CONTENT) -> scratchpad_pb2.AppendRequest:
@@ -56,7 +61,7 @@ async def _call_many(address: str, thread_id: str, prefix: str, count: int, in_f
     async with grpc.aio.insecure_channel(address) as channel:
         stub = scratchpad_pb2_grpc.ScratchpadServiceStub(channel)
         health = health_pb2_grpc.HealthStub(channel)
-        await stub.GetThread(scratchpad_pb2.GetThreadRequest(thread_id=thread_id))  # connect first
+        await stub.GetThread(scratchpad_pb2.GetThreadRequest(thread_id=thread_id), metadata=AS_WORKER)  # connect
 
         async def lane(lane_index: int) -> None:
             for index in range(lane_index, count, in_flight):
@@ -64,7 +69,7 @@ async def _call_many(address: str, thread_id: str, prefix: str, count: int, in_f
                 if noop:
                     await health.Check(health_pb2.HealthCheckRequest(), timeout=30)
                 else:
-                    await stub.Append(append_request(thread_id, f"{prefix}-{index}"), timeout=30)
+                    await stub.Append(append_request(thread_id, f"{prefix}-{index}"), timeout=30, metadata=AS_WORKER)
                 latencies.append(time.perf_counter() - started)
 
         await asyncio.gather(*(lane(i) for i in range(in_flight)))
@@ -133,8 +138,9 @@ async def watch_latency(address: str, thread_id: str, count: int) -> list[float]
     received: dict[str, float] = {}
     async with grpc.aio.insecure_channel(address) as channel:
         stub = scratchpad_pb2_grpc.ScratchpadServiceStub(channel)
-        after = (await stub.GetThread(scratchpad_pb2.GetThreadRequest(thread_id=thread_id))).thread.last_sequence_no
-        call = stub.Watch(scratchpad_pb2.WatchRequest(thread_id=thread_id, after_sequence_no=after))
+        request = scratchpad_pb2.GetThreadRequest(thread_id=thread_id)
+        after = (await stub.GetThread(request, metadata=AS_WORKER)).thread.last_sequence_no
+        call = stub.Watch(scratchpad_pb2.WatchRequest(thread_id=thread_id, after_sequence_no=after), metadata=AS_WORKER)
         await call.initial_metadata()
 
         async def watch() -> None:
@@ -148,7 +154,7 @@ async def watch_latency(address: str, thread_id: str, count: int) -> list[float]
             for index in range(count):
                 request_id = f"watch-{index}"
                 sent[request_id] = time.perf_counter()
-                await writer.Append(append_request(thread_id, request_id))
+                await writer.Append(append_request(thread_id, request_id), metadata=AS_WORKER)
                 await asyncio.sleep(0.002)  # a steady stream, not a burst
         await asyncio.wait_for(watcher, 60)
         call.cancel()
@@ -171,14 +177,15 @@ def drop_postgres_schema(url: str, schema: str) -> None:
 
 
 def bench_backend(name: str, database_url: str, appends: int, watch_count: int) -> None:
-    env = {"QUARRY_SCRATCHPAD_DATABASE_URL": database_url, "QUARRY_LOG_LEVEL": "WARNING"}
+    env = {"QUARRY_SCRATCHPAD_DATABASE_URL": database_url, "QUARRY_LOG_LEVEL": "WARNING", **mesh_environment(None)}
     with (
         tempfile.TemporaryDirectory() as workdir,
         running_service("scratchpad", env, Path(workdir)) as (server, address),
     ):
         with grpc.insecure_channel(address) as channel:
             stub = scratchpad_pb2_grpc.ScratchpadServiceStub(channel)
-            thread_id = stub.CreateThread(scratchpad_pb2.CreateThreadRequest(title="bench")).thread.thread_id
+            created = stub.CreateThread(scratchpad_pb2.CreateThreadRequest(title="bench"), metadata=AS_SUPERVISOR)
+            thread_id = created.thread.thread_id
         run_clients(address, thread_id, 1, 200)  # warm up
         print(f"\n{name}: one thread, separate client processes")
         print(HEADER)
