@@ -11,8 +11,9 @@ import asyncio
 import contextvars
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,6 +30,7 @@ from quarry.errors import ErrorReason, Unavailable
 
 __all__ = [
     "Database",
+    "Prepared",
     "UTCDateTime",
     "UnsupportedDatabase",
     "create_engine",
@@ -113,6 +115,81 @@ def create_engine(url: str, *, pool_size: int = 5) -> sa.Engine:
         dbapi_connection.commit()
 
     return engine
+
+
+class Prepared:
+    """A Core statement compiled once per dialect and executed on the driver's cursor.
+
+    For the short statements on the hot paths (an append, a turn's messages), SQLAlchemy's work per
+    execution (cache key, execution context, result objects) costs several times what SQLite spends on
+    the statement itself (measured: 0.3 ms against 0.04 ms a transaction). This keeps the statement in
+    Core and each column type's conversion of its parameters, and skips the rest. Errors are raised as
+    SQLAlchemy's, as Connection.execute raises them. Parameters are plain (no expanding IN lists);
+    `columns` names the columns an INSERT without values() sets.
+    """
+
+    def __init__(self, statement: sa.Executable, columns: Sequence[str] | None = None) -> None:
+        self._statement = statement
+        self._columns = list(columns) if columns is not None else None
+        self._compiled: dict[str, _Compiled] = {}
+
+    def _for(self, dialect: Dialect) -> _Compiled:
+        compiled = self._compiled.get(dialect.name)
+        if compiled is None:
+            result = self._statement.compile(dialect=dialect, column_keys=self._columns)  # type: ignore[attr-defined]
+            order = list(result.positiontup) if result.positional else list(result.binds)
+            # Parameters the statement fixes itself (a literal, a function's argument) keep their values.
+            fixed = {name: bind.value for name, bind in result.binds.items() if not bind.required}
+            compiled = _Compiled(str(result), order, bool(result.positional), fixed, dict(result._bind_processors))
+            self._compiled[dialect.name] = compiled
+        return compiled
+
+    def execute(self, connection: Connection, params: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Any:
+        """Run in `connection`'s transaction (one parameter set, or a list for executemany); the DB-API
+        cursor, to fetch from."""
+        dialect = connection.dialect
+        compiled = self._for(dialect)
+        many = not isinstance(params, Mapping)
+        rows = [params] if isinstance(params, Mapping) else list(params)
+        bound: list[Any] = [compiled.bind(row) for row in rows]
+        raw = connection.connection
+        cursor = raw.cursor()
+        try:
+            if many:
+                cursor.executemany(compiled.sql, bound)
+            else:
+                cursor.execute(compiled.sql, bound[0])
+        except dialect.loaded_dbapi.Error as error:
+            disconnected = dialect.is_disconnect(error, raw.dbapi_connection, cursor)
+            if disconnected:
+                connection.invalidate(error)
+            raise sa.exc.DBAPIError.instance(
+                compiled.sql,
+                bound,
+                error,
+                dialect.loaded_dbapi.Error,
+                connection_invalidated=disconnected,
+                dialect=dialect,
+            ) from error
+        return cursor
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    sql: str
+    names: list[str]  # in the driver's order when it takes parameters by position
+    positional: bool
+    fixed: dict[str, Any]
+    processors: dict[str, Callable[[Any], Any]]
+
+    def bind(self, row: Mapping[str, Any]) -> Sequence[Any] | dict[str, Any]:
+        fixed, processors = self.fixed, self.processors
+        values = {}
+        for name in self.names:
+            value = row[name] if name in row else fixed[name]
+            processor = processors.get(name)
+            values[name] = value if processor is None else processor(value)
+        return [values[name] for name in self.names] if self.positional else values
 
 
 class Database:

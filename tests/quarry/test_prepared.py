@@ -1,0 +1,67 @@
+"""Prepared statements write what Connection.execute would, and fail as it would, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+import sqlalchemy as sa
+
+from quarry.db import Prepared, UTCDateTime, create_engine, json_type
+
+metadata = sa.MetaData()
+notes = sa.Table(
+    "prepared_notes",
+    metadata,
+    sa.Column("note_id", sa.String(32), primary_key=True),
+    sa.Column("body", json_type(), nullable=False),
+    sa.Column("written", UTCDateTime, nullable=False),
+    sa.Column("counter", sa.BigInteger, nullable=False),
+)
+INSERT = Prepared(notes.insert(), columns=["note_id", "body", "written", "counter"])
+BUMP = Prepared(
+    notes.update()
+    .where(notes.c.note_id == sa.bindparam("key"))
+    .values(counter=notes.c.counter + sa.bindparam("by", type_=sa.BigInteger), body={"bumped": True})
+    .returning(notes.c.counter)
+)
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[sa.Engine]:
+    engine = create_engine(database_url)
+    metadata.create_all(engine)
+    yield engine
+    engine.dispose()
+
+
+def test_rows_read_back_through_core_as_written(engine: sa.Engine) -> None:
+    paris = timezone(timedelta(hours=1))
+    written = datetime(2026, 1, 2, 3, 4, 5, 6000, tzinfo=paris)
+    rows = [
+        {"note_id": "a", "body": {"sources": ["x"], "n": 1}, "written": written, "counter": 1},
+        {"note_id": "b", "body": [], "written": written, "counter": 5},
+    ]
+    with engine.begin() as connection:
+        INSERT.execute(connection, rows)  # executemany
+        assert BUMP.execute(connection, {"key": "a", "by": 2}).fetchone()[0] == 3
+    with engine.connect() as connection:
+        read = connection.execute(sa.select(notes).order_by(notes.c.note_id)).all()
+    assert [(r.note_id, r.body, r.written, r.counter) for r in read] == [
+        ("a", {"bumped": True}, written.astimezone(UTC), 3),
+        ("b", [], written.astimezone(UTC), 5),
+    ]
+
+
+def test_a_constraint_violation_is_sqlalchemys_integrity_error(engine: sa.Engine) -> None:
+    row = {"note_id": "a", "body": {}, "written": datetime.now(UTC), "counter": 0}
+    with engine.begin() as connection:
+        INSERT.execute(connection, row)
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as connection:
+        INSERT.execute(connection, row)
+
+
+def test_a_missing_row_returns_nothing(engine: sa.Engine) -> None:
+    with engine.begin() as connection:
+        assert BUMP.execute(connection, {"key": "absent", "by": 1}).fetchone() is None
