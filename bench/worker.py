@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,13 @@ async def measure(
             for r in results
             if isinstance(r, worker_pb2.DelegationResult) and r.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED
         )
+        failures = Counter(
+            repr(r) if not isinstance(r, worker_pb2.DelegationResult) else f"{r.error_code}: {r.error_message}"
+            for r in results
+            if not isinstance(r, worker_pb2.DelegationResult) or r.outcome != common_pb2.DELEGATION_OUTCOME_SUCCEEDED
+        )
+        for failure, count in failures.items():
+            print(f"  {count} failed: {failure[:300]}")
         print(
             f"{args.concurrent} concurrent delegations, {args.latency * 1000:.0f} ms per model turn (2 turns): "
             f"{succeeded} succeeded in {elapsed:.2f} s (ideal {2 * args.latency:.2f} s); "

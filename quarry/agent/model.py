@@ -40,6 +40,8 @@ _TOKENS = meter.create_counter("quarry.tokens", unit="{token}", description="mod
 
 TextListener = Callable[[str], Awaitable[None] | None]
 
+# Connections to the model endpoint, open at once and kept between calls.
+_MAX_CONNECTIONS = 1000
 # The most of an error body quoted in a failure: enough for a provider's message, never a whole page.
 _MAX_ERROR_CHARS = 500
 
@@ -149,10 +151,12 @@ class ModelClient:
         self.settings = settings
         self._server_address = urllib.parse.urlsplit(settings.base_url).hostname or ""
         self._url = f"{settings.base_url.rstrip('/')}/chat/completions"
-        # One client for every call: its connections stay open between turns. The timeout bounds each
-        # step (connect, each read, each write), so a stream that keeps sending may run longer.
+        # One client for every call: its connections stay open between turns, one per concurrent call
+        # (httpx's default keeps 20, so a busy worker would reconnect on most turns). The timeout bounds
+        # each step (connect, each read, each write), so a stream that keeps sending may run longer.
         self._client = httpx.AsyncClient(
             timeout=settings.request_timeout,
+            limits=httpx.Limits(max_connections=_MAX_CONNECTIONS, max_keepalive_connections=_MAX_CONNECTIONS),
             headers={"authorization": f"Bearer {settings.api_key}", "accept": "application/json"},
         )
 
