@@ -11,6 +11,7 @@ import asyncio
 import contextvars
 import hashlib
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -92,7 +93,9 @@ def _prepare_sqlite(engine: sa.Engine, url: URL) -> None:
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
-        connection.exec_driver_sql(connection.get_execution_options().get("sqlite_begin", "BEGIN"))
+        # On the driver's connection: through SQLAlchemy, BEGIN cost as much as a short statement.
+        begin = connection.get_execution_options().get("sqlite_begin", "BEGIN")
+        connection.connection.dbapi_connection.execute(begin)  # type: ignore[union-attr]
 
 
 def create_engine(url: str, *, pool_size: int = 5) -> sa.Engine:
@@ -207,10 +210,12 @@ class Database:
         self.url = database_url(url)
         sqlite = self.url.get_backend_name() == "sqlite"
         writers = writers or (1 if sqlite else 4)
-        self.engine = create_engine(url, pool_size=readers + writers)
+        # A SQLite writer thread holds a connection of its own, and may check out another (autocommit).
+        self.engine = create_engine(url, pool_size=readers + (2 * writers if sqlite else writers))
         self.is_postgres = not sqlite
         self._writer = ThreadPoolExecutor(writers, thread_name_prefix="db-write")
         self._reader = ThreadPoolExecutor(readers, thread_name_prefix="db-read")
+        self._held = threading.local()
 
     async def write(self, work: Callable[[Connection], _T]) -> _T:
         """Run `work` in one write transaction (SQLite takes its write lock up front)."""
@@ -241,11 +246,34 @@ class Database:
             raise Unavailable("the database is unavailable; retry", reason=ErrorReason.DATABASE_UNAVAILABLE) from error
 
     def _transaction(self, work: Callable[[Connection], _T], write: bool) -> _T:
+        if write and not self.is_postgres:
+            return self._sqlite_write(work)
         with self.engine.connect() as connection:
             if write and not self.is_postgres:
                 connection = connection.execution_options(**SQLITE_WRITE)
             with connection.begin():
                 return work(connection)
+
+    def _sqlite_write(self, work: Callable[[Connection], _T]) -> _T:
+        """A write transaction on the writer thread's own connection: checking one out of the pool and
+        back cost about as much as a short transaction itself."""
+        connection: Connection | None = getattr(self._held, "connection", None)
+        if connection is None or connection.closed or connection.invalidated:
+            connection = self.engine.connect().execution_options(**SQLITE_WRITE)
+            self._held.connection = connection
+        try:
+            with connection.begin():
+                return work(connection)
+        except BaseException:
+            # The connection may be unusable after a failure: the next write takes a fresh one.
+            self._release()
+            raise
+
+    def _release(self) -> None:
+        connection: Connection | None = getattr(self._held, "connection", None)
+        self._held.connection = None
+        if connection is not None:
+            connection.close()
 
     def _autocommit(self, work: Callable[[Connection], _T]) -> _T:
         with self.engine.connect() as connection:
@@ -253,6 +281,8 @@ class Database:
 
     async def close(self) -> None:
         loop = asyncio.get_running_loop()
+        if not self.is_postgres:
+            await loop.run_in_executor(self._writer, self._release)
         await loop.run_in_executor(None, self._writer.shutdown)
         await loop.run_in_executor(None, self._reader.shutdown)
         self.engine.dispose()

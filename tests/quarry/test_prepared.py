@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 import sqlalchemy as sa
 
-from quarry.db import Prepared, UTCDateTime, create_engine, json_type
+from quarry.db import Database, Prepared, UTCDateTime, create_engine, json_type
 
 metadata = sa.MetaData()
 notes = sa.Table(
@@ -65,3 +65,23 @@ def test_a_constraint_violation_is_sqlalchemys_integrity_error(engine: sa.Engine
 def test_a_missing_row_returns_nothing(engine: sa.Engine) -> None:
     with engine.begin() as connection:
         assert BUMP.execute(connection, {"key": "absent", "by": 1}).fetchone() is None
+
+
+async def test_a_write_after_a_failed_one_commits_and_the_failed_one_left_nothing(database_url: str) -> None:
+    database = Database(database_url)
+    metadata.create_all(database.engine)
+    row = {"note_id": "a", "body": {}, "written": datetime.now(UTC), "counter": 0}
+
+    def insert_twice(connection: sa.Connection) -> None:
+        INSERT.execute(connection, {**row, "note_id": "first of a failed transaction"})
+        INSERT.execute(connection, row)
+
+    try:
+        await database.write(lambda connection: INSERT.execute(connection, row))
+        with pytest.raises(sa.exc.IntegrityError):
+            await database.write(insert_twice)
+        await database.write(lambda connection: INSERT.execute(connection, {**row, "note_id": "b"}))
+        ids = await database.read(lambda c: list(c.execute(sa.select(notes.c.note_id).order_by("note_id")).scalars()))
+        assert ids == ["a", "b"]
+    finally:
+        await database.close()
