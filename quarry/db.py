@@ -148,13 +148,16 @@ class Prepared:
         return compiled
 
     def execute(self, connection: Connection, params: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Any:
-        """Run in `connection`'s transaction (one parameter set, or a list for executemany); the DB-API
-        cursor, to fetch from."""
+        """Run in `connection`'s transaction (one parameter set, or a list for executemany); returns what
+        to fetch rows from (fetchone)."""
         dialect = connection.dialect
         compiled = self._for(dialect)
         many = not isinstance(params, Mapping)
         rows = [params] if isinstance(params, Mapping) else list(params)
         bound: list[Any] = [compiled.bind(row) for row in rows]
+        if connection.dispatch.before_cursor_execute:
+            # Someone watches statements (tracing's SQLAlchemy instrumentation): they go through SQLAlchemy.
+            return connection.exec_driver_sql(compiled.sql, bound if many else bound[0])
         raw = connection.connection
         cursor = raw.cursor()
         try:
@@ -185,14 +188,14 @@ class _Compiled:
     fixed: dict[str, Any]
     processors: dict[str, Callable[[Any], Any]]
 
-    def bind(self, row: Mapping[str, Any]) -> Sequence[Any] | dict[str, Any]:
+    def bind(self, row: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
         fixed, processors = self.fixed, self.processors
         values = {}
         for name in self.names:
             value = row[name] if name in row else fixed[name]
             processor = processors.get(name)
             values[name] = value if processor is None else processor(value)
-        return [values[name] for name in self.names] if self.positional else values
+        return tuple(values[name] for name in self.names) if self.positional else values
 
 
 class Database:
@@ -217,13 +220,18 @@ class Database:
         self._reader = ThreadPoolExecutor(readers, thread_name_prefix="db-read")
         self._held = threading.local()
 
-    async def write(self, work: Callable[[Connection], _T]) -> _T:
-        """Run `work` in one write transaction (SQLite takes its write lock up front)."""
-        return await self._run(self._writer, self._transaction, work, True)
+    async def write(self, work: Callable[[Connection], _T], *, context: contextvars.Context | None = None) -> _T:
+        """Run `work` in one write transaction (SQLite takes its write lock up front).
 
-    async def write_autocommit(self, work: Callable[[Connection], _T]) -> _T:
+        `context` is the one to run it in (whose span its statements belong to), when not the caller's.
+        """
+        return await self._run(self._writer, self._transaction, work, True, context=context)
+
+    async def write_autocommit(
+        self, work: Callable[[Connection], _T], *, context: contextvars.Context | None = None
+    ) -> _T:
         """Run `work` with each statement its own transaction: for single-statement writes."""
-        return await self._run(self._writer, self._autocommit, work)
+        return await self._run(self._writer, self._autocommit, work, context=context)
 
     async def read(self, work: Callable[[Connection], _T]) -> _T:
         """Run `work` in one read transaction."""
@@ -234,10 +242,15 @@ class Database:
         return await self._run(self._reader, self._autocommit, work)
 
     @staticmethod
-    async def _run(executor: ThreadPoolExecutor, function: Callable[..., _T], *args: Any) -> _T:
+    async def _run(
+        executor: ThreadPoolExecutor,
+        function: Callable[..., _T],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> _T:
         try:
             # The caller's context goes along, so a traced statement belongs to the caller's span.
-            context = contextvars.copy_context()
+            context = context or contextvars.copy_context()
             return await asyncio.get_running_loop().run_in_executor(executor, context.run, function, *args)
         except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError) as error:
             # The database is down, restarting, locked or out of reach: worth a retry,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import uuid
@@ -295,8 +296,10 @@ class ScratchpadStore:
 
         return await self._db.read_statement(work)
 
-    async def append_batch(self, thread_id: str, commands: Sequence[AppendCommand]) -> BatchOutcome:
-        """Commit a batch of appends to one thread in one transaction.
+    async def append_batch(
+        self, thread_id: str, commands: Sequence[AppendCommand], *, context: contextvars.Context | None = None
+    ) -> BatchOutcome:
+        """Commit a batch of appends to one thread in one transaction, in `context` (the caller's if None).
 
         The fast path assumes every request_id is new: it advances the counter and
         inserts. If a request_id already exists the unique constraint rejects the
@@ -306,11 +309,14 @@ class ScratchpadStore:
         try:
             if self._db.is_postgres:
                 return await self._db.write_autocommit(
-                    lambda c: self._append_new_postgres(c, thread_id, commands, unique)
+                    lambda c: self._append_new_postgres(c, thread_id, commands, unique), context=context
                 )
-            return await self._db.write(lambda c: self._append_new(c, thread_id, commands, unique))
+            return await self._db.write(lambda c: self._append_new(c, thread_id, commands, unique), context=context)
         except IntegrityError:
-            return await self._db.write(lambda c: self._append_resolving(c, thread_id, commands))
+            return await self._db.write(
+                lambda c: self._append_resolving(c, thread_id, commands),
+                context=context,
+            )
 
     @staticmethod
     def _append_new(

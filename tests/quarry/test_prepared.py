@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -85,3 +86,18 @@ async def test_a_write_after_a_failed_one_commits_and_the_failed_one_left_nothin
         assert ids == ["a", "b"]
     finally:
         await database.close()
+
+
+def test_statements_reach_whoever_watches_them(engine: sa.Engine) -> None:
+    """Tracing's SQLAlchemy instrumentation listens for cursor executions: prepared ones must reach it."""
+    seen: list[str] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def watch(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    row = {"note_id": "a", "body": {}, "written": datetime.now(UTC), "counter": 0}
+    with engine.begin() as connection:
+        INSERT.execute(connection, row)
+        assert BUMP.execute(connection, {"key": "a", "by": 1}).fetchone()[0] == 1
+    assert [statement.split()[0] for statement in seen] == ["INSERT", "UPDATE"]
