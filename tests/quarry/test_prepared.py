@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from quarry.db import Database, Prepared, UTCDateTime, create_engine, json_type
+from quarry.db import INLINE_CHECKPOINT_COMMITS, Database, Prepared, UTCDateTime, create_engine, json_type
 
 metadata = sa.MetaData()
 notes = sa.Table(
@@ -101,3 +104,29 @@ def test_statements_reach_whoever_watches_them(engine: sa.Engine) -> None:
         INSERT.execute(connection, row)
         assert BUMP.execute(connection, {"key": "a", "by": 1}).fetchone()[0] == 1
     assert [statement.split()[0] for statement in seen] == ["INSERT", "UPDATE"]
+
+
+async def test_inline_writes_commit_on_the_event_loop_and_a_thread_checkpoints_them(tmp_path: Path) -> None:
+    path = tmp_path / "inline.db"
+    database = Database(f"sqlite:///{path}", inline_writes=True)
+    metadata.create_all(database.engine)
+    body = {"text": "x" * 1000}
+    try:
+        assert await database.write(lambda connection: threading.get_ident()) == threading.get_ident()
+        # The loop's own connection never checkpoints: an fsync there would stall every caller.
+        assert await database.write(lambda c: c.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar()) == 0
+        for n in range(INLINE_CHECKPOINT_COMMITS):
+            row = {"note_id": str(n), "body": body, "written": datetime.now(UTC), "counter": n}
+            await database.write(lambda connection, row=row: INSERT.execute(connection, row))  # type: ignore[misc]
+        # Rows reach the database file only through a checkpoint; until then they are in the WAL.
+        for _ in range(3000):
+            if path.stat().st_size >= INLINE_CHECKPOINT_COMMITS * 1000:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the WAL was never checkpointed")
+        assert await database.read(lambda c: c.execute(sa.select(sa.func.count()).select_from(notes)).scalar()) == (
+            INLINE_CHECKPOINT_COMMITS
+        )
+    finally:
+        await database.close()
