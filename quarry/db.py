@@ -221,7 +221,8 @@ class Database:
         self._inline_commits = 0
         self._checkpoint: asyncio.Future[None] | None = None
         writers = writers or (1 if sqlite else 4)
-        # A SQLite writer thread holds a connection of its own, and may check out another (autocommit).
+        # A SQLite writer (a thread, or the loop with inline writes) holds a connection of its own, and
+        # may check out another (autocommit, a checkpoint).
         self.engine = create_engine(url, pool_size=readers + (2 * writers if sqlite else writers))
         self.is_postgres = not sqlite
         self._writer = ThreadPoolExecutor(writers, thread_name_prefix="db-write")
@@ -295,11 +296,8 @@ class Database:
     def _transaction(self, work: Callable[[Connection], _T], write: bool) -> _T:
         if write and not self.is_postgres:
             return self._sqlite_write(work)
-        with self.engine.connect() as connection:
-            if write and not self.is_postgres:
-                connection = connection.execution_options(**SQLITE_WRITE)
-            with connection.begin():
-                return work(connection)
+        with self.engine.connect() as connection, connection.begin():
+            return work(connection)
 
     def _sqlite_write(self, work: Callable[[Connection], _T]) -> _T:
         """A write transaction on the writer thread's own connection: checking one out of the pool and
