@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -12,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from quarry.cli.launcher import serve_command
+from quarry.identity import MeshRole
+from quarry.mesh import MeshKeys
 
 # The benchmarks drive the mesh with the tests' fakes (scripted model, fixture web, process mesh).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,6 +39,22 @@ def peak_rss_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+# Every benchmark's services authenticate each other with mesh tokens, as a deployment does. The
+# tokens derive from one secret in the environment, so client processes the benchmark spawns share them.
+_SECRET = os.environ.setdefault("QUARRY_BENCH_MESH_SECRET", secrets.token_hex(16))
+MESH = MeshKeys({role: hashlib.sha256(f"{_SECRET}/{role.value}".encode()).hexdigest() for role in MeshRole})
+
+
+def mesh_environment(role: MeshRole | None) -> dict[str, str]:
+    """The mesh settings of a service that calls others as `role` (None: one that calls no one)."""
+    return MESH.environment(role)
+
+
+def mesh_token(role: MeshRole) -> str:
+    """The token the benchmark presents when it calls a service as `role`."""
+    return MESH.tokens[role]
 
 
 @contextmanager

@@ -20,13 +20,14 @@ import argparse
 import asyncio
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import grpc
-from harness import arguments, peak_rss_mib, percentile, running_service
+from harness import arguments, mesh_environment, mesh_token, peak_rss_mib, percentile, running_service
 
-from quarry.client import ScratchpadClient, insecure_channel
+from quarry.client import ScratchpadClient, open_channel
+from quarry.identity import MeshRole
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
 
@@ -65,11 +66,12 @@ async def main_async(args: argparse.Namespace) -> None:
         env = {"QUARRY_DATA_DIR": str(workdir), "QUARRY_LOG_LEVEL": "WARNING"}
         async with ScriptedModel() as model:
             with (
-                running_service("scratchpad", env, workdir) as (_, scratchpad_address),
+                running_service("scratchpad", {**env, **mesh_environment(None)}, workdir) as (_, scratchpad_address),
                 running_service(
                     "worker",
                     {
                         **env,
+                        **mesh_environment(MeshRole.WORKER),
                         "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad_address,
                         "QUARRY_WORKER_MODEL_BASE_URL": model.base_url,
                         "QUARRY_WORKER_MODEL_NAME": "scripted",
@@ -85,8 +87,8 @@ async def measure(
     args: argparse.Namespace, model: ScriptedModel, worker_pid: int, scratchpad_address: str, worker_address: str
 ) -> None:
     async with (
-        insecure_channel(scratchpad_address) as sp_channel,
-        grpc.aio.insecure_channel(worker_address) as channel,
+        open_channel(scratchpad_address, token=mesh_token(MeshRole.SUPERVISOR)) as sp_channel,
+        open_channel(worker_address, token=mesh_token(MeshRole.SUPERVISOR)) as channel,
     ):
         thread = await ScratchpadClient(sp_channel).create_thread(title="bench")
         stub = worker_pb2_grpc.WorkerServiceStub(channel)
@@ -119,6 +121,13 @@ async def measure(
             for r in results
             if isinstance(r, worker_pb2.DelegationResult) and r.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED
         )
+        failures = Counter(
+            repr(r) if not isinstance(r, worker_pb2.DelegationResult) else f"{r.error_code}: {r.error_message}"
+            for r in results
+            if not isinstance(r, worker_pb2.DelegationResult) or r.outcome != common_pb2.DELEGATION_OUTCOME_SUCCEEDED
+        )
+        for failure, count in failures.items():
+            print(f"  {count} failed: {failure[:300]}")
         print(
             f"{args.concurrent} concurrent delegations, {args.latency * 1000:.0f} ms per model turn (2 turns): "
             f"{succeeded} succeeded in {elapsed:.2f} s (ideal {2 * args.latency:.2f} s); "

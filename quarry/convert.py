@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -369,10 +369,14 @@ def duration(seconds: float) -> duration_pb2.Duration:
     return message
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def timestamp(value: datetime) -> timestamp_pb2.Timestamp:
-    message = timestamp_pb2.Timestamp()
-    message.FromDatetime(value.astimezone(UTC))
-    return message
+    # By arithmetic: Timestamp.FromDatetime goes through a time tuple, a fifth of an entry's conversion.
+    micros = (value.astimezone(UTC) - _EPOCH) // timedelta(microseconds=1)
+    seconds, fraction = divmod(micros, 1_000_000)
+    return timestamp_pb2.Timestamp(seconds=seconds, nanos=fraction * 1000)
 
 
 def diagnostics_report_to_proto(report: Report) -> diagnostics_pb2.GetDiagnosticsResponse:

@@ -8,6 +8,7 @@ and carries the retry rules.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -28,9 +29,22 @@ class Appended:
     replayed: bool  # the request_id had been appended before: nothing new was written
 
 
+# Threads whose entries a process keeps; the least recently read is dropped first.
+CACHED_THREADS = 64
+
+
+@dataclass
+class _Read:
+    """What this process has read of a thread: every readable entry up to `through`, in order."""
+
+    entries: list[Entry]
+    through: int
+
+
 class ResearchPlane:
     def __init__(self, client: ScratchpadClient) -> None:
         self._client = client
+        self._read: OrderedDict[str, _Read] = OrderedDict()
 
     async def create_thread(self, thread_id: str, *, title: str, request_id: str) -> None:
         await self._client.create_thread(thread_id=thread_id, title=title, request_id=request_id)
@@ -56,8 +70,25 @@ class ResearchPlane:
         return Appended(entry_from_proto(response.entry), response.replayed)
 
     async def read_all(self, thread_id: str, *, after_sequence_no: int = 0) -> list[Entry]:
-        entries = await self._client.read_all(thread_id, after_sequence_no=after_sequence_no)
-        return [entry for entry in map(_readable, entries) if entry is not None]
+        """Every entry committed after `after_sequence_no`.
+
+        Entries never change and their numbers have no gaps, so what was read once is kept and only
+        what came after it is asked for: an agent that re-reads the scratchpad every turn is sent each
+        entry once, not once a turn.
+        """
+        known = self._read.get(thread_id) or _Read([], 0)
+        messages = await self._client.read_all(thread_id, after_sequence_no=known.through)
+        known = self._read.setdefault(thread_id, known)  # another read may have stored it meanwhile
+        for message in messages:
+            if message.sequence_no > known.through:  # a concurrent read of the same thread added it already
+                entry = _readable(message)
+                if entry is not None:
+                    known.entries.append(entry)
+                known.through = message.sequence_no
+        self._read.move_to_end(thread_id)
+        while len(self._read) > CACHED_THREADS:
+            self._read.popitem(last=False)
+        return [entry for entry in known.entries if entry.sequence_no > after_sequence_no]
 
     async def watch(self, thread_id: str, *, after_sequence_no: int = 0) -> AsyncIterator[Entry]:
         async for message in self._client.watch(thread_id, after_sequence_no=after_sequence_no):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
 import logging
 import signal
@@ -486,6 +487,14 @@ async def _run_hook(hook: Hook, limit_seconds: float) -> None:
         log.exception("shutdown hook %r failed", hook)
 
 
+def _freeze_startup_heap() -> None:
+    """Put what a started service holds for good (modules, the server, pools: ~180k objects) beyond the
+    garbage collector, so that a full collection scans only what requests create. Without it a full
+    collection every few hundred requests stalled an RPC for 100 ms and more."""
+    gc.collect()
+    gc.freeze()
+
+
 async def serve_until_signalled(host: ServiceHost) -> None:
     """Start `host` and run until SIGTERM or SIGINT, then shut it down gracefully."""
     loop = asyncio.get_running_loop()
@@ -494,6 +503,7 @@ async def serve_until_signalled(host: ServiceHost) -> None:
         loop.add_signal_handler(signum, requested.set)
     try:
         await host.start()
+        _freeze_startup_heap()
         await requested.wait()
         log.info("shutdown requested")
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -44,6 +45,10 @@ class AppendCommand:
 
     def fingerprint(self) -> str:
         """Identifies the payload, so a reused request_id with other content is caught."""
+        return self._fingerprint
+
+    @functools.cached_property
+    def _fingerprint(self) -> str:  # an append asks for it more than once
         payload = [
             self.kind,
             self.author_id,

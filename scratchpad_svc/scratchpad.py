@@ -128,7 +128,7 @@ class Scratchpad:
                 batch = [item for item in batch if not item.future.done()]  # drop cancelled callers
                 if batch:
                     async with self._write_slots:
-                        await asyncio.create_task(self._commit(thread_id, batch), context=batch[0].context)
+                        await self._commit(thread_id, batch)
         finally:
             # Only a cancelled flusher leaves items behind; their callers must not wait forever.
             self._fail(list(queue), ScratchpadClosed())
@@ -138,7 +138,9 @@ class Scratchpad:
     async def _commit(self, thread_id: str, batch: list[_Pending]) -> None:
         """Commit one batch and answer its callers. Never raises."""
         try:
-            outcome = await self._store.append_batch(thread_id, [item.command for item in batch])
+            # In the first caller's context: the batch's statements are traced under its span.
+            commands = [item.command for item in batch]
+            outcome = await self._store.append_batch(thread_id, commands, context=batch[0].context)
         except QuarryError as error:  # the thread is missing, or the database is unavailable
             self._fail(batch, error)
             return

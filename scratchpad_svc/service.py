@@ -37,7 +37,10 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
     """Upgrade the schema and return a ready-to-start host for the scratchpad."""
     settings = settings or ScratchpadSettings()
     common = common or QuarrySettings()
-    database = await open_migrated_database(settings.resolved_database_url(common.data_dir), MIGRATIONS, VERSION_TABLE)
+    # Its SQLite file is its own (replicas share PostgreSQL): appends commit on the event loop.
+    database = await open_migrated_database(
+        settings.resolved_database_url(common.data_dir), MIGRATIONS, VERSION_TABLE, inline_writes=True
+    )
     signal = CommitSignal()
     scratchpad = Scratchpad(
         ScratchpadStore(database),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import uuid
@@ -14,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from quarry.db import Database, reserve_sequence_numbers
+from quarry.db import Database, Prepared
 from quarry.errors import AlreadyExists, ErrorReason, NotFound, QuarryError
 from quarry.identity import Principal, Role
 from quarry.notify import notify_on_commit, pg_notify
@@ -116,10 +117,22 @@ _INSERTED = (
     .columns()
     .cte("inserted")
 )
-_POSTGRES_APPEND = sa.select(
-    sa.select(_COUNTER.c.last_sequence_no).scalar_subquery().label("last_sequence_no"),
-    pg_notify(NOTIFY_CHANNEL, sa.bindparam("thread_id", type_=sa.String)),
-).add_cte(_COUNTER, _INSERTED)  # in this order: the insert reads the counter
+_POSTGRES_APPEND = Prepared(
+    sa.select(
+        sa.select(_COUNTER.c.last_sequence_no).scalar_subquery().label("last_sequence_no"),
+        pg_notify(NOTIFY_CHANNEL, sa.bindparam("thread_id", type_=sa.String)),
+    ).add_cte(_COUNTER, _INSERTED)  # in this order: the insert reads the counter
+)
+
+
+# The SQLite append, prepared once: two statements in one transaction.
+_RESERVE = Prepared(
+    threads.update()
+    .where(threads.c.thread_id == sa.bindparam("key"))
+    .values(last_sequence_no=threads.c.last_sequence_no + sa.bindparam("count", type_=sa.BigInteger))
+    .returning(threads.c.last_sequence_no)
+)
+_INSERT_ENTRIES = Prepared(entries.insert(), columns=[column.name for column in entries.c])
 
 
 def _entry_row(entry: Entry, fingerprint: str) -> dict[str, Any]:
@@ -283,8 +296,10 @@ class ScratchpadStore:
 
         return await self._db.read_statement(work)
 
-    async def append_batch(self, thread_id: str, commands: Sequence[AppendCommand]) -> BatchOutcome:
-        """Commit a batch of appends to one thread in one transaction.
+    async def append_batch(
+        self, thread_id: str, commands: Sequence[AppendCommand], *, context: contextvars.Context | None = None
+    ) -> BatchOutcome:
+        """Commit a batch of appends to one thread in one transaction, in `context` (the caller's if None).
 
         The fast path assumes every request_id is new: it advances the counter and
         inserts. If a request_id already exists the unique constraint rejects the
@@ -294,21 +309,25 @@ class ScratchpadStore:
         try:
             if self._db.is_postgres:
                 return await self._db.write_autocommit(
-                    lambda c: self._append_new_postgres(c, thread_id, commands, unique)
+                    lambda c: self._append_new_postgres(c, thread_id, commands, unique), context=context
                 )
-            return await self._db.write(lambda c: self._append_new(c, thread_id, commands, unique))
+            return await self._db.write(lambda c: self._append_new(c, thread_id, commands, unique), context=context)
         except IntegrityError:
-            return await self._db.write(lambda c: self._append_resolving(c, thread_id, commands))
+            return await self._db.write(
+                lambda c: self._append_resolving(c, thread_id, commands),
+                context=context,
+            )
 
     @staticmethod
     def _append_new(
         connection: Connection, thread_id: str, commands: Sequence[AppendCommand], unique: list[AppendCommand]
     ) -> BatchOutcome:
-        first = reserve_sequence_numbers(connection, threads, threads.c.thread_id == thread_id, len(unique))
-        if first is None:
+        reserved = _RESERVE.execute(connection, {"key": thread_id, "count": len(unique)}).fetchone()
+        if reserved is None:
             raise NotFound("thread", thread_id, field="thread_id")
+        first = int(reserved[0]) - len(unique) + 1
         created = _new_entries(thread_id, unique, first_sequence_no=first)
-        connection.execute(entries.insert(), [_entry_row(entry, fp) for fp, entry in created.values()])
+        _INSERT_ENTRIES.execute(connection, [_entry_row(entry, fp) for fp, entry in created.values()])
         last = first + len(unique) - 1
         return _outcome(commands, created, {}, last)
 
@@ -318,8 +337,8 @@ class ScratchpadStore:
     ) -> BatchOutcome:
         created = _new_entries(thread_id, unique, first_sequence_no=1)  # renumbered below
         rows = [_entry_row(entry, fp) for fp, entry in created.values()]
-        result = connection.execute(
-            _POSTGRES_APPEND,
+        result = _POSTGRES_APPEND.execute(
+            connection,
             {
                 "thread_id": thread_id,
                 "n": len(rows),
@@ -333,15 +352,16 @@ class ScratchpadStore:
                 "contents": [row["content"] for row in rows],
                 "sources": [json.dumps(row["sources"]) for row in rows],
             },
-        ).one()
-        if result.last_sequence_no is None:
+        ).fetchone()
+        last = result[0] if result is not None else None
+        if last is None:
             raise NotFound("thread", thread_id, field="thread_id")
-        first = result.last_sequence_no - len(rows) + 1
+        first = last - len(rows) + 1
         renumbered = {
             request_id: (fp, dataclasses.replace(entry, sequence_no=first + index))
             for index, (request_id, (fp, entry)) in enumerate(created.items())
         }
-        return _outcome(commands, renumbered, {}, result.last_sequence_no)
+        return _outcome(commands, renumbered, {}, last)
 
     @staticmethod
     def _append_resolving(connection: Connection, thread_id: str, commands: Sequence[AppendCommand]) -> BatchOutcome:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from quarry.agent.conversation import insert_conversation
 from quarry.agent.messages import Message
 from quarry.agent.usage import Usage
-from quarry.db import Database
+from quarry.db import Database, Prepared
 from quarry.errors import ErrorReason, FailedPrecondition
 from quarry.identity import Role
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, JobRef, Tier
@@ -52,6 +52,13 @@ def _record(row: sa.Row[Any]) -> DelegationRecord:
 
 
 _RUNNING = delegations.c.state == DelegationState.RUNNING.value
+# A delegation's start and end are on its critical path: prepared once.
+_INSERT = Prepared(delegations.insert(), columns=[column.name for column in delegations.c])
+_END = Prepared(
+    delegations.update()
+    .where(delegations.c.delegation_id == sa.bindparam("key"))
+    .values({name: sa.bindparam(name) for name in ("state", "result", "last_error", "end_time")})
+)
 
 
 def _result_json(result: DelegationResult) -> dict[str, object]:
@@ -160,7 +167,7 @@ class DelegationStore:
         try:
 
             def work(connection: Connection) -> None:
-                connection.execute(delegations.insert().values(row))
+                _INSERT.execute(connection, row)
                 insert_conversation(connection, conversation_id, opening)
 
             await self._db.write(work)
@@ -172,11 +179,8 @@ class DelegationStore:
             ) from None
 
     async def finish(self, outcome: DelegationResult) -> None:
-        await self._db.write(
-            lambda connection: connection.execute(
-                delegations.update().where(delegations.c.delegation_id == outcome.delegation_id).values(_ended(outcome))
-            )
-        )
+        ended = {"key": outcome.delegation_id, **_ended(outcome)}
+        await self._db.write(lambda connection: _END.execute(connection, ended))
 
     # -- leases (quarry.lease.LeaseStore) ----------------------------------------------------------
 

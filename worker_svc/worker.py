@@ -298,15 +298,18 @@ class Worker:
             model = self._models[tier].settings.model
             yield Started(request.delegation_id, conversation_id, self._delegations.worker_id, tier, model)
             while True:
-                getter = asyncio.ensure_future(queue.get())
-                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    if queue.empty():  # the run ended without reporting: never leave the caller waiting
-                        yield self._lost(request, conversation_id, task)
-                        return
-                    continue
-                event = getter.result()
+                if not queue.empty():  # already there (a turn's events come in bursts): no waiting machinery
+                    event = queue.get_nowait()
+                else:
+                    getter = asyncio.ensure_future(queue.get())
+                    await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                    if not getter.done():
+                        getter.cancel()
+                        if queue.empty():  # the run ended without reporting: never leave the caller waiting
+                            yield self._lost(request, conversation_id, task)
+                            return
+                        continue
+                    event = getter.result()
                 yield event
                 if isinstance(event, DelegationResult):
                     return

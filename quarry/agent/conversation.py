@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from quarry.agent.messages import Message, ToolCall
-from quarry.db import Database, UTCDateTime, json_type, reserve_sequence_numbers
+from quarry.db import Database, Prepared, UTCDateTime, json_type
 from quarry.errors import NotFound
 
 metadata = sa.MetaData()
@@ -46,6 +46,19 @@ messages = sa.Table(
     sa.Column("tool_call_id", sa.String(256), nullable=False),
     # Event time only; the order is sequence_no.
     sa.Column("create_time", UTCDateTime, nullable=False),
+)
+
+
+# A turn's writes, prepared once: they are on every agent's critical path.
+_INSERT_CONVERSATION = Prepared(conversations.insert(), columns=[column.name for column in conversations.c])
+_INSERT_MESSAGES = Prepared(messages.insert(), columns=[column.name for column in messages.c])
+# Advances the counter and returns the last number reserved; the row stays locked until commit, so
+# writers of one conversation take turns and sequence numbers follow commit order with no gaps.
+_RESERVE = Prepared(
+    conversations.update()
+    .where(conversations.c.conversation_id == sa.bindparam("key"))
+    .values(last_sequence_no=conversations.c.last_sequence_no + sa.bindparam("count", type_=sa.BigInteger))
+    .returning(conversations.c.last_sequence_no)
 )
 
 
@@ -92,10 +105,9 @@ def insert_conversation(connection: Connection, conversation_id: str, opening: S
     """A new conversation and its opening messages (numbered from 1), inside the caller's transaction."""
     now = datetime.now(UTC)
     row = {"conversation_id": conversation_id, "last_sequence_no": len(opening), "create_time": now}
-    connection.execute(conversations.insert().values(row))
+    _INSERT_CONVERSATION.execute(connection, row)
     if opening:
-        rows = [_row(conversation_id, n, message, now) for n, message in enumerate(opening, start=1)]
-        connection.execute(messages.insert(), rows)
+        _INSERT_MESSAGES.execute(connection, [_row(conversation_id, n, m, now) for n, m in enumerate(opening, 1)])
 
 
 class ConversationStore:
@@ -112,13 +124,13 @@ class ConversationStore:
             return []
 
         def work(connection: Connection) -> list[int]:
-            key = conversations.c.conversation_id == conversation_id
-            first = reserve_sequence_numbers(connection, conversations, key, len(batch))
-            if first is None:
+            reserved = _RESERVE.execute(connection, {"key": conversation_id, "count": len(batch)}).fetchone()
+            if reserved is None:
                 raise NotFound("conversation", conversation_id)
+            first = int(reserved[0]) - len(batch) + 1
             now = datetime.now(UTC)
             rows = [_row(conversation_id, first + offset, message, now) for offset, message in enumerate(batch)]
-            connection.execute(messages.insert(), rows)
+            _INSERT_MESSAGES.execute(connection, rows)
             return [row["sequence_no"] for row in rows]
 
         return await self._db.write(work)

@@ -129,16 +129,18 @@ class AgentRun(Generic[Context]):
             context_window, schemas, call_id_prefix=f"t{turn}", on_text=self._observer.text
         )
         self.usage += reply.usage
-        await self._store.append(self._conversation_id, [reply.message])
-        history.append(reply.message)
-        self._check_tokens()
         calls = reply.message.tool_calls
-        if not calls and not reply.protocol_errors:
+        if self._over_tokens() or (not calls and not reply.protocol_errors):
+            await self._store.append(self._conversation_id, [reply.message])
+            history.append(reply.message)
+            self._check_tokens()
             return reply.message.content
         outcomes = await self._run_tools(turn, calls, context)
-        follow_up: list[Message] = [outcome.message() for outcome in outcomes]
+        follow_up: list[Message] = [reply.message, *(outcome.message() for outcome in outcomes)]
         if reply.protocol_errors:
             follow_up.append(user("Some tool_call blocks could not be used: " + "; ".join(reply.protocol_errors)))
+        # The calls and their results are recorded in one transaction, before the model sees the results:
+        # a crash never leaves a result without its call, nor a result the model saw unrecorded.
         await self._store.append(self._conversation_id, follow_up)
         history.extend(follow_up)
         if self._finished is not None and self._finished(turn):
@@ -154,7 +156,10 @@ class AgentRun(Generic[Context]):
             await self._observer.tool_finished(turn, outcome)
         return outcomes
 
+    def _over_tokens(self) -> bool:
+        return bool(self._limits.max_tokens) and self.usage.tokens > self._limits.max_tokens
+
     def _check_tokens(self) -> None:
         spent = self.usage.tokens
-        if self._limits.max_tokens and spent > self._limits.max_tokens:
+        if self._over_tokens():
             raise TokenBudgetExhausted(f"{spent} tokens used, over the budget of {self._limits.max_tokens}")

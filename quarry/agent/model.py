@@ -5,6 +5,10 @@ for models without them), and retries only what is safe to retry: a 429 or a
 5xx answered before any output, honouring Retry-After, bounded in attempts
 and in time. Anything else, including a stream that breaks after text has
 arrived, is raised as ProviderError; it is never turned into text.
+
+It speaks the chat-completions protocol over one keep-alive httpx client: the
+openai SDK's request transforms and per-chunk models cost more than the rest
+of an agent turn together (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -12,15 +16,16 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import inspect
+import json
 import math
 import random
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import openai
+import httpx
 from opentelemetry import trace
 
 from quarry.agent import text_protocol
@@ -35,9 +40,28 @@ _TOKENS = meter.create_counter("quarry.tokens", unit="{token}", description="mod
 
 TextListener = Callable[[str], Awaitable[None] | None]
 
+# Connections to the model endpoint, open at once and kept between calls.
+_MAX_CONNECTIONS = 1000
+# The most of an error body quoted in a failure: enough for a provider's message, never a whole page.
+_MAX_ERROR_CHARS = 500
+
 
 class ProviderError(Exception):
     """The model provider failed; the run that asked must fail honestly."""
+
+
+class _StatusError(Exception):
+    """The endpoint answered with an HTTP error status."""
+
+    def __init__(self, status_code: int, headers: Mapping[str, str], message: str) -> None:
+        super().__init__(f"HTTP {status_code}: {message}")
+        self.status_code = status_code
+        self.headers = headers
+        self.message = message
+
+
+class _StreamError(Exception):
+    """The endpoint reported an error inside the stream."""
 
 
 class _ListenerFailed(Exception):
@@ -102,9 +126,9 @@ class ModelReply:
     protocol_errors: list[str] = field(default_factory=list)
 
 
-def _retry_after(error: openai.APIStatusError) -> float | None:
+def _retry_after(error: _StatusError) -> float | None:
     """Seconds the provider asked us to wait, or None when it said nothing usable."""
-    headers = error.response.headers
+    headers = error.headers
     candidates: list[float] = []
     try:
         if "retry-after-ms" in headers:
@@ -126,20 +150,25 @@ _STATUS_HINTS = {401: ("MODEL_API_KEY",), 403: ("MODEL_API_KEY",), 404: ("MODEL_
 
 
 def _retryable(error: Exception) -> bool:
-    return isinstance(error, openai.APIStatusError) and (error.status_code == 429 or error.status_code >= 500)
+    return isinstance(error, _StatusError) and (error.status_code == 429 or error.status_code >= 500)
 
 
 class ModelClient:
     def __init__(self, settings: ModelSettings) -> None:
         self.settings = settings
         self._server_address = urllib.parse.urlsplit(settings.base_url).hostname or ""
-        # Retries are ours (see complete); the SDK's would also retry mid-stream failures.
-        self._client = openai.AsyncOpenAI(
-            base_url=settings.base_url, api_key=settings.api_key, max_retries=0, timeout=settings.request_timeout
+        self._url = f"{settings.base_url.rstrip('/')}/chat/completions"
+        # One client for every call: its connections stay open between turns, one per concurrent call
+        # (httpx's default keeps 20, so a busy worker would reconnect on most turns). The timeout bounds
+        # each step (connect, each read, each write), so a stream that keeps sending may run longer.
+        self._client = httpx.AsyncClient(
+            timeout=settings.request_timeout,
+            limits=httpx.Limits(max_connections=_MAX_CONNECTIONS, max_keepalive_connections=_MAX_CONNECTIONS),
+            headers={"authorization": f"Bearer {settings.api_key}", "accept": "application/json"},
         )
 
     async def close(self) -> None:
-        await self._client.close()
+        await self._client.aclose()
 
     async def complete(
         self,
@@ -201,10 +230,10 @@ class ModelClient:
                 raise
             except _ListenerFailed as failed:
                 raise failed.error from None
-            except Exception as error:  # the SDK, httpx or a broken stream: all are provider failures
+            except Exception as error:  # httpx, the endpoint or a broken stream: all are provider failures
                 if emitted or not _retryable(error) or attempt == self.settings.max_attempts:
                     raise ProviderError(self._failure(error)) from error
-                assert isinstance(error, openai.APIStatusError)
+                assert isinstance(error, _StatusError)
                 wait = _retry_after(error)
                 if wait is None:
                     wait = min(8.0, 0.25 * 2 ** (attempt - 1)) * (0.5 + random.random())
@@ -216,19 +245,18 @@ class ModelClient:
     def _failure(self, error: Exception) -> str:
         """Why a request failed, at which endpoint, and the setting that fixes it when one does."""
         url, setting = self.settings.base_url, self.settings.setting
-        if isinstance(error, openai.APITimeoutError):
+        if isinstance(error, httpx.TimeoutException):
             return (
                 f"model request failed: {url} did not answer within {self.settings.request_timeout:g} s "
                 f"({_describe(error)}); {setting('MODEL_REQUEST_TIMEOUT')} allows longer"
             )
-        if isinstance(error, openai.APIConnectionError):
-            # The SDK says only "Connection error."; its cause says why (refused, unknown host).
-            why = error.__cause__ or _describe(error)
+        if isinstance(error, httpx.ConnectError):
+            why = _describe(error)  # refused, unknown host
             return (
                 f"model request failed: cannot reach {url} ({why}); start the model server there, "
                 f"or set {setting('MODEL_BASE_URL')} to the URL it serves"
             )
-        if isinstance(error, openai.APIStatusError) and error.status_code in _STATUS_HINTS:
+        if isinstance(error, _StatusError) and error.status_code in _STATUS_HINTS:
             check = " and ".join(setting(name) for name in _STATUS_HINTS[error.status_code])
             return f"model request failed: {url} answered {_describe(error)}; check {check}"
         return f"model request failed: {_describe(error)} (from {url})"
@@ -258,18 +286,21 @@ class ModelClient:
             request["tools"] = list(tools)
         if self.settings.temperature is not None:
             request["temperature"] = self.settings.temperature
-        stream = await self._client.chat.completions.create(**request)
         # With the text protocol, tool_call blocks arrive as text: the listener gets the prose once it
         # is parsed, so a tool call is never passed on as text.
         live = native or not tools
-        try:
-            return await self._collect(stream, native, call_id_prefix, forward, live=live)
-        finally:
-            await stream.close()  # also on failure and cancellation: the connection is not left open
+        body = json.dumps(request, ensure_ascii=False).encode()
+        headers = {"content-type": "application/json"}
+        # Leaving the block closes the response, also on failure and cancellation: no connection is left
+        # half-read (httpx then drops it rather than reuse it).
+        async with self._client.stream("POST", self._url, content=body, headers=headers) as response:
+            if response.status_code >= 400:
+                raise _StatusError(response.status_code, response.headers, _error_message(await response.aread()))
+            return await self._collect(_events(response), native, call_id_prefix, forward, live=live)
 
     async def _collect(
         self,
-        stream: Any,
+        stream: AsyncIterator[dict[str, Any]],
         native: bool,
         call_id_prefix: str,
         forward: Callable[[str], Awaitable[None]],
@@ -303,27 +334,30 @@ class _StreamedReply:
         self.finish_reason = ""
         self._calls: dict[int, dict[str, str]] = {}
 
-    def add(self, chunk: Any) -> str:
+    def add(self, chunk: dict[str, Any]) -> str:
         """Take one chunk; returns the text it added."""
-        if chunk.usage is not None:
-            self.usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
+        usage = chunk.get("usage")
+        if usage:
+            self.usage = Usage(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
         added = []
-        for choice in chunk.choices:
-            self.finish_reason = choice.finish_reason or self.finish_reason
-            if choice.delta.content:
-                added.append(choice.delta.content)
-            for call in choice.delta.tool_calls or ():
+        for choice in chunk.get("choices") or ():
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                added.append(delta["content"])
+            for call in delta.get("tool_calls") or ():
                 self._add_call(call)
         self.text.extend(added)
         return "".join(added)
 
-    def _add_call(self, call: Any) -> None:
-        slot = self._calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
-        if call.id:
-            slot["id"] = call.id
-        if call.function is not None:
-            slot["name"] += call.function.name or ""
-            slot["arguments"] += call.function.arguments or ""
+    def _add_call(self, call: dict[str, Any]) -> None:
+        slot = self._calls.setdefault(call.get("index", 0), {"id": "", "name": "", "arguments": ""})
+        if call.get("id"):
+            slot["id"] = call["id"]
+        function = call.get("function")
+        if function:
+            slot["name"] += function.get("name") or ""
+            slot["arguments"] += function.get("arguments") or ""
 
     def tool_calls(self, call_id_prefix: str) -> tuple[ToolCall, ...]:
         return tuple(
@@ -339,6 +373,50 @@ def _with_tool_instructions(payload: list[dict[str, Any]], instructions: str) ->
 
 
 def _describe(error: Exception) -> str:
-    if isinstance(error, openai.APIStatusError):
-        return f"HTTP {error.status_code}: {error.message}"
+    if isinstance(error, _StatusError | _StreamError):
+        return str(error)
     return f"{type(error).__name__}: {error}"
+
+
+async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The server-sent events of a chat-completions stream, each data payload decoded, up to [DONE]."""
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+            continue
+        if line or not data:  # another field (event:, id:, a comment), or a blank line with nothing pending
+            continue
+        payload, data = "\n".join(data), []
+        if payload.startswith("[DONE]"):
+            return
+        yield _chunk(payload)
+    if data and not data[0].startswith("[DONE]"):  # a last event without its blank line
+        yield _chunk("\n".join(data))
+
+
+def _chunk(payload: str) -> dict[str, Any]:
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        raise _StreamError(f"the stream sent an event that is not JSON: {payload[:_MAX_ERROR_CHARS]!r}") from None
+    if not isinstance(chunk, dict):
+        raise _StreamError(f"the stream sent an event that is not an object: {payload[:_MAX_ERROR_CHARS]!r}")
+    if chunk.get("error"):
+        raise _StreamError(f"the stream reported an error: {_error_text(chunk)}")
+    return chunk
+
+
+def _error_message(body: bytes) -> str:
+    """What an error body says: the provider's message where it gives one, else the body's start."""
+    text = body.decode(errors="replace").strip()
+    try:
+        return _error_text(json.loads(text))
+    except ValueError:
+        return text[:_MAX_ERROR_CHARS]
+
+
+def _error_text(data: Any) -> str:
+    error = data.get("error", data) if isinstance(data, dict) else data
+    message = error.get("message") if isinstance(error, dict) else None
+    return str(message if message else error)[:_MAX_ERROR_CHARS]

@@ -73,14 +73,21 @@ class DropAfter:
 
 
 @dataclass(frozen=True)
+class ErrorEvent:
+    """Start a stream, then send an error event in it (as providers report a failure mid-stream)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
 class Await:
     """Hold the request until the test sets `event` (e.g. once a restarted service serves), then take `then`."""
 
     event: asyncio.Event
-    then: Reply | HttpError | Stall | DropAfter
+    then: Reply | HttpError | Stall | DropAfter | ErrorEvent
 
 
-Step = Reply | HttpError | Stall | DropAfter | Await
+Step = Reply | HttpError | Stall | DropAfter | ErrorEvent | Await
 
 
 @dataclass
@@ -189,6 +196,10 @@ class ScriptedModel(Served):
             return web.json_response(_completion(body, step))
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
+        if isinstance(step, ErrorEvent):
+            await response.write(_sse({"error": {"message": step.message, "type": "server_error"}}))
+            await response.write_eof()
+            return response
         if isinstance(step, DropAfter):
             await response.write(_sse(_chunk(body, {"role": "assistant", "content": step.text})))
             await asyncio.sleep(0.05)

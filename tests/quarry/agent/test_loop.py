@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -188,3 +190,27 @@ async def test_text_protocol_end_to_end(model: ScriptedModel, store: Conversatio
     assert all(m["role"] != "tool" for m in second)
     assert '<tool_result id="t1-1">\nresults for eiffel\n</tool_result>' in second[-1]["content"]
     assert "tools" not in model.requests[1], "a model without native tools is not sent tool declarations"
+
+
+async def test_a_call_is_recorded_with_its_results_never_without_them(
+    model: ScriptedModel, store: ConversationStore
+) -> None:
+    """A turn interrupted while its tools run leaves no call in the conversation whose result is missing."""
+    started = asyncio.Event()
+
+    async def hang(params: Empty, context: list[str]) -> str:
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    model.script(Reply(calls=(Call("hang", {}, "c1"),)))
+    await store.create("conv")
+    client = ModelClient(ModelSettings(base_url=model.base_url, model="scripted", retry_budget=5))
+    tools: ToolRegistry[list[str]] = ToolRegistry([Tool("hang", "hangs", Empty, hang)])
+    run = AgentRun(client, tools, store, "conv", LoopLimits())
+    running = asyncio.create_task(run.run([], history=[user("go")]))
+    await started.wait()
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
+    assert await store.history("conv") == []

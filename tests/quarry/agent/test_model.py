@@ -11,7 +11,7 @@ from quarry.agent.model import ModelClient, ModelSettings, ProviderError
 from quarry.agent.usage import Usage
 from quarry.config import ModelTier, QuarrySettings, SupervisorSettings, WorkerSettings
 from tests.conftest import reusable_port
-from tests.fakes.openai_server import Call, DropAfter, HttpError, Reply, ScriptedModel, Stall
+from tests.fakes.openai_server import Call, DropAfter, ErrorEvent, HttpError, Reply, ScriptedModel, Stall
 
 TOOLS = [
     {
@@ -92,6 +92,15 @@ async def test_other_client_errors_are_not_retried(model: ScriptedModel) -> None
     with pytest.raises(ProviderError, match="HTTP 400"):
         await client(model).complete(HISTORY, call_id_prefix="t1")
     assert len(model.requests) == 1
+
+
+async def test_an_error_the_stream_reports_fails_with_the_providers_message(model: ScriptedModel) -> None:
+    model.script(ErrorEvent("the model is overloaded"), Reply(content="would be a retry"))
+    pieces: list[str] = []
+    with pytest.raises(ProviderError, match="the model is overloaded") as failure:
+        await client(model).complete(HISTORY, call_id_prefix="t1", on_text=pieces.append)
+    assert model.base_url in str(failure.value)
+    assert pieces == [] and len(model.requests) == 1
 
 
 async def test_a_stream_broken_after_text_fails_and_is_not_retried(model: ScriptedModel) -> None:

@@ -1,0 +1,329 @@
+"""Side by side: what one agent turn costs beyond the model, in Quarry and in the loops it competes with.
+
+    python3 bench/compare.py [--delegations 60] [--contenders httpx,openai,langgraph,langgraph-sqlite,quarry]
+
+One run, one scripted OpenAI-compatible model (in this process), one scratchpad
+(`quarry serve scratchpad`). Every contender runs the same delegation, in a
+process of its own: turn 1 calls `read_scratchpad` (a Read over gRPC from that
+scratchpad), turn 2 answers. Overhead = a delegation's wall time minus the time
+the model server spent answering it, per turn (2 turns).
+  - httpx: a bare loop over one httpx client, parsing the stream by hand;
+  - openai: the same loop over the openai SDK (AsyncOpenAI, streaming);
+  - langgraph: a supervisor node handing the task to a ReAct worker subgraph
+    (langgraph.prebuilt.create_react_agent over langchain-openai's ChatOpenAI,
+    streaming), its updates streamed to the caller, no checkpointer;
+  - langgraph-sqlite: the same with the durable AsyncSqliteSaver checkpointer;
+  - quarry: Delegate calls to `quarry serve worker` (SQLite, mesh tokens), its
+    progress streamed back: the worker records the delegation, its conversation
+    and its outcome durably.
+The contenders outside Quarry come with the bench extra: pip install -e '.[bench]'.
+Prints figures only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from harness import arguments, mesh_environment, mesh_token, percentile, running_service
+
+from quarry.client import ScratchpadClient, open_channel
+from quarry.identity import MeshRole
+from quarry.research_plane import ResearchPlane
+from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
+
+CONTENDERS = ("httpx", "openai", "langgraph", "langgraph-sqlite", "quarry")
+WARM_UP = 5
+OBJECTIVE = "Read the scratchpad and report."
+READ_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "read_scratchpad",
+        "description": "Read the shared research scratchpad.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+
+
+def two_turns(body: dict[str, Any]) -> Step:
+    if body["messages"][-1]["role"] == "tool":
+        return Reply(content="done")
+    return Reply(calls=(Call("read_scratchpad", {}),))
+
+
+def render(entries: list[Any]) -> str:
+    return "\n".join(f"[{entry.sequence_no}] {entry.kind}: {entry.content}" for entry in entries) or "empty"
+
+
+# -- the contenders, each in a process of its own -------------------------------------------------
+
+
+async def bare_httpx(model_url: str, read: Any, count: int) -> list[float]:
+    import httpx
+
+    url = f"{model_url}/chat/completions"
+    headers = {"authorization": "Bearer unused"}
+
+    async def complete(client: httpx.AsyncClient, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        request = {"model": "scripted", "messages": messages, "tools": [READ_TOOL], "stream": True}
+        text, calls = [], {}
+        async with client.stream("POST", url, json=request, headers=headers) as response:
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                for choice in json.loads(line[6:])["choices"]:
+                    delta = choice["delta"]
+                    text.append(delta.get("content") or "")
+                    for call in delta.get("tool_calls") or ():
+                        slot = calls.setdefault(call["index"], {"id": "", "name": "", "arguments": ""})
+                        slot["id"] = call.get("id") or slot["id"]
+                        slot["name"] += call["function"].get("name") or ""
+                        slot["arguments"] += call["function"].get("arguments") or ""
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+        if calls:
+            message["tool_calls"] = [
+                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for _, c in sorted(calls.items())
+            ]
+        return message
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        return [await _timed(lambda: _loop(complete, client, read)) for _ in range(count)]
+
+
+async def bare_openai(model_url: str, read: Any, count: int) -> list[float]:
+    import openai
+
+    async def complete(client: openai.AsyncOpenAI, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        stream = await client.chat.completions.create(
+            model="scripted",
+            messages=messages,
+            tools=[READ_TOOL],
+            stream=True,  # type: ignore[list-item]
+        )
+        text, calls = [], {}
+        async for chunk in stream:
+            for choice in chunk.choices:
+                text.append(choice.delta.content or "")
+                for call in choice.delta.tool_calls or ():
+                    slot = calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
+                    slot["id"] = call.id or slot["id"]
+                    slot["name"] += (call.function and call.function.name) or ""
+                    slot["arguments"] += (call.function and call.function.arguments) or ""
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+        if calls:
+            message["tool_calls"] = [
+                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for _, c in sorted(calls.items())
+            ]
+        return message
+
+    async with openai.AsyncOpenAI(base_url=model_url, api_key="unused", max_retries=0) as client:
+        return [await _timed(lambda: _loop(complete, client, read)) for _ in range(count)]
+
+
+async def _loop(complete: Any, client: Any, read: Any) -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You research."},
+        {"role": "user", "content": OBJECTIVE},
+    ]
+    while True:
+        message = await complete(client, messages)
+        messages.append(message)
+        if not message.get("tool_calls"):
+            return
+        for call in message["tool_calls"]:
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": await read()})
+
+
+async def _timed(run: Any) -> float:
+    started = time.perf_counter()
+    await run()
+    return time.perf_counter() - started
+
+
+async def langgraph(model_url: str, read: Any, count: int, checkpoints: str) -> list[float]:
+    from typing import TypedDict
+
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.prebuilt import create_react_agent
+
+    # Moved to langchain.agents (a package LangGraph does not need); the prebuilt one is the same graph.
+    warnings.filterwarnings("ignore", message="create_react_agent has been moved")
+
+    @tool
+    async def read_scratchpad() -> str:
+        """Read the shared research scratchpad."""
+        return str(await read())
+
+    chat = ChatOpenAI(model="scripted", base_url=model_url, api_key="unused", streaming=True, max_retries=0)
+    worker = create_react_agent(chat, [read_scratchpad], prompt="You research.")
+
+    class Run(TypedDict, total=False):
+        objective: str
+        summary: str
+
+    async def supervisor(state: Run) -> Run:
+        result = await worker.ainvoke({"messages": [("user", state["objective"])]})
+        return {"summary": result["messages"][-1].content}
+
+    graph = StateGraph(Run)
+    graph.add_node("supervisor", supervisor)
+    graph.add_edge(START, "supervisor")
+    graph.add_edge("supervisor", END)
+
+    async def delegate(app: Any, n: int) -> None:
+        config = {"configurable": {"thread_id": f"d{n}"}}
+        async for _ in app.astream({"objective": OBJECTIVE}, config, stream_mode="updates", subgraphs=True):
+            pass
+
+    if not checkpoints:
+        app = graph.compile()
+        return [await _timed(lambda n=n: delegate(app, n)) for n in range(count)]
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    async with AsyncSqliteSaver.from_conn_string(checkpoints) as saver:
+        app = graph.compile(checkpointer=saver)
+        return [await _timed(lambda n=n: delegate(app, n)) for n in range(count)]
+
+
+async def contender_main(args: argparse.Namespace) -> None:
+    async with open_channel(args.scratchpad, token=mesh_token(MeshRole.WORKER)) as channel:
+        plane = ResearchPlane(ScratchpadClient(channel))
+
+        async def read() -> str:
+            return render(await plane.read_all(args.thread))
+
+        count = WARM_UP + args.delegations
+        if args.contender == "httpx":
+            times = await bare_httpx(args.model_url, read, count)
+        elif args.contender == "openai":
+            times = await bare_openai(args.model_url, read, count)
+        else:
+            checkpoints = str(Path(args.workdir) / "checkpoints.db") if args.contender == "langgraph-sqlite" else ""
+            times = await langgraph(args.model_url, read, count, checkpoints)
+    print(json.dumps(times))
+
+
+# -- the benchmark ---------------------------------------------------------------------------------
+
+
+async def quarry_worker(worker_address: str, thread_id: str, count: int) -> list[float]:
+    async with open_channel(worker_address, token=mesh_token(MeshRole.SUPERVISOR)) as channel:
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+
+        async def delegate(n: int) -> None:
+            request = worker_pb2.DelegateRequest(
+                delegation_id=f"compare-{n}",
+                run_id="compare",
+                tool_call_id=f"compare-{n}",
+                scratchpad_thread_id=thread_id,
+                task=worker_pb2.ResearchTask(objective=OBJECTIVE),
+                role=common_pb2.ROLE_RESEARCHER,
+            )
+            async for event in stub.Delegate(request, timeout=60):
+                if event.WhichOneof("event") == "result":
+                    assert event.result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED, event.result
+
+        return [await _timed(lambda n=n: delegate(n)) for n in range(count)]
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    contenders = [name for name in args.contenders.split(",") if name]
+    unknown = set(contenders) - set(CONTENDERS)
+    if unknown:
+        raise SystemExit(f"unknown contenders: {', '.join(sorted(unknown))}")
+    with tempfile.TemporaryDirectory() as workdir_name:
+        workdir = Path(workdir_name)
+        env = {"QUARRY_DATA_DIR": str(workdir), "QUARRY_LOG_LEVEL": "WARNING"}
+        async with ScriptedModel() as model:
+            model.default = two_turns
+            with (
+                running_service("scratchpad", {**env, **mesh_environment(None)}, workdir) as (_, scratchpad),
+                running_service(
+                    "worker",
+                    {
+                        **env,
+                        **mesh_environment(MeshRole.WORKER),
+                        "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad,
+                        "QUARRY_WORKER_MODEL_BASE_URL": model.base_url,
+                        "QUARRY_WORKER_MODEL_NAME": "scripted",
+                    },
+                    workdir,
+                ) as (_, worker),
+            ):
+                async with open_channel(scratchpad, token=mesh_token(MeshRole.SUPERVISOR)) as channel:
+                    thread_id = (await ScratchpadClient(channel).create_thread(title="compare")).thread_id
+                figures = {}
+                for name in contenders:
+                    model.service_times.clear()
+                    if name == "quarry":
+                        times = await quarry_worker(worker, thread_id, WARM_UP + args.delegations)
+                    else:
+                        times = await run_contender(name, args, model.base_url, scratchpad, thread_id, workdir)
+                    service = model.service_times
+                    assert len(service) == 2 * len(times), (name, len(service), len(times))
+                    figures[name] = [
+                        (wall - service[2 * n] - service[2 * n + 1]) * 1000 / 2
+                        for n, wall in enumerate(times)
+                        if n >= WARM_UP
+                    ]
+    report(figures, args.delegations)
+
+
+async def run_contender(
+    name: str, args: argparse.Namespace, model_url: str, scratchpad: str, thread_id: str, workdir: Path
+) -> list[float]:
+    command = [sys.executable, __file__, "--contender", name, "--model-url", model_url, "--scratchpad", scratchpad]
+    command += ["--thread", thread_id, "--delegations", str(args.delegations), "--workdir", str(workdir)]
+    process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, env=os.environ.copy())
+    stdout, _ = await process.communicate()
+    if process.returncode != 0:
+        raise SystemExit(f"{name} failed (exit {process.returncode}); is the bench extra installed?")
+    times: list[float] = json.loads(stdout.decode().strip().splitlines()[-1])
+    return times
+
+
+def report(figures: dict[str, list[float]], delegations: int) -> None:
+    print(f"overhead per turn beyond the model, {delegations} sequential two-turn delegations each:")
+    p50 = {name: percentile(values, 0.5) for name, values in figures.items()}
+    for name, values in figures.items():
+        print(f"  {name:<17} p50 {p50[name]:6.2f} ms   p99 {percentile(values, 0.99):6.2f} ms")
+    if "quarry" in p50:
+        for base in ("openai", "httpx", "langgraph", "langgraph-sqlite"):
+            if base in p50:
+                print(f"  quarry / {base}: {p50['quarry'] / p50[base]:.2f}x at p50")
+        if "openai" in p50:
+            print("  (goal: quarry <= 2x openai)")
+
+
+def main() -> None:
+    args = arguments(
+        __doc__,
+        delegations=60,
+        contenders=",".join(CONTENDERS),
+        contender="",
+        model_url="",
+        scratchpad="",
+        thread="",
+        workdir="",
+    )
+    if args.contender:
+        asyncio.run(contender_main(args))
+    else:
+        asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
