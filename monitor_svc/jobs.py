@@ -50,6 +50,8 @@ from monitor_svc.validation import (
     refuse_nul,
     wall_clock_limit,
 )
+from monitor_svc.workspaces.model import LOCAL, WorkspaceRecord
+from monitor_svc.workspaces.operations import Workspaces
 from quarry.errors import (
     AlreadyExists,
     ErrorReason,
@@ -136,10 +138,12 @@ class Jobs:
         limits: SlurmLimits,
         log_roots: Sequence[str] = (),
         *,
+        workspaces: Workspaces,
         allow_submission: bool = False,
         supervision: Supervision = Supervision(),
     ) -> None:
         self._hosts = hosts
+        self._workspaces = workspaces
         self._gpus = gpus
         self._allow_submission = allow_submission
         self._jobs_dir = jobs_dir
@@ -195,6 +199,13 @@ class Jobs:
                 reason=ErrorReason.JOB_SUBMISSION_DISABLED,
             )
 
+    async def _in_workspace(self, command: Command, options: JobOptions, kind: str) -> Command:
+        """The command placed in its workspace: on the workspace's host, in its root or a directory inside it."""
+        record, directory = await self._workspaces.job_path(
+            options.workspace_id, command.working_directory, f"{kind}.working_directory", directory=True
+        )
+        return replace(command, host=_workspace_host(record, command.host, kind), working_directory=directory)
+
     async def submit_local(self, command: Command, options: JobOptions, request_id: str) -> JobRecord:
         self._check_submission_allowed()
         argv = command_argv(command.argv, command.command_line, "local")
@@ -203,11 +214,15 @@ class Jobs:
                 "local.working_directory": command.working_directory,
                 "local.log_path": command.log_path,
                 "request_id": request_id,
+                "options.workspace_id": options.workspace_id,
             }
         )
+        # As the request says (a workspace's directory relative to its root): a retry is the same submission.
+        payload = ["local", list(argv), command.working_directory, command.log_path, _options_payload(options)]
+        if options.workspace_id:
+            command = await self._in_workspace(command, options, "local")
         metrics = _checked_options(options, command.working_directory)
         self.check_log_path(JobRef("local", log_path=command.log_path), "local.log_path")
-        payload = ["local", list(argv), command.working_directory, command.log_path, _options_payload(options)]
         return await self._once(
             request_id, payload, lambda digest: self._start_local(argv, command, options, metrics, request_id, digest)
         )
@@ -221,8 +236,19 @@ class Jobs:
                 "remote.working_directory": command.working_directory,
                 "remote.log_path": command.log_path,
                 "request_id": request_id,
+                "options.workspace_id": options.workspace_id,
             }
         )
+        payload = [
+            "remote",
+            command.host,
+            list(argv),
+            command.working_directory,
+            command.log_path,
+            _options_payload(options),
+        ]
+        if options.workspace_id:
+            command = await self._in_workspace(command, options, "remote")
         self._hosts.require(command.host, field="remote.host")
         if command.working_directory and not posixpath.isabs(command.working_directory):
             raise InvalidArgument([FieldViolation("remote.working_directory", "an absolute path")])
@@ -233,14 +259,6 @@ class Jobs:
                 reason=ErrorReason.LOG_PATH_NOT_ALLOWED,
             )
         self.check_log_path(JobRef("remote", host=command.host, log_path=command.log_path), "remote.log_path")
-        payload = [
-            "remote",
-            command.host,
-            list(argv),
-            command.working_directory,
-            command.log_path,
-            _options_payload(options),
-        ]
         return await self._once(
             request_id, payload, lambda digest: self._start_remote(argv, command, options, metrics, request_id, digest)
         )
@@ -255,12 +273,20 @@ class Jobs:
                 "slurm.script_path": script_path,
                 **{f"slurm.sbatch_args[{index}]": arg for index, arg in enumerate(sbatch_args)},
                 "request_id": request_id,
+                "options.workspace_id": options.workspace_id,
             }
         )
-        self._hosts.require(host, field="slurm.host")
         if not script_path or script_path.startswith("-"):
             # Not an option in disguise: sbatch would read "-..." as one.
             raise InvalidArgument([FieldViolation("slurm.script_path", "required: the batch script on the host")])
+        payload = ["slurm", host, script_path, list(sbatch_args), _options_payload(options)]
+        directory = ""
+        if options.workspace_id:
+            record, script_path = await self._workspaces.job_path(
+                options.workspace_id, script_path, "slurm.script_path", directory=False
+            )
+            host, directory = _workspace_host(record, host, "slurm"), record.root
+        self._hosts.require(host, field="slurm.host")
         if options.metrics:
             raise InvalidArgument([FieldViolation("options.metrics", "read from local and SSH-host jobs, not Slurm's")])
         if options.gpus.indices:
@@ -272,11 +298,13 @@ class Jobs:
             args.append(f"--gres=gpu:{options.gpus.count}")
         if options.wall_clock_limit is not None:
             args.append(f"--time={slurm.format_time_limit(options.wall_clock_limit)}")
+        if directory:
+            args.append(f"--chdir={directory}")
         prefix = ["env", *(f"{name}={value}" for name, value in options.environment.items())]
         command = quote(*(prefix if options.environment else []), "sbatch", "--parsable", *args, script_path)
-        payload = ["slurm", host, script_path, list(sbatch_args), _options_payload(options)]
+        placed = Command(host=host, working_directory=directory)
         return await self._once(
-            request_id, payload, lambda digest: self._start_slurm(host, command, options, request_id, digest)
+            request_id, payload, lambda digest: self._start_slurm(placed, command, options, request_id, digest)
         )
 
     async def _once(self, request_id: str, payload: object, start: Callable[[str], Awaitable[_Job]]) -> JobRecord:
@@ -420,8 +448,11 @@ class Jobs:
         await self._started(job, f"process {record.pid} on {host}")
         return job
 
-    async def _start_slurm(self, host: str, command: str, options: JobOptions, request_id: str, digest: str) -> _Job:
-        record = _new_record("slurm", request_id, digest, options, (), Command(host=host))
+    async def _start_slurm(
+        self, placed: Command, command: str, options: JobOptions, request_id: str, digest: str
+    ) -> _Job:
+        host = placed.host
+        record = _new_record("slurm", request_id, digest, options, (), placed)
         job = await self._pending(record, ())
         try:
             result = await self._hosts.run(host, command)
@@ -796,16 +827,31 @@ def _new_record(
         environment_names=sorted(options.environment),
         wall_clock_limit=options.wall_clock_limit,
         metrics=list(options.metrics),
+        workspace_id=options.workspace_id,
         detail="starting",
     )
 
 
+def _workspace_host(record: WorkspaceRecord, named: str, kind: str) -> str:
+    """The host a job in the workspace runs on ("" for this machine): the workspace's, which a request that
+    names a host must name."""
+    host = "" if record.host == LOCAL else record.host
+    if kind == "local" and host:
+        where = f"the workspace is on {host}: submit a remote command or a Slurm script there"
+        raise InvalidArgument([FieldViolation("options.workspace_id", where)])
+    if kind != "local" and not host:
+        raise InvalidArgument(
+            [FieldViolation("options.workspace_id", "the workspace is on this machine: submit a local command")]
+        )
+    if named and named != host:
+        raise InvalidArgument(
+            [FieldViolation(f"{kind}.host", f"the workspace is on {host}: name it, or leave this empty")]
+        )
+    return host
+
+
 def _checked_options(options: JobOptions, working_directory: str) -> tuple[CompiledMetric, ...]:
     """The options' faults as field violations; the metrics compiled."""
-    if options.workspace_id:
-        raise InvalidArgument(
-            [FieldViolation("options.workspace_id", "workspaces are not available yet: give a working_directory")]
-        )
     check_environment(options.environment)
     wall_clock_limit(options.wall_clock_limit)
     check_gpu_request(options.gpus)
@@ -823,6 +869,8 @@ def _options_payload(options: JobOptions) -> dict[str, object]:
         "wall_clock_limit": options.wall_clock_limit,
         "gpus": asdict(options.gpus),
         "metrics": [asdict(spec) for spec in options.metrics],
+        # Only when set: the digests of records written before workspaces stay valid.
+        **({"workspace_id": options.workspace_id} if options.workspace_id else {}),
     }
 
 

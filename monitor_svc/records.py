@@ -50,6 +50,7 @@ class JobRecord:
     wall_clock_limit: float | None = None  # seconds
     started_at: float | None = None  # epoch seconds: a deadline survives a restart of the monitor
     metrics: list[MetricSpec] = field(default_factory=list)
+    workspace_id: str = ""  # the workspace it runs in, if any
     state: JobState = JobState.PENDING
     exit_code: int | None = None
     detail: str = ""

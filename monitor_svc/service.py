@@ -73,18 +73,6 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
     probe = NvmlProbe()
     hosts = SshHosts(settings.hosts, command_timeout=settings.ssh_command_timeout)
     gpus = GpuSampler(probe, hosts)
-    jobs = Jobs(
-        hosts,
-        gpus,
-        Path(settings.jobs_dir) if settings.jobs_dir else common.data_dir / "jobs",
-        # Not among the log roots: a record is not a log anyone may tail.
-        JobRecords(common.data_dir / "monitor" / "jobs"),
-        SlurmLimits(settings.slurm_unknown_polls, settings.slurm_time_limit_buffer_seconds),
-        settings.log_roots,
-        allow_submission=settings.allow_job_submission,
-        supervision=Supervision(settings.job_poll_seconds, settings.job_stop_grace_seconds),
-    )
-    await jobs.resume()
     # The registry resolves a workspace_id to its host, root and protected paths (for jobs, too).
     registry = WorkspaceRegistry(common.data_dir / "monitor" / "workspaces")
     workspaces = Workspaces(
@@ -93,6 +81,19 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
         settings.workspace_roots,
         git_timeout=settings.workspace_git_timeout,
     )
+    jobs = Jobs(
+        hosts,
+        gpus,
+        Path(settings.jobs_dir) if settings.jobs_dir else common.data_dir / "jobs",
+        # Not among the log roots: a record is not a log anyone may tail.
+        JobRecords(common.data_dir / "monitor" / "jobs"),
+        SlurmLimits(settings.slurm_unknown_polls, settings.slurm_time_limit_buffer_seconds),
+        settings.log_roots,
+        workspaces=workspaces,
+        allow_submission=settings.allow_job_submission,
+        supervision=Supervision(settings.job_poll_seconds, settings.job_stop_grace_seconds),
+    )
+    await jobs.resume()
 
     def register(server: grpc.aio.Server) -> None:
         monitor_pb2_grpc.add_MonitorServiceServicer_to_server(MonitorServicer(gpus, hosts, jobs, workspaces), server)

@@ -8,12 +8,13 @@ original result.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf import duration_pb2
 from google.protobuf.message import Message
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
@@ -460,6 +461,31 @@ class MonitorClient:
         finally:
             stream.cancel()
         raise RuntimeError("the monitor ended the watch without a status")
+
+    async def submit_job(self, request: monitor_pb2.SubmitJobRequest) -> monitor_pb2.SubmitJobResponse:
+        """Start a job; retried safely, as the monitor answers a repeated request_id with the job it started."""
+        if not request.request_id:
+            request.request_id = str(uuid.uuid4())
+        # Starting may connect to an SSH host and choose GPUs: as long as a workspace call.
+        response: monitor_pb2.SubmitJobResponse = await self._retry.call(
+            self._stub.SubmitJob, request, extra_timeout=_WORKSPACE_SECONDS
+        )
+        return response
+
+    async def watch_job(
+        self, job: monitor_pb2.JobRef, *, deadline_seconds: float, log_tail_lines: int = 20, poll_seconds: int = 2
+    ) -> AsyncGenerator[monitor_pb2.WatchJobResponse]:
+        """WatchJob's responses until the job ends (a job the monitor started is reported as it changes) or
+        `deadline_seconds` pass (DEADLINE_EXCEEDED)."""
+        request = monitor_pb2.WatchJobRequest(
+            job=job, log_tail_lines=log_tail_lines, poll_interval=duration_pb2.Duration(seconds=poll_seconds)
+        )
+        stream: Any = self._stub.WatchJob(request, timeout=deadline_seconds)
+        try:
+            async for response in stream:
+                yield response
+        finally:
+            stream.cancel()
 
     # -- workspaces -------------------------------------------------------------------------------------
 

@@ -253,8 +253,11 @@ class WorkerSettings(ModelTier):
     scratchpad_address: str = "127.0.0.1:7411"
     """The scratchpad this worker promotes findings to (`quarry up` sets it)."""
     monitor_address: str = ""
-    """The monitor behind the gpu_status and job_status tools (`quarry up` sets it); empty: those tools
-    are not offered."""
+    """The monitor behind the gpu_status and job_status tools and an engineer's workspace tools (`quarry up`
+    sets it); empty: those tools are not offered, and engineer delegations are refused."""
+    engineer_command_seconds: float = Field(default=120.0, gt=0, le=3600)
+    """The longest an engineer's run_command (a smoke test in its workspace) may run; the monitor stops it
+    past its limit. Training goes through launch_experiment, which has its own limit."""
     max_concurrent_delegations: int = Field(default=64, ge=1, le=10_000)
     """Delegations this worker runs at once; beyond it Delegate answers RESOURCE_EXHAUSTED."""
     default_timeout_seconds: float = Field(default=600.0, gt=0)

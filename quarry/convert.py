@@ -25,6 +25,7 @@ from quarry.vocabulary import (
     Gpu,
     GpuProcess,
     JobLook,
+    JobMetric,
     JobRef,
     JobState,
     Source,
@@ -95,6 +96,7 @@ ROLES: EnumMap[Role, common_pb2.Role.ValueType] = EnumMap(
         Role.SUPERVISOR: common_pb2.ROLE_SUPERVISOR,
         Role.RESEARCHER: common_pb2.ROLE_RESEARCHER,
         Role.VERIFIER: common_pb2.ROLE_VERIFIER,
+        Role.ENGINEER: common_pb2.ROLE_ENGINEER,
     }
 )
 
@@ -258,6 +260,18 @@ def job_look_from_proto(status: monitor_pb2.JobStatus) -> JobLook:
         exit_code=status.exit_code if status.HasField("exit_code") else None,
         detail=status.detail,
         log_tail=tuple(status.log_tail),
+        metrics=tuple(_job_metric(metric) for metric in status.metrics),
+    )
+
+
+def _job_metric(metric: monitor_pb2.MetricResult) -> JobMetric:
+    found = metric.state == monitor_pb2.METRIC_STATE_FOUND
+    return JobMetric(
+        metric.name,
+        value=metric.value if found else None,
+        best=metric.best if found else None,
+        count=metric.count,
+        detail=metric.detail,
     )
 
 
@@ -272,6 +286,8 @@ def delegation_result_to_proto(result: DelegationResult) -> worker_pb2.Delegatio
         conversation_id=result.conversation_id,
         tool_call_id=result.tool_call_id,
         worker_id=result.worker_id,
+        jobs=[job_ref_to_proto(job) for job in result.jobs],
+        files_changed=list(result.files_changed),
     )
     if result.error_code is not None:
         code = DELEGATION_ERROR_CODES.to_proto(result.error_code)
@@ -295,6 +311,8 @@ def delegation_result_from_proto(message: worker_pb2.DelegationResult) -> Delega
         turns=message.turns_used,
         usage=usage_from_proto(message.usage),
         worker_id=message.worker_id,
+        jobs=tuple(job_ref_from_proto(job) for job in message.jobs),
+        files_changed=tuple(message.files_changed),
     )
 
 

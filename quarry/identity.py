@@ -10,6 +10,7 @@ class Role(enum.StrEnum):
     SUPERVISOR = "supervisor"
     RESEARCHER = "researcher"
     VERIFIER = "verifier"
+    ENGINEER = "engineer"
 
 
 @dataclass(frozen=True)

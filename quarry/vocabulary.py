@@ -21,6 +21,7 @@ __all__ = [
     "Gpu",
     "GpuProcess",
     "JobLook",
+    "JobMetric",
     "JobRef",
     "JobState",
     "Source",
@@ -89,6 +90,9 @@ class DelegationResult:
     usage: Usage = field(default_factory=Usage)
     # The worker that ran it (its configured id); empty when no worker took it.
     worker_id: str = ""
+    # An engineer's work, from its tools' state: the experiments it launched, the workspace files it changed.
+    jobs: tuple[JobRef, ...] = ()
+    files_changed: tuple[str, ...] = ()
 
     @property
     def succeeded(self) -> bool:
@@ -132,6 +136,17 @@ class JobRef:
 
 
 @dataclass(frozen=True)
+class JobMetric:
+    """A metric of a job the monitor started, once the job has ended: the last value read and the best."""
+
+    name: str
+    value: float | None = None  # None: not found
+    best: float | None = None
+    count: int = 0
+    detail: str = ""  # why it was not found, or what was skipped
+
+
+@dataclass(frozen=True)
 class JobLook:
     """One look at a job."""
 
@@ -139,6 +154,7 @@ class JobLook:
     exit_code: int | None = None
     detail: str = ""
     log_tail: tuple[str, ...] = ()
+    metrics: tuple[JobMetric, ...] = ()  # once a job the monitor started has ended
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
         Role.RESEARCHER: frozenset({EntryKind.FINDING, EntryKind.MARKER, EntryKind.ACKNOWLEDGEMENT, EntryKind.NOTE}),
         # Verifiers judge findings; they do not add findings of their own.
         Role.VERIFIER: frozenset({EntryKind.VERDICT, EntryKind.ACKNOWLEDGEMENT, EntryKind.NOTE}),
+        # Engineers report what they built and ran; findings and verdicts are the researchers' and verifiers'.
+        Role.ENGINEER: frozenset({EntryKind.NOTE, EntryKind.MARKER}),
     }
 )
 
@@ -25,7 +27,7 @@ WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
 ROLES_OF_CALLER: MappingProxyType[MeshRole, frozenset[Role]] = MappingProxyType(
     {
         MeshRole.SUPERVISOR: frozenset({Role.SUPERVISOR}),
-        MeshRole.WORKER: frozenset({Role.RESEARCHER, Role.VERIFIER}),
+        MeshRole.WORKER: frozenset({Role.RESEARCHER, Role.VERIFIER, Role.ENGINEER}),
     }
 )
 

@@ -153,6 +153,7 @@ class DelegationOrder:
     max_turns: int  # 0: the worker's default
     max_tokens: int  # 0: no token bound
     timeout_seconds: float
+    workspace_id: str = ""  # the monitor's workspace an engineer works in; empty for other roles
 
 
 @dataclass(frozen=True)

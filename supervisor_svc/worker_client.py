@@ -70,7 +70,12 @@ def request_for(order: DelegationOrder) -> worker_pb2.DelegateRequest:
         run_id=order.run_id,
         tool_call_id=order.tool_call_id,
         scratchpad_thread_id=order.scratchpad_thread_id,
-        task=worker_pb2.ResearchTask(objective=order.objective, criteria=order.criteria, input_refs=order.input_refs),
+        task=worker_pb2.ResearchTask(
+            objective=order.objective,
+            criteria=order.criteria,
+            input_refs=order.input_refs,
+            workspace_id=order.workspace_id,
+        ),
         role=ROLES.to_proto(order.role),
         budget=worker_pb2.DelegationBudget(
             max_turns=order.max_turns,

@@ -29,6 +29,7 @@ class DelegationRequest:
     max_turns: int = 0  # 0: the default
     timeout_seconds: float = 0.0  # 0: the server default
     max_tokens: int = 0  # 0: no token bound
+    workspace_id: str = ""  # an engineer's workspace (the monitor's id); empty for every other role
 
 
 @dataclass(frozen=True)
@@ -69,3 +70,4 @@ class DelegationRecord:
     create_time: datetime
     end_time: datetime | None = None
     worker_id: str = ""  # empty for delegations recorded before workers had an id
+    workspace_id: str = ""

@@ -12,6 +12,9 @@ from types import MappingProxyType
 
 from quarry.identity import Role
 
+# Capabilities whose tools ask the monitor: only a worker configured with one has them.
+MONITOR_CAPABILITIES = frozenset({"compute", "workspace"})
+
 
 @dataclass(frozen=True)
 class RoleSpec:
@@ -23,6 +26,11 @@ class RoleSpec:
 
     def capabilities_given(self, available: frozenset[str]) -> list[str]:
         return [*self.capabilities, *(c for c in self.optional_capabilities if c in available)]
+
+    @property
+    def needs_monitor(self) -> bool:
+        """The role cannot run on a worker without a monitor (its own tools ask it)."""
+        return not MONITOR_CAPABILITIES.isdisjoint(self.capabilities)
 
 
 ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
@@ -45,6 +53,21 @@ ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
                 "Finish with a short summary of your verdicts."
             ),
             capabilities=("web_search", "scratchpad"),
+        ),
+        # Works in the one workspace its delegation names (the tools are bound to it): reads and edits
+        # its code, smoke-tests it, launches experiments. Never offered to researchers or verifiers.
+        Role.ENGINEER: RoleSpec(
+            instructions=(
+                "You are an engineer working in one code workspace. Read before you change anything: "
+                "list_tree, read_file and search_code show the code. Change files with apply_patch (a unified "
+                "diff) or write_file; protected paths (the evaluation harness, the data) are read-only. Check a "
+                "change with run_command, a short smoke test that is stopped past its limit; then start the real "
+                "run with launch_experiment, giving its wall-clock limit, GPUs and the metrics to read from its "
+                "log or metrics file: it returns the job's id at once and runs on its own (job_status shows it). "
+                "Add a 'note' to the scratchpad when the task asks for one. Finish with a short summary of what "
+                "you changed and launched."
+            ),
+            capabilities=("workspace", "scratchpad"),
         ),
     }
 )

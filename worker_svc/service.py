@@ -15,11 +15,12 @@ from quarry.client import Dialer, MonitorClient, ScratchpadClient
 from quarry.compute import ComputeView
 from quarry.config import QuarrySettings, WorkerSettings
 from quarry.db import open_migrated_database
-from quarry.identity import MeshRole, Principal
+from quarry.identity import MeshRole, Principal, Role
 from quarry.mesh import Access
 from quarry.research_plane import ResearchPlane
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import worker_pb2, worker_pb2_grpc
+from quarry.workspace import WorkspaceView
 from worker_svc.corpus import Corpus
 from worker_svc.diagnostics import diagnostics
 from worker_svc.model import DelegationRequest
@@ -31,6 +32,7 @@ from worker_svc.web.fetch import AddressPolicy, guarded_client
 from worker_svc.web.pages import PageReader
 from worker_svc.web.search import SearchBackend, http_backend
 from worker_svc.worker import Worker, WorkerLimits
+from worker_svc.workspace_tools import WorkspaceSession
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "alembic_version_worker"
@@ -57,7 +59,8 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
     channel = dial.channel(settings.scratchpad_address)
     scratchpad = ResearchPlane(ScratchpadClient(channel))
     monitor_channel = dial.channel(settings.monitor_address) if settings.monitor_address else None
-    monitor = ComputeView(MonitorClient(monitor_channel)) if monitor_channel else None
+    monitor_client = MonitorClient(monitor_channel) if monitor_channel else None
+    monitor = ComputeView(monitor_client) if monitor_client else None
     embedding = EmbeddingSettings.for_worker(settings, common)
     embedder = None if embedding is None else Embedder(embedding)
     corpus = Corpus(Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db", embedder)
@@ -80,6 +83,11 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
 
     def context_for(request: DelegationRequest) -> DelegationContext:
         assert request.role is not None
+        workspace = None
+        if request.role is Role.ENGINEER and monitor_client is not None and monitor is not None:
+            # Bound here, before the model sees anything: its tools reach this workspace only.
+            view = WorkspaceView(monitor_client, request.workspace_id)
+            workspace = WorkspaceSession(view, monitor, settings.engineer_command_seconds)
         return DelegationContext(
             scratchpad=scratchpad,
             scratchpad_thread_id=request.scratchpad_thread_id,
@@ -87,6 +95,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
             search=search,
             pages=pages,
             monitor=monitor,
+            workspace=workspace,
         )
 
     worker = Worker(

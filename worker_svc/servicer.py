@@ -47,6 +47,7 @@ def request_from_proto(request: worker_pb2.DelegateRequest) -> DelegationRequest
         max_turns=budget.max_turns,
         timeout_seconds=duration_seconds(budget.timeout) if budget.HasField("timeout") else 0.0,
         max_tokens=budget.max_tokens,
+        workspace_id=request.task.workspace_id,
     )
 
 
@@ -96,7 +97,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             scratchpad_thread_id=record.scratchpad_thread_id,
             role=ROLES.to_proto(record.role),
             task=worker_pb2.ResearchTask(
-                objective=record.objective, criteria=list(record.criteria), input_refs=list(record.input_refs)
+                objective=record.objective,
+                criteria=list(record.criteria),
+                input_refs=list(record.input_refs),
+                workspace_id=record.workspace_id,
             ),
             state=STATES.to_proto(record.state),
             create_time=timestamp(record.create_time),

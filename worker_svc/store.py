@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ from quarry.agent.usage import Usage
 from quarry.db import Database
 from quarry.errors import ErrorReason, FailedPrecondition
 from quarry.identity import Role
-from quarry.vocabulary import DelegationErrorCode, DelegationResult
+from quarry.vocabulary import DelegationErrorCode, DelegationResult, JobRef
 from worker_svc.model import DelegationRecord, DelegationRequest, DelegationState
 from worker_svc.schema import delegations
 
@@ -44,6 +45,7 @@ def _record(row: sa.Row[Any]) -> DelegationRecord:
         create_time=row.create_time,
         end_time=row.end_time,
         worker_id=row.worker_id,
+        workspace_id=row.task.get("workspace_id", ""),
     )
 
 
@@ -60,6 +62,8 @@ def _result_json(result: DelegationResult) -> dict[str, object]:
         "promoted": list(result.promoted),
         "turns": result.turns,
         **result.usage.to_json(),
+        "jobs": [dataclasses.asdict(job) for job in result.jobs],
+        "files_changed": list(result.files_changed),
     }
 
 
@@ -81,6 +85,8 @@ def _result_from_json(
         turns=int(data.get("turns", 0)),
         usage=Usage.from_json(data),
         worker_id=worker_id,
+        jobs=tuple(JobRef(**job) for job in data.get("jobs") or []),
+        files_changed=tuple(str(path) for path in data.get("files_changed") or []),
     )
 
 
@@ -124,6 +130,7 @@ class DelegationStore:
                 "objective": request.objective,
                 "criteria": list(request.criteria),
                 "input_refs": list(request.input_refs),
+                "workspace_id": request.workspace_id,
             },
             "state": DelegationState.RUNNING.value,
             "result": None,

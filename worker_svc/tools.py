@@ -22,14 +22,27 @@ from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import JobRef
 from worker_svc.web.pages import Page, PageError, PageReader
 from worker_svc.web.search import SearchBackend, SearchError, SearchResult, SearchResults
+from worker_svc.workspace_tools import WORKSPACE_TOOLS, WorkspaceSession, describe_look
 
 # A paper's byline names this many authors, then "et al." (some papers have thousands).
 BYLINE_AUTHORS = 5
+MAX_WAIT_SECONDS = 600.0  # job_status waits at most this long for a job to end
 
 CAPABILITIES: dict[str, list[str]] = {
     "web_search": ["perform_web_search", "read_web_page", "search_web_page", "scroll_web_page"],
     "scratchpad": ["read_scratchpad", "append_scratchpad"],
     "compute": ["gpu_status", "job_status"],
+    # An engineer's, bound to its delegation's workspace (worker_svc/workspace_tools.py).
+    "workspace": [
+        "list_tree",
+        "read_file",
+        "search_code",
+        "write_file",
+        "apply_patch",
+        "run_command",
+        "launch_experiment",
+        "job_status",
+    ],
 }
 
 
@@ -42,8 +55,10 @@ class DelegationContext:
     author: Principal
     search: SearchBackend
     pages: PageReader
-    # The monitor, when this worker has one (the `compute` capability needs it).
+    # The monitor, when this worker has one (the `compute` and `workspace` capabilities need it).
     monitor: ComputeView | None = None
+    # An engineer's workspace; None for every other role.
+    workspace: WorkspaceSession | None = None
     read: dict[str, Page] = field(default_factory=dict)  # pages read in this delegation, by URL
     promoted: list[int] = field(default_factory=list)
 
@@ -153,7 +168,13 @@ class GpuStatusParams(BaseModel):
 
 
 class JobStatusParams(BaseModel):
-    kind: Literal["local", "remote", "slurm"] = Field(description="a local pid, a pid on a host, or a Slurm job")
+    monitor_job_id: str = Field(default="", description="a job the monitor started (launch_experiment's id)")
+    wait_seconds: float = Field(
+        default=0.0, ge=0, le=MAX_WAIT_SECONDS, description="wait up to this long for such a job to end"
+    )
+    kind: Literal["local", "remote", "slurm"] | None = Field(
+        default=None, description="or any job: a local pid, a pid on a host, or a Slurm job"
+    )
     pid: int = Field(default=0, ge=0, description="for local and remote")
     host: str = Field(default="", description="for remote and slurm: a configured host name")
     job_id: str = Field(default="", description="for slurm")
@@ -189,25 +210,35 @@ async def gpu_status(params: GpuStatusParams, context: DelegationContext) -> str
 
 
 async def job_status(params: JobStatusParams, context: DelegationContext) -> str:
-    job = JobRef(params.kind, pid=params.pid, host=params.host, job_id=params.job_id, log_path=params.log_path)
+    if params.monitor_job_id:
+        job = JobRef("", log_path=params.log_path, monitor_job_id=params.monitor_job_id)
+    elif params.kind is not None:
+        job = JobRef(params.kind, pid=params.pid, host=params.host, job_id=params.job_id, log_path=params.log_path)
+    else:
+        raise ToolError("name the job: its monitor_job_id, or its kind with a pid or Slurm job_id")
+    if params.wait_seconds and not params.monitor_job_id:
+        raise ToolError("wait_seconds is for a job the monitor started (monitor_job_id)")
+    monitor = _monitor(context)
     try:
-        look = await _monitor(context).job(job)
+        look = await (monitor.wait(job, seconds=params.wait_seconds) if params.wait_seconds else monitor.job(job))
     except MonitorError as error:
         raise ToolError(f"the monitor could not answer: {error}") from error
-    text = f"{look.state}" + (f", exit code {look.exit_code}" if look.exit_code is not None else "")
-    text += f" ({look.detail})" if look.detail else ""
-    if look.log_tail:
-        text += "\nLast log lines:\n" + "\n".join(look.log_tail)
-    return text
+    return describe_look(look)
 
 
 COMPUTE_TOOLS: list[Tool[Any, DelegationContext]] = [
     Tool(
         "gpu_status", "GPUs of a host: model, load, memory, temperature, power, processes.", GpuStatusParams, gpu_status
     ),
-    Tool("job_status", "State, exit code and last log lines of a process or Slurm job.", JobStatusParams, job_status),
+    Tool(
+        "job_status",
+        "State, exit code, metrics and last log lines of a job the monitor started, a process or a Slurm job.",
+        JobStatusParams,
+        job_status,
+    ),
 ]
 
 
 def tools_for(capabilities: Sequence[str]) -> ToolRegistry[DelegationContext]:
-    return ToolRegistry.for_capabilities([*WEB_TOOLS, *SCRATCHPAD_TOOLS, *COMPUTE_TOOLS], CAPABILITIES, capabilities)
+    catalog: list[Tool[Any, DelegationContext]] = [*WEB_TOOLS, *SCRATCHPAD_TOOLS, *COMPUTE_TOOLS, *WORKSPACE_TOOLS]
+    return ToolRegistry.for_capabilities(catalog, CAPABILITIES, capabilities)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -40,11 +41,12 @@ from quarry.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from quarry.identity import Role
 from quarry.lease import LeaseKeeper, LeaseTerms
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import DelegationErrorCode, DelegationResult
 from worker_svc.model import DelegationRecord, DelegationRequest, Event, Progress, Started
-from worker_svc.roles import ROLES
+from worker_svc.roles import MONITOR_CAPABILITIES, ROLES
 from worker_svc.store import DelegationStore
 from worker_svc.tools import DelegationContext, tools_for
 
@@ -59,6 +61,8 @@ MAX_CRITERION_CHARS = 1000
 MAX_INPUT_REFS = 20
 MAX_INPUT_REF_CHARS = 2048
 MAX_TIMEOUT_SECONDS = 24 * 3600
+# A monitor's workspace id ("ws-" and hex digits today); the monitor checks it exactly.
+_WORKSPACE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 _ACTIVE = meter.create_up_down_counter("quarry.delegations.active", description="delegations running on this worker")
 
@@ -72,7 +76,7 @@ class WorkerLimits:
     max_concurrent: int = 64
     default_timeout_seconds: float = 600.0
     context_tokens: int = 96_000
-    # Whether a monitor is configured, so that roles subscribing to `compute` get its tools.
+    # Whether a monitor is configured, so that roles get the capabilities that ask it (an engineer needs it).
     compute: bool = False
     # A running delegation whose worker has not renewed its lease for this long is ended as failed.
     lease_seconds: float = 30.0
@@ -96,6 +100,7 @@ def validate(request: DelegationRequest) -> None:
     if request.role not in ROLES:
         roles = ", ".join(f"ROLE_{role.name}" for role in ROLES)
         violations.append(FieldViolation("role", f"a worker runs one of: {roles}"))
+    violations.extend(_workspace_violations(request))
     if not 0 <= request.max_turns <= MAX_TURNS_LIMIT:
         violations.append(FieldViolation("budget.max_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)"))
     if not 0 <= request.timeout_seconds <= MAX_TIMEOUT_SECONDS:
@@ -104,6 +109,18 @@ def validate(request: DelegationRequest) -> None:
         violations.append(FieldViolation("budget.max_tokens", "must not be negative"))
     if violations:
         raise InvalidArgument(violations)
+
+
+def _workspace_violations(request: DelegationRequest) -> list[FieldViolation]:
+    """An engineer works in the workspace its task names; no other role is given one."""
+    field, workspace_id = "task.workspace_id", request.workspace_id
+    if request.role is Role.ENGINEER and not workspace_id:
+        return [FieldViolation(field, "required for ROLE_ENGINEER: the monitor's workspace it works in")]
+    if workspace_id and request.role is not Role.ENGINEER:
+        return [FieldViolation(field, "only ROLE_ENGINEER works in a workspace")]
+    if workspace_id and not _WORKSPACE_ID.fullmatch(workspace_id):
+        return [FieldViolation(field, "a workspace id from the monitor's OpenWorkspace")]
+    return []
 
 
 def _list_violations(field: str, items: tuple[str, ...], max_items: int, max_chars: int) -> list[FieldViolation]:
@@ -198,6 +215,13 @@ class Worker:
         if existing is not None and existing.outcome is not None:
             _check_same_request(existing, request)
             return _replay(existing)
+        assert request.role is not None
+        if ROLES[request.role].needs_monitor and not self._limits.compute:
+            raise FailedPrecondition(
+                f"ROLE_{request.role.name} needs a monitor for its tools, and this worker has none "
+                "(QUARRY_WORKER_MONITOR_ADDRESS); send it to a worker that has one",
+                reason=ErrorReason.MONITOR_NOT_CONFIGURED,
+            )
         if self._closing:
             raise Unavailable("this worker is shutting down; try another", reason=ErrorReason.SHUTTING_DOWN)
         if len(self._running) + self._admitting >= self._limits.max_concurrent:
@@ -304,6 +328,7 @@ class Worker:
         deadline = asyncio.timeout(timeout)
 
         def ended(code: DelegationErrorCode | None, message: str = "", summary: str = "") -> DelegationResult:
+            workspace = context.workspace if context else None
             return DelegationResult(
                 delegation_id=request.delegation_id,
                 tool_call_id=request.tool_call_id,
@@ -315,6 +340,9 @@ class Worker:
                 turns=run.turns if run else 0,
                 usage=run.usage if run else Usage(),
                 worker_id=self._delegations.worker_id,
+                # What an engineer's tools did, as they recorded it: kept on failure too.
+                jobs=tuple(workspace.jobs) if workspace else (),
+                files_changed=tuple(workspace.files_changed) if workspace else (),
             )
 
         try:
@@ -325,7 +353,7 @@ class Worker:
                 max_tokens=request.max_tokens,
                 context_tokens=self._limits.context_tokens,
             )
-            available = frozenset({"compute"} if self._limits.compute else ())
+            available = MONITOR_CAPABILITIES if self._limits.compute else frozenset()
             tools = tools_for(ROLES[request.role].capabilities_given(available))
             run = AgentRun(self._model, tools, self._conversations, conversation_id, limits, observer, agent="worker")
             async with deadline:
@@ -383,11 +411,12 @@ class Worker:
 
 def _check_same_request(record: DelegationRecord, request: DelegationRequest) -> None:
     """A delegation_id names one request: a different one under the same id is refused, not answered."""
-    if (record.run_id, record.tool_call_id, record.objective, record.scratchpad_thread_id) != (
+    if (record.run_id, record.tool_call_id, record.objective, record.scratchpad_thread_id, record.workspace_id) != (
         request.run_id,
         request.tool_call_id,
         request.objective,
         request.scratchpad_thread_id,
+        request.workspace_id,
     ):
         raise FailedPrecondition(
             f"delegation_id {request.delegation_id!r} was already used for a different request",

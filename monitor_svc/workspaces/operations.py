@@ -68,7 +68,7 @@ from monitor_svc.workspaces.paths import (
     relative_to,
     within,
 )
-from monitor_svc.workspaces.registry import WorkspaceRegistry, workspace_id
+from monitor_svc.workspaces.registry import WorkspaceRegistry, check_workspace_id, workspace_id
 from monitor_svc.workspaces.remote import SshBackend
 from quarry.errors import (
     AlreadyExists,
@@ -240,8 +240,8 @@ class Workspaces:
                 return configured
         return None
 
-    async def _workspace(self, workspace_id: str) -> tuple[WorkspaceRecord, Backend]:
-        record = await self._registry.get(workspace_id)
+    async def _workspace(self, workspace_id: str, field: str = "workspace_id") -> tuple[WorkspaceRecord, Backend]:
+        record = await self._registry.get(workspace_id, field)
         if record.allowed_root not in self._allowed_roots(record.host):
             raise FailedPrecondition(
                 f"{record.root} on {record.host} is no longer under a configured workspace root",
@@ -301,6 +301,25 @@ class Workspaces:
         if info is None:
             raise NotFound("path", path or ".", field="path")
         return resolved, info
+
+    # -- jobs ------------------------------------------------------------------------------------------
+
+    async def job_path(
+        self, workspace_id: str, path: str, field: str, *, directory: bool
+    ) -> tuple[WorkspaceRecord, str]:
+        """Where a job in the workspace starts (a directory; "" is the root) or the script it submits (a
+        file): `path` checked by the same rules as every workspace path, then resolved on its host."""
+        check_workspace_id(workspace_id, "options.workspace_id")
+        name = relative_path(path, field, allow_root=directory)
+        record, backend = await self._workspace(workspace_id, "options.workspace_id")
+        resolved = await self._resolve(record, backend, name)
+        info = await backend.lstat(resolved)
+        if info is None:
+            raise NotFound("path", name or ".", field=field)
+        wanted = EntryKind.DIRECTORY if directory else EntryKind.FILE
+        if info.kind is not wanted:
+            raise _wrong_kind(name, "a directory" if directory else "a regular file")
+        return record, resolved
 
     # -- reading --------------------------------------------------------------------------------------
 

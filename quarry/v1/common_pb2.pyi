@@ -30,6 +30,8 @@ class _RoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Role.ValueType],
     """Searches, reads and promotes verified findings."""
     ROLE_VERIFIER: _Role.ValueType  # 3
     """Checks findings against their sources and records verdicts."""
+    ROLE_ENGINEER: _Role.ValueType  # 4
+    """Edits code and launches experiments in one workspace of the monitor's."""
 
 class Role(_Role, metaclass=_RoleEnumTypeWrapper):
     """The role a principal acts in. The scratchpad enforces which roles may write
@@ -43,6 +45,8 @@ ROLE_RESEARCHER: Role.ValueType  # 2
 """Searches, reads and promotes verified findings."""
 ROLE_VERIFIER: Role.ValueType  # 3
 """Checks findings against their sources and records verdicts."""
+ROLE_ENGINEER: Role.ValueType  # 4
+"""Edits code and launches experiments in one workspace of the monitor's."""
 Global___Role: _TypeAlias = Role  # noqa: Y015
 
 class _DelegationOutcome:
@@ -177,6 +181,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """FAILED_PRECONDITION: a delegation_id was used before with a different request."""
     ERROR_REASON_DELEGATION_RUNNING: _ErrorReason.ValueType  # 82
     """FAILED_PRECONDITION: the delegation is still running elsewhere."""
+    ERROR_REASON_MONITOR_NOT_CONFIGURED: _ErrorReason.ValueType  # 83
+    """FAILED_PRECONDITION: the delegation's role needs a monitor this worker is not configured with
+    (QUARRY_WORKER_MONITOR_ADDRESS).
+    """
     ERROR_REASON_TOO_MANY_RUNS: _ErrorReason.ValueType  # 100
     """SupervisorService.
     RESOURCE_EXHAUSTED: the supervisor runs as many runs as it may.
@@ -309,6 +317,10 @@ ERROR_REASON_DELEGATION_ID_REUSED: ErrorReason.ValueType  # 81
 """FAILED_PRECONDITION: a delegation_id was used before with a different request."""
 ERROR_REASON_DELEGATION_RUNNING: ErrorReason.ValueType  # 82
 """FAILED_PRECONDITION: the delegation is still running elsewhere."""
+ERROR_REASON_MONITOR_NOT_CONFIGURED: ErrorReason.ValueType  # 83
+"""FAILED_PRECONDITION: the delegation's role needs a monitor this worker is not configured with
+(QUARRY_WORKER_MONITOR_ADDRESS).
+"""
 ERROR_REASON_TOO_MANY_RUNS: ErrorReason.ValueType  # 100
 """SupervisorService.
 RESOURCE_EXHAUSTED: the supervisor runs as many runs as it may.

@@ -523,6 +523,7 @@ class LocalCommand(_message.Message):
     LOG_PATH_FIELD_NUMBER: _builtins.int
     COMMAND_LINE_FIELD_NUMBER: _builtins.int
     working_directory: _builtins.str
+    """Where it runs; with a workspace, relative to the workspace root."""
     log_path: _builtins.str
     """stdout and stderr go here."""
     command_line: _builtins.str
@@ -557,8 +558,11 @@ class SlurmSubmission(_message.Message):
     SCRIPT_PATH_FIELD_NUMBER: _builtins.int
     SBATCH_ARGS_FIELD_NUMBER: _builtins.int
     host: _builtins.str
-    """The configured login host sbatch runs on."""
+    """The configured login host sbatch runs on; with a workspace, empty means
+    the workspace's host.
+    """
     script_path: _builtins.str
+    """With a workspace, relative to its root, and the job starts in the root."""
     @_builtins.property
     def sbatch_args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -660,11 +664,15 @@ class RemoteCommand(_message.Message):
     WORKING_DIRECTORY_FIELD_NUMBER: _builtins.int
     LOG_PATH_FIELD_NUMBER: _builtins.int
     host: _builtins.str
-    """A host from the monitor's configuration."""
+    """A host from the monitor's configuration; with a workspace, empty means
+    the workspace's host.
+    """
     command_line: _builtins.str
     """As in LocalCommand: split into arguments, never run by a shell."""
     working_directory: _builtins.str
-    """Absolute; unset means the SSH user's home directory."""
+    """Absolute; unset means the SSH user's home directory. With a workspace,
+    relative to the workspace root (unset: the root).
+    """
     log_path: _builtins.str
     """Absolute, under one of the host's log_roots; unset means a new file in
     the first of them.
@@ -720,8 +728,12 @@ class JobOptions(_message.Message):
     METRICS_FIELD_NUMBER: _builtins.int
     WORKSPACE_ID_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
-    """Reserved for workspaces; not accepted yet (the job runs in its
-    working_directory).
+    """Runs the job in this workspace (OpenWorkspace's workspace_id), on its
+    host: a local command for a workspace on this machine, a remote one (its
+    host may be left empty) or a Slurm submission for one on an SSH host. The
+    command's working_directory, and a Slurm script_path, are then relative
+    to the workspace root and must stay inside it (the workspace path rules);
+    empty means the root. JSON-lines metric files are read inside it too.
     """
     @_builtins.property
     def environment(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:

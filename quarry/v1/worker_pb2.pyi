@@ -11,6 +11,7 @@ from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from quarry.v1 import common_pb2 as _common_pb2
+from quarry.v1 import monitor_pb2 as _monitor_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -63,14 +64,20 @@ Global___DelegationState: _TypeAlias = DelegationState  # noqa: Y015
 
 @_typing.final
 class ResearchTask(_message.Message):
-    """A bounded research task: what to find out and how to judge it."""
+    """A bounded task: what to find out (or to build) and how to judge it."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     OBJECTIVE_FIELD_NUMBER: _builtins.int
     CRITERIA_FIELD_NUMBER: _builtins.int
     INPUT_REFS_FIELD_NUMBER: _builtins.int
+    WORKSPACE_ID_FIELD_NUMBER: _builtins.int
     objective: _builtins.str
+    workspace_id: _builtins.str
+    """The workspace (MonitorService.OpenWorkspace's workspace_id, on the
+    worker's monitor) an engineer works in: the only one its tools reach.
+    Required for ROLE_ENGINEER; refused for every other role.
+    """
     @_builtins.property
     def criteria(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Conditions a satisfactory answer meets."""
@@ -85,10 +92,11 @@ class ResearchTask(_message.Message):
         objective: _builtins.str = ...,
         criteria: _abc.Iterable[_builtins.str] | None = ...,
         input_refs: _abc.Iterable[_builtins.str] | None = ...,
+        workspace_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["criteria", b"criteria", "input_refs", b"input_refs", "objective", b"objective"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["criteria", b"criteria", "input_refs", b"input_refs", "objective", b"objective", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -283,6 +291,8 @@ class DelegationResult(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     WORKER_ID_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    FILES_CHANGED_FIELD_NUMBER: _builtins.int
     delegation_id: _builtins.str
     outcome: _common_pb2.DelegationOutcome.ValueType
     summary: _builtins.str
@@ -302,6 +312,18 @@ class DelegationResult(_message.Message):
 
     @_builtins.property
     def usage(self) -> _common_pb2.Usage: ...
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[_monitor_pb2.JobRef]:
+        """The experiments an engineer launched (launch_experiment), in launch
+        order; watch them with MonitorService.WatchJob. Kept on failure too.
+        """
+
+    @_builtins.property
+    def files_changed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The workspace files an engineer wrote, patched, created or deleted,
+        relative to its root, in the order first changed. Kept on failure too.
+        """
+
     def __init__(
         self,
         *,
@@ -315,10 +337,12 @@ class DelegationResult(_message.Message):
         conversation_id: _builtins.str = ...,
         tool_call_id: _builtins.str = ...,
         worker_id: _builtins.str = ...,
+        jobs: _abc.Iterable[_monitor_pb2.JobRef] | None = ...,
+        files_changed: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "delegation_id", b"delegation_id", "error", b"error", "outcome", b"outcome", "promoted_sequence_nos", b"promoted_sequence_nos", "summary", b"summary", "tool_call_id", b"tool_call_id", "turns_used", b"turns_used", "usage", b"usage", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "delegation_id", b"delegation_id", "error", b"error", "files_changed", b"files_changed", "jobs", b"jobs", "outcome", b"outcome", "promoted_sequence_nos", b"promoted_sequence_nos", "summary", b"summary", "tool_call_id", b"tool_call_id", "turns_used", b"turns_used", "usage", b"usage", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -530,7 +530,7 @@ BAD: list[tuple[str, dict[str, Any], monitor_pb2.JobOptions, str]] = [
         _options(gpus=monitor_pb2.GpuRequest(count=1), environment={"CUDA_VISIBLE_DEVICES": "0"}),
         "options.environment",
     ),
-    ("a workspace", {}, _options(workspace_id="ws-1"), "options.workspace_id"),
+    ("a workspace id that is not one", {}, _options(workspace_id="ws-1"), "options.workspace_id"),
 ]
 
 

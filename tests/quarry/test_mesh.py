@@ -111,6 +111,8 @@ async def test_the_author_role_a_request_claims_must_be_one_its_caller_holds(ser
         (MeshRole.SUPERVISOR, scratchpad_pb2.ENTRY_KIND_VERDICT, common_pb2.ROLE_VERIFIER, {}),
         (MeshRole.WORKER, scratchpad_pb2.ENTRY_KIND_FINDING, common_pb2.ROLE_RESEARCHER, finding),
         (MeshRole.SUPERVISOR, scratchpad_pb2.ENTRY_KIND_NOTE, common_pb2.ROLE_SUPERVISOR, {}),
+        (MeshRole.SUPERVISOR, scratchpad_pb2.ENTRY_KIND_NOTE, common_pb2.ROLE_ENGINEER, {}),
+        (MeshRole.WORKER, scratchpad_pb2.ENTRY_KIND_NOTE, common_pb2.ROLE_ENGINEER, {}),
     ]
     answers = []
     for caller, kind, role, extra in cases:
@@ -118,7 +120,8 @@ async def test_the_author_role_a_request_claims_must_be_one_its_caller_holds(ser
             stub = scratchpad_pb2_grpc.ScratchpadServiceStub(channel)
             answers.append(await _code(stub.Append(_append(thread_id, kind, role, **extra), timeout=10)))
     denied = (grpc.StatusCode.PERMISSION_DENIED, ErrorReason.CALLER_NOT_PERMITTED)
-    assert answers == [denied, denied, denied, denied, (grpc.StatusCode.OK, ""), (grpc.StatusCode.OK, "")]
+    ok = (grpc.StatusCode.OK, "")
+    assert answers == [denied, denied, denied, denied, ok, ok, denied, ok]
 
 
 async def test_each_method_is_open_only_to_the_roles_its_service_names(services: Services) -> None:

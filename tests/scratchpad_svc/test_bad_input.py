@@ -141,6 +141,9 @@ FORBIDDEN = [
     (common_pb2.ROLE_SUPERVISOR, scratchpad_pb2.ENTRY_KIND_VERDICT),
     (common_pb2.ROLE_VERIFIER, scratchpad_pb2.ENTRY_KIND_FINDING),
     (common_pb2.ROLE_VERIFIER, scratchpad_pb2.ENTRY_KIND_SEED),
+    (common_pb2.ROLE_ENGINEER, scratchpad_pb2.ENTRY_KIND_FINDING),
+    (common_pb2.ROLE_ENGINEER, scratchpad_pb2.ENTRY_KIND_VERDICT),
+    (common_pb2.ROLE_ENGINEER, scratchpad_pb2.ENTRY_KIND_ACKNOWLEDGEMENT),
 ]
 
 
@@ -159,12 +162,15 @@ async def test_permitted_kinds_are_written(stub: Stub, make_thread: Callable[[],
     thread_id = await make_thread()
     supervisor = common_pb2.Principal(principal_id="sup", role=common_pb2.ROLE_SUPERVISOR)
     verifier = common_pb2.Principal(principal_id="ver", role=common_pb2.ROLE_VERIFIER)
+    engineer = common_pb2.Principal(principal_id="eng", role=common_pb2.ROLE_ENGINEER)
     allowed = [
         (supervisor, scratchpad_pb2.ENTRY_KIND_SEED),
         (RESEARCHER, scratchpad_pb2.ENTRY_KIND_FINDING),
         (RESEARCHER, scratchpad_pb2.ENTRY_KIND_MARKER),
         (verifier, scratchpad_pb2.ENTRY_KIND_VERDICT),
         (supervisor, scratchpad_pb2.ENTRY_KIND_NOTE),
+        (engineer, scratchpad_pb2.ENTRY_KIND_NOTE),
+        (engineer, scratchpad_pb2.ENTRY_KIND_MARKER),
     ]
     for index, (author, kind) in enumerate(allowed):
         response = await stub.Append(finding(thread_id, f"r-{index}", kind=kind, author=author))

@@ -13,9 +13,12 @@ import pytest
 
 from quarry.client import ScratchpadClient, insecure_channel
 from quarry.config import QuarrySettings, ScratchpadSettings, WorkerSettings
+from quarry.identity import Role
 from quarry.server import ServiceHost, ServiceRegistration
-from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from quarry.v1 import common_pb2, monitor_pb2, worker_pb2, worker_pb2_grpc
+from quarry.vocabulary import JobRef
 from scratchpad_svc.service import build_host as build_scratchpad
+from supervisor_svc.model import DelegationOrder
 from supervisor_svc.worker_client import DelegationClient
 from tests.conftest import reusable_port
 from tests.fakes.openai_server import Reply, ScriptedModel, Stall
@@ -32,6 +35,17 @@ class MisbehavingWorker(worker_pb2_grpc.WorkerServiceServicer):
             return
         if request.delegation_id.endswith("wrong-id"):
             yield worker_pb2.DelegateResponse(result=worker_pb2.DelegationResult(delegation_id="someone-else"))
+            return
+        if request.delegation_id.endswith("engineer"):  # answers with what it was sent, as an engineer's work
+            job = monitor_pb2.JobRef(monitor_job_id="job-0123456789abcdef", log_path="/jobs/a.log")
+            job.local.pid = 42
+            echo = worker_pb2.DelegationResult(
+                delegation_id=request.delegation_id,
+                outcome=common_pb2.DELEGATION_OUTCOME_SUCCEEDED,
+                jobs=[job],
+                files_changed=[request.task.workspace_id, *request.task.criteria],
+            )
+            yield worker_pb2.DelegateResponse(result=echo)
             return
         raise RuntimeError("the worker crashed mid-stream")
 
@@ -176,3 +190,30 @@ async def test_a_misbehaving_worker_still_yields_one_correlated_error(workers: W
     assert result.delegation_id == f"run-1:{suffix}"
     assert result.outcome == common_pb2.DELEGATION_OUTCOME_FAILED
     assert result.error.code == code
+
+
+async def test_an_engineer_order_carries_its_workspace_and_its_result_the_jobs_and_files(workers: Workers) -> None:
+    order = DelegationOrder(
+        delegation_id="run-1:engineer",
+        run_id="run-1",
+        tool_call_id="engineer",
+        scratchpad_thread_id=workers.thread_id,
+        objective="Make it converge faster.",
+        criteria=("train.py",),
+        input_refs=(),
+        role=Role.ENGINEER,
+        max_turns=0,
+        max_tokens=0,
+        timeout_seconds=30,
+        workspace_id="ws-0123456789abcdef",
+    )
+
+    async def on_turn(turn: int, max_turns: int, worker_id: str) -> None:
+        pass
+
+    client = DelegationClient([workers.misbehaving])
+    result = await client.run(order, deadline_seconds=30, on_turn=on_turn)
+    await client.close()
+    assert result.succeeded
+    assert result.files_changed == ("ws-0123456789abcdef", "train.py"), "the worker was sent the workspace"
+    assert result.jobs == (JobRef("local", pid=42, log_path="/jobs/a.log", monitor_job_id="job-0123456789abcdef"),)
