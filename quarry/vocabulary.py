@@ -35,6 +35,11 @@ class EntryKind(enum.StrEnum):
     ACKNOWLEDGEMENT = "acknowledgement"
     NOTE = "note"
     VERDICT = "verdict"
+    CAMPAIGN_LEDGER = "campaign_ledger"
+    CAMPAIGN_DEAD_END = "campaign_dead_end"
+    CAMPAIGN_INSIGHT = "campaign_insight"
+    CAMPAIGN_DIRECTIVE = "campaign_directive"
+    CAMPAIGN_DECISION = "campaign_decision"
 
 
 @dataclass(frozen=True)

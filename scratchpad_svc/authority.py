@@ -11,8 +11,19 @@ from quarry.vocabulary import EntryKind
 WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
     {
         # The supervisor seeds the thread and coordinates (its report is the run's, not an entry);
-        # it never records findings or verdicts itself.
-        Role.SUPERVISOR: frozenset({EntryKind.SEED, EntryKind.MARKER, EntryKind.NOTE}),
+        # it never records findings or verdicts itself. It alone writes a campaign's records.
+        Role.SUPERVISOR: frozenset(
+            {
+                EntryKind.SEED,
+                EntryKind.MARKER,
+                EntryKind.NOTE,
+                EntryKind.CAMPAIGN_LEDGER,
+                EntryKind.CAMPAIGN_DEAD_END,
+                EntryKind.CAMPAIGN_INSIGHT,
+                EntryKind.CAMPAIGN_DIRECTIVE,
+                EntryKind.CAMPAIGN_DECISION,
+            }
+        ),
         # Researchers promote verified findings and coordinate with each other.
         Role.RESEARCHER: frozenset({EntryKind.FINDING, EntryKind.MARKER, EntryKind.ACKNOWLEDGEMENT, EntryKind.NOTE}),
         # Verifiers judge findings; they do not add findings of their own.

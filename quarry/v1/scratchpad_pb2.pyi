@@ -40,6 +40,18 @@ class _EntryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryKind.V
     """A free-form note."""
     ENTRY_KIND_VERDICT: _EntryKind.ValueType  # 6
     """A verifier's judgement of a finding."""
+    ENTRY_KIND_CAMPAIGN_LEDGER: _EntryKind.ValueType  # 20
+    """A campaign's records, written by its supervisor as JSON (supervisor_svc/campaigns/records.py).
+    One experiment cycle of the ledger.
+    """
+    ENTRY_KIND_CAMPAIGN_DEAD_END: _EntryKind.ValueType  # 21
+    """An approach that failed: never retried."""
+    ENTRY_KIND_CAMPAIGN_INSIGHT: _EntryKind.ValueType  # 22
+    """A durable observation."""
+    ENTRY_KIND_CAMPAIGN_DIRECTIVE: _EntryKind.ValueType  # 23
+    """A human's directive, and the THINK that consumed it."""
+    ENTRY_KIND_CAMPAIGN_DECISION: _EntryKind.ValueType  # 24
+    """A decision of the leader, or a rule the cycle broke."""
 
 class EntryKind(_EntryKind, metaclass=_EntryKindEnumTypeWrapper):
     """What an entry is. Which roles may write which kinds is fixed in code."""
@@ -57,6 +69,18 @@ ENTRY_KIND_NOTE: EntryKind.ValueType  # 5
 """A free-form note."""
 ENTRY_KIND_VERDICT: EntryKind.ValueType  # 6
 """A verifier's judgement of a finding."""
+ENTRY_KIND_CAMPAIGN_LEDGER: EntryKind.ValueType  # 20
+"""A campaign's records, written by its supervisor as JSON (supervisor_svc/campaigns/records.py).
+One experiment cycle of the ledger.
+"""
+ENTRY_KIND_CAMPAIGN_DEAD_END: EntryKind.ValueType  # 21
+"""An approach that failed: never retried."""
+ENTRY_KIND_CAMPAIGN_INSIGHT: EntryKind.ValueType  # 22
+"""A durable observation."""
+ENTRY_KIND_CAMPAIGN_DIRECTIVE: EntryKind.ValueType  # 23
+"""A human's directive, and the THINK that consumed it."""
+ENTRY_KIND_CAMPAIGN_DECISION: EntryKind.ValueType  # 24
+"""A decision of the leader, or a rule the cycle broke."""
 Global___EntryKind: _TypeAlias = EntryKind  # noqa: Y015
 
 @_typing.final
