@@ -357,7 +357,6 @@ class CampaignRun:
             await self.write(
                 DirectiveConsumed(request_id=directive.request_id, cycle=cycle), f"consumed/{directive.request_id}"
             )
-            await self._handle.emit(events.directive_consumed(directive.request_id, cycle))
         return tuple(Directive(text=d.text, request_id=d.request_id) for d in consumed)
 
     async def engineer(self, change: str, context: ThinkContext) -> str:

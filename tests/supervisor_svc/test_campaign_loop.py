@@ -1,0 +1,246 @@
+"""The campaign loop end to end over real gRPC: scratchpad, monitor, an engineer worker and the supervisor (its
+real loop, wired by build_host from the monitor's address) in this process, a scripted model, and a tiny CPU
+"training" script in a temporary git workspace: gradient descent on (x - 3)^2 whose learning rate and steps live
+in config.json, printing its validation loss with a little noise.
+
+One campaign of six cycles: the unchanged baseline three times (the noise floor), an improvement beyond the noise
+kept (its commit stays on the campaign's branch), a regression discarded (the workspace back at the kept commit,
+file and HEAD), a crashing experiment recorded FAILED with a dead end and no metric; a directive read by one
+THINK only; and no model call while any job ran.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from monitor_svc.service import build_host as build_monitor
+from quarry.client import CampaignClient, ScratchpadClient, open_channel
+from quarry.config import MonitorSettings, QuarrySettings, ScratchpadSettings, SupervisorSettings, WorkerSettings
+from quarry.v1 import campaign_pb2, monitor_pb2, scratchpad_pb2
+from scratchpad_svc.service import build_host as build_scratchpad
+from supervisor_svc.campaigns.loop import INSTRUCTIONS
+from supervisor_svc.service import build_host as build_supervisor
+from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
+from worker_svc.service import build_host as build_worker
+
+TRAIN = """\
+import json, random, time
+
+config = json.load(open("config.json"))
+x = 0.0
+for step in range(config["steps"]):
+    x -= config["lr"] * 2 * (x - 3.0)  # gradient descent on (x - 3)^2
+time.sleep(0.5)
+print(f"val_loss={(x - 3.0) ** 2 + random.uniform(0, 0.002):.6f}", flush=True)
+"""
+BASELINE_CONFIG = '{"lr": 0.01, "steps": 20}\n'  # val_loss about 4.0
+BETTER_CONFIG = '{"lr": 0.1, "steps": 20}\n'  # about 0.0013: far beyond the noise
+WORSE_CONFIG = '{"lr": 0.001, "steps": 20}\n'  # about 8.6
+BROKEN_CONFIG = '{"lr": 0.1, "steps": \n'  # the script crashes reading it
+DIRECTIVE = "Try a larger learning rate first."
+LEADER = INSTRUCTIONS.split("\n", 1)[0]
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def make_project(roots: Path) -> Path:
+    project = roots / "project"
+    project.mkdir(parents=True)
+    (project / "train.py").write_text(TRAIN)
+    (project / "config.json").write_text(BASELINE_CONFIG)
+    git(project, "init", "-q", "-b", "main")
+    git(project, "-c", "user.name=T", "-c", "user.email=t@example.com", "add", "-A")
+    git(project, "-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "-q", "-m", "initial")
+    return project.resolve()
+
+
+@dataclass
+class Script:
+    """The leader's and the engineer's turns, told apart by the leader's instructions; each request's time."""
+
+    leader: deque[Step] = field(default_factory=deque)
+    engineer: deque[Step] = field(default_factory=deque)
+    leader_requests: list[dict[str, Any]] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+
+    def __call__(self, body: dict[str, Any]) -> Step:
+        self.times.append(time.time())
+        if LEADER in (body["messages"][0].get("content") or ""):
+            self.leader_requests.append(body)
+            queue = self.leader
+        else:
+            queue = self.engineer
+        return queue.popleft() if queue else HttpError(400, message="no script left")
+
+    def cycle(self, change: str, config: str, hypothesis: str) -> None:
+        self.leader.extend(
+            [
+                Reply(calls=(Call("delegate_engineer", {"change": change}, f"e-{len(self.leader)}"),)),
+                Reply(content=hypothesis),
+            ]
+        )
+        self.engineer.extend(
+            [
+                Reply(calls=(Call("write_file", {"path": "config.json", "content": config}, "w"),)),
+                Reply(content=f"config.json now says {config.strip()}"),
+            ]
+        )
+
+
+@dataclass
+class Lab:
+    project: Path
+    campaigns: CampaignClient
+    scratchpad: ScratchpadClient
+    script: Script
+
+
+@pytest.fixture
+async def lab(tmp_path: Path, model: ScriptedModel) -> AsyncIterator[Lab]:
+    script = Script()
+    model.default = script
+    roots = tmp_path / "roots"
+    project = make_project(roots)
+    common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=1)
+    monitor_settings = MonitorSettings(
+        address="127.0.0.1:0", allow_job_submission=True, workspace_roots=[str(roots.resolve())]
+    )
+    async with (
+        await build_scratchpad(ScratchpadSettings(address="127.0.0.1:0"), common) as scratchpad,
+        await build_monitor(monitor_settings, common) as monitor,
+    ):
+        worker = await build_worker(
+            WorkerSettings(
+                address="127.0.0.1:0",
+                database_url=f"sqlite:///{tmp_path / 'worker.db'}",
+                scratchpad_address=scratchpad.address,
+                monitor_address=monitor.address,
+                model_base_url=model.base_url,
+                model_name="scripted",
+            ),
+            common,
+        )
+        async with worker:
+            supervisor = await build_supervisor(
+                SupervisorSettings(
+                    address="127.0.0.1:0",
+                    database_url=f"sqlite:///{tmp_path / 'supervisor.db'}",
+                    scratchpad_address=scratchpad.address,
+                    worker_addresses=worker.address,
+                    monitor_address=monitor.address,
+                    model_base_url=model.base_url,
+                    model_name="scripted",
+                ),
+                common,
+            )
+            async with (
+                supervisor,
+                open_channel(supervisor.address) as channel,
+                open_channel(scratchpad.address) as scratchpad_channel,
+            ):
+                yield Lab(project, CampaignClient(channel), ScratchpadClient(scratchpad_channel), script)
+
+
+def spec(project: Path, cycles: int) -> campaign_pb2.CampaignSpec:
+    message = campaign_pb2.CampaignSpec(
+        title="tiny",
+        brief=campaign_pb2.CampaignBrief(goal="Lower the validation loss.", protected_paths=["train.py"]),
+        workspace=campaign_pb2.CampaignWorkspace(root=str(project)),
+        metric=monitor_pb2.MetricSpec(
+            name="val_loss", direction=monitor_pb2.METRIC_DIRECTION_MINIMIZE, log_regex=r"val_loss=([0-9.]+)"
+        ),
+        experiment=campaign_pb2.CampaignExperiment(argv=[sys.executable, "train.py"]),
+        budgets=campaign_pb2.CampaignBudgets(max_cycles=cycles),
+    )
+    message.experiment.wall_clock_limit.FromSeconds(60)
+    return message
+
+
+KEEP = campaign_pb2.LEDGER_VERDICT_KEEP
+DISCARD = campaign_pb2.LEDGER_VERDICT_DISCARD
+FAILED = campaign_pb2.LEDGER_VERDICT_FAILED
+BASELINE = campaign_pb2.LEDGER_VERDICT_BASELINE
+
+
+async def test_a_campaign_measures_keeps_discards_and_fails_by_code_with_no_model_call_while_a_job_runs(
+    lab: Lab,
+) -> None:
+    script, project = lab.script, lab.project
+    script.cycle("Set lr to 0.1 in config.json.", BETTER_CONFIG, "A larger learning rate converges faster.")
+    script.cycle("Set lr to 0.001 in config.json.", WORSE_CONFIG, "A smaller learning rate is more stable.")
+    script.cycle("Make config.json say steps is nothing.", BROKEN_CONFIG, "Fewer steps save time.")
+    initial = git(project, "rev-parse", "HEAD")
+
+    campaign = await lab.campaigns.start_campaign(spec(project, cycles=6), request_id="lab-1")
+    await lab.campaigns.send_directive(campaign.campaign_id, DIRECTIVE, request_id="directive-1")
+    stream = [event async for event in lab.campaigns.stream_campaign(campaign.campaign_id)]
+
+    ended = stream[-1].ended
+    assert ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED, ended.reason
+    rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
+    assert [row.cycle for row in rows] == [1, 2, 3, 4, 5, 6]
+    assert [row.verdict for row in rows] == [BASELINE, BASELINE, BASELINE, KEEP, DISCARD, FAILED]
+    kept, discarded, crashed = rows[3], rows[4], rows[5]
+
+    # The baseline ran the initial commit three times; the noise floor and the best come from it, then the keep.
+    assert {row.commit for row in rows[:3]} == {initial}
+    assert all(3.9 < row.metrics[0].value < 4.1 for row in rows[:3])
+    assert kept.metrics[0].value < 0.01
+    final = await lab.campaigns.get_campaign(campaign.campaign_id)
+    assert final.best_value == pytest.approx(kept.metrics[0].value)
+
+    # The kept commit is on the campaign's branch, and the workspace is back at it after the discard and the crash.
+    branch = f"quarry/{campaign.campaign_id}"
+    assert git(project, "rev-parse", "--abbrev-ref", "HEAD") == branch
+    assert git(project, "rev-parse", "HEAD") == kept.commit
+    assert git(project, "show", f"{kept.commit}:config.json") + "\n" == BETTER_CONFIG
+    assert (project / "config.json").read_text() == BETTER_CONFIG
+    assert discarded.commit not in {initial, kept.commit}
+    assert git(project, "show", f"{discarded.commit}:config.json") + "\n" == WORSE_CONFIG
+
+    # The crash: FAILED by the job's exit, no metric, and a dead end on the campaign's thread.
+    assert crashed.job_state == monitor_pb2.JOB_STATE_FAILED
+    assert not crashed.metrics[0].HasField("value")
+    entries = await lab.scratchpad.read_all(campaign.campaign_id)
+    dead_ends = [json.loads(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_CAMPAIGN_DEAD_END]
+    assert [(d["cycle"], d["approach"]) for d in dead_ends] == [(6, "Fewer steps save time.")]
+    ledger = [json.loads(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_CAMPAIGN_LEDGER]
+    assert [record["cycle"] for record in ledger] == [1, 2, 3, 4, 5, 6]
+    assert "Fewer steps save time." in (project / "DEAD_ENDS.md").read_text()
+    assert len((project / "experiments.jsonl").read_text().splitlines()) == 6
+
+    # The directive reached the first THINK only, and was consumed once.
+    first_think, later_thinks = script.leader_requests[0], script.leader_requests[2:]
+    assert DIRECTIVE in first_think["messages"][1]["content"]
+    assert all(DIRECTIVE not in request["messages"][1]["content"] for request in later_thinks)
+    consumed = [event.directive_consumed for event in stream if event.HasField("directive_consumed")]
+    assert [(c.request_id, c.cycle) for c in consumed] == [("directive-1", 4)]
+
+    # No model call while a job ran: between each cycle's WAITING and REFLECT phases, none arrived.
+    waiting = {
+        event.phase_changed.cycle: event.create_time.ToDatetime(tzinfo=UTC).timestamp()
+        for event in stream
+        if event.HasField("phase_changed") and event.phase_changed.phase == campaign_pb2.CAMPAIGN_PHASE_WAITING
+    }
+    reflecting = {
+        event.phase_changed.cycle: event.create_time.ToDatetime(tzinfo=UTC).timestamp()
+        for event in stream
+        if event.HasField("phase_changed") and event.phase_changed.phase == campaign_pb2.CAMPAIGN_PHASE_REFLECT
+    }
+    assert sorted(waiting) == [1, 2, 3, 4, 5, 6]
+    for cycle, start in waiting.items():
+        assert not [moment for moment in script.times if start <= moment <= reflecting[cycle]], cycle
+    assert len(script.times) == 12  # three cycles of two leader and two engineer turns
