@@ -137,6 +137,7 @@ class ThinkContext:
     cycle: int
     tokens: int = 0
     changes: list[str] = field(default_factory=list)
+    files: set[str] = field(default_factory=set)
 
 
 async def delegate_engineer(params: EngineerParams, context: ThinkContext) -> str:
@@ -213,7 +214,9 @@ class CampaignRun:
     # -- driving -------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        await self._set_up()
+        if not await self._set_up():
+            await self._handle.pause(f"the workspace is not on the campaign's branch {self._branch}: check it out")
+            return
         while True:
             try:
                 if await self._step():
@@ -223,7 +226,9 @@ class CampaignRun:
                 log.warning("campaign %s: a step failed, retrying: %s", self._id, error)
                 await asyncio.sleep(self._deps.settings.retry_seconds)
 
-    async def _set_up(self) -> None:
+    async def _set_up(self) -> bool:
+        """Open the workspace on the campaign's branch and the campaign's thread; False when the workspace is on
+        another branch (someone checked one out)."""
         spec, monitor = self._spec, self._deps.monitor
         with contextlib.suppress(QuarryError):  # it exists: a restart
             await self._deps.scratchpad.create_thread(
@@ -237,10 +242,11 @@ class CampaignRun:
         )
         self._workspace_id = workspace.workspace_id
         if workspace.git.branch != self._branch:
-            try:
-                await monitor.create_workspace_branch(self._workspace_id, self._branch, request_id=f"{self._id}/branch")
-            except QuarryError:  # made before a restart: check it out where it is
-                await monitor.reset_workspace(self._workspace_id, self._branch, request_id=f"{self._id}/checkout")
+            # Made once (a repeat answers the first result); the loop never leaves the branch afterwards.
+            workspace = await monitor.create_workspace_branch(
+                self._workspace_id, self._branch, request_id=f"{self._id}/branch"
+            )
+        return workspace.git.branch == self._branch
 
     async def _step(self) -> bool:
         """One cycle, or one wait; True once the campaign ended or paused."""
@@ -285,9 +291,7 @@ class CampaignRun:
         started = datetime.now(UTC)
         await self._handle.set_phase(phase, cycle, action)
         if not commit:
-            await self._deps.monitor.reset_workspace(
-                self._workspace_id, signals.best_commit or await self._head(), request_id=f"{self._id}/c{cycle}/reset0"
-            )
+            await self._deps.monitor.reset_workspace(self._workspace_id, signals.best_commit or await self._head())
             commit = await self._head()
         end = await self._run_job(cycle)
         await self._reflect(
@@ -296,11 +300,16 @@ class CampaignRun:
 
     async def _experiment(self, cycle: int, signals: Signals, records: Sequence[CampaignRecord]) -> None:
         handle, started = self._handle, datetime.now(UTC)
+        launched = _launched(records, cycle)
+        if launched is not None:  # restarted after the change was committed: its experiment, not a new THINK
+            end = await self._run_job(cycle)
+            await self._reflect(
+                cycle, signals, launched.text, launched.action, launched.commit, end, started, launched.tokens_used
+            )
+            return
         await handle.set_phase(Phase.THINK, cycle, "choosing the next hypothesis")
         # A redone THINK starts from the kept state: whatever a half-finished one changed is dropped.
-        await self._deps.monitor.reset_workspace(
-            self._workspace_id, signals.best_commit, remove_untracked=False, request_id=f"{self._id}/c{cycle}/reset0"
-        )
+        await self._deps.monitor.reset_workspace(self._workspace_id, signals.best_commit, remove_untracked=False)
         directives = await self._consume_directives(cycle, records)
         context = memory.think_context(self._spec.brief.goal + _brief_rules(self._spec), records, signals)
         context = _with_directives(context, directives)
@@ -326,19 +335,20 @@ class CampaignRun:
         tokens = agent.usage.input_tokens + agent.usage.output_tokens + think.tokens
         await handle.record_usage(tokens)
         hypothesis = hypothesis or "(no hypothesis stated)"
-        await self.write(Decision(cycle=cycle, text=hypothesis), f"c{cycle}/decision")
         action = "; ".join(think.changes) or "no change"
         commit = ""
+        if not failure and not think.files:
+            failure = "no file was changed: nothing to run"
         if not failure:
             await handle.set_phase(Phase.EXECUTE, cycle, hypothesis[:200])
             response = await self._deps.monitor.commit_workspace(
                 self._workspace_id,
                 f"campaign cycle {cycle}: {hypothesis[:200]}",
-                request_id=f"{self._id}/c{cycle}/commit",
+                request_id=f"{conversation_id}/commit",
             )
             commit = response.commit
-            if not response.committed:
-                failure = "the change left the workspace as it was: nothing to run"
+        decision = Decision(cycle=cycle, text=hypothesis, commit=commit, action=action, tokens_used=tokens)
+        await self.write(decision, f"c{cycle}/decision")
         if failure:
             end = _JobEnd("", JobState.UNKNOWN, None, None, failure)
             await self._reflect(cycle, signals, hypothesis, action, commit, end, started, tokens, failed=True)
@@ -385,6 +395,7 @@ class CampaignRun:
         )
         context.tokens += result.usage.input_tokens + result.usage.output_tokens
         context.changes.append(change)
+        context.files.update(result.files_changed)
         if not result.succeeded:
             return f"the engineer failed: {result.error_message}"
         files = ", ".join(result.files_changed) or "none"
@@ -498,9 +509,7 @@ class CampaignRun:
         )
         kept = signals.best_commit
         if verdict in (Verdict.DISCARD, Verdict.FAILED) and kept and not baseline:
-            await monitor.reset_workspace(
-                self._workspace_id, kept, remove_untracked=True, request_id=f"{self._id}/c{cycle}/reset"
-            )
+            await monitor.reset_workspace(self._workspace_id, kept, remove_untracked=True)
         if verdict is Verdict.FAILED and not baseline:
             await self.write(DeadEnd(cycle=cycle, approach=hypothesis, reason=reason), f"c{cycle}/dead-end")
         after = read_signals([*_ledger(await self.records()), record], spec.metric.goal, spec.signal_rules())
@@ -520,9 +529,15 @@ class CampaignRun:
     async def _export(self, cycle: int) -> None:
         records = await self.records()
         for path, content in exports.workspace_exports(records).items():
-            await self._deps.monitor.write_workspace_file(
-                self._workspace_id, path, content, request_id=f"{self._id}/c{cycle}/export/{path}"
-            )
+            await self._deps.monitor.write_workspace_file(self._workspace_id, path, content)
+
+
+def _launched(records: Sequence[CampaignRecord], cycle: int) -> Decision | None:
+    """The cycle's committed change, when a THINK of it got that far."""
+    for record in records:
+        if isinstance(record, Decision) and record.cycle == cycle and record.commit:
+            return record
+    return None
 
 
 def _ledger(records: Sequence[CampaignRecord]) -> list[LedgerRecord]:

@@ -11,12 +11,13 @@ THINK only; and no model call while any job ran.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC
 from pathlib import Path
@@ -31,6 +32,7 @@ from quarry.v1 import campaign_pb2, monitor_pb2, scratchpad_pb2
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.campaigns.loop import INSTRUCTIONS
 from supervisor_svc.service import build_host as build_supervisor
+from tests.conftest import reusable_port
 from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
 from worker_svc.service import build_host as build_worker
 
@@ -41,7 +43,7 @@ config = json.load(open("config.json"))
 x = 0.0
 for step in range(config["steps"]):
     x -= config["lr"] * 2 * (x - 3.0)  # gradient descent on (x - 3)^2
-time.sleep(0.5)
+time.sleep(config.get("sleep", 0.5))
 print(f"val_loss={(x - 3.0) ** 2 + random.uniform(0, 0.002):.6f}", flush=True)
 """
 BASELINE_CONFIG = '{"lr": 0.01, "steps": 20}\n'  # val_loss about 4.0
@@ -106,6 +108,7 @@ class Lab:
     campaigns: CampaignClient
     scratchpad: ScratchpadClient
     script: Script
+    restart: Callable[[], Awaitable[None]]
 
 
 @pytest.fixture
@@ -133,25 +136,33 @@ async def lab(tmp_path: Path, model: ScriptedModel) -> AsyncIterator[Lab]:
             ),
             common,
         )
-        async with worker:
-            supervisor = await build_supervisor(
-                SupervisorSettings(
-                    address="127.0.0.1:0",
-                    database_url=f"sqlite:///{tmp_path / 'supervisor.db'}",
-                    scratchpad_address=scratchpad.address,
-                    worker_addresses=worker.address,
-                    monitor_address=monitor.address,
-                    model_base_url=model.base_url,
-                    model_name="scripted",
-                ),
-                common,
+        async with worker, contextlib.AsyncExitStack() as stack:
+            settings = SupervisorSettings(
+                address=f"127.0.0.1:{reusable_port()}",
+                database_url=f"sqlite:///{tmp_path / 'supervisor.db'}",
+                scratchpad_address=scratchpad.address,
+                worker_addresses=worker.address,
+                monitor_address=monitor.address,
+                model_base_url=model.base_url,
+                model_name="scripted",
             )
-            async with (
-                supervisor,
-                open_channel(supervisor.address) as channel,
-                open_channel(scratchpad.address) as scratchpad_channel,
-            ):
-                yield Lab(project, CampaignClient(channel), ScratchpadClient(scratchpad_channel), script)
+            supervisor = await stack.enter_async_context(await build_supervisor(settings, common))
+
+            async def restart() -> None:
+                """Stop the supervisor (its loops stop where they are) and start another on its database."""
+                nonlocal supervisor
+                await supervisor.__aexit__(None, None, None)
+                supervisor = await build_supervisor(settings, common)
+                await supervisor.__aenter__()
+
+            try:
+                async with (
+                    open_channel(settings.address) as channel,
+                    open_channel(scratchpad.address) as scratchpad_channel,
+                ):
+                    yield Lab(project, CampaignClient(channel), ScratchpadClient(scratchpad_channel), script, restart)
+            finally:
+                await supervisor.__aexit__(None, None, None)
 
 
 def spec(project: Path, cycles: int) -> campaign_pb2.CampaignSpec:
@@ -244,3 +255,33 @@ async def test_a_campaign_measures_keeps_discards_and_fails_by_code_with_no_mode
     for cycle, start in waiting.items():
         assert not [moment for moment in script.times if start <= moment <= reflecting[cycle]], cycle
     assert len(script.times) == 12  # three cycles of two leader and two engineer turns
+
+
+async def test_a_supervisor_restarted_during_a_running_experiment_finds_the_job_again_and_records_it_once(
+    lab: Lab,
+) -> None:
+    slow = '{"lr": 0.1, "steps": 20, "sleep": 3}\n'
+    lab.script.cycle("Set lr to 0.1 in config.json.", slow, "A larger learning rate converges faster.")
+    campaign = await lab.campaigns.start_campaign(spec(lab.project, cycles=4), request_id="lab-restart")
+    before: list[campaign_pb2.CampaignEvent] = []
+    async for event in lab.campaigns.stream_campaign(campaign.campaign_id):
+        before.append(event)
+        changed = event.phase_changed
+        if changed.cycle == 4 and changed.phase == campaign_pb2.CAMPAIGN_PHASE_WAITING:
+            break
+    job_id = before[-1].phase_changed.message.removeprefix("job ")
+
+    await lab.restart()
+    after = [
+        e async for e in lab.campaigns.stream_campaign(campaign.campaign_id, after_sequence_no=before[-1].sequence_no)
+    ]
+
+    assert after[-1].ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED, after[-1].ended.reason
+    rows = [event.ledger_recorded for event in [*before, *after] if event.HasField("ledger_recorded")]
+    assert [row.cycle for row in rows] == [1, 2, 3, 4]
+    assert rows[3].job_id == job_id and rows[3].verdict == KEEP
+    # Re-attached, not thought out or launched again: the one THINK's two turns, and the same job.
+    assert len(lab.script.leader_requests) == 2
+    waits = [e.phase_changed.message for e in after if e.phase_changed.phase == campaign_pb2.CAMPAIGN_PHASE_WAITING]
+    assert waits == [f"job {job_id}"]
+    assert git(lab.project, "rev-parse", "HEAD") == rows[3].commit
