@@ -11,6 +11,7 @@ THINK only; and no model call while any job ran.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import subprocess
@@ -28,11 +29,13 @@ import pytest
 from monitor_svc.service import build_host as build_monitor
 from quarry.client import CampaignClient, ScratchpadClient, open_channel
 from quarry.config import MonitorSettings, QuarrySettings, ScratchpadSettings, SupervisorSettings, WorkerSettings
+from quarry.identity import MeshRole
+from quarry.mesh import MeshKeys
 from quarry.v1 import campaign_pb2, monitor_pb2, scratchpad_pb2
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.campaigns.loop import INSTRUCTIONS
 from supervisor_svc.service import build_host as build_supervisor
-from tests.conftest import reusable_port
+from tests.conftest import ServiceProcess, reusable_port, start_service, stop_service
 from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
 from worker_svc.service import build_host as build_worker
 
@@ -285,3 +288,88 @@ async def test_a_supervisor_restarted_during_a_running_experiment_finds_the_job_
     waits = [e.phase_changed.message for e in after if e.phase_changed.phase == campaign_pb2.CAMPAIGN_PHASE_WAITING]
     assert waits == [f"job {job_id}"]
     assert git(lab.project, "rev-parse", "HEAD") == rows[3].commit
+
+
+async def test_over_processes_a_sigkilled_supervisor_is_restarted_and_its_campaign_runs_on_without_a_second_launch(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    """Scratchpad, monitor, an engineer worker and the supervisor as `quarry serve` processes with mesh tokens;
+    the supervisor SIGKILLed while cycle 4's experiment runs, then started again on its database."""
+    script = Script()
+    model.default = script
+    slow = '{"lr": 0.1, "steps": 20, "sleep": 3}\n'
+    script.cycle("Set lr to 0.1 in config.json.", slow, "A larger learning rate converges faster.")
+    script.cycle("Set lr to 0.001 in config.json.", WORSE_CONFIG, "A smaller learning rate is more stable.")
+    roots = (tmp_path / "roots").resolve()
+    project = make_project(roots)
+    keys = MeshKeys.generate()
+    common = {"QUARRY_DATA_DIR": str(tmp_path / "data"), "QUARRY_LOG_LEVEL": "WARNING"}
+    started: list[ServiceProcess] = []
+
+    def start(name: str, env: dict[str, str], role: MeshRole | None) -> ServiceProcess:
+        started.append(start_service(name, {**common, **keys.environment(role), **env}, tmp_path))
+        return started[-1]
+
+    try:
+        scratchpad = await asyncio.to_thread(start, "scratchpad", {}, None)
+        monitor_env = {
+            "QUARRY_MONITOR_ALLOW_JOB_SUBMISSION": "true",
+            "QUARRY_MONITOR_WORKSPACE_ROOTS": json.dumps([str(roots)]),
+            "QUARRY_MONITOR_JOB_POLL_SECONDS": "0.2",
+        }
+        monitor = await asyncio.to_thread(start, "monitor", monitor_env, None)
+        model_env = {"QUARRY_MODEL_BASE_URL": model.base_url, "QUARRY_MODEL_NAME": "scripted"}
+        worker_env = {
+            **model_env,
+            "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{tmp_path / 'worker.db'}",
+            "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad.address,
+            "QUARRY_WORKER_MONITOR_ADDRESS": monitor.address,
+        }
+        worker = await asyncio.to_thread(start, "worker", worker_env, MeshRole.WORKER)
+        supervisor_env = {
+            **model_env,
+            "QUARRY_SUPERVISOR_DATABASE_URL": f"sqlite:///{tmp_path / 'supervisor.db'}",
+            "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS": scratchpad.address,
+            "QUARRY_SUPERVISOR_WORKER_ADDRESSES": worker.address,
+            "QUARRY_SUPERVISOR_MONITOR_ADDRESS": monitor.address,
+            "QUARRY_SUPERVISOR_RUN_LEASE_SECONDS": "2",
+        }
+        supervisor = await asyncio.to_thread(start, "supervisor", supervisor_env, MeshRole.SUPERVISOR)
+
+        async with open_channel(supervisor.address) as channel:
+            campaigns = CampaignClient(channel)
+            campaign = await campaigns.start_campaign(spec(project, cycles=5), request_id="lab-processes")
+            before: list[campaign_pb2.CampaignEvent] = []
+            async for event in campaigns.stream_campaign(campaign.campaign_id):
+                before.append(event)
+                changed = event.phase_changed
+                if changed.cycle == 4 and changed.phase == campaign_pb2.CAMPAIGN_PHASE_WAITING:
+                    break
+        job_id = before[-1].phase_changed.message.removeprefix("job ")
+        supervisor.process.kill()  # SIGKILL: no lease given up, no loop told
+        supervisor.process.wait()
+
+        again = await asyncio.to_thread(start, "supervisor", supervisor_env, MeshRole.SUPERVISOR)
+        async with open_channel(again.address) as channel:
+            campaigns = CampaignClient(channel)
+            after = [
+                event
+                async for event in campaigns.stream_campaign(
+                    campaign.campaign_id, after_sequence_no=before[-1].sequence_no
+                )
+            ]
+    finally:
+        for service in reversed(started):
+            stop_service(service)
+
+    assert after[-1].ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED, after[-1].ended.reason
+    rows = [event.ledger_recorded for event in [*before, *after] if event.HasField("ledger_recorded")]
+    assert [row.cycle for row in rows] == [1, 2, 3, 4, 5]
+    assert [row.verdict for row in rows] == [BASELINE, BASELINE, BASELINE, KEEP, DISCARD]
+    assert rows[3].job_id == job_id
+    # Cycle 4 was neither thought out nor launched again: two THINKs of two turns in all, one job for cycle 4.
+    assert len(script.leader_requests) == 4
+    waits = [e.phase_changed for e in after if e.phase_changed.phase == campaign_pb2.CAMPAIGN_PHASE_WAITING]
+    assert (waits[0].cycle, waits[0].message) == (4, f"job {job_id}")
+    assert git(project, "rev-parse", "HEAD") == rows[3].commit
+    assert (project / "config.json").read_text() == slow
