@@ -28,6 +28,11 @@ class RoleSpec:
         return [*self.capabilities, *(c for c in self.optional_capabilities if c in available)]
 
     @property
+    def works_in_workspace(self) -> bool:
+        """Its delegations name the one workspace its tools are bound to (and no other role's may)."""
+        return "workspace" in self.capabilities
+
+    @property
     def needs_monitor(self) -> bool:
         """The role cannot run on a worker without a monitor (its own tools ask it)."""
         return not MONITOR_CAPABILITIES.isdisjoint(self.capabilities)

@@ -15,7 +15,7 @@ from quarry.client import Dialer, MonitorClient, ScratchpadClient
 from quarry.compute import ComputeView
 from quarry.config import QuarrySettings, WorkerSettings
 from quarry.db import open_migrated_database
-from quarry.identity import MeshRole, Principal, Role
+from quarry.identity import MeshRole, Principal
 from quarry.mesh import Access
 from quarry.research_plane import ResearchPlane
 from quarry.server import ServiceHost, ServiceRegistration, service_host
@@ -25,6 +25,7 @@ from worker_svc.corpus import Corpus
 from worker_svc.diagnostics import diagnostics
 from worker_svc.model import DelegationRequest
 from worker_svc.retrieval import Embedder, EmbeddingSettings, RerankedSearch
+from worker_svc.roles import ROLES
 from worker_svc.servicer import WorkerServicer
 from worker_svc.store import DelegationStore
 from worker_svc.tools import DelegationContext
@@ -84,7 +85,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
     def context_for(request: DelegationRequest) -> DelegationContext:
         assert request.role is not None
         workspace = None
-        if request.role is Role.ENGINEER and monitor_client is not None and monitor is not None:
+        if ROLES[request.role].works_in_workspace and monitor_client is not None and monitor is not None:
             # Bound here, before the model sees anything: its tools reach this workspace only.
             view = WorkspaceView(monitor_client, request.workspace_id)
             workspace = WorkspaceSession(view, monitor, settings.engineer_command_seconds)

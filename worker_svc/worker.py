@@ -41,7 +41,6 @@ from quarry.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from quarry.identity import Role
 from quarry.lease import LeaseKeeper, LeaseTerms
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import DelegationErrorCode, DelegationResult
@@ -114,10 +113,13 @@ def validate(request: DelegationRequest) -> None:
 def _workspace_violations(request: DelegationRequest) -> list[FieldViolation]:
     """An engineer works in the workspace its task names; no other role is given one."""
     field, workspace_id = "task.workspace_id", request.workspace_id
-    if request.role is Role.ENGINEER and not workspace_id:
-        return [FieldViolation(field, "required for ROLE_ENGINEER: the monitor's workspace it works in")]
-    if workspace_id and request.role is not Role.ENGINEER:
-        return [FieldViolation(field, "only ROLE_ENGINEER works in a workspace")]
+    if request.role is None or request.role not in ROLES:
+        return []  # the role's own violation says what is wrong
+    if ROLES[request.role].works_in_workspace and not workspace_id:
+        return [FieldViolation(field, f"required for ROLE_{request.role.name}: the monitor's workspace it works in")]
+    if workspace_id and not ROLES[request.role].works_in_workspace:
+        roles = ", ".join(f"ROLE_{role.name}" for role, spec in ROLES.items() if spec.works_in_workspace)
+        return [FieldViolation(field, f"only {roles} works in a workspace")]
     if workspace_id and not _WORKSPACE_ID.fullmatch(workspace_id):
         return [FieldViolation(field, "a workspace id from the monitor's OpenWorkspace")]
     return []

@@ -135,8 +135,8 @@ class MonitorServiceServicer:
 
     def SubmitJob(self, request, context):
         """Starts a job: a local command, a command on an SSH host, or a Slurm batch
-        script over SSH; optionally with an environment, a wall-clock limit, GPUs
-        and metrics (JobOptions). Idempotent by request_id, also across restarts
+        script over SSH; optionally in a workspace, with an environment, a
+        wall-clock limit, GPUs and metrics (JobOptions). Idempotent by request_id, also across restarts
         of the monitor, which keeps a durable record of every job it started.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

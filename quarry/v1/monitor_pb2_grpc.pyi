@@ -43,8 +43,8 @@ class MonitorServiceStub:
     """Streams a GPU sample every interval until the client cancels."""
     SubmitJob: _grpc.UnaryUnaryMultiCallable[_monitor_pb2.SubmitJobRequest, _monitor_pb2.SubmitJobResponse]
     """Starts a job: a local command, a command on an SSH host, or a Slurm batch
-    script over SSH; optionally with an environment, a wall-clock limit, GPUs
-    and metrics (JobOptions). Idempotent by request_id, also across restarts
+    script over SSH; optionally in a workspace, with an environment, a
+    wall-clock limit, GPUs and metrics (JobOptions). Idempotent by request_id, also across restarts
     of the monitor, which keeps a durable record of every job it started.
     """
     WatchJob: _grpc.UnaryStreamMultiCallable[_monitor_pb2.WatchJobRequest, _monitor_pb2.WatchJobResponse]
@@ -103,8 +103,8 @@ class MonitorServiceAsyncStub(MonitorServiceStub):
     """Streams a GPU sample every interval until the client cancels."""
     SubmitJob: _aio.UnaryUnaryMultiCallable[_monitor_pb2.SubmitJobRequest, _monitor_pb2.SubmitJobResponse]  # type: ignore[assignment]
     """Starts a job: a local command, a command on an SSH host, or a Slurm batch
-    script over SSH; optionally with an environment, a wall-clock limit, GPUs
-    and metrics (JobOptions). Idempotent by request_id, also across restarts
+    script over SSH; optionally in a workspace, with an environment, a
+    wall-clock limit, GPUs and metrics (JobOptions). Idempotent by request_id, also across restarts
     of the monitor, which keeps a durable record of every job it started.
     """
     WatchJob: _aio.UnaryStreamMultiCallable[_monitor_pb2.WatchJobRequest, _monitor_pb2.WatchJobResponse]  # type: ignore[assignment]
@@ -178,8 +178,8 @@ class MonitorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_monitor_pb2.SubmitJobResponse, _abc.Awaitable[_monitor_pb2.SubmitJobResponse]]:
         """Starts a job: a local command, a command on an SSH host, or a Slurm batch
-        script over SSH; optionally with an environment, a wall-clock limit, GPUs
-        and metrics (JobOptions). Idempotent by request_id, also across restarts
+        script over SSH; optionally in a workspace, with an environment, a
+        wall-clock limit, GPUs and metrics (JobOptions). Idempotent by request_id, also across restarts
         of the monitor, which keeps a durable record of every job it started.
         """
 
