@@ -373,3 +373,42 @@ async def test_over_processes_a_sigkilled_supervisor_is_restarted_and_its_campai
     assert (waits[0].cycle, waits[0].message) == (4, f"job {job_id}")
     assert git(project, "rev-parse", "HEAD") == rows[3].commit
     assert (project / "config.json").read_text() == slow
+
+
+RETEST = campaign_pb2.LEDGER_VERDICT_RETEST
+
+
+async def test_an_improvement_inside_the_noise_is_retested_without_thinking_then_discarded(lab: Lab) -> None:
+    lab.script.cycle("Set lr to 0.1 in config.json.", BETTER_CONFIG, "A larger learning rate converges faster.")
+    initial = git(lab.project, "rev-parse", "HEAD")
+    message = spec(lab.project, cycles=5)
+    # A floor of 10: a gain of about 4 is inside the noise, on one run and on the mean of three.
+    message.signals.CopyFrom(campaign_pb2.CampaignSignalRules(baseline_runs=2, noise_epsilon=10.0))
+    campaign = await lab.campaigns.start_campaign(message, request_id="lab-retest")
+    stream = [event async for event in lab.campaigns.stream_campaign(campaign.campaign_id)]
+
+    rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
+    assert [row.verdict for row in rows] == [BASELINE, BASELINE, RETEST, RETEST, DISCARD]
+    assert len({row.commit for row in rows[2:]}) == 1 and rows[2].commit != initial
+    assert len(lab.script.leader_requests) == 2  # one THINK; the retests ran the same commit again
+    assert len({row.job_id for row in rows}) == 5
+    assert git(lab.project, "rev-parse", "HEAD") == initial
+    assert (lab.project / "config.json").read_text() == BASELINE_CONFIG
+
+
+async def test_stagnation_is_signalled_and_the_phase_gate_completes_the_campaign(lab: Lab) -> None:
+    lab.script.cycle("Set lr to 0.001 in config.json.", WORSE_CONFIG, "A smaller learning rate is more stable.")
+    lab.script.cycle("Set lr to 0.1 in config.json.", BETTER_CONFIG, "A larger learning rate converges faster.")
+    message = spec(lab.project, cycles=10)
+    message.signals.CopyFrom(
+        campaign_pb2.CampaignSignalRules(baseline_runs=2, stagnation_window=1, phase_gate=0.01, stop_at_phase_gate=True)
+    )
+    campaign = await lab.campaigns.start_campaign(message, request_id="lab-gate")
+    stream = [event async for event in lab.campaigns.stream_campaign(campaign.campaign_id)]
+
+    rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
+    assert [row.verdict for row in rows] == [BASELINE, BASELINE, DISCARD, KEEP]
+    kinds = [event.signal.kind for event in stream if event.HasField("signal")]
+    assert kinds == [campaign_pb2.CAMPAIGN_SIGNAL_KIND_STAGNATION, campaign_pb2.CAMPAIGN_SIGNAL_KIND_PHASE_GATE]
+    ended = stream[-1].ended
+    assert ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED and "phase gate" in ended.reason
