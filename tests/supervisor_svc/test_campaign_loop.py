@@ -6,7 +6,9 @@ in config.json, printing its validation loss with a little noise.
 One campaign of six cycles: the unchanged baseline three times (the noise floor), an improvement beyond the noise
 kept (its commit stays on the campaign's branch), a regression discarded (the workspace back at the kept commit,
 file and HEAD), a crashing experiment recorded FAILED with a dead end and no metric; a directive read by one
-THINK only; and no model call while any job ran.
+THINK only; and no model call while any job ran. Then: a supervisor restarted mid-experiment (in this process,
+and SIGKILLed as a process among `quarry serve` processes) finds the job again; a retest inside the noise;
+stagnation and the phase gate; the limiter's sleep.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -412,3 +414,21 @@ async def test_stagnation_is_signalled_and_the_phase_gate_completes_the_campaign
     assert kinds == [campaign_pb2.CAMPAIGN_SIGNAL_KIND_STAGNATION, campaign_pb2.CAMPAIGN_SIGNAL_KIND_PHASE_GATE]
     ended = stream[-1].ended
     assert ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED and "phase gate" in ended.reason
+
+
+async def test_the_limiter_makes_the_campaign_sleep_and_say_why(lab: Lab) -> None:
+    message = spec(lab.project, cycles=10)
+    message.budgets.max_cycles_per_hour = 2
+    message.signals.CopyFrom(campaign_pb2.CampaignSignalRules(baseline_runs=2))
+    campaign = await lab.campaigns.start_campaign(message, request_id="lab-limit")
+    async for event in lab.campaigns.stream_campaign(campaign.campaign_id):
+        if event.HasField("sleeping"):
+            sleeping = event.sleeping
+            break
+    asleep = await lab.campaigns.get_campaign(campaign.campaign_id)
+    assert asleep.state == campaign_pb2.CAMPAIGN_STATE_SLEEPING
+    assert "cycles" in sleeping.reason
+    assert sleeping.until.ToDatetime(tzinfo=UTC) > datetime.now(UTC)
+    assert lab.script.times == []  # two baseline runs, then the wait: no model call
+    stopped = await lab.campaigns.stop_campaign(campaign.campaign_id)
+    assert stopped.state == campaign_pb2.CAMPAIGN_STATE_STOPPED
