@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -37,7 +38,7 @@ from quarry.identity import Principal, Role
 from quarry.research_plane import ResearchPlane
 from quarry.v1 import monitor_pb2
 from quarry.vocabulary import EntryKind, JobState
-from supervisor_svc.campaigns import events, exports, limiter, memory
+from supervisor_svc.campaigns import events, exports, limiter, memory, violations
 from supervisor_svc.campaigns.model import (
     CampaignSpec,
     CampaignState,
@@ -181,6 +182,7 @@ class _JobEnd:
     exit_code: int | None
     value: float | None
     detail: str
+    seconds: float | None = None  # how long the wait for it took here (None: no job)
 
 
 class CampaignRun:
@@ -354,7 +356,8 @@ class CampaignRun:
             await self._reflect(cycle, signals, hypothesis, action, commit, end, started, tokens, failed=True)
             return
         end = await self._run_job(cycle)
-        await self._reflect(cycle, signals, hypothesis, action, commit, end, started, tokens)
+        changed = tuple(sorted(think.files))
+        await self._reflect(cycle, signals, hypothesis, action, commit, end, started, tokens, changed=changed)
 
     async def _consume_directives(self, cycle: int, records: Sequence[CampaignRecord]) -> tuple[Directive, ...]:
         pending = await self._handle.pending_directives()
@@ -433,6 +436,7 @@ class CampaignRun:
     async def _run_job(self, cycle: int) -> _JobEnd:
         """Launch the cycle's experiment (or find it again after a restart) and wait for its end: no model call."""
         monitor = self._deps.monitor
+        began = time.monotonic()
         submitted = await monitor.submit_job(self._submit_request(cycle))
         job = submitted.job
         await self._handle.set_phase(Phase.WAITING, cycle, f"job {job.monitor_job_id}")
@@ -461,7 +465,7 @@ class CampaignRun:
                 if result.name == self._spec.metric.name and result.state == monitor_pb2.METRIC_STATE_FOUND:
                     value = result.value
         detail = status.detail if status is not None else "the job's end was not reported"
-        return _JobEnd(job.monitor_job_id, state, exit_code, value, detail)
+        return _JobEnd(job.monitor_job_id, state, exit_code, value, detail, time.monotonic() - began)
 
     # -- REFLECT -------------------------------------------------------------------------------------
 
@@ -478,6 +482,7 @@ class CampaignRun:
         *,
         baseline: bool = False,
         failed: bool = False,
+        changed: tuple[str, ...] = (),
     ) -> None:
         handle, spec, monitor = self._handle, self._spec, self._deps.monitor
         await handle.set_phase(Phase.REFLECT, cycle, f"job {end.job_id} {end.state.value}")
@@ -507,6 +512,7 @@ class CampaignRun:
             started_at=started,
             ended_at=datetime.now(UTC),
         )
+        await self._scan(cycle, changed, end)
         kept = signals.best_commit
         if verdict in (Verdict.DISCARD, Verdict.FAILED) and kept and not baseline:
             await monitor.reset_workspace(self._workspace_id, kept, remove_untracked=True)
@@ -525,6 +531,19 @@ class CampaignRun:
                 events.signal(SignalKind.PHASE_GATE, "the best clears the phase gate", after.best), key=f"c{cycle}/gate"
             )
         await self._export(cycle)
+
+    async def _scan(self, cycle: int, changed: tuple[str, ...], end: _JobEnd) -> None:
+        """Record and announce every rule of the brief or budget the cycle broke (by code, at no model cost)."""
+        spec = self._spec
+        rules = violations.ScanRules(
+            protected_paths=spec.brief.protected_paths,
+            metric_paths=(spec.metric.jsonl_path,) if spec.metric.jsonl_path else (),
+            job_budget_seconds=spec.experiment.wall_clock_seconds or 0.0,
+        )
+        activity = violations.CycleActivity(cycle, changed, end.job_id, end.state if end.job_id else None, end.seconds)
+        for index, found in enumerate(violations.scan_violations(activity, rules)):
+            await self.write(found, f"c{cycle}/violation/{index}")
+            await self._handle.emit(events.violation(found), key=f"c{cycle}/violation/{index}")
 
     async def _export(self, cycle: int) -> None:
         records = await self.records()

@@ -432,3 +432,24 @@ async def test_the_limiter_makes_the_campaign_sleep_and_say_why(lab: Lab) -> Non
     assert lab.script.times == []  # two baseline runs, then the wait: no model call
     stopped = await lab.campaigns.stop_campaign(campaign.campaign_id)
     assert stopped.state == campaign_pb2.CAMPAIGN_STATE_STOPPED
+
+
+async def test_a_job_stopped_at_its_time_limit_is_a_failed_cycle_and_a_recorded_violation(lab: Lab) -> None:
+    endless = '{"lr": 0.1, "steps": 20, "sleep": 60}\n'
+    lab.script.cycle("Let the training sleep a minute.", endless, "Sleeping helps.")
+    message = spec(lab.project, cycles=3)
+    message.experiment.wall_clock_limit.FromSeconds(3)
+    message.signals.CopyFrom(campaign_pb2.CampaignSignalRules(baseline_runs=2))
+    campaign = await lab.campaigns.start_campaign(message, request_id="lab-budget")
+    stream = [event async for event in lab.campaigns.stream_campaign(campaign.campaign_id)]
+
+    rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
+    assert [row.verdict for row in rows] == [BASELINE, BASELINE, FAILED]
+    assert rows[2].job_state == monitor_pb2.JOB_STATE_TIMED_OUT
+    found = [event.violation for event in stream if event.HasField("violation")]
+    assert [(v.cycle, v.rule, v.subject) for v in found] == [
+        (3, campaign_pb2.VIOLATION_RULE_JOB_OVER_BUDGET, rows[2].job_id)
+    ]
+    entries = await lab.scratchpad.read_all(campaign.campaign_id)
+    decisions = [json.loads(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_CAMPAIGN_DECISION]
+    assert [d["rule"] for d in decisions if d["kind"] == "violation"] == ["job_over_budget"]
