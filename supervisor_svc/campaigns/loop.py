@@ -522,6 +522,10 @@ class CampaignRun:
         progress = Progress(best_value=after.best, noise_floor=after.noise.floor if after.noise else None)
         await handle.record_ledger(record, progress)
         await self.write(record, f"c{cycle}/ledger")
+        if baseline and after.noise is not None and not after.baseline_runs_needed:
+            noise = after.noise
+            said = f"noise floor {noise.floor:.6g} over {noise.runs} baseline runs (mean {noise.mean:.6g})"
+            await handle.emit(events.signal(SignalKind.NOISE_FLOOR, said, noise.floor), key=f"c{cycle}/noise")
         if after.stagnant and not signals.stagnant:
             await handle.emit(
                 events.signal(SignalKind.STAGNATION, after.describe().splitlines()[-1]), key=f"c{cycle}/stagnant"

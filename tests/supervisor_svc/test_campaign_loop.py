@@ -217,6 +217,10 @@ async def test_a_campaign_measures_keeps_discards_and_fails_by_code_with_no_mode
     assert kept.metrics[0].value < 0.01
     final = await lab.campaigns.get_campaign(campaign.campaign_id)
     assert final.best_value == pytest.approx(kept.metrics[0].value)
+    signals = [event.signal for event in stream if event.HasField("signal")]
+    assert [signal.kind for signal in signals] == [campaign_pb2.CAMPAIGN_SIGNAL_KIND_NOISE_FLOOR]
+    assert signals[0].value == pytest.approx(final.noise_floor)
+    assert 0 < signals[0].value < 0.01
 
     # The kept commit is on the campaign's branch, and the workspace is back at it after the discard and the crash.
     branch = f"quarry/{campaign.campaign_id}"
@@ -411,7 +415,11 @@ async def test_stagnation_is_signalled_and_the_phase_gate_completes_the_campaign
     rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
     assert [row.verdict for row in rows] == [BASELINE, BASELINE, DISCARD, KEEP]
     kinds = [event.signal.kind for event in stream if event.HasField("signal")]
-    assert kinds == [campaign_pb2.CAMPAIGN_SIGNAL_KIND_STAGNATION, campaign_pb2.CAMPAIGN_SIGNAL_KIND_PHASE_GATE]
+    assert kinds == [
+        campaign_pb2.CAMPAIGN_SIGNAL_KIND_NOISE_FLOOR,
+        campaign_pb2.CAMPAIGN_SIGNAL_KIND_STAGNATION,
+        campaign_pb2.CAMPAIGN_SIGNAL_KIND_PHASE_GATE,
+    ]
     ended = stream[-1].ended
     assert ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED and "phase gate" in ended.reason
 
