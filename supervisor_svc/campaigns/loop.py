@@ -33,7 +33,7 @@ from quarry.agent.model import ModelClient
 from quarry.agent.tools import Tool, ToolRegistry, current_call
 from quarry.client import MonitorClient
 from quarry.convert import JOB_STATES, job_ref_from_proto
-from quarry.errors import QuarryError
+from quarry.errors import DeadlineExceeded, QuarryError, ResourceExhausted, Unavailable
 from quarry.identity import Principal, Role
 from quarry.research_plane import ResearchPlane
 from quarry.v1 import monitor_pb2
@@ -216,16 +216,25 @@ class CampaignRun:
     # -- driving -------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        if not await self._set_up():
-            await self._handle.pause(f"the workspace is not on the campaign's branch {self._branch}: check it out")
-            return
+        set_up = False
         while True:
             try:
+                if not set_up:
+                    if not await self._set_up():
+                        branch = self._branch
+                        await self._handle.pause(
+                            f"the workspace is not on the campaign's branch {branch}: check it out"
+                        )
+                        return
+                    set_up = True
                 if await self._step():
                     return
             except (QuarryError, grpc.aio.AioRpcError) as error:
-                # The monitor, a worker or the scratchpad failed us: the step is redone, idempotently.
-                log.warning("campaign %s: a step failed, retrying: %s", self._id, error)
+                if not _transient(error):  # refused (a root not allowed, submission off...): a human must look
+                    await self._handle.pause(f"a service refused the campaign: {_describe(error)}")
+                    return
+                # The monitor, a worker or the scratchpad is unreachable or busy: the step is redone, idempotently.
+                log.warning("campaign %s: a step failed, retrying: %s", self._id, _describe(error))
                 await asyncio.sleep(self._deps.settings.retry_seconds)
 
     async def _set_up(self) -> bool:
@@ -552,7 +561,30 @@ class CampaignRun:
     async def _export(self, cycle: int) -> None:
         records = await self.records()
         for path, content in exports.workspace_exports(records).items():
-            await self._deps.monitor.write_workspace_file(self._workspace_id, path, content)
+            try:
+                await self._deps.monitor.write_workspace_file(self._workspace_id, path, content)
+            except grpc.aio.AioRpcError as error:
+                if _transient(error):
+                    raise
+                # A copy for humans (the brief protects that path, say): the campaign goes on without it.
+                log.warning("campaign %s: %s not exported: %s", self._id, path, _describe(error))
+
+
+_TRANSIENT_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+)
+
+
+def _transient(error: QuarryError | grpc.aio.AioRpcError) -> bool:
+    if isinstance(error, grpc.aio.AioRpcError):
+        return error.code() in _TRANSIENT_CODES
+    return isinstance(error, Unavailable | DeadlineExceeded | ResourceExhausted)
+
+
+def _describe(error: QuarryError | grpc.aio.AioRpcError) -> str:
+    if isinstance(error, grpc.aio.AioRpcError):
+        return f"{error.code().name}: {error.details()}"
+    return f"{type(error).__name__}: {error}"
 
 
 def _launched(records: Sequence[CampaignRecord], cycle: int) -> Decision | None:

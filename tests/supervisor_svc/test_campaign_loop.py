@@ -461,3 +461,18 @@ async def test_a_job_stopped_at_its_time_limit_is_a_failed_cycle_and_a_recorded_
     entries = await lab.scratchpad.read_all(campaign.campaign_id)
     decisions = [json.loads(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_CAMPAIGN_DECISION]
     assert [d["rule"] for d in decisions if d["kind"] == "violation"] == ["job_over_budget"]
+
+
+async def test_a_workspace_the_monitor_refuses_pauses_the_campaign_with_the_reason(lab: Lab, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    campaign = await lab.campaigns.start_campaign(spec(elsewhere, cycles=3), request_id="lab-refused")
+    reason = ""
+    async for event in lab.campaigns.stream_campaign(campaign.campaign_id):  # a paused campaign's stream goes on
+        if event.HasField("paused"):
+            reason = event.paused.reason
+            break
+    assert "FAILED_PRECONDITION" in reason and "root" in reason, reason
+    paused = await lab.campaigns.get_campaign(campaign.campaign_id)
+    assert paused.state == campaign_pb2.CAMPAIGN_STATE_PAUSED
+    assert lab.script.times == []
