@@ -40,6 +40,11 @@ def diagnostics(settings: SupervisorSettings, common: QuarrySettings, dial: Dial
         *model_facts,
         Fact("scratchpad", settings.scratchpad_address, scratchpad),
         Fact("workers", ", ".join(settings.worker_targets()), workers),
+        Fact(
+            "monitor (campaigns)",
+            settings.monitor_address or "none: campaigns cannot start here",
+            setting_name(settings, "monitor_address"),
+        ),
         database_fact,
         Fact(
             "client authentication",
@@ -51,6 +56,11 @@ def diagnostics(settings: SupervisorSettings, common: QuarrySettings, dial: Dial
         model_check,
         peer_check("scratchpad", settings.scratchpad_address, dial, scratchpad),
         *(peer_check("worker", target, dial, workers) for target in settings.worker_targets()),
+        *(
+            [peer_check("monitor", settings.monitor_address, dial, setting_name(settings, "monitor_address"))]
+            if settings.monitor_address
+            else []
+        ),
         database_check,
     ]
     return Diagnostics("supervisor", facts=facts, checks=checks)
