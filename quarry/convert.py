@@ -29,6 +29,7 @@ from quarry.vocabulary import (
     JobRef,
     JobState,
     Source,
+    Tier,
 )
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ __all__ = [
     "ENTRY_KINDS",
     "JOB_STATES",
     "ROLES",
+    "TIERS",
     "EnumMap",
     "delegation_result_from_proto",
     "delegation_result_to_proto",
@@ -97,7 +99,13 @@ ROLES: EnumMap[Role, common_pb2.Role.ValueType] = EnumMap(
         Role.RESEARCHER: common_pb2.ROLE_RESEARCHER,
         Role.VERIFIER: common_pb2.ROLE_VERIFIER,
         Role.ENGINEER: common_pb2.ROLE_ENGINEER,
+        Role.CITATION_AUDITOR: common_pb2.ROLE_CITATION_AUDITOR,
+        Role.ADJUDICATOR: common_pb2.ROLE_ADJUDICATOR,
     }
+)
+
+TIERS: EnumMap[Tier, common_pb2.ModelTier.ValueType] = EnumMap(
+    {Tier.WORKER: common_pb2.MODEL_TIER_WORKER, Tier.SUPERVISOR: common_pb2.MODEL_TIER_SUPERVISOR}
 )
 
 ENTRY_KINDS: EnumMap[EntryKind, scratchpad_pb2.EntryKind.ValueType] = EnumMap(
@@ -108,6 +116,12 @@ ENTRY_KINDS: EnumMap[EntryKind, scratchpad_pb2.EntryKind.ValueType] = EnumMap(
         EntryKind.ACKNOWLEDGEMENT: scratchpad_pb2.ENTRY_KIND_ACKNOWLEDGEMENT,
         EntryKind.NOTE: scratchpad_pb2.ENTRY_KIND_NOTE,
         EntryKind.VERDICT: scratchpad_pb2.ENTRY_KIND_VERDICT,
+        EntryKind.AUDIT: scratchpad_pb2.ENTRY_KIND_AUDIT,
+        EntryKind.OBJECTION: scratchpad_pb2.ENTRY_KIND_OBJECTION,
+        EntryKind.ADJUDICATION: scratchpad_pb2.ENTRY_KIND_ADJUDICATION,
+        EntryKind.ASSIGNMENT: scratchpad_pb2.ENTRY_KIND_ASSIGNMENT,
+        EntryKind.ROUTE: scratchpad_pb2.ENTRY_KIND_ROUTE,
+        EntryKind.USAGE: scratchpad_pb2.ENTRY_KIND_USAGE,
         EntryKind.CAMPAIGN_LEDGER: scratchpad_pb2.ENTRY_KIND_CAMPAIGN_LEDGER,
         EntryKind.CAMPAIGN_DEAD_END: scratchpad_pb2.ENTRY_KIND_CAMPAIGN_DEAD_END,
         EntryKind.CAMPAIGN_INSIGHT: scratchpad_pb2.ENTRY_KIND_CAMPAIGN_INSIGHT,
@@ -293,6 +307,11 @@ def delegation_result_to_proto(result: DelegationResult) -> worker_pb2.Delegatio
         worker_id=result.worker_id,
         jobs=[job_ref_to_proto(job) for job in result.jobs],
         files_changed=list(result.files_changed),
+        output_kind=result.output_kind,
+        output_json=result.output_json,
+        output_sequence_no=result.output_sequence_no,
+        tier=TIERS.to_proto(result.tier) if result.tier is not None else common_pb2.MODEL_TIER_UNSPECIFIED,
+        model=result.model,
     )
     if result.error_code is not None:
         code = DELEGATION_ERROR_CODES.to_proto(result.error_code)
@@ -318,6 +337,11 @@ def delegation_result_from_proto(message: worker_pb2.DelegationResult) -> Delega
         worker_id=message.worker_id,
         jobs=tuple(job_ref_from_proto(job) for job in message.jobs),
         files_changed=tuple(message.files_changed),
+        output_kind=message.output_kind,
+        output_json=message.output_json,
+        output_sequence_no=message.output_sequence_no,
+        tier=TIERS.from_proto(message.tier),
+        model=message.model,
     )
 
 

@@ -9,8 +9,11 @@ from dataclasses import dataclass
 class Role(enum.StrEnum):
     SUPERVISOR = "supervisor"
     RESEARCHER = "researcher"
+    # The claim-verifier: judges one finding, blind.
     VERIFIER = "verifier"
     ENGINEER = "engineer"
+    CITATION_AUDITOR = "citation_auditor"
+    ADJUDICATOR = "adjudicator"
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ __all__ = [
     "JobRef",
     "JobState",
     "Source",
+    "Tier",
 ]
 
 
@@ -35,11 +36,26 @@ class EntryKind(enum.StrEnum):
     ACKNOWLEDGEMENT = "acknowledgement"
     NOTE = "note"
     VERDICT = "verdict"
+    # The research ledger (quarry.research_records says what each holds).
+    AUDIT = "audit"
+    OBJECTION = "objection"
+    ADJUDICATION = "adjudication"
+    ASSIGNMENT = "assignment"
+    ROUTE = "route"
+    USAGE = "usage"
+
     CAMPAIGN_LEDGER = "campaign_ledger"
     CAMPAIGN_DEAD_END = "campaign_dead_end"
     CAMPAIGN_INSIGHT = "campaign_insight"
     CAMPAIGN_DIRECTIVE = "campaign_directive"
     CAMPAIGN_DECISION = "campaign_decision"
+
+
+class Tier(enum.StrEnum):
+    """Which model a delegation runs on: the worker's own, or the supervisor's (for roles that judge its work)."""
+
+    WORKER = "worker"
+    SUPERVISOR = "supervisor"
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,10 @@ class DelegationErrorCode(enum.StrEnum):
     WORKER_UNAVAILABLE = "worker_unavailable"
     PROTOCOL_VIOLATION = "protocol_violation"
     INTERNAL = "internal"
+    # A role's structured output, after its one repair turn: a kind or reference it may not emit...
+    OUTPUT_REFUSED = "output_refused"
+    # ...or one that does not match its schema. Either way nothing was recorded.
+    OUTPUT_INVALID = "output_invalid"
 
 
 @dataclass(frozen=True)
@@ -98,6 +118,14 @@ class DelegationResult:
     # An engineer's work, from its tools' state: the experiments it launched, the workspace files it changed.
     jobs: tuple[JobRef, ...] = ()
     files_changed: tuple[str, ...] = ()
+    # A structured role's output on success: its kind, its JSON (a quarry.research_records model) and the
+    # scratchpad entry it was recorded as; empty otherwise.
+    output_kind: str = ""
+    output_json: str = ""
+    output_sequence_no: int = 0
+    # The tier and model it ran on (usage is that tier's); None and empty when it never started.
+    tier: Tier | None = None
+    model: str = ""
 
     @property
     def succeeded(self) -> bool:

@@ -10,13 +10,17 @@ from quarry.vocabulary import EntryKind
 
 WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
     {
-        # The supervisor seeds the thread and coordinates (its report is the run's, not an entry);
-        # it never records findings or verdicts itself. It alone writes a campaign's records.
+        # The supervisor seeds the thread, coordinates and keeps the research ledger (assignments, routes,
+        # observed usage) and a campaign's records; its report is the run's, not an entry, and it never
+        # records findings or judgements.
         Role.SUPERVISOR: frozenset(
             {
                 EntryKind.SEED,
                 EntryKind.MARKER,
                 EntryKind.NOTE,
+                EntryKind.ASSIGNMENT,
+                EntryKind.ROUTE,
+                EntryKind.USAGE,
                 EntryKind.CAMPAIGN_LEDGER,
                 EntryKind.CAMPAIGN_DEAD_END,
                 EntryKind.CAMPAIGN_INSIGHT,
@@ -26,10 +30,14 @@ WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
         ),
         # Researchers promote verified findings and coordinate with each other.
         Role.RESEARCHER: frozenset({EntryKind.FINDING, EntryKind.MARKER, EntryKind.ACKNOWLEDGEMENT, EntryKind.NOTE}),
-        # Verifiers judge findings; they do not add findings of their own.
+        # Claim-verifiers judge findings; they do not add findings of their own.
         Role.VERIFIER: frozenset({EntryKind.VERDICT, EntryKind.ACKNOWLEDGEMENT, EntryKind.NOTE}),
         # Engineers report what they built and ran; findings and verdicts are the researchers' and verifiers'.
         Role.ENGINEER: frozenset({EntryKind.NOTE, EntryKind.MARKER}),
+        # Citation auditors judge report sentences, and object to the unsound ones; nothing else.
+        Role.CITATION_AUDITOR: frozenset({EntryKind.AUDIT, EntryKind.OBJECTION}),
+        # Adjudicators decide objections; nothing else.
+        Role.ADJUDICATOR: frozenset({EntryKind.ADJUDICATION}),
     }
 )
 
@@ -38,7 +46,10 @@ WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
 ROLES_OF_CALLER: MappingProxyType[MeshRole, frozenset[Role]] = MappingProxyType(
     {
         MeshRole.SUPERVISOR: frozenset({Role.SUPERVISOR}),
-        MeshRole.WORKER: frozenset({Role.RESEARCHER, Role.VERIFIER, Role.ENGINEER}),
+        # A worker runs every delegated role.
+        MeshRole.WORKER: frozenset(
+            {Role.RESEARCHER, Role.VERIFIER, Role.ENGINEER, Role.CITATION_AUDITOR, Role.ADJUDICATOR}
+        ),
     }
 )
 

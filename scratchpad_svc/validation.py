@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from quarry import ids, paging
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.identity import Role
+from quarry.research_records import RECORD_TYPES, RecordError, parse_record
 from quarry.vocabulary import EntryKind
 from scratchpad_svc.model import AppendCommand, NewThread
 
@@ -22,6 +23,9 @@ SEQUENCE_NO = re.compile(r"[0-9]{1,19}")
 MAX_SEQUENCE_NO = 2**63 - 1
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
+# The ledger's kinds hold one research record each, checked here too; a verdict may still be prose (verifiers
+# wrote them so before records existed), though a worker's claim-verifier writes a ClaimVerdict.
+TYPED_KINDS = frozenset(RECORD_TYPES) - {EntryKind.VERDICT}
 
 
 @dataclass(frozen=True)
@@ -72,12 +76,14 @@ def validate_append(command: AppendCommand, limits: Limits) -> None:
         violations.append(FieldViolation("author.role", f"unknown or unspecified; one of: {ROLES}"))
     if not command.content.strip():
         violations.append(FieldViolation("content", "must not be empty"))
-    else:
-        size = len(command.content.encode())
-        if size > limits.max_content_bytes:
-            violations.append(
-                FieldViolation("content", f"{size} bytes exceeds the limit of {limits.max_content_bytes}")
-            )
+    elif (size := len(command.content.encode())) > limits.max_content_bytes:
+        violations.append(FieldViolation("content", f"{size} bytes exceeds the limit of {limits.max_content_bytes}"))
+    elif command.kind in TYPED_KINDS:
+        try:
+            parse_record(command.kind, command.content)
+        except RecordError as error:
+            record = RECORD_TYPES[command.kind].__name__
+            violations.append(FieldViolation("content", f"must be the JSON of a {record}: {error}"))
     if len(command.sources) > limits.max_sources:
         violations.append(FieldViolation("sources", f"at most {limits.max_sources} sources"))
     for index, source in enumerate(command.sources):

@@ -116,7 +116,11 @@ class Delegator:
         self._refuse_if_budget_spent()
         self._ordered += 1
         delegation_id = f"{self._run_id}.{self._ordered}.{call.id[:40]}"
-        attributes = {"quarry.delegation_id": delegation_id, "quarry.run_id": self._run_id, "quarry.role": params.role}
+        attributes = {
+            "quarry.delegation_id": delegation_id,
+            "quarry.run_id": self._run_id,
+            "quarry.role": Role.RESEARCHER.value,
+        }
         with tracer.start_as_current_span("delegate", attributes=attributes) as span:
             try:
                 async with self._slots:
@@ -147,7 +151,8 @@ class Delegator:
             objective=params.objective,
             criteria=tuple(params.criteria),
             input_refs=tuple(params.input_refs),
-            role=Role(params.role),
+            # The model delegates research only: evidence roles judge its work blind, so it never directs them.
+            role=Role.RESEARCHER,
             max_turns=self._worker_max_turns,
             max_tokens=self._budget.share(sharing),
             timeout_seconds=self._deadline - time.monotonic(),

@@ -10,19 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from quarry import ids, paging
+from quarry import ids
 from quarry.db import Database, reserve_sequence_numbers
 from quarry.errors import AlreadyExists, ErrorReason, FieldViolation, InvalidArgument
 from quarry.notify import notify_on_commit
 from supervisor_svc import events
 from supervisor_svc.events import PublicEvent
+from supervisor_svc.listing import decode_page_token, encode_page_token
 from supervisor_svc.model import (
     ACTIVE_STATES,
     Report,
@@ -78,36 +79,6 @@ def _record(row: sa.Row[Any]) -> RunRecord:
 
 # A warning a later release recorded and this one does not know is left out, not an error.
 _KNOWN_WARNINGS = frozenset(warning.value for warning in RunWarning)
-
-
-def _page_token(record: RunRecord, state: str) -> str:
-    return paging.encode_token(f"v1|{state}|{record.create_time.isoformat()}|{record.run_id}")
-
-
-def _decode_page_token(token: str, state: str) -> tuple[datetime, str]:
-    """The position a token from `_page_token` names; INVALID_ARGUMENT for any other string.
-
-    Only the exact form this server writes is accepted (an aware UTC timestamp as `isoformat` writes
-    it and a run id), so nothing a client crafts reaches the query as a naive, out-of-range or NUL value.
-    """
-    parts = (paging.decode_token(token) or "").split("|")
-    if len(parts) == 4:
-        version, token_state, when, run_id = parts
-        moment = _utc_timestamp(when)
-        if version == "v1" and token_state == state and moment is not None and ids.RUN_ID.matches(run_id):
-            return moment, run_id
-    raise InvalidArgument([FieldViolation("page_token", "not a token from a ListRuns call with the same filter")])
-
-
-def _utc_timestamp(text: str) -> datetime | None:
-    """`text` as a datetime when it is exactly what `isoformat` writes for an aware UTC datetime."""
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if moment.tzinfo is None or moment.utcoffset() != timedelta(0) or moment.isoformat() != text:
-        return None
-    return moment
 
 
 class RunStore:
@@ -187,7 +158,7 @@ class RunStore:
         if state is not None:
             query = query.where(runs.c.state == state.value)
         if page_token:
-            when, run_id = _decode_page_token(page_token, state_name)
+            when, run_id = decode_page_token(page_token, state_name, ids.RUN_ID, "ListRuns")
             query = query.where(
                 sa.or_(runs.c.create_time < when, sa.and_(runs.c.create_time == when, runs.c.run_id < run_id))
             )
@@ -197,7 +168,7 @@ class RunStore:
 
         found = await self._db.read_statement(work)
         page = found[:limit]
-        return page, _page_token(page[-1], state_name) if len(found) > limit else ""
+        return page, encode_page_token(state_name, page[-1].create_time, page[-1].run_id) if len(found) > limit else ""
 
     async def append(self, run_id: str, events: Sequence[PublicEvent]) -> None:
         """Number and store events. Raises RunEnded when the run is no longer active."""

@@ -16,12 +16,12 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from quarry import ids, telemetry
+from quarry import ids
 from quarry.errors import ErrorReason, FieldViolation, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from quarry.lease import LeaseKeeper, LeaseTerms
 from quarry.notify import CommitSignal
+from supervisor_svc.following import Follower
 from supervisor_svc.model import (
     RunErrorCode,
     RunOutcome,
@@ -85,6 +85,7 @@ class Supervisor:
         # request share its start, so they take one slot and get one run.
         self._starts: dict[str, tuple[str, asyncio.Future[RunRecord]]] = {}
         self._closing = asyncio.Event()
+        self._follower = Follower(self._bus, self._closing, limits.stream_poll_seconds)
         # Renewals often enough that a CancelRun taken by another replica reaches the run within seconds.
         self._leases = LeaseKeeper(
             "run",
@@ -207,43 +208,7 @@ class Supervisor:
             raise InvalidArgument(
                 [FieldViolation("after_sequence_no", f"the run's newest event is {record.last_sequence_no}")]
             )
-        return self._follow(run_id, after_sequence_no)
-
-    async def _follow(self, run_id: str, after: int) -> AsyncIterator[StoredEvent]:
-        ended = False
-        while True:
-            woken = self._bus.subscribe(run_id)  # before the read, so no commit after it goes unnoticed
-            try:
-                with telemetry.quiet():  # a stream's re-reads are not worth a span each
-                    batch = await self._store.events_after(run_id, after)
-                    record = None if batch else await self._store.get(run_id)
-                if not batch and record is not None and not record.state.ended:
-                    await self._wait(woken)
-            finally:
-                self._bus.unsubscribe(run_id, woken)
-            if not batch:
-                if record is None or record.state.ended:
-                    if ended:
-                        return  # resumed after the terminal event: there is nothing more to send
-                    ended = True  # one more read: the end may have committed after the last one
-                continue
-            for stored in batch:
-                yield stored
-                after = stored.sequence_no
-                if stored.terminal:
-                    return
-
-    async def _wait(self, woken: asyncio.Future[None]) -> None:
-        """Until a commit wakes the stream, the poll interval passes, or the supervisor shuts down."""
-        if self._closing.is_set():
-            raise Unavailable("the supervisor is shutting down; re-attach to another", reason=ErrorReason.SHUTTING_DOWN)
-        closing: asyncio.Future[Any] = asyncio.ensure_future(self._closing.wait())
-        try:
-            await asyncio.wait(
-                {closing, woken}, timeout=self._limits.stream_poll_seconds, return_when="FIRST_COMPLETED"
-            )
-        finally:
-            closing.cancel()
+        return self._follower.follow(self._store, run_id, after_sequence_no)
 
     # -- leases --------------------------------------------------------------------------------
 

@@ -21,9 +21,10 @@ from quarry.vocabulary import Entry, EntryKind
 from supervisor_svc.model import Citation, Report, RunWarning
 from supervisor_svc.publishing import TextStream
 
-# Entries whose sources a worker verified before the scratchpad accepted them.
-_VERIFIED_KINDS = {EntryKind.FINDING, EntryKind.VERDICT}
-_WORKER_ROLES = {Role.RESEARCHER, Role.VERIFIER}
+# Entries whose sources a worker verified before the scratchpad accepted them: researchers' findings.
+# (A claim-verifier's verdict judges a finding; it is not a source of its own.)
+_VERIFIED_KINDS = {EntryKind.FINDING}
+_WORKER_ROLES = {Role.RESEARCHER}
 _EN_DASH = "\u2013"
 _MARKER_CHARS = frozenset("0123456789,- \n" + _EN_DASH)
 _MAX_MARKER = 200

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -34,7 +34,6 @@ class DelegateParams(BaseModel):
     input_refs: list[InputRef] = Field(
         default_factory=list, max_length=20, description="scratchpad entries or URLs to start from"
     )
-    role: Literal["researcher", "verifier"] = "researcher"
 
     @field_validator("objective", "criteria", "input_refs")
     @classmethod

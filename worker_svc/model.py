@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from quarry.identity import Role
-from quarry.vocabulary import DelegationResult
+from quarry.vocabulary import DelegationResult, Tier
 
 
 class DelegationState(enum.StrEnum):
@@ -30,6 +30,8 @@ class DelegationRequest:
     timeout_seconds: float = 0.0  # 0: the server default
     max_tokens: int = 0  # 0: no token bound
     workspace_id: str = ""  # an engineer's workspace (the monitor's id); empty for every other role
+    question: str = ""  # the run's research question, part of a blind role's contract
+    tier: Tier | None = None  # None: the role's default
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class Started:
     delegation_id: str
     conversation_id: str
     worker_id: str = ""
+    tier: Tier | None = None
+    model: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,3 +75,5 @@ class DelegationRecord:
     end_time: datetime | None = None
     worker_id: str = ""  # empty for delegations recorded before workers had an id
     workspace_id: str = ""
+    question: str = ""
+    tier: Tier | None = None  # None for delegations recorded before tiers

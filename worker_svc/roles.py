@@ -1,7 +1,10 @@
-"""The roles a worker runs: for each, the tools it may use and its standing instructions.
+"""The roles a worker runs: for each, its tools, standing instructions, output and model tier.
 
 A role's authority is this table, enforced in code: a tool not in a role's capabilities is never
-offered to its model, whatever the task says.
+offered to its model, whatever the task says; a role with an `output` ends with exactly that record,
+checked by worker_svc.outputs before it is recorded; and such a role is blind: it sees only its
+contract (question, objective, criteria, input refs) and what its tools read from those refs.
+The scratchpad enforces the same authority on its side (scratchpad_svc/authority.py).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from quarry.identity import Role
+from quarry.research_records import Adjudication, CitationAudit, ClaimVerdict, ResearchRecord
+from quarry.vocabulary import Tier
 
 # Capabilities whose tools ask the monitor: only a worker configured with one has them.
 MONITOR_CAPABILITIES = frozenset({"compute", "workspace"})
@@ -23,6 +28,15 @@ class RoleSpec:
     capabilities: tuple[str, ...]
     # Capabilities the role also gets when this worker has what they need (e.g. a monitor for "compute").
     optional_capabilities: tuple[str, ...] = ()
+    # The record the role ends with, through its submit tool; None: it answers in prose (researchers).
+    output: type[ResearchRecord] | None = None
+    # The model tier it runs on unless the request names one.
+    tier: Tier = Tier.WORKER
+
+    @property
+    def blind(self) -> bool:
+        """Sees only its contract and its input refs: every role that judges others' work."""
+        return self.output is not None
 
     def capabilities_given(self, available: frozenset[str]) -> list[str]:
         return [*self.capabilities, *(c for c in self.optional_capabilities if c in available)]
@@ -44,20 +58,48 @@ ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
             instructions=(
                 "You are a research worker. Read the shared scratchpad first: it holds the task's seed and what "
                 "other workers found. Search, read pages, and verify. Promote only verified findings with "
-                "append_scratchpad (kind 'finding'), each citing pages you read in this task with excerpts quoted "
-                "exactly. Add a 'marker' or an 'acknowledgement' when the task asks for one. Finish with a short "
-                "summary of what you promoted."
+                "append_scratchpad (kind 'finding'), each stating one claim and citing pages you read in this "
+                "task with excerpts quoted exactly. Add a 'marker' or an 'acknowledgement' when the task asks "
+                "for one. Finish with a short summary of what you promoted."
             ),
             capabilities=("web_search", "scratchpad"),
             optional_capabilities=("compute",),
         ),
         Role.VERIFIER: RoleSpec(
             instructions=(
-                "You are a verifier. Read the scratchpad, re-read the sources the findings cite, and record a "
-                "'verdict' for each finding you checked, quoting the passage that supports or contradicts it. "
-                "Finish with a short summary of your verdicts."
+                "You are a claim verifier. Your task names one finding (a scratchpad entry number) and the "
+                "page it cites. Read the finding with read_scratchpad, then re-read the cited page yourself "
+                "(read_web_page, search_web_page, scroll_web_page) and judge whether the page says what the "
+                "finding claims: supported, partially_supported (it says less, or only some of it), "
+                "unsupported (it does not say it), or contradicted (it says otherwise). Quote the passage your "
+                "judgement rests on exactly as it appears on the page. End by calling submit_claim_verdict."
             ),
-            capabilities=("web_search", "scratchpad"),
+            capabilities=("read_pages", "read_scratchpad"),
+            output=ClaimVerdict,
+        ),
+        Role.CITATION_AUDITOR: RoleSpec(
+            instructions=(
+                "You are a citation auditor. Your task gives sentences of a draft report, each with its index "
+                "and the findings (scratchpad entry numbers) it cites. Read those findings with read_scratchpad "
+                "and judge each sentence: sound (its findings say what it says), needs_revision (they support "
+                "a weaker or narrower statement), or unsound (they do not support it). For every sentence not "
+                "sound, say what is wrong in `objection`. End by calling submit_citation_audit."
+            ),
+            capabilities=("read_scratchpad",),
+            output=CitationAudit,
+            tier=Tier.SUPERVISOR,
+        ),
+        Role.ADJUDICATOR: RoleSpec(
+            instructions=(
+                "You are an adjudicator. Your task names one objection raised against a sentence of a draft "
+                "report (a scratchpad entry number) and the entries it concerns. Read them with read_scratchpad "
+                "and decide: approve (the objection is dismissed and the sentence stands), revise (the sentence "
+                "must be rewritten), or reject (the sentence is removed). End by calling submit_adjudication "
+                "with your decision and its rationale."
+            ),
+            capabilities=("read_scratchpad",),
+            output=Adjudication,
+            tier=Tier.SUPERVISOR,
         ),
         # Works in the one workspace its delegation names (the tools are bound to it): reads and edits
         # its code, smoke-tests it, launches experiments. Never offered to researchers or verifiers.

@@ -13,13 +13,14 @@ from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
 from quarry.client import Dialer, MonitorClient, ScratchpadClient
 from quarry.compute import ComputeView
-from quarry.config import QuarrySettings, WorkerSettings
+from quarry.config import ModelTier, QuarrySettings, SupervisorSettings, WorkerSettings
 from quarry.db import open_migrated_database
 from quarry.identity import MeshRole, Principal
 from quarry.mesh import Access
 from quarry.research_plane import ResearchPlane
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import worker_pb2, worker_pb2_grpc
+from quarry.vocabulary import Tier
 from quarry.workspace import WorkspaceView
 from worker_svc.corpus import Corpus
 from worker_svc.diagnostics import diagnostics
@@ -51,12 +52,22 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()[:57]}-{secrets.token_hex(3)}"  # at most 64 characters, as the column
 
 
-async def build_host(settings: WorkerSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
+async def build_host(
+    settings: WorkerSettings | None = None,
+    common: QuarrySettings | None = None,
+    supervisor_tier: ModelTier | None = None,
+) -> ServiceHost:
+    """`supervisor_tier` is the model the supervisor tier's roles run on: by default the supervisor's own
+    (QUARRY_SUPERVISOR_MODEL_*), each setting it leaves unset falling back to this worker's model."""
     settings = settings or WorkerSettings()
     common = common or QuarrySettings()
+    supervisor_tier = supervisor_tier or SupervisorSettings()
     dial = Dialer.from_settings(common)
     database = await open_migrated_database(settings.resolved_database_url(common.data_dir), MIGRATIONS, VERSION_TABLE)
-    model = ModelClient(ModelSettings.for_tier(settings, common))
+    models = {
+        Tier.WORKER: ModelClient(ModelSettings.for_tier(settings, common)),
+        Tier.SUPERVISOR: ModelClient(ModelSettings.for_tier(supervisor_tier, common, fallback=settings)),
+    }
     channel = dial.channel(settings.scratchpad_address)
     scratchpad = ResearchPlane(ScratchpadClient(channel))
     monitor_channel = dial.channel(settings.monitor_address) if settings.monitor_address else None
@@ -100,7 +111,7 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
         )
 
     worker = Worker(
-        model=model,
+        models=models,
         conversations=ConversationStore(database),
         delegations=DelegationStore(database, worker_id=settings.id or default_worker_id()),
         context_for=context_for,
@@ -119,7 +130,8 @@ async def build_host(settings: WorkerSettings | None = None, common: QuarrySetti
 
     async def release() -> None:
         pages.close()
-        await model.close()
+        for model in models.values():
+            await model.close()
         await web.aclose()
         await search_http.aclose()
         if embedder is not None:

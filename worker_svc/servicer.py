@@ -9,13 +9,15 @@ import grpc
 
 from quarry.convert import (
     ROLES,
+    TIERS,
     EnumMap,
     delegation_result_to_proto,
     duration_seconds,
     timestamp,
 )
 from quarry.errors import NotFound
-from quarry.v1 import worker_pb2, worker_pb2_grpc
+from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from quarry.vocabulary import Tier
 from worker_svc.model import DelegationRequest, DelegationState, Event, Progress, Started
 from worker_svc.worker import Worker
 
@@ -48,14 +50,24 @@ def request_from_proto(request: worker_pb2.DelegateRequest) -> DelegationRequest
         timeout_seconds=duration_seconds(budget.timeout) if budget.HasField("timeout") else 0.0,
         max_tokens=budget.max_tokens,
         workspace_id=request.task.workspace_id,
+        question=request.task.question,
+        tier=TIERS.from_proto(request.tier),
     )
+
+
+def _tier(tier: Tier | None) -> common_pb2.ModelTier.ValueType:
+    return common_pb2.MODEL_TIER_UNSPECIFIED if tier is None else TIERS.to_proto(tier)
 
 
 def event_to_proto(event: Event) -> worker_pb2.DelegateResponse:
     if isinstance(event, Started):
         return worker_pb2.DelegateResponse(
             started=worker_pb2.DelegationStarted(
-                delegation_id=event.delegation_id, conversation_id=event.conversation_id, worker_id=event.worker_id
+                delegation_id=event.delegation_id,
+                conversation_id=event.conversation_id,
+                worker_id=event.worker_id,
+                tier=_tier(event.tier),
+                model=event.model,
             )
         )
     if isinstance(event, Progress):
@@ -101,7 +113,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                 criteria=list(record.criteria),
                 input_refs=list(record.input_refs),
                 workspace_id=record.workspace_id,
+                question=record.question,
             ),
+            tier=_tier(record.tier),
             state=STATES.to_proto(record.state),
             create_time=timestamp(record.create_time),
             last_error=record.last_error,

@@ -18,7 +18,7 @@ from quarry.agent.usage import Usage
 from quarry.db import Database
 from quarry.errors import ErrorReason, FailedPrecondition
 from quarry.identity import Role
-from quarry.vocabulary import DelegationErrorCode, DelegationResult, JobRef
+from quarry.vocabulary import DelegationErrorCode, DelegationResult, JobRef, Tier
 from worker_svc.model import DelegationRecord, DelegationRequest, DelegationState
 from worker_svc.schema import delegations
 
@@ -46,6 +46,8 @@ def _record(row: sa.Row[Any]) -> DelegationRecord:
         end_time=row.end_time,
         worker_id=row.worker_id,
         workspace_id=row.task.get("workspace_id", ""),
+        question=str(row.task.get("question", "")),
+        tier=Tier(row.task["tier"]) if row.task.get("tier") else None,
     )
 
 
@@ -64,6 +66,11 @@ def _result_json(result: DelegationResult) -> dict[str, object]:
         **result.usage.to_json(),
         "jobs": [dataclasses.asdict(job) for job in result.jobs],
         "files_changed": list(result.files_changed),
+        "output_kind": result.output_kind,
+        "output_json": result.output_json,
+        "output_sequence_no": result.output_sequence_no,
+        "tier": result.tier.value if result.tier else None,
+        "model": result.model,
     }
 
 
@@ -87,6 +94,11 @@ def _result_from_json(
         worker_id=worker_id,
         jobs=tuple(JobRef(**job) for job in data.get("jobs") or []),
         files_changed=tuple(str(path) for path in data.get("files_changed") or []),
+        output_kind=str(data.get("output_kind") or ""),
+        output_json=str(data.get("output_json") or ""),
+        output_sequence_no=int(data.get("output_sequence_no") or 0),
+        tier=Tier(data["tier"]) if data.get("tier") else None,
+        model=str(data.get("model") or ""),
     )
 
 
@@ -115,9 +127,11 @@ class DelegationStore:
 
         return await self._db.read(work)
 
-    async def start(self, request: DelegationRequest, conversation_id: str, opening: Sequence[Message]) -> None:
-        """Record a delegation as running, with its new conversation, in one transaction; a second start of
-        the same id is refused."""
+    async def start(
+        self, request: DelegationRequest, conversation_id: str, opening: Sequence[Message], tier: Tier
+    ) -> None:
+        """Record a delegation as running on `tier`, with its new conversation, in one transaction; a second
+        start of the same id is refused."""
         assert request.role is not None
         row = {
             "delegation_id": request.delegation_id,
@@ -131,6 +145,8 @@ class DelegationStore:
                 "criteria": list(request.criteria),
                 "input_refs": list(request.input_refs),
                 "workspace_id": request.workspace_id,
+                "question": request.question,
+                "tier": tier.value,
             },
             "state": DelegationState.RUNNING.value,
             "result": None,

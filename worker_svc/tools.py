@@ -4,6 +4,10 @@ A role declares logical capabilities ("web_search", "scratchpad"); they are
 expanded here into concrete tools at run time, so a role carries only what it
 needs. Every page a tool reads is remembered for the delegation: a finding may
 only cite those pages, with excerpts that occur in their text.
+
+A blind role (one that judges others' work) gets its input refs as its whole
+view: read_scratchpad shows only the entries they name, and the page tools
+read only the URLs they name. It ends with its submit tool (worker_svc.outputs).
 """
 
 from __future__ import annotations
@@ -12,14 +16,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from quarry.agent.scratchpad_tools import SCRATCHPAD_TOOLS, SourceParam
-from quarry.agent.tools import Tool, ToolError, ToolRegistry
+from quarry.agent import scratchpad_tools
+from quarry.agent.scratchpad_tools import SCRATCHPAD_TOOLS, ReadParams, SourceParam, render_entries
+from quarry.agent.tools import Tool, ToolError, ToolRegistry, current_call
 from quarry.compute import ComputeView, MonitorError
 from quarry.identity import Principal
 from quarry.research_plane import ResearchPlane
+from quarry.research_records import RECORD_TYPES, InputRefs, ResearchRecord
 from quarry.vocabulary import JobRef
+from worker_svc.outputs import OUTPUT_KINDS, OutputGate, offered_schema, submit_tool_name
 from worker_svc.web.pages import Page, PageError, PageReader
 from worker_svc.web.search import SearchBackend, SearchError, SearchResult, SearchResults
 from worker_svc.workspace_tools import WORKSPACE_TOOLS, WorkspaceSession, describe_look
@@ -30,7 +37,10 @@ MAX_WAIT_SECONDS = 600.0  # job_status waits at most this long for a job to end
 
 CAPABILITIES: dict[str, list[str]] = {
     "web_search": ["perform_web_search", "read_web_page", "search_web_page", "scroll_web_page"],
+    # Reading given pages without searching for others (a verifier re-reads what a finding cites).
+    "read_pages": ["read_web_page", "search_web_page", "scroll_web_page"],
     "scratchpad": ["read_scratchpad", "append_scratchpad"],
+    "read_scratchpad": ["read_scratchpad"],
     "compute": ["gpu_status", "job_status"],
     # An engineer's, bound to its delegation's workspace (worker_svc/workspace_tools.py).
     "workspace": [
@@ -61,6 +71,10 @@ class DelegationContext:
     workspace: WorkspaceSession | None = None
     read: dict[str, Page] = field(default_factory=dict)  # pages read in this delegation, by URL
     promoted: list[int] = field(default_factory=list)
+    # A blind role's whole view: the entries and pages its contract names (None: the whole thread and web).
+    inputs: InputRefs | None = None
+    # Takes a structured role's output (None for a researcher).
+    gate: OutputGate | None = None
 
     def verify_sources(self, kind: str, sources: Sequence[SourceParam]) -> None:
         if kind == "finding" and not sources:
@@ -79,6 +93,9 @@ class DelegationContext:
                 )
 
     async def page(self, url: str) -> Page:
+        if self.inputs is not None and url not in self.inputs.urls:
+            named = ", ".join(sorted(self.inputs.urls)) or "none"
+            raise ToolError(f"this task reads only the pages its inputs name ({named}), not {url}")
         try:
             page = await self.pages.read(url)
         except PageError as error:
@@ -239,6 +256,78 @@ COMPUTE_TOOLS: list[Tool[Any, DelegationContext]] = [
 ]
 
 
-def tools_for(capabilities: Sequence[str]) -> ToolRegistry[DelegationContext]:
-    catalog: list[Tool[Any, DelegationContext]] = [*WEB_TOOLS, *SCRATCHPAD_TOOLS, *COMPUTE_TOOLS, *WORKSPACE_TOOLS]
-    return ToolRegistry.for_capabilities(catalog, CAPABILITIES, capabilities)
+async def read_scratchpad(params: ReadParams, context: DelegationContext) -> str:
+    if context.inputs is None:
+        return await scratchpad_tools.read_scratchpad(params, context)
+    if not context.inputs.entries:
+        return "Your task names no scratchpad entries."
+    # Read from the first input on; only the inputs are shown, the rest never reaches the model.
+    after = max(params.after_sequence_no, min(context.inputs.entries) - 1)
+    entries = await context.scratchpad.read_all(context.scratchpad_thread_id, after_sequence_no=after)
+    return render_entries([entry for entry in entries if entry.sequence_no in context.inputs.entries])
+
+
+READ_SCRATCHPAD: Tool[ReadParams, DelegationContext] = Tool(
+    "read_scratchpad",
+    "Read the shared research scratchpad: the seed, findings and markers other participants promoted. "
+    "A task bound to its inputs sees only the entries they name.",
+    ReadParams,
+    read_scratchpad,
+)
+_CATALOG: list[Tool[Any, DelegationContext]] = [
+    *WEB_TOOLS,
+    READ_SCRATCHPAD,
+    *(tool for tool in SCRATCHPAD_TOOLS if tool.name != READ_SCRATCHPAD.name),
+    *COMPUTE_TOOLS,
+    *WORKSPACE_TOOLS,
+]
+
+
+def _submit_tool(kind: str, record: type[ResearchRecord] | None) -> Tool[BaseModel, DelegationContext]:
+    """`submit_<kind>`. Its arguments reach the gate unparsed, so a malformed output counts as an attempt;
+    the model is shown the record's schema (for the role's own kind; other kinds are not offered)."""
+    config = ConfigDict(extra="allow")
+    if record is not None:
+        schema = offered_schema(record)
+
+        def show(target: dict[str, Any]) -> None:
+            target.clear()
+            target.update(schema)
+
+        config = ConfigDict(extra="allow", json_schema_extra=show)
+    parameters = create_model(f"Submit_{kind}", __config__=config)
+
+    async def submit(params: BaseModel, context: DelegationContext) -> str:
+        if context.gate is None:
+            raise ToolError("this task ends with a summary, not a submitted record")
+        call = current_call()
+        return context.gate.submit(call.id, kind, call.arguments)
+
+    return Tool(
+        submit_tool_name(kind),
+        f"Submit your {kind} and end the task. Its fields are checked before anything is recorded.",
+        parameters,
+        submit,
+    )
+
+
+_RECORDS_BY_KIND = {record.record_kind(): record for record in RECORD_TYPES.values()}
+# Built once: a tool's declaration is cached by its parameters' class.
+SUBMIT_TOOLS: dict[str, Tool[BaseModel, DelegationContext]] = {
+    kind: _submit_tool(kind, _RECORDS_BY_KIND.get(kind)) for kind in OUTPUT_KINDS
+}
+
+
+def tools_for(
+    capabilities: Sequence[str], output: type[ResearchRecord] | None = None
+) -> ToolRegistry[DelegationContext]:
+    """The role's tools; a role with an output also gets its submit tool, and answers (unoffered) the others."""
+    listed = ToolRegistry.for_capabilities(_CATALOG, CAPABILITIES, capabilities)
+    if output is None:
+        return listed
+    by_name = {tool.name: tool for tool in _CATALOG}
+    own = output.record_kind()
+    return ToolRegistry(
+        [*(by_name[name] for name in listed.names), SUBMIT_TOOLS[own]],
+        unlisted=[tool for kind, tool in SUBMIT_TOOLS.items() if kind != own],
+    )

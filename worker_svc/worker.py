@@ -1,7 +1,11 @@
 """Runs delegations: one bounded agent run per Delegate call, always ending in one DelegationResult.
 
 Each delegation gets a fresh conversation (never the scratchpad thread), the
-tools its role subscribes to, and hard bounds: turns, tokens and a deadline.
+tools its role subscribes to, the model of its tier, and hard bounds: turns,
+tokens and a deadline. A role with a structured output (claim-verifier,
+citation auditor, adjudicator) is blind to all but its contract, ends with its
+submit tool, and has that output checked (worker_svc.outputs) before the
+worker records it on the scratchpad; a researcher promotes findings itself.
 The outcome is recorded before it is sent, so a repeated Delegate with the
 same delegation_id returns it without running again. A provider failure, an
 exhausted budget, a deadline and a cancellation are distinct failures, and a
@@ -12,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 from opentelemetry import trace
@@ -42,9 +47,11 @@ from quarry.errors import (
     Unavailable,
 )
 from quarry.lease import LeaseKeeper, LeaseTerms
+from quarry.research_records import CitationAudit, ClaimVerdict, InputRefs, ResearchRecord
 from quarry.telemetry import meter, tracer
-from quarry.vocabulary import DelegationErrorCode, DelegationResult
+from quarry.vocabulary import DelegationErrorCode, DelegationResult, Source, Tier
 from worker_svc.model import DelegationRecord, DelegationRequest, Event, Progress, Started
+from worker_svc.outputs import OutputGate, describe
 from worker_svc.roles import MONITOR_CAPABILITIES, ROLES
 from worker_svc.store import DelegationStore
 from worker_svc.tools import DelegationContext, tools_for
@@ -94,11 +101,23 @@ def validate(request: DelegationRequest) -> None:
         violations.append(FieldViolation("task.objective", f"at most {MAX_OBJECTIVE_CHARS} characters"))
     elif "\x00" in request.objective:
         violations.append(FieldViolation("task.objective", "must not contain NUL characters"))
+    if len(request.question) > MAX_OBJECTIVE_CHARS:
+        violations.append(FieldViolation("task.question", f"at most {MAX_OBJECTIVE_CHARS} characters"))
+    elif "\x00" in request.question:
+        violations.append(FieldViolation("task.question", "must not contain NUL characters"))
     violations.extend(_list_violations("task.criteria", request.criteria, MAX_CRITERIA, MAX_CRITERION_CHARS))
     violations.extend(_list_violations("task.input_refs", request.input_refs, MAX_INPUT_REFS, MAX_INPUT_REF_CHARS))
-    if request.role not in ROLES:
+    if request.role is None or request.role not in ROLES:
         roles = ", ".join(f"ROLE_{role.name}" for role in ROLES)
         violations.append(FieldViolation("role", f"a worker runs one of: {roles}"))
+    elif ROLES[request.role].blind and not InputRefs.parse(request.input_refs).entries:
+        # Its inputs are all it may see: without an entry to judge it could only spend tokens.
+        violations.append(
+            FieldViolation(
+                "task.input_refs",
+                f'a ROLE_{request.role.name} task names the scratchpad entries it judges (sequence numbers, e.g. "12")',
+            )
+        )
     violations.extend(_workspace_violations(request))
     if not 0 <= request.max_turns <= MAX_TURNS_LIMIT:
         violations.append(FieldViolation("budget.max_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)"))
@@ -139,7 +158,9 @@ def _list_violations(field: str, items: tuple[str, ...], max_items: int, max_cha
 
 
 def task_message(request: DelegationRequest) -> str:
-    parts = [f"Task: {request.objective}"]
+    """The contract as the model reads it: nothing else of the run reaches a blind role."""
+    parts = [f"Research question: {request.question}"] if request.question else []
+    parts.append(f"Task: {request.objective}")
     if request.criteria:
         parts.append("Criteria:\n" + "\n".join(f"- {c}" for c in request.criteria))
     if request.input_refs:
@@ -159,12 +180,20 @@ class _Progress(LoopObserver):
 
     async def turn_started(self, turn: int, max_turns: int) -> None:
         self.max_turns = max_turns
+        if self._context.gate is not None:
+            self._context.gate.begin_turn(turn)
         await self._queue.put(Progress(self._id, turn, max_turns, "turn", f"turn {turn} of {max_turns}"))
 
     async def tool_called(self, turn: int, call: ToolCall) -> None:
         await self._queue.put(Progress(self._id, turn, self.max_turns, "tool", f"calling {call.name}", call.name))
 
     async def tool_finished(self, turn: int, outcome: ToolOutcome) -> None:
+        if self._context.gate is not None:
+            self._context.gate.observe(outcome)
+        await self.report_promoted(turn)
+
+    async def report_promoted(self, turn: int) -> None:
+        """An event for each entry promoted since the last report."""
         while self._reported < len(self._context.promoted):
             sequence_no = self._context.promoted[self._reported]
             self._reported += 1
@@ -177,13 +206,13 @@ class Worker:
     def __init__(
         self,
         *,
-        model: ModelClient,
+        models: Mapping[Tier, ModelClient],
         conversations: ConversationStore,
         delegations: DelegationStore,
         context_for: Callable[[DelegationRequest], DelegationContext],
         limits: WorkerLimits,
     ) -> None:
-        self._model = model
+        self._models = models
         self._conversations = conversations
         self._delegations = delegations
         self._context_for = context_for
@@ -251,7 +280,7 @@ class Worker:
         assert request.role is not None
         opening = [system(ROLES[request.role].instructions), user(task_message(request))]
         # Refuses a delegation_id already running; creates the conversation in the same transaction.
-        await self._delegations.start(request, conversation_id, opening)
+        await self._delegations.start(request, conversation_id, opening, self._tier(request))
         task = asyncio.create_task(self._execute(request, conversation_id, opening, queue))
         self._running[request.delegation_id] = task
         task.add_done_callback(lambda _: self._running.pop(request.delegation_id, None))
@@ -265,7 +294,9 @@ class Worker:
         queue: asyncio.Queue[Event],
     ) -> AsyncIterator[Event]:
         try:
-            yield Started(request.delegation_id, conversation_id, self._delegations.worker_id)
+            tier = self._tier(request)
+            model = self._models[tier].settings.model
+            yield Started(request.delegation_id, conversation_id, self._delegations.worker_id, tier, model)
             while True:
                 getter = asyncio.ensure_future(queue.get())
                 await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
@@ -319,17 +350,29 @@ class Worker:
         finally:
             _ACTIVE.add(-1)
 
+    def _tier(self, request: DelegationRequest) -> Tier:
+        assert request.role is not None
+        return request.tier or ROLES[request.role].tier
+
     async def _run(
         self, request: DelegationRequest, conversation_id: str, opening: list[Message], queue: asyncio.Queue[Event]
     ) -> DelegationResult:
         """Run the delegation; whatever happens, record and queue exactly one DelegationResult."""
         assert request.role is not None
+        spec = ROLES[request.role]
+        tier = self._tier(request)
+        model = self._models[tier]
         run: AgentRun[DelegationContext] | None = None
         context: DelegationContext | None = None
         timeout = request.timeout_seconds or self._limits.default_timeout_seconds
         deadline = asyncio.timeout(timeout)
 
-        def ended(code: DelegationErrorCode | None, message: str = "", summary: str = "") -> DelegationResult:
+        def ended(
+            code: DelegationErrorCode | None,
+            message: str = "",
+            summary: str = "",
+            output: tuple[ResearchRecord, int] | None = None,
+        ) -> DelegationResult:
             workspace = context.workspace if context else None
             return DelegationResult(
                 delegation_id=request.delegation_id,
@@ -345,10 +388,19 @@ class Worker:
                 # What an engineer's tools did, as they recorded it: kept on failure too.
                 jobs=tuple(workspace.jobs) if workspace else (),
                 files_changed=tuple(workspace.files_changed) if workspace else (),
+                output_kind=output[0].record_kind() if output else "",
+                output_json=output[0].model_dump_json() if output else "",
+                output_sequence_no=output[1] if output else 0,
+                tier=tier,
+                model=model.settings.model,
             )
 
+        gate: OutputGate | None = None
         try:
             context = self._context_for(request)
+            if spec.output is not None:  # blind, and ends with its record
+                context.inputs = InputRefs.parse(request.input_refs)
+                context.gate = gate = OutputGate(request.role, spec.output, context.inputs, context.read)
             observer = _Progress(request.delegation_id, context, queue)
             limits = LoopLimits(
                 max_turns=request.max_turns or DEFAULT_MAX_TURNS,
@@ -356,13 +408,36 @@ class Worker:
                 context_tokens=self._limits.context_tokens,
             )
             available = MONITOR_CAPABILITIES if self._limits.compute else frozenset()
-            tools = tools_for(ROLES[request.role].capabilities_given(available))
-            run = AgentRun(self._model, tools, self._conversations, conversation_id, limits, observer, agent="worker")
+            tools = tools_for(spec.capabilities_given(available), spec.output)
+            run = AgentRun(
+                model,
+                tools,
+                self._conversations,
+                conversation_id,
+                limits,
+                observer,
+                agent="worker",
+                finished=gate.finished if gate else None,
+            )
+            history = list(opening)
             async with deadline:
-                answer = await run.run(context, history=list(opening))
-            outcome = ended(None, summary=answer)
+                answer = await run.run(context, history=history)
+                if gate is None:
+                    outcome = ended(None, summary=answer)
+                else:
+                    await self._settle(gate, run, context, history, answer, conversation_id)
+                    if gate.failure is not None:
+                        outcome = ended(gate.failure.code, gate.failure.message)
+                    else:
+                        assert gate.accepted is not None
+                        number = await self._record(request, context, gate.accepted)
+                        await observer.report_promoted(run.turns)
+                        outcome = ended(None, summary=describe(gate.accepted), output=(gate.accepted, number))
         except TurnBudgetExhausted as error:
-            outcome = ended(DelegationErrorCode.TURN_BUDGET_EXHAUSTED, str(error))
+            if gate is not None and gate.pending is not None:  # the turn it needed to repair its output was not left
+                outcome = ended(gate.pending.code, f"{gate.pending.message}; no turn was left to repair it")
+            else:
+                outcome = ended(DelegationErrorCode.TURN_BUDGET_EXHAUSTED, str(error))
         except TokenBudgetExhausted as error:
             outcome = ended(DelegationErrorCode.TOKEN_BUDGET_EXHAUSTED, str(error))
         except ProviderError as error:
@@ -396,6 +471,60 @@ class Worker:
         queue.put_nowait(outcome)
         return outcome
 
+    async def _settle(
+        self,
+        gate: OutputGate,
+        run: AgentRun[DelegationContext],
+        context: DelegationContext,
+        history: list[Message],
+        answer: str,
+        conversation_id: str,
+    ) -> None:
+        """Bring a structured role's output to accepted or failed. A run that ended in prose made an attempt
+        too: a first failed one gets the repair turn, told what was wrong; the next answer is the last."""
+        if gate.settled:
+            return
+        repair = gate.answer(answer)
+        if gate.settled:
+            return
+        prompt = user(repair)
+        await self._conversations.append(conversation_id, [prompt])
+        history.append(prompt)
+        answer = await run.run(context, history=history)
+        if not gate.settled:
+            gate.answer(answer)
+
+    async def _record(self, request: DelegationRequest, context: DelegationContext, output: ResearchRecord) -> int:
+        """Append an accepted output as its entry (an audit's objections after it); its sequence number.
+
+        Request ids derive from the delegation, so a retried append writes nothing twice.
+        """
+        sources: tuple[Source, ...] = ()
+        if isinstance(output, ClaimVerdict) and output.quote is not None:
+            page = context.read[output.quote.url]
+            sources = (Source(output.quote.url, page.title, output.quote.excerpt),)
+        appended = await context.scratchpad.append(
+            context.scratchpad_thread_id,
+            kind=output.entry_kind,
+            author=context.author,
+            content=output.model_dump_json(),
+            sources=sources,
+            request_id=_request_id(request.delegation_id, "output"),
+        )
+        number = appended.entry.sequence_no
+        context.promoted.append(number)
+        if isinstance(output, CitationAudit):
+            for index, objection in enumerate(output.objections(number)):
+                raised = await context.scratchpad.append(
+                    context.scratchpad_thread_id,
+                    kind=objection.entry_kind,
+                    author=context.author,
+                    content=objection.model_dump_json(),
+                    request_id=_request_id(request.delegation_id, f"objection-{index}"),
+                )
+                context.promoted.append(raised.entry.sequence_no)
+        return number
+
     async def close(self, finish_within: float = 0.0) -> None:
         """Let running delegations finish for up to `finish_within` seconds, then cancel the rest; each
         reports and records its outcome (a cancelled one included), so nothing is left half-written."""
@@ -409,6 +538,11 @@ class Worker:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._leases.stop()
+
+
+def _request_id(delegation_id: str, part: str) -> str:
+    """A scratchpad request id for one of a delegation's own appends (within the 128 characters allowed)."""
+    return f"dlg-{hashlib.sha256(delegation_id.encode()).hexdigest()[:40]}/{part}"
 
 
 def _check_same_request(record: DelegationRecord, request: DelegationRequest) -> None:
@@ -429,5 +563,5 @@ def _check_same_request(record: DelegationRecord, request: DelegationRequest) ->
 
 async def _replay(record: DelegationRecord) -> AsyncIterator[Event]:
     assert record.outcome is not None
-    yield Started(record.delegation_id, record.conversation_id, record.worker_id)
+    yield Started(record.delegation_id, record.conversation_id, record.worker_id, record.tier, record.outcome.model)
     yield record.outcome

@@ -3,14 +3,16 @@
 Both the supervisor and the worker run this loop; they differ only in the
 tools they pass and in what they do with the answer. A run ends in exactly
 one of: an answer, TurnBudgetExhausted, TokenBudgetExhausted, or the
-provider's ProviderError. Deadlines and cancellation come from the caller
+provider's ProviderError. A caller whose run ends with a structured output
+(a tool that takes it) passes `finished`, which ends the run after the turn
+whose tools delivered it. Deadlines and cancellation come from the caller
 (asyncio timeouts and task cancellation) and interrupt the model call and
 the tools alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -81,8 +83,11 @@ class AgentRun(Generic[Context]):
         observer: LoopObserver | None = None,
         *,
         agent: str = "agent",
+        finished: Callable[[int], bool] | None = None,
     ) -> None:
         self._agent = agent  # names its spans: "supervisor turn", "worker turn"
+        # Asked after each turn whose tools ran, with its number: True ends the run there, answering "".
+        self._finished = finished
         self._model = model
         self._tools = tools
         self._store = store
@@ -93,7 +98,9 @@ class AgentRun(Generic[Context]):
         self.usage = Usage()
 
     async def run(self, context: Context, history: list[Message] | None = None) -> str:
-        """Loop until the model answers without calling a tool; returns that answer.
+        """Loop until the model answers without calling a tool (or `finished` says so); returns that answer.
+
+        A run may be called again to go on with the same conversation: its turn budget is shared.
 
         `history` is the conversation as stored, when the caller has it (it just wrote it); otherwise
         it is read. This run is the conversation's only writer, so the copy is then kept in step.
@@ -134,6 +141,8 @@ class AgentRun(Generic[Context]):
             follow_up.append(user("Some tool_call blocks could not be used: " + "; ".join(reply.protocol_errors)))
         await self._store.append(self._conversation_id, follow_up)
         history.extend(follow_up)
+        if self._finished is not None and self._finished(turn):
+            return ""
         return None
 
     async def _run_tools(self, turn: int, calls: Sequence[ToolCall], context: Context) -> list[ToolOutcome]:

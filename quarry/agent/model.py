@@ -68,14 +68,21 @@ class ModelSettings:
     env_prefix: str = ""
 
     @classmethod
-    def for_tier(cls, tier: ModelTier, common: QuarrySettings) -> ModelSettings:
-        """A tier's model: each of its settings that is unset falls back to the shared one."""
+    def for_tier(cls, tier: ModelTier, common: QuarrySettings, *, fallback: ModelTier | None = None) -> ModelSettings:
+        """A tier's model: each of its settings that is unset falls back to `fallback`'s (when given: a worker's
+        supervisor tier falls back to the worker's own model), then to the shared one."""
+        tiers = (tier,) if fallback is None else (tier, fallback)
+
+        def first(name: str) -> Any:
+            return next((value for t in tiers if (value := getattr(t, name)) not in (None, "")), None)
+
+        native_tools = first("model_native_tools")
         return cls(
-            base_url=tier.model_base_url or common.model_base_url,
-            model=tier.model_name or common.model_name,
-            api_key=tier.model_api_key or common.model_api_key,
-            native_tools=common.model_native_tools if tier.model_native_tools is None else tier.model_native_tools,
-            request_timeout=tier.model_request_timeout or common.model_request_timeout,
+            base_url=first("model_base_url") or common.model_base_url,
+            model=first("model_name") or common.model_name,
+            api_key=first("model_api_key") or common.model_api_key,
+            native_tools=common.model_native_tools if native_tools is None else native_tools,
+            request_timeout=first("model_request_timeout") or common.model_request_timeout,
             tier=tier.service_name,
             env_prefix=tier.model_config.get("env_prefix", ""),
         )

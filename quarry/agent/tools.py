@@ -73,14 +73,20 @@ class ToolOutcome:
 
 
 class ToolRegistry(Generic[Context]):
-    """The concrete tools one role carries, looked up by name."""
+    """The concrete tools one role carries, looked up by name.
 
-    def __init__(self, tools: Iterable[Tool[Any, Context]]) -> None:
+    `unlisted` tools answer calls without being offered to the model: a role's answer to a call it was
+    not meant to make (another role's output tool, which it refuses with a reason instead of "no such tool").
+    """
+
+    def __init__(self, tools: Iterable[Tool[Any, Context]], *, unlisted: Iterable[Tool[Any, Context]] = ()) -> None:
         self._tools: dict[str, Tool[Any, Context]] = {}
-        for tool in tools:
+        listed = list(tools)
+        for tool in [*listed, *unlisted]:
             if tool.name in self._tools:
                 raise ValueError(f"two tools are named {tool.name!r}")
             self._tools[tool.name] = tool
+        self._listed = [tool.name for tool in listed]
 
     @classmethod
     def for_capabilities(
@@ -102,10 +108,11 @@ class ToolRegistry(Generic[Context]):
 
     @property
     def names(self) -> list[str]:
-        return list(self._tools)
+        """The tools offered to the model."""
+        return list(self._listed)
 
     def schemas(self) -> list[dict[str, Any]]:
-        return [tool.schema() for tool in self._tools.values()]
+        return [self._tools[name].schema() for name in self._listed]
 
     async def run_calls(self, calls: Sequence[ToolCall], context: Context) -> list[ToolOutcome]:
         """Run the calls of one assistant message concurrently; one outcome per call, in call order.

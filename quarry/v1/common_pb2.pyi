@@ -29,9 +29,17 @@ class _RoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Role.ValueType],
     ROLE_RESEARCHER: _Role.ValueType  # 2
     """Searches, reads and promotes verified findings."""
     ROLE_VERIFIER: _Role.ValueType  # 3
-    """Checks findings against their sources and records verdicts."""
+    """The claim-verifier: judges one finding against the page it cites, blind to everything but its
+    contract, and records a verdict (a quarry.research_records ClaimVerdict).
+    """
     ROLE_ENGINEER: _Role.ValueType  # 4
     """Edits code and launches experiments in one workspace of the monitor's."""
+    ROLE_CITATION_AUDITOR: _Role.ValueType  # 5
+    """Judges the draft report's cited sentences against the findings they cite and records an audit;
+    each unsound sentence raises an objection.
+    """
+    ROLE_ADJUDICATOR: _Role.ValueType  # 6
+    """Decides open objections: approve, revise or reject."""
 
 class Role(_Role, metaclass=_RoleEnumTypeWrapper):
     """The role a principal acts in. The scratchpad enforces which roles may write
@@ -44,10 +52,40 @@ ROLE_SUPERVISOR: Role.ValueType  # 1
 ROLE_RESEARCHER: Role.ValueType  # 2
 """Searches, reads and promotes verified findings."""
 ROLE_VERIFIER: Role.ValueType  # 3
-"""Checks findings against their sources and records verdicts."""
+"""The claim-verifier: judges one finding against the page it cites, blind to everything but its
+contract, and records a verdict (a quarry.research_records ClaimVerdict).
+"""
 ROLE_ENGINEER: Role.ValueType  # 4
 """Edits code and launches experiments in one workspace of the monitor's."""
+ROLE_CITATION_AUDITOR: Role.ValueType  # 5
+"""Judges the draft report's cited sentences against the findings they cite and records an audit;
+each unsound sentence raises an objection.
+"""
+ROLE_ADJUDICATOR: Role.ValueType  # 6
+"""Decides open objections: approve, revise or reject."""
 Global___Role: _TypeAlias = Role  # noqa: Y015
+
+class _ModelTier:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ModelTierEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ModelTier.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MODEL_TIER_UNSPECIFIED: _ModelTier.ValueType  # 0
+    """The role's default: the supervisor tier for citation auditors and adjudicators, else the worker's."""
+    MODEL_TIER_WORKER: _ModelTier.ValueType  # 1
+    MODEL_TIER_SUPERVISOR: _ModelTier.ValueType  # 2
+
+class ModelTier(_ModelTier, metaclass=_ModelTierEnumTypeWrapper):
+    """Which model a delegation runs on. A worker serves both: its own model, and the supervisor's
+    (stronger) model for roles that judge the supervisor's work.
+    """
+
+MODEL_TIER_UNSPECIFIED: ModelTier.ValueType  # 0
+"""The role's default: the supervisor tier for citation auditors and adjudicators, else the worker's."""
+MODEL_TIER_WORKER: ModelTier.ValueType  # 1
+MODEL_TIER_SUPERVISOR: ModelTier.ValueType  # 2
+Global___ModelTier: _TypeAlias = ModelTier  # noqa: Y015
 
 class _DelegationOutcome:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -94,6 +132,14 @@ class _DelegationErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_D
     """A stream ended without its terminal result."""
     DELEGATION_ERROR_CODE_INTERNAL: _DelegationErrorCode.ValueType  # 9
     """A fault inside the worker."""
+    DELEGATION_ERROR_CODE_OUTPUT_REFUSED: _DelegationErrorCode.ValueType  # 10
+    """The role's output was refused, also after its one repair turn: a kind its role may not emit,
+    or a reference (scratchpad entry, URL, quote) outside its contract or not read. Nothing was recorded.
+    """
+    DELEGATION_ERROR_CODE_OUTPUT_INVALID: _DelegationErrorCode.ValueType  # 11
+    """The role's output did not match its schema (or none was given), also after its one repair turn.
+    Nothing was recorded.
+    """
 
 class DelegationErrorCode(_DelegationErrorCode, metaclass=_DelegationErrorCodeEnumTypeWrapper):
     """Why a delegation failed. Budget, deadline and cancellation are distinct."""
@@ -117,6 +163,14 @@ DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION: DelegationErrorCode.ValueType  # 8
 """A stream ended without its terminal result."""
 DELEGATION_ERROR_CODE_INTERNAL: DelegationErrorCode.ValueType  # 9
 """A fault inside the worker."""
+DELEGATION_ERROR_CODE_OUTPUT_REFUSED: DelegationErrorCode.ValueType  # 10
+"""The role's output was refused, also after its one repair turn: a kind its role may not emit,
+or a reference (scratchpad entry, URL, quote) outside its contract or not read. Nothing was recorded.
+"""
+DELEGATION_ERROR_CODE_OUTPUT_INVALID: DelegationErrorCode.ValueType  # 11
+"""The role's output did not match its schema (or none was given), also after its one repair turn.
+Nothing was recorded.
+"""
 Global___DelegationErrorCode: _TypeAlias = DelegationErrorCode  # noqa: Y015
 
 class _ErrorReason:

@@ -39,7 +39,22 @@ class _EntryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryKind.V
     ENTRY_KIND_NOTE: _EntryKind.ValueType  # 5
     """A free-form note."""
     ENTRY_KIND_VERDICT: _EntryKind.ValueType  # 6
-    """A verifier's judgement of a finding."""
+    """A verifier's judgement of a finding; a claim-verifier's is a ClaimVerdict's JSON."""
+    ENTRY_KIND_AUDIT: _EntryKind.ValueType  # 8
+    """The research ledger. Each kind's content is the JSON of one quarry.research_records model
+    (named after it), which the scratchpad checks on Append.
+    A citation auditor's judgement of report sentences (CitationAudit).
+    """
+    ENTRY_KIND_OBJECTION: _EntryKind.ValueType  # 9
+    """An unsound sentence the audit raised, open until adjudicated or revised (Objection)."""
+    ENTRY_KIND_ADJUDICATION: _EntryKind.ValueType  # 10
+    """An adjudicator's decision on an objection (Adjudication)."""
+    ENTRY_KIND_ASSIGNMENT: _EntryKind.ValueType  # 11
+    """The supervisor gave a role a contract (Assignment)."""
+    ENTRY_KIND_ROUTE: _EntryKind.ValueType  # 12
+    """Where a delegation runs: worker, tier, model (RouteDecision)."""
+    ENTRY_KIND_USAGE: _EntryKind.ValueType  # 13
+    """What a delegation really cost, as the model reported it (UsageObserved)."""
     ENTRY_KIND_CAMPAIGN_LEDGER: _EntryKind.ValueType  # 20
     """A campaign's records, written by its supervisor as JSON (supervisor_svc/campaigns/records.py).
     One experiment cycle of the ledger.
@@ -68,7 +83,22 @@ ENTRY_KIND_ACKNOWLEDGEMENT: EntryKind.ValueType  # 4
 ENTRY_KIND_NOTE: EntryKind.ValueType  # 5
 """A free-form note."""
 ENTRY_KIND_VERDICT: EntryKind.ValueType  # 6
-"""A verifier's judgement of a finding."""
+"""A verifier's judgement of a finding; a claim-verifier's is a ClaimVerdict's JSON."""
+ENTRY_KIND_AUDIT: EntryKind.ValueType  # 8
+"""The research ledger. Each kind's content is the JSON of one quarry.research_records model
+(named after it), which the scratchpad checks on Append.
+A citation auditor's judgement of report sentences (CitationAudit).
+"""
+ENTRY_KIND_OBJECTION: EntryKind.ValueType  # 9
+"""An unsound sentence the audit raised, open until adjudicated or revised (Objection)."""
+ENTRY_KIND_ADJUDICATION: EntryKind.ValueType  # 10
+"""An adjudicator's decision on an objection (Adjudication)."""
+ENTRY_KIND_ASSIGNMENT: EntryKind.ValueType  # 11
+"""The supervisor gave a role a contract (Assignment)."""
+ENTRY_KIND_ROUTE: EntryKind.ValueType  # 12
+"""Where a delegation runs: worker, tier, model (RouteDecision)."""
+ENTRY_KIND_USAGE: EntryKind.ValueType  # 13
+"""What a delegation really cost, as the model reported it (UsageObserved)."""
 ENTRY_KIND_CAMPAIGN_LEDGER: EntryKind.ValueType  # 20
 """A campaign's records, written by its supervisor as JSON (supervisor_svc/campaigns/records.py).
 One experiment cycle of the ledger.

@@ -29,7 +29,7 @@ from quarry.v1 import common_pb2 as quarry_dot_v1_dot_common__pb2
 from quarry.v1 import monitor_pb2 as quarry_dot_v1_dot_monitor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16quarry/v1/worker.proto\x12\tquarry.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16quarry/v1/common.proto\x1a\x17quarry/v1/monitor.proto\"c\n\x0cResearchTask\x12\x17\n\tobjective\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x10\n\x08\x63riteria\x18\x02 \x03(\t\x12\x12\n\ninput_refs\x18\x03 \x03(\t\x12\x14\n\x0cworkspace_id\x18\x04 \x01(\t\"e\n\x10\x44\x65legationBudget\x12\x11\n\tmax_turns\x18\x01 \x01(\x05\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nmax_tokens\x18\x03 \x01(\x03\"\xfd\x01\n\x0f\x44\x65legateRequest\x12\x1b\n\rdelegation_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06run_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\"\n\x14scratchpad_thread_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12+\n\x04task\x18\x04 \x01(\x0b\x32\x17.quarry.v1.ResearchTaskB\x04\xe2\x41\x01\x02\x12#\n\x04role\x18\x05 \x01(\x0e\x32\x0f.quarry.v1.RoleB\x04\xe2\x41\x01\x02\x12+\n\x06\x62udget\x18\x06 \x01(\x0b\x32\x1b.quarry.v1.DelegationBudget\x12\x14\n\x0ctool_call_id\x18\x07 \x01(\t\"\xae\x01\n\x10\x44\x65legateResponse\x12/\n\x07started\x18\x01 \x01(\x0b\x32\x1c.quarry.v1.DelegationStartedH\x00\x12\x31\n\x08progress\x18\x02 \x01(\x0b\x32\x1d.quarry.v1.DelegationProgressH\x00\x12-\n\x06result\x18\x03 \x01(\x0b\x32\x1b.quarry.v1.DelegationResultH\x00\x42\x07\n\x05\x65vent\"V\n\x11\x44\x65legationStarted\x12\x15\n\rdelegation_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\"\xb7\x01\n\x12\x44\x65legationProgress\x12\x15\n\rdelegation_id\x18\x01 \x01(\t\x12\x0c\n\x04turn\x18\x02 \x01(\x05\x12%\n\x04kind\x18\x03 \x01(\x0e\x32\x17.quarry.v1.ProgressKind\x12\x0f\n\x07summary\x18\x04 \x01(\t\x12\x1e\n\x16scratchpad_sequence_no\x18\x05 \x01(\x03\x12\x11\n\tmax_turns\x18\x06 \x01(\x05\x12\x11\n\ttool_name\x18\x07 \x01(\t\"\xe2\x02\n\x10\x44\x65legationResult\x12\x15\n\rdelegation_id\x18\x01 \x01(\t\x12-\n\x07outcome\x18\x02 \x01(\x0e\x32\x1c.quarry.v1.DelegationOutcome\x12)\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1a.quarry.v1.DelegationError\x12\x0f\n\x07summary\x18\x04 \x01(\t\x12\x1d\n\x15promoted_sequence_nos\x18\x05 \x03(\x03\x12\x12\n\nturns_used\x18\x06 \x01(\x05\x12\x1f\n\x05usage\x18\x07 \x01(\x0b\x32\x10.quarry.v1.Usage\x12\x17\n\x0f\x63onversation_id\x18\x08 \x01(\t\x12\x14\n\x0ctool_call_id\x18\t \x01(\t\x12\x11\n\tworker_id\x18\n \x01(\t\x12\x1f\n\x04jobs\x18\x0b \x03(\x0b\x32\x11.quarry.v1.JobRef\x12\x15\n\rfiles_changed\x18\x0c \x03(\t\"\xd4\x03\n\nDelegation\x12\x1b\n\rdelegation_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x08\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x1d\n\x0f\x63onversation_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12\x1c\n\x14scratchpad_thread_id\x18\x04 \x01(\t\x12\x1d\n\x04role\x18\x05 \x01(\x0e\x32\x0f.quarry.v1.Role\x12%\n\x04task\x18\x06 \x01(\x0b\x32\x17.quarry.v1.ResearchTask\x12/\n\x05state\x18\x07 \x01(\x0e\x32\x1a.quarry.v1.DelegationStateB\x04\xe2\x41\x01\x03\x12\x31\n\x06result\x18\x08 \x01(\x0b\x32\x1b.quarry.v1.DelegationResultB\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x32\n\x08\x65nd_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x18\n\nlast_error\x18\x0b \x01(\tB\x04\xe2\x41\x01\x03\x12\x14\n\x0ctool_call_id\x18\x0c \x01(\t\x12\x17\n\tworker_id\x18\r \x01(\tB\x04\xe2\x41\x01\x03\"3\n\x14GetDelegationRequest\x12\x1b\n\rdelegation_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"B\n\x15GetDelegationResponse\x12)\n\ndelegation\x18\x01 \x01(\x0b\x32\x15.quarry.v1.Delegation*\x93\x01\n\x0cProgressKind\x12\x1d\n\x19PROGRESS_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aPROGRESS_KIND_TURN_STARTED\x10\x01\x12\x1d\n\x19PROGRESS_KIND_TOOL_CALLED\x10\x02\x12%\n!PROGRESS_KIND_SCRATCHPAD_APPENDED\x10\x03*\x8e\x01\n\x0f\x44\x65legationState\x12 \n\x1c\x44\x45LEGATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x44\x45LEGATION_STATE_RUNNING\x10\x01\x12\x1e\n\x1a\x44\x45LEGATION_STATE_SUCCEEDED\x10\x02\x12\x1b\n\x17\x44\x45LEGATION_STATE_FAILED\x10\x03\x32\xaa\x01\n\rWorkerService\x12\x45\n\x08\x44\x65legate\x12\x1a.quarry.v1.DelegateRequest\x1a\x1b.quarry.v1.DelegateResponse0\x01\x12R\n\rGetDelegation\x12\x1f.quarry.v1.GetDelegationRequest\x1a .quarry.v1.GetDelegationResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16quarry/v1/worker.proto\x12\tquarry.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16quarry/v1/common.proto\x1a\x17quarry/v1/monitor.proto\"u\n\x0cResearchTask\x12\x17\n\tobjective\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x10\n\x08\x63riteria\x18\x02 \x03(\t\x12\x12\n\ninput_refs\x18\x03 \x03(\t\x12\x14\n\x0cworkspace_id\x18\x04 \x01(\t\x12\x10\n\x08question\x18\x05 \x01(\t\"e\n\x10\x44\x65legationBudget\x12\x11\n\tmax_turns\x18\x01 \x01(\x05\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nmax_tokens\x18\x03 \x01(\x03\"\xa1\x02\n\x0f\x44\x65legateRequest\x12\x1b\n\rdelegation_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\x12\x14\n\x06run_id\x18\x02 \x01(\tB\x04\xe2\x41\x01\x02\x12\"\n\x14scratchpad_thread_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x02\x12+\n\x04task\x18\x04 \x01(\x0b\x32\x17.quarry.v1.ResearchTaskB\x04\xe2\x41\x01\x02\x12#\n\x04role\x18\x05 \x01(\x0e\x32\x0f.quarry.v1.RoleB\x04\xe2\x41\x01\x02\x12+\n\x06\x62udget\x18\x06 \x01(\x0b\x32\x1b.quarry.v1.DelegationBudget\x12\x14\n\x0ctool_call_id\x18\x07 \x01(\t\x12\"\n\x04tier\x18\x08 \x01(\x0e\x32\x14.quarry.v1.ModelTier\"\xae\x01\n\x10\x44\x65legateResponse\x12/\n\x07started\x18\x01 \x01(\x0b\x32\x1c.quarry.v1.DelegationStartedH\x00\x12\x31\n\x08progress\x18\x02 \x01(\x0b\x32\x1d.quarry.v1.DelegationProgressH\x00\x12-\n\x06result\x18\x03 \x01(\x0b\x32\x1b.quarry.v1.DelegationResultH\x00\x42\x07\n\x05\x65vent\"\x89\x01\n\x11\x44\x65legationStarted\x12\x15\n\rdelegation_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\"\n\x04tier\x18\x04 \x01(\x0e\x32\x14.quarry.v1.ModelTier\x12\r\n\x05model\x18\x05 \x01(\t\"\xb7\x01\n\x12\x44\x65legationProgress\x12\x15\n\rdelegation_id\x18\x01 \x01(\t\x12\x0c\n\x04turn\x18\x02 \x01(\x05\x12%\n\x04kind\x18\x03 \x01(\x0e\x32\x17.quarry.v1.ProgressKind\x12\x0f\n\x07summary\x18\x04 \x01(\t\x12\x1e\n\x16scratchpad_sequence_no\x18\x05 \x01(\x03\x12\x11\n\tmax_turns\x18\x06 \x01(\x05\x12\x11\n\ttool_name\x18\x07 \x01(\t\"\xdb\x03\n\x10\x44\x65legationResult\x12\x15\n\rdelegation_id\x18\x01 \x01(\t\x12-\n\x07outcome\x18\x02 \x01(\x0e\x32\x1c.quarry.v1.DelegationOutcome\x12)\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1a.quarry.v1.DelegationError\x12\x0f\n\x07summary\x18\x04 \x01(\t\x12\x1d\n\x15promoted_sequence_nos\x18\x05 \x03(\x03\x12\x12\n\nturns_used\x18\x06 \x01(\x05\x12\x1f\n\x05usage\x18\x07 \x01(\x0b\x32\x10.quarry.v1.Usage\x12\x17\n\x0f\x63onversation_id\x18\x08 \x01(\t\x12\x14\n\x0ctool_call_id\x18\t \x01(\t\x12\x11\n\tworker_id\x18\n \x01(\t\x12\x1f\n\x04jobs\x18\x0b \x03(\x0b\x32\x11.quarry.v1.JobRef\x12\x15\n\rfiles_changed\x18\x0c \x03(\t\x12\x13\n\x0boutput_kind\x18\r \x01(\t\x12\x13\n\x0boutput_json\x18\x0e \x01(\t\x12\x1a\n\x12output_sequence_no\x18\x0f \x01(\x03\x12\"\n\x04tier\x18\x10 \x01(\x0e\x32\x14.quarry.v1.ModelTier\x12\r\n\x05model\x18\x11 \x01(\t\"\xfe\x03\n\nDelegation\x12\x1b\n\rdelegation_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x08\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x1d\n\x0f\x63onversation_id\x18\x03 \x01(\tB\x04\xe2\x41\x01\x03\x12\x1c\n\x14scratchpad_thread_id\x18\x04 \x01(\t\x12\x1d\n\x04role\x18\x05 \x01(\x0e\x32\x0f.quarry.v1.Role\x12%\n\x04task\x18\x06 \x01(\x0b\x32\x17.quarry.v1.ResearchTask\x12/\n\x05state\x18\x07 \x01(\x0e\x32\x1a.quarry.v1.DelegationStateB\x04\xe2\x41\x01\x03\x12\x31\n\x06result\x18\x08 \x01(\x0b\x32\x1b.quarry.v1.DelegationResultB\x04\xe2\x41\x01\x03\x12\x35\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x32\n\x08\x65nd_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x04\xe2\x41\x01\x03\x12\x18\n\nlast_error\x18\x0b \x01(\tB\x04\xe2\x41\x01\x03\x12\x14\n\x0ctool_call_id\x18\x0c \x01(\t\x12\x17\n\tworker_id\x18\r \x01(\tB\x04\xe2\x41\x01\x03\x12(\n\x04tier\x18\x0e \x01(\x0e\x32\x14.quarry.v1.ModelTierB\x04\xe2\x41\x01\x03\"3\n\x14GetDelegationRequest\x12\x1b\n\rdelegation_id\x18\x01 \x01(\tB\x04\xe2\x41\x01\x02\"B\n\x15GetDelegationResponse\x12)\n\ndelegation\x18\x01 \x01(\x0b\x32\x15.quarry.v1.Delegation*\x93\x01\n\x0cProgressKind\x12\x1d\n\x19PROGRESS_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aPROGRESS_KIND_TURN_STARTED\x10\x01\x12\x1d\n\x19PROGRESS_KIND_TOOL_CALLED\x10\x02\x12%\n!PROGRESS_KIND_SCRATCHPAD_APPENDED\x10\x03*\x8e\x01\n\x0f\x44\x65legationState\x12 \n\x1c\x44\x45LEGATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x44\x45LEGATION_STATE_RUNNING\x10\x01\x12\x1e\n\x1a\x44\x45LEGATION_STATE_SUCCEEDED\x10\x02\x12\x1b\n\x17\x44\x45LEGATION_STATE_FAILED\x10\x03\x32\xaa\x01\n\rWorkerService\x12\x45\n\x08\x44\x65legate\x12\x1a.quarry.v1.DelegateRequest\x1a\x1b.quarry.v1.DelegateResponse0\x01\x12R\n\rGetDelegation\x12\x1f.quarry.v1.GetDelegationRequest\x1a .quarry.v1.GetDelegationResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -64,32 +64,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELEGATION'].fields_by_name['last_error']._serialized_options = b'\342A\001\003'
   _globals['_DELEGATION'].fields_by_name['worker_id']._loaded_options = None
   _globals['_DELEGATION'].fields_by_name['worker_id']._serialized_options = b'\342A\001\003'
+  _globals['_DELEGATION'].fields_by_name['tier']._loaded_options = None
+  _globals['_DELEGATION'].fields_by_name['tier']._serialized_options = b'\342A\001\003'
   _globals['_GETDELEGATIONREQUEST'].fields_by_name['delegation_id']._loaded_options = None
   _globals['_GETDELEGATIONREQUEST'].fields_by_name['delegation_id']._serialized_options = b'\342A\001\002'
-  _globals['_PROGRESSKIND']._serialized_start=2045
-  _globals['_PROGRESSKIND']._serialized_end=2192
-  _globals['_DELEGATIONSTATE']._serialized_start=2195
-  _globals['_DELEGATIONSTATE']._serialized_end=2337
+  _globals['_PROGRESSKIND']._serialized_start=2314
+  _globals['_PROGRESSKIND']._serialized_end=2461
+  _globals['_DELEGATIONSTATE']._serialized_start=2464
+  _globals['_DELEGATIONSTATE']._serialized_end=2606
   _globals['_RESEARCHTASK']._serialized_start=184
-  _globals['_RESEARCHTASK']._serialized_end=283
-  _globals['_DELEGATIONBUDGET']._serialized_start=285
-  _globals['_DELEGATIONBUDGET']._serialized_end=386
-  _globals['_DELEGATEREQUEST']._serialized_start=389
-  _globals['_DELEGATEREQUEST']._serialized_end=642
-  _globals['_DELEGATERESPONSE']._serialized_start=645
-  _globals['_DELEGATERESPONSE']._serialized_end=819
-  _globals['_DELEGATIONSTARTED']._serialized_start=821
-  _globals['_DELEGATIONSTARTED']._serialized_end=907
-  _globals['_DELEGATIONPROGRESS']._serialized_start=910
-  _globals['_DELEGATIONPROGRESS']._serialized_end=1093
-  _globals['_DELEGATIONRESULT']._serialized_start=1096
-  _globals['_DELEGATIONRESULT']._serialized_end=1450
-  _globals['_DELEGATION']._serialized_start=1453
-  _globals['_DELEGATION']._serialized_end=1921
-  _globals['_GETDELEGATIONREQUEST']._serialized_start=1923
-  _globals['_GETDELEGATIONREQUEST']._serialized_end=1974
-  _globals['_GETDELEGATIONRESPONSE']._serialized_start=1976
-  _globals['_GETDELEGATIONRESPONSE']._serialized_end=2042
-  _globals['_WORKERSERVICE']._serialized_start=2340
-  _globals['_WORKERSERVICE']._serialized_end=2510
+  _globals['_RESEARCHTASK']._serialized_end=301
+  _globals['_DELEGATIONBUDGET']._serialized_start=303
+  _globals['_DELEGATIONBUDGET']._serialized_end=404
+  _globals['_DELEGATEREQUEST']._serialized_start=407
+  _globals['_DELEGATEREQUEST']._serialized_end=696
+  _globals['_DELEGATERESPONSE']._serialized_start=699
+  _globals['_DELEGATERESPONSE']._serialized_end=873
+  _globals['_DELEGATIONSTARTED']._serialized_start=876
+  _globals['_DELEGATIONSTARTED']._serialized_end=1013
+  _globals['_DELEGATIONPROGRESS']._serialized_start=1016
+  _globals['_DELEGATIONPROGRESS']._serialized_end=1199
+  _globals['_DELEGATIONRESULT']._serialized_start=1202
+  _globals['_DELEGATIONRESULT']._serialized_end=1677
+  _globals['_DELEGATION']._serialized_start=1680
+  _globals['_DELEGATION']._serialized_end=2190
+  _globals['_GETDELEGATIONREQUEST']._serialized_start=2192
+  _globals['_GETDELEGATIONREQUEST']._serialized_end=2243
+  _globals['_GETDELEGATIONRESPONSE']._serialized_start=2245
+  _globals['_GETDELEGATIONRESPONSE']._serialized_end=2311
+  _globals['_WORKERSERVICE']._serialized_start=2609
+  _globals['_WORKERSERVICE']._serialized_end=2779
 # @@protoc_insertion_point(module_scope)

@@ -72,19 +72,25 @@ class ResearchTask(_message.Message):
     CRITERIA_FIELD_NUMBER: _builtins.int
     INPUT_REFS_FIELD_NUMBER: _builtins.int
     WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    QUESTION_FIELD_NUMBER: _builtins.int
     objective: _builtins.str
     workspace_id: _builtins.str
     """The workspace (MonitorService.OpenWorkspace's workspace_id, on the
     worker's monitor) an engineer works in: the only one its tools reach.
     Required for ROLE_ENGINEER; refused for every other role.
     """
+    question: _builtins.str
+    """The run's research question, shown to the role with its own objective."""
     @_builtins.property
     def criteria(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Conditions a satisfactory answer meets."""
 
     @_builtins.property
     def input_refs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """References (scratchpad sequence numbers, URLs) the task builds on."""
+        """References the task builds on: scratchpad sequence numbers (decimal, e.g. "12") and URLs.
+        For a claim-verifier, citation auditor or adjudicator they are its whole view of the thread:
+        it reads only these entries and pages, and every reference its output cites must be one of them.
+        """
 
     def __init__(
         self,
@@ -93,10 +99,11 @@ class ResearchTask(_message.Message):
         criteria: _abc.Iterable[_builtins.str] | None = ...,
         input_refs: _abc.Iterable[_builtins.str] | None = ...,
         workspace_id: _builtins.str = ...,
+        question: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["criteria", b"criteria", "input_refs", b"input_refs", "objective", b"objective", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["criteria", b"criteria", "input_refs", b"input_refs", "objective", b"objective", "question", b"question", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -143,6 +150,7 @@ class DelegateRequest(_message.Message):
     ROLE_FIELD_NUMBER: _builtins.int
     BUDGET_FIELD_NUMBER: _builtins.int
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    TIER_FIELD_NUMBER: _builtins.int
     delegation_id: _builtins.str
     """Unique across the mesh; derived from the run and the supervisor's tool
     call id, which the result correlates with.
@@ -153,6 +161,8 @@ class DelegateRequest(_message.Message):
     role: _common_pb2.Role.ValueType
     tool_call_id: _builtins.str
     """The supervisor's tool_call_id this delegation answers."""
+    tier: _common_pb2.ModelTier.ValueType
+    """The model tier to run on; unspecified: the role's default."""
     @_builtins.property
     def task(self) -> Global___ResearchTask: ...
     @_builtins.property
@@ -167,10 +177,11 @@ class DelegateRequest(_message.Message):
         role: _common_pb2.Role.ValueType = ...,
         budget: Global___DelegationBudget | None = ...,
         tool_call_id: _builtins.str = ...,
+        tier: _common_pb2.ModelTier.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "delegation_id", b"delegation_id", "role", b"role", "run_id", b"run_id", "scratchpad_thread_id", b"scratchpad_thread_id", "task", b"task", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "delegation_id", b"delegation_id", "role", b"role", "run_id", b"run_id", "scratchpad_thread_id", b"scratchpad_thread_id", "task", b"task", "tier", b"tier", "tool_call_id", b"tool_call_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -215,21 +226,28 @@ class DelegationStarted(_message.Message):
     DELEGATION_ID_FIELD_NUMBER: _builtins.int
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     WORKER_ID_FIELD_NUMBER: _builtins.int
+    TIER_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     delegation_id: _builtins.str
     conversation_id: _builtins.str
     """The worker's private conversation, distinct from the scratchpad thread."""
     worker_id: _builtins.str
     """The worker that runs it (its configured id, e.g. "worker-2"), so operators can tell workers apart."""
+    tier: _common_pb2.ModelTier.ValueType
+    """The tier it runs on (never unspecified) and the model that tier asks for."""
+    model: _builtins.str
     def __init__(
         self,
         *,
         delegation_id: _builtins.str = ...,
         conversation_id: _builtins.str = ...,
         worker_id: _builtins.str = ...,
+        tier: _common_pb2.ModelTier.ValueType = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "delegation_id", b"delegation_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "delegation_id", b"delegation_id", "model", b"model", "tier", b"tier", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -293,6 +311,11 @@ class DelegationResult(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     JOBS_FIELD_NUMBER: _builtins.int
     FILES_CHANGED_FIELD_NUMBER: _builtins.int
+    OUTPUT_KIND_FIELD_NUMBER: _builtins.int
+    OUTPUT_JSON_FIELD_NUMBER: _builtins.int
+    OUTPUT_SEQUENCE_NO_FIELD_NUMBER: _builtins.int
+    TIER_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     delegation_id: _builtins.str
     outcome: _common_pb2.DelegationOutcome.ValueType
     summary: _builtins.str
@@ -302,6 +325,17 @@ class DelegationResult(_message.Message):
     tool_call_id: _builtins.str
     worker_id: _builtins.str
     """The worker that ran it; empty when no worker took it."""
+    output_kind: _builtins.str
+    """A role with a structured output (claim-verifier, citation auditor, adjudicator), on success: the
+    output's kind ("claim_verdict", "citation_audit", "adjudication"), its JSON (a
+    quarry.research_records model, checked against the role's authority, schema and contract), and
+    the scratchpad entry it was recorded as. Empty for researchers and on failure.
+    """
+    output_json: _builtins.str
+    output_sequence_no: _builtins.int
+    tier: _common_pb2.ModelTier.ValueType
+    """The tier and model it ran on: usage is that tier's. Unset when it never started."""
+    model: _builtins.str
     @_builtins.property
     def error(self) -> _common_pb2.DelegationError:
         """Set when outcome is DELEGATION_OUTCOME_FAILED."""
@@ -339,10 +373,15 @@ class DelegationResult(_message.Message):
         worker_id: _builtins.str = ...,
         jobs: _abc.Iterable[_monitor_pb2.JobRef] | None = ...,
         files_changed: _abc.Iterable[_builtins.str] | None = ...,
+        output_kind: _builtins.str = ...,
+        output_json: _builtins.str = ...,
+        output_sequence_no: _builtins.int = ...,
+        tier: _common_pb2.ModelTier.ValueType = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "delegation_id", b"delegation_id", "error", b"error", "files_changed", b"files_changed", "jobs", b"jobs", "outcome", b"outcome", "promoted_sequence_nos", b"promoted_sequence_nos", "summary", b"summary", "tool_call_id", b"tool_call_id", "turns_used", b"turns_used", "usage", b"usage", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "delegation_id", b"delegation_id", "error", b"error", "files_changed", b"files_changed", "jobs", b"jobs", "model", b"model", "outcome", b"outcome", "output_json", b"output_json", "output_kind", b"output_kind", "output_sequence_no", b"output_sequence_no", "promoted_sequence_nos", b"promoted_sequence_nos", "summary", b"summary", "tier", b"tier", "tool_call_id", b"tool_call_id", "turns_used", b"turns_used", "usage", b"usage", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -365,6 +404,7 @@ class Delegation(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     WORKER_ID_FIELD_NUMBER: _builtins.int
+    TIER_FIELD_NUMBER: _builtins.int
     delegation_id: _builtins.str
     run_id: _builtins.str
     conversation_id: _builtins.str
@@ -376,6 +416,8 @@ class Delegation(_message.Message):
     tool_call_id: _builtins.str
     worker_id: _builtins.str
     """The worker that ran it (its configured id); empty for delegations recorded before workers had one."""
+    tier: _common_pb2.ModelTier.ValueType
+    """The tier it runs on."""
     @_builtins.property
     def task(self) -> Global___ResearchTask: ...
     @_builtins.property
@@ -402,10 +444,11 @@ class Delegation(_message.Message):
         last_error: _builtins.str = ...,
         tool_call_id: _builtins.str = ...,
         worker_id: _builtins.str = ...,
+        tier: _common_pb2.ModelTier.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "result", b"result", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "delegation_id", b"delegation_id", "end_time", b"end_time", "last_error", b"last_error", "result", b"result", "role", b"role", "run_id", b"run_id", "scratchpad_thread_id", b"scratchpad_thread_id", "state", b"state", "task", b"task", "tool_call_id", b"tool_call_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "delegation_id", b"delegation_id", "end_time", b"end_time", "last_error", b"last_error", "result", b"result", "role", b"role", "run_id", b"run_id", "scratchpad_thread_id", b"scratchpad_thread_id", "state", b"state", "task", b"task", "tier", b"tier", "tool_call_id", b"tool_call_id", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
-from quarry import ids, telemetry
+from quarry import ids
 from quarry.errors import (
     ErrorReason,
     FailedPrecondition,
@@ -54,7 +54,9 @@ from supervisor_svc.campaigns.model import (
     validate_spec,
 )
 from supervisor_svc.campaigns.records import LedgerRecord
-from supervisor_svc.campaigns.store import CampaignLost, CampaignStore, StoredEvent
+from supervisor_svc.campaigns.store import CampaignLost, CampaignStore
+from supervisor_svc.following import Follower
+from supervisor_svc.store import StoredEvent
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +190,7 @@ class Campaigns:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._starting = 0
         self._closing = asyncio.Event()
+        self._follower = Follower(self._bus, self._closing, limits.stream_poll_seconds)
         self._leases = LeaseKeeper(
             "campaign",
             self.owner,
@@ -321,43 +324,7 @@ class Campaigns:
             raise InvalidArgument(
                 [FieldViolation("after_sequence_no", f"the campaign's newest event is {record.last_sequence_no}")]
             )
-        return self._follow(campaign_id, after_sequence_no)
-
-    async def _follow(self, campaign_id: str, after: int) -> AsyncIterator[StoredEvent]:
-        ended = False
-        while True:
-            woken = self._bus.subscribe(campaign_id)  # before the read, so no commit after it goes unnoticed
-            try:
-                with telemetry.quiet():  # a stream's re-reads are not worth a span each
-                    batch = await self._store.events_after(campaign_id, after)
-                    record = None if batch else await self._store.get(campaign_id)
-                if not batch and record is not None and not record.state.ended:
-                    await self._wait(woken)
-            finally:
-                self._bus.unsubscribe(campaign_id, woken)
-            if not batch:
-                if record is None or record.state.ended:
-                    if ended:
-                        return  # resumed after the ended event: there is nothing more to send
-                    ended = True  # one more read: the end may have committed after the last one
-                continue
-            for stored in batch:
-                yield stored
-                after = stored.sequence_no
-                if stored.terminal:
-                    return
-
-    async def _wait(self, woken: asyncio.Future[None]) -> None:
-        """Until a commit wakes the stream, the poll interval passes, or the supervisor shuts down."""
-        if self._closing.is_set():
-            raise Unavailable("the supervisor is shutting down; re-attach to another", reason=ErrorReason.SHUTTING_DOWN)
-        closing: asyncio.Future[Any] = asyncio.ensure_future(self._closing.wait())
-        try:
-            await asyncio.wait(
-                {closing, woken}, timeout=self._limits.stream_poll_seconds, return_when="FIRST_COMPLETED"
-            )
-        finally:
-            closing.cancel()
+        return self._follower.follow(self._store, campaign_id, after_sequence_no)
 
     # -- state changes ---------------------------------------------------------------------------------
 

@@ -13,15 +13,14 @@ notices on its next write or lease renewal. Nothing follows a campaign's ended e
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from quarry import ids, paging
+from quarry import ids
 from quarry.db import Database, reserve_sequence_numbers
 from quarry.errors import AlreadyExists, ErrorReason, FieldViolation, InvalidArgument
 from quarry.notify import notify_on_commit
@@ -42,7 +41,9 @@ from supervisor_svc.campaigns.model import (
     usage_in_window,
 )
 from supervisor_svc.campaigns.records import LedgerRecord
+from supervisor_svc.listing import decode_page_token, encode_page_token
 from supervisor_svc.schema import campaign_directives, campaign_events, campaigns
+from supervisor_svc.store import StoredEvent
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -58,13 +59,6 @@ _Columns = Callable[[Connection, datetime], dict[str, Any]]
 
 class CampaignLost(Exception):
     """The campaign is no longer this owner's to drive: paused, stopped, ended, gone or taken over."""
-
-
-@dataclass(frozen=True)
-class StoredEvent:
-    sequence_no: int
-    payload: bytes
-    terminal: bool
 
 
 def _record(row: sa.Row[Any], now: datetime) -> CampaignRecord:
@@ -103,31 +97,6 @@ def _directive(row: sa.Row[Any]) -> DirectiveRecord:
         consumed_cycle=row.consumed_cycle,
         create_time=row.create_time,
     )
-
-
-def _page_token(record: CampaignRecord, state: str) -> str:
-    return paging.encode_token(f"v1|{state}|{record.create_time.isoformat()}|{record.campaign_id}")
-
-
-def _decode_page_token(token: str, state: str) -> tuple[datetime, str]:
-    """The position a token from `_page_token` names; INVALID_ARGUMENT for any other string."""
-    parts = (paging.decode_token(token) or "").split("|")
-    if len(parts) == 4:
-        version, token_state, when, campaign_id = parts
-        moment = _utc_timestamp(when)
-        if version == "v1" and token_state == state and moment is not None and ids.CAMPAIGN_ID.matches(campaign_id):
-            return moment, campaign_id
-    raise InvalidArgument([FieldViolation("page_token", "not a token from a ListCampaigns call with the same filter")])
-
-
-def _utc_timestamp(text: str) -> datetime | None:
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if moment.tzinfo is None or moment.utcoffset() != timedelta(0) or moment.isoformat() != text:
-        return None
-    return moment
 
 
 def _live(campaign_id: str) -> sa.ColumnElement[bool]:
@@ -232,7 +201,7 @@ class CampaignStore:
         if state is not None:
             query = query.where(c.state == state.value)
         if page_token:
-            when, campaign_id = _decode_page_token(page_token, state_name)
+            when, campaign_id = decode_page_token(page_token, state_name, ids.CAMPAIGN_ID, "ListCampaigns")
             query = query.where(
                 sa.or_(c.create_time < when, sa.and_(c.create_time == when, c.campaign_id < campaign_id))
             )
@@ -243,7 +212,8 @@ class CampaignStore:
 
         found = await self._db.read_statement(work)
         page = found[:limit]
-        return page, _page_token(page[-1], state_name) if len(found) > limit else ""
+        last = page[-1] if len(found) > limit else None
+        return page, encode_page_token(state_name, last.create_time, last.campaign_id) if last else ""
 
     async def events_after(self, campaign_id: str, after: int, limit: int = 500) -> list[StoredEvent]:
         query = (

@@ -19,6 +19,7 @@ from quarry.config import ConfigurationError, MonitorSettings, QuarrySettings, S
 from quarry.errors import ErrorReason
 from quarry.identity import MeshRole
 from quarry.mesh import MeshPeers, new_token, token_digest
+from quarry.research_records import Adjudication, AdjudicationDecision
 from quarry.v1 import common_pb2, monitor_pb2, monitor_pb2_grpc, scratchpad_pb2, scratchpad_pb2_grpc, worker_pb2
 from quarry.v1 import worker_pb2_grpc as worker_grpc
 from scratchpad_svc.service import ACCESS as SCRATCHPAD_ACCESS
@@ -36,13 +37,15 @@ async def services(tmp_path: Path) -> AsyncIterator[Services]:
         yield services
 
 
-def _append(thread_id: str, kind: int, role: int, **extra: object) -> scratchpad_pb2.AppendRequest:
+def _append(
+    thread_id: str, kind: int, role: int, content: str = "a claim", **extra: object
+) -> scratchpad_pb2.AppendRequest:
     return scratchpad_pb2.AppendRequest(
         thread_id=thread_id,
         request_id=new_token()[:16],
         kind=kind,  # type: ignore[arg-type]
         author=common_pb2.Principal(principal_id="someone", role=role),  # type: ignore[arg-type]
-        content="a claim",
+        content=content,
         **extra,  # type: ignore[arg-type]
     )
 
@@ -102,17 +105,25 @@ async def test_an_unauthenticated_caller_cannot_write_read_delegate_or_watch_gpu
 
 async def test_the_author_role_a_request_claims_must_be_one_its_caller_holds(services: Services) -> None:
     thread_id = await _thread(services)
-    finding = {"sources": [SOURCE]}
+    finding: dict[str, object] = {"sources": [SOURCE]}
+    decided = {
+        "content": Adjudication(
+            objection_ref=1, decision=AdjudicationDecision.APPROVE, rationale="ok"
+        ).model_dump_json()
+    }
     cases = [
         # (caller, kind, claimed role) -> the answer
         (MeshRole.WORKER, scratchpad_pb2.ENTRY_KIND_SEED, common_pb2.ROLE_SUPERVISOR, {}),
         (MeshRole.WORKER, scratchpad_pb2.ENTRY_KIND_NOTE, common_pb2.ROLE_SUPERVISOR, {}),
         (MeshRole.SUPERVISOR, scratchpad_pb2.ENTRY_KIND_FINDING, common_pb2.ROLE_RESEARCHER, finding),
         (MeshRole.SUPERVISOR, scratchpad_pb2.ENTRY_KIND_VERDICT, common_pb2.ROLE_VERIFIER, {}),
+        # The supervisor cannot decide objections to its own report; a worker runs the adjudicator.
+        (MeshRole.SUPERVISOR, scratchpad_pb2.ENTRY_KIND_ADJUDICATION, common_pb2.ROLE_ADJUDICATOR, decided),
         (MeshRole.WORKER, scratchpad_pb2.ENTRY_KIND_FINDING, common_pb2.ROLE_RESEARCHER, finding),
         (MeshRole.SUPERVISOR, scratchpad_pb2.ENTRY_KIND_NOTE, common_pb2.ROLE_SUPERVISOR, {}),
         (MeshRole.SUPERVISOR, scratchpad_pb2.ENTRY_KIND_NOTE, common_pb2.ROLE_ENGINEER, {}),
         (MeshRole.WORKER, scratchpad_pb2.ENTRY_KIND_NOTE, common_pb2.ROLE_ENGINEER, {}),
+        (MeshRole.WORKER, scratchpad_pb2.ENTRY_KIND_ADJUDICATION, common_pb2.ROLE_ADJUDICATOR, decided),
     ]
     answers = []
     for caller, kind, role, extra in cases:
@@ -121,7 +132,7 @@ async def test_the_author_role_a_request_claims_must_be_one_its_caller_holds(ser
             answers.append(await _code(stub.Append(_append(thread_id, kind, role, **extra), timeout=10)))
     denied = (grpc.StatusCode.PERMISSION_DENIED, ErrorReason.CALLER_NOT_PERMITTED)
     ok = (grpc.StatusCode.OK, "")
-    assert answers == [denied, denied, denied, denied, ok, ok, denied, ok]
+    assert answers == [denied] * 5 + [ok, ok, denied, ok, ok]
 
 
 async def test_each_method_is_open_only_to_the_roles_its_service_names(services: Services) -> None:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
+from quarry.identity import Principal, Role
+from quarry.vocabulary import Entry, EntryKind, Source
 from supervisor_svc.model import Citation
-from supervisor_svc.synthesis import CitationFilter
+from supervisor_svc.synthesis import CitationFilter, verified_sources
+from supervisor_svc.tools import DelegateParams
 
 SOURCES = {n: Citation(n, f"https://example.org/{n}", f"Page {n}", f"quote {n}", 10 + n) for n in (1, 2, 3)}
 
@@ -40,3 +45,25 @@ def test_citations_are_kept_only_when_they_resolve(
     out, citations = filtered(text, pieces)
     assert (out, citations.removed, citations.cited) == (expected, removed, cited)
     assert [c.number for c in citations.citations()] == sorted(cited)
+
+
+def test_only_researchers_findings_are_citable_sources() -> None:
+    """A claim-verifier's verdict judges a finding; its quote is no source of its own (nor is anyone's note)."""
+    moment = datetime.now(UTC)
+
+    def entry(sequence_no: int, kind: EntryKind, role: Role, url: str) -> Entry:
+        source = Source(url=url, title="", excerpt=f"quote at {url}")
+        return Entry("t", sequence_no, kind, Principal("p", role), "content", (source,), moment)
+
+    entries = [
+        entry(1, EntryKind.FINDING, Role.RESEARCHER, "https://example.org/finding"),
+        entry(2, EntryKind.VERDICT, Role.VERIFIER, "https://example.org/verdict"),
+        entry(3, EntryKind.NOTE, Role.SUPERVISOR, "https://example.org/note"),
+    ]
+    assert [(c.number, c.url, c.sequence_no) for c in verified_sources(entries)] == [
+        (1, "https://example.org/finding", 1)
+    ]
+
+
+def test_the_model_delegates_research_and_never_chooses_an_evidence_role() -> None:
+    assert "role" not in DelegateParams.model_json_schema()["properties"]

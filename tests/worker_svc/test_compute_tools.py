@@ -25,7 +25,9 @@ async def delegate(
         delegation_id=delegation_id,
         run_id="run-compute",
         scratchpad_thread_id=thread_id,
-        task=worker_pb2.ResearchTask(objective="Is the training job still running, and on which GPU?"),
+        task=worker_pb2.ResearchTask(
+            objective="Is the training job still running, and on which GPU?", input_refs=["1"]
+        ),
         role=role,  # type: ignore[arg-type]
     )
     async for response in stub.Delegate(request, timeout=60):
@@ -62,7 +64,9 @@ async def test_a_researcher_checks_gpus_and_a_job_through_the_monitor(
                 )
             ),
             Reply(content="The job runs; GPU 0 is busy."),
+            # A verifier ends with a claim verdict: prose twice is its output invalid (its tools are the point).
             Reply(content="A verifier has no compute tools."),
+            Reply(content="Still none."),
         )
         async with worker, insecure_channel(scratchpad.address) as sp, insecure_channel(worker.address) as channel:
             thread = await ScratchpadClient(sp).create_thread(title="compute")
@@ -72,7 +76,7 @@ async def test_a_researcher_checks_gpus_and_a_job_through_the_monitor(
     training.kill()
     await training.wait()
     assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED, result
-    assert verifier.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED, verifier
+    assert verifier.error.code == common_pb2.DELEGATION_ERROR_CODE_OUTPUT_INVALID, verifier
     offered = [tool["function"]["name"] for tool in model.requests[0]["tools"]]
     assert "gpu_status" in offered and "job_status" in offered
     results = {m["tool_call_id"]: m["content"] for m in model.requests[1]["messages"] if m["role"] == "tool"}
@@ -80,4 +84,4 @@ async def test_a_researcher_checks_gpus_and_a_job_through_the_monitor(
     assert results["job"].startswith("running") and str(training.pid) in results["job"]
     assert results["bad-host"].startswith("error:") and "nowhere" in results["bad-host"]
     not_offered = [tool["function"]["name"] for tool in model.requests[2]["tools"]]
-    assert "gpu_status" not in not_offered and "perform_web_search" in not_offered
+    assert "gpu_status" not in not_offered and "read_web_page" in not_offered

@@ -347,6 +347,16 @@ BAD_REQUESTS: list[tuple[str, dict[str, object], str]] = [
         "task.criteria[2]",
     ),
     ("a long objective", {"task": worker_pb2.ResearchTask(objective="o" * 16_001)}, "task.objective"),
+    ("NUL in the question", {"task": worker_pb2.ResearchTask(objective="Find it", question="q\x00")}, "task.question"),
+    # A blind role sees only its inputs: a task naming no scratchpad entry gives it nothing to judge.
+    (
+        "a verifier with no entry to judge",
+        {
+            "role": common_pb2.ROLE_VERIFIER,
+            "task": worker_pb2.ResearchTask(objective="Verify", input_refs=["https://a.b/"]),
+        },
+        "task.input_refs",
+    ),
 ]
 
 

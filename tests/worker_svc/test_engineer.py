@@ -356,15 +356,20 @@ async def test_only_an_engineer_gets_a_workspace_and_only_on_a_worker_with_a_mon
         }
         with_monitor = await build_worker(WorkerSettings(**settings, monitor_address=monitor.address), common)
         without = await build_worker(WorkerSettings(**settings, database_url=f"sqlite:///{tmp_path}/w2.db"), common)
-        model.script(Reply(content="Nothing to build."), Reply(content="Nothing to check."))
+        # The verifier answers in prose twice (its repair turn included): it ends without a verdict, which is
+        # not what this test is about; the tools it was offered are.
+        model.script(Reply(content="Nothing to build."), Reply(content="Nothing to check."), Reply(content="No."))
         async with with_monitor, without, open_channel(scratchpad.address) as channel:
             thread_id = (await ScratchpadClient(channel).create_thread(title="roles")).thread_id
             engineering = Engineering(with_monitor.address, scratchpad.address, monitor.address)
             for role in (common_pb2.ROLE_RESEARCHER, common_pb2.ROLE_VERIFIER):
                 request = engineer_request(thread_id, "", f"run-e:{role}")
                 request.role = role
+                if role == common_pb2.ROLE_VERIFIER:
+                    request.task.input_refs.append("1")  # a blind role names the entries it judges
                 result, _ = await delegate(engineering, request)
-                assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED
+                if role == common_pb2.ROLE_RESEARCHER:
+                    assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED
             async with open_channel(with_monitor.address) as worker_channel:
                 stub = worker_pb2_grpc.WorkerServiceStub(worker_channel)
                 no_workspace = engineer_request(thread_id, "", "run-e:no-workspace")

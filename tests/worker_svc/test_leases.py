@@ -11,6 +11,7 @@ from quarry.client import insecure_channel
 from quarry.config import QuarrySettings, WorkerSettings
 from quarry.db import Database, upgrade_schema
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from quarry.vocabulary import Tier
 from worker_svc.model import DelegationRequest
 from worker_svc.schema import delegations
 from worker_svc.service import MIGRATIONS, VERSION_TABLE
@@ -24,7 +25,7 @@ async def test_a_dead_workers_delegation_is_ended_as_failed(tmp_path: Path, data
     try:
         dead = DelegationStore(database, owner="worker-that-died")
         request = DelegationRequest("run-9:orphan", "run-9", "call-1", "thread-1", "An objective.")
-        await dead.start(request, "conv-orphan", [system("rules"), user("task")])
+        await dead.start(request, "conv-orphan", [system("rules"), user("task")], Tier.WORKER)
         old = datetime.now(UTC) - timedelta(hours=1)
         await database.write(
             lambda connection: connection.execute(

@@ -123,6 +123,30 @@ async def test_bad_calls_become_error_results_the_model_can_act_on(
     assert "no tool named 'delete_everything'" in results[1]["content"]
 
 
+async def test_finished_ends_the_run_after_the_turn_whose_tools_delivered_its_output(
+    model: ScriptedModel, store: ConversationStore
+) -> None:
+    model.script(
+        Reply(calls=(Call("perform_web_search", {"query": "first"}, "c1"),)),
+        Reply(calls=(Call("perform_web_search", {"query": "final"}, "c2"),)),
+        Reply(content="never asked for"),
+    )
+    await store.create("conv")
+    client = ModelClient(ModelSettings(base_url=model.base_url, model="scripted"))
+    searched: list[str] = []
+    asked: list[int] = []
+
+    def finished(turn: int) -> bool:
+        asked.append(turn)
+        return "final" in searched
+
+    run = AgentRun(client, TOOLS, store, "conv", LoopLimits(), finished=finished)
+    assert await run.run(searched, history=[user("go")]) == ""
+    assert asked == [1, 2] and len(model.requests) == 2
+    # The stored conversation ends with the tool's result: every call answered.
+    assert [m.role for m in await store.history("conv")][-2:] == ["assistant", "tool"]
+
+
 async def test_the_turn_budget_is_a_hard_bound(model: ScriptedModel, store: ConversationStore) -> None:
     model.script(*[Reply(calls=(Call("read_scratchpad", {}, f"c{i}"),)) for i in range(10)])
     run = await start(store, model, LoopLimits(max_turns=3))

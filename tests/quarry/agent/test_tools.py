@@ -62,6 +62,16 @@ def test_schemas_are_openai_function_tools() -> None:
     assert schema["function"]["parameters"]["required"] == ["query"]
 
 
+async def test_an_unlisted_tool_answers_calls_without_being_offered() -> None:
+    registry = ToolRegistry(CATALOG[:1], unlisted=CATALOG[1:2])
+    assert registry.names == ["perform_web_search"]
+    assert [schema["function"]["name"] for schema in registry.schemas()] == ["perform_web_search"]
+    [outcome] = await registry.run_calls([ToolCall("c1", "read_web_page", "{}")], [])
+    assert outcome.content == "error: the page was not read in this delegation", "its own answer, not 'no such tool'"
+    with pytest.raises(ValueError, match="two tools"):
+        ToolRegistry(CATALOG[:1], unlisted=CATALOG[:1])
+
+
 async def test_parallel_calls_each_get_one_result_in_call_order() -> None:
     registry = ToolRegistry.for_capabilities(CATALOG, CAPABILITIES, ["web_search"])
     calls = [

@@ -1,0 +1,128 @@
+"""The research ledger's entry kinds: who may write each, and that their content is the record they name."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from quarry.identity import Role
+from quarry.research_records import (
+    Adjudication,
+    AdjudicationDecision,
+    Assignment,
+    CitationAudit,
+    CitationJudgement,
+    ClaimJudgement,
+    ClaimVerdict,
+    ResearchRecord,
+    RouteDecision,
+    SentenceAudit,
+    UsageObserved,
+)
+from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
+from quarry.vocabulary import Tier
+from tests.rpc import error_reason, expect_error, violations
+from tests.scratchpad_svc.conftest import finding
+
+Stub = scratchpad_pb2_grpc.ScratchpadServiceStub
+
+AUDIT = CitationAudit(
+    sentences=(
+        SentenceAudit(sentence_index=0, finding_refs=(1,), judgement=CitationJudgement.UNSOUND, objection="overstated"),
+    )
+)
+RECORDS: dict[int, ResearchRecord] = {
+    scratchpad_pb2.ENTRY_KIND_VERDICT: ClaimVerdict(
+        finding_ref=1, judgement=ClaimJudgement.UNSUPPORTED, rationale="the page does not say it"
+    ),
+    scratchpad_pb2.ENTRY_KIND_AUDIT: AUDIT,
+    scratchpad_pb2.ENTRY_KIND_OBJECTION: AUDIT.objections(2)[0],
+    scratchpad_pb2.ENTRY_KIND_ADJUDICATION: Adjudication(
+        objection_ref=3, decision=AdjudicationDecision.REJECT, rationale="the finding says 1889"
+    ),
+    scratchpad_pb2.ENTRY_KIND_ASSIGNMENT: Assignment(
+        delegation_id="run-1:call-1", role=Role.VERIFIER, objective="Verify finding 1.", input_refs=("1",)
+    ),
+    scratchpad_pb2.ENTRY_KIND_ROUTE: RouteDecision(
+        delegation_id="run-1:call-1", worker_id="worker-1", tier=Tier.WORKER, model="scripted"
+    ),
+    scratchpad_pb2.ENTRY_KIND_USAGE: UsageObserved(
+        delegation_id="run-1:call-1", input_tokens=120, output_tokens=30, model_calls=2
+    ),
+}
+S, R, V, A, J = (
+    common_pb2.ROLE_SUPERVISOR,
+    common_pb2.ROLE_RESEARCHER,
+    common_pb2.ROLE_VERIFIER,
+    common_pb2.ROLE_CITATION_AUDITOR,
+    common_pb2.ROLE_ADJUDICATOR,
+)
+# The ledger's authority, written out (not derived from the table it checks).
+WRITERS: dict[int, set[int]] = {
+    scratchpad_pb2.ENTRY_KIND_VERDICT: {V},
+    scratchpad_pb2.ENTRY_KIND_AUDIT: {A},
+    scratchpad_pb2.ENTRY_KIND_OBJECTION: {A},
+    scratchpad_pb2.ENTRY_KIND_ADJUDICATION: {J},
+    scratchpad_pb2.ENTRY_KIND_ASSIGNMENT: {S},
+    scratchpad_pb2.ENTRY_KIND_ROUTE: {S},
+    scratchpad_pb2.ENTRY_KIND_USAGE: {S},
+}
+
+
+def ledger_entry(thread_id: str, request_id: str, kind: int, role: int, content: str) -> scratchpad_pb2.AppendRequest:
+    author = common_pb2.Principal(principal_id=f"p-{role}", role=role)  # type: ignore[arg-type]
+    return finding(thread_id, request_id, content, kind=kind, author=author, sources=[])
+
+
+async def test_each_ledger_kind_is_written_only_by_its_role(
+    stub: Stub, make_thread: Callable[[], Awaitable[str]]
+) -> None:
+    thread_id = await make_thread()
+    written, denied = [], []
+    for kind, record in RECORDS.items():
+        for role in (S, R, V, A, J):
+            request = ledger_entry(thread_id, f"r-{kind}-{role}", kind, role, record.model_dump_json())
+            if role in WRITERS[kind]:
+                response = await stub.Append(request)
+                written.append((response.entry.kind, response.entry.content))
+            else:
+                error = await expect_error(stub.Append(request), grpc.StatusCode.PERMISSION_DENIED)
+                denied.append(error_reason(error))
+    assert written == [(kind, record.model_dump_json()) for kind, record in RECORDS.items()]
+    assert denied == ["KIND_NOT_PERMITTED_FOR_ROLE"] * (len(RECORDS) * 5 - len(RECORDS))
+    # An auditor does not write verdicts, findings or notes; an adjudicator not even an acknowledgement.
+    for kind, role in [
+        (scratchpad_pb2.ENTRY_KIND_FINDING, A),
+        (scratchpad_pb2.ENTRY_KIND_NOTE, A),
+        (scratchpad_pb2.ENTRY_KIND_ACKNOWLEDGEMENT, J),
+    ]:
+        await expect_error(
+            stub.Append(ledger_entry(thread_id, f"x-{kind}-{role}", kind, role, "text")),
+            grpc.StatusCode.PERMISSION_DENIED,
+        )
+
+
+async def test_ledger_content_must_be_the_record_its_kind_names(
+    stub: Stub, make_thread: Callable[[], Awaitable[str]]
+) -> None:
+    thread_id = await make_thread()
+    usage = RECORDS[scratchpad_pb2.ENTRY_KIND_USAGE].model_dump_json()
+    bad = [
+        (scratchpad_pb2.ENTRY_KIND_AUDIT, A, "All sentences look fine."),
+        # Another record than the kind holds.
+        (scratchpad_pb2.ENTRY_KIND_ROUTE, S, usage),
+        # A count that is a string: records are strict.
+        (scratchpad_pb2.ENTRY_KIND_USAGE, S, usage.replace('"input_tokens":120', '"input_tokens":"120"')),
+        (scratchpad_pb2.ENTRY_KIND_USAGE, S, usage.replace('"schema_version":1', '"schema_version":2')),
+    ]
+    for index, (kind, role, content) in enumerate(bad):
+        error = await expect_error(
+            stub.Append(ledger_entry(thread_id, f"bad-{index}", kind, role, content)), grpc.StatusCode.INVALID_ARGUMENT
+        )
+        assert "content" in violations(error), content
+    page = await stub.Read(scratchpad_pb2.ReadRequest(thread_id=thread_id))
+    assert page.last_sequence_no == 0
+    # A verdict may still be prose: verifiers wrote them so before records existed.
+    prose = await stub.Append(ledger_entry(thread_id, "prose", scratchpad_pb2.ENTRY_KIND_VERDICT, V, "Supported."))
+    assert prose.entry.sequence_no == 1
