@@ -319,6 +319,9 @@ class SupervisorSettings(ModelTier):
     worker_addresses: str = "127.0.0.1:7412"
     """Worker HOST:PORTs (or a `dns:///` name that resolves to all of them), comma-separated; delegations
     go round-robin over those whose health says SERVING, and a refused one is retried once on the next."""
+    monitor_address: str = ""
+    """The monitor whose workspaces and jobs campaigns use (`quarry up` sets it); empty: this supervisor
+    cannot start campaigns (StartCampaign answers UNIMPLEMENTED)."""
     default_run_timeout_seconds: float = Field(default=1800.0, gt=0)
     """A run's limit when StartRun sets none."""
     max_parallel_delegations: int = Field(default=4, ge=1, le=64)

@@ -122,6 +122,11 @@ ENTRY_KINDS: EnumMap[EntryKind, scratchpad_pb2.EntryKind.ValueType] = EnumMap(
         EntryKind.ASSIGNMENT: scratchpad_pb2.ENTRY_KIND_ASSIGNMENT,
         EntryKind.ROUTE: scratchpad_pb2.ENTRY_KIND_ROUTE,
         EntryKind.USAGE: scratchpad_pb2.ENTRY_KIND_USAGE,
+        EntryKind.CAMPAIGN_LEDGER: scratchpad_pb2.ENTRY_KIND_CAMPAIGN_LEDGER,
+        EntryKind.CAMPAIGN_DEAD_END: scratchpad_pb2.ENTRY_KIND_CAMPAIGN_DEAD_END,
+        EntryKind.CAMPAIGN_INSIGHT: scratchpad_pb2.ENTRY_KIND_CAMPAIGN_INSIGHT,
+        EntryKind.CAMPAIGN_DIRECTIVE: scratchpad_pb2.ENTRY_KIND_CAMPAIGN_DIRECTIVE,
+        EntryKind.CAMPAIGN_DECISION: scratchpad_pb2.ENTRY_KIND_CAMPAIGN_DECISION,
     }
 )
 

@@ -44,6 +44,12 @@ class EntryKind(enum.StrEnum):
     ROUTE = "route"
     USAGE = "usage"
 
+    CAMPAIGN_LEDGER = "campaign_ledger"
+    CAMPAIGN_DEAD_END = "campaign_dead_end"
+    CAMPAIGN_INSIGHT = "campaign_insight"
+    CAMPAIGN_DIRECTIVE = "campaign_directive"
+    CAMPAIGN_DECISION = "campaign_decision"
+
 
 class Tier(enum.StrEnum):
     """Which model a delegation runs on: the worker's own, or the supervisor's (for roles that judge its work)."""

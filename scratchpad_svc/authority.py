@@ -11,9 +11,22 @@ from quarry.vocabulary import EntryKind
 WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
     {
         # The supervisor seeds the thread, coordinates and keeps the research ledger (assignments, routes,
-        # observed usage); its report is the run's, not an entry, and it never records findings or judgements.
+        # observed usage) and a campaign's records; its report is the run's, not an entry, and it never
+        # records findings or judgements.
         Role.SUPERVISOR: frozenset(
-            {EntryKind.SEED, EntryKind.MARKER, EntryKind.NOTE, EntryKind.ASSIGNMENT, EntryKind.ROUTE, EntryKind.USAGE}
+            {
+                EntryKind.SEED,
+                EntryKind.MARKER,
+                EntryKind.NOTE,
+                EntryKind.ASSIGNMENT,
+                EntryKind.ROUTE,
+                EntryKind.USAGE,
+                EntryKind.CAMPAIGN_LEDGER,
+                EntryKind.CAMPAIGN_DEAD_END,
+                EntryKind.CAMPAIGN_INSIGHT,
+                EntryKind.CAMPAIGN_DIRECTIVE,
+                EntryKind.CAMPAIGN_DECISION,
+            }
         ),
         # Researchers promote verified findings and coordinate with each other.
         Role.RESEARCHER: frozenset({EntryKind.FINDING, EntryKind.MARKER, EntryKind.ACKNOWLEDGEMENT, EntryKind.NOTE}),

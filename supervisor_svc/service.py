@@ -8,7 +8,7 @@ import grpc
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
-from quarry.client import Dialer, ScratchpadClient
+from quarry.client import Dialer, MonitorClient, ScratchpadClient
 from quarry.config import QuarrySettings, SupervisorSettings
 from quarry.db import open_migrated_database
 from quarry.diagnostics import Diagnostics, Fact, database_diagnostics, model_diagnostics, peer_check, setting_name
@@ -16,6 +16,7 @@ from quarry.notify import CommitSignal, listen_for_commits
 from quarry.research_plane import ResearchPlane
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import campaign_pb2, campaign_pb2_grpc, supervisor_pb2, supervisor_pb2_grpc
+from supervisor_svc.campaigns.loop import LoopDependencies, loop_factory
 from supervisor_svc.campaigns.service import CampaignLimits, CampaignLoopFactory, Campaigns
 from supervisor_svc.campaigns.servicer import CampaignServicer
 from supervisor_svc.campaigns.store import CAMPAIGN_EVENTS_CHANNEL, CampaignStore
@@ -39,6 +40,11 @@ def diagnostics(settings: SupervisorSettings, common: QuarrySettings, dial: Dial
         *model_facts,
         Fact("scratchpad", settings.scratchpad_address, scratchpad),
         Fact("workers", ", ".join(settings.worker_targets()), workers),
+        Fact(
+            "monitor (campaigns)",
+            settings.monitor_address or "none: campaigns cannot start here",
+            setting_name(settings, "monitor_address"),
+        ),
         database_fact,
         Fact(
             "client authentication",
@@ -50,6 +56,11 @@ def diagnostics(settings: SupervisorSettings, common: QuarrySettings, dial: Dial
         model_check,
         peer_check("scratchpad", settings.scratchpad_address, dial, scratchpad),
         *(peer_check("worker", target, dial, workers) for target in settings.worker_targets()),
+        *(
+            [peer_check("monitor", settings.monitor_address, dial, setting_name(settings, "monitor_address"))]
+            if settings.monitor_address
+            else []
+        ),
         database_check,
     ]
     return Diagnostics("supervisor", facts=facts, checks=checks)
@@ -63,8 +74,9 @@ async def build_host(
 ) -> ServiceHost:
     """The supervisor's host: SupervisorService and CampaignService on one port.
 
-    `campaign_loop` makes the loop that drives each campaign; without one, StartCampaign answers
-    UNIMPLEMENTED (the other campaign calls still work, and another replica may drive the campaigns).
+    `campaign_loop` makes the loop that drives each campaign; by default the real loop (supervisor_svc.
+    campaigns.loop) over the configured monitor. Without a monitor, StartCampaign answers UNIMPLEMENTED
+    (the other campaign calls still work, and another replica may drive the campaigns).
     """
     settings = settings or SupervisorSettings()
     common = common or QuarrySettings()
@@ -93,6 +105,17 @@ async def build_host(
         ),
         signal,
     )
+    monitor_channel = dial.channel(settings.monitor_address) if settings.monitor_address else None
+    if campaign_loop is None and monitor_channel is not None:
+        campaign_loop = loop_factory(
+            LoopDependencies(
+                model=model,
+                conversations=ConversationStore(database),
+                scratchpad=ResearchPlane(ScratchpadClient(channel)),
+                delegations=delegations,
+                monitor=MonitorClient(monitor_channel),
+            )
+        )
     campaign_signal = CommitSignal()
     campaign_listener = listen_for_commits(database, CAMPAIGN_EVENTS_CHANNEL, campaign_signal)
     campaigns = Campaigns(
@@ -115,6 +138,8 @@ async def build_host(
         await model.close()
         await delegations.close()
         await channel.close(None)
+        if monitor_channel is not None:
+            await monitor_channel.close(None)
         await database.close()
 
     host = service_host(

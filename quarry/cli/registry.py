@@ -91,7 +91,11 @@ SERVICES: dict[str, ServiceSpec] = {
         name="supervisor",
         settings_class="quarry.config:SupervisorSettings",
         builder="supervisor_svc.service:build_host",
-        needs={"scratchpad": "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS", "worker": "QUARRY_SUPERVISOR_WORKER_ADDRESSES"},
+        needs={
+            "scratchpad": "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS",
+            "worker": "QUARRY_SUPERVISOR_WORKER_ADDRESSES",
+            "monitor": "QUARRY_SUPERVISOR_MONITOR_ADDRESS",
+        },
         migrations=_migrations("supervisor_svc"),
         mesh_role=MeshRole.SUPERVISOR,
     ),

@@ -55,6 +55,18 @@ class _EntryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryKind.V
     """Where a delegation runs: worker, tier, model (RouteDecision)."""
     ENTRY_KIND_USAGE: _EntryKind.ValueType  # 13
     """What a delegation really cost, as the model reported it (UsageObserved)."""
+    ENTRY_KIND_CAMPAIGN_LEDGER: _EntryKind.ValueType  # 20
+    """A campaign's records, written by its supervisor as JSON (supervisor_svc/campaigns/records.py).
+    One experiment cycle of the ledger.
+    """
+    ENTRY_KIND_CAMPAIGN_DEAD_END: _EntryKind.ValueType  # 21
+    """An approach that failed: never retried."""
+    ENTRY_KIND_CAMPAIGN_INSIGHT: _EntryKind.ValueType  # 22
+    """A durable observation."""
+    ENTRY_KIND_CAMPAIGN_DIRECTIVE: _EntryKind.ValueType  # 23
+    """A human's directive, and the THINK that consumed it."""
+    ENTRY_KIND_CAMPAIGN_DECISION: _EntryKind.ValueType  # 24
+    """A decision of the leader, or a rule the cycle broke."""
 
 class EntryKind(_EntryKind, metaclass=_EntryKindEnumTypeWrapper):
     """What an entry is. Which roles may write which kinds is fixed in code."""
@@ -87,6 +99,18 @@ ENTRY_KIND_ROUTE: EntryKind.ValueType  # 12
 """Where a delegation runs: worker, tier, model (RouteDecision)."""
 ENTRY_KIND_USAGE: EntryKind.ValueType  # 13
 """What a delegation really cost, as the model reported it (UsageObserved)."""
+ENTRY_KIND_CAMPAIGN_LEDGER: EntryKind.ValueType  # 20
+"""A campaign's records, written by its supervisor as JSON (supervisor_svc/campaigns/records.py).
+One experiment cycle of the ledger.
+"""
+ENTRY_KIND_CAMPAIGN_DEAD_END: EntryKind.ValueType  # 21
+"""An approach that failed: never retried."""
+ENTRY_KIND_CAMPAIGN_INSIGHT: EntryKind.ValueType  # 22
+"""A durable observation."""
+ENTRY_KIND_CAMPAIGN_DIRECTIVE: EntryKind.ValueType  # 23
+"""A human's directive, and the THINK that consumed it."""
+ENTRY_KIND_CAMPAIGN_DECISION: EntryKind.ValueType  # 24
+"""A decision of the leader, or a rule the cycle broke."""
 Global___EntryKind: _TypeAlias = EntryKind  # noqa: Y015
 
 @_typing.final

@@ -6,5 +6,6 @@ the compacted memory THINK reads (`memory`), the anti-burn limiter (`limiter`), 
 reads in the workspace (`exports`) and the campaign's spec and state (`model`).
 
 Around it, the public API: the campaign's events (`events`), its durable state (`store`), the
-state machine, leases and the pluggable loop (`service`) and CampaignService (`servicer`).
+state machine, leases and the pluggable loop (`service`), CampaignService (`servicer`), and the
+loop itself (`loop`): the agent kernel, the monitor and the workers put to work on those rules.
 """

@@ -149,6 +149,11 @@ class Decision(_Record):
     kind: Literal["decision"] = "decision"
     cycle: int = Field(ge=1)
     text: str
+    # The commit the cycle's experiment runs on, once made: a loop that restarts mid-cycle runs (or finds
+    # again) that experiment instead of thinking again.
+    commit: str = ""
+    action: str = ""
+    tokens_used: int = Field(default=0, ge=0)
 
 
 class Violation(_Record):
