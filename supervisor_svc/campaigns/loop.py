@@ -1,7 +1,8 @@
 """The campaign loop: BASELINE, then THINK -> EXECUTE -> WAIT -> REFLECT, one cycle at a time.
 
 The loop is code; the model only thinks. THINK is a leader conversation on the shared agent
-kernel that lives for one cycle and may hand the change to an engineer worker; the loop itself
+kernel that lives for one cycle, may have a researcher read the literature first, and may hand the
+change to an engineer worker; the loop itself
 commits the engineer's edits, launches the experiment through the monitor, waits for it with no
 model call at all, reads the metric the monitor parsed, and decides by `signals.judge`.
 
@@ -37,7 +38,7 @@ from quarry.errors import DeadlineExceeded, QuarryError, ResourceExhausted, Unav
 from quarry.identity import Principal, Role
 from quarry.research_plane import ResearchPlane
 from quarry.v1 import monitor_pb2
-from quarry.vocabulary import EntryKind, JobState
+from quarry.vocabulary import DelegationResult, EntryKind, JobState
 from supervisor_svc.campaigns import events, exports, limiter, memory, violations
 from supervisor_svc.campaigns.model import (
     CampaignSpec,
@@ -64,6 +65,7 @@ from supervisor_svc.campaigns.records import (
 from supervisor_svc.campaigns.service import CampaignHandle, CampaignLoop, CampaignLoopFactory
 from supervisor_svc.campaigns.signals import Direction, Signals, read_signals
 from supervisor_svc.model import DelegationOrder
+from supervisor_svc.tools import Criterion
 from supervisor_svc.worker_client import DelegationClient
 
 log = logging.getLogger(__name__)
@@ -83,7 +85,8 @@ INSTRUCTIONS = """You lead one cycle of an experiment campaign on a code workspa
 Read the brief, the memory, the signals and the recent experiments, then choose ONE hypothesis: a
 single change that could improve the metric. Never retry a dead end. Follow the human's directives.
 Have an engineer make the change with delegate_engineer (it edits the workspace; it must not run the
-full experiment: the campaign runs it after you). You may record an insight or a dead end.
+full experiment: the campaign runs it after you). Before choosing, you may have a researcher look
+something up in the literature with delegate_research. You may record an insight or a dead end.
 End with a short answer that states the hypothesis, and nothing else."""
 
 
@@ -93,6 +96,8 @@ class LoopSettings:
     think_turns: int = 8
     engineer_turns: int = 0  # 0: the worker's default
     engineer_timeout_seconds: float = 900.0
+    research_turns: int = 0  # 0: the worker's default
+    research_timeout_seconds: float = 900.0
     # How often the monitor reports a running job (seconds); the wait costs no model call.
     watch_poll_seconds: int = 2
     # After a failed step (the monitor unreachable), wait this long before the cycle is tried again.
@@ -123,6 +128,11 @@ class EngineerParams(BaseModel):
     change: str = Field(min_length=1, max_length=4000, description="the change to make, self-contained")
 
 
+class ResearchParams(BaseModel):
+    objective: str = Field(min_length=1, max_length=4000, description="the research task, self-contained")
+    criteria: list[Criterion] = Field(default_factory=list, max_length=10, description="what a good answer must show")
+
+
 class NoteParams(BaseModel):
     text: str = Field(min_length=1, max_length=1000)
 
@@ -139,10 +149,15 @@ class ThinkContext:
     tokens: int = 0
     changes: list[str] = field(default_factory=list)
     files: set[str] = field(default_factory=set)
+    researched: int = 0
 
 
 async def delegate_engineer(params: EngineerParams, context: ThinkContext) -> str:
     return await context.run.engineer(params.change, context)
+
+
+async def delegate_research(params: ResearchParams, context: ThinkContext) -> str:
+    return await context.run.research(params.objective, tuple(params.criteria), context)
 
 
 async def record_insight(params: NoteParams, context: ThinkContext) -> str:
@@ -163,6 +178,13 @@ THINK_TOOLS: ToolRegistry[ThinkContext] = ToolRegistry(
             "Have an engineer make the change in the workspace (on the campaign's branch); returns what it did.",
             EngineerParams,
             delegate_engineer,
+        ),
+        Tool(
+            "delegate_research",
+            "Have a researcher look something up in the literature; returns its summary and how many findings "
+            "it promoted to the campaign's thread.",
+            ResearchParams,
+            delegate_research,
         ),
         Tool("record_insight", "Keep a durable observation in the campaign's insights.", NoteParams, record_insight),
         Tool(
@@ -384,34 +406,72 @@ class CampaignRun:
     async def engineer(self, change: str, context: ThinkContext) -> str:
         """One engineer delegation in the campaign's workspace; what it did, for the leader."""
         settings = self._deps.settings
-        order = DelegationOrder(
-            delegation_id=f"{self._id}-c{context.cycle}-e{len(context.changes) + 1}",
-            run_id=self._id,
-            tool_call_id=current_call().id,
-            scratchpad_thread_id=self._thread,
-            objective=change,
-            criteria=("edit the workspace only; do not run the full experiment",),
-            input_refs=(),
-            role=Role.ENGINEER,
-            max_turns=settings.engineer_turns,
-            max_tokens=0,
-            timeout_seconds=settings.engineer_timeout_seconds,
-            workspace_id=self._workspace_id,
+        result = await self._delegate(
+            context,
+            f"e{len(context.changes) + 1}",
+            Role.ENGINEER,
+            change,
+            ("edit the workspace only; do not run the full experiment",),
+            settings.engineer_turns,
+            settings.engineer_timeout_seconds,
         )
-
-        async def on_turn(turn: int, max_turns: int, worker_id: str) -> None:
-            return None
-
-        result = await self._deps.delegations.run(
-            order, deadline_seconds=settings.engineer_timeout_seconds + 30, on_turn=on_turn
-        )
-        context.tokens += result.usage.input_tokens + result.usage.output_tokens
         context.changes.append(change)
         context.files.update(result.files_changed)
         if not result.succeeded:
             return f"the engineer failed: {result.error_message}"
         files = ", ".join(result.files_changed) or "none"
         return f"done; files changed: {files}\n{result.summary}"
+
+    async def research(self, objective: str, criteria: tuple[str, ...], context: ThinkContext) -> str:
+        """One literature research delegation (its findings promoted to the campaign's thread); its summary."""
+        settings = self._deps.settings
+        context.researched += 1
+        result = await self._delegate(
+            context,
+            f"r{context.researched}",
+            Role.RESEARCHER,
+            objective,
+            criteria,
+            settings.research_turns,
+            settings.research_timeout_seconds,
+        )
+        if not result.succeeded:
+            return f"the researcher failed: {result.error_message}"
+        return f"done; findings promoted: {len(result.promoted)}\n{result.summary}"
+
+    async def _delegate(
+        self,
+        context: ThinkContext,
+        suffix: str,
+        role: Role,
+        objective: str,
+        criteria: tuple[str, ...],
+        max_turns: int,
+        timeout_seconds: float,
+    ) -> DelegationResult:
+        """One worker delegation on the campaign's thread, its tokens counted in the cycle's (which the
+        limiter bounds by the campaign's budgets)."""
+        order = DelegationOrder(
+            delegation_id=f"{self._id}-c{context.cycle}-{suffix}",
+            run_id=self._id,
+            tool_call_id=current_call().id,
+            scratchpad_thread_id=self._thread,
+            objective=objective,
+            criteria=criteria,
+            input_refs=(),
+            role=role,
+            max_turns=max_turns,
+            max_tokens=0,
+            timeout_seconds=timeout_seconds,
+            workspace_id=self._workspace_id if role is Role.ENGINEER else "",
+        )
+
+        async def on_turn(turn: int, max_turns: int, worker_id: str) -> None:
+            return None
+
+        result = await self._deps.delegations.run(order, deadline_seconds=timeout_seconds + 30, on_turn=on_turn)
+        context.tokens += result.usage.input_tokens + result.usage.output_tokens
+        return result
 
     # -- EXECUTE / WAIT --------------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.campaigns.loop import INSTRUCTIONS
 from supervisor_svc.service import build_host as build_supervisor
 from tests.conftest import ServiceProcess, reusable_port, start_service, stop_service
+from tests.fakes.choreography import Choreography, agent_of
 from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
 from worker_svc.service import build_host as build_worker
 
@@ -76,10 +77,12 @@ def make_project(roots: Path) -> Path:
 
 @dataclass
 class Script:
-    """The leader's and the engineer's turns, told apart by the leader's instructions; each request's time."""
+    """The leader's and the engineer's turns, told apart by the leader's instructions, and any researcher's, by its
+    task's objective; each request's time."""
 
     leader: deque[Step] = field(default_factory=deque)
     engineer: deque[Step] = field(default_factory=deque)
+    researchers: Choreography = field(default_factory=Choreography)
     leader_requests: list[dict[str, Any]] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
 
@@ -88,6 +91,8 @@ class Script:
         if LEADER in (body["messages"][0].get("content") or ""):
             self.leader_requests.append(body)
             queue = self.leader
+        elif agent_of(body) in self.researchers.scripts:
+            return self.researchers(body)
         else:
             queue = self.engineer
         return queue.popleft() if queue else HttpError(400, message="no script left")
@@ -400,6 +405,56 @@ async def test_an_improvement_inside_the_noise_is_retested_without_thinking_then
     assert len({row.job_id for row in rows}) == 5
     assert git(lab.project, "rev-parse", "HEAD") == initial
     assert (lab.project / "config.json").read_text() == BASELINE_CONFIG
+
+
+RESEARCH = "Which learning rates converge fastest for gradient descent on a quadratic?"
+RESEARCH_SUMMARY = "A larger step converges faster, up to 1/L."
+
+
+async def test_a_leader_has_the_literature_researched_then_the_engineer_makes_the_change_and_it_is_run(
+    lab: Lab,
+) -> None:
+    script = lab.script
+    script.leader.extend(
+        [
+            Reply(calls=(Call("delegate_research", {"objective": RESEARCH, "criteria": ["cite a step size"]}, "r"),)),
+            Reply(calls=(Call("delegate_engineer", {"change": "Set lr to 0.1 in config.json."}, "e"),)),
+            Reply(content="A larger learning rate converges faster."),
+        ]
+    )
+    script.researchers.add(
+        RESEARCH,
+        Reply(calls=(Call("append_scratchpad", {"kind": "note", "content": "step sizes up to 1/L converge"}, "n"),)),
+        Reply(content=RESEARCH_SUMMARY, input_tokens=1000, output_tokens=500),
+    )
+    script.engineer.extend(
+        [
+            Reply(calls=(Call("write_file", {"path": "config.json", "content": BETTER_CONFIG}, "w"),)),
+            Reply(content="config.json now says lr 0.1"),
+        ]
+    )
+    message = spec(lab.project, cycles=3)
+    message.signals.CopyFrom(campaign_pb2.CampaignSignalRules(baseline_runs=2))
+    campaign = await lab.campaigns.start_campaign(message, request_id="lab-research")
+    stream = [event async for event in lab.campaigns.stream_campaign(campaign.campaign_id)]
+
+    assert stream[-1].ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED, stream[-1].ended.reason
+    # The research worker was given the leader's objective and criteria.
+    (asked, *_) = script.researchers.requests[RESEARCH]
+    task = next(m["content"] for m in asked["messages"] if m["role"] == "user")
+    assert task.startswith(f"Task: {RESEARCH}") and "- cite a step size" in task
+    # The leader saw its summary and the findings it promoted before it delegated the change.
+    seen = [m.get("content") or "" for m in script.leader_requests[1]["messages"] if m["role"] == "tool"]
+    assert len(seen) == 1 and RESEARCH_SUMMARY in seen[0] and "findings promoted: 1" in seen[0]
+    # Then the cycle went on as usual: the engineer's change committed, run and kept.
+    rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
+    assert [row.verdict for row in rows] == [BASELINE, BASELINE, KEEP]
+    assert git(lab.project, "show", f"{rows[2].commit}:config.json") + "\n" == BETTER_CONFIG
+    # The research's usage counts in the cycle's tokens; its note is on the campaign's thread.
+    assert rows[2].tokens_used >= 1500
+    entries = await lab.scratchpad.read_all(campaign.campaign_id)
+    notes = [e.content for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_NOTE]
+    assert notes == ["step sizes up to 1/L converge"]
 
 
 async def test_stagnation_is_signalled_and_the_phase_gate_completes_the_campaign(lab: Lab) -> None:
