@@ -2,9 +2,9 @@
 
 The loop is code; the model only thinks. THINK is a leader conversation on the shared agent
 kernel that lives for one cycle, may have a researcher read the literature first, and may hand the
-change to an engineer worker; the loop itself
-commits the engineer's edits, launches the experiment through the monitor, waits for it with no
-model call at all, reads the metric the monitor parsed, and decides by `signals.judge`.
+change to an engineer worker; the loop itself commits the engineer's edits, launches the experiment
+through the monitor, waits for it with no model call at all, reads the metric the monitor parsed,
+and decides by `signals.judge`.
 
 Every record (ledger rows, dead ends, insights, directives, decisions) is a typed entry on the
 campaign's scratchpad thread, keyed by a request_id derived from the campaign and the cycle, so a
