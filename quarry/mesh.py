@@ -61,7 +61,11 @@ def new_token() -> str:
 
 def token_digest(token: str) -> str:
     """How a server names the peer whose token this is: "sha256:" and the hex digest."""
-    return _DIGEST_PREFIX + hashlib.sha256(token.encode()).hexdigest()
+    return _DIGEST_PREFIX + _digest(token).hex()
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,7 @@ class MeshPeers:
 
     @classmethod
     def of_tokens(cls, tokens: Iterable[tuple[MeshRole, str]]) -> MeshPeers:
-        return cls(tuple(MeshPeer(role, digest=hashlib.sha256(token.encode()).digest()) for role, token in tokens))
+        return cls(tuple(MeshPeer(role, digest=_digest(token)) for role, token in tokens))
 
     def render(self) -> str:
         """The QUARRY_MESH_PEERS value that parses back to these peers."""
@@ -125,7 +129,7 @@ class MeshPeers:
     def identify(self, token: str, common_names: Sequence[str] = ()) -> MeshRole | None:
         """The role a presented token (or, failing that, a verified certificate name) proves, if any."""
         if token:
-            presented = hashlib.sha256(token.encode()).digest()
+            presented = _digest(token)
             for peer in self.peers:
                 if peer.digest and hmac.compare_digest(peer.digest, presented):
                     return peer.role
