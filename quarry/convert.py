@@ -122,6 +122,7 @@ ENTRY_KINDS: EnumMap[EntryKind, scratchpad_pb2.EntryKind.ValueType] = EnumMap(
         EntryKind.ASSIGNMENT: scratchpad_pb2.ENTRY_KIND_ASSIGNMENT,
         EntryKind.ROUTE: scratchpad_pb2.ENTRY_KIND_ROUTE,
         EntryKind.USAGE: scratchpad_pb2.ENTRY_KIND_USAGE,
+        EntryKind.RESOLUTION: scratchpad_pb2.ENTRY_KIND_RESOLUTION,
         EntryKind.CAMPAIGN_LEDGER: scratchpad_pb2.ENTRY_KIND_CAMPAIGN_LEDGER,
         EntryKind.CAMPAIGN_DEAD_END: scratchpad_pb2.ENTRY_KIND_CAMPAIGN_DEAD_END,
         EntryKind.CAMPAIGN_INSIGHT: scratchpad_pb2.ENTRY_KIND_CAMPAIGN_INSIGHT,

@@ -38,8 +38,10 @@ __all__ = [
     "ClaimVerdict",
     "InputRefs",
     "Objection",
+    "ObjectionResolution",
     "RecordError",
     "ResearchRecord",
+    "Resolution",
     "RouteDecision",
     "SentenceAudit",
     "UsageObserved",
@@ -319,6 +321,45 @@ class UsageObserved(ResearchRecord):
     model_calls: Count
 
 
+class Resolution(enum.StrEnum):
+    # The sentence was rewritten and its revision audited sound.
+    REVISED = "revised"
+    # An adjudicator approved the sentence as written.
+    DISMISSED = "dismissed"
+    # The sentence is out of the report: rejected by an adjudicator, or no round left to settle it.
+    SENTENCE_REMOVED = "sentence_removed"
+
+
+class ObjectionResolution(ResearchRecord):
+    """How the supervisor settled one objection, recorded as ENTRY_KIND_RESOLUTION: closes it for good."""
+
+    entry_kind: ClassVar[EntryKind] = EntryKind.RESOLUTION
+
+    kind: Literal["objection_resolution"] = "objection_resolution"
+    objection_ref: EntryRef = Field(description="the sequence number of the objection settled")
+    resolution: Resolution
+    sentence_index: SentenceIndex
+    # The sentence as the report now has it (revised), or as it was when removed or upheld.
+    sentence: Text
+    adjudication_ref: EntryRef | None = Field(default=None, description="the adjudication that decided it, if any")
+    audit_ref: EntryRef | None = Field(default=None, description="the audit that found a revision sound")
+    reason: str = Field(default="", max_length=_MAX_TEXT, description="why, when no entry above says it")
+
+    @model_validator(mode="after")
+    def _backed_by_its_entry(self) -> ObjectionResolution:
+        if self.resolution is Resolution.REVISED and self.audit_ref is None:
+            raise ValueError("a revised sentence names the audit that found it sound (audit_ref)")
+        if self.resolution is Resolution.DISMISSED and self.adjudication_ref is None:
+            raise ValueError("a dismissed objection names the adjudication that dismissed it (adjudication_ref)")
+        if "\x00" in self.reason:
+            raise ValueError("reason must not contain NUL characters")
+        return self
+
+    def cited_entries(self) -> frozenset[int]:
+        refs = {self.objection_ref, self.adjudication_ref, self.audit_ref}
+        return frozenset(ref for ref in refs if ref is not None)
+
+
 RECORD_TYPES: Mapping[EntryKind, type[ResearchRecord]] = MappingProxyType(
     {
         record.entry_kind: record
@@ -330,6 +371,7 @@ RECORD_TYPES: Mapping[EntryKind, type[ResearchRecord]] = MappingProxyType(
             Assignment,
             RouteDecision,
             UsageObserved,
+            ObjectionResolution,
         )
     }
 )

@@ -43,6 +43,7 @@ class EntryKind(enum.StrEnum):
     ASSIGNMENT = "assignment"
     ROUTE = "route"
     USAGE = "usage"
+    RESOLUTION = "resolution"
 
     CAMPAIGN_LEDGER = "campaign_ledger"
     CAMPAIGN_DEAD_END = "campaign_dead_end"

@@ -11,8 +11,8 @@ from quarry.vocabulary import EntryKind
 WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
     {
         # The supervisor seeds the thread, coordinates and keeps the research ledger (assignments, routes,
-        # observed usage) and a campaign's records; its report is the run's, not an entry, and it never
-        # records findings or judgements.
+        # observed usage, how each objection was settled) and a campaign's records; its report is the
+        # run's, not an entry, and it never records findings or judgements.
         Role.SUPERVISOR: frozenset(
             {
                 EntryKind.SEED,
@@ -21,6 +21,7 @@ WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
                 EntryKind.ASSIGNMENT,
                 EntryKind.ROUTE,
                 EntryKind.USAGE,
+                EntryKind.RESOLUTION,
                 EntryKind.CAMPAIGN_LEDGER,
                 EntryKind.CAMPAIGN_DEAD_END,
                 EntryKind.CAMPAIGN_INSIGHT,

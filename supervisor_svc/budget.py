@@ -21,16 +21,19 @@ class RunAccount:
         self._planning: Callable[[], Usage] = Usage
         self.report = Usage()
         self.workers = Usage()
+        self.verification = Usage()  # the part of `workers` that claim-verifiers, auditors and adjudicators spent
 
     def count_planning(self, source: Callable[[], Usage]) -> None:
         """Planning usage is read live from the agent loop that spends it."""
         self._planning = source
 
-    def add_worker(self, usage: Usage) -> None:
+    def add_worker(self, usage: Usage, *, verification: bool = False) -> None:
         self.workers += usage
+        if verification:
+            self.verification += usage
 
     def usage(self) -> RunUsage:
-        return RunUsage(supervisor=self._planning() + self.report, workers=self.workers)
+        return RunUsage(supervisor=self._planning() + self.report, workers=self.workers, verification=self.verification)
 
 
 @dataclass(frozen=True)

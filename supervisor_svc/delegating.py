@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from opentelemetry import trace
 from pydantic import ValidationError
@@ -63,6 +64,16 @@ def render_result(result: DelegationResult, promoted_entries: Sequence[Entry] = 
             entries = entries[:MAX_PROMOTED_CHARS] + "\n… (more with read_scratchpad)"
         text += f"\nPromoted entries, from the scratchpad:\n{entries}"
     return text
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What a delegation asks of one role: all a blind role ever sees of the run."""
+
+    role: Role
+    objective: str
+    criteria: tuple[str, ...] = ()
+    input_refs: tuple[str, ...] = ()
 
 
 class Delegator:
@@ -113,48 +124,66 @@ class Delegator:
         self._expected.add(call.id)
 
     async def delegate(self, params: DelegateParams, call: ToolCall) -> str:
+        """The model's delegate_research call: a researcher's task, its result as the model reads it."""
         self._refuse_if_budget_spent()
-        self._ordered += 1
-        delegation_id = f"{self._run_id}.{self._ordered}.{call.id[:40]}"
-        attributes = {
-            "quarry.delegation_id": delegation_id,
-            "quarry.run_id": self._run_id,
-            "quarry.role": Role.RESEARCHER.value,
-        }
-        with tracer.start_as_current_span("delegate", attributes=attributes) as span:
-            try:
-                async with self._slots:
-                    self._refuse_if_budget_spent()
-                    self.dispatched += 1
-                    result = await self._run(self._order(params, call, delegation_id))
-            finally:
-                self._expected.discard(call.id)
-            span.set_attribute("quarry.delegation.outcome", result.outcome_label)
-            if not result.succeeded:
-                span.set_status(trace.Status(trace.StatusCode.ERROR, result.error_message[:200]))
-        _DELEGATIONS.add(1, {"quarry.delegation.outcome": result.outcome_label})
-        self._account.add_worker(result.usage)
-        await self._publisher.delegation_ended(result, self._account.usage())
+        try:
+            # The model delegates research only: evidence roles judge its work blind, so it never directs them.
+            contract = Contract(Role.RESEARCHER, params.objective, tuple(params.criteria), tuple(params.input_refs))
+            result = await self._dispatch(contract, call.id, sharing=lambda: len(self._expected))
+        finally:
+            self._expected.discard(call.id)
+        if result is None:
+            raise ToolError("the run's token budget is spent: no new delegation starts")
         return render_result(result, await self._promoted_entries(result))
+
+    async def assign(self, contract: Contract, key: str, *, sharing: int = 1) -> DelegationResult | None:
+        """A contract the run itself orders (a claim-verifier's, an auditor's, an adjudicator's): its
+        result, or None when the token budget was spent before it could start. `key` names the task
+        within the run (it becomes the delegation's tool_call_id); `sharing` is how many such tasks
+        share the budget left."""
+        return await self._dispatch(contract, key, sharing=lambda: sharing)
 
     def _refuse_if_budget_spent(self) -> None:
         if self._budget.spent():
             raise ToolError("the run's token budget is spent: no new delegation starts")
 
-    def _order(self, params: DelegateParams, call: ToolCall, delegation_id: str) -> DelegationOrder:
-        sharing = min(max(len(self._expected), 1), self._parallel)
+    async def _dispatch(self, contract: Contract, key: str, *, sharing: Callable[[], int]) -> DelegationResult | None:
+        if self._budget.spent():
+            return None
+        self._ordered += 1
+        delegation_id = f"{self._run_id}.{self._ordered}.{key[:40]}"
+        attributes = {
+            "quarry.delegation_id": delegation_id,
+            "quarry.run_id": self._run_id,
+            "quarry.role": contract.role.value,
+        }
+        with tracer.start_as_current_span("delegate", attributes=attributes) as span:
+            async with self._slots:
+                if self._budget.spent():
+                    return None
+                self.dispatched += 1
+                ways = min(max(sharing(), 1), self._parallel)
+                result = await self._run(self._order(contract, key, delegation_id, ways))
+            span.set_attribute("quarry.delegation.outcome", result.outcome_label)
+            if not result.succeeded:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, result.error_message[:200]))
+        _DELEGATIONS.add(1, {"quarry.delegation.outcome": result.outcome_label})
+        self._account.add_worker(result.usage, verification=contract.role is not Role.RESEARCHER)
+        await self._publisher.delegation_ended(result, self._account.usage())
+        return result
+
+    def _order(self, contract: Contract, key: str, delegation_id: str, ways: int) -> DelegationOrder:
         return DelegationOrder(
             delegation_id=delegation_id,
             run_id=self._run_id,
-            tool_call_id=call.id,
+            tool_call_id=key,
             scratchpad_thread_id=self._thread_id,
-            objective=params.objective,
-            criteria=tuple(params.criteria),
-            input_refs=tuple(params.input_refs),
-            # The model delegates research only: evidence roles judge its work blind, so it never directs them.
-            role=Role.RESEARCHER,
+            objective=contract.objective,
+            criteria=contract.criteria,
+            input_refs=contract.input_refs,
+            role=contract.role,
             max_turns=self._worker_max_turns,
-            max_tokens=self._budget.share(sharing),
+            max_tokens=self._budget.share(ways),
             timeout_seconds=self._deadline - time.monotonic(),
         )
 

@@ -58,6 +58,7 @@ def run_usage_to_proto(usage: RunUsage) -> supervisor_pb2.RunUsage:
         supervisor=usage_to_proto(usage.supervisor),
         workers=usage_to_proto(usage.workers),
         total=usage_to_proto(usage.total),
+        verification=usage_to_proto(usage.verification),
     )
 
 

@@ -85,17 +85,27 @@ class RunOptions:
 class RunUsage:
     supervisor: Usage = field(default_factory=Usage)
     workers: Usage = field(default_factory=Usage)
+    # The part of `workers` spent verifying (claim-verifiers, citation auditors, adjudicators).
+    verification: Usage = field(default_factory=Usage)
 
     @property
     def total(self) -> Usage:
         return self.supervisor + self.workers
 
     def to_json(self) -> dict[str, Any]:
-        return {"supervisor": self.supervisor.to_json(), "workers": self.workers.to_json()}
+        return {
+            "supervisor": self.supervisor.to_json(),
+            "workers": self.workers.to_json(),
+            "verification": self.verification.to_json(),
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunUsage:
-        return cls(Usage.from_json(data.get("supervisor", {})), Usage.from_json(data.get("workers", {})))
+        return cls(
+            Usage.from_json(data.get("supervisor", {})),
+            Usage.from_json(data.get("workers", {})),
+            Usage.from_json(data.get("verification", {})),
+        )
 
 
 @dataclass(frozen=True)

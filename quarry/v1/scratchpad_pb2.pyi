@@ -55,6 +55,10 @@ class _EntryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryKind.V
     """Where a delegation runs: worker, tier, model (RouteDecision)."""
     ENTRY_KIND_USAGE: _EntryKind.ValueType  # 13
     """What a delegation really cost, as the model reported it (UsageObserved)."""
+    ENTRY_KIND_RESOLUTION: _EntryKind.ValueType  # 14
+    """How the supervisor settled an objection: revised, dismissed or the sentence removed
+    (ObjectionResolution).
+    """
     ENTRY_KIND_CAMPAIGN_LEDGER: _EntryKind.ValueType  # 20
     """A campaign's records, written by its supervisor as JSON (supervisor_svc/campaigns/records.py).
     One experiment cycle of the ledger.
@@ -99,6 +103,10 @@ ENTRY_KIND_ROUTE: EntryKind.ValueType  # 12
 """Where a delegation runs: worker, tier, model (RouteDecision)."""
 ENTRY_KIND_USAGE: EntryKind.ValueType  # 13
 """What a delegation really cost, as the model reported it (UsageObserved)."""
+ENTRY_KIND_RESOLUTION: EntryKind.ValueType  # 14
+"""How the supervisor settled an objection: revised, dismissed or the sentence removed
+(ObjectionResolution).
+"""
 ENTRY_KIND_CAMPAIGN_LEDGER: EntryKind.ValueType  # 20
 """A campaign's records, written by its supervisor as JSON (supervisor_svc/campaigns/records.py).
 One experiment cycle of the ledger.

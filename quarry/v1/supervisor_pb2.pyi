@@ -35,6 +35,10 @@ class _RunStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunState.Val
     RUN_STATE_SUCCEEDED: _RunState.ValueType  # 3
     RUN_STATE_FAILED: _RunState.ValueType  # 4
     RUN_STATE_CANCELLED: _RunState.ValueType  # 5
+    RUN_STATE_AWAITING_APPROVAL: _RunState.ValueType  # 6
+    """Research and verification are done; the run waits for ApproveRun or RejectRun (it was started
+    with RunOptions.require_approval). Run.verification lists the objections still open.
+    """
 
 class RunState(_RunState, metaclass=_RunStateEnumTypeWrapper): ...
 
@@ -44,7 +48,39 @@ RUN_STATE_RUNNING: RunState.ValueType  # 2
 RUN_STATE_SUCCEEDED: RunState.ValueType  # 3
 RUN_STATE_FAILED: RunState.ValueType  # 4
 RUN_STATE_CANCELLED: RunState.ValueType  # 5
+RUN_STATE_AWAITING_APPROVAL: RunState.ValueType  # 6
+"""Research and verification are done; the run waits for ApproveRun or RejectRun (it was started
+with RunOptions.require_approval). Run.verification lists the objections still open.
+"""
 Global___RunState: _TypeAlias = RunState  # noqa: Y015
+
+class _VerificationMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _VerificationModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_VerificationMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    VERIFICATION_MODE_UNSPECIFIED: _VerificationMode.ValueType  # 0
+    """The server's default (on unless its operator turned it off)."""
+    VERIFICATION_MODE_ON: _VerificationMode.ValueType  # 1
+    """Every citable finding gets a blind claim-verifier; the draft's cited sentences are audited;
+    objections are revised or adjudicated before the run completes.
+    """
+    VERIFICATION_MODE_OFF: _VerificationMode.ValueType  # 2
+    """The report cites the researchers' findings as they promoted them, unchecked."""
+
+class VerificationMode(_VerificationMode, metaclass=_VerificationModeEnumTypeWrapper):
+    """Whether a run verifies its report (claim verification, citation audit, objections)."""
+
+VERIFICATION_MODE_UNSPECIFIED: VerificationMode.ValueType  # 0
+"""The server's default (on unless its operator turned it off)."""
+VERIFICATION_MODE_ON: VerificationMode.ValueType  # 1
+"""Every citable finding gets a blind claim-verifier; the draft's cited sentences are audited;
+objections are revised or adjudicated before the run completes.
+"""
+VERIFICATION_MODE_OFF: VerificationMode.ValueType  # 2
+"""The report cites the researchers' findings as they promoted them, unchecked."""
+Global___VerificationMode: _TypeAlias = VerificationMode  # noqa: Y015
 
 class _RunErrorCode:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -56,6 +92,8 @@ class _RunErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunError
     RUN_ERROR_CODE_PROVIDER_ERROR: _RunErrorCode.ValueType  # 1
     RUN_ERROR_CODE_DEADLINE_EXCEEDED: _RunErrorCode.ValueType  # 3
     RUN_ERROR_CODE_INTERNAL: _RunErrorCode.ValueType  # 5
+    RUN_ERROR_CODE_REJECTED: _RunErrorCode.ValueType  # 6
+    """A person rejected the run while it awaited approval (RejectRun); the message is their reason."""
 
 class RunErrorCode(_RunErrorCode, metaclass=_RunErrorCodeEnumTypeWrapper): ...
 
@@ -63,6 +101,8 @@ RUN_ERROR_CODE_UNSPECIFIED: RunErrorCode.ValueType  # 0
 RUN_ERROR_CODE_PROVIDER_ERROR: RunErrorCode.ValueType  # 1
 RUN_ERROR_CODE_DEADLINE_EXCEEDED: RunErrorCode.ValueType  # 3
 RUN_ERROR_CODE_INTERNAL: RunErrorCode.ValueType  # 5
+RUN_ERROR_CODE_REJECTED: RunErrorCode.ValueType  # 6
+"""A person rejected the run while it awaited approval (RejectRun); the message is their reason."""
 Global___RunErrorCode: _TypeAlias = RunErrorCode  # noqa: Y015
 
 class _RunWarningCode:
@@ -97,6 +137,104 @@ verified finding, or the report cited none of them.
 """
 Global___RunWarningCode: _TypeAlias = RunWarningCode  # noqa: Y015
 
+class _ClaimJudgement:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ClaimJudgementEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ClaimJudgement.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CLAIM_JUDGEMENT_UNSPECIFIED: _ClaimJudgement.ValueType  # 0
+    CLAIM_JUDGEMENT_SUPPORTED: _ClaimJudgement.ValueType  # 1
+    """The cited page says what the finding claims."""
+    CLAIM_JUDGEMENT_PARTIALLY_SUPPORTED: _ClaimJudgement.ValueType  # 2
+    """The page says less than the finding claims, or only part of it: citable, marked as such."""
+    CLAIM_JUDGEMENT_UNSUPPORTED: _ClaimJudgement.ValueType  # 3
+    """The page does not say it: the finding is never cited."""
+    CLAIM_JUDGEMENT_CONTRADICTED: _ClaimJudgement.ValueType  # 4
+    """A page says otherwise: reported as a disagreement between sources, never as fact."""
+    CLAIM_JUDGEMENT_UNVERIFIED: _ClaimJudgement.ValueType  # 5
+    """No verifier could judge it (it failed, or the budget was spent): not cited."""
+
+class ClaimJudgement(_ClaimJudgement, metaclass=_ClaimJudgementEnumTypeWrapper):
+    """How a blind claim-verifier judged a finding."""
+
+CLAIM_JUDGEMENT_UNSPECIFIED: ClaimJudgement.ValueType  # 0
+CLAIM_JUDGEMENT_SUPPORTED: ClaimJudgement.ValueType  # 1
+"""The cited page says what the finding claims."""
+CLAIM_JUDGEMENT_PARTIALLY_SUPPORTED: ClaimJudgement.ValueType  # 2
+"""The page says less than the finding claims, or only part of it: citable, marked as such."""
+CLAIM_JUDGEMENT_UNSUPPORTED: ClaimJudgement.ValueType  # 3
+"""The page does not say it: the finding is never cited."""
+CLAIM_JUDGEMENT_CONTRADICTED: ClaimJudgement.ValueType  # 4
+"""A page says otherwise: reported as a disagreement between sources, never as fact."""
+CLAIM_JUDGEMENT_UNVERIFIED: ClaimJudgement.ValueType  # 5
+"""No verifier could judge it (it failed, or the budget was spent): not cited."""
+Global___ClaimJudgement: _TypeAlias = ClaimJudgement  # noqa: Y015
+
+class _SentenceStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SentenceStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SentenceStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SENTENCE_STATUS_UNSPECIFIED: _SentenceStatus.ValueType  # 0
+    SENTENCE_STATUS_SOUND: _SentenceStatus.ValueType  # 1
+    """A citation auditor found its cited findings say what it says."""
+    SENTENCE_STATUS_REVISED: _SentenceStatus.ValueType  # 2
+    """Rewritten after an objection, then audited sound."""
+    SENTENCE_STATUS_UPHELD: _SentenceStatus.ValueType  # 3
+    """Kept as written: an adjudicator dismissed the objection against it."""
+    SENTENCE_STATUS_REMOVED: _SentenceStatus.ValueType  # 4
+    """Removed from the report: an adjudicator rejected it, or its objection could not be resolved."""
+    SENTENCE_STATUS_UNAUDITED: _SentenceStatus.ValueType  # 5
+    """No auditor could judge it (it failed, or the budget was spent); it stands, marked unaudited."""
+    SENTENCE_STATUS_OBJECTED: _SentenceStatus.ValueType  # 6
+    """An objection against it is still open (only while the run awaits approval)."""
+
+class SentenceStatus(_SentenceStatus, metaclass=_SentenceStatusEnumTypeWrapper): ...
+
+SENTENCE_STATUS_UNSPECIFIED: SentenceStatus.ValueType  # 0
+SENTENCE_STATUS_SOUND: SentenceStatus.ValueType  # 1
+"""A citation auditor found its cited findings say what it says."""
+SENTENCE_STATUS_REVISED: SentenceStatus.ValueType  # 2
+"""Rewritten after an objection, then audited sound."""
+SENTENCE_STATUS_UPHELD: SentenceStatus.ValueType  # 3
+"""Kept as written: an adjudicator dismissed the objection against it."""
+SENTENCE_STATUS_REMOVED: SentenceStatus.ValueType  # 4
+"""Removed from the report: an adjudicator rejected it, or its objection could not be resolved."""
+SENTENCE_STATUS_UNAUDITED: SentenceStatus.ValueType  # 5
+"""No auditor could judge it (it failed, or the budget was spent); it stands, marked unaudited."""
+SENTENCE_STATUS_OBJECTED: SentenceStatus.ValueType  # 6
+"""An objection against it is still open (only while the run awaits approval)."""
+Global___SentenceStatus: _TypeAlias = SentenceStatus  # noqa: Y015
+
+class _ObjectionStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ObjectionStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ObjectionStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    OBJECTION_STATUS_UNSPECIFIED: _ObjectionStatus.ValueType  # 0
+    OBJECTION_STATUS_OPEN: _ObjectionStatus.ValueType  # 1
+    OBJECTION_STATUS_REVISED: _ObjectionStatus.ValueType  # 2
+    """The sentence was revised and its revision audited sound."""
+    OBJECTION_STATUS_DISMISSED: _ObjectionStatus.ValueType  # 3
+    """An adjudicator approved the sentence: the objection is dismissed."""
+    OBJECTION_STATUS_SENTENCE_REMOVED: _ObjectionStatus.ValueType  # 4
+    """The sentence was removed."""
+
+class ObjectionStatus(_ObjectionStatus, metaclass=_ObjectionStatusEnumTypeWrapper): ...
+
+OBJECTION_STATUS_UNSPECIFIED: ObjectionStatus.ValueType  # 0
+OBJECTION_STATUS_OPEN: ObjectionStatus.ValueType  # 1
+OBJECTION_STATUS_REVISED: ObjectionStatus.ValueType  # 2
+"""The sentence was revised and its revision audited sound."""
+OBJECTION_STATUS_DISMISSED: ObjectionStatus.ValueType  # 3
+"""An adjudicator approved the sentence: the objection is dismissed."""
+OBJECTION_STATUS_SENTENCE_REMOVED: ObjectionStatus.ValueType  # 4
+"""The sentence was removed."""
+Global___ObjectionStatus: _TypeAlias = ObjectionStatus  # noqa: Y015
+
 class _ResearchPhase:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -111,6 +249,16 @@ class _ResearchPhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Researc
     RESEARCH_PHASE_WORKER_COMPLETED: _ResearchPhase.ValueType  # 5
     RESEARCH_PHASE_WORKER_FAILED: _ResearchPhase.ValueType  # 6
     RESEARCH_PHASE_SYNTHESIZING: _ResearchPhase.ValueType  # 7
+    RESEARCH_PHASE_VERIFYING_CLAIMS: _ResearchPhase.ValueType  # 8
+    """Blind claim-verifiers judge the findings the report may cite."""
+    RESEARCH_PHASE_AUDITING: _ResearchPhase.ValueType  # 9
+    """Citation auditors judge the draft's cited sentences."""
+    RESEARCH_PHASE_REVISING: _ResearchPhase.ValueType  # 10
+    """The supervisor rewrites sentences objected to."""
+    RESEARCH_PHASE_ADJUDICATING: _ResearchPhase.ValueType  # 11
+    """An adjudicator decides an objection."""
+    RESEARCH_PHASE_AWAITING_APPROVAL: _ResearchPhase.ValueType  # 12
+    """The run waits for ApproveRun or RejectRun."""
 
 class ResearchPhase(_ResearchPhase, metaclass=_ResearchPhaseEnumTypeWrapper): ...
 
@@ -122,6 +270,16 @@ RESEARCH_PHASE_WORKER_RESEARCHING: ResearchPhase.ValueType  # 4
 RESEARCH_PHASE_WORKER_COMPLETED: ResearchPhase.ValueType  # 5
 RESEARCH_PHASE_WORKER_FAILED: ResearchPhase.ValueType  # 6
 RESEARCH_PHASE_SYNTHESIZING: ResearchPhase.ValueType  # 7
+RESEARCH_PHASE_VERIFYING_CLAIMS: ResearchPhase.ValueType  # 8
+"""Blind claim-verifiers judge the findings the report may cite."""
+RESEARCH_PHASE_AUDITING: ResearchPhase.ValueType  # 9
+"""Citation auditors judge the draft's cited sentences."""
+RESEARCH_PHASE_REVISING: ResearchPhase.ValueType  # 10
+"""The supervisor rewrites sentences objected to."""
+RESEARCH_PHASE_ADJUDICATING: ResearchPhase.ValueType  # 11
+"""An adjudicator decides an objection."""
+RESEARCH_PHASE_AWAITING_APPROVAL: ResearchPhase.ValueType  # 12
+"""The run waits for ApproveRun or RejectRun."""
 Global___ResearchPhase: _TypeAlias = ResearchPhase  # noqa: Y015
 
 @_typing.final
@@ -133,6 +291,9 @@ class RunOptions(_message.Message):
     MAX_PARALLEL_DELEGATIONS_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    VERIFICATION_FIELD_NUMBER: _builtins.int
+    REQUIRE_APPROVAL_FIELD_NUMBER: _builtins.int
+    MAX_REVISION_ROUNDS_FIELD_NUMBER: _builtins.int
     max_supervisor_turns: _builtins.int
     """Bound on supervisor turns; 0 means the default (12)."""
     max_worker_turns: _builtins.int
@@ -142,6 +303,15 @@ class RunOptions(_message.Message):
     max_tokens: _builtins.int
     """Token budget for the whole run, all tiers; 0 means unbounded. Once reached,
     no new delegation starts and the report is written from what exists.
+    """
+    verification: Global___VerificationMode.ValueType
+    require_approval: _builtins.bool
+    """When true, the run does not complete by itself: once verified it waits in
+    RUN_STATE_AWAITING_APPROVAL for ApproveRun or RejectRun.
+    """
+    max_revision_rounds: _builtins.int
+    """Bound on the rounds in which the supervisor revises sentences objected to; 0 means the
+    default (2). An objection still open after them goes to an adjudicator.
     """
     @_builtins.property
     def timeout(self) -> _duration_pb2.Duration:
@@ -155,10 +325,13 @@ class RunOptions(_message.Message):
         max_parallel_delegations: _builtins.int = ...,
         timeout: _duration_pb2.Duration | None = ...,
         max_tokens: _builtins.int = ...,
+        verification: Global___VerificationMode.ValueType = ...,
+        require_approval: _builtins.bool = ...,
+        max_revision_rounds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_parallel_delegations", b"max_parallel_delegations", "max_supervisor_turns", b"max_supervisor_turns", "max_tokens", b"max_tokens", "max_worker_turns", b"max_worker_turns", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_parallel_delegations", b"max_parallel_delegations", "max_revision_rounds", b"max_revision_rounds", "max_supervisor_turns", b"max_supervisor_turns", "max_tokens", b"max_tokens", "max_worker_turns", b"max_worker_turns", "require_approval", b"require_approval", "timeout", b"timeout", "verification", b"verification"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -173,22 +346,28 @@ class RunUsage(_message.Message):
     SUPERVISOR_FIELD_NUMBER: _builtins.int
     WORKERS_FIELD_NUMBER: _builtins.int
     TOTAL_FIELD_NUMBER: _builtins.int
+    VERIFICATION_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def supervisor(self) -> _common_pb2.Usage: ...
     @_builtins.property
     def workers(self) -> _common_pb2.Usage: ...
     @_builtins.property
     def total(self) -> _common_pb2.Usage: ...
+    @_builtins.property
+    def verification(self) -> _common_pb2.Usage:
+        """The part of `workers` spent verifying: claim-verifiers, citation auditors, adjudicators."""
+
     def __init__(
         self,
         *,
         supervisor: _common_pb2.Usage | None = ...,
         workers: _common_pb2.Usage | None = ...,
         total: _common_pb2.Usage | None = ...,
+        verification: _common_pb2.Usage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["supervisor", b"supervisor", "total", b"total", "workers", b"workers"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["supervisor", b"supervisor", "total", b"total", "verification", b"verification", "workers", b"workers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["supervisor", b"supervisor", "total", b"total", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["supervisor", b"supervisor", "total", b"total", "verification", b"verification", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -203,6 +382,7 @@ class Citation(_message.Message):
     TITLE_FIELD_NUMBER: _builtins.int
     EXCERPT_FIELD_NUMBER: _builtins.int
     SCRATCHPAD_SEQUENCE_NO_FIELD_NUMBER: _builtins.int
+    JUDGEMENT_FIELD_NUMBER: _builtins.int
     number: _builtins.int
     """The [n] marker used in the report text."""
     url: _builtins.str
@@ -210,6 +390,8 @@ class Citation(_message.Message):
     excerpt: _builtins.str
     scratchpad_sequence_no: _builtins.int
     """The scratchpad entry the citation comes from."""
+    judgement: Global___ClaimJudgement.ValueType
+    """How a blind claim-verifier judged that finding; unspecified when the run did not verify."""
     def __init__(
         self,
         *,
@@ -218,10 +400,11 @@ class Citation(_message.Message):
         title: _builtins.str = ...,
         excerpt: _builtins.str = ...,
         scratchpad_sequence_no: _builtins.int = ...,
+        judgement: Global___ClaimJudgement.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["excerpt", b"excerpt", "number", b"number", "scratchpad_sequence_no", b"scratchpad_sequence_no", "title", b"title", "url", b"url"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["excerpt", b"excerpt", "judgement", b"judgement", "number", b"number", "scratchpad_sequence_no", b"scratchpad_sequence_no", "title", b"title", "url", b"url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -334,6 +517,7 @@ class Run(_message.Message):
     END_TIME_FIELD_NUMBER: _builtins.int
     CANCEL_REASON_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
+    VERIFICATION_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     question: _builtins.str
     state: Global___RunState.ValueType
@@ -368,6 +552,12 @@ class Run(_message.Message):
     def warnings(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunWarning]:
         """Set when state is RUN_STATE_SUCCEEDED: the same warnings as the run's RunCompletedEvent."""
 
+    @_builtins.property
+    def verification(self) -> Global___Verification:
+        """How the report was verified, as folded from the run's research ledger; set once verification
+        has begun (in RUN_STATE_AWAITING_APPROVAL it lists the objections still open).
+        """
+
     def __init__(
         self,
         *,
@@ -386,14 +576,234 @@ class Run(_message.Message):
         end_time: _timestamp_pb2.Timestamp | None = ...,
         cancel_reason: _builtins.str = ...,
         warnings: _abc.Iterable[Global___RunWarning] | None = ...,
+        verification: Global___Verification | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "error", b"error", "options", b"options", "report", b"report", "start_time", b"start_time", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "error", b"error", "options", b"options", "report", b"report", "start_time", b"start_time", "usage", b"usage", "verification", b"verification"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_reason", b"cancel_reason", "create_time", b"create_time", "end_time", b"end_time", "error", b"error", "labels", b"labels", "last_sequence_no", b"last_sequence_no", "options", b"options", "question", b"question", "report", b"report", "run_id", b"run_id", "scratchpad_thread_id", b"scratchpad_thread_id", "start_time", b"start_time", "state", b"state", "usage", b"usage", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_reason", b"cancel_reason", "create_time", b"create_time", "end_time", b"end_time", "error", b"error", "labels", b"labels", "last_sequence_no", b"last_sequence_no", "options", b"options", "question", b"question", "report", b"report", "run_id", b"run_id", "scratchpad_thread_id", b"scratchpad_thread_id", "start_time", b"start_time", "state", b"state", "usage", b"usage", "verification", b"verification", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Run: _TypeAlias = Run  # noqa: Y015
+
+@_typing.final
+class FindingCheck(_message.Message):
+    """One finding and how it was verified."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FINDING_SEQUENCE_NO_FIELD_NUMBER: _builtins.int
+    CLAIM_FIELD_NUMBER: _builtins.int
+    JUDGEMENT_FIELD_NUMBER: _builtins.int
+    VERDICT_SEQUENCE_NO_FIELD_NUMBER: _builtins.int
+    RATIONALE_FIELD_NUMBER: _builtins.int
+    QUOTE_URL_FIELD_NUMBER: _builtins.int
+    QUOTE_EXCERPT_FIELD_NUMBER: _builtins.int
+    CITABLE_FIELD_NUMBER: _builtins.int
+    finding_sequence_no: _builtins.int
+    claim: _builtins.str
+    judgement: Global___ClaimJudgement.ValueType
+    verdict_sequence_no: _builtins.int
+    """The verdict entry; 0 when the finding is unverified."""
+    rationale: _builtins.str
+    quote_url: _builtins.str
+    """The passage the verifier itself read and quoted, when it quoted one."""
+    quote_excerpt: _builtins.str
+    citable: _builtins.bool
+    """Whether the report may cite it: supported or partially supported."""
+    def __init__(
+        self,
+        *,
+        finding_sequence_no: _builtins.int = ...,
+        claim: _builtins.str = ...,
+        judgement: Global___ClaimJudgement.ValueType = ...,
+        verdict_sequence_no: _builtins.int = ...,
+        rationale: _builtins.str = ...,
+        quote_url: _builtins.str = ...,
+        quote_excerpt: _builtins.str = ...,
+        citable: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["citable", b"citable", "claim", b"claim", "finding_sequence_no", b"finding_sequence_no", "judgement", b"judgement", "quote_excerpt", b"quote_excerpt", "quote_url", b"quote_url", "rationale", b"rationale", "verdict_sequence_no", b"verdict_sequence_no"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FindingCheck: _TypeAlias = FindingCheck  # noqa: Y015
+
+@_typing.final
+class SentenceCheck(_message.Message):
+    """One cited sentence of the report and how it was audited."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SENTENCE_INDEX_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    FINDING_SEQUENCE_NOS_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    AUDIT_SEQUENCE_NOS_FIELD_NUMBER: _builtins.int
+    sentence_index: _builtins.int
+    """Its position among the draft report's sentences, from 0."""
+    text: _builtins.str
+    """The sentence as the report has it (its last revision), or as it was before removal."""
+    status: Global___SentenceStatus.ValueType
+    @_builtins.property
+    def finding_sequence_nos(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def audit_sequence_nos(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The audit entries that judged it, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        sentence_index: _builtins.int = ...,
+        text: _builtins.str = ...,
+        finding_sequence_nos: _abc.Iterable[_builtins.int] | None = ...,
+        status: Global___SentenceStatus.ValueType = ...,
+        audit_sequence_nos: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_sequence_nos", b"audit_sequence_nos", "finding_sequence_nos", b"finding_sequence_nos", "sentence_index", b"sentence_index", "status", b"status", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SentenceCheck: _TypeAlias = SentenceCheck  # noqa: Y015
+
+@_typing.final
+class ObjectionState(_message.Message):
+    """An objection an audit raised against a sentence, and how it ended."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBJECTION_SEQUENCE_NO_FIELD_NUMBER: _builtins.int
+    SENTENCE_INDEX_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    ADJUDICATION_SEQUENCE_NO_FIELD_NUMBER: _builtins.int
+    RESOLUTION_SEQUENCE_NO_FIELD_NUMBER: _builtins.int
+    objection_sequence_no: _builtins.int
+    sentence_index: _builtins.int
+    reason: _builtins.str
+    status: Global___ObjectionStatus.ValueType
+    adjudication_sequence_no: _builtins.int
+    """The adjudication that decided it, if one did."""
+    resolution_sequence_no: _builtins.int
+    """The supervisor's resolution entry, once it is resolved."""
+    def __init__(
+        self,
+        *,
+        objection_sequence_no: _builtins.int = ...,
+        sentence_index: _builtins.int = ...,
+        reason: _builtins.str = ...,
+        status: Global___ObjectionStatus.ValueType = ...,
+        adjudication_sequence_no: _builtins.int = ...,
+        resolution_sequence_no: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adjudication_sequence_no", b"adjudication_sequence_no", "objection_sequence_no", b"objection_sequence_no", "reason", b"reason", "resolution_sequence_no", b"resolution_sequence_no", "sentence_index", b"sentence_index", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ObjectionState: _TypeAlias = ObjectionState  # noqa: Y015
+
+@_typing.final
+class Contradiction(_message.Message):
+    """A finding a verifier found contradicted by what a page says: both sides, as read."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FINDING_SEQUENCE_NO_FIELD_NUMBER: _builtins.int
+    CLAIM_FIELD_NUMBER: _builtins.int
+    FINDING_URL_FIELD_NUMBER: _builtins.int
+    FINDING_EXCERPT_FIELD_NUMBER: _builtins.int
+    CONTRADICTING_URL_FIELD_NUMBER: _builtins.int
+    CONTRADICTING_EXCERPT_FIELD_NUMBER: _builtins.int
+    RATIONALE_FIELD_NUMBER: _builtins.int
+    VERDICT_SEQUENCE_NO_FIELD_NUMBER: _builtins.int
+    finding_sequence_no: _builtins.int
+    claim: _builtins.str
+    finding_url: _builtins.str
+    """What the finding cites."""
+    finding_excerpt: _builtins.str
+    contradicting_url: _builtins.str
+    """What the verifier read that says otherwise."""
+    contradicting_excerpt: _builtins.str
+    rationale: _builtins.str
+    verdict_sequence_no: _builtins.int
+    def __init__(
+        self,
+        *,
+        finding_sequence_no: _builtins.int = ...,
+        claim: _builtins.str = ...,
+        finding_url: _builtins.str = ...,
+        finding_excerpt: _builtins.str = ...,
+        contradicting_url: _builtins.str = ...,
+        contradicting_excerpt: _builtins.str = ...,
+        rationale: _builtins.str = ...,
+        verdict_sequence_no: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim", b"claim", "contradicting_excerpt", b"contradicting_excerpt", "contradicting_url", b"contradicting_url", "finding_excerpt", b"finding_excerpt", "finding_sequence_no", b"finding_sequence_no", "finding_url", b"finding_url", "rationale", b"rationale", "verdict_sequence_no", b"verdict_sequence_no"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Contradiction: _TypeAlias = Contradiction  # noqa: Y015
+
+@_typing.final
+class Verification(_message.Message):
+    """A run's verification, folded from its research ledger."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENABLED_FIELD_NUMBER: _builtins.int
+    FINDINGS_FIELD_NUMBER: _builtins.int
+    SENTENCES_FIELD_NUMBER: _builtins.int
+    OBJECTIONS_FIELD_NUMBER: _builtins.int
+    CONTRADICTIONS_FIELD_NUMBER: _builtins.int
+    SUPPORTED_CLAIMS_FIELD_NUMBER: _builtins.int
+    REMOVED_CLAIMS_FIELD_NUMBER: _builtins.int
+    CONTESTED_CLAIMS_FIELD_NUMBER: _builtins.int
+    REVISION_ROUNDS_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    supported_claims: _builtins.int
+    """Sentences in the final report that verification supports (sound, revised or upheld)."""
+    removed_claims: _builtins.int
+    """Sentences removed from the report."""
+    contested_claims: _builtins.int
+    """Claims reported as a disagreement between sources (contradicted findings)."""
+    revision_rounds: _builtins.int
+    """Revision rounds the supervisor used."""
+    @_builtins.property
+    def findings(self) -> _containers.RepeatedCompositeFieldContainer[Global___FindingCheck]: ...
+    @_builtins.property
+    def sentences(self) -> _containers.RepeatedCompositeFieldContainer[Global___SentenceCheck]: ...
+    @_builtins.property
+    def objections(self) -> _containers.RepeatedCompositeFieldContainer[Global___ObjectionState]: ...
+    @_builtins.property
+    def contradictions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Contradiction]: ...
+    def __init__(
+        self,
+        *,
+        enabled: _builtins.bool = ...,
+        findings: _abc.Iterable[Global___FindingCheck] | None = ...,
+        sentences: _abc.Iterable[Global___SentenceCheck] | None = ...,
+        objections: _abc.Iterable[Global___ObjectionState] | None = ...,
+        contradictions: _abc.Iterable[Global___Contradiction] | None = ...,
+        supported_claims: _builtins.int = ...,
+        removed_claims: _builtins.int = ...,
+        contested_claims: _builtins.int = ...,
+        revision_rounds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["contested_claims", b"contested_claims", "contradictions", b"contradictions", "enabled", b"enabled", "findings", b"findings", "objections", b"objections", "removed_claims", b"removed_claims", "revision_rounds", b"revision_rounds", "sentences", b"sentences", "supported_claims", b"supported_claims"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Verification: _TypeAlias = Verification  # noqa: Y015
 
 @_typing.final
 class StartRunRequest(_message.Message):
@@ -696,6 +1106,7 @@ class RunCompletedEvent(_message.Message):
     TOKEN_BUDGET_EXHAUSTED_FIELD_NUMBER: _builtins.int
     TURN_BUDGET_EXHAUSTED_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
+    VERIFICATION_FIELD_NUMBER: _builtins.int
     removed_citations: _builtins.int
     """Citations in the draft that resolved to no verified source and were removed."""
     token_budget_exhausted: _builtins.bool
@@ -714,6 +1125,10 @@ class RunCompletedEvent(_message.Message):
         (the run still succeeded: see RunWarningCode).
         """
 
+    @_builtins.property
+    def verification(self) -> Global___Verification:
+        """How the report was verified (claims, sentences, objections, contradictions, counts)."""
+
     def __init__(
         self,
         *,
@@ -723,10 +1138,11 @@ class RunCompletedEvent(_message.Message):
         token_budget_exhausted: _builtins.bool = ...,
         turn_budget_exhausted: _builtins.bool = ...,
         warnings: _abc.Iterable[Global___RunWarning] | None = ...,
+        verification: Global___Verification | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["report", b"report", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["report", b"report", "usage", b"usage", "verification", b"verification"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed_citations", b"removed_citations", "report", b"report", "token_budget_exhausted", b"token_budget_exhausted", "turn_budget_exhausted", b"turn_budget_exhausted", "usage", b"usage", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed_citations", b"removed_citations", "report", b"report", "token_budget_exhausted", b"token_budget_exhausted", "turn_budget_exhausted", b"turn_budget_exhausted", "usage", b"usage", "verification", b"verification", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -915,3 +1331,89 @@ class CancelRunResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelRunResponse: _TypeAlias = CancelRunResponse  # noqa: Y015
+
+@_typing.final
+class ApproveRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    COMMENT_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    comment: _builtins.str
+    """Kept with the run's ledger as the approver's note."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        comment: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["comment", b"comment", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApproveRunRequest: _TypeAlias = ApproveRunRequest  # noqa: Y015
+
+@_typing.final
+class ApproveRunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> Global___Run: ...
+    def __init__(
+        self,
+        *,
+        run: Global___Run | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApproveRunResponse: _TypeAlias = ApproveRunResponse  # noqa: Y015
+
+@_typing.final
+class RejectRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    reason: _builtins.str
+    """Why: the run's error message."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RejectRunRequest: _TypeAlias = RejectRunRequest  # noqa: Y015
+
+@_typing.final
+class RejectRunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> Global___Run: ...
+    def __init__(
+        self,
+        *,
+        run: Global___Run | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RejectRunResponse: _TypeAlias = RejectRunResponse  # noqa: Y015

@@ -60,6 +60,16 @@ class SupervisorServiceStub:
                 request_serializer=quarry_dot_v1_dot_supervisor__pb2.CancelRunRequest.SerializeToString,
                 response_deserializer=quarry_dot_v1_dot_supervisor__pb2.CancelRunResponse.FromString,
                 _registered_method=True)
+        self.ApproveRun = channel.unary_unary(
+                '/quarry.v1.SupervisorService/ApproveRun',
+                request_serializer=quarry_dot_v1_dot_supervisor__pb2.ApproveRunRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_supervisor__pb2.ApproveRunResponse.FromString,
+                _registered_method=True)
+        self.RejectRun = channel.unary_unary(
+                '/quarry.v1.SupervisorService/RejectRun',
+                request_serializer=quarry_dot_v1_dot_supervisor__pb2.RejectRunRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_supervisor__pb2.RejectRunResponse.FromString,
+                _registered_method=True)
 
 
 class SupervisorServiceServicer:
@@ -100,6 +110,22 @@ class SupervisorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ApproveRun(self, request, context):
+        """Approves a run in RUN_STATE_AWAITING_APPROVAL: it completes with its report. Approving a run
+        that the same decision already ended returns it; a run in any other state is FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RejectRun(self, request, context):
+        """Rejects a run in RUN_STATE_AWAITING_APPROVAL: it ends failed, with RUN_ERROR_CODE_REJECTED and
+        the reason given. Rejecting a run already rejected returns it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SupervisorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +153,16 @@ def add_SupervisorServiceServicer_to_server(servicer, server):
                     servicer.CancelRun,
                     request_deserializer=quarry_dot_v1_dot_supervisor__pb2.CancelRunRequest.FromString,
                     response_serializer=quarry_dot_v1_dot_supervisor__pb2.CancelRunResponse.SerializeToString,
+            ),
+            'ApproveRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApproveRun,
+                    request_deserializer=quarry_dot_v1_dot_supervisor__pb2.ApproveRunRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_supervisor__pb2.ApproveRunResponse.SerializeToString,
+            ),
+            'RejectRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.RejectRun,
+                    request_deserializer=quarry_dot_v1_dot_supervisor__pb2.RejectRunRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_supervisor__pb2.RejectRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -265,6 +301,60 @@ class SupervisorService:
             '/quarry.v1.SupervisorService/CancelRun',
             quarry_dot_v1_dot_supervisor__pb2.CancelRunRequest.SerializeToString,
             quarry_dot_v1_dot_supervisor__pb2.CancelRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApproveRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.SupervisorService/ApproveRun',
+            quarry_dot_v1_dot_supervisor__pb2.ApproveRunRequest.SerializeToString,
+            quarry_dot_v1_dot_supervisor__pb2.ApproveRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RejectRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.SupervisorService/RejectRun',
+            quarry_dot_v1_dot_supervisor__pb2.RejectRunRequest.SerializeToString,
+            quarry_dot_v1_dot_supervisor__pb2.RejectRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

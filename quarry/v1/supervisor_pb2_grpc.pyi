@@ -43,6 +43,14 @@ class SupervisorServiceStub:
     ListRuns: _grpc.UnaryUnaryMultiCallable[_supervisor_pb2.ListRunsRequest, _supervisor_pb2.ListRunsResponse]
     CancelRun: _grpc.UnaryUnaryMultiCallable[_supervisor_pb2.CancelRunRequest, _supervisor_pb2.CancelRunResponse]
     """Cancels a run that has not ended; a no-op on an ended run."""
+    ApproveRun: _grpc.UnaryUnaryMultiCallable[_supervisor_pb2.ApproveRunRequest, _supervisor_pb2.ApproveRunResponse]
+    """Approves a run in RUN_STATE_AWAITING_APPROVAL: it completes with its report. Approving a run
+    that the same decision already ended returns it; a run in any other state is FAILED_PRECONDITION.
+    """
+    RejectRun: _grpc.UnaryUnaryMultiCallable[_supervisor_pb2.RejectRunRequest, _supervisor_pb2.RejectRunResponse]
+    """Rejects a run in RUN_STATE_AWAITING_APPROVAL: it ends failed, with RUN_ERROR_CODE_REJECTED and
+    the reason given. Rejecting a run already rejected returns it.
+    """
 
 @_typing.type_check_only
 class SupervisorServiceAsyncStub(SupervisorServiceStub):
@@ -59,6 +67,14 @@ class SupervisorServiceAsyncStub(SupervisorServiceStub):
     ListRuns: _aio.UnaryUnaryMultiCallable[_supervisor_pb2.ListRunsRequest, _supervisor_pb2.ListRunsResponse]  # type: ignore[assignment]
     CancelRun: _aio.UnaryUnaryMultiCallable[_supervisor_pb2.CancelRunRequest, _supervisor_pb2.CancelRunResponse]  # type: ignore[assignment]
     """Cancels a run that has not ended; a no-op on an ended run."""
+    ApproveRun: _aio.UnaryUnaryMultiCallable[_supervisor_pb2.ApproveRunRequest, _supervisor_pb2.ApproveRunResponse]  # type: ignore[assignment]
+    """Approves a run in RUN_STATE_AWAITING_APPROVAL: it completes with its report. Approving a run
+    that the same decision already ended returns it; a run in any other state is FAILED_PRECONDITION.
+    """
+    RejectRun: _aio.UnaryUnaryMultiCallable[_supervisor_pb2.RejectRunRequest, _supervisor_pb2.RejectRunResponse]  # type: ignore[assignment]
+    """Rejects a run in RUN_STATE_AWAITING_APPROVAL: it ends failed, with RUN_ERROR_CODE_REJECTED and
+    the reason given. Rejecting a run already rejected returns it.
+    """
 
 class SupervisorServiceServicer(metaclass=_abc_1.ABCMeta):
     """The public research API: start a run, follow its events, fetch the report."""
@@ -102,5 +118,25 @@ class SupervisorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_supervisor_pb2.CancelRunResponse, _abc.Awaitable[_supervisor_pb2.CancelRunResponse]]:
         """Cancels a run that has not ended; a no-op on an ended run."""
+
+    @_abc_1.abstractmethod
+    def ApproveRun(
+        self,
+        request: _supervisor_pb2.ApproveRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_supervisor_pb2.ApproveRunResponse, _abc.Awaitable[_supervisor_pb2.ApproveRunResponse]]:
+        """Approves a run in RUN_STATE_AWAITING_APPROVAL: it completes with its report. Approving a run
+        that the same decision already ended returns it; a run in any other state is FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def RejectRun(
+        self,
+        request: _supervisor_pb2.RejectRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_supervisor_pb2.RejectRunResponse, _abc.Awaitable[_supervisor_pb2.RejectRunResponse]]:
+        """Rejects a run in RUN_STATE_AWAITING_APPROVAL: it ends failed, with RUN_ERROR_CODE_REJECTED and
+        the reason given. Rejecting a run already rejected returns it.
+        """
 
 def add_SupervisorServiceServicer_to_server(servicer: SupervisorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,1 @@
+"""Verified research: blind claim verification, citation audit, objections, revision and adjudication."""
