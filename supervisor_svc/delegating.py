@@ -30,6 +30,7 @@ from quarry.research_plane import ResearchPlane
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc.budget import RunAccount, TokenBudget
+from supervisor_svc.ledger import RunLedger
 from supervisor_svc.model import DelegationOrder, ResearchPhase
 from supervisor_svc.publishing import RunPublisher
 from supervisor_svc.tools import DELEGATE_TOOL, DelegateParams
@@ -90,6 +91,7 @@ class Delegator:
         account: RunAccount,
         budget: TokenBudget,
         publisher: RunPublisher,
+        ledger: RunLedger,
     ) -> None:
         self._run_id = run_id
         self._thread_id = thread_id
@@ -102,6 +104,7 @@ class Delegator:
         self._account = account
         self._budget = budget
         self._publisher = publisher
+        self._ledger = ledger
         self._ordered = 0
         self.dispatched = 0  # delegations that went out to a worker (not those the budget refused)
         self._expected: set[str] = set()  # this turn's delegate calls that will run and have not ended
@@ -163,7 +166,12 @@ class Delegator:
                     return None
                 self.dispatched += 1
                 ways = min(max(sharing(), 1), self._parallel)
-                result = await self._run(self._order(contract, key, delegation_id, ways))
+                order = self._order(contract, key, delegation_id, ways)
+                await self._ledger.assigned(
+                    delegation_id, contract.role, contract.objective, contract.criteria, contract.input_refs
+                )
+                result = await self._run(order)
+                await self._ledger.used(result)
             span.set_attribute("quarry.delegation.outcome", result.outcome_label)
             if not result.succeeded:
                 span.set_status(trace.Status(trace.StatusCode.ERROR, result.error_message[:200]))
@@ -210,6 +218,9 @@ class Delegator:
                 order,
                 deadline_seconds=max(order.timeout_seconds, 1.0) + _DEADLINE_GRACE_SECONDS,
                 on_turn=turn_started,
+                on_started=lambda worker_id, tier, model: self._ledger.routed(
+                    order.delegation_id, worker_id, tier, model
+                ),
             )
         finally:
             await announced

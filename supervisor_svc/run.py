@@ -34,6 +34,7 @@ from quarry.telemetry import tracer
 from quarry.vocabulary import EntryKind
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.delegating import Delegator
+from supervisor_svc.ledger import RunLedger
 from supervisor_svc.model import DEFAULT_SUPERVISOR_TURNS, ResearchPhase, RunErrorCode, RunOutcome, RunRecord
 from supervisor_svc.publishing import RunEventLog, RunPublisher
 from supervisor_svc.store import RunEnded
@@ -175,6 +176,7 @@ class ResearchRun:
             account=self._account,
             budget=self._budget,
             publisher=self._publisher,
+            ledger=RunLedger(self._deps.scratchpad, self.run_id, self.record.scratchpad_thread_id),
         )
         conversation_id = f"sup-{self.run_id}"
         opening = [

@@ -27,9 +27,9 @@ from typing import Any
 import grpc
 
 from quarry.client import Dialer
-from quarry.convert import ROLES, delegation_result_from_proto, duration
+from quarry.convert import ROLES, TIERS, delegation_result_from_proto, duration
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from quarry.vocabulary import DelegationResult
+from quarry.vocabulary import DelegationResult, Tier
 from supervisor_svc.model import DelegationOrder
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,8 @@ RECONNECT_WAIT_SECONDS = 10.0
 EventListener = Callable[[worker_pb2.DelegateResponse], Awaitable[None] | None]
 # Told each worker turn as it starts: (turn, max_turns, the id of the worker running it).
 TurnListener = Callable[[int, int, str], Awaitable[None]]
+# Told once a worker has taken the delegation: (its id, the tier it runs on, that tier's model).
+StartListener = Callable[[str, Tier | None, str], Awaitable[None]]
 
 # Refusals that happen before a worker starts anything: another worker may take the delegation.
 _TRY_ELSEWHERE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -113,7 +115,14 @@ class DelegationClient:
         for channel in self._channels:
             await channel.close(None)
 
-    async def run(self, order: DelegationOrder, *, deadline_seconds: float, on_turn: TurnListener) -> DelegationResult:
+    async def run(
+        self,
+        order: DelegationOrder,
+        *,
+        deadline_seconds: float,
+        on_turn: TurnListener,
+        on_started: StartListener | None = None,
+    ) -> DelegationResult:
         """`delegate` in the supervisor's own terms."""
         worker_id = ""
 
@@ -121,7 +130,10 @@ class DelegationClient:
             nonlocal worker_id
             event, progress = response.WhichOneof("event"), response.progress
             if event == "started":
-                worker_id = response.started.worker_id
+                started = response.started
+                worker_id = started.worker_id
+                if on_started is not None:
+                    await on_started(worker_id, TIERS.from_proto(started.tier), started.model)
             elif event == "progress" and progress.kind == worker_pb2.PROGRESS_KIND_TURN_STARTED:
                 await on_turn(progress.turn, progress.max_turns, worker_id)
 

@@ -14,15 +14,19 @@ from pydantic import ValidationError
 from quarry.agent.messages import ToolCall
 from quarry.agent.usage import Usage
 from quarry.db import Database, upgrade_schema_async
+from quarry.identity import Role
 from quarry.notify import CommitSignal
-from quarry.vocabulary import DelegationResult
+from quarry.research_records import Assignment, ResearchRecord, RouteDecision, UsageObserved, parse_record
+from quarry.vocabulary import DelegationResult, EntryKind, Tier
 from supervisor_svc.budget import RunAccount, TokenBudget
-from supervisor_svc.delegating import Delegator
+from supervisor_svc.delegating import Contract, Delegator
+from supervisor_svc.ledger import RunLedger
 from supervisor_svc.model import DelegationOrder, StartRequest
 from supervisor_svc.publishing import RunEventLog, RunPublisher
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
 from supervisor_svc.store import RunStore
 from supervisor_svc.tools import DelegateParams
+from supervisor_svc.worker_client import StartListener
 
 RUN_ID = "run-" + "b" * 32
 
@@ -35,17 +39,30 @@ class RecordingWorkers:
         self.release: dict[str, asyncio.Event] = {}
         self.arrived = asyncio.Condition()
 
-    async def run(self, order: DelegationOrder, *, deadline_seconds: float, on_turn: object) -> DelegationResult:
+    async def run(
+        self, order: DelegationOrder, *, deadline_seconds: float, on_turn: object, on_started: StartListener
+    ) -> DelegationResult:
         gate = self.release.setdefault(order.tool_call_id, asyncio.Event())
         async with self.arrived:
             self.orders.append(order)
             self.arrived.notify_all()
+        await on_started("worker-7", Tier.WORKER, "scripted")
         await gate.wait()
         return DelegationResult(order.delegation_id, usage=Usage(100, 100, 1, 0))
 
     async def wait_for(self, count: int) -> None:
         async with self.arrived:
             await asyncio.wait_for(self.arrived.wait_for(lambda: len(self.orders) >= count), 10)
+
+
+class RecordingPlane:
+    """Stands in for the scratchpad: keeps what the ledger appends, in order."""
+
+    def __init__(self) -> None:
+        self.appended: list[tuple[EntryKind, ResearchRecord, str]] = []
+
+    async def append(self, thread_id: str, *, kind: EntryKind, content: str, request_id: str, **_: object) -> None:
+        self.appended.append((kind, parse_record(kind, content), request_id))
 
 
 @pytest.fixture
@@ -59,7 +76,9 @@ async def store(tmp_path: Path) -> AsyncIterator[RunStore]:
     await database.close()
 
 
-def desk(store: RunStore, *, parallel: int, max_tokens: int) -> tuple[Delegator, RecordingWorkers, RunAccount]:
+def desk(
+    store: RunStore, *, parallel: int, max_tokens: int, plane: RecordingPlane | None = None
+) -> tuple[Delegator, RecordingWorkers, RunAccount]:
     """A delegation desk for one run in `store`, ordering work from recording workers."""
     workers = RecordingWorkers()
     account = RunAccount()
@@ -75,6 +94,7 @@ def desk(store: RunStore, *, parallel: int, max_tokens: int) -> tuple[Delegator,
         account=account,
         budget=TokenBudget(max_tokens, account),
         publisher=publisher,
+        ledger=RunLedger(plane or RecordingPlane(), RUN_ID, RUN_ID),  # type: ignore[arg-type]
     )
     return delegator, workers, account
 
@@ -98,6 +118,36 @@ async def test_parallel_delegations_share_the_budget_left_from_the_first_one(sto
     results = await asyncio.gather(*tasks)
     assert all("succeeded" in text for text in results)
     assert account.usage().workers.tokens == 600
+
+
+async def test_every_delegation_is_assigned_routed_and_its_usage_observed_in_the_ledger_in_that_order(
+    store: RunStore,
+) -> None:
+    plane = RecordingPlane()
+    delegator, workers, account = desk(store, parallel=2, max_tokens=0, plane=plane)
+    contract = Contract(Role.VERIFIER, "Verify finding 3", ("quote exactly",), ("3", "https://a.example/p"))
+    workers.release["verify-3"] = asyncio.Event()
+    workers.release["verify-3"].set()
+    result = await delegator.assign(contract, "verify-3")
+    assert result is not None and result.succeeded
+    records = [record for _, record, _ in plane.appended]
+    assert [type(record) for record in records] == [Assignment, RouteDecision, UsageObserved]
+    assert records[0] == Assignment(
+        delegation_id=result.delegation_id,
+        role=Role.VERIFIER,
+        objective="Verify finding 3",
+        criteria=("quote exactly",),
+        input_refs=("3", "https://a.example/p"),
+    )
+    assert records[1] == RouteDecision(
+        delegation_id=result.delegation_id, worker_id="worker-7", tier=Tier.WORKER, model="scripted"
+    )
+    assert records[2] == UsageObserved(
+        delegation_id=result.delegation_id, input_tokens=100, output_tokens=100, model_calls=1
+    )
+    assert len({request_id for _, _, request_id in plane.appended}) == 3  # one idempotency key each
+    # Evidence roles' usage counts as the run's verification cost, as well as the workers'.
+    assert account.usage().verification.tokens == account.usage().workers.tokens == 200
 
 
 async def test_a_delegate_call_the_registry_will_refuse_takes_no_share(store: RunStore) -> None:

@@ -10,7 +10,9 @@ import pytest
 
 from quarry import paging
 from quarry.db import Database
-from quarry.v1 import common_pb2, supervisor_pb2, worker_pb2
+from quarry.identity import Role
+from quarry.research_records import Assignment, RouteDecision, UsageObserved
+from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from supervisor_svc.model import StartRequest
 from supervisor_svc.schema import runs
 from supervisor_svc.store import RunStore
@@ -61,6 +63,25 @@ async def test_a_run_delegates_and_reports_with_verified_citations(mesh: Mesh) -
     assert "Champ de Mars" not in str(mesh.script.requests[SUPERVISOR])  # page text stays with the worker
     assert stored.last_sequence_no == events[-1].sequence_no
     assert list(completed.warnings) == [] and list(stored.warnings) == []  # it cites a verified source
+    # The research ledger: the assignment, where it ran, what the researcher promoted, what it cost.
+    entries = await mesh.scratchpad.read_all(stored.scratchpad_thread_id)
+    assert [entry.sequence_no for entry in entries] == list(range(1, len(entries) + 1))
+    assert [entry.kind for entry in entries] == [
+        scratchpad_pb2.ENTRY_KIND_SEED,
+        scratchpad_pb2.ENTRY_KIND_ASSIGNMENT,
+        scratchpad_pb2.ENTRY_KIND_ROUTE,
+        scratchpad_pb2.ENTRY_KIND_FINDING,
+        scratchpad_pb2.ENTRY_KIND_USAGE,
+    ]
+    assignment = Assignment.parse(entries[1].content)
+    assert isinstance(assignment, Assignment)
+    assert (assignment.role, assignment.objective) == (Role.RESEARCHER, "Find the height")
+    route = RouteDecision.parse(entries[2].content)
+    assert isinstance(route, RouteDecision) and route.delegation_id == assignment.delegation_id
+    serving = {e.status.worker_id for e in events if e.HasField("status") and e.status.worker_id}
+    assert serving == {route.worker_id} and route.model == "scripted"
+    usage = UsageObserved.parse(entries[4].content)
+    assert isinstance(usage, UsageObserved) and usage.model_calls == 3  # the researcher's three scripted replies
 
 
 def answer_at_once(mesh: Mesh, report: str = "Nothing was researched.") -> None:

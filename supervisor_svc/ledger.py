@@ -1,0 +1,77 @@
+"""The run's research ledger, as the supervisor keeps it: who was asked what, where it ran, what it cost.
+
+For every delegation, researchers' and evidence roles' alike, three typed entries on the run's thread
+(quarry.research_records): the Assignment before it starts (role, contract, input refs), the
+RouteDecision once a worker has taken it (worker, tier, model), and UsageObserved when it ends (the
+token counts the model endpoint reported). What the role itself records (findings, a verdict, an audit
+and its objections, an adjudication) falls between them, so the thread reads in the order it happened.
+
+Request ids derive from the delegation, so a retried append writes nothing twice. A ledger entry that
+cannot be written is logged and the delegation goes on: the work it records is not undone by a
+scratchpad hiccup, and the entries that were written stay gap-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import grpc
+
+from quarry.errors import QuarryError
+from quarry.identity import Principal, Role
+from quarry.research_plane import ResearchPlane
+from quarry.research_records import Assignment, ResearchRecord, RouteDecision, UsageObserved
+from quarry.vocabulary import DelegationResult, Tier
+
+log = logging.getLogger(__name__)
+
+
+class RunLedger:
+    def __init__(self, scratchpad: ResearchPlane, run_id: str, thread_id: str) -> None:
+        self._scratchpad = scratchpad
+        self._run_id = run_id
+        self._thread_id = thread_id
+        self._author = Principal(run_id, Role.SUPERVISOR)
+
+    async def assigned(
+        self, delegation_id: str, role: Role, objective: str, criteria: tuple[str, ...], input_refs: tuple[str, ...]
+    ) -> None:
+        record = Assignment(
+            delegation_id=delegation_id, role=role, objective=objective, criteria=criteria, input_refs=input_refs
+        )
+        await self._write(delegation_id, "assignment", record)
+
+    async def routed(self, delegation_id: str, worker_id: str, tier: Tier | None, model: str) -> None:
+        if not worker_id or tier is None or not model:  # an older worker that does not say: nothing to record
+            return
+        await self._write(
+            delegation_id,
+            "route",
+            RouteDecision(delegation_id=delegation_id, worker_id=worker_id, tier=tier, model=model),
+        )
+
+    async def used(self, result: DelegationResult) -> None:
+        usage = result.usage
+        record = UsageObserved(
+            delegation_id=result.delegation_id,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            model_calls=usage.model_calls,
+        )
+        await self._write(result.delegation_id, "usage", record)
+
+    async def _write(self, delegation_id: str, part: str, record: ResearchRecord) -> None:
+        digest = hashlib.sha256(delegation_id.encode()).hexdigest()[:32]
+        try:
+            await self._scratchpad.append(
+                self._thread_id,
+                kind=record.entry_kind,
+                author=self._author,
+                content=record.model_dump_json(),
+                request_id=f"{self._run_id}/ledger/{digest}/{part}",
+            )
+        except (grpc.aio.AioRpcError, QuarryError) as error:
+            log.warning(
+                "run %s: could not record the %s of delegation %s: %s", self._run_id, part, delegation_id, error
+            )
