@@ -1,0 +1,114 @@
+"""A Markdown report as sentences: spans, the findings each cites, and the report rebuilt without some."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from supervisor_svc.model import Citation
+from supervisor_svc.verification.sentences import cite_findings, split_report
+
+# Sources [1] and [2] come from finding 12, [3] from finding 14.
+SOURCES = (
+    Citation(1, "https://a.example", "A", "first excerpt", 12),
+    Citation(2, "https://a.example", "A", "second excerpt", 12),
+    Citation(3, "https://b.example", "B", "third excerpt", 14),
+)
+REPORT = """# The Eiffel Tower
+
+The tower opened in 1889 [1]. It is about 3.5 times taller than, e.g. the Statue of Liberty [1, 3].
+Dr. Smith measured it in 1959. [3] Nobody disputes that!
+
+- J. Doe led the works [2].
+- A second item without a citation
+
+```
+Code. Never a sentence [1].
+```
+
+> A quoted line [3].
+"""
+
+
+def texts(markdown: str) -> list[str]:
+    return [sentence.text for sentence in split_report(markdown, SOURCES).sentences]
+
+
+def test_sentences_keep_their_markers_spans_and_findings() -> None:
+    draft = split_report(REPORT, SOURCES)
+    assert [(s.index, s.text, s.source_numbers, s.finding_sequence_nos) for s in draft.sentences] == [
+        (0, "The Eiffel Tower", (), ()),
+        (1, "The tower opened in 1889 [1].", (1,), (12,)),
+        (2, "It is about 3.5 times taller than, e.g. the Statue of Liberty [1, 3].", (1, 3), (12, 14)),
+        (3, "Dr. Smith measured it in 1959. [3]", (3,), (14,)),
+        (4, "Nobody disputes that!", (), ()),
+        (5, "J. Doe led the works [2].", (2,), (12,)),
+        (6, "A second item without a citation", (), ()),
+        (7, "A quoted line [3].", (3,), (14,)),
+    ]
+    for sentence in draft.sentences:
+        assert " ".join(REPORT[sentence.start : sentence.end].split()) == sentence.text
+    assert [s.index for s in draft.cited()] == [1, 2, 3, 5, 7]
+
+
+@pytest.mark.parametrize(
+    ("markdown", "expected"),
+    [
+        ("It rose (see [1].) Then it fell [2].", ["It rose (see [1].)", "Then it fell [2]."]),
+        ('He said "it is tall." It is [1].', ['He said "it is tall."', "It is [1]."]),
+        (
+            "Heights vary, i.e. by season [1]. Really? Yes [2].",
+            ["Heights vary, i.e. by season [1].", "Really?", "Yes [2]."],
+        ),
+        (
+            "Version 2.0 shipped [1]. See example.com for more.",
+            ["Version 2.0 shipped [1].", "See example.com for more."],
+        ),
+        ("It rose in 1889. it stayed [1].", ["It rose in 1889. it stayed [1]."]),
+        ("**Height.** It is tall [1].", ["**Height.**", "It is tall [1]."]),
+        ("A line\nrunning on [1]. Next.", ["A line running on [1].", "Next."]),
+        ("1. First item [1].\n2. Second item [2].", ["First item [1].", "Second item [2]."]),
+        ("---\n\n| a | b [1] |\n|---|---|\n", ["| a | b [1] |"]),
+    ],
+)
+def test_splitting_is_robust(markdown: str, expected: list[str]) -> None:
+    assert texts(markdown) == expected
+
+
+def test_a_marker_naming_no_source_cites_nothing() -> None:
+    (sentence,) = split_report("It is tall [7].", SOURCES).sentences
+    assert (sentence.source_numbers, sentence.cited) == ((), False)
+
+
+def test_markers_are_rewritten_as_the_findings_they_cite() -> None:
+    sources = {s.number: s for s in SOURCES}
+    assert (
+        cite_findings("Tall [1, 2] and old [3]; not [9].", sources) == "Tall [finding 12] and old [finding 14]; not ."
+    )
+    assert cite_findings("Both [1-3].", sources) == "Both [findings 12, 14]."
+
+
+def test_the_report_is_rebuilt_with_sentences_replaced_and_removed() -> None:
+    draft = split_report(REPORT, SOURCES)
+    rebuilt = draft.rebuild({1: "The tower opened in May 1889 [2]."}, removed={2, 4, 5, 7})
+    assert rebuilt == (
+        "# The Eiffel Tower\n\n"
+        "The tower opened in May 1889 [2].\nDr. Smith measured it in 1959. [3]\n\n"
+        "- A second item without a citation\n\n"
+        "```\nCode. Never a sentence [1].\n```\n"
+    )
+    # A paragraph removed whole takes its blank line with it; nothing changed gives the report back.
+    assert draft.rebuild({}, removed={1, 2, 3, 4}) == REPORT.replace(
+        "The tower opened in 1889 [1]. It is about 3.5 times taller than, e.g. the Statue of Liberty [1, 3].\n"
+        "Dr. Smith measured it in 1959. [3] Nobody disputes that!\n\n",
+        "",
+    )
+    assert draft.rebuild({}, ()) == REPORT
+
+
+def test_splitting_is_linear_in_the_report() -> None:
+    hostile = ("." * 5000 + "[" + "1" * 5000 + " ") * 20 + "e.g. " * 20000 + "x. y " * 50000
+    started = time.perf_counter()
+    split_report(hostile, SOURCES)
+    assert time.perf_counter() - started < 2.0
