@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 
 from quarry.research_records import ClaimJudgement
-from supervisor_svc.model import Citation
+from supervisor_svc.model import Citation, Report
 from supervisor_svc.verification.sentences import MARKER
 from supervisor_svc.verification.state import ObjectionState, SentenceCheck, SentenceStatus, Verification
 
@@ -61,6 +62,15 @@ def verification_sections(verification: Verification, citations: Sequence[Citati
             )
         )
     return "\n\n".join(parts) + "\n"
+
+
+def with_verification(report: Report, verification: Verification) -> Report:
+    """The final report: the reviewed text, then the sections above (the report as it was when not verified)."""
+    sections = verification_sections(verification, report.citations)
+    if not sections:
+        return report
+    body = report.markdown.rstrip()
+    return replace(report, markdown=f"{body}\n\n{sections}" if body else sections)
 
 
 def _number(citation: Citation) -> int:

@@ -54,6 +54,7 @@ MAX_AUDITED_SENTENCES = 50
 MAX_FINDINGS_PER_SENTENCE = 19
 # Bounds on what one prompt carries.
 _MAX_SENTENCE_CHARS = 2000
+_MAX_QUESTION_CHARS = 4000
 _MAX_SOURCES_SHOWN = 100
 _MAX_EXCERPT_CHARS = 400
 _MAX_REASON_CHARS = 4000
@@ -68,6 +69,10 @@ REVISER_INSTRUCTIONS = (
     "Answer with nothing else: no preamble, no quotes around the sentence."
 )
 _CONTEST = "ADJUDICATE:"
+_REMOVED_BECAUSE = {
+    AdjudicationDecision.REJECT: "the adjudicator rejected the sentence",
+    AdjudicationDecision.REVISE: "the adjudicator asked for a revision and no round was left",
+}
 _WITHDRAW = "REMOVE"
 
 AUDIT_CRITERIA = (
@@ -110,8 +115,7 @@ class _Tracked:
 
     sentence: Sentence
     text: str  # as the report has it now (its last revision)
-    source_numbers: tuple[int, ...]
-    findings: tuple[int, ...]
+    findings: tuple[int, ...]  # the findings that text cites
     status: SentenceStatus = SentenceStatus.UNAUDITED
     audits: list[int] = field(default_factory=list)
     objections: list[int] = field(default_factory=list)  # oldest first; the last one is the open one
@@ -168,7 +172,7 @@ class _Review:
         thread_id: str,
         status: StatusListener,
     ) -> None:
-        self._question = question
+        self._question = question[:_MAX_QUESTION_CHARS]
         self._report = draft
         self._sources = {source.number: source for source in sources}
         self._claims = claims
@@ -187,7 +191,7 @@ class _Review:
 
     async def run(self, max_rounds: int, max_sentences: int) -> ReviewedReport:
         audited = [
-            _Tracked(s, s.text, s.source_numbers, s.finding_sequence_nos[:MAX_FINDINGS_PER_SENTENCE])
+            _Tracked(s, s.text, s.finding_sequence_nos[:MAX_FINDINGS_PER_SENTENCE])
             for s in self._draft.cited()[:max_sentences]
         ]
         if audited:
@@ -258,25 +262,25 @@ class _Review:
         answer = await self._reviser_answer(tracked, round_no)
         if answer is None:
             return  # no revision this round: the objection stays open
-        if answer == _WITHDRAW:
+        if answer.rstrip(".").upper() == _WITHDRAW:
             await self._remove(tracked, "the supervisor withdrew the sentence")
             return
-        if answer.startswith(_CONTEST):
+        if answer.upper().startswith(_CONTEST):
             # Contested: an adjudicator decides, unless one already asked for this very objection's revision.
             tracked.contest = tracked.open_objection not in tracked.adjudicated
             return
         citations = CitationFilter(self._sources)
         revised = " ".join((citations.feed(answer) + citations.finish()).split())[:_MAX_SENTENCE_CHARS]
         self._removed_citations += citations.removed
-        numbers, findings = finding_numbers(revised, self._sources)
+        _, findings = finding_numbers(revised, self._sources)
         if not findings:
             log.info("run %s: revision of sentence %d cites no source", self._run_id, tracked.index)
             return
-        before = tracked.text, tracked.source_numbers, tracked.findings
-        tracked.text, tracked.source_numbers, tracked.findings = revised, numbers, findings[:MAX_FINDINGS_PER_SENTENCE]
+        before = tracked.text, tracked.findings
+        tracked.text, tracked.findings = revised, findings[:MAX_FINDINGS_PER_SENTENCE]
         audited = await self._audit(tracked, revision=round_no, sharing=sharing)
         if audited is None:  # no auditor judged the revision: the sentence stays as it was, still objected to
-            tracked.text, tracked.source_numbers, tracked.findings = before
+            tracked.text, tracked.findings = before
             return
         tracked.advice = ""
         if audited:
@@ -313,13 +317,14 @@ class _Review:
         usage = reply.usage + Usage(model_calls=1)
         self._usage += usage
         self._budget.account.report += usage
-        answer = reply.message.content.strip()
+        # A sentence in quotes is still the sentence.
+        answer = reply.message.content.strip().strip('"\u201c\u201d').strip()
         return answer or None
 
     def _sources_listing(self) -> str:
         lines = []
         for source in list(self._sources.values())[:_MAX_SOURCES_SHOWN]:
-            claim = self._claims.get(source.sequence_no, "")
+            claim = self._claims.get(source.sequence_no, "")[:_MAX_EXCERPT_CHARS]
             excerpt = source.excerpt[:_MAX_EXCERPT_CHARS]
             lines.append(f'[{source.number}] finding {source.sequence_no}: {claim}\n    "{excerpt}" ({source.url})')
         return "\n".join(lines) or "(none)"
@@ -361,11 +366,7 @@ class _Review:
         elif adjudication.decision is AdjudicationDecision.REVISE and revision_left:
             tracked.advice = adjudication.rationale
         else:
-            why = (
-                "the adjudicator rejected the sentence"
-                if adjudication.decision is AdjudicationDecision.REJECT
-                else ("the adjudicator asked for a revision and no round was left")
-            )
+            why = _REMOVED_BECAUSE[adjudication.decision]
             await self._remove(tracked, why, adjudication_ref=sequence_no)
 
     # -- resolutions ------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from quarry.research_records import ClaimJudgement
-from supervisor_svc.model import Citation
-from supervisor_svc.verification.report import verification_sections
+from supervisor_svc.model import Citation, Report
+from supervisor_svc.verification.report import verification_sections, with_verification
 from supervisor_svc.verification.state import (
     NOT_VERIFIED,
     Contradiction,
@@ -108,3 +108,11 @@ def test_an_unverified_run_gets_no_sections_and_no_contradiction_no_disagreement
     text = verification_sections(quiet, CITATIONS)
     assert text.startswith("## How each claim was verified\n\n0 claims supported, 0 removed, 0 contested")
     assert "Where sources disagree" not in text and "citation auditor" not in text
+
+
+def test_the_final_report_is_the_reviewed_text_then_the_sections() -> None:
+    reviewed = Report("# Tower\n\nIt opened in 1889 [1].\n\n", CITATIONS, removed_citations=2)
+    final = with_verification(reviewed, VERIFICATION)
+    assert final.markdown == "# Tower\n\nIt opened in 1889 [1].\n\n" + EXPECTED
+    assert (final.citations, final.removed_citations) == (CITATIONS, 2)
+    assert with_verification(reviewed, NOT_VERIFIED) is reviewed

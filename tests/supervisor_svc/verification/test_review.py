@@ -237,11 +237,17 @@ async def test_objections_are_settled_by_revision_and_by_adjudication(desk: Desk
     assert all(o.resolution_sequence_no for o in reviewed.objections)
 
     # Blind: each auditor saw its own sentence, its markers naming findings, and no other sentence.
-    for index, own in [(1, "opened to the public in 1889 [finding 2]"), (2, "workers built it [finding 2]")]:
+    sentences = {
+        1: "opened to the public in 1889 [finding 2]",
+        2: "three hundred workers built it [finding 2]",
+        3: "tallest iron tower of its day [finding 4]",
+        4: "painted gold in 1900 [finding 4]",
+    }
+    for index, own in sentences.items():
         text = seen(script.requests[f"Audit sentence {index}"])
         assert own in text and QUESTION in text
-        for other in ("workers built it", "opened to the public in 1889", "tallest iron tower", "painted gold"):
-            assert other not in text or other in own, (index, other)
+        others = [other.split(" [")[0] for n, other in sentences.items() if n != index]
+        assert not [other for other in others if other in text], index
     assert "workers built it [finding 3]" in seen(script.requests["Audit sentence 2 (revision 1)"])
     # The adjudicator never learns why the supervisor contested.
     assert "trust me" not in seen(script.requests[f"Adjudicate objection {by_sentence[4].objection_sequence_no}"])
@@ -255,29 +261,30 @@ async def test_objections_are_settled_by_revision_and_by_adjudication(desk: Desk
     ]
 
 
-async def test_what_no_round_settles_leaves_the_report_and_an_unjudged_sentence_stands_unaudited(
+async def test_what_is_left_unsettled_leaves_the_report_and_an_unjudged_sentence_stands_unaudited(
     desk: Desk,
 ) -> None:
     script = desk.script
     # Sentence 1's auditor has no script: its model call fails, and so does the delegation.
     script.add("Audit sentence 2", audit(2, [2], "unsound", "Finding 2 is about the opening."))
     script.add("Audit sentence 3", audit(3, [4], "unsound", "Tower, not structure."))
-    script.add("Audit sentence 4", audit(4, [4]))
+    script.add("Audit sentence 4", audit(4, [4], "unsound", "Gold is not in finding 4."))
     script.add("Revise sentence 2", Reply(content="REMOVE"))
+    script.add("Revise sentence 4", Reply(content=CONTEST))  # and its adjudicator has no decision: it fails
     script.add("Revise sentence 3", Reply(content="It was the tallest iron structure of its day [3, 9]."))
     script.add("Audit sentence 3 (revision 1)", audit(3, [4], "needs_revision", "Of its day is not in the finding."))
     script.decisions[3] = "revise"
 
     reviewed = await desk.review(DRAFT, rounds=1)
 
-    assert reviewed.report.markdown == f"# The Eiffel Tower\n\n{OPENED}\n\n- {GOLD}\n"
+    assert reviewed.report.markdown == f"# The Eiffel Tower\n\n{OPENED}\n"
     assert reviewed.report.removed_citations == 1  # the revision's [9] names no source
     statuses = {check.sentence_index: check.status for check in reviewed.sentences}
     assert statuses == {
         1: SentenceStatus.UNAUDITED,
         2: SentenceStatus.REMOVED,
         3: SentenceStatus.REMOVED,
-        4: SentenceStatus.SOUND,
+        4: SentenceStatus.REMOVED,
     }
     # Sentence 3 drew two objections (the draft's and its revision's): one adjudication, both closed.
     third = [o for o in reviewed.objections if o.sentence_index == 3]
@@ -292,6 +299,8 @@ async def test_what_no_round_settles_leaves_the_report_and_an_unjudged_sentence_
     withdrawn = next(o for o in reviewed.objections if o.sentence_index == 2)
     assert "withdrew" in resolutions[withdrawn.objection_sequence_no].reason
     assert "Adjudicate objection " + str(withdrawn.objection_sequence_no) not in script.requests
+    undecided = next(o for o in reviewed.objections if o.sentence_index == 4)
+    assert "no adjudicator could decide" in resolutions[undecided.objection_sequence_no].reason
 
     # Each resolution's request id names the run and the objection, so a retried append writes nothing twice.
     entries = await desk.plane.read_all(desk.thread_id)
