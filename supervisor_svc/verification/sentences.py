@@ -51,11 +51,11 @@ ABBREVIATIONS = frozenset(
 @dataclass(frozen=True)
 class Sentence:
     index: int  # its position among the report's sentences, from 0
-    text: str  # as written, its line breaks joined by spaces
+    text: str  # as written, each run of white space (line breaks too) one space
     start: int  # its span in the Markdown: markdown[start:end]
     end: int
     source_numbers: tuple[int, ...]  # the report's sources its markers name
-    finding_sequence_nos: tuple[int, ...]  # the findings those sources come from, in citation order
+    finding_sequence_nos: tuple[int, ...]  # the findings those sources come from, in source order
     block: int  # the block (heading, item, paragraph) it belongs to
 
     @property
@@ -107,9 +107,9 @@ class Draft:
     def _with_one_gap(self, start: int, end: int) -> tuple[int, int]:
         """A run between blank lines takes one of them along, so no double gap is left."""
         text = self.markdown
-        if (start == 0 or text[:start].endswith("\n\n")) and text.startswith("\n", end):
+        if (start == 0 or text.endswith("\n\n", 0, start)) and text.startswith("\n", end):
             return start, end + 1
-        if end == len(text) and text[:start].endswith("\n\n"):
+        if end == len(text) and text.endswith("\n\n", 0, start):
             return start - 1, end
         return start, end
 
