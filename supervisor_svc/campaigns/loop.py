@@ -496,7 +496,11 @@ class CampaignRun:
             options.gpus.count = experiment.gpu_count
             options.gpus.indices.extend(experiment.gpu_indices)
         request = monitor_pb2.SubmitJobRequest(request_id=f"{self._id}/c{cycle}/job", options=options)
-        if spec.workspace.host:
+        # In the workspace's root, on its host: the monitor places each kind of job there.
+        if experiment.slurm is not None:
+            request.slurm.script_path = experiment.slurm.script_path
+            request.slurm.sbatch_args.extend(experiment.slurm.sbatch_args)
+        elif spec.workspace.host:
             request.remote.argv.extend(experiment.argv)
         else:
             request.local.argv.extend(experiment.argv)
