@@ -40,7 +40,7 @@ from supervisor_svc.campaigns.loop import INSTRUCTIONS
 from supervisor_svc.service import build_host as build_supervisor
 from tests.conftest import ServiceProcess, reusable_port, start_service, stop_service
 from tests.fakes.choreography import Choreography, agent_of
-from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
+from tests.fakes.openai_server import Await, Call, HttpError, Reply, ScriptedModel, Step
 from tests.monitor_svc.fake_ssh import FakeHost, fake_ssh_host
 from worker_svc.service import build_host as build_worker
 
@@ -337,6 +337,40 @@ async def test_a_supervisor_restarted_during_a_running_experiment_finds_the_job_
     waits = [e.phase_changed.message for e in after if e.phase_changed.phase == campaign_pb2.CAMPAIGN_PHASE_WAITING]
     assert waits == [f"job {job_id}"]
     assert git(lab.project, "rev-parse", "HEAD") == rows[3].commit
+
+
+async def test_a_think_interrupted_after_its_engineer_finished_is_redone_from_the_kept_state(lab: Lab) -> None:
+    """The supervisor stops while the leader's last turn is pending, its engineer's change made but not committed:
+    the THINK is redone (the workspace back at the kept commit), its engineer a new delegation that runs."""
+    script = lab.script
+    script.cycle("Set lr to 0.1 in config.json.", BETTER_CONFIG, "A larger learning rate converges faster.")
+    held = asyncio.Event()
+    script.leader[-1] = Await(held, then=script.leader[-1])
+    campaign = await lab.campaigns.start_campaign(spec(lab.project, cycles=4), request_id="lab-redo")
+    for _ in range(600):  # a minute at most
+        if len(script.leader_requests) == 2:
+            break
+        await asyncio.sleep(0.1)
+    assert len(script.leader_requests) == 2 and not script.engineer, "the engineer has made its change"
+    assert (lab.project / "config.json").read_text() == BETTER_CONFIG
+
+    await lab.restart()
+    held.set()  # the first THINK's last turn is answered to nobody
+    redo = Call("delegate_engineer", {"change": "Set lr to 0.1 in config.json."}, "e-redo")
+    script.leader.extend([Reply(calls=(redo,)), Reply(content="A larger learning rate converges faster.")])
+    script.engineer.extend(
+        [
+            Reply(calls=(Call("write_file", {"path": "config.json", "content": BETTER_CONFIG}, "w"),)),
+            Reply(content="config.json now says lr 0.1"),
+        ]
+    )
+    stream = [event async for event in lab.campaigns.stream_campaign(campaign.campaign_id)]
+
+    assert stream[-1].ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED, stream[-1].ended.reason
+    rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
+    assert [(row.cycle, row.verdict) for row in rows] == [(1, BASELINE), (2, BASELINE), (3, BASELINE), (4, KEEP)]
+    assert not script.engineer and len(script.leader_requests) == 4, "the redone THINK's engineer ran again"
+    assert git(lab.project, "show", f"{rows[3].commit}:config.json") + "\n" == BETTER_CONFIG
 
 
 async def test_over_processes_a_sigkilled_supervisor_is_restarted_and_its_campaign_runs_on_without_a_second_launch(
