@@ -230,9 +230,7 @@ class CampaignServicer(campaign_pb2_grpc.CampaignServiceServicer):
     async def ListCampaigns(
         self, request: campaign_pb2.ListCampaignsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> campaign_pb2.ListCampaignsResponse:
-        state = STATES.from_proto(request.state)
-        if state is None and request.state != campaign_pb2.CAMPAIGN_STATE_UNSPECIFIED:
-            raise InvalidArgument([FieldViolation("state", "not a CampaignState this server knows")])
+        state = STATES.requested(request.state, field="state", enum_name="CampaignState")
         records, token = await self._campaigns.list_campaigns(request.page_size, request.page_token, state)
         return campaign_pb2.ListCampaignsResponse(
             campaigns=[campaign_to_proto(record) for record in records], next_page_token=token
