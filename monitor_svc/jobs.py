@@ -8,12 +8,14 @@ is EXITED. Slurm's sacct is the authority on a job's state, squeue the fallback
 while sacct has no record; a job neither knows is given up as UNKNOWN after a
 number of polls or once its time limit plus a buffer has passed.
 
-Every job SubmitJob starts has a durable record (monitor_svc.records) and, on
-this machine or an SSH host, a supervising task of the monitor's: it notices
-the job's end, stops it at its wall-clock limit (SIGTERM to its process group,
-SIGKILL after a grace: TIMED_OUT), reads its log metrics as the log grows and
-its file metrics once it has ended, and records the end. Watches of such a job
-report what the supervisor saw. A monitor that restarts reloads the records
+Every job SubmitJob starts has a durable record (monitor_svc.records) and a
+supervising task of the monitor's: it notices the job's end, stops a process
+at its wall-clock limit (SIGTERM to its process group, SIGKILL after a grace:
+TIMED_OUT; Slurm stops its own jobs at --time), reads its log metrics as the
+log grows and its file metrics once it has ended, and records the end. A Slurm
+job writes its output (--output) under its host's first log root, where it is
+read as a remote job's log is. Watches of such a job report what the
+supervisor saw. A monitor that restarts reloads the records
 and supervises the jobs still running again, as processes it did not start (a
 process's start time tells it from a later one with its pid).
 """
@@ -171,8 +173,6 @@ class Jobs:
             job = self._register(_Job(record, MetricTracker(metrics), observation))
             if record.state.ended:
                 continue
-            if record.kind == "slurm" and record.slurm_job_id:
-                continue  # sacct knows its state
             if not record.pid and not record.slurm_job_id:
                 await self._end(job, JobObservation(JobState.UNKNOWN, detail=_INTERRUPTED))
                 continue
@@ -287,11 +287,15 @@ class Jobs:
             )
             host, directory = _workspace_host(record, host, "slurm"), record.root
         self._hosts.require(host, field="slurm.host")
-        if options.metrics:
-            raise InvalidArgument([FieldViolation("options.metrics", "read from local and SSH-host jobs, not Slurm's")])
         if options.gpus.indices:
             raise InvalidArgument([FieldViolation("options.gpus.indices", "Slurm picks the GPUs: ask for a count")])
-        _checked_options(options, "")
+        # JSON-lines files are read in the workspace root, where the job starts; log patterns in its output.
+        metrics = _checked_options(options, directory)
+        if any(metric.pattern is not None for metric in metrics) and not self._logs.host_roots(host):
+            raise FailedPrecondition(
+                f"{host} has no log_roots: a Slurm job's output must go under one for its log metrics",
+                reason=ErrorReason.LOG_PATH_NOT_ALLOWED,
+            )
         # After the caller's arguments, so that these win; the environment goes through sbatch's own.
         args = [*sbatch_args]
         if options.gpus.count:
@@ -300,11 +304,11 @@ class Jobs:
             args.append(f"--time={slurm.format_time_limit(options.wall_clock_limit)}")
         if directory:
             args.append(f"--chdir={directory}")
-        prefix = ["env", *(f"{name}={value}" for name, value in options.environment.items())]
-        command = quote(*(prefix if options.environment else []), "sbatch", "--parsable", *args, script_path)
         placed = Command(host=host, working_directory=directory)
         return await self._once(
-            request_id, payload, lambda digest: self._start_slurm(placed, command, options, request_id, digest)
+            request_id,
+            payload,
+            lambda digest: self._start_slurm(placed, args, script_path, options, metrics, request_id, digest),
         )
 
     async def _once(self, request_id: str, payload: object, start: Callable[[str], Awaitable[_Job]]) -> JobRecord:
@@ -449,11 +453,24 @@ class Jobs:
         return job
 
     async def _start_slurm(
-        self, placed: Command, command: str, options: JobOptions, request_id: str, digest: str
+        self,
+        placed: Command,
+        args: Sequence[str],
+        script_path: str,
+        options: JobOptions,
+        metrics: tuple[CompiledMetric, ...],
+        request_id: str,
+        digest: str,
     ) -> _Job:
         host = placed.host
         record = _new_record("slurm", request_id, digest, options, (), placed)
-        job = await self._pending(record, ())
+        roots = self._logs.host_roots(host)
+        if roots:  # stdout and stderr, read as a remote job's log
+            record.log_path = posixpath.join(roots[0], f"{record.monitor_job_id}.log")
+            args = [*args, f"--output={record.log_path}"]
+        prefix = ["env", *(f"{name}={value}" for name, value in options.environment.items())]
+        command = quote(*(prefix if options.environment else []), "sbatch", "--parsable", *args, script_path)
+        job = await self._pending(record, metrics)
         try:
             result = await self._hosts.run(host, command)
         except QuarryError as error:
@@ -471,7 +488,9 @@ class Jobs:
             await self._end(job, JobObservation(JobState.UNKNOWN, detail=f"sbatch printed {result.stdout!r}"))
             raise
         record.state, record.detail, record.started_at = JobState.PENDING, "submitted to Slurm", time.time()
+        job.update(JobObservation(JobState.PENDING, detail=record.detail))
         await self._save(record)
+        self._supervise(job)
         return job
 
     async def _pending(self, record: JobRecord, metrics: tuple[CompiledMetric, ...]) -> _Job:
@@ -523,14 +542,15 @@ class Jobs:
         """Until the job ends: its state, its wall-clock limit, its log metrics; then its end, recorded."""
         record = job.record
         cursor = LogCursor(record.log_path, record.host)
+        sacct = _Watch.of(record.ref) if record.kind == "slurm" else None
         try:
             observation = job.observation
             while True:
-                observation = await self._look(job, observation)
+                observation = await self._look(job, observation, sacct)
                 await self._read_log_metrics(job, cursor, final=observation.state.ended)
                 if observation.state.ended:
                     break
-                deadline = record.deadline
+                deadline = record.deadline if sacct is None else None  # Slurm stops its jobs at --time
                 if deadline is not None and time.time() >= deadline:
                     observation = await self._stop(job)
                     await self._read_log_metrics(job, cursor, final=True)
@@ -546,8 +566,14 @@ class Jobs:
             log.exception("supervising job %s failed", record.monitor_job_id)
             await self._end(job, JobObservation(JobState.UNKNOWN, detail=f"the monitor stopped following it: {error}"))
 
-    async def _look(self, job: _Job, previous: JobObservation) -> JobObservation:
+    async def _look(self, job: _Job, previous: JobObservation, sacct: _Watch | None) -> JobObservation:
         record = job.record
+        if sacct is not None:
+            try:
+                return await self._observe_slurm(sacct)
+            except Unavailable as error:  # the login host is unreachable for now: the job is as it was
+                log.warning("job %s on %s: %s", record.monitor_job_id, record.host, error)
+                return previous
         if record.kind == "local":
             if job.process is not None:
                 return _exit_observation(job.process.returncode)  # asyncio's child watcher sets it at the end
@@ -694,12 +720,9 @@ class Jobs:
         """The job's state and the last log lines, then every change (state, new lines, metric values) until it
         ends. A job the monitor started (ref.monitor_job_id) is reported as its supervisor sees it."""
         if ref.monitor_job_id:
-            job = self._job_for(ref)
-            if job.record.kind != "slurm" or job.observation.state.ended:
-                async for observation in self._watch_job(job, interval, tail_lines):
-                    yield observation
-                return
-            ref = job.record.ref  # sacct is the authority on a Slurm job's state
+            async for observation in self._watch_job(self._job_for(ref), interval, tail_lines):
+                yield observation
+            return
         self.check_log_path(ref)
         watch = _Watch.of(ref)
         previous: tuple[JobState, int | None] | None = None

@@ -15,6 +15,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from quarry.agent.usage import Usage
 from quarry.diagnostics import Report, Status
+from quarry.errors import FieldViolation, InvalidArgument
 from quarry.identity import Principal, Role
 from quarry.v1 import common_pb2, diagnostics_pb2, monitor_pb2, scratchpad_pb2, worker_pb2
 from quarry.vocabulary import (
@@ -87,6 +88,14 @@ class EnumMap(Generic[_Member, _Number]):
     def from_proto(self, number: int) -> _Member | None:
         """None for the UNSPECIFIED value and for numbers this build does not know."""
         return self._from_proto.get(number)
+
+    def requested(self, number: int, *, field: str, enum_name: str) -> _Member | None:
+        """The member a request asks for; None for UNSPECIFIED (0, "unset"). A number this build does not
+        know (one a newer client sends) is refused as INVALID_ARGUMENT on `field`, never taken as unset."""
+        member = self.from_proto(number)
+        if member is None and number != 0:
+            raise InvalidArgument([FieldViolation(field, f"{number} is not a {enum_name} this server knows")])
+        return member
 
     def known(self, numbers: Iterable[int]) -> list[_Member]:
         """The members among `numbers`, unknown ones dropped (for filters, where they match nothing)."""

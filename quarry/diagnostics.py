@@ -215,23 +215,32 @@ def _reason(error: BaseException, secrets: Sequence[str]) -> str:
 # --- the model endpoint ---------------------------------------------------------------------------
 
 
-def _either(tier: ModelTier, common: QuarrySettings, field: str) -> str:
-    return f"{setting_name(tier, field)} or {setting_name(common, field)}"
+def _either(tiers: Sequence[ModelTier], common: QuarrySettings, field: str) -> str:
+    """The variables that set `field` for a model, first to last: e.g. "A, B or QUARRY_MODEL_NAME"."""
+    return f"{', '.join(setting_name(tier, field) for tier in tiers)} or {setting_name(common, field)}"
 
 
-def model_diagnostics(tier: ModelTier, common: QuarrySettings) -> tuple[list[Fact], Check]:
-    """The model a tier calls (endpoint and name), and a check that the endpoint serves that model."""
-    settings = ModelSettings.for_tier(tier, common)
-    base_url, model, api_key = (_either(tier, common, f) for f in ("model_base_url", "model_name", "model_api_key"))
+def model_diagnostics(
+    tier: ModelTier, common: QuarrySettings, *, fallback: ModelTier | None = None, label: str = ""
+) -> tuple[list[Fact], Check]:
+    """The model a tier calls (endpoint and name), and a check that the endpoint serves that model.
+
+    `fallback` stands in for the settings `tier` leaves unset, as in `ModelSettings.for_tier`; `label`
+    tells the tier apart where a service calls more than one (its facts and check end in "(label)").
+    """
+    settings = ModelSettings.for_tier(tier, common, fallback=fallback)
+    tiers = (tier,) if fallback is None else (tier, fallback)
+    base_url, model, api_key = (_either(tiers, common, f) for f in ("model_base_url", "model_name", "model_api_key"))
+    suffix = f" ({label})" if label else ""
     facts = [
-        Fact("model base URL", public_url(settings.base_url), base_url),
-        Fact("model name", settings.model, model),
+        Fact(f"model base URL{suffix}", public_url(settings.base_url), base_url),
+        Fact(f"model name{suffix}", settings.model, model),
     ]
 
     async def run() -> Finding:
         return await _model_endpoint(settings, base_url=base_url, model=model, api_key=api_key)
 
-    return facts, Check("model endpoint", run)
+    return facts, Check(f"model endpoint{suffix}", run)
 
 
 async def _model_endpoint(settings: ModelSettings, *, base_url: str, model: str, api_key: str) -> Finding:

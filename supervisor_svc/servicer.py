@@ -8,7 +8,6 @@ from typing import Any
 import grpc
 
 from quarry.convert import EnumMap, duration, duration_seconds, timestamp
-from quarry.errors import FieldViolation, InvalidArgument
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
 from supervisor_svc.events import error_to_proto, report_to_proto, run_usage_to_proto, warnings_to_proto
 from supervisor_svc.model import RunOptions, RunRecord, RunState, StartRequest
@@ -105,9 +104,7 @@ class SupervisorServicer(supervisor_pb2_grpc.SupervisorServiceServicer):
     async def ListRuns(
         self, request: supervisor_pb2.ListRunsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> supervisor_pb2.ListRunsResponse:
-        state = _STATES.from_proto(request.state)
-        if state is None and request.state != supervisor_pb2.RUN_STATE_UNSPECIFIED:
-            raise InvalidArgument([FieldViolation("state", "not a RunState this server knows")])
+        state = _STATES.requested(request.state, field="state", enum_name="RunState")
         records, token = await self._supervisor.list_runs(request.page_size, request.page_token, state)
         return supervisor_pb2.ListRunsResponse(runs=[run_to_proto(r) for r in records], next_page_token=token)
 

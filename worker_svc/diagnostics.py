@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from quarry.agent.model import ModelSettings
 from quarry.client import Dialer
-from quarry.config import QuarrySettings, WorkerSettings
+from quarry.config import ModelTier, QuarrySettings, WorkerSettings
 from quarry.diagnostics import (
     Check,
     Diagnostics,
@@ -60,17 +61,40 @@ async def _corpus(corpus: Corpus, setting: str) -> Finding:
     return Finding(Status.OK, f"{corpus.index_path}: {documents} document{'' if documents == 1 else 's'}")
 
 
+def model_tiers_diagnostics(
+    settings: WorkerSettings, common: QuarrySettings, supervisor_tier: ModelTier
+) -> tuple[list[Fact], list[Check]]:
+    """The worker tier's model and the supervisor tier's (which the citation auditor and adjudicator run
+    on by default, and any delegation that asks for it), the latter as the worker resolves it: each
+    setting it leaves unset falls back to the worker tier's."""
+    facts, check = model_diagnostics(settings, common)
+    label = "supervisor tier"
+    worker_model = ModelSettings.for_tier(settings, common)
+    supervisor_model = ModelSettings.for_tier(supervisor_tier, common, fallback=settings)
+    if _called_with(supervisor_model) == _called_with(worker_model):
+        # A second check would ask the same endpoint the same question with the same key.
+        same = "the worker tier's endpoint and model: the model endpoint check covers both"
+        return [*facts, Fact(f"model ({label})", same, setting_name(supervisor_tier, "model_*"))], [check]
+    supervisor_facts, supervisor_check = model_diagnostics(supervisor_tier, common, fallback=settings, label=label)
+    return [*facts, *supervisor_facts], [check, supervisor_check]
+
+
+def _called_with(model: ModelSettings) -> tuple[str, str, str]:
+    return model.base_url, model.model, model.api_key
+
+
 def diagnostics(
     settings: WorkerSettings,
     common: QuarrySettings,
     *,
+    supervisor_tier: ModelTier,
     corpus: Corpus,
     search: SearchBackend,
     dial: Dialer,
     migrations: Path,
     version_table: str,
 ) -> Diagnostics:
-    model_facts, model_check = model_diagnostics(settings, common)
+    model_facts, model_checks = model_tiers_diagnostics(settings, common, supervisor_tier)
     database_fact, database_check = database_diagnostics(settings, common, migrations, version_table)
     scratchpad, monitor = setting_name(settings, "scratchpad_address"), setting_name(settings, "monitor_address")
     backend = settings.search_backend
@@ -90,7 +114,7 @@ def diagnostics(
         database_fact,
     ]
     checks = [
-        model_check,
+        *model_checks,
         search_check(settings, corpus, search),
         peer_check("scratchpad", settings.scratchpad_address, dial, scratchpad),
         *([peer_check("monitor", settings.monitor_address, dial, monitor)] if settings.monitor_address else []),

@@ -149,6 +149,7 @@ async def build_host(
         diagnostics=diagnostics(
             settings,
             common,
+            supervisor_tier=supervisor_tier,
             corpus=corpus,
             search=search,
             dial=dial,

@@ -51,7 +51,7 @@ def request_from_proto(request: worker_pb2.DelegateRequest) -> DelegationRequest
         max_tokens=budget.max_tokens,
         workspace_id=request.task.workspace_id,
         question=request.task.question,
-        tier=TIERS.from_proto(request.tier),
+        tier=TIERS.requested(request.tier, field="tier", enum_name="ModelTier"),
     )
 
 

@@ -207,6 +207,9 @@ def _lab_arguments(lab: argparse.ArgumentParser, parents: list[argparse.Argument
     start.add_argument(
         "--command", dest="experiment_command", help="the experiment's command line (never run by a shell)"
     )
+    start.add_argument(
+        "--slurm-script", help="or a batch script (relative to the workspace root) submitted through Slurm"
+    )
     start.add_argument("--experiment-seconds", type=float, help="the wall-clock budget of one experiment")
     start.add_argument("--gpus", type=int, help="GPUs per experiment")
     start.add_argument("--max-tokens-per-hour", type=int)

@@ -17,6 +17,8 @@ of the campaign spec (docs/architecture.md, "Campaigns"):
     log_regex = 'val_loss=(\\S+)'     # or jsonl_path = "metrics.jsonl" and jsonl_key = "val_loss"
     [experiment]
     command = "python3 train.py"      # split as a shell would, never run by one (or argv = [...])
+    # or, with the workspace on a Slurm login host: slurm_script = "train.sh" (in the workspace root),
+    # sbatch_args = ["--partition=gpu"]; its output is the log the metric is read from
     wall_clock_seconds = 300
     gpus = 1                          # or gpu_indices = [0]
     [budgets]
@@ -82,6 +84,8 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "wall_clock_seconds": "number",
         "gpus": "int",
         "gpu_indices": "ints",
+        "slurm_script": "str",
+        "sbatch_args": "strs",
     },
     "budgets": {
         "max_tokens_per_hour": "int",
@@ -177,6 +181,9 @@ def spec_from_settings(data: Mapping[str, Any]) -> campaign_pb2.CampaignSpec:
     if "jsonl_path" in metric or "jsonl_key" in metric:
         spec.metric.jsonl_file.path = metric.get("jsonl_path", "")
         spec.metric.jsonl_file.key = metric.get("jsonl_key", "")
+    if "slurm_script" in experiment or "sbatch_args" in experiment:
+        spec.experiment.slurm.script_path = experiment.get("slurm_script", "")
+        spec.experiment.slurm.sbatch_args.extend(experiment.get("sbatch_args", []))
     if "wall_clock_seconds" in experiment:
         spec.experiment.wall_clock_limit.FromNanoseconds(round(experiment["wall_clock_seconds"] * 1e9))
     for key in ("max_tokens_per_hour", "max_tokens", "max_cycles_per_hour", "max_cycles", "max_consecutive_failures"):
@@ -209,6 +216,7 @@ def settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
         },
         "experiment": {
             "command": args.experiment_command,
+            "slurm_script": args.slurm_script,
             "wall_clock_seconds": args.experiment_seconds,
             "gpus": args.gpus,
         },
@@ -346,6 +354,12 @@ def _budget(used: int, bound: int) -> str:
     return f"{used} of {bound}" if bound else f"{used} (no bound)"
 
 
+def _experiment(experiment: campaign_pb2.CampaignExperiment) -> str:
+    if experiment.HasField("slurm"):
+        return " ".join(["sbatch", *experiment.slurm.sbatch_args, experiment.slurm.script_path]) + " (Slurm)"
+    return " ".join(experiment.argv)
+
+
 def _show(console: Console, campaign: campaign_pb2.Campaign) -> None:
     spec = campaign.spec
     console.print(Text(spec.title or spec.brief.goal, style="bold"))
@@ -355,7 +369,7 @@ def _show(console: Console, campaign: campaign_pb2.Campaign) -> None:
         f"{campaign.campaign_id}: {state}, {phase} of cycle {campaign.cycle}",
         f"goal: {spec.brief.goal}",
         f"workspace: {spec.workspace.host or 'the monitor machine'}:{spec.workspace.root}, branch {campaign.branch}",
-        f"experiment: {' '.join(spec.experiment.argv)}",
+        f"experiment: {_experiment(spec.experiment)}",
     ]
     direction = name_of(monitor_pb2.MetricDirection, spec.metric.direction)
     best = _number(campaign.best_value) if campaign.HasField("best_value") else "not measured yet"

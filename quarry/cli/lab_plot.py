@@ -13,6 +13,7 @@ from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from supervisor_svc.campaigns.records import LedgerRecord, Verdict
 from supervisor_svc.campaigns.signals import Direction, MetricGoal, SignalRules, read_signals
@@ -68,6 +69,7 @@ def plot_ledger(
         axes.fill_between(band_cycles, low, high, step="post", color="gray", alpha=0.2, label="noise band")
     better = "lower" if goal.direction is Direction.MINIMIZE else "higher"
     axes.set_xlabel("cycle")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # cycles are whole numbers
     axes.set_ylabel(f"{goal.name} ({better} is better)")
     axes.set_title(title if ledger else f"{title} (no experiments yet)")
     axes.grid(alpha=0.3)

@@ -266,7 +266,10 @@ Global___CampaignWorkspace: _TypeAlias = CampaignWorkspace  # noqa: Y015
 
 @_typing.final
 class CampaignExperiment(_message.Message):
-    """How one experiment runs: in the workspace root, through the monitor."""
+    """How one experiment runs: in the workspace root, through the monitor; a
+    command on the workspace's host (this machine, or an SSH host), or a Slurm
+    batch script submitted on the workspace's host (the cluster's login node).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -274,22 +277,32 @@ class CampaignExperiment(_message.Message):
     COMMAND_LINE_FIELD_NUMBER: _builtins.int
     WALL_CLOCK_LIMIT_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
+    SLURM_FIELD_NUMBER: _builtins.int
     command_line: _builtins.str
     """Instead of argv: one line split into arguments as a POSIX shell would
     (quotes, backslashes), never run by a shell. The campaign keeps the argv.
     """
     @_builtins.property
     def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """The program and its arguments; or command_line instead."""
+        """The program and its arguments; or command_line, or slurm, instead."""
 
     @_builtins.property
     def wall_clock_limit(self) -> _duration_pb2.Duration:
         """The per-experiment wall-clock budget: the monitor stops a job that runs
-        longer, and the run counts as failed. More than 0 s, at most 30 days.
+        longer (through Slurm: --time), and the run counts as failed. More than
+        0 s, at most 30 days.
         """
 
     @_builtins.property
-    def gpus(self) -> _monitor_pb2.GpuRequest: ...
+    def gpus(self) -> _monitor_pb2.GpuRequest:
+        """Through Slurm, only a count."""
+
+    @_builtins.property
+    def slurm(self) -> Global___CampaignSlurm:
+        """Instead of argv: each experiment is this batch script submitted through
+        Slurm. Needs a workspace on an SSH host.
+        """
+
     def __init__(
         self,
         *,
@@ -297,14 +310,47 @@ class CampaignExperiment(_message.Message):
         command_line: _builtins.str = ...,
         wall_clock_limit: _duration_pb2.Duration | None = ...,
         gpus: _monitor_pb2.GpuRequest | None = ...,
+        slurm: Global___CampaignSlurm | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "wall_clock_limit", b"wall_clock_limit"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "slurm", b"slurm", "wall_clock_limit", b"wall_clock_limit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "command_line", b"command_line", "gpus", b"gpus", "wall_clock_limit", b"wall_clock_limit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "command_line", b"command_line", "gpus", b"gpus", "slurm", b"slurm", "wall_clock_limit", b"wall_clock_limit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CampaignExperiment: _TypeAlias = CampaignExperiment  # noqa: Y015
+
+@_typing.final
+class CampaignSlurm(_message.Message):
+    """An experiment as a Slurm batch job: sbatch on the workspace's host, the job
+    starting in the workspace root, its output read by the monitor as its log.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCRIPT_PATH_FIELD_NUMBER: _builtins.int
+    SBATCH_ARGS_FIELD_NUMBER: _builtins.int
+    script_path: _builtins.str
+    """Relative to the workspace root, inside it."""
+    @_builtins.property
+    def sbatch_args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Passed to sbatch before the monitor's own (--gres, --time, --chdir,
+        --output, which win). At most 64, each at most 1,024 characters.
+        """
+
+    def __init__(
+        self,
+        *,
+        script_path: _builtins.str = ...,
+        sbatch_args: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sbatch_args", b"sbatch_args", "script_path", b"script_path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CampaignSlurm: _TypeAlias = CampaignSlurm  # noqa: Y015
 
 @_typing.final
 class CampaignBudgets(_message.Message):

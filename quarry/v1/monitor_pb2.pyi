@@ -751,7 +751,10 @@ class JobOptions(_message.Message):
     def gpus(self) -> Global___GpuRequest: ...
     @_builtins.property
     def metrics(self) -> _containers.RepeatedCompositeFieldContainer[Global___MetricSpec]:
-        """Read by the monitor, from the log as it grows and once the job has ended."""
+        """Read by the monitor, from the log as it grows and once the job has ended.
+        A Slurm job's log is its output (--output), under its host's first
+        log_root; its JSON-lines files are read in its workspace.
+        """
 
     def __init__(
         self,

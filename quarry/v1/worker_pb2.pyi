@@ -162,7 +162,9 @@ class DelegateRequest(_message.Message):
     tool_call_id: _builtins.str
     """The supervisor's tool_call_id this delegation answers."""
     tier: _common_pb2.ModelTier.ValueType
-    """The model tier to run on; unspecified: the role's default."""
+    """The model tier to run on; unspecified: the role's default. A tier this server does not know is
+    INVALID_ARGUMENT, never taken for the default.
+    """
     @_builtins.property
     def task(self) -> Global___ResearchTask: ...
     @_builtins.property

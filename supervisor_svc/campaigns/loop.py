@@ -146,6 +146,7 @@ class DeadEndParams(BaseModel):
 class ThinkContext:
     run: CampaignRun
     cycle: int
+    attempt: str  # this THINK's conversation: a THINK redone after a restart delegates under new ids
     tokens: int = 0
     changes: list[str] = field(default_factory=list)
     files: set[str] = field(default_factory=set)
@@ -346,8 +347,8 @@ class CampaignRun:
         directives = await self._consume_directives(cycle, records)
         context = memory.think_context(self._spec.brief.goal + _brief_rules(self._spec), records, signals)
         context = _with_directives(context, directives)
-        think = ThinkContext(self, cycle)
         conversation_id = f"{self._id}-c{cycle}-{started.strftime('%H%M%S%f')}"
+        think = ThinkContext(self, cycle, conversation_id)
         opening = [system(INSTRUCTIONS), user(context.render())]
         await self._deps.conversations.create(conversation_id, opening)
         agent = AgentRun(
@@ -452,7 +453,7 @@ class CampaignRun:
         """One worker delegation on the campaign's thread, its tokens counted in the cycle's (which the
         limiter bounds by the campaign's budgets)."""
         order = DelegationOrder(
-            delegation_id=f"{self._id}-c{context.cycle}-{suffix}",
+            delegation_id=f"{context.attempt}-{suffix}",
             run_id=self._id,
             tool_call_id=current_call().id,
             scratchpad_thread_id=self._thread,
@@ -496,7 +497,11 @@ class CampaignRun:
             options.gpus.count = experiment.gpu_count
             options.gpus.indices.extend(experiment.gpu_indices)
         request = monitor_pb2.SubmitJobRequest(request_id=f"{self._id}/c{cycle}/job", options=options)
-        if spec.workspace.host:
+        # In the workspace's root, on its host: the monitor places each kind of job there.
+        if experiment.slurm is not None:
+            request.slurm.script_path = experiment.slurm.script_path
+            request.slurm.sbatch_args.extend(experiment.slurm.sbatch_args)
+        elif spec.workspace.host:
             request.remote.argv.extend(experiment.argv)
         else:
             request.local.argv.extend(experiment.argv)

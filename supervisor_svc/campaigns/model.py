@@ -110,12 +110,21 @@ class Metric:
 
 
 @dataclass(frozen=True)
+class SlurmBatch:
+    """An experiment as a Slurm batch job, submitted on the workspace's (SSH) host."""
+
+    script_path: str  # relative to the workspace root
+    sbatch_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Experiment:
     argv: tuple[str, ...] = ()
     command_line: str = ""  # instead of argv; validate_spec splits it into argv
     wall_clock_seconds: float | None = None
     gpu_count: int = 0
     gpu_indices: tuple[int, ...] = ()
+    slurm: SlurmBatch | None = None  # instead of argv
 
 
 @dataclass(frozen=True)
@@ -299,6 +308,8 @@ MAX_HOST_CHARS = 64
 MAX_PATTERN_CHARS = 1024
 MAX_KEY_CHARS = 256
 MAX_ARGS = 4096
+MAX_SBATCH_ARGS = 64
+MAX_SBATCH_ARG_CHARS = 1024
 MAX_COMMAND_CHARS = 64 * 1024
 MAX_WALL_CLOCK_SECONDS = 30 * 24 * 3600.0
 MAX_GPUS = 64
@@ -347,7 +358,13 @@ def validate_spec(spec: CampaignSpec, now: datetime) -> CampaignSpec:
     _check_brief(found, spec.brief)
     _check_workspace(found, spec.workspace)
     _check_metric(found, spec.metric)
-    argv = _check_experiment(found, spec.experiment)
+    slurm = spec.experiment.slurm
+    if slurm is None:
+        argv = _check_command(found, spec.experiment)
+    else:
+        argv = ()
+        _check_slurm(found, slurm, spec.experiment, spec.workspace)
+    _check_limit_and_gpus(found, spec.experiment)
     _check_budgets(found, spec.budgets, now)
     _check_rules(found, spec.rules)
     if found.found:
@@ -412,7 +429,8 @@ def _pattern_fault(pattern: str) -> str:
     return ""
 
 
-def _check_experiment(found: _Violations, experiment: Experiment) -> tuple[str, ...]:
+def _check_command(found: _Violations, experiment: Experiment) -> tuple[str, ...]:
+    """The experiment's argv (its command line split); its faults as violations."""
     prefix = "spec.experiment"
     argv = experiment.argv
     if any("\x00" in arg for arg in argv) or "\x00" in experiment.command_line:
@@ -435,13 +453,34 @@ def _check_experiment(found: _Violations, experiment: Experiment) -> tuple[str, 
         found.add(f"{prefix}.argv", "required: the program and its arguments (or command_line)")
     if len(argv) > MAX_ARGS:
         found.add(f"{prefix}.argv", f"at most {MAX_ARGS} arguments")
+    return argv
+
+
+def _check_slurm(found: _Violations, slurm: SlurmBatch, experiment: Experiment, workspace: Workspace) -> None:
+    prefix = "spec.experiment"
+    if experiment.argv or experiment.command_line:
+        found.add(f"{prefix}.slurm", "either argv (or command_line) or a Slurm batch script, not both")
+    if not workspace.host:
+        found.add("spec.workspace.host", "required with spec.experiment.slurm: the Slurm login host it is on")
+    found.relative_path(f"{prefix}.slurm.script_path", slurm.script_path)
+    if slurm.script_path.startswith("-"):
+        found.add(f"{prefix}.slurm.script_path", "must not start with '-'")
+    if len(slurm.sbatch_args) > MAX_SBATCH_ARGS:
+        found.add(f"{prefix}.slurm.sbatch_args", f"at most {MAX_SBATCH_ARGS}")
+    for index, arg in enumerate(slurm.sbatch_args[:MAX_SBATCH_ARGS]):
+        found.text(f"{prefix}.slurm.sbatch_args[{index}]", arg, MAX_SBATCH_ARG_CHARS, required=True)
+    if experiment.gpu_indices:
+        found.add(f"{prefix}.gpus.indices", "Slurm picks the GPUs: ask for a count")
+
+
+def _check_limit_and_gpus(found: _Violations, experiment: Experiment) -> None:
+    prefix = "spec.experiment"
     seconds = experiment.wall_clock_seconds
     if seconds is None:
         found.add(f"{prefix}.wall_clock_limit", "required: the budget of one experiment")
     elif not 0 < seconds <= MAX_WALL_CLOCK_SECONDS:
         found.add(f"{prefix}.wall_clock_limit", "more than 0 s and at most 30 days")
     _check_gpus(found, experiment)
-    return argv
 
 
 def _check_gpus(found: _Violations, experiment: Experiment) -> None:

@@ -23,6 +23,7 @@ from supervisor_svc.campaigns.model import (
     Experiment,
     Metric,
     Rules,
+    SlurmBatch,
     Workspace,
 )
 from supervisor_svc.campaigns.service import Campaigns
@@ -84,6 +85,11 @@ def spec_from_proto(message: campaign_pb2.CampaignSpec) -> CampaignSpec:
             ),
             gpu_count=experiment.gpus.count,
             gpu_indices=tuple(experiment.gpus.indices),
+            slurm=(
+                SlurmBatch(experiment.slurm.script_path, tuple(experiment.slurm.sbatch_args))
+                if experiment.HasField("slurm")
+                else None
+            ),
         ),
         budgets=Budgets(
             tokens_per_hour=budgets.max_tokens_per_hour,
@@ -120,6 +126,11 @@ def spec_to_proto(spec: CampaignSpec) -> campaign_pb2.CampaignSpec:
     )
     if spec.experiment.wall_clock_seconds is not None:
         experiment.wall_clock_limit.CopyFrom(duration(spec.experiment.wall_clock_seconds))
+    if spec.experiment.slurm is not None:
+        slurm = spec.experiment.slurm
+        experiment.slurm.CopyFrom(
+            campaign_pb2.CampaignSlurm(script_path=slurm.script_path, sbatch_args=slurm.sbatch_args)
+        )
     budgets = campaign_pb2.CampaignBudgets(
         max_tokens_per_hour=spec.budgets.tokens_per_hour,
         max_tokens=spec.budgets.max_tokens,
@@ -219,9 +230,7 @@ class CampaignServicer(campaign_pb2_grpc.CampaignServiceServicer):
     async def ListCampaigns(
         self, request: campaign_pb2.ListCampaignsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> campaign_pb2.ListCampaignsResponse:
-        state = STATES.from_proto(request.state)
-        if state is None and request.state != campaign_pb2.CAMPAIGN_STATE_UNSPECIFIED:
-            raise InvalidArgument([FieldViolation("state", "not a CampaignState this server knows")])
+        state = STATES.requested(request.state, field="state", enum_name="CampaignState")
         records, token = await self._campaigns.list_campaigns(request.page_size, request.page_token, state)
         return campaign_pb2.ListCampaignsResponse(
             campaigns=[campaign_to_proto(record) for record in records], next_page_token=token

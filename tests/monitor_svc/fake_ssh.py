@@ -33,6 +33,30 @@ FAKES = {
     "squeue": 'cat "$FAKE_STATE/squeue.txt" 2>/dev/null; exit 0\n',
 }
 
+# A fake Slurm that runs what it is given: sbatch starts the script in the background (in --chdir, its output
+# to --output) and logs its arguments to batch.log; sacct says RUNNING until the script's exit status is there.
+RUNNING_SLURM = {
+    "sbatch": """echo "$@" >> "$FAKE_STATE/batch.log"
+output=/dev/null; directory=.
+for arg in "$@"; do
+  case "$arg" in --output=*) output="${arg#--output=}";; --chdir=*) directory="${arg#--chdir=}";; esac
+  script="$arg"
+done
+id=$(( $(cat "$FAKE_STATE/batch.last" 2>/dev/null || echo 100) + 1 )); echo "$id" > "$FAKE_STATE/batch.last"
+(cd "$directory" && sh "$script" > "$output" 2>&1; echo $? > "$FAKE_STATE/$id.exit.tmp"
+ mv "$FAKE_STATE/$id.exit.tmp" "$FAKE_STATE/$id.exit") < /dev/null > /dev/null 2>&1 &
+echo "$id"
+""",
+    "sacct": """id="$2"
+if [ -f "$FAKE_STATE/$id.exit" ]; then
+  code=$(cat "$FAKE_STATE/$id.exit")
+  if [ "$code" = 0 ]; then echo "$id|COMPLETED|0:0|01:00:00"; else echo "$id|FAILED|$code:0|01:00:00"; fi
+else
+  echo "$id|RUNNING|0:0|01:00:00"
+fi
+""",
+}
+
 
 @dataclass
 class FakeHost:
@@ -42,9 +66,20 @@ class FakeHost:
     client_key: Path
     connections: list[str] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)  # every command it was asked to run, in order
 
     def write(self, name: str, text: str) -> None:
         (self.state / name).write_text(text)
+
+    def run_batch_jobs(self) -> None:
+        """Make the fake Slurm run the batch scripts it is given (RUNNING_SLURM)."""
+        for name, body in RUNNING_SLURM.items():
+            (self.state.parent / "fakebin" / name).write_text("#!/bin/sh\n" + body)
+
+    def batch_submissions(self) -> list[list[str]]:
+        """The arguments of each sbatch the running fake Slurm was given."""
+        log = self.state / "batch.log"
+        return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
 
     def settings(self, *, workspace_roots: list[str] | None = None, **overrides: Any) -> MonitorSettings:
         host = SshHost(
@@ -84,6 +119,8 @@ async def fake_ssh_host(tmp_path: Path) -> AsyncIterator[FakeHost]:
             fake.closed.append("closed")
 
     async def run_command(process: asyncssh.SSHServerProcess[str]) -> None:
+        assert fake is not None
+        fake.commands.append(process.command or "")
         command = await asyncio.create_subprocess_shell(
             process.command or "true",
             stdout=asyncio.subprocess.PIPE,

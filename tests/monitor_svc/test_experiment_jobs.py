@@ -469,11 +469,18 @@ async def test_a_slurm_job_asks_for_its_gpus_time_and_environment(
     )
     assert submitted.job.slurm.job_id == "77" and submitted.job.monitor_job_id
     args = (ssh_host.state / "sbatch.args").read_text().split()
-    assert args == ["--parsable", "--partition=gpu", "--gres=gpu:2", "--time=0-01:30:00", "train.sh"]
+    output = f"--output={tmp_path / 'logs' / submitted.job.monitor_job_id}.log"
+    assert args == ["--parsable", "--partition=gpu", "--gres=gpu:2", "--time=0-01:30:00", output, "train.sh"]
     assert (ssh_host.state / "seed").read_text() == "3\n"
+    outside_workspace = monitor_pb2.MetricSpec(
+        name="acc",
+        direction=monitor_pb2.METRIC_DIRECTION_MAXIMIZE,
+        jsonl_file=monitor_pb2.JsonlMetric(path="metrics.jsonl", key="acc"),
+    )
     for field, bad in (
         ("options.gpus.indices", monitor_pb2.JobOptions(gpus=monitor_pb2.GpuRequest(indices=[0]))),
-        ("options.metrics", monitor_pb2.JobOptions(metrics=[LOSS])),
+        # Without a workspace, nothing says where it starts: a file metric has no directory to be read in.
+        ("options.metrics[0].jsonl_file.path", monitor_pb2.JobOptions(metrics=[outside_workspace])),
     ):
         request = monitor_pb2.SubmitJobRequest(slurm=submission, request_id="slurm-2", options=bad)
         error = await expect_error(remote_monitor.SubmitJob(request), grpc.StatusCode.INVALID_ARGUMENT)

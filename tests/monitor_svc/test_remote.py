@@ -88,7 +88,10 @@ async def test_a_slurm_job_is_submitted_and_followed_to_its_failure(
     submitted = await monitor.SubmitJob(submission)
     again = await monitor.SubmitJob(submission)  # a retry: the same job, not a second sbatch
     assert submitted.job.slurm.job_id == "4242" and again.job == submitted.job
-    assert (ssh_host.state / "sbatch.args").read_text().split() == ["--parsable", "--time=01:00:00", "train.sh"]
+    # Its output goes to a log of the monitor's, under the host's first log root.
+    output = f"--output={submitted.job.log_path}"
+    assert submitted.job.log_path == str(ssh_host.state.parent / "logs" / f"{submitted.job.monitor_job_id}.log")
+    assert (ssh_host.state / "sbatch.args").read_text().split() == ["--parsable", "--time=01:00:00", output, "train.sh"]
     ssh_host.write("squeue.txt", "PENDING\n")  # sacct has no record yet: squeue answers
 
     async def progress() -> None:
@@ -98,7 +101,8 @@ async def test_a_slurm_job_is_submitted_and_followed_to_its_failure(
         ssh_host.write("sacct.txt", "4242|FAILED|3:0|01:00:00\n4242.batch|FAILED|3:0|\n")
 
     changer = asyncio.create_task(progress())
-    responses = await watch_all(monitor, submitted.job)
+    # By its Slurm id: what sacct and squeue say, poll by poll (by its monitor id: what the monitor's own poll saw).
+    responses = await watch_all(monitor, monitor_pb2.JobRef(slurm=submitted.job.slurm))
     await changer
     states = [r.status.state for r in responses]
     assert states[0] == monitor_pb2.JOB_STATE_PENDING and "squeue" in responses[0].status.detail

@@ -133,7 +133,8 @@ async def test_a_job_in_an_ssh_workspace_runs_there_and_slurm_starts_in_its_root
         )
         assert queued.job.slurm.host == "gpu1"
         args = (ssh_host.state / "sbatch.args").read_text().split()
-        assert args == ["--parsable", "--chdir=/elsewhere", f"--chdir={path}", f"{path}/train.sh"], "ours wins"
+        output = f"--output={queued.job.log_path}"
+        assert args == ["--parsable", "--chdir=/elsewhere", f"--chdir={path}", output, f"{path}/train.sh"], "ours wins"
 
         for request, field in (
             (monitor_pb2.SubmitJobRequest(local=monitor_pb2.LocalCommand(argv=["true"])), "options.workspace_id"),
@@ -146,3 +147,35 @@ async def test_a_job_in_an_ssh_workspace_runs_there_and_slurm_starts_in_its_root
             request.request_id, request.options.workspace_id = "bad", workspace_id
             error = await expect_error(stub.SubmitJob(request), grpc.StatusCode.INVALID_ARGUMENT)
             assert field in violations(error), violations(error)
+
+
+async def test_a_slurm_job_in_a_workspace_has_its_output_as_its_log_and_its_metrics_read_by_the_monitor(
+    ssh_host: FakeHost, tmp_path: Path
+) -> None:
+    (tmp_path / "logs").mkdir()
+    ssh_host.run_batch_jobs()
+    path = project(tmp_path / "roots")
+    (path / "train.sh").write_text(f"{sys.executable} place.py\necho loss=0.25\n")
+    loss = monitor_pb2.MetricSpec(
+        name="loss", direction=monitor_pb2.METRIC_DIRECTION_MINIMIZE, log_regex=r"loss=([0-9.]+)"
+    )
+    monitor = ssh_host.settings(workspace_roots=[str(tmp_path / "roots")], job_poll_seconds=0.2)
+    async with serving(tmp_path, monitor) as stub:
+        workspace_id = await open_workspace(stub, path, "gpu1")
+        submitted = await stub.SubmitJob(
+            monitor_pb2.SubmitJobRequest(
+                slurm=monitor_pb2.SlurmSubmission(script_path="train.sh"),
+                request_id="slurm-metrics",
+                options=options(workspace_id, metrics=[loss, ACCURACY]),
+            )
+        )
+        responses = await watch_all(stub, submitted.job)
+    [arguments] = ssh_host.batch_submissions()
+    assert arguments[-1] == f"{path}/train.sh" and submitted.job.slurm.job_id == "101"
+    assert f"cwd {path}" in log_lines(responses), "its output, the log under the host's log root"
+    last = responses[-1].status
+    assert last.state == monitor_pb2.JOB_STATE_COMPLETED and last.exit_code == 0, last.detail
+    assert [(m.name, m.state, m.value) for m in last.metrics] == [
+        ("loss", monitor_pb2.METRIC_STATE_FOUND, 0.25),
+        ("acc", monitor_pb2.METRIC_STATE_FOUND, 0.8),
+    ]

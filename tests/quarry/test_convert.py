@@ -12,6 +12,7 @@ from quarry.agent.usage import Usage
 from quarry.convert import (
     ENTRY_KINDS,
     ROLES,
+    TIERS,
     EnumMap,
     duration,
     duration_seconds,
@@ -20,9 +21,10 @@ from quarry.convert import (
     usage_from_proto,
     usage_to_proto,
 )
+from quarry.errors import FieldViolation, InvalidArgument
 from quarry.identity import Role
 from quarry.v1 import common_pb2, monitor_pb2, scratchpad_pb2
-from quarry.vocabulary import EntryKind
+from quarry.vocabulary import EntryKind, Tier
 
 
 def test_enum_maps_cover_every_member_both_ways() -> None:
@@ -38,6 +40,14 @@ def test_unspecified_and_unknown_numbers_map_to_none() -> None:
     assert ENTRY_KINDS.from_proto(999) is None
     kinds = [scratchpad_pb2.ENTRY_KIND_NOTE, 999, scratchpad_pb2.ENTRY_KIND_UNSPECIFIED, scratchpad_pb2.ENTRY_KIND_SEED]
     assert ENTRY_KINDS.known(kinds) == [EntryKind.NOTE, EntryKind.SEED]
+
+
+def test_a_requested_number_is_a_member_none_when_unset_and_refused_when_unknown() -> None:
+    assert TIERS.requested(common_pb2.MODEL_TIER_SUPERVISOR, field="tier", enum_name="ModelTier") is Tier.SUPERVISOR
+    assert TIERS.requested(common_pb2.MODEL_TIER_UNSPECIFIED, field="tier", enum_name="ModelTier") is None
+    with pytest.raises(InvalidArgument) as raised:
+        TIERS.requested(7, field="tier", enum_name="ModelTier")
+    assert raised.value.violations == [FieldViolation("tier", "7 is not a ModelTier this server knows")]
 
 
 def test_an_incomplete_or_ambiguous_table_is_refused() -> None:

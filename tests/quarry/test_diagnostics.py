@@ -53,6 +53,11 @@ async def diagnostics_of(address: str) -> diagnostics_pb2.GetDiagnosticsResponse
         )
 
 
+def facts(response: diagnostics_pb2.GetDiagnosticsResponse) -> dict[str, tuple[str, str]]:
+    """Each fact's (value, setting), by name."""
+    return {fact.name: (fact.value, fact.setting) for fact in response.facts}
+
+
 def checks(response: diagnostics_pb2.GetDiagnosticsResponse) -> dict[str, diagnostics_pb2.DiagnosticCheck]:
     return {check.name: check for check in response.checks}
 
@@ -146,6 +151,12 @@ async def test_every_service_answers_anyone_and_reveals_no_secret(tmp_path: Path
     assert {fact.name: fact.value for fact in worker.facts}["model base URL"] == model.base_url
     # Each check used what holds a secret (the key, the URL's password, the database's) and succeeded.
     assert checks(worker)["model endpoint"].status == diagnostics_pb2.DIAGNOSTIC_STATUS_OK
+    # Its supervisor tier falls back to the same endpoint, model and key: named, and checked once.
+    assert "model endpoint (supervisor tier)" not in checks(worker)
+    assert facts(worker)["model (supervisor tier)"] == (
+        "the worker tier's endpoint and model: the model endpoint check covers both",
+        "QUARRY_SUPERVISOR_MODEL_*",
+    )
     assert checks(worker)["search (tavily)"].status == diagnostics_pb2.DIAGNOSTIC_STATUS_WARNING  # not called
     assert checks(scratchpad)["database"].status == diagnostics_pb2.DIAGNOSTIC_STATUS_OK
     assert {fact.name: fact.value for fact in scratchpad.facts}["database"].startswith("postgresql (127.0.0.1:5432/")
@@ -172,6 +183,48 @@ async def test_a_service_reports_a_model_it_cannot_use_and_the_setting_to_change
     assert unreachable.status == Status.FAILED and unreachable.detail.startswith(f"{closed} is not reachable: ")
     assert unreachable.setting == "QUARRY_WORKER_MODEL_BASE_URL or QUARRY_MODEL_BASE_URL"
     assert model.requests == []
+
+
+async def test_the_worker_checks_the_supervisor_tier_model_as_it_resolves_it(
+    tmp_path: Path, model: ScriptedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=1, model_base_url=model.base_url)
+    responses = {}
+    async with (
+        ScriptedModel() as other,
+        await build_scratchpad(ScratchpadSettings(address="127.0.0.1:0"), common) as scratchpad,
+    ):
+        settings = WorkerSettings(address="127.0.0.1:0", scratchpad_address=scratchpad.address, model_name="scripted")
+        # Its own endpoint; the model name is the worker tier's, which it leaves unset.
+        own = SupervisorSettings(model_base_url=other.base_url)
+        async with await build_worker(settings, common, supervisor_tier=own) as worker:
+            responses["own endpoint"] = await diagnostics_of(worker.address)
+        # A model the endpoint does not serve, named where the worker runs.
+        monkeypatch.setenv("QUARRY_SUPERVISOR_MODEL_NAME", "no-such-model")
+        async with await build_worker(settings, common) as worker:
+            responses["unserved model"] = await diagnostics_of(worker.address)
+    served = responses["own endpoint"]
+    assert facts(served)["model base URL (supervisor tier)"] == (
+        other.base_url,
+        "QUARRY_SUPERVISOR_MODEL_BASE_URL, QUARRY_WORKER_MODEL_BASE_URL or QUARRY_MODEL_BASE_URL",
+    )
+    assert facts(served)["model name (supervisor tier)"][0] == "scripted"
+    assert facts(served)["model base URL"][0] == model.base_url
+    found = {check.name: (check.status, check.detail) for check in served.checks}
+    assert found["model endpoint"] == (diagnostics_pb2.DIAGNOSTIC_STATUS_OK, f"{model.base_url} serves 'scripted'")
+    assert found["model endpoint (supervisor tier)"] == (
+        diagnostics_pb2.DIAGNOSTIC_STATUS_OK,
+        f"{other.base_url} serves 'scripted'",
+    )
+    unserved = checks(responses["unserved model"])
+    assert unserved["model endpoint"].status == diagnostics_pb2.DIAGNOSTIC_STATUS_OK
+    refused = unserved["model endpoint (supervisor tier)"]
+    assert (refused.status, refused.setting) == (
+        diagnostics_pb2.DIAGNOSTIC_STATUS_FAILED,
+        "QUARRY_SUPERVISOR_MODEL_NAME, QUARRY_WORKER_MODEL_NAME or QUARRY_MODEL_NAME",
+    )
+    assert refused.detail == f"'no-such-model' is not served at {model.base_url}; it serves: scripted"
+    assert model.requests == other.requests == []
 
 
 async def test_the_supervisor_checks_the_services_it_calls(tmp_path: Path, model: ScriptedModel) -> None:

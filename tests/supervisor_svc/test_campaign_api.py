@@ -24,7 +24,7 @@ from quarry.v1 import campaign_pb2
 from supervisor_svc.campaigns.model import CampaignState, Phase, Progress, validate_spec
 from supervisor_svc.campaigns.records import LedgerRecord, Verdict
 from supervisor_svc.campaigns.service import CampaignLimits, Campaigns
-from supervisor_svc.campaigns.servicer import spec_from_proto
+from supervisor_svc.campaigns.servicer import spec_from_proto, spec_to_proto
 from supervisor_svc.campaigns.store import CampaignLost, CampaignStore
 from supervisor_svc.schema import campaigns as campaigns_table
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
@@ -317,3 +317,28 @@ def test_a_stop_time_in_the_past_is_refused() -> None:
     with pytest.raises(InvalidArgument) as refused:
         validate_spec(spec_from_proto(message), datetime.now(UTC))
     assert [violation.field for violation in refused.value.violations] == ["spec.budgets.stop_time"]
+
+
+def test_a_slurm_experiment_needs_a_login_host_a_script_inside_the_workspace_and_no_command() -> None:
+    message = spec()  # on the monitor's machine, with a command line
+    message.experiment.slurm.script_path = "../train.sh"
+    message.experiment.slurm.sbatch_args.extend(["", "--x\x00"])
+    message.experiment.gpus.indices.append(0)
+    with pytest.raises(InvalidArgument) as refused:
+        validate_spec(spec_from_proto(message), datetime.now(UTC))
+    assert {violation.field for violation in refused.value.violations} == {
+        "spec.experiment.slurm",
+        "spec.workspace.host",
+        "spec.experiment.slurm.script_path",
+        "spec.experiment.slurm.sbatch_args[0]",
+        "spec.experiment.slurm.sbatch_args[1]",
+        "spec.experiment.gpus.indices",
+    }
+
+    good = spec()
+    good.workspace.host = "gpu1"
+    good.experiment.ClearField("command_line")
+    good.experiment.slurm.script_path = "jobs/train.sh"
+    good.experiment.slurm.sbatch_args.append("--partition=gpu")
+    kept = spec_to_proto(validate_spec(spec_from_proto(good), datetime.now(UTC)))
+    assert kept.experiment.slurm == good.experiment.slurm and not kept.experiment.argv

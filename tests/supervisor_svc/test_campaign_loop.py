@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -39,7 +40,8 @@ from supervisor_svc.campaigns.loop import INSTRUCTIONS
 from supervisor_svc.service import build_host as build_supervisor
 from tests.conftest import ServiceProcess, reusable_port, start_service, stop_service
 from tests.fakes.choreography import Choreography, agent_of
-from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
+from tests.fakes.openai_server import Await, Call, HttpError, Reply, ScriptedModel, Step
+from tests.monitor_svc.fake_ssh import FakeHost, fake_ssh_host
 from worker_svc.service import build_host as build_worker
 
 TRAIN = """\
@@ -69,6 +71,7 @@ def make_project(roots: Path) -> Path:
     project.mkdir(parents=True)
     (project / "train.py").write_text(TRAIN)
     (project / "config.json").write_text(BASELINE_CONFIG)
+    (project / "train.sh").write_text(f"exec {sys.executable} train.py\n")  # what a campaign through Slurm submits
     git(project, "init", "-q", "-b", "main")
     git(project, "-c", "user.name=T", "-c", "user.email=t@example.com", "add", "-A")
     git(project, "-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "-q", "-m", "initial")
@@ -123,14 +126,24 @@ class Lab:
 
 @pytest.fixture
 async def lab(tmp_path: Path, model: ScriptedModel) -> AsyncIterator[Lab]:
-    script = Script()
-    model.default = script
     roots = tmp_path / "roots"
     project = make_project(roots)
-    common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=1)
     monitor_settings = MonitorSettings(
         address="127.0.0.1:0", allow_job_submission=True, workspace_roots=[str(roots.resolve())]
     )
+    async with open_lab(tmp_path, model, project, monitor_settings) as opened:
+        yield opened
+
+
+@contextlib.asynccontextmanager
+async def open_lab(
+    tmp_path: Path, model: ScriptedModel, project: Path, monitor_settings: MonitorSettings
+) -> AsyncIterator[Lab]:
+    """Scratchpad, a monitor with these settings, an engineer worker and the supervisor, for a campaign on
+    `project`."""
+    script = Script()
+    model.default = script
+    common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=1)
     async with (
         await build_scratchpad(ScratchpadSettings(address="127.0.0.1:0"), common) as scratchpad,
         await build_monitor(monitor_settings, common) as monitor,
@@ -196,50 +209,75 @@ FAILED = campaign_pb2.LEDGER_VERDICT_FAILED
 BASELINE = campaign_pb2.LEDGER_VERDICT_BASELINE
 
 
-async def test_a_campaign_measures_keeps_discards_and_fails_by_code_with_no_model_call_while_a_job_runs(
-    lab: Lab,
-) -> None:
-    script, project = lab.script, lab.project
+@dataclass
+class Ran:
+    """A campaign run to its end: its events and its ledger rows."""
+
+    campaign_id: str
+    stream: list[campaign_pb2.CampaignEvent]
+    rows: list[campaign_pb2.LedgerRow]
+
+
+async def run_campaign(lab: Lab, message: campaign_pb2.CampaignSpec, request_id: str, *directives: str) -> Ran:
+    campaign = await lab.campaigns.start_campaign(message, request_id=request_id)
+    for index, directive in enumerate(directives, 1):
+        await lab.campaigns.send_directive(campaign.campaign_id, directive, request_id=f"directive-{index}")
+    stream = [event async for event in lab.campaigns.stream_campaign(campaign.campaign_id)]
+    assert stream[-1].ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED, stream[-1].ended.reason
+    rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
+    return Ran(campaign.campaign_id, stream, rows)
+
+
+def script_keep_then_discard(script: Script) -> None:
+    """The happy path's two THINKs: an improvement far beyond the noise, then a regression."""
     script.cycle("Set lr to 0.1 in config.json.", BETTER_CONFIG, "A larger learning rate converges faster.")
     script.cycle("Set lr to 0.001 in config.json.", WORSE_CONFIG, "A smaller learning rate is more stable.")
-    script.cycle("Make config.json say steps is nothing.", BROKEN_CONFIG, "Fewer steps save time.")
-    initial = git(project, "rev-parse", "HEAD")
 
-    campaign = await lab.campaigns.start_campaign(spec(project, cycles=6), request_id="lab-1")
-    await lab.campaigns.send_directive(campaign.campaign_id, DIRECTIVE, request_id="directive-1")
-    stream = [event async for event in lab.campaigns.stream_campaign(campaign.campaign_id)]
 
-    ended = stream[-1].ended
-    assert ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED, ended.reason
-    rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
-    assert [row.cycle for row in rows] == [1, 2, 3, 4, 5, 6]
-    assert [row.verdict for row in rows] == [BASELINE, BASELINE, BASELINE, KEEP, DISCARD, FAILED]
-    kept, discarded, crashed = rows[3], rows[4], rows[5]
-
-    # The baseline ran the initial commit three times; the noise floor and the best come from it, then the keep.
+def assert_measured_kept_and_discarded(project: Path, ran: Ran, initial: str) -> None:
+    """The happy path's five cycles: the unchanged baseline three times, the improvement kept (its commit on the
+    campaign's branch), the regression discarded (the workspace back at the kept commit, file and HEAD)."""
+    rows = ran.rows
+    assert [row.verdict for row in rows[:5]] == [BASELINE, BASELINE, BASELINE, KEEP, DISCARD]
+    kept, discarded = rows[3], rows[4]
     assert {row.commit for row in rows[:3]} == {initial}
     assert all(3.9 < row.metrics[0].value < 4.1 for row in rows[:3])
-    assert kept.metrics[0].value < 0.01
-    final = await lab.campaigns.get_campaign(campaign.campaign_id)
-    assert final.best_value == pytest.approx(kept.metrics[0].value)
-    signals = [event.signal for event in stream if event.HasField("signal")]
-    assert [signal.kind for signal in signals] == [campaign_pb2.CAMPAIGN_SIGNAL_KIND_NOISE_FLOOR]
-    assert signals[0].value == pytest.approx(final.noise_floor)
-    assert 0 < signals[0].value < 0.01
-
-    # The kept commit is on the campaign's branch, and the workspace is back at it after the discard and the crash.
-    branch = f"quarry/{campaign.campaign_id}"
-    assert git(project, "rev-parse", "--abbrev-ref", "HEAD") == branch
+    assert kept.metrics[0].value < 0.01 and discarded.metrics[0].value > 8
+    assert git(project, "rev-parse", "--abbrev-ref", "HEAD") == f"quarry/{ran.campaign_id}"
     assert git(project, "rev-parse", "HEAD") == kept.commit
     assert git(project, "show", f"{kept.commit}:config.json") + "\n" == BETTER_CONFIG
     assert (project / "config.json").read_text() == BETTER_CONFIG
     assert discarded.commit not in {initial, kept.commit}
     assert git(project, "show", f"{discarded.commit}:config.json") + "\n" == WORSE_CONFIG
 
+
+async def test_a_campaign_measures_keeps_discards_and_fails_by_code_with_no_model_call_while_a_job_runs(
+    lab: Lab,
+) -> None:
+    script, project = lab.script, lab.project
+    script_keep_then_discard(script)
+    script.cycle("Make config.json say steps is nothing.", BROKEN_CONFIG, "Fewer steps save time.")
+    initial = git(project, "rev-parse", "HEAD")
+
+    ran = await run_campaign(lab, spec(project, cycles=6), "lab-1", DIRECTIVE)
+    stream, rows = ran.stream, ran.rows
+    assert [row.cycle for row in rows] == [1, 2, 3, 4, 5, 6]
+    assert rows[5].verdict == FAILED
+    assert_measured_kept_and_discarded(project, ran, initial)
+    kept, crashed = rows[3], rows[5]
+
+    # The noise floor and the best come from the baseline, then the keep.
+    final = await lab.campaigns.get_campaign(ran.campaign_id)
+    assert final.best_value == pytest.approx(kept.metrics[0].value)
+    signals = [event.signal for event in stream if event.HasField("signal")]
+    assert [signal.kind for signal in signals] == [campaign_pb2.CAMPAIGN_SIGNAL_KIND_NOISE_FLOOR]
+    assert signals[0].value == pytest.approx(final.noise_floor)
+    assert 0 < signals[0].value < 0.01
+
     # The crash: FAILED by the job's exit, no metric, and a dead end on the campaign's thread.
     assert crashed.job_state == monitor_pb2.JOB_STATE_FAILED
     assert not crashed.metrics[0].HasField("value")
-    entries = await lab.scratchpad.read_all(campaign.campaign_id)
+    entries = await lab.scratchpad.read_all(ran.campaign_id)
     dead_ends = [json.loads(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_CAMPAIGN_DEAD_END]
     assert [(d["cycle"], d["approach"]) for d in dead_ends] == [(6, "Fewer steps save time.")]
     ledger = [json.loads(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_CAMPAIGN_LEDGER]
@@ -299,6 +337,40 @@ async def test_a_supervisor_restarted_during_a_running_experiment_finds_the_job_
     waits = [e.phase_changed.message for e in after if e.phase_changed.phase == campaign_pb2.CAMPAIGN_PHASE_WAITING]
     assert waits == [f"job {job_id}"]
     assert git(lab.project, "rev-parse", "HEAD") == rows[3].commit
+
+
+async def test_a_think_interrupted_after_its_engineer_finished_is_redone_from_the_kept_state(lab: Lab) -> None:
+    """The supervisor stops while the leader's last turn is pending, its engineer's change made but not committed:
+    the THINK is redone (the workspace back at the kept commit), its engineer a new delegation that runs."""
+    script = lab.script
+    script.cycle("Set lr to 0.1 in config.json.", BETTER_CONFIG, "A larger learning rate converges faster.")
+    held = asyncio.Event()
+    script.leader[-1] = Await(held, then=script.leader[-1])
+    campaign = await lab.campaigns.start_campaign(spec(lab.project, cycles=4), request_id="lab-redo")
+    for _ in range(600):  # a minute at most
+        if len(script.leader_requests) == 2:
+            break
+        await asyncio.sleep(0.1)
+    assert len(script.leader_requests) == 2 and not script.engineer, "the engineer has made its change"
+    assert (lab.project / "config.json").read_text() == BETTER_CONFIG
+
+    await lab.restart()
+    held.set()  # the first THINK's last turn is answered to nobody
+    redo = Call("delegate_engineer", {"change": "Set lr to 0.1 in config.json."}, "e-redo")
+    script.leader.extend([Reply(calls=(redo,)), Reply(content="A larger learning rate converges faster.")])
+    script.engineer.extend(
+        [
+            Reply(calls=(Call("write_file", {"path": "config.json", "content": BETTER_CONFIG}, "w"),)),
+            Reply(content="config.json now says lr 0.1"),
+        ]
+    )
+    stream = [event async for event in lab.campaigns.stream_campaign(campaign.campaign_id)]
+
+    assert stream[-1].ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED, stream[-1].ended.reason
+    rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
+    assert [(row.cycle, row.verdict) for row in rows] == [(1, BASELINE), (2, BASELINE), (3, BASELINE), (4, KEEP)]
+    assert not script.engineer and len(script.leader_requests) == 4, "the redone THINK's engineer ran again"
+    assert git(lab.project, "show", f"{rows[3].commit}:config.json") + "\n" == BETTER_CONFIG
 
 
 async def test_over_processes_a_sigkilled_supervisor_is_restarted_and_its_campaign_runs_on_without_a_second_launch(
@@ -531,3 +603,74 @@ async def test_a_workspace_the_monitor_refuses_pauses_the_campaign_with_the_reas
     paused = await lab.campaigns.get_campaign(campaign.campaign_id)
     assert paused.state == campaign_pb2.CAMPAIGN_STATE_PAUSED
     assert lab.script.times == []
+
+
+# -- the happy path on an SSH host, and through Slurm --------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def remote_lab(tmp_path: Path, model: ScriptedModel) -> AsyncIterator[tuple[Lab, FakeHost]]:
+    """The lab with its workspace on the SSH host gpu1 (tests/monitor_svc/fake_ssh.py, on loopback): the monitor
+    opens and edits it over SSH and runs its jobs there, their logs under the host's log root."""
+    project = make_project(tmp_path / "roots")
+    (tmp_path / "logs").mkdir()  # the host's log root
+    async with fake_ssh_host(tmp_path) as host:
+        settings = host.settings(workspace_roots=[str(project.parent)], job_poll_seconds=0.2)
+        async with open_lab(tmp_path, model, project, settings) as opened:
+            yield opened, host
+
+
+def on_the_host(project: Path) -> campaign_pb2.CampaignSpec:
+    message = spec(project, cycles=5)
+    message.workspace.host = "gpu1"
+    return message
+
+
+def jobs_by_cycle(ran: Ran) -> dict[int, monitor_pb2.JobRef]:
+    return {event.job_progress.cycle: event.job_progress.job for event in ran.stream if event.HasField("job_progress")}
+
+
+def assert_each_metric_is_the_monitors_reading_of_the_jobs_log(ran: Ran, log_root: Path) -> None:
+    """Each cycle's value is what its job printed in its log on the host, as the monitor read it."""
+    for row in ran.rows:
+        printed = re.findall(r"val_loss=([0-9.]+)", (log_root / f"{row.job_id}.log").read_text())
+        assert [float(value) for value in printed] == [row.metrics[0].value], row.cycle
+
+
+async def test_the_happy_path_with_the_workspace_on_an_ssh_host(tmp_path: Path, model: ScriptedModel) -> None:
+    async with remote_lab(tmp_path, model) as (lab, host):
+        script_keep_then_discard(lab.script)
+        initial = git(lab.project, "rev-parse", "HEAD")
+        ran = await run_campaign(lab, on_the_host(lab.project), "lab-ssh")
+
+    assert_measured_kept_and_discarded(lab.project, ran, initial)
+    jobs = jobs_by_cycle(ran)
+    assert sorted(jobs) == [1, 2, 3, 4, 5]
+    assert all(job.WhichOneof("target") == "remote" and job.remote.host == "gpu1" for job in jobs.values()), jobs
+    launches = [command for command in host.commands if sys.executable in command and "train.py" in command]
+    assert len(launches) == 5, "each experiment started over SSH, once"
+    assert_each_metric_is_the_monitors_reading_of_the_jobs_log(ran, tmp_path / "logs")
+
+
+async def test_the_happy_path_through_slurm(tmp_path: Path, model: ScriptedModel) -> None:
+    async with remote_lab(tmp_path, model) as (lab, host):
+        host.run_batch_jobs()
+        script_keep_then_discard(lab.script)
+        initial = git(lab.project, "rev-parse", "HEAD")
+        message = on_the_host(lab.project)
+        message.experiment.ClearField("argv")
+        message.experiment.slurm.script_path = "train.sh"
+        message.experiment.slurm.sbatch_args.append("--partition=cpu")
+        ran = await run_campaign(lab, message, "lab-slurm")
+
+    assert_measured_kept_and_discarded(lab.project, ran, initial)
+    jobs = jobs_by_cycle(ran)
+    assert [(job.slurm.host, job.slurm.job_id) for _, job in sorted(jobs.items())] == [
+        ("gpu1", str(job_id)) for job_id in range(101, 106)
+    ]
+    submissions = host.batch_submissions()
+    assert len(submissions) == 5, "each experiment submitted once"
+    for arguments in submissions:
+        assert arguments[:2] == ["--parsable", "--partition=cpu"] and arguments[-1] == f"{lab.project}/train.sh"
+        assert f"--chdir={lab.project}" in arguments and "--time=0-00:01:00" in arguments
+    assert_each_metric_is_the_monitors_reading_of_the_jobs_log(ran, tmp_path / "logs")

@@ -305,6 +305,8 @@ BAD_REQUESTS: list[tuple[str, dict[str, object], str]] = [
     ("malformed thread", {"scratchpad_thread_id": "Not-A-Thread"}, "scratchpad_thread_id"),
     ("blank objective", {"task": worker_pb2.ResearchTask(objective="  ")}, "task.objective"),
     ("supervisor role", {"role": common_pb2.ROLE_SUPERVISOR}, "role"),
+    # A tier a newer client knows is refused, not run at the role's default tier.
+    ("a tier this server does not know", {"tier": 7}, "tier"),
     ("too many turns", {"budget": worker_pb2.DelegationBudget(max_turns=1000)}, "budget.max_turns"),
     (
         "timeout beyond a day",

@@ -211,6 +211,16 @@ def test_flags_alone_make_a_spec_and_lay_over_a_file_section_by_section(tmp_path
     assert merged.brief.goal == "Other goal." and list(merged.brief.constraints) == ["Keep it under a minute."]
 
 
+def test_a_campaign_file_or_a_flag_runs_the_experiment_as_a_slurm_batch_script() -> None:
+    data = {"workspace": {"host": "gpu1"}, "experiment": {"slurm_script": "train.sh", "sbatch_args": ["-p", "gpu"]}}
+    spec = spec_from_settings(data)
+    assert spec.experiment.slurm == campaign_pb2.CampaignSlurm(script_path="train.sh", sbatch_args=["-p", "gpu"])
+    assert not spec.experiment.argv and not spec.experiment.command_line
+    flagged = spec_from_settings(load_settings(None, settings_from_flags(_flags("--slurm-script", "run.sh"))))
+    assert flagged.experiment.slurm.script_path == "run.sh"
+    assert not spec_from_settings({"experiment": {"command": "./run.sh"}}).experiment.HasField("slurm")
+
+
 def test_the_live_view_shows_the_cycle_the_running_job_its_log_the_best_and_the_last_rows() -> None:
     campaign = campaign_pb2.Campaign(campaign_id="campaign-" + "1" * 32, spec=campaign_spec())
     campaign.spec.signals.CopyFrom(campaign_pb2.CampaignSignalRules(baseline_runs=3, max_retests=2))
