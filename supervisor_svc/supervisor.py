@@ -235,8 +235,7 @@ class Supervisor:
             raise FailedPrecondition(
                 f"run {run_id} is {record.state.value}, not awaiting approval"
                 if record.approval is None
-                else f"run {run_id} was already {record.approval.decision.value}",
-                reason=ErrorReason.RUN_NOT_AWAITING_APPROVAL,
+                else f"run {run_id} was already {record.approval.decision.value}"
             )
         # This decision was taken (by this call, or by an earlier one that this call repeats).
         await self._wait_ended(run_id)
