@@ -4,6 +4,8 @@ decision taken by another replica."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
@@ -11,7 +13,7 @@ import pytest
 
 from quarry.client import QuarryClient
 from quarry.config import QuarrySettings, ScratchpadSettings, SupervisorSettings
-from quarry.db import open_migrated_database
+from quarry.db import Database, open_migrated_database
 from quarry.research_records import ClaimJudgement
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
 from scratchpad_svc.service import build_host as build_scratchpad
@@ -133,6 +135,16 @@ async def test_a_run_awaiting_approval_can_still_be_cancelled(mesh: Mesh) -> Non
     answer_at_once(mesh)
     run = await mesh.client.start_run("Cancel me?", options=APPROVAL)
     await wait_for_phase(mesh, run.run_id, AWAITING)
+    database = Database(mesh.supervisor_database_url)
+    try:  # what a verifying run saves as it goes: GetRun shows it, the open objection included
+        progress = events.status(ResearchPhase.AWAITING_APPROVAL, "objections still open")
+        await RunStore(database).record_verification(run.run_id, progress, OBJECTED)
+    finally:
+        await database.close()
+    waiting = await mesh.client.get_run(run.run_id)
+    assert waiting.state == supervisor_pb2.RUN_STATE_AWAITING_APPROVAL
+    [objection] = waiting.verification.objections
+    assert objection.status == supervisor_pb2.OBJECTION_STATUS_OPEN and objection.sentence_index == 0
     cancelled = await mesh.client.cancel_run(run.run_id, reason="no longer needed")
     assert cancelled.state == supervisor_pb2.RUN_STATE_CANCELLED and cancelled.cancel_reason == "no longer needed"
     await expect_error(mesh.client.approve_run(run.run_id), grpc.StatusCode.FAILED_PRECONDITION)
@@ -195,3 +207,29 @@ async def test_a_decision_taken_by_another_replica_reaches_the_run(tmp_path: Pat
                 approved = await asyncio.wait_for(b.approve_run(run.run_id, comment="From the other side."), 30)
     assert approved.state == supervisor_pb2.RUN_STATE_SUCCEEDED, "the owner got the decision on a lease renewal"
     assert approved.report.markdown == "Awaiting a person."
+
+
+def test_the_completed_event_and_the_run_carry_the_verification_and_each_citations_judgement() -> None:
+    cited = Report("It is 330 m tall [1].", (Citation(1, "https://x", "X", "330 m", 7, ClaimJudgement.SUPPORTED),))
+    unverified = FindingCheck(8, "It is red.", None)
+    verification = replace(OBJECTED, findings=(*OBJECTED.findings, unverified), revision_rounds=1)
+    payload = events.ending(RunOutcome.succeeded(cited, RunUsage(), verification=verification)).stored(
+        "run-" + "c" * 32, 5, datetime.now(UTC)
+    )
+    completed = supervisor_pb2.RunEvent.FromString(payload).completed
+    assert completed.report.citations[0].judgement == supervisor_pb2.CLAIM_JUDGEMENT_SUPPORTED
+    shown = completed.verification
+    assert shown.enabled and shown.revision_rounds == 1 and shown.supported_claims == 0
+    assert [(f.judgement, f.citable) for f in shown.findings] == [
+        (supervisor_pb2.CLAIM_JUDGEMENT_SUPPORTED, True),
+        (supervisor_pb2.CLAIM_JUDGEMENT_UNVERIFIED, False),
+    ]
+    [sentence] = shown.sentences
+    assert sentence.status == supervisor_pb2.SENTENCE_STATUS_OBJECTED and list(sentence.finding_sequence_nos) == [7]
+    [objection] = shown.objections
+    assert objection.status == supervisor_pb2.OBJECTION_STATUS_OPEN and objection.reason == "the page gives 324 m"
+    uncited = Report("Plain.", (Citation(1, "https://x", "X", "330 m", 7),))
+    plain = events.ending(RunOutcome.succeeded(uncited, RunUsage())).stored("run-" + "c" * 32, 5, datetime.now(UTC))
+    unverified_run = supervisor_pb2.RunEvent.FromString(plain).completed
+    assert not unverified_run.HasField("verification")
+    assert unverified_run.report.citations[0].judgement == supervisor_pb2.CLAIM_JUDGEMENT_UNSPECIFIED
