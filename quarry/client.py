@@ -318,6 +318,22 @@ class QuarryClient:
         )
         return response.run
 
+    async def approve_run(self, run_id: str, comment: str = "") -> supervisor_pb2.Run:
+        """Approve a run awaiting approval: it completes with its report (a repeat returns it)."""
+        request = supervisor_pb2.ApproveRunRequest(run_id=run_id, comment=comment)
+        response: supervisor_pb2.ApproveRunResponse = await self._retry.call(
+            self._stub.ApproveRun, request, extra_timeout=15
+        )
+        return response.run
+
+    async def reject_run(self, run_id: str, reason: str = "") -> supervisor_pb2.Run:
+        """Reject a run awaiting approval: it fails with RUN_ERROR_CODE_REJECTED and the reason."""
+        request = supervisor_pb2.RejectRunRequest(run_id=run_id, reason=reason)
+        response: supervisor_pb2.RejectRunResponse = await self._retry.call(
+            self._stub.RejectRun, request, extra_timeout=15
+        )
+        return response.run
+
     async def stream_run(
         self, run_id: str, *, after_sequence_no: int = 0, max_reconnects: int = 100
     ) -> AsyncIterator[supervisor_pb2.RunEvent]:

@@ -339,6 +339,12 @@ class SupervisorSettings(ModelTier):
     stream_poll_seconds: float = Field(default=1.0, gt=0, le=3600)
     """A waiting StreamRun re-reads after this long without a wake-up (a safety net: commits wake it,
     on PostgreSQL across replicas too)."""
+    verify_runs: bool = True
+    """Whether a run verifies its report (blind claim-verifiers, a citation audit, objections revised or
+    adjudicated) when its StartRun leaves RunOptions.verification unspecified."""
+    approval_wait_seconds: float = Field(default=24 * 3600.0, gt=0, le=30 * 24 * 3600)
+    """How long a run started with require_approval waits for ApproveRun or RejectRun; past it the run fails
+    with DEADLINE_EXCEEDED. The wait does not count against the run's own time limit."""
 
     def worker_targets(self) -> list[str]:
         return [target.strip() for target in self.worker_addresses.split(",") if target.strip()]

@@ -13,6 +13,8 @@ from quarry import ids
 from quarry.agent.usage import Usage
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.identity import Role
+from quarry.research_records import ClaimJudgement
+from supervisor_svc.verification.state import Verification
 
 DEFAULT_SUPERVISOR_TURNS = 12
 MAX_TURNS_LIMIT = 64
@@ -20,6 +22,8 @@ MAX_PARALLEL_LIMIT = 64
 MAX_QUESTION_CHARS = 16_000
 MAX_TIMEOUT_SECONDS = 24 * 3600
 MAX_LABELS = 64
+DEFAULT_REVISION_ROUNDS = 2
+MAX_REVISION_ROUNDS = 8
 
 
 class RunState(enum.StrEnum):
@@ -28,19 +32,25 @@ class RunState(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # Research and verification are done; the run waits for ApproveRun or RejectRun. Still active: its
+    # owner holds the lease, it takes events, and CancelRun still ends it. Stored as "awaiting": the state
+    # column holds 16 characters, and widening it on SQLite would rebuild the runs table, whose
+    # cascading foreign key would take every run's events with it.
+    AWAITING_APPROVAL = "awaiting"
 
     @property
     def ended(self) -> bool:
         return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED)
 
 
-ACTIVE_STATES = (RunState.QUEUED.value, RunState.RUNNING.value)
+ACTIVE_STATES = (RunState.QUEUED.value, RunState.RUNNING.value, RunState.AWAITING_APPROVAL.value)
 
 
 class RunErrorCode(enum.StrEnum):
     PROVIDER_ERROR = "provider_error"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     INTERNAL = "internal"
+    REJECTED = "rejected"  # a person rejected the run while it awaited approval
 
 
 class RunWarning(enum.StrEnum):
@@ -67,18 +77,42 @@ class RunOptions:
     max_parallel_delegations: int = 0  # 0: the server's default
     timeout_seconds: float = 0.0  # 0: the server's default
     max_tokens: int = 0  # 0: no token budget
+    verification: str = ""  # "on", "off"; "": the server's default
+    require_approval: bool = False  # once verified, wait for ApproveRun or RejectRun
+    max_revision_rounds: int = 0  # 0: DEFAULT_REVISION_ROUNDS
 
     # Stored (and hashed into a StartRun's request digest) under the field's first name, so that a
     # request_id retried across an upgrade still finds its run and every release reads every row.
     _STORED_NAMES: ClassVar[dict[str, str]] = {"max_worker_turns": "worker_max_turns"}
+    # Options added later are stored (and hashed) only when set: a request that leaves them at their
+    # defaults keeps the digest an earlier release computed, and its row reads as before.
+    _LATER_OPTIONS: ClassVar[frozenset[str]] = frozenset({"verification", "require_approval", "max_revision_rounds"})
 
     def to_json(self) -> dict[str, Any]:
-        return {self._STORED_NAMES.get(key, key): value for key, value in asdict(self).items()}
+        defaults = RunOptions()
+        return {
+            self._STORED_NAMES.get(key, key): value
+            for key, value in asdict(self).items()
+            if key not in self._LATER_OPTIONS or value != getattr(defaults, key)
+        }
+
+    def verifies(self, server_default: bool) -> bool:
+        """Whether the run verifies its report: as asked, else as the server is configured."""
+        return server_default if not self.verification else self.verification == VERIFICATION_ON
+
+    @property
+    def revision_rounds(self) -> int:
+        return self.max_revision_rounds or DEFAULT_REVISION_ROUNDS
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunOptions:
         names = {stored: name for name, stored in cls._STORED_NAMES.items()}
         return cls(**{names.get(key, key): value for key, value in data.items()})
+
+
+VERIFICATION_ON = "on"
+VERIFICATION_OFF = "off"
+VERIFICATION_MODES = ("", VERIFICATION_ON, VERIFICATION_OFF)
 
 
 @dataclass(frozen=True)
@@ -93,11 +127,10 @@ class RunUsage:
         return self.supervisor + self.workers
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "supervisor": self.supervisor.to_json(),
-            "workers": self.workers.to_json(),
-            "verification": self.verification.to_json(),
-        }
+        stored = {"supervisor": self.supervisor.to_json(), "workers": self.workers.to_json()}
+        if self.verification != Usage():  # stored only when spent: a run that did not verify reads as before
+            stored["verification"] = self.verification.to_json()
+        return stored
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunUsage:
@@ -115,6 +148,18 @@ class Citation:
     title: str
     excerpt: str
     sequence_no: int  # the scratchpad entry it comes from
+    judgement: ClaimJudgement | None = None  # how a blind claim-verifier judged it; None: not verified
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.judgement is None:  # as an earlier release stored it, so that release still reads the row
+            del data["judgement"]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Citation:
+        judgement = data.get("judgement")
+        return cls(**{**data, "judgement": ClaimJudgement(judgement) if judgement else None})
 
 
 @dataclass(frozen=True)
@@ -127,12 +172,12 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["citations"] = [asdict(citation) for citation in self.citations]
+        data["citations"] = [citation.to_json() for citation in self.citations]
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Report:
-        citations = tuple(Citation(**citation) for citation in data.get("citations", []))
+        citations = tuple(Citation.from_json(citation) for citation in data.get("citations", []))
         return cls(**{**data, "citations": citations})
 
 
@@ -146,6 +191,11 @@ class ResearchPhase(enum.StrEnum):
     WORKER_COMPLETED = "worker_completed"
     WORKER_FAILED = "worker_failed"
     SYNTHESIZING = "synthesizing"
+    VERIFYING_CLAIMS = "verifying_claims"
+    AUDITING = "auditing"
+    REVISING = "revising"
+    ADJUDICATING = "adjudicating"
+    AWAITING_APPROVAL = "awaiting_approval"
 
 
 @dataclass(frozen=True)
@@ -176,10 +226,17 @@ class RunOutcome:
     error_code: RunErrorCode | None = None
     message: str = ""  # the error, or why it was cancelled (cancellation is a state, not an error)
     warnings: tuple[RunWarning, ...] = ()  # what a succeeded run's report lacks
+    verification: Verification | None = None  # how the report was verified; None: it was not
 
     @classmethod
-    def succeeded(cls, report: Report, usage: RunUsage, warnings: tuple[RunWarning, ...] = ()) -> RunOutcome:
-        return cls(RunState.SUCCEEDED, usage, report=report, warnings=warnings)
+    def succeeded(
+        cls,
+        report: Report,
+        usage: RunUsage,
+        warnings: tuple[RunWarning, ...] = (),
+        verification: Verification | None = None,
+    ) -> RunOutcome:
+        return cls(RunState.SUCCEEDED, usage, report=report, warnings=warnings, verification=verification)
 
     @classmethod
     def failed(cls, code: RunErrorCode, message: str, usage: RunUsage) -> RunOutcome:
@@ -188,6 +245,19 @@ class RunOutcome:
     @classmethod
     def cancelled(cls, reason: str, usage: RunUsage) -> RunOutcome:
         return cls(RunState.CANCELLED, usage, message=reason)
+
+
+class ApprovalDecision(enum.StrEnum):
+    APPROVED = "approved"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True)
+class Approval:
+    """What ApproveRun or RejectRun decided for a run awaiting approval."""
+
+    decision: ApprovalDecision
+    note: str  # the approver's comment, or why it was rejected
 
 
 @dataclass(frozen=True)
@@ -221,6 +291,8 @@ class RunRecord:
     end_time: datetime | None = None
     cancel_reason: str = ""  # why it was cancelled, once it was
     warnings: tuple[RunWarning, ...] = ()  # what its report lacks, once it succeeded
+    verification: Verification | None = None  # how its report is verified, once verification began
+    approval: Approval | None = None  # the decision ApproveRun or RejectRun took, once one did
 
 
 def validate_start(request: StartRequest) -> None:
@@ -248,6 +320,15 @@ def validate_start(request: StartRequest) -> None:
         violations.append(FieldViolation("options.timeout", f"between 0 and {MAX_TIMEOUT_SECONDS} seconds"))
     if options.max_tokens < 0:
         violations.append(FieldViolation("options.max_tokens", "must not be negative"))
+    if options.verification not in VERIFICATION_MODES:
+        violations.append(FieldViolation("options.verification", "not a VerificationMode this server knows"))
+    if not 0 <= options.max_revision_rounds <= MAX_REVISION_ROUNDS:
+        violations.append(
+            FieldViolation(
+                "options.max_revision_rounds",
+                f"between 1 and {MAX_REVISION_ROUNDS} (0: default {DEFAULT_REVISION_ROUNDS})",
+            )
+        )
     if len(request.labels) > MAX_LABELS:
         violations.append(FieldViolation("labels", f"at most {MAX_LABELS} labels"))
     for key, value in request.labels.items():

@@ -19,6 +19,7 @@ from supervisor_svc import events
 from supervisor_svc.events import PublicEvent
 from supervisor_svc.model import ResearchPhase, RunOutcome, RunUsage
 from supervisor_svc.store import RunStore
+from supervisor_svc.verification.state import Verification
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,12 @@ class RunEventLog:
 
     async def record_usage(self, event: PublicEvent, usage: RunUsage) -> None:
         await self.write(lambda: self._store.record_usage(self._run_id, event, usage))
+
+    async def record_verification(self, event: PublicEvent, verification: Verification) -> None:
+        await self.write(lambda: self._store.record_verification(self._run_id, event, verification))
+
+    async def await_approval(self, event: PublicEvent, verification: Verification | None) -> None:
+        await self.write(lambda: self._store.await_approval(self._run_id, event, verification))
 
     async def finish(self, outcome: RunOutcome) -> None:
         await self.write(lambda: self._store.finish(self._run_id, outcome))
@@ -108,6 +115,13 @@ class RunPublisher:
 
     async def delegation_ended(self, result: DelegationResult, usage: RunUsage) -> None:
         await self._log.record_usage(events.delegation_ended(result), usage)
+
+    async def verification(self, phase: ResearchPhase, message: str, verification: Verification) -> None:
+        """A verification step, after which GetRun shows `verification` as the run's so far."""
+        await self._log.record_verification(events.status(phase, message), verification)
+
+    async def awaiting_approval(self, message: str, verification: Verification | None) -> None:
+        await self._log.await_approval(events.status(ResearchPhase.AWAITING_APPROVAL, message), verification)
 
     async def finish(self, outcome: RunOutcome) -> None:
         await self._log.finish(outcome)

@@ -35,11 +35,20 @@ from quarry.vocabulary import EntryKind
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.delegating import Delegator
 from supervisor_svc.ledger import RunLedger
-from supervisor_svc.model import DEFAULT_SUPERVISOR_TURNS, ResearchPhase, RunErrorCode, RunOutcome, RunRecord
+from supervisor_svc.model import (
+    DEFAULT_SUPERVISOR_TURNS,
+    Approval,
+    ApprovalDecision,
+    ResearchPhase,
+    RunErrorCode,
+    RunOutcome,
+    RunRecord,
+)
 from supervisor_svc.publishing import RunEventLog, RunPublisher
 from supervisor_svc.store import RunEnded
 from supervisor_svc.synthesis import ResearchEnd, report_warnings, write_report
 from supervisor_svc.tools import REGISTRY, SupervisorContext
+from supervisor_svc.verification.state import Verification
 from supervisor_svc.worker_client import DelegationClient
 
 log = logging.getLogger(__name__)
@@ -56,6 +65,8 @@ INSTRUCTIONS = (
 # How long the end of a run waits out a database that is away: a run left active would only be ended
 # later, as failed, by the lease sweep.
 _END_RETRY_SECONDS = 30
+# How many open objections the awaiting-approval event names (GetRun's verification lists them all).
+_LISTED_OBJECTIONS = 10
 
 
 class BudgetSpent(Exception):
@@ -71,6 +82,8 @@ class RunDependencies:
     default_timeout_seconds: float
     default_parallel: int
     context_tokens: int
+    verify_by_default: bool = True  # when RunOptions.verification leaves it to the server
+    approval_wait_seconds: float = 24 * 3600.0  # how long require_approval waits for a decision
 
 
 class _Observer(LoopObserver):
@@ -108,6 +121,10 @@ class ResearchRun:
         # When set (time.monotonic()), the run's end is recorded by then once it is stopped: the grace
         # of a shutdown, or how long CancelRun waits.
         self.end_by: float | None = None
+        # The decision ApproveRun or RejectRun took, delivered by decide() (from this process, or from the
+        # store on a lease renewal when another replica took the call).
+        self._approval: Approval | None = None
+        self._decided = asyncio.Event()
 
     async def execute(self) -> None:
         """Run to exactly one terminal event (unless the run already ended elsewhere)."""
@@ -131,6 +148,8 @@ class ResearchRun:
                     self._deps.model, self.record.question, entries, end, self._publisher.content
                 )
             outcome = RunOutcome.succeeded(report, self._account.usage(), report_warnings(report, end))
+            if self.record.options.require_approval:  # after the run's time limit: a person may take longer
+                outcome = await self._await_approval(outcome)
         except asyncio.CancelledError:
             cancelled = RunOutcome.cancelled(self.cancel_reason, self._account.usage())
             await asyncio.shield(self._quietly(self._end(watcher, cancelled)))
@@ -212,6 +231,45 @@ class ResearchRun:
         await self._publisher.reasoning.flush()
         return replace(end, delegations=delegator.dispatched)
 
+    # -- approval ----------------------------------------------------------------------------
+
+    def decide(self, approval: Approval) -> None:
+        """ApproveRun's or RejectRun's decision; the first one delivered stands."""
+        if self._approval is None:
+            self._approval = approval
+            self._decided.set()
+
+    async def _await_approval(self, outcome: RunOutcome) -> RunOutcome:
+        """Wait in AWAITING_APPROVAL for a person's decision on the finished run: `outcome` once approved,
+        a REJECTED failure once rejected, DEADLINE_EXCEEDED when none comes in time. CancelRun still ends it."""
+        wait = self._deps.approval_wait_seconds
+        await self._publisher.awaiting_approval(_approval_message(outcome.verification, wait), outcome.verification)
+        try:
+            async with asyncio.timeout(wait):
+                await self._decided.wait()
+        except TimeoutError:
+            message = f"no one approved or rejected the run within {wait:g} s"
+            return self._failed(RunErrorCode.DEADLINE_EXCEEDED, message)
+        assert self._approval is not None
+        if self._approval.decision is ApprovalDecision.REJECTED:
+            return self._failed(RunErrorCode.REJECTED, self._approval.note)
+        await self._note_approval(self._approval.note)
+        return outcome
+
+    async def _note_approval(self, comment: str) -> None:
+        """The approval, with the approver's comment, as a NOTE on the run's ledger. The run's row keeps the
+        comment too, so a scratchpad that is away only costs the ledger its note."""
+        try:
+            await self._deps.scratchpad.append(
+                self.record.scratchpad_thread_id,
+                kind=EntryKind.NOTE,
+                author=self._author,
+                content=f"Approved by a person{f': {comment}' if comment else '.'}",
+                request_id=f"{self.run_id}/approval",
+            )
+        except Exception as error:
+            log.warning("run %s: could not note its approval on the scratchpad: %s", self.run_id, error)
+
     # -- endings ----------------------------------------------------------------------------
 
     async def _end(self, watcher: asyncio.Task[None] | None, outcome: RunOutcome) -> None:
@@ -258,6 +316,16 @@ class ResearchRun:
 
     def _failed(self, code: RunErrorCode, message: str) -> RunOutcome:
         return RunOutcome.failed(code, message, self._account.usage())
+
+
+def _approval_message(verification: Verification | None, wait_seconds: float) -> str:
+    opening = f"awaiting approval (ApproveRun or RejectRun, within {wait_seconds:g} s)"
+    still_open = verification.open_objections if verification is not None else ()
+    if not still_open:
+        return f"{opening}; no objection is open"
+    listed = "; ".join(f"sentence {o.sentence_index}: {o.reason[:200]}" for o in still_open[:_LISTED_OBJECTIONS])
+    more = f"; and {len(still_open) - _LISTED_OBJECTIONS} more" if len(still_open) > _LISTED_OBJECTIONS else ""
+    return f"{opening}; {len(still_open)} objection(s) still open: {listed}{more}"
 
 
 def _synthesis_reason(end: ResearchEnd) -> str:

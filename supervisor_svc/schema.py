@@ -21,13 +21,21 @@ runs = sa.Table(
     sa.Column("options", json_type(), nullable=False),
     sa.Column("labels", json_type(), nullable=False),
     sa.Column("scratchpad_thread_id", sa.String(63), nullable=False),
-    # queued, running, succeeded, failed, cancelled
+    # queued, running, awaiting (approval), succeeded, failed, cancelled
     sa.Column("state", sa.String(16), nullable=False),
     # Set once the run succeeded: markdown, citations, removed_citations, budget flags.
     sa.Column("report", json_type(), nullable=True),
     # Set once the run succeeded: what its report lacks (RunWarning values); NULL means none, and is
     # also what an earlier release writes, since it does not know the column.
     sa.Column("warnings", json_type(), nullable=True),
+    # How its report is verified (supervisor_svc.verification.state.Verification as JSON), kept current
+    # from the moment verification begins; NULL for a run that has not verified (or does not).
+    sa.Column("verification", json_type(), nullable=True),
+    # The decision ApproveRun or RejectRun took on a run awaiting approval ("approved", "rejected"), and
+    # the approver's comment or the rejection's reason. Set by whichever replica took the call; the owner
+    # acts on it at once, or on its next lease renewal. Kept after the run ends, so a repeat is answered.
+    sa.Column("approval", sa.String(16), nullable=True),
+    sa.Column("approval_note", sa.Text, nullable=True),
     sa.Column("error_code", sa.String(32), nullable=False),
     sa.Column("last_error", sa.Text, nullable=False),
     # Token usage by tier, kept current while the run goes on.

@@ -97,6 +97,8 @@ async def build_host(
             default_timeout_seconds=settings.default_run_timeout_seconds,
             default_parallel=settings.max_parallel_delegations,
             context_tokens=settings.context_tokens,
+            verify_by_default=settings.verify_runs,
+            approval_wait_seconds=settings.approval_wait_seconds,
         ),
         SupervisorLimits(
             max_active_runs=settings.max_active_runs,

@@ -9,8 +9,14 @@ import grpc
 
 from quarry.convert import EnumMap, duration, duration_seconds, timestamp
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
-from supervisor_svc.events import error_to_proto, report_to_proto, run_usage_to_proto, warnings_to_proto
-from supervisor_svc.model import RunOptions, RunRecord, RunState, StartRequest
+from supervisor_svc.events import (
+    error_to_proto,
+    report_to_proto,
+    run_usage_to_proto,
+    verification_to_proto,
+    warnings_to_proto,
+)
+from supervisor_svc.model import VERIFICATION_OFF, VERIFICATION_ON, RunOptions, RunRecord, RunState, StartRequest
 from supervisor_svc.supervisor import Supervisor
 
 _STATES: EnumMap[RunState, supervisor_pb2.RunState.ValueType] = EnumMap(
@@ -20,8 +26,15 @@ _STATES: EnumMap[RunState, supervisor_pb2.RunState.ValueType] = EnumMap(
         RunState.SUCCEEDED: supervisor_pb2.RUN_STATE_SUCCEEDED,
         RunState.FAILED: supervisor_pb2.RUN_STATE_FAILED,
         RunState.CANCELLED: supervisor_pb2.RUN_STATE_CANCELLED,
+        RunState.AWAITING_APPROVAL: supervisor_pb2.RUN_STATE_AWAITING_APPROVAL,
     }
 )
+_VERIFICATION_MODES = {
+    supervisor_pb2.VERIFICATION_MODE_UNSPECIFIED: "",
+    supervisor_pb2.VERIFICATION_MODE_ON: VERIFICATION_ON,
+    supervisor_pb2.VERIFICATION_MODE_OFF: VERIFICATION_OFF,
+}
+_VERIFICATION_NUMBERS = {mode: number for number, mode in _VERIFICATION_MODES.items()}
 
 
 def options_from_proto(options: supervisor_pb2.RunOptions) -> RunOptions:
@@ -31,6 +44,10 @@ def options_from_proto(options: supervisor_pb2.RunOptions) -> RunOptions:
         max_parallel_delegations=options.max_parallel_delegations,
         timeout_seconds=duration_seconds(options.timeout) if options.HasField("timeout") else 0.0,
         max_tokens=options.max_tokens,
+        # A mode this build does not know stays unknown, for validation to name.
+        verification=_VERIFICATION_MODES.get(options.verification, f"unknown:{options.verification}"),
+        require_approval=options.require_approval,
+        max_revision_rounds=options.max_revision_rounds,
     )
 
 
@@ -40,6 +57,9 @@ def options_to_proto(options: RunOptions) -> supervisor_pb2.RunOptions:
         max_worker_turns=options.max_worker_turns,
         max_parallel_delegations=options.max_parallel_delegations,
         max_tokens=options.max_tokens,
+        verification=_VERIFICATION_NUMBERS[options.verification],
+        require_approval=options.require_approval,
+        max_revision_rounds=options.max_revision_rounds,
     )
     if options.timeout_seconds:
         message.timeout.CopyFrom(duration(options.timeout_seconds))
@@ -61,6 +81,8 @@ def run_to_proto(record: RunRecord) -> supervisor_pb2.Run:
     )
     if record.report is not None:
         run.report.CopyFrom(report_to_proto(record.report))
+    if record.verification is not None:
+        run.verification.CopyFrom(verification_to_proto(record.verification))
     run.cancel_reason = record.cancel_reason
     if record.error_code is not None:
         run.error.CopyFrom(error_to_proto(record.error_code, record.last_error))
@@ -113,3 +135,15 @@ class SupervisorServicer(supervisor_pb2_grpc.SupervisorServiceServicer):
     ) -> supervisor_pb2.CancelRunResponse:
         record = await self._supervisor.cancel(request.run_id, request.reason)
         return supervisor_pb2.CancelRunResponse(run=run_to_proto(record))
+
+    async def ApproveRun(
+        self, request: supervisor_pb2.ApproveRunRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> supervisor_pb2.ApproveRunResponse:
+        record = await self._supervisor.approve(request.run_id, request.comment)
+        return supervisor_pb2.ApproveRunResponse(run=run_to_proto(record))
+
+    async def RejectRun(
+        self, request: supervisor_pb2.RejectRunRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> supervisor_pb2.RejectRunResponse:
+        record = await self._supervisor.reject(request.run_id, request.reason)
+        return supervisor_pb2.RejectRunResponse(run=run_to_proto(record))

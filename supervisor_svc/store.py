@@ -26,6 +26,8 @@ from supervisor_svc.events import PublicEvent
 from supervisor_svc.listing import decode_page_token, encode_page_token
 from supervisor_svc.model import (
     ACTIVE_STATES,
+    Approval,
+    ApprovalDecision,
     Report,
     RunErrorCode,
     RunOptions,
@@ -37,6 +39,7 @@ from supervisor_svc.model import (
     StartRequest,
 )
 from supervisor_svc.schema import run_events, runs
+from supervisor_svc.verification.state import Verification
 
 DEFAULT_PAGE_SIZE = 50
 # On PostgreSQL each event commit NOTIFYs this channel with the run id, so streams served by other
@@ -74,6 +77,8 @@ def _record(row: sa.Row[Any]) -> RunRecord:
         end_time=row.end_time,
         cancel_reason=(row.cancel_reason or "") if row.state == RunState.CANCELLED.value else "",
         warnings=tuple(RunWarning(w) for w in row.warnings or () if w in _KNOWN_WARNINGS),
+        verification=Verification.from_json(row.verification) if row.verification is not None else None,
+        approval=Approval(ApprovalDecision(row.approval), row.approval_note or "") if row.approval else None,
     )
 
 
@@ -184,6 +189,47 @@ class RunStore:
         """An event after which the run's usage so far is `usage` (kept on the row for GetRun)."""
         await self._write_events(run_id, [event], columns={"usage": usage.to_json()})
 
+    async def record_verification(self, run_id: str, event: PublicEvent, verification: Verification) -> None:
+        """An event after which the run's verification so far is `verification` (kept on the row for GetRun)."""
+        await self._write_events(run_id, [event], columns={"verification": verification.to_json()})
+
+    async def await_approval(self, run_id: str, event: PublicEvent, verification: Verification | None) -> None:
+        """The run is done but for a person's decision: its state and the event that says so, together."""
+        columns: dict[str, Any] = {"state": RunState.AWAITING_APPROVAL.value}
+        if verification is not None:
+            columns["verification"] = verification.to_json()
+        await self._write_events(run_id, [event], columns=columns)
+
+    async def decide(self, run_id: str, approval: Approval) -> bool:
+        """Record the decision on a run awaiting approval; False when it is not awaiting one, or a decision
+        was already taken (the first one stands)."""
+        undecided = sa.and_(
+            runs.c.run_id == run_id,
+            runs.c.state == RunState.AWAITING_APPROVAL.value,
+            runs.c.approval.is_(None),
+        )
+        values = {"approval": approval.decision.value, "approval_note": approval.note}
+
+        def work(connection: Connection) -> bool:
+            return connection.execute(runs.update().where(undecided).values(values)).rowcount == 1
+
+        return await self._db.write(work)
+
+    async def decisions(self, owner: str, ids: Sequence[str]) -> list[tuple[str, Approval]]:
+        """The decisions taken (here or by another replica) on runs `owner` executes that still await them."""
+        query = sa.select(runs.c.run_id, runs.c.approval, runs.c.approval_note).where(
+            runs.c.owner == owner,
+            runs.c.run_id.in_(ids),
+            runs.c.state == RunState.AWAITING_APPROVAL.value,
+            runs.c.approval.is_not(None),
+        )
+        return await self._db.read(
+            lambda connection: [
+                (row.run_id, Approval(ApprovalDecision(row.approval), row.approval_note or ""))
+                for row in connection.execute(query)
+            ]
+        )
+
     async def finish(self, run_id: str, outcome: RunOutcome) -> None:
         """End the run: its terminal event and its final columns, in one transaction.
 
@@ -196,6 +242,8 @@ class RunStore:
             "report": outcome.report.to_json() if outcome.report else None,
             "warnings": [warning.value for warning in outcome.warnings] or None,
         }
+        if outcome.verification is not None:  # else what the run saved while verifying stays
+            columns["verification"] = outcome.verification.to_json()
         if outcome.state is RunState.CANCELLED:
             columns["cancel_reason"] = outcome.message
         elif outcome.error_code is not None:

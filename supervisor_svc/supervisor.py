@@ -1,8 +1,8 @@
 """Owns the runs of one supervisor process: starts, cancels, streams and leases them.
 
 Each run executes as an asyncio task here. Its row carries a lease (owner and
-heartbeat): this process renews its runs' leases, picks up cancellations asked
-of another replica, and ends as failed any run whose owner stopped renewing —
+heartbeat): this process renews its runs' leases, picks up cancellations and
+approval decisions taken by another replica, and ends as failed any run whose owner stopped renewing —
 so a crashed supervisor never leaves a run "running" with streams waiting on it
 forever.
 """
@@ -18,11 +18,21 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from quarry import ids
-from quarry.errors import ErrorReason, FieldViolation, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from quarry.errors import (
+    ErrorReason,
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from quarry.lease import LeaseKeeper, LeaseTerms
 from quarry.notify import CommitSignal
 from supervisor_svc.following import Follower
 from supervisor_svc.model import (
+    Approval,
+    ApprovalDecision,
     RunErrorCode,
     RunOutcome,
     RunRecord,
@@ -38,6 +48,8 @@ log = logging.getLogger(__name__)
 
 # How many other StartRuns with the same request_id (asking something else) one call waits out.
 _MAX_START_WAITS = 8
+# Bounds on what CancelRun, ApproveRun and RejectRun keep with the run.
+_MAX_NOTE_CHARS = 1000
 
 
 @dataclass(frozen=True)
@@ -52,8 +64,8 @@ class SupervisorLimits:
 
 
 class _RunLeases:
-    """The runs' lease store as the keeper sees it: renewing also picks up the cancellations asked of
-    another replica, so they reach the run within one renewal interval."""
+    """The runs' lease store as the keeper sees it: renewing also picks up the cancellations and approval
+    decisions taken by another replica, so they reach the run within one renewal interval."""
 
     def __init__(self, store: RunStore, runs: dict[str, tuple[ResearchRun, asyncio.Task[None]]]) -> None:
         self._store = store
@@ -65,6 +77,10 @@ class _RunLeases:
             running = self._runs.get(run_id)
             if running is not None and not running[1].done():
                 _stop(running, reason)
+        for run_id, approval in await self._store.decisions(owner, ids):
+            running = self._runs.get(run_id)
+            if running is not None:
+                running[0].decide(approval)
 
     async def expired(self, stale_before: datetime) -> list[str]:
         return await self._store.expired(stale_before)
@@ -178,7 +194,7 @@ class Supervisor:
         record = await self.get(run_id)
         if record.state.ended:
             return record
-        reason = reason.strip()[:1000] or "cancelled by the client"
+        reason = reason.strip()[:_MAX_NOTE_CHARS] or "cancelled by the client"
         running = self._runs.get(run_id)
         if running is not None:
             _stop(running, reason, end_within=self._limits.cancel_wait_seconds)
@@ -186,6 +202,43 @@ class Supervisor:
         else:  # another replica runs it: it sees the request on its next heartbeat
             await self._store.request_cancel(run_id, reason)
             await self._wait_ended(run_id)
+        return await self.get(run_id)
+
+    async def approve(self, run_id: str, comment: str) -> RunRecord:
+        """Complete a run awaiting approval with its report; the comment goes on its ledger as a note."""
+        return await self._decide(run_id, ApprovalDecision.APPROVED, comment, "comment")
+
+    async def reject(self, run_id: str, reason: str) -> RunRecord:
+        """Fail a run awaiting approval with REJECTED and the reason."""
+        return await self._decide(run_id, ApprovalDecision.REJECTED, reason, "reason")
+
+    async def _decide(self, run_id: str, decision: ApprovalDecision, note: str, note_field: str) -> RunRecord:
+        violations = ids.violations(ids.RUN_ID.check("run_id", run_id))
+        if "\x00" in note:  # it is stored with the run, and PostgreSQL text cannot hold NUL
+            violations.append(FieldViolation(note_field, "must not contain NUL characters"))
+        if len(note) > _MAX_NOTE_CHARS:
+            violations.append(FieldViolation(note_field, f"at most {_MAX_NOTE_CHARS} characters"))
+        if violations:
+            raise InvalidArgument(violations)
+        note = note.strip()
+        if decision is ApprovalDecision.REJECTED:
+            note = note or "rejected by the client"
+        record = await self.get(run_id)
+        if record.approval is None and record.state is RunState.AWAITING_APPROVAL:
+            if await self._store.decide(run_id, Approval(decision, note)):
+                running = self._runs.get(run_id)
+                if running is not None:
+                    running[0].decide(Approval(decision, note))
+                # else another replica runs it: it sees the decision on its next lease renewal
+            record = await self.get(run_id)  # decided meanwhile, by this call or a concurrent one
+        if record.approval is None or record.approval.decision is not decision:
+            raise FailedPrecondition(
+                f"run {run_id} is {record.state.value}, not awaiting approval"
+                if record.approval is None
+                else f"run {run_id} was already {record.approval.decision.value}"
+            )
+        # This decision was taken (by this call, or by an earlier one that this call repeats).
+        await self._wait_ended(run_id)
         return await self.get(run_id)
 
     async def _wait_ended(self, run_id: str) -> None:

@@ -112,13 +112,17 @@ class RunView:
     delegations: dict[str, _Delegation] = field(default_factory=dict)
     entries: list[str] = field(default_factory=list)
     report: str = ""
+    run_id: str = ""
+    awaiting_approval: str = ""  # what the run said when it began to wait for a decision
 
     def apply(self, event: supervisor_pb2.RunEvent) -> None:
         payload = event.WhichOneof("payload")
         if payload == "status":
             status = event.status
             self.phase = name_of(supervisor_pb2.ResearchPhase, status.phase)
-            if status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED:
+            if status.phase == supervisor_pb2.RESEARCH_PHASE_AWAITING_APPROVAL:
+                self.awaiting_approval = status.message
+            elif status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED:
                 self.delegations[status.delegation_id] = _Delegation(status.message)
             elif status.delegation_id in self.delegations:
                 delegation = self.delegations[status.delegation_id]
@@ -160,7 +164,16 @@ class RunView:
             parts.append(Group(Text("scratchpad", style="bold"), *shown))
         if self.report:
             parts.append(Markdown(self.report))
+        if self.awaiting_approval:
+            parts.append(Text.from_markup(approval_hint(self.run_id, self.awaiting_approval)))
         return Group(*parts)
+
+
+def approval_hint(run_id: str, message: str) -> str:
+    return (
+        f"[bold yellow]{escape(message)}[/]\n"
+        f"  quarry runs approve {run_id} [--comment TEXT]   or   quarry runs reject {run_id} --reason TEXT"
+    )
 
 
 def _print_warnings(console: Console, warnings: Iterable[supervisor_pb2.RunWarning]) -> None:
@@ -240,7 +253,7 @@ async def ask(supervisor: Supervisor, question: str, options: supervisor_pb2.Run
 
         loop.add_signal_handler(signal.SIGINT, on_interrupt)
         canceller = asyncio.create_task(cancel_when_interrupted())
-        view = RunView(question)
+        view = RunView(question, run_id=run.run_id)
         last: supervisor_pb2.RunEvent | None = None
         display = contextlib.nullcontext() if as_json else Live(console=console, auto_refresh=False, transient=True)
         try:
@@ -300,6 +313,10 @@ async def show_run(supervisor: Supervisor, run_id: str, *, as_json: bool) -> int
         console.print(f"[red]{escape(run.error.message)}[/]")
     if run.cancel_reason:
         console.print(f"[yellow]run cancelled[/]: {escape(run.cancel_reason)}")
+    if run.state == supervisor_pb2.RUN_STATE_AWAITING_APPROVAL:
+        console.print(approval_hint(run.run_id, "awaiting approval"))
+    if run.HasField("verification"):
+        _print_verification(console, run.verification)
     if run.HasField("report"):
         console.print(Markdown(run.report.markdown))
         for citation in run.report.citations:
@@ -308,6 +325,29 @@ async def show_run(supervisor: Supervisor, run_id: str, *, as_json: bool) -> int
             )
     _print_warnings(console, run.warnings)
     console.print(Text(usage_line(run.usage), style="dim"))
+    return 0
+
+
+def _print_verification(console: Console, verification: supervisor_pb2.Verification) -> None:
+    console.print(
+        f"verification: {verification.supported_claims} claim(s) supported, {verification.removed_claims} removed, "
+        f"{verification.contested_claims} contested, {verification.revision_rounds} revision round(s)"
+    )
+    for objection in verification.objections:
+        if objection.status == supervisor_pb2.OBJECTION_STATUS_OPEN:
+            console.print(
+                f"[yellow]open objection[/] on sentence {objection.sentence_index}: {escape(objection.reason)}"
+            )
+
+
+async def decide(supervisor: Supervisor, run_id: str, *, approve: bool, note: str, as_json: bool) -> int:
+    """`quarry runs approve` / `reject`: the decision, then the run as it ended."""
+    async with supervisor.connect() as client:
+        run = await (client.approve_run(run_id, comment=note) if approve else client.reject_run(run_id, reason=note))
+    if as_json:
+        print(json.dumps(json_format.MessageToDict(run)))
+        return 0
+    Console().print(f"{run.run_id}: {name_of(supervisor_pb2.RunState, run.state)}")
     return 0
 
 

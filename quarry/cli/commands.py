@@ -133,11 +133,22 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--parallel", type=int, default=0, help="delegations at once (default: the server's)")
     ask.add_argument("--max-tokens", type=int, default=0, help="token budget for the whole run (default: none)")
     ask.add_argument("--timeout", type=float, default=0, help="seconds the run may take (default: the server's)")
+    ask.add_argument("--verification", choices=["on", "off"], help="verify the report (default: the server's)")
+    ask.add_argument(
+        "--require-approval",
+        action="store_true",
+        help="once verified, the run waits for `quarry runs approve` or `quarry runs reject`",
+    )
+    ask.add_argument(
+        "--max-revision-rounds", type=int, default=0, help="rounds revising sentences objected to (default 2)"
+    )
 
-    runs = commands.add_parser("runs", help="list research runs or show one")
+    runs = commands.add_parser("runs", help="list research runs, show one, approve or reject one")
     runs_commands = runs.add_subparsers(dest="runs_command", required=True)
     runs_list = runs_commands.add_parser("list", parents=[data_dir], help="the newest runs")
-    runs_list.add_argument("--state", choices=["queued", "running", "succeeded", "failed", "cancelled"])
+    runs_list.add_argument(
+        "--state", choices=["queued", "running", "awaiting_approval", "succeeded", "failed", "cancelled"]
+    )
     runs_list.add_argument("--limit", type=int, default=20)
     runs_list.add_argument("--json", action="store_true")
     runs_list.add_argument("--address", help=address_help)
@@ -145,6 +156,20 @@ def _parser() -> argparse.ArgumentParser:
     runs_show.add_argument("run_id")
     runs_show.add_argument("--json", action="store_true")
     runs_show.add_argument("--address", help=address_help)
+    runs_approve = runs_commands.add_parser(
+        "approve", parents=[data_dir], help="approve a run awaiting approval: it completes with its report"
+    )
+    runs_approve.add_argument("run_id")
+    runs_approve.add_argument("--comment", default="", help="kept on the run's ledger as the approver's note")
+    runs_approve.add_argument("--json", action="store_true")
+    runs_approve.add_argument("--address", help=address_help)
+    runs_reject = runs_commands.add_parser(
+        "reject", parents=[data_dir], help="reject a run awaiting approval: it fails with the reason"
+    )
+    runs_reject.add_argument("run_id")
+    runs_reject.add_argument("--reason", required=True, help="why: the run's error message")
+    runs_reject.add_argument("--json", action="store_true")
+    runs_reject.add_argument("--address", help=address_help)
 
     supervisor_address = argparse.ArgumentParser(add_help=False)
     supervisor_address.add_argument("--address", help=address_help)
@@ -338,6 +363,11 @@ def _ask(args: argparse.Namespace, common: QuarrySettings) -> int:
         max_worker_turns=args.max_worker_turns,
         max_parallel_delegations=args.parallel,
         max_tokens=args.max_tokens,
+        verification=supervisor_pb2.VerificationMode.Value(f"VERIFICATION_MODE_{args.verification.upper()}")
+        if args.verification
+        else supervisor_pb2.VERIFICATION_MODE_UNSPECIFIED,
+        require_approval=args.require_approval,
+        max_revision_rounds=args.max_revision_rounds,
     )
     if args.timeout:
         options.timeout.FromNanoseconds(int(args.timeout * 1e9))
@@ -350,6 +380,14 @@ def _runs(args: argparse.Namespace, common: QuarrySettings) -> int:
     supervisor = _supervisor(args, common)
     if args.runs_command == "list":
         return ask.run_client_command(ask.list_runs(supervisor, args.state or "", args.limit, as_json=args.json))
+    if args.runs_command == "approve":
+        return ask.run_client_command(
+            ask.decide(supervisor, args.run_id, approve=True, note=args.comment, as_json=args.json)
+        )
+    if args.runs_command == "reject":
+        return ask.run_client_command(
+            ask.decide(supervisor, args.run_id, approve=False, note=args.reason, as_json=args.json)
+        )
     return ask.run_client_command(ask.show_run(supervisor, args.run_id, as_json=args.json))
 
 

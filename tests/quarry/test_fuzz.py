@@ -194,6 +194,8 @@ VALID = {
     "quarry.v1.SupervisorService.GetRun": f'run_id: "{RUN_ID}"',
     "quarry.v1.SupervisorService.ListRuns": "page_size: 1",
     "quarry.v1.SupervisorService.CancelRun": f'run_id: "{RUN_ID}" reason: "r"',
+    "quarry.v1.SupervisorService.ApproveRun": f'run_id: "{RUN_ID}" comment: "c"',
+    "quarry.v1.SupervisorService.RejectRun": f'run_id: "{RUN_ID}" reason: "r"',
     "quarry.v1.CampaignService.StartCampaign": f'{CAMPAIGN_SPEC} request_id: "c1"',
     "quarry.v1.CampaignService.GetCampaign": f'campaign_id: "{CAMPAIGN_ID}"',
     "quarry.v1.CampaignService.ListCampaigns": "page_size: 1 state: CAMPAIGN_STATE_RUNNING",

@@ -236,3 +236,24 @@ def test_the_live_view_shows_the_worker_serving_each_delegation() -> None:
     console.print(view.render())
     [row] = [line for line in console.export_text().splitlines() if "Find it" in line]
     assert "worker-2" in row and "turn 1 of 8" in row
+
+
+async def test_a_run_awaiting_approval_is_shown_and_approved_from_the_command_line(mesh: Mesh) -> None:
+    mesh.script.add(SUPERVISOR, Reply(content="Nothing to delegate."))
+    mesh.script.add(REPORT, Reply(content="Approved answer."))
+    address = ("--address", mesh.supervisor.address)
+    asking = await quarry("ask", "--json", "--require-approval", "--verification", "off", "Approve?", *address)
+    for _ in range(200):
+        runs = (await mesh.client.list_runs(state=supervisor_pb2.RUN_STATE_AWAITING_APPROVAL)).runs
+        if runs:
+            break
+        await asyncio.sleep(0.1)
+    [run] = runs
+    code, shown = await finish(await quarry("runs", "show", run.run_id, *address))
+    assert code == 0 and "awaiting approval" in shown and f"quarry runs approve {run.run_id}" in shown
+    code, decided = await finish(await quarry("runs", "approve", run.run_id, "--comment", "fine", *address))
+    assert code == 0 and f"{run.run_id}: succeeded" in decided, decided
+    code, output = await finish(asking)
+    assert code == 0 and json.loads(output.splitlines()[-1])["completed"]["report"]["markdown"] == "Approved answer."
+    code, refused = await finish(await quarry("runs", "reject", run.run_id, "--reason", "late", *address))
+    assert code == 1 and "FAILED_PRECONDITION" in refused
