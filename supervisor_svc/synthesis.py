@@ -6,6 +6,11 @@ against a page it read before the scratchpad accepted it. The model cites them
 as [n]. Its text passes through CitationFilter on the way to the client: a
 citation naming no source is cut out there and counted, so what streams and
 what is stored are the same report, and no citation in it resolves to nothing.
+
+When the run verifies its claims, only the findings a blind verifier judged supported or partially
+supported are numbered and shown to the model: a finding judged unsupported or contradicted, or left
+unverified, has no number, so no citation can name it. Contradictions are given to the model as
+disagreements between sources, to be reported as such.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from quarry.identity import Role
 from quarry.vocabulary import Entry, EntryKind
 from supervisor_svc.model import Citation, Report, RunWarning
 from supervisor_svc.publishing import TextStream
+from supervisor_svc.verification.state import Contradiction, Verification
 
 # Entries whose sources a worker verified before the scratchpad accepted them: researchers' findings.
 # (A claim-verifier's verdict judges a finding; it is not a source of its own.)
@@ -37,15 +43,45 @@ INSTRUCTIONS = (
     "Never cite a number that is not in the list. If the findings do not answer the question, say what is "
     "known and what remains open. Do not add a bibliography: the sources are attached to the report."
 )
+# Added when the run verified its claims.
+VERIFIED_INSTRUCTIONS = (
+    "An independent verifier re-read the sources of each finding listed; findings it did not support are "
+    "left out and cannot be cited. A finding judged partially supported says more than its source: state only "
+    "what its quoted source says. Where sources disagree, present it as a disagreement between the sources, "
+    "saying what each one says; never state either side as fact."
+)
 
 
-def verified_sources(entries: Sequence[Entry]) -> list[Citation]:
-    """The citable sources, numbered from 1 in scratchpad order; one number per (url, excerpt)."""
+def _is_finding(entry: Entry) -> bool:
+    return entry.kind in _VERIFIED_KINDS and entry.author.role in _WORKER_ROLES
+
+
+def sourced_findings(entries: Sequence[Entry]) -> list[Entry]:
+    """The findings a report may cite: researchers' findings with at least one quoted source."""
+    return [entry for entry in entries if _is_finding(entry) and any(source.excerpt for source in entry.sources)]
+
+
+def _verifying(verification: Verification | None) -> Verification | None:
+    """The claim checks to honour: None when the run does not verify."""
+    return verification if verification is not None and verification.enabled else None
+
+
+def _shown_findings(entries: Sequence[Entry], verification: Verification | None) -> list[Entry]:
+    """The findings the report model sees: all of them, or only the citable ones when the run verifies."""
+    checks = _verifying(verification)
+    if checks is None:
+        return [entry for entry in entries if _is_finding(entry)]
+    citable = checks.citable_findings()
+    return [entry for entry in entries if _is_finding(entry) and entry.sequence_no in citable]
+
+
+def verified_sources(entries: Sequence[Entry], verification: Verification | None = None) -> list[Citation]:
+    """The citable sources, numbered from 1 in scratchpad order; one number per (url, excerpt).
+
+    With `verification`, only the sources of findings it found citable."""
     sources: list[Citation] = []
     seen: set[tuple[str, str]] = set()
-    for entry in entries:
-        if entry.kind not in _VERIFIED_KINDS or entry.author.role not in _WORKER_ROLES:
-            continue
+    for entry in _shown_findings(entries, verification):
         for source in entry.sources:
             key = (source.url, source.excerpt)
             if not source.excerpt or key in seen:
@@ -56,23 +92,44 @@ def verified_sources(entries: Sequence[Entry]) -> list[Citation]:
 
 
 def synthesis_messages(
-    question: str, entries: Sequence[Entry], sources: Sequence[Citation], notes: str
+    question: str,
+    entries: Sequence[Entry],
+    sources: Sequence[Citation],
+    notes: str,
+    verification: Verification | None = None,
 ) -> list[Message]:
+    verification = _verifying(verification)
     numbers = {(source.url, source.excerpt): source.number for source in sources}
     findings = []
-    for entry in entries:
-        if entry.kind not in _VERIFIED_KINDS or entry.author.role not in _WORKER_ROLES:
-            continue
+    for entry in _shown_findings(entries, verification):
         cited = sorted({numbers[(s.url, s.excerpt)] for s in entry.sources if (s.url, s.excerpt) in numbers})
         marks = "".join(f"[{n}]" for n in cited)
-        findings.append(f"- ({entry.kind} {entry.sequence_no}) {entry.content} {marks}")
+        judged = ""
+        if verification is not None and (judgement := verification.judgement_of(entry.sequence_no)) is not None:
+            judged = f", {judgement.value.replace('_', ' ')}"
+        findings.append(f"- ({entry.kind} {entry.sequence_no}{judged}) {entry.content} {marks}")
     listed = [f'[{s.number}] {s.title or s.url} — {s.url}\n    "{s.excerpt}"' for s in sources]
     parts = [f"Question: {question}"]
     parts.append("Verified findings:\n" + ("\n".join(findings) if findings else "(none were promoted)"))
     parts.append("Sources:\n" + ("\n".join(listed) if listed else "(none)"))
+    if verification is not None and verification.contradictions:
+        disagreements = "\n".join(_disagreement(c) for c in verification.contradictions)
+        parts.append(
+            "Where sources disagree (not numbered sources: report each as a disagreement between the sources, "
+            f"never as fact):\n{disagreements}"
+        )
     if notes.strip():
         parts.append(f"Notes from the research phase:\n{notes.strip()}")
-    return [system(INSTRUCTIONS), user("\n\n".join(parts))]
+    instructions = INSTRUCTIONS if verification is None else f"{INSTRUCTIONS} {VERIFIED_INSTRUCTIONS}"
+    return [system(instructions), user("\n\n".join(parts))]
+
+
+def _disagreement(contradiction: Contradiction) -> str:
+    return (
+        f'- A finding claims: {contradiction.claim}\n    {contradiction.finding_url} says: "'
+        f'{contradiction.finding_excerpt}"\n    but {contradiction.contradicting_url} says: "'
+        f'{contradiction.contradicting_excerpt}"'
+    )
 
 
 @dataclass(frozen=True)
@@ -93,10 +150,18 @@ def report_warnings(report: Report, end: ResearchEnd) -> tuple[RunWarning, ...]:
 
 
 async def write_report(
-    model: ModelClient, question: str, entries: Sequence[Entry], end: ResearchEnd, out: TextStream
+    model: ModelClient,
+    question: str,
+    entries: Sequence[Entry],
+    end: ResearchEnd,
+    out: TextStream,
+    verification: Verification | None = None,
 ) -> tuple[Report, Usage]:
-    """One model call without tools; its text streams through the citation filter to `out`."""
-    sources = verified_sources(entries)
+    """One model call without tools; its text streams through the citation filter to `out`.
+
+    `verification`: the claim checks of a run that verifies (verify_claims); None (or one not enabled):
+    every finding may be cited, as without verification."""
+    sources = verified_sources(entries, verification)
     citations = CitationFilter({source.number: source for source in sources})
     text: list[str] = []
 
@@ -106,7 +171,10 @@ async def write_report(
         await out.add(safe)
 
     reply = await model.complete(
-        synthesis_messages(question, entries, sources, end.notes), (), call_id_prefix="report", on_text=stream
+        synthesis_messages(question, entries, sources, end.notes, verification),
+        (),
+        call_id_prefix="report",
+        on_text=stream,
     )
     rest = citations.finish()
     text.append(rest)

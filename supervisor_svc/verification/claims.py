@@ -1,0 +1,151 @@
+"""Claim verification: every finding the report may cite is judged by its own blind claim-verifier.
+
+Each verifier gets a contract, never the run: the question, the finding's number, the page(s) the finding
+cites, and as further inputs the pages the run's other findings cite, so that it can find a source that
+says otherwise. It re-reads the pages itself and returns a ClaimVerdict, which the worker checked and
+recorded before the result comes back. The supervisor's notes and other verifiers' verdicts are never
+among its inputs. All verifiers run at once; the Delegator bounds how many run and shares the budget.
+
+What comes back is a Verification holding one FindingCheck per finding and a Contradiction per finding a
+source contradicts. Only supported or partially supported findings are citable afterwards; a finding
+whose verifier failed, or that no verifier could take before the budget was spent, stays unverified and
+is not citable either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+
+from quarry.identity import Role
+from quarry.research_records import ClaimJudgement, ClaimVerdict, RecordError
+from quarry.vocabulary import DelegationResult, Entry
+from supervisor_svc.delegating import Contract, Delegator
+from supervisor_svc.model import Citation
+from supervisor_svc.synthesis import sourced_findings
+from supervisor_svc.verification.state import Contradiction, FindingCheck, Verification
+
+# Told what verification is doing, in a line (e.g. publishing it as a status event).
+Progress = Callable[[str], Awaitable[None]]
+
+# A contract's input refs, at most (the worker refuses more).
+MAX_INPUT_REFS = 20
+# The worker bounds a ref's length; a longer URL could not be a ref, so it is left out.
+_MAX_REF_CHARS = 2048
+# The question's share of the objective (the worker refuses objectives over 16,000 characters).
+_MAX_QUESTION_CHARS = 12_000
+
+CRITERIA = (
+    "Judge only from what the pages among your inputs say, never from what you know or expect.",
+    "Read the finding first, then re-read the page(s) it cites yourself.",
+    "supported: the page says everything the finding claims; partially_supported: it says less, or only "
+    "part of it; unsupported: it does not say it; contradicted: a page among your inputs says otherwise.",
+    "Quote the passage your judgement rests on exactly, word for word, as it appears on the page you read.",
+    "The other pages among your inputs are sources of other findings of this research: read them when they "
+    "may bear on the claim, and judge contradicted, quoting that page, when one of them says otherwise.",
+)
+
+
+def verifier_contract(question: str, finding: Entry, others: Sequence[Entry]) -> Contract:
+    """The blind contract for one finding: its number, the question, its pages, and the run's other pages."""
+    n = finding.sequence_no
+    own = _urls([finding])
+    other = [url for url in _urls(others) if url not in own]
+    objective = (
+        f"Verify finding {n}\n\n"
+        f"Research question: {question[:_MAX_QUESTION_CHARS]}\n\n"
+        f"Finding {n} is scratchpad entry {n}. It cites: {', '.join(own)}.\n"
+        "Judge whether the page(s) it cites say what the finding claims, and submit your verdict on it."
+    )
+    refs = (str(n), *own, *other)[:MAX_INPUT_REFS]
+    return Contract(Role.VERIFIER, objective, CRITERIA, refs)
+
+
+async def verify_claims(
+    question: str, entries: Sequence[Entry], delegator: Delegator, progress: Progress
+) -> Verification:
+    """One blind claim-verifier per finding the report may cite, all at once; their verdicts folded.
+
+    `entries` are the run's scratchpad entries; `progress` is told when verification starts and as each
+    finding's verdict comes in."""
+    findings = sourced_findings(entries)
+    if not findings:
+        return Verification(enabled=True)
+    await progress(f"verifying {len(findings)} finding{'s' if len(findings) != 1 else ''}")
+
+    async def verify(finding: Entry) -> tuple[FindingCheck, Contradiction | None]:
+        others = [other for other in findings if other is not finding]
+        contract = verifier_contract(question, finding, others)
+        result = await delegator.assign(contract, f"verify-{finding.sequence_no}", sharing=len(findings))
+        check, contradiction = fold_verdict(finding, result)
+        await progress(f"finding {finding.sequence_no}: {_judged(check)}")
+        return check, contradiction
+
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(verify(finding)) for finding in findings]
+    folded = [task.result() for task in tasks]
+    return Verification(
+        enabled=True,
+        findings=tuple(check for check, _ in folded),
+        contradictions=tuple(contradiction for _, contradiction in folded if contradiction is not None),
+    )
+
+
+def fold_verdict(finding: Entry, result: DelegationResult | None) -> tuple[FindingCheck, Contradiction | None]:
+    """A verifier's result as the finding's check, and the disagreement between sources it found, if any."""
+    unverified = FindingCheck(finding.sequence_no, finding.content, None, rationale=_why_unverified(result))
+    if result is None or not result.succeeded:
+        return unverified, None
+    try:
+        verdict = ClaimVerdict.parse(result.output_json)
+    except RecordError as error:  # the worker checked it; a result that is no verdict judges nothing
+        return FindingCheck(finding.sequence_no, finding.content, None, rationale=f"not verified: {error}"), None
+    assert isinstance(verdict, ClaimVerdict)
+    check = FindingCheck(
+        finding.sequence_no,
+        finding.content,
+        verdict.judgement,
+        verdict_sequence_no=result.output_sequence_no,
+        rationale=verdict.rationale,
+        quote_url=verdict.quote.url if verdict.quote else "",
+        quote_excerpt=verdict.quote.excerpt if verdict.quote else "",
+    )
+    if verdict.judgement is not ClaimJudgement.CONTRADICTED or verdict.quote is None:
+        return check, None
+    quoted = [source for source in finding.sources if source.excerpt]
+    # The finding's side: its source on the page the verifier quoted, if it quoted one of them.
+    own = next((source for source in quoted if source.url == verdict.quote.url), quoted[0])
+    contradiction = Contradiction(
+        finding_sequence_no=finding.sequence_no,
+        claim=finding.content,
+        finding_url=own.url,
+        finding_excerpt=own.excerpt,
+        contradicting_url=verdict.quote.url,
+        contradicting_excerpt=verdict.quote.excerpt,
+        rationale=verdict.rationale,
+        verdict_sequence_no=result.output_sequence_no,
+    )
+    return check, contradiction
+
+
+def citation_judgements(citations: Sequence[Citation], verification: Verification) -> dict[int, ClaimJudgement | None]:
+    """Each citation number's judgement: that of the finding it comes from."""
+    return {citation.number: verification.judgement_of(citation.sequence_no) for citation in citations}
+
+
+def _urls(findings: Sequence[Entry]) -> list[str]:
+    """The pages the findings quote, each once, in scratchpad order."""
+    urls = (source.url for finding in findings for source in finding.sources if source.excerpt)
+    return [url for url in dict.fromkeys(urls) if len(url) <= _MAX_REF_CHARS]
+
+
+def _why_unverified(result: DelegationResult | None) -> str:
+    if result is None:
+        return "not verified: the run's token budget was spent before a verifier could start"
+    if result.error_code is not None:
+        return f"not verified: the verifier failed ({result.error_code.value})"
+    return ""
+
+
+def _judged(check: FindingCheck) -> str:
+    return check.judgement.value.replace("_", " ") if check.judgement else "unverified"

@@ -1,0 +1,383 @@
+"""Claim verification over real gRPC with the scripted model: a blind verifier per finding, and a report
+that cites only what a verifier supported.
+
+The scratchpad holds a run's research: the seed, a supervisor's note, and four researchers' findings —
+one whose quote is real but whose claim says more than it (unsupported), one another finding's page
+contradicts, one supported, and one whose verifier fails. A real worker runs each verifier's contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from quarry.agent.model import ModelClient, ModelSettings
+from quarry.client import ScratchpadClient, insecure_channel
+from quarry.config import QuarrySettings, ScratchpadSettings
+from quarry.db import Database, upgrade_schema_async
+from quarry.identity import Principal, Role
+from quarry.notify import CommitSignal
+from quarry.research_plane import ResearchPlane
+from quarry.research_records import ClaimJudgement
+from quarry.vocabulary import DelegationErrorCode, DelegationResult, Entry, EntryKind, Source
+from scratchpad_svc.service import build_host as build_scratchpad
+from supervisor_svc.budget import RunAccount, TokenBudget
+from supervisor_svc.delegating import Delegator
+from supervisor_svc.model import StartRequest
+from supervisor_svc.publishing import RunEventLog, RunPublisher
+from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
+from supervisor_svc.store import RunStore
+from supervisor_svc.synthesis import (
+    VERIFIED_INSTRUCTIONS,
+    ResearchEnd,
+    synthesis_messages,
+    verified_sources,
+    write_report,
+)
+from supervisor_svc.verification.claims import (
+    CRITERIA,
+    MAX_INPUT_REFS,
+    citation_judgements,
+    fold_verdict,
+    verifier_contract,
+    verify_claims,
+)
+from supervisor_svc.verification.state import Contradiction, FindingCheck, Verification
+from supervisor_svc.worker_client import DelegationClient
+from tests.fakes.choreography import REPORT, Choreography
+from tests.fakes.openai_server import Await, Call, HttpError, Reply, ScriptedModel
+from tests.fakes.web_server import FixtureWeb
+from tests.supervisor_svc.conftest import worker_settings
+from worker_svc.service import build_host as build_worker
+
+RUN_ID = "run-" + "c" * 32
+QUESTION = "When did the Eiffel Tower open, and how tall is it?"
+NOTES = "Supervisor's conclusion: the tower is the tallest structure in the world and opened in 1887."
+# Findings 3 to 6, after the seed (1) and the supervisor's note (2).
+OVERSTATED, CONTRADICTED, SUPPORTED, FAILING = 3, 4, 5, 6
+TALLEST = "The Eiffel Tower is the tallest structure in the world, at 330 metres."
+OPENED_1887 = "The Eiffel Tower opened in 1887."
+OPENED_1889 = "The Eiffel Tower opened to the public in May 1889."
+WORKERS = "About three hundred workers built the tower."
+HEIGHT_QUOTE = "The tower is 330 metres tall."
+RUMOUR_QUOTE = "The tower opened in 1887."
+OPENING_QUOTE = "The tower opened to the public in May 1889."
+UNSUPPORTED_WHY = "The page gives the height; it never says the tower is the tallest structure in the world."
+CONTRADICTED_WHY = "Another source gives May 1889 for the opening, not 1887."
+SUPPORTED_WHY = "The page gives the opening as May 1889."
+
+
+@dataclass
+class Research:
+    """A run's scratchpad after its research phase, and the parts that verify it."""
+
+    script: Choreography
+    plane: ResearchPlane
+    delegator: Delegator
+    account: RunAccount
+    publisher: RunPublisher
+    writer: ModelClient
+    pages: dict[str, str]
+    entries: list[Entry]
+    progress: list[str]
+
+    async def verify(self) -> Verification:
+        async def progress(message: str) -> None:
+            self.progress.append(message)
+
+        return await verify_claims(QUESTION, self.entries, self.delegator, progress)
+
+    async def thread(self) -> list[Entry]:
+        return await self.plane.read_all(RUN_ID)
+
+
+async def verdicts_recorded(plane: ResearchPlane, count: int) -> AsyncIterator[Entry]:
+    """The thread's first `count` verdicts, as they commit."""
+    seen = 0
+    async for entry in plane.watch(RUN_ID):
+        if entry.kind is EntryKind.VERDICT:
+            yield entry
+            seen += 1
+            if seen == count:
+                return
+
+
+def page(text: str) -> str:
+    return f"<!doctype html><html><head><title>Tower</title></head><body><article><p>{text}</p></article></body></html>"
+
+
+@pytest.fixture
+async def research(tmp_path: Path, model: ScriptedModel, site: FixtureWeb) -> AsyncIterator[Research]:
+    script = Choreography()
+    model.default = script
+    pages = {
+        "height": site.add("/height.html", page(f"{HEIGHT_QUOTE} It stands on the Champ de Mars.")),
+        "rumour": site.add("/rumour.html", page(f"{RUMOUR_QUOTE} Or so the leaflet says.")),
+        "opening": site.add("/opening.html", page(f"Construction began in 1887. {OPENING_QUOTE}")),
+        "workers": site.add("/workers.html", page("About three hundred workers joined the pieces.")),
+    }
+    url = f"sqlite:///{tmp_path / 'supervisor.db'}"
+    await upgrade_schema_async(url, MIGRATIONS, VERSION_TABLE)
+    database = Database(url)
+    store = RunStore(database)
+    await store.create(RUN_ID, StartRequest(QUESTION), scratchpad_thread_id=RUN_ID, owner="test")
+    common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=1)
+    writer = ModelClient(ModelSettings(base_url=model.base_url, model="scripted"))
+    async with await build_scratchpad(ScratchpadSettings(address="127.0.0.1:0"), common) as scratchpad:
+        settings = worker_settings("127.0.0.1:0", tmp_path / "worker.db", scratchpad.address, model, site)
+        async with await build_worker(settings, common) as worker, insecure_channel(scratchpad.address) as channel:
+            plane = ResearchPlane(ScratchpadClient(channel))
+            await plane.create_thread(RUN_ID, title=QUESTION, request_id=f"{RUN_ID}/thread")
+            supervisor = Principal(RUN_ID, Role.SUPERVISOR)
+            await plane.append(
+                RUN_ID, kind=EntryKind.SEED, author=supervisor, content=f"Research question: {QUESTION}", request_id="s"
+            )
+            await plane.append(RUN_ID, kind=EntryKind.NOTE, author=supervisor, content=NOTES, request_id="n")
+            for n, (claim, where, quote) in enumerate(
+                [
+                    (TALLEST, "height", HEIGHT_QUOTE),
+                    (OPENED_1887, "rumour", RUMOUR_QUOTE),
+                    (OPENED_1889, "opening", OPENING_QUOTE),
+                    (WORKERS, "workers", "About three hundred workers"),
+                ]
+            ):
+                await plane.append(
+                    RUN_ID,
+                    kind=EntryKind.FINDING,
+                    author=Principal(f"researcher-{n}", Role.RESEARCHER),
+                    content=claim,
+                    sources=(Source(pages[where], "Tower", quote),),
+                    request_id=f"f{n}",
+                )
+            account = RunAccount()
+            publisher = RunPublisher(RunEventLog(store, CommitSignal(), RUN_ID), plane, RUN_ID, RUN_ID)
+            client = DelegationClient([worker.address])
+            delegator = Delegator(
+                run_id=RUN_ID,
+                thread_id=RUN_ID,
+                max_worker_turns=0,
+                parallel=4,
+                deadline=time.monotonic() + 60,
+                client=client,
+                scratchpad=plane,
+                account=account,
+                budget=TokenBudget(0, account),
+                publisher=publisher,
+            )
+            entries = await plane.read_all(RUN_ID)
+            yield Research(script, plane, delegator, account, publisher, writer, pages, entries, [])
+            await client.close()
+    await writer.close()
+    await database.close()
+
+
+def verdict(finding: int, judgement: str, url: str, excerpt: str, why: str) -> Call:
+    arguments = {"finding_ref": finding, "judgement": judgement, "quote": {"url": url, "excerpt": excerpt}}
+    return Call("submit_claim_verdict", {**arguments, "rationale": why}, "submit")
+
+
+def reads(*urls: str) -> Reply:
+    pages = (Call("read_web_page", {"url": url}, f"page{n}") for n, url in enumerate(urls))
+    return Reply(calls=(Call("read_scratchpad", {}, "inputs"), *pages))
+
+
+def script_verifiers(research: Research, hold: asyncio.Event | None = None) -> None:
+    """Each finding's verifier, told apart by its task's first line. With `hold`, the supported finding's
+    verifier starts reading only once it is set."""
+    pages, script = research.pages, research.script
+    script.add(
+        f"Verify finding {OVERSTATED}",
+        reads(pages["height"]),
+        Reply(calls=(verdict(OVERSTATED, "unsupported", pages["height"], HEIGHT_QUOTE, UNSUPPORTED_WHY),)),
+    )
+    script.add(
+        f"Verify finding {CONTRADICTED}",
+        reads(pages["rumour"], pages["opening"]),
+        Reply(calls=(verdict(CONTRADICTED, "contradicted", pages["opening"], OPENING_QUOTE, CONTRADICTED_WHY),)),
+    )
+    first = reads(pages["opening"])
+    script.add(
+        f"Verify finding {SUPPORTED}",
+        first if hold is None else Await(hold, first),
+        Reply(calls=(verdict(SUPPORTED, "supported", pages["opening"], OPENING_QUOTE, SUPPORTED_WHY),)),
+    )
+    script.add(f"Verify finding {FAILING}", HttpError(400, message="the verifier's model refused"))
+
+
+async def test_each_finding_is_judged_blind_and_the_report_cites_only_supported_ones(
+    research: Research,
+) -> None:
+    script_verifiers(research)
+    verification = await research.verify()
+
+    checks = {check.finding_sequence_no: check for check in verification.findings}
+    assert {n: check.judgement for n, check in checks.items()} == {
+        OVERSTATED: ClaimJudgement.UNSUPPORTED,  # the quote is real, the claim says more than it
+        CONTRADICTED: ClaimJudgement.CONTRADICTED,
+        SUPPORTED: ClaimJudgement.SUPPORTED,
+        FAILING: None,  # its verifier failed: unverified
+    }
+    assert verification.enabled and verification.citable_findings() == {SUPPORTED}
+    assert checks[FAILING].rationale == "not verified: the verifier failed (provider_error)"
+    assert checks[OVERSTATED] == FindingCheck(
+        OVERSTATED,
+        TALLEST,
+        ClaimJudgement.UNSUPPORTED,
+        verdict_sequence_no=checks[OVERSTATED].verdict_sequence_no,
+        rationale=UNSUPPORTED_WHY,
+        quote_url=research.pages["height"],
+        quote_excerpt=HEIGHT_QUOTE,
+    )
+    # Each verdict is the verifier's own entry on the ledger.
+    thread = {entry.sequence_no: entry for entry in await research.thread()}
+    for n in (OVERSTATED, CONTRADICTED, SUPPORTED):
+        recorded = thread[checks[n].verdict_sequence_no]
+        assert (recorded.kind, recorded.author.role) == (EntryKind.VERDICT, Role.VERIFIER)
+        assert json.loads(recorded.content)["finding_ref"] == n
+
+    # Two sources that disagree: the finding's own page and the page its verifier quoted.
+    assert verification.contradictions == (
+        Contradiction(
+            finding_sequence_no=CONTRADICTED,
+            claim=OPENED_1887,
+            finding_url=research.pages["rumour"],
+            finding_excerpt=RUMOUR_QUOTE,
+            contradicting_url=research.pages["opening"],
+            contradicting_excerpt=OPENING_QUOTE,
+            rationale=CONTRADICTED_WHY,
+            verdict_sequence_no=checks[CONTRADICTED].verdict_sequence_no,
+        ),
+    )
+    assert research.progress[0] == "verifying 4 findings"
+    assert set(research.progress[1:]) == {
+        f"finding {CONTRADICTED}: contradicted",
+        f"finding {FAILING}: unverified",
+        f"finding {OVERSTATED}: unsupported",
+        f"finding {SUPPORTED}: supported",
+    }
+    # The verifiers' tokens are the run's, counted as verification.
+    usage = research.account.usage()
+    # Two calls per verifier that answered, and the failing one's refused call.
+    assert usage.verification.model_calls == 7 and usage.verification == usage.workers
+
+    # The report: only the supported finding is a numbered source; the contradiction is a disagreement.
+    research.script.add(
+        REPORT,
+        Reply(
+            content="It opened in May 1889 [1]. It is the tallest structure in the world [2]. It opened in 1887 [3]."
+        ),
+    )
+    report, _ = await write_report(
+        research.writer, QUESTION, research.entries, ResearchEnd(), research.publisher.content, verification
+    )
+
+    # The one supported finding's source is [1]; no number names an unsupported, contradicted or unverified one.
+    assert [(c.number, c.url, c.sequence_no) for c in report.citations] == [(1, research.pages["opening"], SUPPORTED)]
+    assert (
+        report.markdown == "It opened in May 1889 [1]. It is the tallest structure in the world . It opened in 1887 ."
+    )
+    assert report.removed_citations == 2
+    assert citation_judgements(report.citations, verification) == {1: ClaimJudgement.SUPPORTED}
+
+    system_prompt, asked = (m["content"] for m in research.script.requests[REPORT][0]["messages"])
+    assert VERIFIED_INSTRUCTIONS in system_prompt
+    findings = asked.split("Verified findings:\n", 1)[1].split("\n\n", 1)[0]
+    assert findings == f"- (finding {SUPPORTED}, supported) {OPENED_1889} [1]"
+    assert "[2]" not in asked and TALLEST not in asked and WORKERS not in asked
+    # The contradicted claim reaches the model only as a disagreement between two quoted sources.
+    disagreement = asked.split("Where sources disagree", 1)[1]
+    assert "never as fact" in disagreement and OPENED_1887 in disagreement
+    assert f'{research.pages["rumour"]} says: "{RUMOUR_QUOTE}"' in disagreement
+    assert f'but {research.pages["opening"]} says: "{OPENING_QUOTE}"' in disagreement
+
+
+async def test_a_verifier_sees_its_contract_and_never_the_supervisors_notes_or_other_verdicts(
+    research: Research,
+) -> None:
+    # It reads its inputs once the other verifiers have recorded their verdicts, so a leak would show.
+    others_judged = asyncio.Event()
+    script_verifiers(research, hold=others_judged)
+    verifying = asyncio.create_task(research.verify())
+    async with asyncio.timeout(20):
+        verdicts = [entry async for entry in verdicts_recorded(research.plane, 2)]
+        others_judged.set()
+        await verifying
+    assert {json.loads(entry.content)["finding_ref"] for entry in verdicts} == {OVERSTATED, CONTRADICTED}
+    pages = research.pages
+    requests = research.script.requests[f"Verify finding {SUPPORTED}"]
+    assert len(requests) == 2
+
+    task = next(m["content"] for m in requests[0]["messages"] if m["role"] == "user")
+    assert task.startswith(f"Task: Verify finding {SUPPORTED}\n\nResearch question: {QUESTION}\n\n")
+    assert f"Finding {SUPPORTED} is scratchpad entry {SUPPORTED}. It cites: {pages['opening']}." in task
+    assert "Criteria:\n" + "\n".join(f"- {criterion}" for criterion in CRITERIA) in task
+    # Its own finding and page first, then the pages of the run's other findings, in scratchpad order.
+    inputs = [SUPPORTED, pages["opening"], pages["height"], pages["rumour"], pages["workers"]]
+    assert task.endswith("Inputs:\n" + "\n".join(f"- {ref}" for ref in inputs))
+
+    # What it read of the scratchpad is its own finding, only.
+    shown = research.script.tool_results(f"Verify finding {SUPPORTED}")[0]
+    assert f"[{SUPPORTED}] finding" in shown and OPENED_1889 in shown
+    assert all(f"[{n}]" not in shown for n in range(1, 12) if n != SUPPORTED)
+    # The other verifiers' verdicts were on the thread when it read; none of them, nor the notes, reached it.
+    seen = json.dumps([request["messages"] for request in requests])
+    for hidden in (NOTES, UNSUPPORTED_WHY, CONTRADICTED_WHY, TALLEST, OPENED_1887, WORKERS):
+        assert hidden not in seen, hidden
+
+
+# -- without a worker: the contract's bounds and the folding of what comes back -------------------------
+
+
+def finding(n: int, *urls: str) -> Entry:
+    sources = tuple(Source(url, "", f"quote {n}") for url in urls)
+    return Entry(
+        RUN_ID, n, EntryKind.FINDING, Principal("r", Role.RESEARCHER), f"claim {n}", sources, datetime.now(UTC)
+    )
+
+
+def test_a_contract_names_its_own_pages_first_and_at_most_twenty_refs() -> None:
+    own = finding(40, "https://a.example/1", "https://a.example/2")
+    others = [finding(n, f"https://b.example/{n}", "https://a.example/1") for n in range(2, 30)]
+    contract = verifier_contract(QUESTION, own, others)
+    assert contract.role is Role.VERIFIER and contract.objective.splitlines()[0] == "Verify finding 40"
+    assert len(contract.input_refs) == MAX_INPUT_REFS
+    assert contract.input_refs[:4] == ("40", "https://a.example/1", "https://a.example/2", "https://b.example/2")
+    assert len(set(contract.input_refs)) == MAX_INPUT_REFS
+
+
+def test_a_finding_no_verifier_could_take_stays_unverified() -> None:
+    spent, _ = fold_verdict(finding(7, "https://a.example/"), None)
+    assert spent.judgement is None and not spent.citable and "token budget was spent" in spent.rationale
+    refused = DelegationResult("d", error_code=DelegationErrorCode.OUTPUT_INVALID)
+    failed, contradiction = fold_verdict(finding(7, "https://a.example/"), refused)
+    assert (failed.judgement, contradiction) == (None, None)
+
+
+def test_only_citable_findings_are_numbered_and_shown_and_a_run_without_verification_is_unchanged() -> None:
+    entries = [finding(2, "https://a.example/"), finding(3, "https://b.example/")]
+    plain = synthesis_messages(QUESTION, entries, verified_sources(entries), "notes")
+    assert "claim 2" in plain[1].content and "claim 3" in plain[1].content
+    # A Verification that is not enabled changes nothing.
+    assert (
+        synthesis_messages(QUESTION, entries, verified_sources(entries, Verification()), "notes", Verification())
+        == plain
+    )
+
+    judged = Verification(
+        enabled=True,
+        findings=(
+            FindingCheck(2, "claim 2", ClaimJudgement.UNSUPPORTED),
+            FindingCheck(3, "claim 3", ClaimJudgement.PARTIALLY_SUPPORTED),
+        ),
+    )
+    sources = verified_sources(entries, judged)
+    assert [(c.number, c.sequence_no) for c in sources] == [(1, 3)]
+    asked = synthesis_messages(QUESTION, entries, sources, "notes", judged)[1].content
+    assert "claim 2" not in asked and "- (finding 3, partially supported) claim 3 [1]" in asked
