@@ -18,7 +18,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
+from collections import Counter
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, replace
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
@@ -31,7 +32,7 @@ from quarry.errors import Unavailable
 from quarry.identity import Principal, Role
 from quarry.research_plane import ResearchPlane
 from quarry.telemetry import tracer
-from quarry.vocabulary import EntryKind
+from quarry.vocabulary import Entry, EntryKind
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.delegating import Delegator
 from supervisor_svc.ledger import RunLedger
@@ -39,6 +40,7 @@ from supervisor_svc.model import (
     DEFAULT_SUPERVISOR_TURNS,
     Approval,
     ApprovalDecision,
+    Report,
     ResearchPhase,
     RunErrorCode,
     RunOutcome,
@@ -46,8 +48,11 @@ from supervisor_svc.model import (
 )
 from supervisor_svc.publishing import RunEventLog, RunPublisher
 from supervisor_svc.store import RunEnded
-from supervisor_svc.synthesis import ResearchEnd, report_warnings, write_report
+from supervisor_svc.synthesis import ResearchEnd, report_warnings, verified_sources, write_report
 from supervisor_svc.tools import REGISTRY, SupervisorContext
+from supervisor_svc.verification.claims import verify_claims
+from supervisor_svc.verification.report import with_verification
+from supervisor_svc.verification.review import ReviewStage, review_report
 from supervisor_svc.verification.state import Verification
 from supervisor_svc.worker_client import DelegationClient
 
@@ -141,13 +146,18 @@ class ResearchRun:
                 await self._publisher.started()
                 await self._seed()
                 watcher = asyncio.create_task(self._publisher.follow_scratchpad())
-                end = await self._research(deadline)
-                await self._publisher.status(ResearchPhase.SYNTHESIZING, _synthesis_reason(end))
+                delegator = self._delegator(deadline)
+                end = await self._research(delegator)
                 entries = await self._deps.scratchpad.read_all(self.record.scratchpad_thread_id)
+                verification = await self._verify_claims(entries, delegator) if self._verifies else None
+                await self._publisher.status(ResearchPhase.SYNTHESIZING, _synthesis_reason(end))
                 report, self._account.report = await write_report(
-                    self._deps.model, self.record.question, entries, end, self._publisher.content
+                    self._deps.model, self.record.question, entries, end, self._publisher.content, verification
                 )
-            outcome = RunOutcome.succeeded(report, self._account.usage(), report_warnings(report, end))
+                if verification is not None:
+                    report, verification = await self._review(report, entries, verification, delegator)
+            warnings = report_warnings(report, end)
+            outcome = RunOutcome.succeeded(report, self._account.usage(), warnings, verification)
             if self.record.options.require_approval:  # after the run's time limit: a person may take longer
                 outcome = await self._await_approval(outcome)
         except asyncio.CancelledError:
@@ -180,11 +190,10 @@ class ResearchRun:
             request_id=f"{self.run_id}/seed",
         )
 
-    async def _research(self, deadline: float) -> ResearchEnd:
-        """The supervisor's loop, until it answers or a bound stops it."""
-        await self._publisher.status(ResearchPhase.PLANNING, "planning the research")
+    def _delegator(self, deadline: float) -> Delegator:
+        """The run's one delegation desk: the researchers' delegations and the evidence roles' share it."""
         options = self.record.options
-        delegator = Delegator(
+        return Delegator(
             run_id=self.run_id,
             thread_id=self.record.scratchpad_thread_id,
             max_worker_turns=options.max_worker_turns,
@@ -197,6 +206,11 @@ class ResearchRun:
             publisher=self._publisher,
             ledger=RunLedger(self._deps.scratchpad, self.run_id, self.record.scratchpad_thread_id),
         )
+
+    async def _research(self, delegator: Delegator) -> ResearchEnd:
+        """The supervisor's loop, until it answers or a bound stops it."""
+        await self._publisher.status(ResearchPhase.PLANNING, "planning the research")
+        options = self.record.options
         conversation_id = f"sup-{self.run_id}"
         opening = [
             system(INSTRUCTIONS),
@@ -230,6 +244,56 @@ class ResearchRun:
             end = ResearchEnd(token_budget_exhausted=True)
         await self._publisher.reasoning.flush()
         return replace(end, delegations=delegator.dispatched)
+
+    # -- verification ------------------------------------------------------------------------
+
+    @property
+    def _verifies(self) -> bool:
+        return self.record.options.verifies(self._deps.verify_by_default)
+
+    async def _verify_claims(self, entries: Sequence[Entry], delegator: Delegator) -> Verification:
+        """A blind claim-verifier for every finding the report may cite; GetRun shows their verdicts."""
+
+        async def progress(message: str) -> None:
+            await self._publisher.status(ResearchPhase.VERIFYING_CLAIMS, message)
+
+        verification = await verify_claims(self.record.question, entries, delegator, progress)
+        await self._publisher.verification(ResearchPhase.VERIFYING_CLAIMS, _claims_summary(verification), verification)
+        return verification
+
+    async def _review(
+        self, draft: Report, entries: Sequence[Entry], verification: Verification, delegator: Delegator
+    ) -> tuple[Report, Verification]:
+        """Audit the draft's cited sentences and settle every objection; the final report states how each
+        claim was verified."""
+
+        async def status(stage: ReviewStage, message: str) -> None:
+            await self._publisher.status(ResearchPhase(stage.value), message)
+
+        citable = verification.citable_findings()
+        reviewed = await review_report(
+            question=self.record.question,
+            draft=draft,
+            sources=verified_sources(entries, verification),
+            claims={entry.sequence_no: entry.content for entry in entries if entry.sequence_no in citable},
+            delegator=delegator,
+            model=self._deps.model,
+            budget=self._budget,
+            scratchpad=self._deps.scratchpad,
+            run_id=self.run_id,
+            thread_id=self.record.scratchpad_thread_id,
+            status=status,
+            max_revision_rounds=self.record.options.revision_rounds,
+        )
+        verification = replace(
+            verification,
+            sentences=reviewed.sentences,
+            objections=reviewed.objections,
+            revision_rounds=reviewed.revision_rounds,
+        )
+        report = with_verification(reviewed.report, verification)
+        await self._publisher.verification(ResearchPhase.AUDITING, _review_summary(verification), verification)
+        return report, verification
 
     # -- approval ----------------------------------------------------------------------------
 
@@ -316,6 +380,19 @@ class ResearchRun:
 
     def _failed(self, code: RunErrorCode, message: str) -> RunOutcome:
         return RunOutcome.failed(code, message, self._account.usage())
+
+
+def _claims_summary(verification: Verification) -> str:
+    judged = Counter(check.judgement.value if check.judgement else "unverified" for check in verification.findings)
+    counts = ", ".join(f"{count} {judgement}" for judgement, count in sorted(judged.items())) or "no finding to verify"
+    return f"claims verified: {counts}"
+
+
+def _review_summary(verification: Verification) -> str:
+    return (
+        f"report reviewed: {verification.supported_claims} supported, {verification.removed_claims} removed, "
+        f"{verification.contested_claims} contested; {verification.revision_rounds} revision round(s)"
+    )
 
 
 def _approval_message(verification: Verification | None, wait_seconds: float) -> str:

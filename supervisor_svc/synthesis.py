@@ -78,16 +78,19 @@ def _shown_findings(entries: Sequence[Entry], verification: Verification | None)
 def verified_sources(entries: Sequence[Entry], verification: Verification | None = None) -> list[Citation]:
     """The citable sources, numbered from 1 in scratchpad order; one number per (url, excerpt).
 
-    With `verification`, only the sources of findings it found citable."""
+    With `verification`, only the sources of findings it found citable, each with its finding's judgement."""
+    checks = _verifying(verification)
     sources: list[Citation] = []
     seen: set[tuple[str, str]] = set()
     for entry in _shown_findings(entries, verification):
+        judgement = None if checks is None else checks.judgement_of(entry.sequence_no)
         for source in entry.sources:
             key = (source.url, source.excerpt)
             if not source.excerpt or key in seen:
                 continue
             seen.add(key)
-            sources.append(Citation(len(sources) + 1, source.url, source.title, source.excerpt, entry.sequence_no))
+            number = len(sources) + 1
+            sources.append(Citation(number, source.url, source.title, source.excerpt, entry.sequence_no, judgement))
     return sources
 
 

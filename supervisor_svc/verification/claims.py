@@ -21,7 +21,6 @@ from quarry.identity import Role
 from quarry.research_records import ClaimJudgement, ClaimVerdict, RecordError
 from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc.delegating import Contract, Delegator
-from supervisor_svc.model import Citation
 from supervisor_svc.synthesis import sourced_findings
 from supervisor_svc.verification.state import Contradiction, FindingCheck, Verification
 
@@ -126,11 +125,6 @@ def fold_verdict(finding: Entry, result: DelegationResult | None) -> tuple[Findi
         verdict_sequence_no=result.output_sequence_no,
     )
     return check, contradiction
-
-
-def citation_judgements(citations: Sequence[Citation], verification: Verification) -> dict[int, ClaimJudgement | None]:
-    """Each citation number's judgement: that of the finding it comes from."""
-    return {citation.number: verification.judgement_of(citation.sequence_no) for citation in citations}
 
 
 def _urls(findings: Sequence[Entry]) -> list[str]:

@@ -115,7 +115,8 @@ async def mesh(
                     worker_addresses=",".join(worker.address for worker in workers),
                     model_base_url=model.base_url,
                     model_name="scripted",
-                    **supervisor_overrides,  # type: ignore[arg-type]
+                    # These tests script the research phase; verification is asked for per run where tested.
+                    **{"verify_runs": False, **supervisor_overrides},  # type: ignore[arg-type]
                 ),
                 common,
             )
@@ -161,6 +162,8 @@ def processes(
         "QUARRY_DATA_DIR": str(tmp_path),
         "QUARRY_LOG_LEVEL": "WARNING",
         "QUARRY_SHUTDOWN_GRACE_SECONDS": "2",
+        # Runs verify only where a test asks for it (RunOptions.verification), as its script covers it.
+        "QUARRY_SUPERVISOR_VERIFY_RUNS": "false",
         **(extra_env or {}),
     }
     model_env = {"QUARRY_MODEL_BASE_URL": model.base_url, "QUARRY_MODEL_NAME": "scripted"}

@@ -44,7 +44,6 @@ from supervisor_svc.synthesis import (
 from supervisor_svc.verification.claims import (
     CRITERIA,
     MAX_INPUT_REFS,
-    citation_judgements,
     fold_verdict,
     verifier_contract,
     verify_claims,
@@ -284,7 +283,9 @@ async def test_each_finding_is_judged_blind_and_the_report_cites_only_supported_
         report.markdown == "It opened in May 1889 [1]. It is the tallest structure in the world . It opened in 1887 ."
     )
     assert report.removed_citations == 2
-    assert citation_judgements(report.citations, verification) == {1: ClaimJudgement.SUPPORTED}
+    assert [c.judgement for c in report.citations] == [
+        ClaimJudgement.SUPPORTED
+    ]  # each citation says how it was verified
 
     system_prompt, asked = (m["content"] for m in research.script.requests[REPORT][0]["messages"])
     assert VERIFIED_INSTRUCTIONS in system_prompt
