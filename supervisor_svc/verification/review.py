@@ -76,12 +76,12 @@ _REMOVED_BECAUSE = {
 _WITHDRAW = "REMOVE"
 
 AUDIT_CRITERIA = (
-    "Judge the sentence only against the findings it cites; read them with read_scratchpad.",
+    "Judge the sentence only against the findings it cites; read them in the scratchpad.",
     "Sound: the findings say what the sentence says. Needs revision: they support only a weaker or narrower "
     "statement. Unsound: they do not support it.",
 )
 ADJUDICATION_CRITERIA = (
-    "Read the objection and the findings with read_scratchpad, and decide from them alone.",
+    "Read the objection and the findings in the scratchpad, and decide from them alone.",
     "Approve if the findings support the sentence as written; revise if they support a corrected version; "
     "reject if they do not support it.",
 )

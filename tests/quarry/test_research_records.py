@@ -18,8 +18,10 @@ from quarry.research_records import (
     ClaimVerdict,
     InputRefs,
     Objection,
+    ObjectionResolution,
     RecordError,
     ResearchRecord,
+    Resolution,
     RouteDecision,
     SentenceAudit,
     UsageObserved,
@@ -51,6 +53,9 @@ EXAMPLES: list[ResearchRecord] = [
     ),
     RouteDecision(delegation_id="run-1:call-1", worker_id="worker-2", tier=Tier.SUPERVISOR, model="big"),
     UsageObserved(delegation_id="run-1:call-1", input_tokens=1200, output_tokens=80, model_calls=3),
+    ObjectionResolution(
+        objection_ref=8, resolution=Resolution.REVISED, sentence_index=3, sentence="About 330 m [2].", audit_ref=11
+    ),
 ]
 
 

@@ -139,13 +139,19 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
             assert "worker delegation" in chain and "delegate" in chain, chain
         if span.name.startswith(("execute_tool", "chat")) and "worker delegation" in chain:
             assert chain[0] == "worker turn", (span.name, chain)
-        if span.name == "scratchpad append" and attributes(span)["quarry.entry.kind"] != "seed":
+        kind = attributes(span).get("quarry.entry.kind") if span.name == "scratchpad append" else None
+        if kind in ("assignment", "route", "usage"):  # the supervisor's ledger of the delegation
+            assert "delegate" in chain, chain
+        elif kind is not None and kind != "seed":
             assert "execute_tool append_scratchpad" in chain, chain
     statements = [span for _, span in in_run if "db.system" in attributes(span) or "db.system.name" in attributes(span)]
     assert statements, "SQLAlchemy statements are traced"
     assert any("scratchpad append" in ancestors(span) for span in statements), "an append's own statements"
     appends = [span for _, span in in_run if span.name == "scratchpad append"]
-    assert sorted(attributes(s)["quarry.sequence_no"] for s in appends) == [1, 2, 3]
+    kinds = sorted(attributes(s)["quarry.entry.kind"] for s in appends)
+    assert set(kinds) == {"seed", "assignment", "route", "finding", "usage", "note"}, kinds
+    assert kinds.count("assignment") == kinds.count("route") == kinds.count("usage"), kinds
+    assert sorted(attributes(s)["quarry.sequence_no"] for s in appends) == list(range(1, len(appends) + 1))
     assert all(attributes(s)["quarry.thread_id"] == run.scratchpad_thread_id for s in appends)
 
     chats = [span for _, span in in_run if span.name == "chat scripted"]
@@ -175,7 +181,10 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
     assert outcomes == {"succeeded", "provider_error"}
     tiers = {(p["quarry.tier"], p["gen_ai.token.type"]) for p in points["quarry.tokens"]}
     assert tiers == {("supervisor", "input"), ("supervisor", "output"), ("worker", "input"), ("worker", "output")}
-    assert {p["quarry.entry.kind"] for p in points["quarry.scratchpad.appends"]} == {"seed", "finding", "note"}
+    assert {p["quarry.entry.kind"] for p in points["quarry.scratchpad.appends"]} == {
+        *("seed", "finding", "note"),
+        *("assignment", "route", "usage"),
+    }
     assert "quarry.delegations.active" in points
 
     # Logs are JSON with the trace they belong to; the API key appears nowhere.

@@ -30,6 +30,7 @@ from tests.supervisor_svc.conftest import HISTORY, delegation_on, processes
 pytestmark = pytest.mark.slow
 
 MARKER = "MARKER-A-5f1c"
+LEDGER_KINDS = {scratchpad_pb2.ENTRY_KIND_ASSIGNMENT, scratchpad_pb2.ENTRY_KIND_ROUTE, scratchpad_pb2.ENTRY_KIND_USAGE}
 PUBLIC_PAYLOADS = {"status", "scratchpad", "reasoning", "content", "completed", "failed", "cancelled"}
 INTERNAL_TOOLS = ("delegate_research", "read_scratchpad", "append_scratchpad", "perform_web_search", "read_web_page")
 
@@ -161,7 +162,10 @@ async def test_the_seed_research_contract_across_processes(
             ),
         ],
     )
-    kinds = [(entry.kind, entry.author.role) for entry in entries]
+    # The research entries; the supervisor's ledger (assignment, route, usage of each delegation) lies between them.
+    research = [entry for entry in entries if entry.kind not in LEDGER_KINDS]
+    ledger = [entry.kind for entry in entries if entry.kind in LEDGER_KINDS]
+    kinds = [(entry.kind, entry.author.role) for entry in research]
     supervisor_reads = [str(body["messages"]) for body in script.requests[SUPERVISOR]]
     worker_b_reads = str(script.requests[task_b][1]["messages"])
     shared_scratchpad = verdict(
@@ -184,11 +188,18 @@ async def test_the_seed_research_contract_across_processes(
                 "worker B read the seed and A's marker",
                 "Research question" in worker_b_reads and MARKER in worker_b_reads,
             ),
-            ("B acknowledged the marker", entries[4].content == f"ACK {MARKER}"),
-            ("A and B are different principals", entries[1].author.principal_id != entries[3].author.principal_id),
+            ("B acknowledged the marker", research[4].content == f"ACK {MARKER}"),
+            ("A and B are different principals", research[1].author.principal_id != research[3].author.principal_id),
+            (
+                "each delegation assigned and its usage observed",
+                ledger.count(scratchpad_pb2.ENTRY_KIND_ASSIGNMENT)
+                == 3
+                == ledger.count(scratchpad_pb2.ENTRY_KIND_USAGE),
+            ),
             (
                 "every entry reached the client once, in order",
-                [e.scratchpad.scratchpad_sequence_no for e in events if e.HasField("scratchpad")] == [1, 2, 3, 4, 5],
+                [e.scratchpad.scratchpad_sequence_no for e in events if e.HasField("scratchpad")]
+                == list(range(1, len(entries) + 1)),
             ),
             ("the supervisor read the whole state", f"ACK {MARKER}" in supervisor_reads[5]),
         ],
@@ -202,7 +213,8 @@ async def test_the_seed_research_contract_across_processes(
             ("not on the other", placed[0][1] is None and placed[1][0] is None),
             (
                 "citations resolve to verified entries",
-                [(c.number, c.scratchpad_sequence_no) for c in citations] == [(1, 2), (2, 4)],
+                [(c.number, c.scratchpad_sequence_no) for c in citations]
+                == [(1, research[1].sequence_no), (2, research[3].sequence_no)],
             ),
             ("quotes are the workers' verified excerpts", citations[0].excerpt == "The tower is 330 metres tall"),
             (

@@ -30,6 +30,7 @@ from quarry.vocabulary import DelegationErrorCode, DelegationResult, Entry, Entr
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.delegating import Delegator
+from supervisor_svc.ledger import RunLedger
 from supervisor_svc.model import StartRequest
 from supervisor_svc.publishing import RunEventLog, RunPublisher
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
@@ -169,6 +170,7 @@ async def research(tmp_path: Path, model: ScriptedModel, site: FixtureWeb) -> As
                 account=account,
                 budget=TokenBudget(0, account),
                 publisher=publisher,
+                ledger=RunLedger(plane, RUN_ID, RUN_ID),
             )
             entries = await plane.read_all(RUN_ID)
             yield Research(script, plane, delegator, account, publisher, writer, pages, entries, [])

@@ -1,0 +1,403 @@
+"""Verified research end to end, across real processes: blind claim verification, citation audit,
+objections settled by revision and by adjudication, refused and repaired outputs, and the ledger.
+
+Supervisor, two workers and the scratchpad run as `quarry serve` processes with mesh tokens; the model
+is the scripted OpenAI-compatible server, the web the local fixture site. The evidence roles' scripts
+answer from what their own requests carry (the finding they were shown, the sentence they were given),
+since the sequence numbers they are addressed by are only known once the run has written them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quarry.client import QuarryClient, ScratchpadClient, open_channel
+from quarry.research_records import (
+    Assignment,
+    ClaimVerdict,
+    ObjectionResolution,
+    Resolution,
+    UsageObserved,
+    parse_record,
+)
+from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
+from quarry.vocabulary import EntryKind
+from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, agent_of, append_finding
+from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
+from tests.fakes.web_server import FixtureWeb
+from tests.supervisor_svc.conftest import processes
+
+pytestmark = pytest.mark.slow
+
+PUBLIC_PAYLOADS = {"status", "scratchpad", "reasoning", "content", "completed", "failed", "cancelled"}
+INTERNAL_TOOLS = (
+    "delegate_research",
+    "read_scratchpad",
+    "append_scratchpad",
+    "read_web_page",
+    "submit_claim_verdict",
+    "submit_citation_audit",
+    "submit_adjudication",
+)
+QUESTION = "When did the Eiffel Tower open, and how tall is it?"
+NOTES = "SUPERVISOR-NOTE: the opening date looks settled; I believe it is the tallest in the world."
+
+
+def page(title: str, *paragraphs: str) -> str:
+    body = "".join(f"<p>{text}</p>" for text in paragraphs)
+    return f"<!doctype html><html><head><title>{title}</title></head><body><article>{body}</article></body></html>"
+
+
+OPENING = ("/opening.html", "The tower opened to the public in May 1889, after two years of construction.")
+HEIGHT = ("/height.html", "The tower is 330 metres tall, including its antennas.")
+GUIDE = ("/guide.html", "Our guide says the tower opened in 1887, two years early.")
+
+# The researcher's findings: the claim, the page, the excerpt it quotes.
+OPENED = ("The tower opened to the public in May 1889.", OPENING, "The tower opened to the public in May 1889")
+TALL = ("The tower is 330 metres tall.", HEIGHT, "The tower is 330 metres tall")
+# A real quote, an overstated claim.
+TALLEST = ("The tower is the tallest structure in the world.", HEIGHT, "The tower is 330 metres tall")
+# Disagrees with the opening page.
+EARLY = ("The tower opened in 1887.", GUIDE, "the tower opened in 1887")
+
+# The draft: the citable findings are OPENED [1] and TALL [2]; the unsupported and contradicted ones have no number.
+S_OPENED = "The tower opened to the public in May 1889 [1]."
+S_WRONG = "It is 330 metres tall [1]."  # cites the opening, not the height: revised
+S_WRONG_REVISED = "The tower is 330 metres tall [2]."
+S_REJECTED = "It was the tallest iron tower of its day [2]."  # contested, then rejected by the adjudicator
+S_UPHELD = "It stands 330 metres high [2]."  # objected to, contested, approved by the adjudicator
+DRAFT = f"## The tower\n\n{S_OPENED} {S_WRONG} {S_REJECTED} {S_UPHELD}"
+
+
+@dataclass
+class EvidenceScript(Choreography):
+    """The choreography, with the evidence roles and the reviser answering from their own requests."""
+
+    site_url: str = ""
+    verdicts: dict[str, Callable[[int, str], Step]] = field(default_factory=dict)  # by the finding's claim
+    audits: dict[str, tuple[str, str]] = field(default_factory=dict)  # by sentence text: (judgement, objection)
+    revisions: dict[str, str] = field(default_factory=dict)  # by sentence text: the reviser's answer
+    decisions: dict[str, str] = field(default_factory=dict)  # by sentence text: the adjudicator's decision
+    unanswered: list[str] = field(default_factory=list)  # requests no script answered
+
+    def __call__(self, body: dict[str, Any]) -> Step:
+        agent = agent_of(body)
+        handlers = {
+            "Verify finding ": self._verify,
+            "Audit sentence ": self._audit,
+            "Adjudicate objection ": self._adjudicate,
+            "Revise sentence ": self._revise,
+        }
+        for prefix, handler in handlers.items():
+            if agent.startswith(prefix):
+                self.requests.setdefault(agent, []).append(body)
+                try:
+                    return handler(agent, body)
+                except StopIteration:  # nothing scripted for what this request carries: the test fails on it
+                    self.unanswered.append(_task(body))
+                    return HttpError(400, message=f"nothing scripted for {agent!r}")
+        return super().__call__(body)
+
+    def _verify(self, agent: str, body: dict[str, Any]) -> Step:
+        finding = int(agent.split()[2])
+        results = [m.get("content") or "" for m in body["messages"] if m["role"] == "tool"]
+        if not results:
+            cited = re.search(r"It cites: (\S+?)\.\n", _task(body))
+            assert cited is not None
+            calls = [Call("read_scratchpad", {}, "inputs"), Call("read_web_page", {"url": cited.group(1)}, "own")]
+            if cited.group(1).endswith(GUIDE[0]):  # the other source of this research bears on the claim
+                calls.append(Call("read_web_page", {"url": self.site_url + OPENING[0]}, "other"))
+            return Reply(calls=tuple(calls))
+        claim = next(claim for claim in self.verdicts if claim in results[0])
+        return self.verdicts[claim](finding, self.site_url)
+
+    def _audit(self, agent: str, body: dict[str, Any]) -> Step:
+        index = int(agent.split()[2])
+        task = _task(body)
+        refs = json.loads(re.findall(r"finding_refs (\[[\d, ]+\])", task)[-1])
+        judgement, objection = next(audit for text, audit in self.audits.items() if _shown(task) == text)
+        audited = {"sentence_index": index, "finding_refs": refs, "judgement": judgement, "objection": objection}
+        return Reply(calls=(Call("submit_citation_audit", {"sentences": [audited]}, "audit"),))
+
+    def _revise(self, agent: str, body: dict[str, Any]) -> Step:
+        asked = json.dumps(body["messages"])
+        return Reply(content=next(answer for text, answer in self.revisions.items() if json.dumps(text)[1:-1] in asked))
+
+    def _adjudicate(self, agent: str, body: dict[str, Any]) -> Step:
+        objection = int(agent.split()[2])
+        task = _task(body)
+        decision = next(decision for text, decision in self.decisions.items() if _shown(task) == text)
+        arguments = {"objection_ref": objection, "decision": decision, "rationale": f"the findings call for {decision}"}
+        return Reply(calls=(Call("submit_adjudication", arguments, "decide"),))
+
+
+def _task(body: dict[str, Any]) -> str:
+    return next(m["content"] for m in body["messages"] if m["role"] == "user" and m["content"].startswith("Task: "))
+
+
+def _marked(text: str) -> str:
+    """A sentence without its citation markers, as the scripts recognise it."""
+    return re.sub(r" \[[^\]]*\]", "", text)
+
+
+def _shown(task: str) -> str:
+    """The sentence an auditor's or adjudicator's task quotes, without its markers (they name findings)."""
+    quoted = re.search(r'of a draft report: "(.*)"', task)
+    assert quoted is not None, task
+    return _marked(quoted.group(1))
+
+
+def verdict(judgement: str, excerpt: str, page_path: str, rationale: str) -> Callable[[int, str], Step]:
+    def answer(finding: int, site_url: str) -> Step:
+        arguments = {
+            "finding_ref": finding,
+            "judgement": judgement,
+            "quote": {"url": site_url + page_path, "excerpt": excerpt},
+            "rationale": rationale,
+        }
+        return Reply(calls=(Call("submit_claim_verdict", arguments, "verdict"),))
+
+    return answer
+
+
+@pytest.fixture
+async def script(model: ScriptedModel, site: FixtureWeb) -> AsyncIterator[EvidenceScript]:
+    choreography = EvidenceScript(site_url=site.base_url)
+    model.default = choreography
+    site.add(OPENING[0], page("Opening", OPENING[1]))
+    site.add(HEIGHT[0], page("Height", HEIGHT[1]))
+    site.add(GUIDE[0], page("A guide", GUIDE[1]))
+    yield choreography
+
+
+def research(script: EvidenceScript, site: FixtureWeb, *findings: tuple[str, tuple[str, str], str]) -> None:
+    """One researcher reads every page and promotes `findings`; the supervisor delegates it, then ends."""
+    pages = sorted({path for _, (path, _), _ in findings})
+    script.add(
+        "Research the tower",
+        Reply(
+            calls=tuple(
+                Call("read_web_page", {"url": site.base_url + path}, f"read-{n}") for n, path in enumerate(pages)
+            )
+        ),
+        Reply(
+            calls=tuple(
+                append_finding(f"promote-{n}", claim, site.base_url + path, excerpt)
+                for n, (claim, (path, _), excerpt) in enumerate(findings)
+            )
+        ),
+        Reply(content="Promoted the findings."),
+    )
+    script.add(
+        SUPERVISOR,
+        Reply(calls=(Call("delegate_research", {"objective": "Research the tower"}, "d1"),)),
+        Reply(content=NOTES),
+    )
+
+
+async def verified_run(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb
+) -> tuple[list[supervisor_pb2.RunEvent], supervisor_pb2.Run, list[scratchpad_pb2.Entry]]:
+    with processes(tmp_path, model, site) as mesh:
+        async with QuarryClient.connect(mesh.supervisor.address) as client:
+            options = supervisor_pb2.RunOptions(verification=supervisor_pb2.VERIFICATION_MODE_ON)
+            run = await client.start_run(QUESTION, options=options)
+            events = [event async for event in client.stream_run(run.run_id)]
+            stored = await client.get_run(run.run_id)
+        async with open_channel(mesh.scratchpad.address, token=mesh.supervisor_token) as channel:
+            entries = await ScratchpadClient(channel).read_all(run.scratchpad_thread_id)
+    return events, stored, entries
+
+
+async def test_a_verified_run_cites_only_supported_claims_surfaces_disagreement_and_settles_every_objection(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: EvidenceScript
+) -> None:
+    research(script, site, OPENED, TALL, TALLEST, EARLY)
+    script.verdicts = {
+        OPENED[0]: verdict("supported", OPENED[2], OPENING[0], "the page gives the opening date"),
+        TALL[0]: verdict("supported", TALL[2], HEIGHT[0], "the page gives the height"),
+        TALLEST[0]: verdict("unsupported", TALL[2], HEIGHT[0], "the page gives a height, not a ranking"),
+        EARLY[0]: verdict("contradicted", OPENED[2], OPENING[0], "the opening page gives May 1889"),
+    }
+    script.add(REPORT, Reply(content=DRAFT, chunks=5))
+    script.audits = {
+        _marked(S_OPENED): ("sound", ""),
+        _marked(S_WRONG): ("unsound", "finding cited says nothing about the height"),
+        _marked(S_WRONG_REVISED): ("sound", ""),
+        _marked(S_REJECTED): ("needs_revision", "the finding gives a height, not a comparison"),
+        _marked(S_UPHELD): ("unsound", "stands high is not what the finding says"),
+    }
+    script.revisions = {
+        S_WRONG: S_WRONG_REVISED,
+        S_REJECTED: "ADJUDICATE: the height makes it the tallest of its day",
+        S_UPHELD: "ADJUDICATE: standing 330 metres high is being 330 metres tall",
+    }
+    script.decisions = {_marked(S_REJECTED): "reject", _marked(S_UPHELD): "approve"}
+
+    events, stored, entries = await verified_run(tmp_path, model, site)
+
+    payloads = [event.WhichOneof("payload") for event in events]
+    assert script.unanswered == []
+    assert payloads[-1] == "completed", events[-1]
+    completed = events[-1].completed
+    verification = completed.verification
+    findings = {e.content: e.sequence_no for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_FINDING}
+    assert len(findings) == 4 and {f"Verify finding {n}" for n in findings.values()} <= set(script.requests)
+
+    # Claims: each finding judged by its own blind verifier; only supported ones are cited.
+    judged = {check.claim: check for check in verification.findings}
+    assert {claim: check.judgement for claim, check in judged.items()} == {
+        OPENED[0]: supervisor_pb2.CLAIM_JUDGEMENT_SUPPORTED,
+        TALL[0]: supervisor_pb2.CLAIM_JUDGEMENT_SUPPORTED,
+        TALLEST[0]: supervisor_pb2.CLAIM_JUDGEMENT_UNSUPPORTED,
+        EARLY[0]: supervisor_pb2.CLAIM_JUDGEMENT_CONTRADICTED,
+    }
+    assert {claim for claim, check in judged.items() if check.citable} == {OPENED[0], TALL[0]}
+    cited = {c.scratchpad_sequence_no for c in completed.report.citations}
+    assert cited == {findings[OPENED[0]], findings[TALL[0]]}  # never the overstated or the contradicted finding
+    assert {c.judgement for c in completed.report.citations} == {supervisor_pb2.CLAIM_JUDGEMENT_SUPPORTED}
+    [contradiction] = verification.contradictions
+    assert (contradiction.finding_sequence_no, contradiction.claim) == (findings[EARLY[0]], EARLY[0])
+    assert contradiction.finding_url == site.base_url + GUIDE[0] and contradiction.finding_excerpt == EARLY[2]
+    assert contradiction.contradicting_url == site.base_url + OPENING[0]
+    assert contradiction.contradicting_excerpt == OPENED[2]
+
+    # Sentences: one sound, one revised, one removed by the adjudicator, one upheld by it.
+    statuses = [(s.text, s.status) for s in verification.sentences]
+    assert statuses == [
+        (S_OPENED, supervisor_pb2.SENTENCE_STATUS_SOUND),
+        (S_WRONG_REVISED, supervisor_pb2.SENTENCE_STATUS_REVISED),
+        (S_REJECTED, supervisor_pb2.SENTENCE_STATUS_REMOVED),
+        (S_UPHELD, supervisor_pb2.SENTENCE_STATUS_UPHELD),
+    ]
+    assert sorted(o.status for o in verification.objections) == sorted(
+        [
+            supervisor_pb2.OBJECTION_STATUS_REVISED,
+            supervisor_pb2.OBJECTION_STATUS_SENTENCE_REMOVED,
+            supervisor_pb2.OBJECTION_STATUS_DISMISSED,
+        ]
+    )
+    assert all(o.resolution_sequence_no for o in verification.objections)
+    assert (verification.supported_claims, verification.removed_claims, verification.contested_claims) == (3, 1, 1)
+    assert verification.revision_rounds >= 1
+
+    # The report: the revision in, the rejected sentence out, the disagreement and the verification stated.
+    markdown = completed.report.markdown
+    body, stated = markdown.split("## How each claim was verified")
+    assert body.strip() == f"## The tower\n\n{S_OPENED} {S_WRONG_REVISED} {S_UPHELD}"
+    assert "## Where sources disagree" in stated and site.base_url + GUIDE[0] in stated
+    assert "tallest structure in the world" not in markdown  # the unsupported claim is nowhere
+    assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED and stored.verification == verification
+    assert stored.report == completed.report
+    assert completed.usage.verification.model_calls > 0
+    assert completed.usage.workers.model_calls > completed.usage.verification.model_calls
+
+    # Blind contracts, from the model server's request log.
+    for agent, requests in script.requests.items():
+        seen = json.dumps([r["messages"] for r in requests])
+        if agent.startswith(("Verify finding", "Audit sentence", "Adjudicate objection")):
+            assert "SUPERVISOR-NOTE" not in seen, agent  # never the supervisor's conclusions
+            assert "the page gives" not in seen, agent  # never another verifier's verdict
+            assert "ADJUDICATE:" not in seen, agent  # never the supervisor's case against an objection
+        if agent.startswith("Audit sentence"):
+            sentences = {_marked(s).rstrip(".") for s in (S_OPENED, S_WRONG, S_WRONG_REVISED, S_REJECTED, S_UPHELD)}
+            [own] = {_shown(_task(request)).rstrip(".") for request in requests}
+            tasks = "".join(_task(request) for request in requests)
+            assert own in sentences and not any(other in tasks for other in sentences - {own}), agent
+
+    # The ledger: gap-free, each delegation assigned, routed and its usage observed; each objection resolved.
+    assert [e.sequence_no for e in entries] == list(range(1, len(entries) + 1))
+    assignments = [Assignment.parse(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_ASSIGNMENT]
+    usages = [UsageObserved.parse(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_USAGE]
+    routes = [e for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_ROUTE]
+    assert len(assignments) == len(usages) == len(routes)
+    assert {a.delegation_id for a in assignments} == {u.delegation_id for u in usages}  # type: ignore[union-attr]
+    roles = sorted(a.role.value for a in assignments)  # type: ignore[union-attr]
+    assert roles.count("verifier") == 4 and roles.count("adjudicator") == 2 and roles.count("researcher") == 1
+    assert roles.count("citation_auditor") == 5  # four sentences and one revision
+    for assignment in assignments:
+        first = next(e for e in entries if assignment.delegation_id in e.content)  # type: ignore[union-attr]
+        assert first.kind == scratchpad_pb2.ENTRY_KIND_ASSIGNMENT  # written before anything the delegation did
+    resolutions = [
+        parse_record(EntryKind.RESOLUTION, e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_RESOLUTION
+    ]
+    objections = [e.sequence_no for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_OBJECTION]
+    assert sorted(r.objection_ref for r in resolutions if isinstance(r, ObjectionResolution)) == objections
+    assert {r.resolution for r in resolutions if isinstance(r, ObjectionResolution)} == set(Resolution)
+
+    # Every event still passes the client-boundary rules.
+    phases = {e.status.phase for e in events if e.HasField("status")}
+    assert {
+        supervisor_pb2.RESEARCH_PHASE_VERIFYING_CLAIMS,
+        supervisor_pb2.RESEARCH_PHASE_AUDITING,
+        supervisor_pb2.RESEARCH_PHASE_REVISING,
+        supervisor_pb2.RESEARCH_PHASE_ADJUDICATING,
+    } <= phases
+    assert [e.sequence_no for e in events] == list(range(1, len(events) + 1))
+    assert set(payloads) <= PUBLIC_PAYLOADS and payloads.count("completed") == 1
+    serialized = b"".join(event.SerializeToString() for event in events)
+    assert not any(name.encode() in serialized for name in INTERNAL_TOOLS)
+
+
+async def test_in_a_run_a_refused_verifier_leaves_its_finding_uncited_and_a_malformed_one_is_repaired(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: EvidenceScript
+) -> None:
+    research(script, site, OPENED, TALL)
+    refusals: list[str] = []
+
+    def oversteps(finding: int, site_url: str) -> Step:
+        """First a finding (not a verifier's to emit), then a verdict on an entry outside its contract."""
+        if not refusals:
+            refusals.append("finding")
+            finding_arguments = {
+                "content": "It is tall.",
+                "sources": [{"url": site_url + HEIGHT[0], "excerpt": TALL[2]}],
+            }
+            return Reply(calls=(Call("submit_finding", finding_arguments, "own"),))
+        refusals.append("outside")
+        arguments = {"finding_ref": finding + 40, "judgement": "unsupported", "rationale": "another entry"}
+        return Reply(calls=(Call("submit_claim_verdict", arguments, "outside"),))
+
+    malformed: list[str] = []
+
+    def repaired(finding: int, site_url: str) -> Step:
+        """First without its rationale, then whole."""
+        quote = {"url": site_url + OPENING[0], "excerpt": OPENED[2]}
+        arguments: dict[str, Any] = {"finding_ref": finding, "judgement": "supported", "quote": quote}
+        if not malformed:
+            malformed.append("no rationale")
+            return Reply(calls=(Call("submit_claim_verdict", arguments, "bad"),))
+        return Reply(calls=(Call("submit_claim_verdict", {**arguments, "rationale": "as the page says"}, "good"),))
+
+    script.verdicts = {OPENED[0]: repaired, TALL[0]: oversteps}
+    script.add(REPORT, Reply(content=f"{S_OPENED} It is 330 metres tall [2]."))
+    script.audits = {_marked(S_OPENED): ("sound", "")}
+
+    events, stored, entries = await verified_run(tmp_path, model, site)
+
+    assert script.unanswered == []
+    assert events[-1].WhichOneof("payload") == "completed", events[-1]
+    completed = events[-1].completed
+    assert refusals == ["finding", "outside"] and malformed == ["no rationale"]
+    failures = [e.status.delegation_error for e in events if e.HasField("status") and e.status.delegation_error.code]
+    assert [f.code for f in failures] == [common_pb2.DELEGATION_ERROR_CODE_OUTPUT_REFUSED]
+    judged = {check.claim: check for check in completed.verification.findings}
+    assert judged[OPENED[0]].judgement == supervisor_pb2.CLAIM_JUDGEMENT_SUPPORTED
+    assert judged[TALL[0]].judgement == supervisor_pb2.CLAIM_JUDGEMENT_UNVERIFIED and not judged[TALL[0]].citable
+    # Only the repaired verifier recorded a verdict; the refused one recorded nothing, and is never cited.
+    [recorded] = [ClaimVerdict.parse(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_VERDICT]
+    findings = {e.content: e.sequence_no for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_FINDING}
+    assert isinstance(recorded, ClaimVerdict) and recorded.finding_ref == findings[OPENED[0]]
+    assert [c.url for c in completed.report.citations] == [site.base_url + OPENING[0]]
+    assert "[2]" not in completed.report.markdown.split("##")[0]
+    assert not any(
+        e.kind == scratchpad_pb2.ENTRY_KIND_FINDING and e.author.role == common_pb2.ROLE_VERIFIER for e in entries
+    )
+    assert stored.verification == completed.verification
