@@ -2,17 +2,14 @@
 objections settled by revision and by adjudication, refused and repaired outputs, and the ledger.
 
 Supervisor, two workers and the scratchpad run as `quarry serve` processes with mesh tokens; the model
-is the scripted OpenAI-compatible server, the web the local fixture site. The evidence roles' scripts
-answer from what their own requests carry (the finding they were shown, the sentence they were given),
-since the sequence numbers they are addressed by are only known once the run has written them.
+is the scripted OpenAI-compatible server (tests/fakes/evidence.py scripts the evidence roles), the web
+the local fixture site.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +26,30 @@ from quarry.research_records import (
 )
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
 from quarry.vocabulary import EntryKind
-from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, agent_of, append_finding
-from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
+from tests.fakes.choreography import REPORT
+from tests.fakes.evidence import (
+    EARLY,
+    GUIDE,
+    HEIGHT,
+    OPENED,
+    OPENING,
+    QUESTION,
+    S_OPENED,
+    S_REJECTED,
+    S_UPHELD,
+    S_WRONG,
+    S_WRONG_REVISED,
+    TALL,
+    TALLEST,
+    EvidenceScript,
+    add_pages,
+    marked,
+    research,
+    shown,
+    task_of,
+    tower_scenario,
+)
+from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
 from tests.fakes.web_server import FixtureWeb
 from tests.supervisor_svc.conftest import processes
 
@@ -46,160 +65,14 @@ INTERNAL_TOOLS = (
     "submit_citation_audit",
     "submit_adjudication",
 )
-QUESTION = "When did the Eiffel Tower open, and how tall is it?"
-NOTES = "SUPERVISOR-NOTE: the opening date looks settled; I believe it is the tallest in the world."
-
-
-def page(title: str, *paragraphs: str) -> str:
-    body = "".join(f"<p>{text}</p>" for text in paragraphs)
-    return f"<!doctype html><html><head><title>{title}</title></head><body><article>{body}</article></body></html>"
-
-
-OPENING = ("/opening.html", "The tower opened to the public in May 1889, after two years of construction.")
-HEIGHT = ("/height.html", "The tower is 330 metres tall, including its antennas.")
-GUIDE = ("/guide.html", "Our guide says the tower opened in 1887, two years early.")
-
-# The researcher's findings: the claim, the page, the excerpt it quotes.
-OPENED = ("The tower opened to the public in May 1889.", OPENING, "The tower opened to the public in May 1889")
-TALL = ("The tower is 330 metres tall.", HEIGHT, "The tower is 330 metres tall")
-# A real quote, an overstated claim.
-TALLEST = ("The tower is the tallest structure in the world.", HEIGHT, "The tower is 330 metres tall")
-# Disagrees with the opening page.
-EARLY = ("The tower opened in 1887.", GUIDE, "the tower opened in 1887")
-
-# The draft: the citable findings are OPENED [1] and TALL [2]; the unsupported and contradicted ones have no number.
-S_OPENED = "The tower opened to the public in May 1889 [1]."
-S_WRONG = "It is 330 metres tall [1]."  # cites the opening, not the height: revised
-S_WRONG_REVISED = "The tower is 330 metres tall [2]."
-S_REJECTED = "It was the tallest iron tower of its day [2]."  # contested, then rejected by the adjudicator
-S_UPHELD = "It stands 330 metres high [2]."  # objected to, contested, approved by the adjudicator
-DRAFT = f"## The tower\n\n{S_OPENED} {S_WRONG} {S_REJECTED} {S_UPHELD}"
-
-
-@dataclass
-class EvidenceScript(Choreography):
-    """The choreography, with the evidence roles and the reviser answering from their own requests."""
-
-    site_url: str = ""
-    verdicts: dict[str, Callable[[int, str], Step]] = field(default_factory=dict)  # by the finding's claim
-    audits: dict[str, tuple[str, str]] = field(default_factory=dict)  # by sentence text: (judgement, objection)
-    revisions: dict[str, str] = field(default_factory=dict)  # by sentence text: the reviser's answer
-    decisions: dict[str, str] = field(default_factory=dict)  # by sentence text: the adjudicator's decision
-    unanswered: list[str] = field(default_factory=list)  # requests no script answered
-
-    def __call__(self, body: dict[str, Any]) -> Step:
-        agent = agent_of(body)
-        handlers = {
-            "Verify finding ": self._verify,
-            "Audit sentence ": self._audit,
-            "Adjudicate objection ": self._adjudicate,
-            "Revise sentence ": self._revise,
-        }
-        for prefix, handler in handlers.items():
-            if agent.startswith(prefix):
-                self.requests.setdefault(agent, []).append(body)
-                try:
-                    return handler(agent, body)
-                except StopIteration:  # nothing scripted for what this request carries: the test fails on it
-                    self.unanswered.append(_task(body))
-                    return HttpError(400, message=f"nothing scripted for {agent!r}")
-        return super().__call__(body)
-
-    def _verify(self, agent: str, body: dict[str, Any]) -> Step:
-        finding = int(agent.split()[2])
-        results = [m.get("content") or "" for m in body["messages"] if m["role"] == "tool"]
-        if not results:
-            cited = re.search(r"It cites: (\S+?)\.\n", _task(body))
-            assert cited is not None
-            calls = [Call("read_scratchpad", {}, "inputs"), Call("read_web_page", {"url": cited.group(1)}, "own")]
-            if cited.group(1).endswith(GUIDE[0]):  # the other source of this research bears on the claim
-                calls.append(Call("read_web_page", {"url": self.site_url + OPENING[0]}, "other"))
-            return Reply(calls=tuple(calls))
-        claim = next(claim for claim in self.verdicts if claim in results[0])
-        return self.verdicts[claim](finding, self.site_url)
-
-    def _audit(self, agent: str, body: dict[str, Any]) -> Step:
-        index = int(agent.split()[2])
-        task = _task(body)
-        refs = json.loads(re.findall(r"finding_refs (\[[\d, ]+\])", task)[-1])
-        judgement, objection = next(audit for text, audit in self.audits.items() if _shown(task) == text)
-        audited = {"sentence_index": index, "finding_refs": refs, "judgement": judgement, "objection": objection}
-        return Reply(calls=(Call("submit_citation_audit", {"sentences": [audited]}, "audit"),))
-
-    def _revise(self, agent: str, body: dict[str, Any]) -> Step:
-        asked = json.dumps(body["messages"])
-        return Reply(content=next(answer for text, answer in self.revisions.items() if json.dumps(text)[1:-1] in asked))
-
-    def _adjudicate(self, agent: str, body: dict[str, Any]) -> Step:
-        objection = int(agent.split()[2])
-        task = _task(body)
-        decision = next(decision for text, decision in self.decisions.items() if _shown(task) == text)
-        arguments = {"objection_ref": objection, "decision": decision, "rationale": f"the findings call for {decision}"}
-        return Reply(calls=(Call("submit_adjudication", arguments, "decide"),))
-
-
-def _task(body: dict[str, Any]) -> str:
-    return next(m["content"] for m in body["messages"] if m["role"] == "user" and m["content"].startswith("Task: "))
-
-
-def _marked(text: str) -> str:
-    """A sentence without its citation markers, as the scripts recognise it."""
-    return re.sub(r" \[[^\]]*\]", "", text)
-
-
-def _shown(task: str) -> str:
-    """The sentence an auditor's or adjudicator's task quotes, without its markers (they name findings)."""
-    quoted = re.search(r'of a draft report: "(.*)"', task)
-    assert quoted is not None, task
-    return _marked(quoted.group(1))
-
-
-def verdict(judgement: str, excerpt: str, page_path: str, rationale: str) -> Callable[[int, str], Step]:
-    def answer(finding: int, site_url: str) -> Step:
-        arguments = {
-            "finding_ref": finding,
-            "judgement": judgement,
-            "quote": {"url": site_url + page_path, "excerpt": excerpt},
-            "rationale": rationale,
-        }
-        return Reply(calls=(Call("submit_claim_verdict", arguments, "verdict"),))
-
-    return answer
 
 
 @pytest.fixture
 async def script(model: ScriptedModel, site: FixtureWeb) -> AsyncIterator[EvidenceScript]:
     choreography = EvidenceScript(site_url=site.base_url)
     model.default = choreography
-    site.add(OPENING[0], page("Opening", OPENING[1]))
-    site.add(HEIGHT[0], page("Height", HEIGHT[1]))
-    site.add(GUIDE[0], page("A guide", GUIDE[1]))
+    add_pages(site)
     yield choreography
-
-
-def research(script: EvidenceScript, site: FixtureWeb, *findings: tuple[str, tuple[str, str], str]) -> None:
-    """One researcher reads every page and promotes `findings`; the supervisor delegates it, then ends."""
-    pages = sorted({path for _, (path, _), _ in findings})
-    script.add(
-        "Research the tower",
-        Reply(
-            calls=tuple(
-                Call("read_web_page", {"url": site.base_url + path}, f"read-{n}") for n, path in enumerate(pages)
-            )
-        ),
-        Reply(
-            calls=tuple(
-                append_finding(f"promote-{n}", claim, site.base_url + path, excerpt)
-                for n, (claim, (path, _), excerpt) in enumerate(findings)
-            )
-        ),
-        Reply(content="Promoted the findings."),
-    )
-    script.add(
-        SUPERVISOR,
-        Reply(calls=(Call("delegate_research", {"objective": "Research the tower"}, "d1"),)),
-        Reply(content=NOTES),
-    )
 
 
 async def verified_run(
@@ -219,27 +92,7 @@ async def verified_run(
 async def test_a_verified_run_cites_only_supported_claims_surfaces_disagreement_and_settles_every_objection(
     tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: EvidenceScript
 ) -> None:
-    research(script, site, OPENED, TALL, TALLEST, EARLY)
-    script.verdicts = {
-        OPENED[0]: verdict("supported", OPENED[2], OPENING[0], "the page gives the opening date"),
-        TALL[0]: verdict("supported", TALL[2], HEIGHT[0], "the page gives the height"),
-        TALLEST[0]: verdict("unsupported", TALL[2], HEIGHT[0], "the page gives a height, not a ranking"),
-        EARLY[0]: verdict("contradicted", OPENED[2], OPENING[0], "the opening page gives May 1889"),
-    }
-    script.add(REPORT, Reply(content=DRAFT, chunks=5))
-    script.audits = {
-        _marked(S_OPENED): ("sound", ""),
-        _marked(S_WRONG): ("unsound", "finding cited says nothing about the height"),
-        _marked(S_WRONG_REVISED): ("sound", ""),
-        _marked(S_REJECTED): ("needs_revision", "the finding gives a height, not a comparison"),
-        _marked(S_UPHELD): ("unsound", "stands high is not what the finding says"),
-    }
-    script.revisions = {
-        S_WRONG: S_WRONG_REVISED,
-        S_REJECTED: "ADJUDICATE: the height makes it the tallest of its day",
-        S_UPHELD: "ADJUDICATE: standing 330 metres high is being 330 metres tall",
-    }
-    script.decisions = {_marked(S_REJECTED): "reject", _marked(S_UPHELD): "approve"}
+    tower_scenario(script, site)
 
     events, stored, entries = await verified_run(tmp_path, model, site)
 
@@ -307,9 +160,9 @@ async def test_a_verified_run_cites_only_supported_claims_surfaces_disagreement_
             assert "the page gives" not in seen, agent  # never another verifier's verdict
             assert "ADJUDICATE:" not in seen, agent  # never the supervisor's case against an objection
         if agent.startswith("Audit sentence"):
-            sentences = {_marked(s).rstrip(".") for s in (S_OPENED, S_WRONG, S_WRONG_REVISED, S_REJECTED, S_UPHELD)}
-            [own] = {_shown(_task(request)).rstrip(".") for request in requests}
-            tasks = "".join(_task(request) for request in requests)
+            sentences = {marked(s).rstrip(".") for s in (S_OPENED, S_WRONG, S_WRONG_REVISED, S_REJECTED, S_UPHELD)}
+            [own] = {shown(task_of(request)).rstrip(".") for request in requests}
+            tasks = "".join(task_of(request) for request in requests)
             assert own in sentences and not any(other in tasks for other in sentences - {own}), agent
 
     # The ledger: gap-free, each delegation assigned, routed and its usage observed; each objection resolved.
@@ -378,7 +231,7 @@ async def test_in_a_run_a_refused_verifier_leaves_its_finding_uncited_and_a_malf
 
     script.verdicts = {OPENED[0]: repaired, TALL[0]: oversteps}
     script.add(REPORT, Reply(content=f"{S_OPENED} It is 330 metres tall [2]."))
-    script.audits = {_marked(S_OPENED): ("sound", "")}
+    script.audits = {marked(S_OPENED): ("sound", "")}
 
     events, stored, entries = await verified_run(tmp_path, model, site)
 
