@@ -1,6 +1,6 @@
 """Research-run benchmark: the supervisor's context, parallel delegations, and the delegate hop.
 
-    python3 bench/run.py [--page-kb 200] [--latency 0.3] [--hops 30]
+    python3 bench/run.py [--page-kb 200] [--latency 0.3] [--hops 30] [--verification-runs 3]
 
 Starts the scratchpad, two workers and the supervisor as `quarry serve`
 processes (SQLite); the scripted OpenAI-compatible model and the fixture web
@@ -19,6 +19,13 @@ characters / 4, so token figures scale with what each agent really sends.
      covers the supervisor parsing the reply, recording the "delegated" event,
      the Delegate RPC, and the worker recording the delegation and its
      conversation before calling the model.
+  4. Verification cost: the same scripted research (one researcher, four
+     findings, a four-sentence draft; tests/fakes/evidence.py) `verification_runs`
+     times with verification off and as often on, alternating so the machine's
+     drift hits both alike, `latency` seconds per model call. Prints model calls
+     and tokens per run in each mode, the part spent verifying (the evidence
+     roles, and the supervisor's model revising objected sentences), wall time
+     p50 per mode and its ratio, and what the verification settled.
 Prints figures only.
 """
 
@@ -28,15 +35,18 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from harness import arguments, percentile
 
 from quarry.client import QuarryClient
-from quarry.v1 import supervisor_pb2
+from quarry.v1 import common_pb2, supervisor_pb2
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, agent_of, append_finding
+from tests.fakes.evidence import QUESTION, EvidenceScript, add_pages, tower_scenario
 from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
 from tests.fakes.web_server import FixtureWeb
 from tests.supervisor_svc.conftest import processes
@@ -49,8 +59,9 @@ def large_page(title: str, kilobytes: int) -> str:
     return f"<!doctype html><html><head><title>{title}</title></head><body><article>{body}</article></body></html>"
 
 
-def counting(choreography: Choreography) -> Any:
-    """The choreography's steps, with usage as a real model would report it (about 4 characters a token)."""
+def counting(choreography: Choreography, latency: float = 0.0) -> Any:
+    """The choreography's steps, with usage as a real model would report it (about 4 characters a token),
+    each reply taking `latency` seconds unless its script says otherwise."""
 
     def answer(body: dict[str, Any]) -> Step:
         step = choreography(body)
@@ -58,7 +69,7 @@ def counting(choreography: Choreography) -> Any:
             return step
         sent = len(json.dumps(body["messages"])) // 4
         produced = (len(step.content) + sum(len(json.dumps(call.arguments)) for call in step.calls)) // 4
-        return dataclasses.replace(step, input_tokens=sent, output_tokens=max(produced, 1))
+        return dataclasses.replace(step, input_tokens=sent, output_tokens=max(produced, 1), delay=step.delay or latency)
 
     return answer
 
@@ -84,8 +95,13 @@ def researcher(choreography: Choreography, objective: str, url: str, latency: fl
     )
 
 
-async def run_once(client: QuarryClient, question: str) -> list[supervisor_pb2.RunEvent]:
-    run = await client.start_run(question, options=supervisor_pb2.RunOptions(max_supervisor_turns=64))
+async def run_once(
+    client: QuarryClient,
+    question: str,
+    verification: supervisor_pb2.VerificationMode.ValueType = supervisor_pb2.VERIFICATION_MODE_OFF,
+) -> list[supervisor_pb2.RunEvent]:
+    options = supervisor_pb2.RunOptions(max_supervisor_turns=64, verification=verification)
+    run = await client.start_run(question, options=options)
     events = [event async for event in client.stream_run(run.run_id)]
     assert events[-1].HasField("completed"), events[-1]
     return events
@@ -116,6 +132,9 @@ async def main_async(args: argparse.Namespace) -> None:
                     f"delegate hop, {len(values)} sequential delegations: p50 {percentile(values, 0.5):.2f} ms, "
                     f"p99 {percentile(values, 0.99):.2f} ms (goal p50 <= 1 ms, p99 <= 5 ms)"
                 )
+                if args.verification_runs:
+                    add_pages(site)
+                    await verification_cost(model, site, client, args.verification_runs, args.latency)
 
 
 async def context_share(model: ScriptedModel, client: QuarryClient, urls: list[str]) -> None:
@@ -178,8 +197,62 @@ async def delegate_hop(model: ScriptedModel, client: QuarryClient, hops: int) ->
     return values
 
 
+@dataclasses.dataclass(frozen=True)
+class VerifiedSample:
+    wall_s: float
+    completed: supervisor_pb2.RunCompletedEvent
+
+
+async def verification_cost(
+    model: ScriptedModel, site: FixtureWeb, client: QuarryClient, runs: int, latency: float
+) -> None:
+    modes = {"off": supervisor_pb2.VERIFICATION_MODE_OFF, "on": supervisor_pb2.VERIFICATION_MODE_ON}
+    samples: dict[str, list[VerifiedSample]] = {mode: [] for mode in modes}
+    for _ in range(runs):
+        for mode, verification in modes.items():
+            script = EvidenceScript(site_url=site.base_url)  # a fresh script: each run consumes its own
+            tower_scenario(script, site)
+            model.default = counting(script, latency)
+            started = time.perf_counter()
+            events = await run_once(client, QUESTION, verification)
+            samples[mode].append(VerifiedSample(time.perf_counter() - started, events[-1].completed))
+            assert script.unanswered == [], script.unanswered
+
+    off, on = samples["off"], samples["on"]
+    off_calls, off_tokens = per_run(off, "total")
+    on_calls, on_tokens = per_run(on, "total")
+    roles_calls, roles_tokens = per_run(on, "verification")
+    # The supervisor's model revising objected sentences: what its part grows by with verification on.
+    on_supervisor, off_supervisor = per_run(on, "supervisor"), per_run(off, "supervisor")
+    revising_calls, revising_tokens = on_supervisor[0] - off_supervisor[0], on_supervisor[1] - off_supervisor[1]
+    walls = {mode: percentile([sample.wall_s for sample in samples[mode]], 0.5) for mode in modes}
+    settled = {
+        (v.supported_claims, v.removed_claims, v.contested_claims, v.revision_rounds)
+        for v in (sample.completed.verification for sample in on)
+    }
+    print(
+        f"verification cost, {runs} runs per mode alternating, {latency * 1000:.0f} ms per model call "
+        f"(medians per run):\n"
+        f"  off: {off_calls:.0f} model calls, {off_tokens:,.0f} tokens; wall p50 {walls['off']:.2f} s\n"
+        f"  on:  {on_calls:.0f} model calls, {on_tokens:,.0f} tokens; wall p50 {walls['on']:.2f} s\n"
+        f"  on - off: +{on_calls - off_calls:.0f} calls, +{on_tokens - off_tokens:,.0f} tokens "
+        f"({on_tokens / off_tokens:.2f}x); evidence roles {roles_calls:.0f} calls / {roles_tokens:,.0f} tokens, "
+        f"supervisor's revising {revising_calls:+.0f} calls / {revising_tokens:+,.0f} tokens; "
+        f"wall on/off {walls['on'] / walls['off']:.2f}x\n"
+        f"  settled per verified run (supported, removed, contested, revision rounds): "
+        f"{', '.join(str(counts) for counts in sorted(settled))}"
+    )
+
+
+def per_run(samples: list[VerifiedSample], part: str) -> tuple[float, float]:
+    """Median model calls and tokens per run of one part of the runs' usage ("total", "supervisor", ...)."""
+    used: list[common_pb2.Usage] = [getattr(sample.completed.usage, part) for sample in samples]
+    calls = statistics.median(usage.model_calls for usage in used)
+    return calls, statistics.median(usage.input_tokens + usage.output_tokens for usage in used)
+
+
 def main() -> None:
-    asyncio.run(main_async(arguments(__doc__, page_kb=200, latency=0.3, hops=30)))
+    asyncio.run(main_async(arguments(__doc__, page_kb=200, latency=0.3, hops=30, verification_runs=3)))
 
 
 if __name__ == "__main__":
