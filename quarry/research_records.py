@@ -328,6 +328,8 @@ class Resolution(enum.StrEnum):
     DISMISSED = "dismissed"
     # The sentence is out of the report: rejected by an adjudicator, or no round left to settle it.
     SENTENCE_REMOVED = "sentence_removed"
+    # Left open by the review, then approved as written by the person who approved the run.
+    APPROVED_BY_PERSON = "approved_by_person"
 
 
 class ObjectionResolution(ResearchRecord):
@@ -339,11 +341,13 @@ class ObjectionResolution(ResearchRecord):
     objection_ref: EntryRef = Field(description="the sequence number of the objection settled")
     resolution: Resolution
     sentence_index: SentenceIndex
-    # The sentence as the report now has it (revised), or as it was when removed or upheld.
+    # The sentence as the report now has it (revised), or as it was when removed, upheld or approved.
     sentence: Text
     adjudication_ref: EntryRef | None = Field(default=None, description="the adjudication that decided it, if any")
     audit_ref: EntryRef | None = Field(default=None, description="the audit that found a revision sound")
-    reason: str = Field(default="", max_length=_MAX_TEXT, description="why, when no entry above says it")
+    reason: str = Field(
+        default="", max_length=_MAX_TEXT, description="why, when no entry above says it (a person's approval: theirs)"
+    )
 
     @model_validator(mode="after")
     def _backed_by_its_entry(self) -> ObjectionResolution:
@@ -351,6 +355,12 @@ class ObjectionResolution(ResearchRecord):
             raise ValueError("a revised sentence names the audit that found it sound (audit_ref)")
         if self.resolution is Resolution.DISMISSED and self.adjudication_ref is None:
             raise ValueError("a dismissed objection names the adjudication that dismissed it (adjudication_ref)")
+        if self.resolution is Resolution.APPROVED_BY_PERSON:
+            # A person decided, not an entry: none is named, and the reason says what they said.
+            if self.adjudication_ref is not None or self.audit_ref is not None:
+                raise ValueError("a person's approval names no adjudication_ref or audit_ref")
+            if not self.reason.strip():
+                raise ValueError("a person's approval gives its reason (the approver's comment)")
         if "\x00" in self.reason:
             raise ValueError("reason must not contain NUL characters")
         return self

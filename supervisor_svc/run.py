@@ -52,7 +52,7 @@ from supervisor_svc.synthesis import ResearchEnd, report_warnings, verified_sour
 from supervisor_svc.tools import REGISTRY, SupervisorContext
 from supervisor_svc.verification.claims import verify_claims
 from supervisor_svc.verification.report import with_verification
-from supervisor_svc.verification.review import ReviewStage, review_report
+from supervisor_svc.verification.review import ReviewStage, approve_open_objections, review_report
 from supervisor_svc.verification.state import Verification
 from supervisor_svc.worker_client import DelegationClient
 
@@ -76,6 +76,15 @@ _LISTED_OBJECTIONS = 10
 
 class BudgetSpent(Exception):
     """The run's token budget is reached: research stops and the report is written."""
+
+
+class NotApproved(Exception):
+    """A run that awaited approval was rejected, or no decision came in time: it fails with `code`."""
+
+    def __init__(self, code: RunErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 @dataclass
@@ -157,9 +166,13 @@ class ResearchRun:
                 if verification is not None:
                     report, verification = await self._review(report, entries, verification, delegator)
             warnings = report_warnings(report, end)
-            outcome = RunOutcome.succeeded(report, self._account.usage(), warnings, verification)
             if self.record.options.require_approval:  # after the run's time limit: a person may take longer
-                outcome = await self._await_approval(outcome)
+                verification = await self._await_approval(verification)
+            if verification is not None:  # the final report states how each claim was verified
+                report = with_verification(report, verification)
+            outcome = RunOutcome.succeeded(report, self._account.usage(), warnings, verification)
+        except NotApproved as refusal:
+            outcome = self._failed(refusal.code, refusal.message)
         except asyncio.CancelledError:
             cancelled = RunOutcome.cancelled(self.cancel_reason, self._account.usage())
             await asyncio.shield(self._quietly(self._end(watcher, cancelled)))
@@ -264,8 +277,8 @@ class ResearchRun:
     async def _review(
         self, draft: Report, entries: Sequence[Entry], verification: Verification, delegator: Delegator
     ) -> tuple[Report, Verification]:
-        """Audit the draft's cited sentences and settle every objection; the final report states how each
-        claim was verified."""
+        """Audit the draft's cited sentences and settle every objection, but for those a person is to decide
+        (the run awaits approval): the reviewed report, before its verification sections."""
 
         async def status(stage: ReviewStage, message: str) -> None:
             await self._publisher.status(ResearchPhase(stage.value), message)
@@ -284,6 +297,7 @@ class ResearchRun:
             thread_id=self.record.scratchpad_thread_id,
             status=status,
             max_revision_rounds=self.record.options.revision_rounds,
+            leave_unsettled_open=self.record.options.require_approval,
         )
         verification = replace(
             verification,
@@ -291,9 +305,8 @@ class ResearchRun:
             objections=reviewed.objections,
             revision_rounds=reviewed.revision_rounds,
         )
-        report = with_verification(reviewed.report, verification)
         await self._publisher.verification(ResearchPhase.AUDITING, _review_summary(verification), verification)
-        return report, verification
+        return reviewed.report, verification
 
     # -- approval ----------------------------------------------------------------------------
 
@@ -303,22 +316,33 @@ class ResearchRun:
             self._approval = approval
             self._decided.set()
 
-    async def _await_approval(self, outcome: RunOutcome) -> RunOutcome:
-        """Wait in AWAITING_APPROVAL for a person's decision on the finished run: `outcome` once approved,
-        a REJECTED failure once rejected, DEADLINE_EXCEEDED when none comes in time. CancelRun still ends it."""
+    async def _await_approval(self, verification: Verification | None) -> Verification | None:
+        """Wait in AWAITING_APPROVAL for a person's decision on the finished run. Approved: the verification
+        with the objections still open closed by the approval (their sentences upheld). NotApproved when
+        rejected (REJECTED; the objections stay open in the stored state) or when no decision comes in time
+        (DEADLINE_EXCEEDED). CancelRun still ends it."""
         wait = self._deps.approval_wait_seconds
-        await self._publisher.awaiting_approval(_approval_message(outcome.verification, wait), outcome.verification)
+        await self._publisher.awaiting_approval(_approval_message(verification, wait), verification)
         try:
             async with asyncio.timeout(wait):
                 await self._decided.wait()
         except TimeoutError:
-            message = f"no one approved or rejected the run within {wait:g} s"
-            return self._failed(RunErrorCode.DEADLINE_EXCEEDED, message)
+            raise NotApproved(
+                RunErrorCode.DEADLINE_EXCEEDED, f"no one approved or rejected the run within {wait:g} s"
+            ) from None
         assert self._approval is not None
         if self._approval.decision is ApprovalDecision.REJECTED:
-            return self._failed(RunErrorCode.REJECTED, self._approval.note)
+            raise NotApproved(RunErrorCode.REJECTED, self._approval.note)
+        if verification is not None:
+            verification = await approve_open_objections(
+                verification,
+                self._approval.note,
+                scratchpad=self._deps.scratchpad,
+                run_id=self.run_id,
+                thread_id=self.record.scratchpad_thread_id,
+            )
         await self._note_approval(self._approval.note)
-        return outcome
+        return verification
 
     async def _note_approval(self, comment: str) -> None:
         """The approval, with the approver's comment, as a NOTE on the run's ledger. The run's row keeps the

@@ -183,7 +183,9 @@ class _SentenceStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Senten
     SENTENCE_STATUS_REVISED: _SentenceStatus.ValueType  # 2
     """Rewritten after an objection, then audited sound."""
     SENTENCE_STATUS_UPHELD: _SentenceStatus.ValueType  # 3
-    """Kept as written: an adjudicator dismissed the objection against it."""
+    """Kept as written: an adjudicator dismissed the objection against it, or a person approved the run
+    while the objection was still open.
+    """
     SENTENCE_STATUS_REMOVED: _SentenceStatus.ValueType  # 4
     """Removed from the report: an adjudicator rejected it, or its objection could not be resolved."""
     SENTENCE_STATUS_UNAUDITED: _SentenceStatus.ValueType  # 5
@@ -199,7 +201,9 @@ SENTENCE_STATUS_SOUND: SentenceStatus.ValueType  # 1
 SENTENCE_STATUS_REVISED: SentenceStatus.ValueType  # 2
 """Rewritten after an objection, then audited sound."""
 SENTENCE_STATUS_UPHELD: SentenceStatus.ValueType  # 3
-"""Kept as written: an adjudicator dismissed the objection against it."""
+"""Kept as written: an adjudicator dismissed the objection against it, or a person approved the run
+while the objection was still open.
+"""
 SENTENCE_STATUS_REMOVED: SentenceStatus.ValueType  # 4
 """Removed from the report: an adjudicator rejected it, or its objection could not be resolved."""
 SENTENCE_STATUS_UNAUDITED: SentenceStatus.ValueType  # 5
@@ -222,6 +226,10 @@ class _ObjectionStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Objec
     """An adjudicator approved the sentence: the objection is dismissed."""
     OBJECTION_STATUS_SENTENCE_REMOVED: _ObjectionStatus.ValueType  # 4
     """The sentence was removed."""
+    OBJECTION_STATUS_APPROVED_BY_PERSON: _ObjectionStatus.ValueType  # 5
+    """The review could not settle it (the run asked for approval): a person approved the run, and with
+    it the sentence as written.
+    """
 
 class ObjectionStatus(_ObjectionStatus, metaclass=_ObjectionStatusEnumTypeWrapper): ...
 
@@ -233,6 +241,10 @@ OBJECTION_STATUS_DISMISSED: ObjectionStatus.ValueType  # 3
 """An adjudicator approved the sentence: the objection is dismissed."""
 OBJECTION_STATUS_SENTENCE_REMOVED: ObjectionStatus.ValueType  # 4
 """The sentence was removed."""
+OBJECTION_STATUS_APPROVED_BY_PERSON: ObjectionStatus.ValueType  # 5
+"""The review could not settle it (the run asked for approval): a person approved the run, and with
+it the sentence as written.
+"""
 Global___ObjectionStatus: _TypeAlias = ObjectionStatus  # noqa: Y015
 
 class _ResearchPhase:
@@ -307,7 +319,9 @@ class RunOptions(_message.Message):
     verification: Global___VerificationMode.ValueType
     require_approval: _builtins.bool
     """When true, the run does not complete by itself: once verified it waits in
-    RUN_STATE_AWAITING_APPROVAL for ApproveRun or RejectRun.
+    RUN_STATE_AWAITING_APPROVAL for ApproveRun or RejectRun. Objections the review could not
+    settle then stay open (their sentences in the report) for the person to decide: ApproveRun
+    upholds those sentences; without this option they are removed.
     """
     max_revision_rounds: _builtins.int
     """Bound on the rounds in which the supervisor revises sentences objected to; 0 means the

@@ -13,7 +13,13 @@ from dataclasses import replace
 from quarry.research_records import ClaimJudgement
 from supervisor_svc.model import Citation, Report
 from supervisor_svc.verification.sentences import MARKER
-from supervisor_svc.verification.state import ObjectionState, SentenceCheck, SentenceStatus, Verification
+from supervisor_svc.verification.state import (
+    ObjectionState,
+    ObjectionStatus,
+    SentenceCheck,
+    SentenceStatus,
+    Verification,
+)
 
 VERIFIED_HEADING = "## How each claim was verified"
 DISAGREEMENT_HEADING = "## Where sources disagree"
@@ -34,6 +40,7 @@ _STATUSES = {
     SentenceStatus.UNAUDITED: "not audited: no auditor could judge it",
     SentenceStatus.OBJECTED: "objected to: the objection is still open",
 }
+_APPROVED_BY_PERSON = "kept as written: the review left the objection open, and a person approved the sentence"
 
 
 def verification_sections(verification: Verification, citations: Sequence[Citation]) -> str:
@@ -102,8 +109,12 @@ def _source_line(citation: Citation, verification: Verification) -> str:
 def _sentence_line(sentence: SentenceCheck, verification: Verification) -> str:
     numbers = sentence.finding_sequence_nos
     findings = f"finding{'s' if len(numbers) != 1 else ''} {', '.join(map(str, numbers))}"
-    line = f"- {_quoted(sentence.text)} ({findings}): {_STATUSES[sentence.status]}"
     objections = [o for o in verification.objections if o.sentence_index == sentence.sentence_index]
+    approved = any(o.status is ObjectionStatus.APPROVED_BY_PERSON for o in objections)
+    status = (
+        _APPROVED_BY_PERSON if sentence.status is SentenceStatus.UPHELD and approved else _STATUSES[sentence.status]
+    )
+    line = f"- {_quoted(sentence.text)} ({findings}): {status}"
     if sentence.status is not SentenceStatus.SOUND and objections:
         line += "; " + "; ".join(_objection(o) for o in objections)
     return line

@@ -7,7 +7,9 @@ the report: the supervisor's model rewrites the sentence (one call without tools
 rounds, each revision audited again), or contests the objection, or withdraws the sentence. A
 contested objection, and one still open after the rounds, goes to a blind adjudicator: approve keeps
 the sentence as written, revise sends it back to revision while a round is left, reject removes it.
-Whatever is still unsettled then (a failed adjudicator, a spent budget) leaves the report.
+Whatever is still unsettled then (a failed adjudicator, a spent budget, a revision asked for with no
+round left) leaves the report, unless the run waits for a person's approval: then it stays in, its
+objection open, for the person to decide (`approve_open_objections` records their approval).
 
 Each objection is closed by one ObjectionResolution the supervisor appends to the ledger, with a
 request id made of the run and the objection, so a retried append writes nothing twice.
@@ -44,7 +46,13 @@ from supervisor_svc.delegating import Contract, Delegator
 from supervisor_svc.model import Citation, Report
 from supervisor_svc.synthesis import CitationFilter
 from supervisor_svc.verification.sentences import Draft, Sentence, cite_findings, finding_numbers, split_report
-from supervisor_svc.verification.state import ObjectionState, ObjectionStatus, SentenceCheck, SentenceStatus
+from supervisor_svc.verification.state import (
+    ObjectionState,
+    ObjectionStatus,
+    SentenceCheck,
+    SentenceStatus,
+    Verification,
+)
 
 log = logging.getLogger(__name__)
 
@@ -147,13 +155,28 @@ async def review_report(
     status: StatusListener,
     max_revision_rounds: int = 2,
     max_sentences: int = MAX_AUDITED_SENTENCES,
+    leave_unsettled_open: bool = False,
 ) -> ReviewedReport:
-    """Review `draft` until no objection is open.
+    """Review `draft` until no objection is open, or, with `leave_unsettled_open` (a person approves the
+    run), until only those the review cannot settle are: their sentences stay, SentenceStatus.OBJECTED.
 
     `sources`: every numbered source the report may cite (the draft's markers use these numbers);
     `claims`: each citable finding's claim, by its sequence number. The reviser's model calls are
     added to `budget.account.report` and stop once the budget is spent."""
-    review = _Review(question, draft, sources, claims, delegator, model, budget, scratchpad, run_id, thread_id, status)
+    review = _Review(
+        question,
+        draft,
+        sources,
+        claims,
+        delegator,
+        model,
+        budget,
+        scratchpad,
+        run_id,
+        thread_id,
+        status,
+        leave_unsettled_open=leave_unsettled_open,
+    )
     return await review.run(max(max_revision_rounds, 0), max(max_sentences, 0))
 
 
@@ -171,6 +194,8 @@ class _Review:
         run_id: str,
         thread_id: str,
         status: StatusListener,
+        *,
+        leave_unsettled_open: bool,
     ) -> None:
         self._question = question[:_MAX_QUESTION_CHARS]
         self._report = draft
@@ -183,7 +208,7 @@ class _Review:
         self._run_id = run_id
         self._thread_id = thread_id
         self._status = status
-        self._author = Principal(run_id, Role.SUPERVISOR)
+        self._leave_unsettled_open = leave_unsettled_open
         self._draft: Draft = split_report(draft.markdown, sources)
         self._objections: dict[int, ObjectionState] = {}
         self._usage = Usage()
@@ -216,7 +241,7 @@ class _Review:
             await self._adjudicate_all(undecided, revision_left=False)
         for tracked in audited:
             if tracked.status is SentenceStatus.OBJECTED:
-                await self._remove(tracked, "no revision round was left to settle the objection")
+                await self._unsettled(tracked, "no revision round was left to settle the objection")
         return self._reviewed(audited, rounds)
 
     # -- audits -----------------------------------------------------------------------------------
@@ -351,7 +376,7 @@ class _Review:
         decided = _adjudication(result, objection)
         if decided is None:
             reason = "the token budget was spent" if result is None else "no adjudicator could decide the objection"
-            await self._remove(tracked, reason)
+            await self._unsettled(tracked, reason)
             return
         sequence_no, adjudication = decided
         self._objections[objection] = replace(self._objections[objection], adjudication_sequence_no=sequence_no)
@@ -365,11 +390,19 @@ class _Review:
             )
         elif adjudication.decision is AdjudicationDecision.REVISE and revision_left:
             tracked.advice = adjudication.rationale
+        elif adjudication.decision is AdjudicationDecision.REVISE:
+            await self._unsettled(tracked, _REMOVED_BECAUSE[adjudication.decision], adjudication_ref=sequence_no)
         else:
-            why = _REMOVED_BECAUSE[adjudication.decision]
-            await self._remove(tracked, why, adjudication_ref=sequence_no)
+            await self._remove(tracked, _REMOVED_BECAUSE[adjudication.decision], adjudication_ref=sequence_no)
 
     # -- resolutions ------------------------------------------------------------------------------
+
+    async def _unsettled(self, tracked: _Tracked, reason: str, *, adjudication_ref: int | None = None) -> None:
+        """An objection the review cannot settle: the sentence goes, or stays for a person to decide."""
+        if self._leave_unsettled_open:
+            log.info("run %s: sentence %d awaits a person: %s", self._run_id, tracked.index, reason)
+            return
+        await self._remove(tracked, reason, adjudication_ref=adjudication_ref)
 
     async def _remove(self, tracked: _Tracked, reason: str, *, adjudication_ref: int | None = None) -> None:
         await self._settle(
@@ -409,37 +442,16 @@ class _Review:
                 adjudication_ref=adjudication_ref,
                 reason=("raised against an earlier version of the sentence; " if superseded else "") + reason,
             )
-            self._objections[objection] = replace(
-                state, status=objection_status, resolution_sequence_no=await self._record(record)
-            )
-
-    async def _record(self, resolution: ObjectionResolution) -> int:
-        """Append a resolution; its entry's number, or 0 when the scratchpad would not take it (the review
-        goes on, as the run's ledger does: the report does not wait on a scratchpad hiccup)."""
-        try:
-            appended = await self._scratchpad.append(
-                self._thread_id,
-                kind=ObjectionResolution.entry_kind,
-                author=self._author,
-                content=resolution.model_dump_json(),
-                request_id=f"{self._run_id}/resolution/{resolution.objection_ref}",
-            )
-        except (grpc.aio.AioRpcError, QuarryError) as error:
-            log.warning(
-                "run %s: could not record the resolution of objection %d: %s",
-                self._run_id,
-                resolution.objection_ref,
-                error,
-            )
-            return 0
-        return appended.entry.sequence_no
+            resolved = await _record(self._scratchpad, self._run_id, self._thread_id, record)
+            self._objections[objection] = replace(state, status=objection_status, resolution_sequence_no=resolved)
 
     # -- the result -------------------------------------------------------------------------------
 
     def _reviewed(self, audited: Sequence[_Tracked], rounds: int) -> ReviewedReport:
         by_index = {t.index: t for t in audited}
         removed = {t.index for t in audited if t.status is SentenceStatus.REMOVED}
-        replaced = {t.index: t.text for t in audited if t.status is SentenceStatus.REVISED}
+        # A revised text stands once revised, upheld, or left open (the text its objection was raised against).
+        replaced = {t.index: t.text for t in audited if t.text != t.sentence.text}
         markdown = self._draft.rebuild(replaced, removed)
         citations = CitationFilter(self._sources)
         citations.feed(markdown)
@@ -465,6 +477,63 @@ class _Review:
             )
         objections = tuple(self._objections[n] for n in sorted(self._objections))
         return ReviewedReport(report, tuple(checks), objections, rounds, self._usage)
+
+
+async def approve_open_objections(
+    verification: Verification, comment: str, *, scratchpad: ResearchPlane, run_id: str, thread_id: str
+) -> Verification:
+    """A person approved the run: each objection still open is closed by their approval (the comment its
+    reason) and its sentence, already in the report as written, is upheld."""
+    still_open = verification.open_objections
+    if not still_open:
+        return verification
+    texts = {sentence.sentence_index: sentence.text for sentence in verification.sentences}
+    reason = comment.strip()[:_MAX_REASON_CHARS] or "approved by a person without a comment"
+    settled = {}
+    for objection in still_open:
+        record = ObjectionResolution(
+            objection_ref=objection.objection_sequence_no,
+            resolution=Resolution.APPROVED_BY_PERSON,
+            sentence_index=objection.sentence_index,
+            sentence=texts[objection.sentence_index][:_MAX_REASON_CHARS],
+            reason=reason,
+        )
+        settled[objection.objection_sequence_no] = replace(
+            objection,
+            status=ObjectionStatus.APPROVED_BY_PERSON,
+            resolution_sequence_no=await _record(scratchpad, run_id, thread_id, record),
+        )
+    upheld = {objection.sentence_index for objection in still_open}
+    return replace(
+        verification,
+        objections=tuple(settled.get(o.objection_sequence_no, o) for o in verification.objections),
+        sentences=tuple(
+            replace(s, status=SentenceStatus.UPHELD)
+            if s.sentence_index in upheld and s.status is SentenceStatus.OBJECTED
+            else s
+            for s in verification.sentences
+        ),
+    )
+
+
+async def _record(scratchpad: ResearchPlane, run_id: str, thread_id: str, resolution: ObjectionResolution) -> int:
+    """Append a resolution as the run's supervisor; its entry's number, or 0 when the scratchpad would not
+    take it (the run goes on, as its ledger does: the report does not wait on a scratchpad hiccup). The
+    request id names the run and the objection, so a retried append writes nothing twice."""
+    try:
+        appended = await scratchpad.append(
+            thread_id,
+            kind=ObjectionResolution.entry_kind,
+            author=Principal(run_id, Role.SUPERVISOR),
+            content=resolution.model_dump_json(),
+            request_id=f"{run_id}/resolution/{resolution.objection_ref}",
+        )
+    except (grpc.aio.AioRpcError, QuarryError) as error:
+        log.warning(
+            "run %s: could not record the resolution of objection %d: %s", run_id, resolution.objection_ref, error
+        )
+        return 0
+    return appended.entry.sequence_no
 
 
 def _sentence_audit(result: DelegationResult | None, index: int) -> tuple[int, CitationJudgement, int, str] | None:

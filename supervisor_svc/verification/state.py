@@ -17,7 +17,7 @@ from quarry.research_records import ClaimJudgement
 class SentenceStatus(enum.StrEnum):
     SOUND = "sound"
     REVISED = "revised"
-    UPHELD = "upheld"  # an adjudicator dismissed the objection: kept as written
+    UPHELD = "upheld"  # kept as written: an adjudicator dismissed the objection, or a person approved it
     REMOVED = "removed"
     UNAUDITED = "unaudited"  # no auditor could judge it
     OBJECTED = "objected"  # an objection is still open (only while a run awaits approval)
@@ -37,6 +37,7 @@ class ObjectionStatus(enum.StrEnum):
     REVISED = "revised"
     DISMISSED = "dismissed"
     SENTENCE_REMOVED = "sentence_removed"
+    APPROVED_BY_PERSON = "approved_by_person"  # left open by the review, then approved with the run
 
 
 # Judgements that let the report cite a finding.

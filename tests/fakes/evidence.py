@@ -20,6 +20,8 @@ from tests.fakes.openai_server import Call, HttpError, Reply, Step
 from tests.fakes.web_server import FixtureWeb
 
 QUESTION = "When did the Eiffel Tower open, and how tall is it?"
+# An adjudicator's "decision" that makes its model call fail: the objection is left undecided.
+UNDECIDED = "undecided"
 NOTES = "SUPERVISOR-NOTE: the opening date looks settled; I believe it is the tallest in the world."
 
 
@@ -107,6 +109,8 @@ class EvidenceScript(Choreography):
         objection = int(agent.split()[2])
         task = task_of(body)
         decision = next(decision for text, decision in self.decisions.items() if shown(task) == text)
+        if decision == UNDECIDED:
+            return HttpError(400, message="the adjudicator's model refused the request")
         arguments = {"objection_ref": objection, "decision": decision, "rationale": f"the findings call for {decision}"}
         return Reply(calls=(Call("submit_adjudication", arguments, "decide"),))
 

@@ -56,6 +56,13 @@ EXAMPLES: list[ResearchRecord] = [
     ObjectionResolution(
         objection_ref=8, resolution=Resolution.REVISED, sentence_index=3, sentence="About 330 m [2].", audit_ref=11
     ),
+    ObjectionResolution(
+        objection_ref=9,
+        resolution=Resolution.APPROVED_BY_PERSON,
+        sentence_index=4,
+        sentence="It is the tallest [2].",
+        reason="Checked the source myself.",
+    ),
 ]
 
 
@@ -111,6 +118,22 @@ def test_each_record_enforces_its_rules() -> None:
     ]:
         with pytest.raises(RecordError):
             CitationAudit.parse('{"sentences":[' + ",".join(sentences) + "]}")
+
+
+def test_a_resolution_names_what_settled_it() -> None:
+    resolution = '{{"objection_ref":8,"resolution":"{0}","sentence_index":3,"sentence":"About 330 m [2]."{1}}}'
+    for text in [
+        resolution.format("revised", ""),  # no audit found the revision sound
+        resolution.format("dismissed", ',"reason":"fine"'),  # no adjudication dismissed it
+        resolution.format("approved_by_person", ""),  # a person's approval without their reason
+        resolution.format("approved_by_person", ',"reason":"  "'),
+        resolution.format("approved_by_person", ',"reason":"ok","adjudication_ref":9'),  # a person, not an entry
+        resolution.format("approved_by_person", ',"reason":"ok","audit_ref":9'),
+    ]:
+        with pytest.raises(RecordError):
+            ObjectionResolution.parse(text)
+    approved = ObjectionResolution.parse(resolution.format("approved_by_person", ',"reason":"ok"'))
+    assert isinstance(approved, ObjectionResolution) and approved.cited_entries() == {8}
 
 
 def test_an_audit_raises_one_objection_per_sentence_not_sound() -> None:

@@ -8,6 +8,7 @@ the local fixture site.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -41,6 +42,7 @@ from tests.fakes.evidence import (
     S_WRONG_REVISED,
     TALL,
     TALLEST,
+    UNDECIDED,
     EvidenceScript,
     add_pages,
     marked,
@@ -48,6 +50,7 @@ from tests.fakes.evidence import (
     shown,
     task_of,
     tower_scenario,
+    verdict,
 )
 from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
 from tests.fakes.web_server import FixtureWeb
@@ -183,7 +186,9 @@ async def test_a_verified_run_cites_only_supported_claims_surfaces_disagreement_
     ]
     objections = [e.sequence_no for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_OBJECTION]
     assert sorted(r.objection_ref for r in resolutions if isinstance(r, ObjectionResolution)) == objections
-    assert {r.resolution for r in resolutions if isinstance(r, ObjectionResolution)} == set(Resolution)
+    # Every way the review settles an objection (a person's approval is the last test's).
+    settled = {r.resolution for r in resolutions if isinstance(r, ObjectionResolution)}
+    assert settled == set(Resolution) - {Resolution.APPROVED_BY_PERSON}
 
     # Every event still passes the client-boundary rules.
     phases = {e.status.phase for e in events if e.HasField("status")}
@@ -254,3 +259,125 @@ async def test_in_a_run_a_refused_verifier_leaves_its_finding_uncited_and_a_malf
         e.kind == scratchpad_pb2.ENTRY_KIND_FINDING and e.author.role == common_pb2.ROLE_VERIFIER for e in entries
     )
     assert stored.verification == completed.verification
+
+
+OBJECTED = "stands high is not what the finding says"
+
+
+def unsettled_objection(script: EvidenceScript, site: FixtureWeb) -> None:
+    """Two supported findings, a draft of two sentences: one sound, one objected to, contested, and left
+    undecided by an adjudicator whose model call fails."""
+    research(script, site, OPENED, TALL)
+    script.verdicts = {
+        OPENED[0]: verdict("supported", OPENED[2], OPENING[0], "the page gives the opening date"),
+        TALL[0]: verdict("supported", TALL[2], HEIGHT[0], "the page gives the height"),
+    }
+    script.add(REPORT, Reply(content=f"## The tower\n\n{S_OPENED} {S_UPHELD}"))
+    script.audits = {marked(S_OPENED): ("sound", ""), marked(S_UPHELD): ("unsound", OBJECTED)}
+    script.revisions = {S_UPHELD: "ADJUDICATE: standing 330 metres high is being 330 metres tall"}
+    script.decisions = {marked(S_UPHELD): UNDECIDED}
+
+
+async def awaiting_approval(client: QuarryClient) -> supervisor_pb2.Run:
+    """A verified run started with require_approval (one revision round), once it awaits approval."""
+    options = supervisor_pb2.RunOptions(
+        verification=supervisor_pb2.VERIFICATION_MODE_ON, require_approval=True, max_revision_rounds=1
+    )
+    run = await client.start_run(QUESTION, options=options)
+    for _ in range(600):  # at most a minute
+        run = await client.get_run(run.run_id)
+        if run.state not in (supervisor_pb2.RUN_STATE_QUEUED, supervisor_pb2.RUN_STATE_RUNNING):
+            break
+        await asyncio.sleep(0.1)
+    assert run.state == supervisor_pb2.RUN_STATE_AWAITING_APPROVAL, run
+    return run
+
+
+async def test_an_objection_the_review_cannot_settle_waits_for_the_person_who_approves_the_run(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: EvidenceScript
+) -> None:
+    unsettled_objection(script, site)
+    comment = "Standing 330 m high is being 330 m tall."
+
+    with processes(tmp_path, model, site) as mesh:
+        async with QuarryClient.connect(mesh.supervisor.address) as client:
+            waiting = await awaiting_approval(client)
+            approved = await client.approve_run(waiting.run_id, comment=comment)
+            events = [event async for event in client.stream_run(waiting.run_id)]
+        async with open_channel(mesh.scratchpad.address, token=mesh.supervisor_token) as channel:
+            entries = await ScratchpadClient(channel).read_all(waiting.scratchpad_thread_id)
+
+    assert script.unanswered == []
+    [adjudication] = [agent for agent in script.requests if agent.startswith("Adjudicate objection ")]
+    assert len(script.requests[adjudication]) == 1  # its one model call failed; no adjudication was recorded
+    assert not any(e.kind == scratchpad_pb2.ENTRY_KIND_ADJUDICATION for e in entries)
+
+    # While it waits: the objection open, its sentence in, and both listed.
+    [sentence] = [s for s in waiting.verification.sentences if s.text == S_UPHELD]
+    assert sentence.status == supervisor_pb2.SENTENCE_STATUS_OBJECTED
+    [objection] = waiting.verification.objections
+    assert (objection.status, objection.sentence_index, objection.reason) == (
+        supervisor_pb2.OBJECTION_STATUS_OPEN,
+        sentence.sentence_index,
+        OBJECTED,
+    )
+    assert not objection.resolution_sequence_no and not waiting.HasField("report")
+    [awaiting] = [e.status for e in events if e.status.phase == supervisor_pb2.RESEARCH_PHASE_AWAITING_APPROVAL]
+    assert f"1 objection(s) still open: sentence {sentence.sentence_index}: {OBJECTED}" in awaiting.message
+
+    # Approved: the person's approval closes the objection and upholds the sentence.
+    assert approved.state == supervisor_pb2.RUN_STATE_SUCCEEDED
+    assert events[-1].WhichOneof("payload") == "completed", events[-1]
+    completed = events[-1].completed
+    verification = completed.verification
+    assert approved.verification == verification and approved.report == completed.report
+    [closed] = verification.objections
+    assert closed.objection_sequence_no == objection.objection_sequence_no
+    assert closed.status == supervisor_pb2.OBJECTION_STATUS_APPROVED_BY_PERSON and closed.resolution_sequence_no
+    assert [(s.text, s.status) for s in verification.sentences] == [
+        (S_OPENED, supervisor_pb2.SENTENCE_STATUS_SOUND),
+        (S_UPHELD, supervisor_pb2.SENTENCE_STATUS_UPHELD),
+    ]
+    assert (verification.supported_claims, verification.removed_claims) == (2, 0)
+    body, stated = completed.report.markdown.split("## How each claim was verified")
+    assert body.strip() == f"## The tower\n\n{S_OPENED} {S_UPHELD}"
+    assert "the review left the objection open, and a person approved the sentence" in stated
+    assert "still open" not in stated
+
+    # The ledger: the resolution, the approver's comment its reason, then the approval's note.
+    [resolution_entry] = [e for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_RESOLUTION]
+    assert resolution_entry.sequence_no == closed.resolution_sequence_no
+    assert resolution_entry.author.role == common_pb2.ROLE_SUPERVISOR
+    resolution = ObjectionResolution.parse(resolution_entry.content)
+    assert isinstance(resolution, ObjectionResolution)
+    assert (resolution.resolution, resolution.objection_ref, resolution.reason, resolution.sentence) == (
+        Resolution.APPROVED_BY_PERSON,
+        objection.objection_sequence_no,
+        comment,
+        S_UPHELD,
+    )
+    [note] = [e for e in entries if e.content.startswith("Approved by a person")]
+    assert note.sequence_no > resolution_entry.sequence_no
+    assert [e.sequence_no for e in entries] == list(range(1, len(entries) + 1))
+
+
+async def test_a_rejected_run_fails_and_leaves_the_objection_open(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: EvidenceScript
+) -> None:
+    unsettled_objection(script, site)
+
+    with processes(tmp_path, model, site) as mesh:
+        async with QuarryClient.connect(mesh.supervisor.address) as client:
+            waiting = await awaiting_approval(client)
+            rejected = await client.reject_run(waiting.run_id, reason="Standing high is not being tall.")
+            events = [event async for event in client.stream_run(waiting.run_id)]
+        async with open_channel(mesh.scratchpad.address, token=mesh.supervisor_token) as channel:
+            entries = await ScratchpadClient(channel).read_all(waiting.scratchpad_thread_id)
+
+    assert script.unanswered == []
+    assert rejected.state == supervisor_pb2.RUN_STATE_FAILED and not rejected.HasField("report")
+    assert rejected.error.code == supervisor_pb2.RUN_ERROR_CODE_REJECTED and events[-1].failed.error == rejected.error
+    [objection] = rejected.verification.objections
+    assert objection.status == supervisor_pb2.OBJECTION_STATUS_OPEN and objection.reason == OBJECTED
+    assert rejected.verification == waiting.verification
+    assert not any(e.kind == scratchpad_pb2.ENTRY_KIND_RESOLUTION for e in entries)

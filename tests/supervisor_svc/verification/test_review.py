@@ -32,8 +32,15 @@ from supervisor_svc.publishing import RunEventLog, RunPublisher
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
 from supervisor_svc.store import RunStore
 from supervisor_svc.synthesis import verified_sources
-from supervisor_svc.verification.review import REVISER_INSTRUCTIONS, ReviewedReport, ReviewStage, review_report
-from supervisor_svc.verification.state import ObjectionStatus, SentenceStatus
+from supervisor_svc.verification.report import with_verification
+from supervisor_svc.verification.review import (
+    REVISER_INSTRUCTIONS,
+    ReviewedReport,
+    ReviewStage,
+    approve_open_objections,
+    review_report,
+)
+from supervisor_svc.verification.state import ObjectionState, ObjectionStatus, SentenceStatus, Verification
 from supervisor_svc.worker_client import DelegationClient
 from tests.fakes.choreography import Choreography, agent_of
 from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
@@ -55,6 +62,7 @@ WORKERS_REVISED = "Some three hundred workers built it [2]."
 TALLEST = "It was the tallest iron tower of its day [3]."
 GOLD = "It was painted gold in 1900 [3]."
 DRAFT = f"# The Eiffel Tower\n\n{OPENED} {WORKERS}\n\n- {TALLEST}\n- {GOLD}\n"
+TALLEST_REVISED = "It was the tallest iron structure of its day [3]."
 CONTEST = "ADJUDICATE: the finding says tallest iron structure, which is what the sentence says"
 
 
@@ -88,7 +96,7 @@ class Desk:
     thread_id: str
     statuses: list[tuple[ReviewStage, str]]
 
-    async def review(self, markdown: str, *, rounds: int = 2) -> ReviewedReport:
+    async def review(self, markdown: str, *, rounds: int = 2, leave_unsettled_open: bool = False) -> ReviewedReport:
         entries = await self.plane.read_all(self.thread_id)
         sources = verified_sources(entries)
 
@@ -108,6 +116,12 @@ class Desk:
             thread_id=self.thread_id,
             status=status,
             max_revision_rounds=rounds,
+            leave_unsettled_open=leave_unsettled_open,
+        )
+
+    async def approve(self, verification: Verification, comment: str) -> Verification:
+        return await approve_open_objections(
+            verification, comment, scratchpad=self.plane, run_id=RUN_ID, thread_id=self.thread_id
         )
 
     async def resolutions(self) -> list[ObjectionResolution]:
@@ -307,3 +321,65 @@ async def test_what_is_left_unsettled_leaves_the_report_and_an_unjudged_sentence
     assert sorted(e.request_id for e in entries if e.kind is EntryKind.RESOLUTION) == sorted(
         f"{RUN_ID}/resolution/{o.objection_sequence_no}" for o in reviewed.objections
     )
+
+
+async def test_with_a_person_to_decide_what_the_review_cannot_settle_stays_open_until_they_approve(desk: Desk) -> None:
+    script = desk.script
+    script.add("Audit sentence 1", audit(1, [2]))
+    script.add("Audit sentence 2", audit(2, [2], "unsound", "Finding 2 is about the opening."))
+    script.add("Audit sentence 3", audit(3, [4], "unsound", "Tower, not structure."))
+    script.add("Audit sentence 4", audit(4, [4], "unsound", "Gold is not in finding 4."))
+    script.add("Revise sentence 2", Reply(content="REMOVE"))  # settled: the supervisor withdraws it
+    script.add("Revise sentence 3", Reply(content=TALLEST_REVISED))
+    script.add("Audit sentence 3 (revision 1)", audit(3, [4], "needs_revision", "Of its day is not in the finding."))
+    script.decisions[3] = "revise"  # with no round left
+    script.add("Revise sentence 4", Reply(content=CONTEST))  # and its adjudicator has no decision: it fails
+
+    reviewed = await desk.review(DRAFT, rounds=1, leave_unsettled_open=True)
+
+    # The unsettled sentences stay in the report (the revision as its open objection judged it).
+    assert reviewed.report.markdown == f"# The Eiffel Tower\n\n{OPENED}\n\n- {TALLEST_REVISED}\n- {GOLD}\n"
+    statuses = {check.sentence_index: (check.status, check.text) for check in reviewed.sentences}
+    assert statuses == {
+        1: (SentenceStatus.SOUND, OPENED),
+        2: (SentenceStatus.REMOVED, WORKERS),
+        3: (SentenceStatus.OBJECTED, TALLEST_REVISED),
+        4: (SentenceStatus.OBJECTED, GOLD),
+    }
+    by_sentence: dict[int, list[ObjectionState]] = {}
+    for objection in reviewed.objections:
+        by_sentence.setdefault(objection.sentence_index, []).append(objection)
+    assert [o.status for o in by_sentence[2]] == [ObjectionStatus.SENTENCE_REMOVED]
+    assert [o.status for o in by_sentence[3] + by_sentence[4]] == [ObjectionStatus.OPEN] * 3
+    assert [bool(o.adjudication_sequence_no) for o in by_sentence[3]] == [False, True]  # it asked for a revision
+    assert not any(o.resolution_sequence_no for o in by_sentence[3] + by_sentence[4])
+    # Only the settled objection has its resolution on the ledger.
+    assert [r.objection_ref for r in await desk.resolutions()] == [by_sentence[2][0].objection_sequence_no]
+
+    verification = Verification(enabled=True, sentences=reviewed.sentences, objections=reviewed.objections)
+    approved = await desk.approve(verification, "I read the page myself.")
+
+    assert approved.open_objections == ()
+    assert {c.sentence_index: c.status for c in approved.sentences} == {
+        1: SentenceStatus.SOUND,
+        2: SentenceStatus.REMOVED,
+        3: SentenceStatus.UPHELD,
+        4: SentenceStatus.UPHELD,
+    }
+    closed = [o for o in approved.objections if o.sentence_index in (3, 4)]
+    assert {o.status for o in closed} == {ObjectionStatus.APPROVED_BY_PERSON} and all(
+        o.resolution_sequence_no for o in closed
+    )
+    resolutions = {r.objection_ref: r for r in await desk.resolutions()}
+    assert set(resolutions) == {o.objection_sequence_no for o in approved.objections}
+    for objection in closed:
+        resolution = resolutions[objection.objection_sequence_no]
+        assert resolution.resolution is Resolution.APPROVED_BY_PERSON
+        assert resolution.reason == "I read the page myself." and resolution.adjudication_ref is None
+        assert resolution.sentence == statuses[objection.sentence_index][1]
+    stated = with_verification(reviewed.report, approved).markdown
+    assert f"\u201c{TALLEST_REVISED[:-5]}.\u201d (finding 4): kept as written: the review left" in stated
+    assert stated.count("a person approved the sentence") == 2
+    # Nothing open: nothing to approve, nothing written.
+    assert await desk.approve(approved, "again") == approved
+    assert len(await desk.resolutions()) == len(resolutions)
