@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 
 import grpc
+from pydantic import ValidationError
 
 from quarry.errors import QuarryError
 from quarry.identity import Principal, Role
@@ -37,10 +39,13 @@ class RunLedger:
     async def assigned(
         self, delegation_id: str, role: Role, objective: str, criteria: tuple[str, ...], input_refs: tuple[str, ...]
     ) -> None:
-        record = Assignment(
-            delegation_id=delegation_id, role=role, objective=objective, criteria=criteria, input_refs=input_refs
+        await self._write(
+            delegation_id,
+            "assignment",
+            lambda: Assignment(
+                delegation_id=delegation_id, role=role, objective=objective, criteria=criteria, input_refs=input_refs
+            ),
         )
-        await self._write(delegation_id, "assignment", record)
 
     async def routed(self, delegation_id: str, worker_id: str, tier: Tier | None, model: str) -> None:
         if not worker_id or tier is None or not model:  # an older worker that does not say: nothing to record
@@ -48,30 +53,36 @@ class RunLedger:
         await self._write(
             delegation_id,
             "route",
-            RouteDecision(delegation_id=delegation_id, worker_id=worker_id, tier=tier, model=model),
+            lambda: RouteDecision(delegation_id=delegation_id, worker_id=worker_id, tier=tier, model=model),
         )
 
     async def used(self, result: DelegationResult) -> None:
         usage = result.usage
-        record = UsageObserved(
-            delegation_id=result.delegation_id,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            model_calls=usage.model_calls,
+        await self._write(
+            result.delegation_id,
+            "usage",
+            lambda: UsageObserved(
+                delegation_id=result.delegation_id,
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                model_calls=usage.model_calls,
+            ),
         )
-        await self._write(result.delegation_id, "usage", record)
 
-    async def _write(self, delegation_id: str, part: str, record: ResearchRecord) -> None:
+    async def _write(self, delegation_id: str, part: str, record: Callable[[], ResearchRecord]) -> None:
+        """Append the record `record` builds. One that does not validate (a contract the worker takes but the
+        ledger's schema bounds more tightly, e.g. a blank criterion) is logged like an append that fails."""
         digest = hashlib.sha256(delegation_id.encode()).hexdigest()[:32]
         try:
+            entry = record()
             await self._scratchpad.append(
                 self._thread_id,
-                kind=record.entry_kind,
+                kind=entry.entry_kind,
                 author=self._author,
-                content=record.model_dump_json(),
+                content=entry.model_dump_json(),
                 request_id=f"{self._run_id}/ledger/{digest}/{part}",
             )
-        except (grpc.aio.AioRpcError, QuarryError) as error:
+        except (grpc.aio.AioRpcError, QuarryError, ValidationError) as error:
             log.warning(
                 "run %s: could not record the %s of delegation %s: %s", self._run_id, part, delegation_id, error
             )

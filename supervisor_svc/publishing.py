@@ -17,7 +17,7 @@ from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc import events
 from supervisor_svc.events import PublicEvent
-from supervisor_svc.model import ResearchPhase, RunOutcome, RunUsage
+from supervisor_svc.model import Report, ResearchPhase, RunOutcome, RunUsage
 from supervisor_svc.store import RunStore
 from supervisor_svc.verification.state import Verification
 
@@ -50,8 +50,8 @@ class RunEventLog:
     async def record_verification(self, event: PublicEvent, verification: Verification) -> None:
         await self.write(lambda: self._store.record_verification(self._run_id, event, verification))
 
-    async def await_approval(self, event: PublicEvent, verification: Verification | None) -> None:
-        await self.write(lambda: self._store.await_approval(self._run_id, event, verification))
+    async def await_approval(self, event: PublicEvent, report: Report, verification: Verification | None) -> None:
+        await self.write(lambda: self._store.await_approval(self._run_id, event, report, verification))
 
     async def finish(self, outcome: RunOutcome) -> None:
         await self.write(lambda: self._store.finish(self._run_id, outcome))
@@ -120,8 +120,9 @@ class RunPublisher:
         """A verification step, after which GetRun shows `verification` as the run's so far."""
         await self._log.record_verification(events.status(phase, message), verification)
 
-    async def awaiting_approval(self, message: str, verification: Verification | None) -> None:
-        await self._log.await_approval(events.status(ResearchPhase.AWAITING_APPROVAL, message), verification)
+    async def awaiting_approval(self, message: str, report: Report, verification: Verification | None) -> None:
+        event = events.status(ResearchPhase.AWAITING_APPROVAL, message)
+        await self._log.await_approval(event, report, verification)
 
     async def finish(self, outcome: RunOutcome) -> None:
         await self._log.finish(outcome)

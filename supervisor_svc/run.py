@@ -167,7 +167,7 @@ class ResearchRun:
                     report, verification = await self._review(report, entries, verification, delegator)
             warnings = report_warnings(report, end)
             if self.record.options.require_approval:  # after the run's time limit: a person may take longer
-                verification = await self._await_approval(verification)
+                verification = await self._await_approval(report, verification)
             if verification is not None:  # the final report states how each claim was verified
                 report = with_verification(report, verification)
             outcome = RunOutcome.succeeded(report, self._account.usage(), warnings, verification)
@@ -316,13 +316,14 @@ class ResearchRun:
             self._approval = approval
             self._decided.set()
 
-    async def _await_approval(self, verification: Verification | None) -> Verification | None:
+    async def _await_approval(self, report: Report, verification: Verification | None) -> Verification | None:
         """Wait in AWAITING_APPROVAL for a person's decision on the finished run. Approved: the verification
         with the objections still open closed by the approval (their sentences upheld). NotApproved when
         rejected (REJECTED; the objections stay open in the stored state) or when no decision comes in time
-        (DEADLINE_EXCEEDED). CancelRun still ends it."""
+        (DEADLINE_EXCEEDED). CancelRun still ends it. GetRun shows the report the person decides on."""
         wait = self._deps.approval_wait_seconds
-        await self._publisher.awaiting_approval(_approval_message(verification, wait), verification)
+        pending = report if verification is None else with_verification(report, verification)
+        await self._publisher.awaiting_approval(_approval_message(verification, wait), pending, verification)
         try:
             async with asyncio.timeout(wait):
                 await self._decided.wait()

@@ -193,9 +193,12 @@ class RunStore:
         """An event after which the run's verification so far is `verification` (kept on the row for GetRun)."""
         await self._write_events(run_id, [event], columns={"verification": verification.to_json()})
 
-    async def await_approval(self, run_id: str, event: PublicEvent, verification: Verification | None) -> None:
-        """The run is done but for a person's decision: its state and the event that says so, together."""
-        columns: dict[str, Any] = {"state": RunState.AWAITING_APPROVAL.value}
+    async def await_approval(
+        self, run_id: str, event: PublicEvent, report: Report, verification: Verification | None
+    ) -> None:
+        """The run is done but for a person's decision: its state, the report to decide on and the event that
+        says so, together."""
+        columns: dict[str, Any] = {"state": RunState.AWAITING_APPROVAL.value, "report": report.to_json()}
         if verification is not None:
             columns["verification"] = verification.to_json()
         await self._write_events(run_id, [event], columns=columns)

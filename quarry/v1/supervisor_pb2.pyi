@@ -546,7 +546,9 @@ class Run(_message.Message):
     def options(self) -> Global___RunOptions: ...
     @_builtins.property
     def report(self) -> Global___Report:
-        """Set when state is RUN_STATE_SUCCEEDED."""
+        """Set when state is RUN_STATE_SUCCEEDED; while RUN_STATE_AWAITING_APPROVAL, the report awaiting
+        the decision.
+        """
 
     @_builtins.property
     def error(self) -> Global___RunError:

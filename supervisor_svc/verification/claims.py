@@ -22,11 +22,13 @@ from quarry.research_records import ClaimJudgement, ClaimVerdict, RecordError
 from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc.delegating import Contract, Delegator
 from supervisor_svc.synthesis import sourced_findings
-from supervisor_svc.verification.state import Contradiction, FindingCheck, Verification
+from supervisor_svc.verification.state import CITABLE, Contradiction, FindingCheck, Verification
 
 # Told what verification is doing, in a line (e.g. publishing it as a status event).
 Progress = Callable[[str], Awaitable[None]]
 
+# Findings verified per run, at most (each is a delegation); later ones stay unverified, never cited.
+MAX_VERIFIED_FINDINGS = 50
 # A contract's input refs, at most (the worker refuses more).
 MAX_INPUT_REFS = 20
 # The worker bounds a ref's length; a longer URL could not be a ref, so it is left out.
@@ -67,9 +69,10 @@ async def verify_claims(
 
     `entries` are the run's scratchpad entries; `progress` is told when verification starts and as each
     finding's verdict comes in."""
-    findings = sourced_findings(entries)
-    if not findings:
+    sourced = sourced_findings(entries)
+    if not sourced:
         return Verification(enabled=True)
+    findings, beyond = sourced[:MAX_VERIFIED_FINDINGS], sourced[MAX_VERIFIED_FINDINGS:]
     await progress(f"verifying {len(findings)} finding{'s' if len(findings) != 1 else ''}")
 
     async def verify(finding: Entry) -> tuple[FindingCheck, Contradiction | None]:
@@ -83,6 +86,8 @@ async def verify_claims(
     async with asyncio.TaskGroup() as group:
         tasks = [group.create_task(verify(finding)) for finding in findings]
     folded = [task.result() for task in tasks]
+    why = f"not verified: only the first {MAX_VERIFIED_FINDINGS} findings of a run are verified"
+    folded += [(FindingCheck(finding.sequence_no, finding.content, None, rationale=why), None) for finding in beyond]
     return Verification(
         enabled=True,
         findings=tuple(check for check, _ in folded),
@@ -100,6 +105,11 @@ def fold_verdict(finding: Entry, result: DelegationResult | None) -> tuple[Findi
     except RecordError as error:  # the worker checked it; a result that is no verdict judges nothing
         return FindingCheck(finding.sequence_no, finding.content, None, rationale=f"not verified: {error}"), None
     assert isinstance(verdict, ClaimVerdict)
+    own_urls = {source.url for source in finding.sources}
+    if verdict.judgement in CITABLE and (verdict.quote is None or verdict.quote.url not in own_urls):
+        # Support read on another finding's page does not confirm the source this finding would be cited by.
+        why = "not verified: the verifier's supporting quote is not from a page this finding cites"
+        return FindingCheck(finding.sequence_no, finding.content, None, rationale=why), None
     check = FindingCheck(
         finding.sequence_no,
         finding.content,

@@ -20,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import grpc
 
@@ -221,14 +222,14 @@ class _Review:
         ]
         if audited:
             await self._status(ReviewStage.AUDITING, f"auditing {len(audited)} cited sentences")
-            await asyncio.gather(*(self._audit(tracked, revision=0, sharing=len(audited)) for tracked in audited))
+            await _all(self._audit(tracked, revision=0, sharing=len(audited)) for tracked in audited)
         rounds = 0
         for round_no in range(1, max_rounds + 1):
             to_revise = [t for t in audited if t.status is SentenceStatus.OBJECTED and not t.contest]
             if to_revise:
                 rounds = round_no
                 await self._status(ReviewStage.REVISING, f"round {round_no}: revising {len(to_revise)} sentences")
-                await asyncio.gather(*(self._revise(t, round_no, sharing=len(to_revise)) for t in to_revise))
+                await _all(self._revise(t, round_no, sharing=len(to_revise)) for t in to_revise)
             contested = [t for t in audited if t.status is SentenceStatus.OBJECTED and t.contest]
             if contested:
                 await self._adjudicate_all(contested, revision_left=round_no < max_rounds)
@@ -358,7 +359,7 @@ class _Review:
 
     async def _adjudicate_all(self, sentences: Sequence[_Tracked], *, revision_left: bool) -> None:
         await self._status(ReviewStage.ADJUDICATING, f"adjudicating {len(sentences)} objections")
-        await asyncio.gather(*(self._adjudicate(t, revision_left, sharing=len(sentences)) for t in sentences))
+        await _all(self._adjudicate(t, revision_left, sharing=len(sentences)) for t in sentences)
 
     async def _adjudicate(self, tracked: _Tracked, revision_left: bool, *, sharing: int) -> None:
         objection = tracked.open_objection
@@ -569,3 +570,10 @@ def _adjudication(result: DelegationResult | None, objection: int) -> tuple[int,
     if adjudication.objection_ref != objection:
         return None
     return result.output_sequence_no, adjudication
+
+
+async def _all(steps: Iterable[Coroutine[Any, Any, object]]) -> None:
+    """Run `steps` at once; if one fails, the others are cancelled rather than left running past the run."""
+    async with asyncio.TaskGroup() as group:
+        for step in steps:
+            group.create_task(step)

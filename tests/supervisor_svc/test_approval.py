@@ -68,9 +68,11 @@ async def test_the_store_keeps_verification_the_wait_and_the_first_decision(data
         await store.record_verification(run_id, events.status(ResearchPhase.AUDITING, "auditing"), progress)
         assert (await store.get(run_id)).verification == progress  # type: ignore[union-attr]
         assert not await store.decide(run_id, Approval(ApprovalDecision.APPROVED, "")), "not awaiting yet"
-        await store.await_approval(run_id, events.status(ResearchPhase.AWAITING_APPROVAL, "waiting"), OBJECTED)
+        pending = Report("To decide on.")
+        await store.await_approval(run_id, events.status(ResearchPhase.AWAITING_APPROVAL, "waiting"), pending, OBJECTED)
         waiting = await store.get(run_id)
         assert waiting is not None and waiting.state is RunState.AWAITING_APPROVAL and waiting.verification == OBJECTED
+        assert waiting.report == pending
         assert waiting.verification.open_objections == OBJECTED.objections and waiting.approval is None
         assert await store.decisions("me", [run_id]) == []
         assert await store.decide(run_id, Approval(ApprovalDecision.REJECTED, "wrong height"))
@@ -96,7 +98,8 @@ async def test_an_approved_run_completes_with_its_report_and_the_comment_as_a_no
     assert run.options.require_approval and run.options.verification == supervisor_pb2.VERIFICATION_MODE_OFF
     await wait_for_phase(mesh, run.run_id, AWAITING)
     waiting = await mesh.client.get_run(run.run_id)
-    assert waiting.state == supervisor_pb2.RUN_STATE_AWAITING_APPROVAL and not waiting.HasField("report")
+    assert waiting.state == supervisor_pb2.RUN_STATE_AWAITING_APPROVAL
+    assert waiting.report.markdown == "The tower is tall."  # what the person decides on
     [listed] = (await mesh.client.list_runs(state=supervisor_pb2.RUN_STATE_AWAITING_APPROVAL)).runs
     assert listed.run_id == run.run_id
     approved = await mesh.client.approve_run(run.run_id, comment="Looks right to me.")

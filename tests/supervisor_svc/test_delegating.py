@@ -150,6 +150,18 @@ async def test_every_delegation_is_assigned_routed_and_its_usage_observed_in_the
     assert account.usage().verification.tokens == account.usage().workers.tokens == 200
 
 
+async def test_a_contract_the_ledger_cannot_record_still_runs(store: RunStore) -> None:
+    """A blank criterion passes the tool's and the worker's checks but not the Assignment schema: the
+    delegation runs, its assignment goes unrecorded (logged), and the rest of the ledger is written."""
+    plane = RecordingPlane()
+    delegator, workers, _ = desk(store, parallel=1, max_tokens=0, plane=plane)
+    workers.release["blank"] = asyncio.Event()
+    workers.release["blank"].set()
+    result = await delegator.assign(Contract(Role.RESEARCHER, "x", criteria=(" ",)), "blank")
+    assert result is not None and result.succeeded
+    assert [type(record) for _, record, _ in plane.appended] == [RouteDecision, UsageObserved]
+
+
 async def test_a_delegate_call_the_registry_will_refuse_takes_no_share(store: RunStore) -> None:
     delegator, workers, _ = desk(store, parallel=4, max_tokens=1000)
     valid = [ToolCall(id=f"ok{n}", name="delegate_research", arguments='{"objective": "x"}') for n in range(2)]

@@ -321,7 +321,9 @@ async def test_an_objection_the_review_cannot_settle_waits_for_the_person_who_ap
         sentence.sentence_index,
         OBJECTED,
     )
-    assert not objection.resolution_sequence_no and not waiting.HasField("report")
+    assert not objection.resolution_sequence_no
+    # The report the person decides on: the sentence objected to in it, marked so in its verification section.
+    assert S_UPHELD in waiting.report.markdown and "the objection is still open" in waiting.report.markdown
     [awaiting] = [e.status for e in events if e.status.phase == supervisor_pb2.RESEARCH_PHASE_AWAITING_APPROVAL]
     assert f"1 objection(s) still open: sentence {sentence.sentence_index}: {OBJECTED}" in awaiting.message
 

@@ -25,7 +25,7 @@ from quarry.db import Database, upgrade_schema_async
 from quarry.identity import Principal, Role
 from quarry.notify import CommitSignal
 from quarry.research_plane import ResearchPlane
-from quarry.research_records import ClaimJudgement
+from quarry.research_records import ClaimJudgement, ClaimVerdict, VerifiedQuote
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Entry, EntryKind, Source
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.budget import RunAccount, TokenBudget
@@ -361,6 +361,31 @@ def test_a_finding_no_verifier_could_take_stays_unverified() -> None:
     refused = DelegationResult("d", error_code=DelegationErrorCode.OUTPUT_INVALID)
     failed, contradiction = fold_verdict(finding(7, "https://a.example/"), refused)
     assert (failed.judgement, contradiction) == (None, None)
+
+
+def test_support_quoted_from_another_findings_page_leaves_the_finding_unverified() -> None:
+    """The report would cite the finding's own page: support read elsewhere does not confirm it."""
+    own = finding(7, "https://a.example/own")
+
+    def supported_on(url: str) -> DelegationResult:
+        verdict = ClaimVerdict(
+            finding_ref=7,
+            judgement=ClaimJudgement.SUPPORTED,
+            quote=VerifiedQuote(url=url, excerpt="the words"),
+            rationale="it says so",
+        )
+        return DelegationResult(
+            "d", output_kind="claim_verdict", output_json=verdict.model_dump_json(), output_sequence_no=9
+        )
+
+    elsewhere, _ = fold_verdict(own, supported_on("https://b.example/other"))
+    assert (
+        elsewhere.judgement is None
+        and not elsewhere.citable
+        and "not from a page this finding cites" in elsewhere.rationale
+    )
+    on_its_page, _ = fold_verdict(own, supported_on("https://a.example/own"))
+    assert on_its_page.judgement is ClaimJudgement.SUPPORTED and on_its_page.citable
 
 
 def test_only_citable_findings_are_numbered_and_shown_and_a_run_without_verification_is_unchanged() -> None:
