@@ -70,19 +70,24 @@ class RunLedger:
         )
 
     async def _write(self, delegation_id: str, part: str, record: Callable[[], ResearchRecord]) -> None:
-        """Append the record `record` builds. One that does not validate (a contract the worker takes but the
-        ledger's schema bounds more tightly, e.g. a blank criterion) is logged like an append that fails."""
         digest = hashlib.sha256(delegation_id.encode()).hexdigest()[:32]
+        await self.record(record, f"ledger/{digest}/{part}", f"the {part} of delegation {delegation_id}")
+
+    async def record(self, record: Callable[[], ResearchRecord], key: str, what: str) -> int:
+        """Append the record `record` builds as the run's supervisor, under the request id `<run>/<key>`; its
+        entry's number, or 0 when it could not be written. One that does not validate (a contract the worker
+        takes but the ledger's schema bounds more tightly, e.g. a blank criterion) is logged like an append
+        that fails."""
         try:
             entry = record()
-            await self._scratchpad.append(
+            appended = await self._scratchpad.append(
                 self._thread_id,
                 kind=entry.entry_kind,
                 author=self._author,
                 content=entry.model_dump_json(),
-                request_id=f"{self._run_id}/ledger/{digest}/{part}",
+                request_id=f"{self._run_id}/{key}",
             )
         except (grpc.aio.AioRpcError, QuarryError, ValidationError) as error:
-            log.warning(
-                "run %s: could not record the %s of delegation %s: %s", self._run_id, part, delegation_id, error
-            )
+            log.warning("run %s: could not record %s: %s", self._run_id, what, error)
+            return 0
+        return appended.entry.sequence_no

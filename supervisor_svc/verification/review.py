@@ -24,13 +24,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, S
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import grpc
-
 from quarry.agent.messages import system, user
 from quarry.agent.model import ModelClient, ProviderError
 from quarry.agent.usage import Usage
-from quarry.errors import QuarryError
-from quarry.identity import Principal, Role
+from quarry.identity import Role
 from quarry.research_plane import ResearchPlane
 from quarry.research_records import (
     Adjudication,
@@ -44,6 +41,7 @@ from quarry.research_records import (
 from quarry.vocabulary import DelegationResult
 from supervisor_svc.budget import TokenBudget
 from supervisor_svc.delegating import Contract, Delegator
+from supervisor_svc.ledger import RunLedger
 from supervisor_svc.model import Citation, Report
 from supervisor_svc.synthesis import CitationFilter
 from supervisor_svc.verification.sentences import Draft, Sentence, cite_findings, finding_numbers, split_report
@@ -518,23 +516,13 @@ async def approve_open_objections(
 
 
 async def _record(scratchpad: ResearchPlane, run_id: str, thread_id: str, resolution: ObjectionResolution) -> int:
-    """Append a resolution as the run's supervisor; its entry's number, or 0 when the scratchpad would not
-    take it (the run goes on, as its ledger does: the report does not wait on a scratchpad hiccup). The
-    request id names the run and the objection, so a retried append writes nothing twice."""
-    try:
-        appended = await scratchpad.append(
-            thread_id,
-            kind=ObjectionResolution.entry_kind,
-            author=Principal(run_id, Role.SUPERVISOR),
-            content=resolution.model_dump_json(),
-            request_id=f"{run_id}/resolution/{resolution.objection_ref}",
-        )
-    except (grpc.aio.AioRpcError, QuarryError) as error:
-        log.warning(
-            "run %s: could not record the resolution of objection %d: %s", run_id, resolution.objection_ref, error
-        )
-        return 0
-    return appended.entry.sequence_no
+    """Append a resolution to the run's ledger; its entry's number, or 0 when the scratchpad would not take it
+    (the run goes on: the report does not wait on a scratchpad hiccup). The request id names the run and
+    the objection, so a retried append writes nothing twice."""
+    objection = resolution.objection_ref
+    return await RunLedger(scratchpad, run_id, thread_id).record(
+        lambda: resolution, f"resolution/{objection}", f"the resolution of objection {objection}"
+    )
 
 
 def _sentence_audit(result: DelegationResult | None, index: int) -> tuple[int, CitationJudgement, int, str] | None:

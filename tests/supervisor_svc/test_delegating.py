@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,11 @@ from pydantic import ValidationError
 from quarry.agent.messages import ToolCall
 from quarry.agent.usage import Usage
 from quarry.db import Database, upgrade_schema_async
-from quarry.identity import Role
+from quarry.identity import Principal, Role
 from quarry.notify import CommitSignal
+from quarry.research_plane import Appended
 from quarry.research_records import Assignment, ResearchRecord, RouteDecision, UsageObserved, parse_record
-from quarry.vocabulary import DelegationResult, EntryKind, Tier
+from quarry.vocabulary import DelegationResult, Entry, EntryKind, Tier
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.delegating import Contract, Delegator
 from supervisor_svc.ledger import RunLedger
@@ -61,8 +63,12 @@ class RecordingPlane:
     def __init__(self) -> None:
         self.appended: list[tuple[EntryKind, ResearchRecord, str]] = []
 
-    async def append(self, thread_id: str, *, kind: EntryKind, content: str, request_id: str, **_: object) -> None:
+    async def append(
+        self, thread_id: str, *, kind: EntryKind, author: Principal, content: str, request_id: str, **_: object
+    ) -> Appended:
         self.appended.append((kind, parse_record(kind, content), request_id))
+        entry = Entry(thread_id, len(self.appended), kind, author, content, (), datetime.now(UTC))
+        return Appended(entry, replayed=False)
 
 
 @pytest.fixture
