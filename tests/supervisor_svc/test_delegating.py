@@ -13,6 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from quarry.agent.messages import ToolCall
+from quarry.agent.tools import ToolError
 from quarry.agent.usage import Usage
 from quarry.db import Database, upgrade_schema_async
 from quarry.identity import Principal, Role
@@ -182,6 +183,27 @@ async def test_a_delegate_call_the_registry_will_refuse_takes_no_share(store: Ru
     for call in valid:
         workers.release[call.id].set()
     await asyncio.gather(*tasks)
+
+
+@pytest.mark.parametrize(("used", "starts"), [(999, True), (1000, False), (1001, False)], ids=["under", "at", "over"])
+async def test_a_run_at_its_token_budget_starts_no_delegation(store: RunStore, used: int, starts: bool) -> None:
+    """Intended side: usage equal to the budget is spent ("Once reached, no new delegation starts",
+    RunOptions.max_tokens); one token under still delegates, with that one token as its share."""
+    delegator, workers, account = desk(store, parallel=1, max_tokens=1000)
+    account.add_worker(Usage(input_tokens=used))
+    workers.release["c1"] = asyncio.Event()
+    workers.release["c1"].set()
+    call = ToolCall(id="c1", name="delegate_research", arguments='{"objective": "x"}')
+    delegator.new_turn()
+    delegator.announce(call)
+    if starts:
+        assert "succeeded" in await delegator.delegate(DelegateParams(objective="x"), call)
+        assert [order.max_tokens for order in workers.orders] == [1]
+    else:
+        with pytest.raises(ToolError, match="token budget is spent"):
+            await delegator.delegate(DelegateParams(objective="x"), call)
+        assert await delegator.assign(Contract(Role.VERIFIER, "y"), "v1") is None
+        assert workers.orders == [] and delegator.dispatched == 0
 
 
 @pytest.mark.parametrize(
