@@ -17,7 +17,7 @@ from quarry.agent.model import ModelClient, ModelSettings, ProviderError
 from quarry.agent.tools import Tool, ToolOutcome, ToolRegistry
 from quarry.agent.usage import Usage
 from quarry.db import Database
-from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel
+from tests.fakes.openai_server import Call, DropAfter, EndWithout, Reply, ScriptedModel
 
 
 class Query(BaseModel):
@@ -190,10 +190,12 @@ async def test_a_run_that_uses_exactly_its_token_budget_goes_on(
     assert run.usage.tokens == 100
 
 
+@pytest.mark.parametrize("fault", [DropAfter("The tower is 3"), EndWithout("The tower is 3")], ids=["cut", "clean-end"])
 async def test_provider_failure_propagates_and_partial_text_is_not_an_answer(
-    model: ScriptedModel, store: ConversationStore
+    model: ScriptedModel, store: ConversationStore, fault: DropAfter | EndWithout
 ) -> None:
-    model.script(Reply(calls=(Call("read_scratchpad", {}, "c1"),)), DropAfter("The tower is 3"))
+    """A stream cut after partial text, or ended cleanly after it with no finish reason, is no answer."""
+    model.script(Reply(calls=(Call("read_scratchpad", {}, "c1"),)), fault)
     run = await start(store, model, LoopLimits())
     with pytest.raises(ProviderError):
         await run.run([])
