@@ -52,7 +52,8 @@ from supervisor_svc.synthesis import ResearchEnd, report_warnings, verified_sour
 from supervisor_svc.tools import REGISTRY, SupervisorContext
 from supervisor_svc.verification.claims import verify_claims
 from supervisor_svc.verification.report import with_verification
-from supervisor_svc.verification.review import ReviewStage, approve_open_objections, review_report
+from supervisor_svc.verification.resolutions import approve_open_objections
+from supervisor_svc.verification.review import ReviewDesk, ReviewRequest, ReviewStage, review_report
 from supervisor_svc.verification.state import Verification
 from supervisor_svc.worker_client import DelegationClient
 
@@ -130,6 +131,8 @@ class ResearchRun:
         self._account = RunAccount()
         self._budget = TokenBudget(record.options.max_tokens, self._account)
         self._publisher = RunPublisher(event_log, deps.scratchpad, self.run_id, record.scratchpad_thread_id)
+        # The run's one ledger: its delegations, the review's resolutions and a person's approval go there.
+        self._ledger = RunLedger(deps.scratchpad, self.run_id, record.scratchpad_thread_id)
         self._author = Principal(self.run_id, Role.SUPERVISOR)
         self.cancel_reason = "cancelled"
         # When set (time.monotonic()), the run's end is recorded by then once it is stopped: the grace
@@ -217,7 +220,7 @@ class ResearchRun:
             account=self._account,
             budget=self._budget,
             publisher=self._publisher,
-            ledger=RunLedger(self._deps.scratchpad, self.run_id, self.record.scratchpad_thread_id),
+            ledger=self._ledger,
         )
 
     async def _research(self, delegator: Delegator) -> ResearchEnd:
@@ -284,21 +287,16 @@ class ResearchRun:
             await self._publisher.status(ResearchPhase(stage.value), message)
 
         citable = verification.citable_findings()
-        reviewed = await review_report(
+        request = ReviewRequest(
             question=self.record.question,
             draft=draft,
             sources=verified_sources(entries, verification),
             claims={entry.sequence_no: entry.content for entry in entries if entry.sequence_no in citable},
-            delegator=delegator,
-            model=self._deps.model,
-            budget=self._budget,
-            scratchpad=self._deps.scratchpad,
-            run_id=self.run_id,
-            thread_id=self.record.scratchpad_thread_id,
-            status=status,
             max_revision_rounds=self.record.options.revision_rounds,
             leave_unsettled_open=self.record.options.require_approval,
         )
+        desk = ReviewDesk(self.run_id, delegator, self._ledger, self._deps.model, self._budget, status)
+        reviewed = await review_report(request, desk)
         verification = replace(
             verification,
             sentences=reviewed.sentences,
@@ -335,13 +333,7 @@ class ResearchRun:
         if self._approval.decision is ApprovalDecision.REJECTED:
             raise NotApproved(RunErrorCode.REJECTED, self._approval.note)
         if verification is not None:
-            verification = await approve_open_objections(
-                verification,
-                self._approval.note,
-                scratchpad=self._deps.scratchpad,
-                run_id=self.run_id,
-                thread_id=self.record.scratchpad_thread_id,
-            )
+            verification = await approve_open_objections(verification, self._approval.note, self._ledger)
         await self._note_approval(self._approval.note)
         return verification
 
