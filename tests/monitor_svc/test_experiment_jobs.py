@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 import pytest
 
-from monitor_svc.records import JobRecord, to_json
+from monitor_svc.jobs.records import JobRecord, to_json
 from monitor_svc.service import build_host
 from quarry.client import insecure_channel
 from quarry.config import MonitorSettings, QuarrySettings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from monitor_svc.slurm import parse_sacct, parse_sbatch, parse_squeue, parse_time_limit
+from monitor_svc.jobs.slurm import parse_sacct, parse_sbatch, parse_squeue, parse_time_limit
 from monitor_svc.smi import MalformedOutput, parse_gpus
 from quarry.vocabulary import JobState
 
