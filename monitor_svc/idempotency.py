@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, TypeVar
 
 from monitor_svc.validation import refuse_nul
 from quarry.errors import AlreadyExists, ErrorReason, FieldViolation, InvalidArgument
@@ -30,16 +30,17 @@ def check_request_id(request_id: str, *, when_missing: str | None = None) -> Non
         raise InvalidArgument([FieldViolation("request_id", f"at most {MAX_REQUEST_ID_CHARS} characters")])
 
 
-class Once(Generic[_T]):
-    """Answers by request_id. `key` tells one request from another under the same id (a digest, a tuple)."""
+class Once:
+    """Answers by request_id. `key` tells one request from another under the same id (a digest, a tuple);
+    each change has its own type of answer."""
 
     def __init__(self, *, remembered: int | None = None, conflict: str = "was used for a different request") -> None:
         self._remembered = remembered  # how many answers are kept (None: all, e.g. jobs, which have records)
         self._conflict = conflict
-        self._running: dict[str, tuple[object, asyncio.Future[_T]]] = {}
-        self._answers: OrderedDict[str, tuple[object, _T]] = OrderedDict()
+        self._running: dict[str, tuple[object, asyncio.Future[Any]]] = {}
+        self._answers: OrderedDict[str, tuple[object, Any]] = OrderedDict()
 
-    def remember(self, request_id: str, key: object, answer: _T) -> None:
+    def remember(self, request_id: str, key: object, answer: object) -> None:
         """An answer known without running the change again: reloaded after a restart, or recorded midway."""
         self._answers[request_id] = (key, answer)
         self._answers.move_to_end(request_id)
@@ -58,11 +59,13 @@ class Once(Generic[_T]):
         if running is None:  # done before: its answer
             known, answer = self._answers[request_id]
             self._check(request_id, known, key)
-            return answer
+            remembered: _T = answer
+            return remembered
         self._check(request_id, running[0], key)
         future = running[1]  # still running: its answer once it has one
         try:
-            return await asyncio.shield(future)
+            result: _T = await asyncio.shield(future)
+            return result
         finally:
             if future.done() and self._running.get(request_id) is running:
                 del self._running[request_id]

@@ -69,7 +69,7 @@ class Jobs:
         self._executors = executors(hosts, self._logs, workspaces, jobs_dir, limits)
         self._supervisor = Supervisor(self._executors, self._logs, records, supervision)
         self._jobs: dict[str, Job] = {}  # by monitor_job_id
-        self._submissions: Once[Job] = Once(conflict="already started a different job")
+        self._submissions = Once(conflict="already started a different job")
         self._reserving: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)  # per host: GPU choice
 
     # -- lifecycle -------------------------------------------------------------------------------

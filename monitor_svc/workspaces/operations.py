@@ -21,11 +21,12 @@ import asyncio
 import hashlib
 import posixpath
 import re
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
 from fnmatch import fnmatchcase
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from monitor_svc.idempotency import Once, check_request_id
 from monitor_svc.ssh import SshHosts
 from monitor_svc.validation import refuse_nul
 from monitor_svc.workspaces import git
@@ -97,8 +98,7 @@ SEARCH_SECONDS = 20.0
 DEFAULT_DIFF_BYTES, MAX_DIFF_BYTES = 256 * 1024, 4 * 1024 * 1024
 GIT_LISTING_BYTES = 4 * 1024 * 1024
 MAX_UNTRACKED_SHOWN = 1000
-MAX_REQUEST_ID_CHARS = 200
-_REMEMBERED_REPLIES = 1024
+REMEMBERED_REPLIES = 1024  # answers to recent changes, by request_id
 
 
 def _invalid(field: str, description: str) -> InvalidArgument:
@@ -113,41 +113,6 @@ def _bounded(value: int, field: str, *, default: int, maximum: int) -> int:
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _check_request_id(request_id: str) -> None:
-    refuse_nul({"request_id": request_id})
-    if len(request_id) > MAX_REQUEST_ID_CHARS:
-        raise _invalid("request_id", f"at most {MAX_REQUEST_ID_CHARS} characters")
-
-
-class Replies:
-    """The answers to recent changes by request_id: a retry gets the first answer instead of acting twice."""
-
-    def __init__(self, size: int = _REMEMBERED_REPLIES) -> None:
-        self._size = size
-        self._answers: OrderedDict[str, tuple[object, asyncio.Future[Any]]] = OrderedDict()
-
-    async def once(self, request_id: str, request: object, act: Callable[[], Awaitable[_T]]) -> _T:
-        # Each change runs as a task of its own: a caller that goes away does not stop it half done.
-        if not request_id:
-            return await asyncio.shield(asyncio.ensure_future(act()))
-        if request_id not in self._answers:
-            self._answers[request_id] = (request, asyncio.ensure_future(act()))
-            while len(self._answers) > self._size:
-                self._answers.popitem(last=False)
-        known, answer = self._answers[request_id]
-        if known != request:
-            raise AlreadyExists(
-                f"request_id {request_id!r} was used for a different request", reason=ErrorReason.REQUEST_ID_REUSED
-            )
-        try:
-            result: _T = await asyncio.shield(answer)
-        except Exception:
-            if self._answers.get(request_id, (None, None))[1] is answer:
-                del self._answers[request_id]  # it failed: a retry may try again
-            raise
-        return result
 
 
 def _protected(path: str, rule: str, doing: str = "") -> FailedPrecondition:
@@ -182,7 +147,7 @@ class Workspaces:
         self._backends: dict[str, Backend] = {LOCAL: LocalBackend(git_timeout)}
         self._backends.update({name: SshBackend(hosts, name, git_timeout) for name in hosts.names})
         self._locks: dict[str, asyncio.Lock] = {}
-        self._replies = Replies()
+        self._replies = Once(remembered=REMEMBERED_REPLIES)
 
     def _allowed_roots(self, host: str) -> list[str]:
         if host == LOCAL:
@@ -196,7 +161,7 @@ class Workspaces:
 
     async def open(self, host: str, root: str, protected: Sequence[str], request_id: str) -> Workspace:
         refuse_nul({"host": host, "root": root, **{f"protected_paths[{i}]": p for i, p in enumerate(protected)}})
-        _check_request_id(request_id)
+        check_request_id(request_id)
         host = host or LOCAL
         if host != LOCAL:
             self._hosts.require(host, field="host")
@@ -452,7 +417,7 @@ class Workspaces:
         data = content.encode(errors="surrogateescape")
         if len(data) > MAX_FILE_BYTES:
             raise _invalid("content", f"at most {MAX_FILE_BYTES} bytes")
-        _check_request_id(request_id)
+        check_request_id(request_id)
         record, backend = await self._workspace(workspace_id)
 
         async def write() -> Written:
@@ -470,7 +435,7 @@ class Workspaces:
             raise _invalid("patch", "required: a unified diff")
         if len(text.encode(errors="surrogateescape")) > MAX_PATCH_BYTES:
             raise _invalid("patch", f"at most {MAX_PATCH_BYTES} bytes")
-        _check_request_id(request_id)
+        check_request_id(request_id)
         try:
             patches = [
                 FilePatch(
@@ -666,7 +631,7 @@ class Workspaces:
         git.check_branch(branch)
         if start_point:
             git.check_revision(start_point, "start_point")
-        _check_request_id(request_id)
+        check_request_id(request_id)
         record, backend = await self._workspace(workspace_id)
 
         async def create() -> Workspace:
@@ -715,7 +680,7 @@ class Workspaces:
 
     async def commit(self, workspace_id: str, message: str, request_id: str) -> Commit:
         git.check_message(message)
-        _check_request_id(request_id)
+        check_request_id(request_id)
         record, backend = await self._workspace(workspace_id)
 
         async def commit() -> Commit:
@@ -734,7 +699,7 @@ class Workspaces:
 
     async def reset(self, workspace_id: str, commit: str, remove_untracked: bool, request_id: str) -> Workspace:
         git.check_revision(commit, "commit")
-        _check_request_id(request_id)
+        check_request_id(request_id)
         record, backend = await self._workspace(workspace_id)
 
         async def reset() -> Workspace:
