@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
-from monitor_svc.workspaces import operations
+from monitor_svc.workspaces import reads, writes
 from quarry.client import MonitorClient, insecure_channel
 from quarry.config import MonitorSettings
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
@@ -243,7 +243,7 @@ async def test_searching_code_reports_file_line_and_text(env: Env, ws: str) -> N
 async def test_a_pattern_that_backtracks_for_ever_is_stopped(
     env: Env, ws: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(operations, "SEARCH_SECONDS", 1.0)
+    monkeypatch.setattr(reads, "SEARCH_SECONDS", 1.0)
     (env.project / "slow.txt").write_text("a" * 64 + "!\n")
     request = monitor_pb2.SearchWorkspaceRequest(workspace_id=ws, pattern="(a+)+$", path="slow.txt")
     await failed(env.stub.SearchWorkspace(request), "WORKSPACE_SEARCH_TOO_SLOW")
@@ -265,7 +265,7 @@ async def test_writing_files_atomically(env: Env, ws: str) -> None:
     assert (env.project / "run.sh").stat().st_mode & 0o777 == 0o755, "an executable stays executable"
     leftovers = [p.name for p in env.project.rglob("*") if ".quarry-" in p.name]
     assert leftovers == [], "no temporary file is left behind"
-    huge = "x" * (operations.MAX_FILE_BYTES + 1)
+    huge = "x" * (writes.MAX_FILE_BYTES + 1)
     big = env.stub.WriteWorkspaceFile(write_request(ws, "big.txt", huge))
     error = await expect_error(big, grpc.StatusCode.INVALID_ARGUMENT)
     assert "content" in violations(error)
