@@ -15,12 +15,7 @@ from monitor_svc.gpus import GpuRequest, GpuSampler
 from monitor_svc.jobs import BatchScript, Command, JobKind, JobObservation, JobOptions, JobRequest, Jobs
 from monitor_svc.metrics import MetricDirection, MetricPoint, MetricResult, MetricSpec
 from monitor_svc.ssh import SshHosts
-from monitor_svc.validation import (
-    check_monitor_job_id,
-    interval_seconds,
-    require_job_kind,
-    tail_lines,
-)
+from monitor_svc.validation import check_monitor_job_id, interval_seconds, require_job_kind, tail_lines
 from monitor_svc.workspaces.operations import Workspaces
 from monitor_svc.workspaces.rpc import WorkspaceServicer
 from quarry.convert import (

@@ -18,14 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from monitor_svc.jobs import processes
-from monitor_svc.jobs.executor import (
-    Follow,
-    Hold,
-    NotStarted,
-    Prepared,
-    Watch,
-    exit_observation,
-)
+from monitor_svc.jobs.executor import Follow, Hold, NotStarted, Prepared, Watch, exit_observation
 from monitor_svc.jobs.files import read_local_file
 from monitor_svc.jobs.records import JobRecord
 from monitor_svc.jobs.spec import Command, JobKind, JobObservation, JobOptions, JobRequest

@@ -33,14 +33,7 @@ from monitor_svc.metrics import CompiledMetric, MetricTracker, compile_metrics
 from monitor_svc.ssh import SshHosts
 from monitor_svc.validation import refuse_nul, require_job_kind
 from monitor_svc.workspaces.operations import Workspaces
-from quarry.errors import (
-    ErrorReason,
-    FailedPrecondition,
-    FieldViolation,
-    InvalidArgument,
-    NotFound,
-    PermissionDenied,
-)
+from quarry.errors import ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument, NotFound, PermissionDenied
 from quarry.vocabulary import JobRef, JobState
 
 log = logging.getLogger(__name__)

@@ -34,14 +34,7 @@ from monitor_svc.logs import Logs
 from monitor_svc.ssh import SshHosts
 from monitor_svc.validation import MAX_PID, command_argv, refuse_nul
 from monitor_svc.workspaces.operations import Workspaces
-from quarry.errors import (
-    ErrorReason,
-    FailedPrecondition,
-    FieldViolation,
-    InvalidArgument,
-    QuarryError,
-    Unavailable,
-)
+from quarry.errors import ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument, QuarryError, Unavailable
 from quarry.vocabulary import JobRef, JobState
 
 log = logging.getLogger(__name__)

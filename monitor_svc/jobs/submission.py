@@ -8,8 +8,8 @@ from dataclasses import asdict, replace
 from monitor_svc.jobs.spec import Command, JobKind, JobOptions
 from monitor_svc.metrics import CompiledMetric, compile_metrics
 from monitor_svc.validation import check_environment, check_gpu_request, wall_clock_limit
-from monitor_svc.workspaces.model import LOCAL, WorkspaceRecord
 from monitor_svc.workspaces.operations import Workspaces
+from monitor_svc.workspaces.types import LOCAL, WorkspaceRecord
 from quarry.errors import FieldViolation, InvalidArgument
 
 

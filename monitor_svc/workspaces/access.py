@@ -19,26 +19,11 @@ from monitor_svc.ssh import SshHosts
 from monitor_svc.workspaces import git
 from monitor_svc.workspaces.backend import Backend
 from monitor_svc.workspaces.local import LocalBackend
-from monitor_svc.workspaces.model import (
-    LOCAL,
-    FileInfo,
-    GitOutput,
-    GitState,
-    Workspace,
-    WorkspaceRecord,
-)
-from monitor_svc.workspaces.paths import (
-    within,
-)
+from monitor_svc.workspaces.paths import within
 from monitor_svc.workspaces.registry import WorkspaceRegistry
 from monitor_svc.workspaces.remote import SshBackend
-from quarry.errors import (
-    ErrorReason,
-    FailedPrecondition,
-    FieldViolation,
-    InvalidArgument,
-    NotFound,
-)
+from monitor_svc.workspaces.types import LOCAL, FileInfo, GitOutput, GitState, Workspace, WorkspaceRecord
+from quarry.errors import ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument, NotFound
 
 GIT_LISTING_BYTES = 4 * 1024 * 1024
 REMEMBERED_REPLIES = 1024  # answers to recent changes, by request_id

@@ -16,7 +16,10 @@ from monitor_svc.workspaces import git
 from monitor_svc.workspaces.access import WorkspaceAccess, invalid, wrong_kind
 from monitor_svc.workspaces.backend import Backend
 from monitor_svc.workspaces.grep import SearchTooSlow, search
-from monitor_svc.workspaces.model import (
+from monitor_svc.workspaces.patch import split_lines
+from monitor_svc.workspaces.paths import MAX_PATH_CHARS, SKIPPED_DIRS, relative_path
+from monitor_svc.workspaces.registry import check_workspace_id
+from monitor_svc.workspaces.types import (
     Diff,
     EntryKind,
     FileInfo,
@@ -28,20 +31,7 @@ from monitor_svc.workspaces.model import (
     Workspace,
     WorkspaceRecord,
 )
-from monitor_svc.workspaces.patch import (
-    split_lines,
-)
-from monitor_svc.workspaces.paths import (
-    MAX_PATH_CHARS,
-    SKIPPED_DIRS,
-    relative_path,
-)
-from monitor_svc.workspaces.registry import check_workspace_id
-from quarry.errors import (
-    ErrorReason,
-    FailedPrecondition,
-    NotFound,
-)
+from quarry.errors import ErrorReason, FailedPrecondition, NotFound
 
 READ_SCAN_BYTES = 16 * 1024 * 1024  # how far into a file ReadWorkspaceFile looks for lines
 BINARY_PROBE_BYTES = 8000  # as git: a NUL in the first 8000 bytes makes a file binary

@@ -19,23 +19,7 @@ from monitor_svc.validation import refuse_nul
 from monitor_svc.workspaces import git
 from monitor_svc.workspaces.access import WorkspaceAccess, invalid, wrong_kind
 from monitor_svc.workspaces.backend import Backend
-from monitor_svc.workspaces.model import (
-    LOCAL,
-    Commit,
-    EntryKind,
-    FileInfo,
-    Patched,
-    Workspace,
-    WorkspaceRecord,
-    Written,
-)
-from monitor_svc.workspaces.patch import (
-    FilePatch,
-    HunkFailed,
-    PatchSyntaxError,
-    apply_file_patch,
-    parse_patch,
-)
+from monitor_svc.workspaces.patch import FilePatch, HunkFailed, PatchSyntaxError, apply_file_patch, parse_patch
 from monitor_svc.workspaces.paths import (
     GIT_DIR,
     MAX_PATH_CHARS,
@@ -45,14 +29,17 @@ from monitor_svc.workspaces.paths import (
     relative_to,
 )
 from monitor_svc.workspaces.registry import workspace_id
-from quarry.errors import (
-    AlreadyExists,
-    ErrorReason,
-    FailedPrecondition,
-    FieldViolation,
-    InvalidArgument,
-    QuarryError,
+from monitor_svc.workspaces.types import (
+    LOCAL,
+    Commit,
+    EntryKind,
+    FileInfo,
+    Patched,
+    Workspace,
+    WorkspaceRecord,
+    Written,
 )
+from quarry.errors import AlreadyExists, ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument, QuarryError
 
 MAX_FILE_BYTES = 4 * 1024 * 1024  # a file written, or patched
 MAX_PATCH_BYTES = 4 * 1024 * 1024
