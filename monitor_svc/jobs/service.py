@@ -91,19 +91,14 @@ class Jobs:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    # -- submission -------------------------------------------------------------------------------
+    # -- requests -------------------------------------------------------------------------------
 
-    def check_log_path(self, ref: JobRef, field_name: str = "job.log_path") -> None:
-        """Refuse a log path outside the configured roots (the monitor's job directory, a host's log_roots)."""
-        self._logs.check_path(ref.log_path, log_host(ref), field_name)
-
-    def check_ref(self, ref: JobRef) -> JobRef:
+    def check_ref(self, ref: JobRef) -> None:
         """A job reference a watch can follow: a process id, or a Slurm job id, and the host where needed."""
         kind = JobKind(require_job_kind(ref.kind, tuple(JobKind)))
         prefix = f"job.{kind}"
         refuse_nul({"job.log_path": ref.log_path, f"{prefix}.host": ref.host, f"{prefix}.job_id": ref.job_id})
         self._executors[kind].check_ref(ref)
-        return ref
 
     async def submit(self, kind: JobKind, request: JobRequest, options: JobOptions, request_id: str) -> JobRecord:
         # A job runs as the monitor's user; a deployment that wants that says so.
@@ -212,7 +207,8 @@ class Jobs:
             async for observation in self._watch_job(self._job_for(ref), interval, tail_lines):
                 yield observation
             return
-        self.check_log_path(ref)
+        # Only under the configured roots (the monitor's job directory, a host's log_roots).
+        self._logs.check_path(ref.log_path, log_host(ref), "job.log_path")
         watch = Watch.of(ref)
         executor = self._executors[JobKind(ref.kind)]
         previous: tuple[JobState, int | None] | None = None
