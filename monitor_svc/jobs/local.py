@@ -22,9 +22,9 @@ from monitor_svc.jobs.executor import Follow, Hold, NotStarted, Prepared, Watch,
 from monitor_svc.jobs.files import read_local_file
 from monitor_svc.jobs.records import JobRecord
 from monitor_svc.jobs.spec import Command, JobKind, JobObservation, JobOptions, JobRequest
-from monitor_svc.jobs.submission import checked_options, gpu_environment, in_workspace, options_payload
+from monitor_svc.jobs.submission import checked_command, checked_options, gpu_environment, in_workspace, options_payload
 from monitor_svc.logs import Logs, open_log
-from monitor_svc.validation import MAX_PID, command_argv, refuse_nul
+from monitor_svc.validation import MAX_PID
 from monitor_svc.workspaces.operations import Workspaces
 from quarry.errors import ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument
 from quarry.vocabulary import JobRef, JobState
@@ -74,18 +74,7 @@ class LocalExecutor:
         self.groups = self
 
     async def prepare(self, request: JobRequest, options: JobOptions, request_id: str) -> Prepared:
-        if not isinstance(request, Command):
-            raise TypeError("a local job runs a command")
-        command = request
-        argv = command_argv(command.argv, command.command_line, self.kind)
-        refuse_nul(
-            {
-                "local.working_directory": command.working_directory,
-                "local.log_path": command.log_path,
-                "request_id": request_id,
-                "options.workspace_id": options.workspace_id,
-            }
-        )
+        command, argv = checked_command(request, options, request_id, self.kind)
         # As the request says (a workspace's directory relative to its root): a retry is the same submission.
         payload = [self.kind, list(argv), command.working_directory, command.log_path, options_payload(options)]
         if options.workspace_id:

@@ -20,17 +20,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from monitor_svc.jobs.executor import INTERRUPTED, Follow, Hold, NotStarted, Prepared, StartUnknown, Watch
+from monitor_svc.jobs.executor import Follow, Hold, NotStarted, Prepared, StartUnknown, Watch
 from monitor_svc.jobs.files import read_remote_file
 from monitor_svc.jobs.records import JobRecord
 from monitor_svc.jobs.spec import BatchScript, JobKind, JobObservation, JobOptions, JobRequest
+from monitor_svc.jobs.ssh import run_start
 from monitor_svc.jobs.submission import checked_options, options_payload, workspace_host
 from monitor_svc.logs import Logs
 from monitor_svc.smi import MalformedOutput
 from monitor_svc.ssh import SshHosts, quote
 from monitor_svc.validation import refuse_nul
 from monitor_svc.workspaces.operations import Workspaces
-from quarry.errors import ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument, QuarryError, Unavailable
+from quarry.errors import ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument, Unavailable
 from quarry.vocabulary import JobRef, JobState
 
 log = logging.getLogger(__name__)
@@ -289,13 +290,7 @@ class SlurmExecutor:
         prefix = ["env", *(f"{name}={value}" for name, value in options.environment.items())]
         command = quote(*(prefix if options.environment else []), "sbatch", "--parsable", *args, script_path)
         async with hold(None):
-            try:
-                result = await self._hosts.run(host, command)
-            except QuarryError as error:
-                raise StartUnknown(
-                    f"{INTERRUPTED}: {error}",
-                    Unavailable(f"sbatch on {host} failed midway ({error}); the job may have been submitted"),
-                ) from error
+            result = await run_start(self._hosts, host, command, f"sbatch on {host}", "the job may have been submitted")
             if result.exit_status != 0:
                 output = result.stderr.strip() or result.stdout.strip()
                 raise NotStarted(

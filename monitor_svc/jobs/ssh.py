@@ -29,10 +29,10 @@ from monitor_svc.jobs.executor import (
 from monitor_svc.jobs.files import read_remote_file
 from monitor_svc.jobs.records import JobRecord
 from monitor_svc.jobs.spec import Command, JobKind, JobObservation, JobOptions, JobRequest
-from monitor_svc.jobs.submission import checked_options, gpu_environment, in_workspace, options_payload
+from monitor_svc.jobs.submission import checked_command, checked_options, gpu_environment, in_workspace, options_payload
 from monitor_svc.logs import Logs
-from monitor_svc.ssh import SshHosts
-from monitor_svc.validation import MAX_PID, command_argv, refuse_nul
+from monitor_svc.ssh import CommandResult, SshHosts
+from monitor_svc.validation import MAX_PID
 from monitor_svc.workspaces.operations import Workspaces
 from quarry.errors import ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument, QuarryError, Unavailable
 from quarry.vocabulary import JobRef, JobState
@@ -72,6 +72,16 @@ def _not_launched(host: str, record: JobRecord, words: list[str], stderr: str) -
         f"starting the job on {host} printed {' '.join(words)[:200]!r} {stderr.strip()[:200]}",
         reason=ErrorReason.JOB_NOT_STARTED,
     )
+
+
+async def run_start(hosts: SshHosts, host: str, command: str, what: str, maybe: str) -> CommandResult:
+    """Run the command that starts a job on a host. If it fails midway the job may have started: it is given
+    up (StartUnknown), never started again for its request_id."""
+    try:
+        return await hosts.run(host, command)
+    except QuarryError as error:
+        midway = Unavailable(f"{what} failed midway ({error}); {maybe}")
+        raise StartUnknown(f"{INTERRUPTED}: {error}", midway) from error
 
 
 class _Follow:
@@ -120,19 +130,7 @@ class SshExecutor:
         self.groups = self
 
     async def prepare(self, request: JobRequest, options: JobOptions, request_id: str) -> Prepared:
-        if not isinstance(request, Command):
-            raise TypeError("a job on an SSH host runs a command")
-        command = request
-        argv = command_argv(command.argv, command.command_line, self.kind)
-        refuse_nul(
-            {
-                "remote.host": command.host,
-                "remote.working_directory": command.working_directory,
-                "remote.log_path": command.log_path,
-                "request_id": request_id,
-                "options.workspace_id": options.workspace_id,
-            }
-        )
+        command, argv = checked_command(request, options, request_id, self.kind)
         payload = [
             self.kind,
             command.host,
@@ -172,14 +170,7 @@ class SshExecutor:
                 _status_path(record),
                 roots,
             )
-            try:
-                result = await self._hosts.run(host, launch)
-            except QuarryError as error:
-                # It may have started: the job is given up, never started again for this request_id.
-                raise StartUnknown(
-                    f"{INTERRUPTED}: {error}",
-                    Unavailable(f"starting the job on {host} failed midway ({error}); it may have started"),
-                ) from error
+            result = await run_start(self._hosts, host, launch, f"starting the job on {host}", "it may have started")
             words = (result.stdout.strip().splitlines() or ["?"])[-1].split()
             started = words[:1] == ["started"] and words[1:2] != [] and words[1].isdigit()
             if result.exit_status != 0 or not started:

@@ -5,12 +5,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 
-from monitor_svc.jobs.spec import Command, JobKind, JobOptions
+from monitor_svc.jobs.spec import Command, JobKind, JobOptions, JobRequest
 from monitor_svc.metrics import CompiledMetric, compile_metrics
-from monitor_svc.validation import check_environment, check_gpu_request, wall_clock_limit
+from monitor_svc.validation import check_environment, check_gpu_request, command_argv, refuse_nul, wall_clock_limit
 from monitor_svc.workspaces.operations import Workspaces
 from monitor_svc.workspaces.types import LOCAL, WorkspaceRecord
 from quarry.errors import FieldViolation, InvalidArgument
+
+
+def checked_command(
+    request: JobRequest, options: JobOptions, request_id: str, kind: JobKind
+) -> tuple[Command, tuple[str, ...]]:
+    """A command's program and arguments, and its text checked for NUL (fields named under `kind`)."""
+    if not isinstance(request, Command):
+        raise TypeError(f"a {kind} job runs a command")
+    argv = command_argv(request.argv, request.command_line, kind)
+    refuse_nul(
+        {
+            f"{kind}.host": request.host,
+            f"{kind}.working_directory": request.working_directory,
+            f"{kind}.log_path": request.log_path,
+            "request_id": request_id,
+            "options.workspace_id": options.workspace_id,
+        }
+    )
+    return request, argv
 
 
 def checked_options(options: JobOptions, working_directory: str) -> tuple[CompiledMetric, ...]:
