@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from monitor_svc.model import MetricDirection, MetricResult, MetricSpec
+from monitor_svc.jobs.spec import JobKind
+from monitor_svc.metrics import MetricDirection, MetricResult, MetricSpec
 from quarry.vocabulary import JobRef, JobState
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class JobRecord:
     monitor_job_id: str
     request_id: str
     digest: str  # of the submission: a request_id reused for another job is refused
-    kind: str  # "local", "remote" or "slurm"
+    kind: JobKind  # stored as its value: "local", "remote" or "slurm"
     host: str = ""
     argv: list[str] = field(default_factory=list)
     working_directory: str = ""
@@ -95,6 +96,7 @@ def from_json(text: str) -> JobRecord:
         for result in data.get("results", [])
     ]
     data["state"] = JobState(data.get("state", JobState.PENDING))
+    data["kind"] = JobKind(data["kind"])
     return JobRecord(**data)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from quarry.v1 import monitor_pb2
 from tests.monitor_svc.fake_ssh import FakeHost
-from tests.monitor_svc.test_experiment_jobs import Stub, log_lines, serving, settings, watch_all
+from tests.monitor_svc.jobs.helpers import Stub, log_lines, serving, settings, watch_all
 from tests.rpc import error_reason, expect_error, violations
 
 PLACE = "import json, os\nprint('cwd', os.getcwd(), flush=True)\nopen('m.jsonl', 'w').write(json.dumps({'acc': 0.8}))\n"
