@@ -140,6 +140,13 @@ class ResearchRun:
         self._approval: Approval | None = None
         self._decided = asyncio.Event()
 
+    def stopping(self, reason: str, end_within: float | None = None) -> None:
+        """The run is about to be cancelled for `reason`; with `end_within`, it records its end within that many
+        seconds."""
+        self.cancel_reason = reason
+        if end_within is not None:
+            self.end_by = time.monotonic() + end_within
+
     async def execute(self) -> None:
         """Run to exactly one terminal event (unless the run already ended elsewhere)."""
         attributes = {"quarry.run_id": self.run_id, "quarry.scratchpad_thread_id": self.record.scratchpad_thread_id}
