@@ -31,8 +31,8 @@ from quarry.telemetry import meter, tracer
 from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.ledger import RunLedger
-from supervisor_svc.model import DelegationOrder, ResearchPhase
 from supervisor_svc.publishing import RunPublisher
+from supervisor_svc.run_domain import DelegationOrder, ResearchPhase
 from supervisor_svc.tools import DELEGATE_TOOL, DelegateParams
 from supervisor_svc.worker_client import DelegationClient
 

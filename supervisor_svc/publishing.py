@@ -18,7 +18,7 @@ from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc import events
 from supervisor_svc.events import PublicEvent
 from supervisor_svc.hosting.following import EventLogWriter
-from supervisor_svc.model import Report, ResearchPhase, RunOutcome, RunUsage
+from supervisor_svc.run_domain import Report, ResearchPhase, RunOutcome, RunUsage
 from supervisor_svc.store import RunStore
 from supervisor_svc.verification.state import Verification
 

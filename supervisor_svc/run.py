@@ -36,7 +36,8 @@ from quarry.vocabulary import Entry, EntryKind
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.delegating import Delegator
 from supervisor_svc.ledger import RunLedger
-from supervisor_svc.model import (
+from supervisor_svc.publishing import RunEventLog, RunPublisher
+from supervisor_svc.run_domain import (
     DEFAULT_SUPERVISOR_TURNS,
     Approval,
     ApprovalDecision,
@@ -46,7 +47,6 @@ from supervisor_svc.model import (
     RunOutcome,
     RunRecord,
 )
-from supervisor_svc.publishing import RunEventLog, RunPublisher
 from supervisor_svc.store import RunEnded
 from supervisor_svc.synthesis import ResearchEnd, report_warnings, verified_sources, write_report
 from supervisor_svc.tools import REGISTRY, SupervisorContext

@@ -16,7 +16,7 @@ from supervisor_svc.events import (
     verification_to_proto,
     warnings_to_proto,
 )
-from supervisor_svc.model import VERIFICATION_OFF, VERIFICATION_ON, RunOptions, RunRecord, RunState, StartRequest
+from supervisor_svc.run_domain import VERIFICATION_OFF, VERIFICATION_ON, RunOptions, RunRecord, RunState, StartRequest
 from supervisor_svc.supervisor import Supervisor
 
 _STATES: EnumMap[RunState, supervisor_pb2.RunState.ValueType] = EnumMap(

@@ -21,7 +21,7 @@ from quarry.notify import notify_on_commit
 from supervisor_svc import events
 from supervisor_svc.events import PublicEvent
 from supervisor_svc.hosting.store import HostedStore, WorkTables
-from supervisor_svc.model import (
+from supervisor_svc.run_domain import (
     ACTIVE_STATES,
     Approval,
     ApprovalDecision,

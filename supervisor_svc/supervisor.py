@@ -27,7 +27,9 @@ from quarry.errors import (
 from quarry.notify import CommitSignal
 from supervisor_svc.hosting.host import Host, HostLimits, Tenant
 from supervisor_svc.hosting.store import StoredEvent
-from supervisor_svc.model import (
+from supervisor_svc.publishing import RunEventLog
+from supervisor_svc.run import ResearchRun, RunDependencies
+from supervisor_svc.run_domain import (
     Approval,
     ApprovalDecision,
     RunErrorCode,
@@ -37,8 +39,6 @@ from supervisor_svc.model import (
     StartRequest,
     validate_start,
 )
-from supervisor_svc.publishing import RunEventLog
-from supervisor_svc.run import ResearchRun, RunDependencies
 from supervisor_svc.store import RunEnded, RunStore
 
 log = logging.getLogger(__name__)

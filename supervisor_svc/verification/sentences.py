@@ -18,7 +18,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from supervisor_svc.model import Citation
+from supervisor_svc.run_domain import Citation
 from supervisor_svc.synthesis import CitationFilter
 
 # A citation marker as the report writes it: [1], [2, 3], [4-6].

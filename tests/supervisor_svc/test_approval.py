@@ -18,7 +18,7 @@ from quarry.research_records import ClaimJudgement
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc import events
-from supervisor_svc.model import (
+from supervisor_svc.run_domain import (
     Approval,
     ApprovalDecision,
     Citation,

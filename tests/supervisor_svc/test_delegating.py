@@ -23,8 +23,8 @@ from quarry.vocabulary import DelegationResult, Entry, EntryKind, Tier
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.delegating import Contract, Delegator
 from supervisor_svc.ledger import RunLedger
-from supervisor_svc.model import DelegationOrder, StartRequest
 from supervisor_svc.publishing import RunEventLog, RunPublisher
+from supervisor_svc.run_domain import DelegationOrder, StartRequest
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
 from supervisor_svc.store import RunStore
 from supervisor_svc.tools import DelegateParams

@@ -8,7 +8,7 @@ import pytest
 
 from quarry.identity import Principal, Role
 from quarry.vocabulary import Entry, EntryKind, Source
-from supervisor_svc.model import Citation
+from supervisor_svc.run_domain import Citation
 from supervisor_svc.synthesis import CitationFilter, verified_sources
 from supervisor_svc.tools import DelegateParams
 

@@ -12,7 +12,7 @@ from quarry.db import Database, open_migrated_database
 from quarry.errors import AlreadyExists, ErrorReason
 from supervisor_svc.events import status
 from supervisor_svc.hosting.store import RELEASED
-from supervisor_svc.model import ResearchPhase, RunErrorCode, RunOutcome, RunUsage, StartRequest
+from supervisor_svc.run_domain import ResearchPhase, RunErrorCode, RunOutcome, RunUsage, StartRequest
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
 from supervisor_svc.store import RunStore
 

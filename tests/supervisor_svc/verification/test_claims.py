@@ -31,8 +31,8 @@ from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.delegating import Delegator
 from supervisor_svc.ledger import RunLedger
-from supervisor_svc.model import StartRequest
 from supervisor_svc.publishing import RunEventLog, RunPublisher
+from supervisor_svc.run_domain import StartRequest
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
 from supervisor_svc.store import RunStore
 from supervisor_svc.synthesis import (

@@ -27,8 +27,8 @@ from quarry.vocabulary import EntryKind, Source
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.delegating import Delegator
 from supervisor_svc.ledger import RunLedger
-from supervisor_svc.model import Report, StartRequest
 from supervisor_svc.publishing import RunEventLog, RunPublisher
+from supervisor_svc.run_domain import Report, StartRequest
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
 from supervisor_svc.store import RunStore
 from supervisor_svc.synthesis import verified_sources
