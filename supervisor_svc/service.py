@@ -21,11 +21,11 @@ from supervisor_svc.campaigns.service import MAX_ACTIVE_CAMPAIGNS, CampaignLoopF
 from supervisor_svc.campaigns.servicer import CampaignServicer
 from supervisor_svc.campaigns.store import CAMPAIGN_EVENTS_CHANNEL, CampaignStore
 from supervisor_svc.hosting.host import HostLimits
-from supervisor_svc.run import RunDependencies
-from supervisor_svc.servicer import SupervisorServicer
-from supervisor_svc.store import RUN_EVENTS_CHANNEL, RunStore
-from supervisor_svc.supervisor import Supervisor
-from supervisor_svc.worker_client import DelegationClient
+from supervisor_svc.runs.run import RunDependencies
+from supervisor_svc.runs.service import Supervisor
+from supervisor_svc.runs.servicer import SupervisorServicer
+from supervisor_svc.runs.store import RUN_EVENTS_CHANNEL, RunStore
+from supervisor_svc.runs.worker_client import DelegationClient
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "alembic_version_supervisor"

@@ -1,4 +1,4 @@
-"""The host for durable work, which runs (supervisor_svc.supervisor) and campaigns (supervisor_svc.campaigns)
+"""The host for durable work, which runs (supervisor_svc.runs.service) and campaigns (supervisor_svc.campaigns)
 are the two tenants of.
 
 - `host.py`: the work live in this process by id, starts de-duplicated by request id, admission, leases

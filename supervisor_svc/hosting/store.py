@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from quarry import ids
 from quarry.db import Database
 from quarry.errors import AlreadyExists, ErrorReason, FieldViolation, InvalidArgument
-from supervisor_svc.listing import decode_page_token, encode_page_token
+from supervisor_svc.hosting.listing import decode_page_token, encode_page_token
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500

@@ -39,11 +39,11 @@ from quarry.research_records import (
     Resolution,
 )
 from quarry.vocabulary import DelegationResult
-from supervisor_svc.budget import TokenBudget
-from supervisor_svc.delegating import Contract, Delegator
-from supervisor_svc.ledger import RunLedger
-from supervisor_svc.run_domain import Citation, Report
-from supervisor_svc.synthesis import CitationFilter
+from supervisor_svc.runs.budget import TokenBudget
+from supervisor_svc.runs.delegating import Contract, Delegator
+from supervisor_svc.runs.domain import Citation, Report
+from supervisor_svc.runs.ledger import RunLedger
+from supervisor_svc.runs.synthesis import CitationFilter
 from supervisor_svc.verification.sentences import Draft, Sentence, cite_findings, finding_numbers, split_report
 from supervisor_svc.verification.state import (
     ObjectionState,

@@ -10,11 +10,11 @@ import pytest
 
 from quarry.db import Database, open_migrated_database
 from quarry.errors import AlreadyExists, ErrorReason
-from supervisor_svc.events import status
 from supervisor_svc.hosting.store import RELEASED
-from supervisor_svc.run_domain import ResearchPhase, RunErrorCode, RunOutcome, RunUsage, StartRequest
+from supervisor_svc.runs.domain import ResearchPhase, RunErrorCode, RunOutcome, RunUsage, StartRequest
+from supervisor_svc.runs.events import status
+from supervisor_svc.runs.store import RunStore
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
-from supervisor_svc.store import RunStore
 
 MINE, THEIRS = "run-" + "a" * 32, "run-" + "b" * 32
 

@@ -27,9 +27,7 @@ from quarry.errors import (
 from quarry.notify import CommitSignal
 from supervisor_svc.hosting.host import Host, HostLimits, Tenant
 from supervisor_svc.hosting.store import StoredEvent
-from supervisor_svc.publishing import RunEventLog
-from supervisor_svc.run import ResearchRun, RunDependencies
-from supervisor_svc.run_domain import (
+from supervisor_svc.runs.domain import (
     Approval,
     ApprovalDecision,
     RunErrorCode,
@@ -39,7 +37,9 @@ from supervisor_svc.run_domain import (
     StartRequest,
     validate_start,
 )
-from supervisor_svc.store import RunEnded, RunStore
+from supervisor_svc.runs.publishing import RunEventLog
+from supervisor_svc.runs.run import ResearchRun, RunDependencies
+from supervisor_svc.runs.store import RunEnded, RunStore
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,9 @@ from sqlalchemy.engine import Connection
 from quarry import ids
 from quarry.db import Database, reserve_sequence_numbers
 from quarry.notify import notify_on_commit
-from supervisor_svc import events
-from supervisor_svc.events import PublicEvent
 from supervisor_svc.hosting.store import HostedStore, WorkTables
-from supervisor_svc.run_domain import (
+from supervisor_svc.runs import events
+from supervisor_svc.runs.domain import (
     ACTIVE_STATES,
     Approval,
     ApprovalDecision,
@@ -35,6 +34,7 @@ from supervisor_svc.run_domain import (
     RunWarning,
     StartRequest,
 )
+from supervisor_svc.runs.events import PublicEvent
 from supervisor_svc.schema import run_events, runs
 from supervisor_svc.verification.state import Verification
 

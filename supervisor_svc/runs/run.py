@@ -33,11 +33,9 @@ from quarry.identity import Principal, Role
 from quarry.research_plane import ResearchPlane
 from quarry.telemetry import tracer
 from quarry.vocabulary import Entry, EntryKind
-from supervisor_svc.budget import RunAccount, TokenBudget
-from supervisor_svc.delegating import Delegator
-from supervisor_svc.ledger import RunLedger
-from supervisor_svc.publishing import RunEventLog, RunPublisher
-from supervisor_svc.run_domain import (
+from supervisor_svc.runs.budget import RunAccount, TokenBudget
+from supervisor_svc.runs.delegating import Delegator
+from supervisor_svc.runs.domain import (
     DEFAULT_SUPERVISOR_TURNS,
     Approval,
     ApprovalDecision,
@@ -47,14 +45,16 @@ from supervisor_svc.run_domain import (
     RunOutcome,
     RunRecord,
 )
-from supervisor_svc.store import RunEnded
-from supervisor_svc.synthesis import ResearchEnd, report_warnings, verified_sources, write_report
-from supervisor_svc.tools import REGISTRY, SupervisorContext
+from supervisor_svc.runs.ledger import RunLedger
+from supervisor_svc.runs.publishing import RunEventLog, RunPublisher
+from supervisor_svc.runs.store import RunEnded
+from supervisor_svc.runs.synthesis import ResearchEnd, report_warnings, verified_sources, write_report
+from supervisor_svc.runs.tools import REGISTRY, SupervisorContext
+from supervisor_svc.runs.worker_client import DelegationClient
 from supervisor_svc.verification.claims import verify_claims
 from supervisor_svc.verification.report import with_verification
 from supervisor_svc.verification.review import ReviewStage, approve_open_objections, review_report
 from supervisor_svc.verification.state import Verification
-from supervisor_svc.worker_client import DelegationClient
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from quarry.notify import CommitSignal
 from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import DelegationResult, Entry
-from supervisor_svc import events
-from supervisor_svc.events import PublicEvent
 from supervisor_svc.hosting.following import EventLogWriter
-from supervisor_svc.run_domain import Report, ResearchPhase, RunOutcome, RunUsage
-from supervisor_svc.store import RunStore
+from supervisor_svc.runs import events
+from supervisor_svc.runs.domain import Report, ResearchPhase, RunOutcome, RunUsage
+from supervisor_svc.runs.events import PublicEvent
+from supervisor_svc.runs.store import RunStore
 from supervisor_svc.verification.state import Verification
 
 log = logging.getLogger(__name__)

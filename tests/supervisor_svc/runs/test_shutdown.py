@@ -20,11 +20,11 @@ from quarry.db import Database, upgrade_schema_async
 from quarry.v1 import supervisor_pb2
 from quarry.vocabulary import Entry
 from supervisor_svc.hosting.host import HostLimits
-from supervisor_svc.run import RunDependencies
-from supervisor_svc.run_domain import RunErrorCode, RunRecord, RunState, StartRequest
+from supervisor_svc.runs.domain import RunErrorCode, RunRecord, RunState, StartRequest
+from supervisor_svc.runs.run import RunDependencies
+from supervisor_svc.runs.service import Supervisor
+from supervisor_svc.runs.store import RunStore
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
-from supervisor_svc.store import RunStore
-from supervisor_svc.supervisor import Supervisor
 from tests.conftest import stop_service
 from tests.fakes.choreography import SUPERVISOR, Choreography
 from tests.fakes.openai_server import HttpError, ScriptedModel, Stall
