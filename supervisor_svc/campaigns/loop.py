@@ -64,9 +64,9 @@ from supervisor_svc.campaigns.records import (
 )
 from supervisor_svc.campaigns.service import CampaignHandle, CampaignLoop, CampaignLoopFactory
 from supervisor_svc.campaigns.signals import Direction, Signals, read_signals
-from supervisor_svc.model import DelegationOrder
-from supervisor_svc.tools import Criterion
-from supervisor_svc.worker_client import DelegationClient
+from supervisor_svc.runs.domain import DelegationOrder
+from supervisor_svc.runs.tools import Criterion
+from supervisor_svc.runs.worker_client import DelegationClient
 
 log = logging.getLogger(__name__)
 

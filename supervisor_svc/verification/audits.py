@@ -14,7 +14,7 @@ from typing import NamedTuple, TypeVar
 from quarry.identity import Role
 from quarry.research_records import Adjudication, CitationAudit, CitationJudgement, RecordError, ResearchRecord
 from quarry.vocabulary import DelegationResult
-from supervisor_svc.delegating import Contract
+from supervisor_svc.runs.delegating import Contract
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from quarry.research_records import ObjectionResolution, Resolution
-from supervisor_svc.ledger import RunLedger
+from supervisor_svc.runs.ledger import RunLedger
 from supervisor_svc.verification.state import ObjectionStatus, SentenceStatus, Verification
 
 # The most of a reason (or of a sentence, in its resolution) one record or prompt carries.

@@ -28,11 +28,11 @@ from typing import Any
 from quarry.agent.model import ModelClient
 from quarry.agent.usage import Usage
 from quarry.research_records import AdjudicationDecision, CitationJudgement, ObjectionResolution, Resolution
-from supervisor_svc.budget import TokenBudget
-from supervisor_svc.delegating import Delegator
-from supervisor_svc.ledger import RunLedger
-from supervisor_svc.model import Citation, Report
-from supervisor_svc.synthesis import CitationFilter
+from supervisor_svc.runs.budget import TokenBudget
+from supervisor_svc.runs.delegating import Delegator
+from supervisor_svc.runs.domain import Citation, Report
+from supervisor_svc.runs.ledger import RunLedger
+from supervisor_svc.runs.synthesis import CitationFilter
 from supervisor_svc.verification.audits import (
     MAX_FINDINGS_PER_SENTENCE,
     adjudication_contract,

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from quarry.agent.messages import system, user
 from quarry.agent.model import ModelClient, ProviderError
 from quarry.agent.usage import Usage
-from supervisor_svc.budget import TokenBudget
-from supervisor_svc.model import Citation
-from supervisor_svc.synthesis import CitationFilter
+from supervisor_svc.runs.budget import TokenBudget
+from supervisor_svc.runs.domain import Citation
+from supervisor_svc.runs.synthesis import CitationFilter
 from supervisor_svc.verification.audits import MAX_FINDINGS_PER_SENTENCE, MAX_SENTENCE_CHARS
 from supervisor_svc.verification.resolutions import MAX_REASON_CHARS
 from supervisor_svc.verification.sentences import finding_numbers

@@ -5,7 +5,7 @@ from __future__ import annotations
 from quarry.errors import Unavailable
 from quarry.research_records import ObjectionResolution, Resolution
 from quarry.vocabulary import EntryKind
-from supervisor_svc.ledger import RunLedger
+from supervisor_svc.runs.ledger import RunLedger
 from supervisor_svc.verification.resolutions import approve_open_objections
 from supervisor_svc.verification.state import (
     ObjectionState,
@@ -14,7 +14,7 @@ from supervisor_svc.verification.state import (
     SentenceStatus,
     Verification,
 )
-from tests.supervisor_svc.test_delegating import RUN_ID, RecordingPlane
+from tests.supervisor_svc.runs.test_delegating import RUN_ID, RecordingPlane
 
 VERIFICATION = Verification(
     enabled=True,

@@ -24,20 +24,20 @@ from quarry.notify import CommitSignal
 from quarry.research_plane import ResearchPlane
 from quarry.research_records import ObjectionResolution, Resolution, parse_record
 from quarry.vocabulary import EntryKind, Source
-from supervisor_svc.budget import RunAccount, TokenBudget
-from supervisor_svc.delegating import Delegator
-from supervisor_svc.ledger import RunLedger
-from supervisor_svc.model import Report, StartRequest
-from supervisor_svc.publishing import RunEventLog, RunPublisher
+from supervisor_svc.runs.budget import RunAccount, TokenBudget
+from supervisor_svc.runs.delegating import Delegator
+from supervisor_svc.runs.domain import Report, StartRequest
+from supervisor_svc.runs.ledger import RunLedger
+from supervisor_svc.runs.publishing import RunEventLog, RunPublisher
+from supervisor_svc.runs.store import RunStore
+from supervisor_svc.runs.synthesis import verified_sources
+from supervisor_svc.runs.worker_client import DelegationClient
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
-from supervisor_svc.store import RunStore
-from supervisor_svc.synthesis import verified_sources
 from supervisor_svc.verification.report import with_verification
 from supervisor_svc.verification.resolutions import approve_open_objections
 from supervisor_svc.verification.review import ReviewDesk, ReviewedReport, ReviewRequest, ReviewStage, review_report
 from supervisor_svc.verification.revision import REVISER_INSTRUCTIONS
 from supervisor_svc.verification.state import ObjectionState, ObjectionStatus, SentenceStatus, Verification
-from supervisor_svc.worker_client import DelegationClient
 from tests.fakes.choreography import Choreography, agent_of
 from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
 from tests.fakes.web_server import FixtureWeb

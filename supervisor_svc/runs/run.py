@@ -33,10 +33,9 @@ from quarry.identity import Principal, Role
 from quarry.research_plane import ResearchPlane
 from quarry.telemetry import tracer
 from quarry.vocabulary import Entry, EntryKind
-from supervisor_svc.budget import RunAccount, TokenBudget
-from supervisor_svc.delegating import Delegator
-from supervisor_svc.ledger import RunLedger
-from supervisor_svc.model import (
+from supervisor_svc.runs.budget import RunAccount, TokenBudget
+from supervisor_svc.runs.delegating import Delegator
+from supervisor_svc.runs.domain import (
     DEFAULT_SUPERVISOR_TURNS,
     Approval,
     ApprovalDecision,
@@ -46,16 +45,17 @@ from supervisor_svc.model import (
     RunOutcome,
     RunRecord,
 )
-from supervisor_svc.publishing import RunEventLog, RunPublisher
-from supervisor_svc.store import RunEnded
-from supervisor_svc.synthesis import ResearchEnd, report_warnings, verified_sources, write_report
-from supervisor_svc.tools import REGISTRY, SupervisorContext
+from supervisor_svc.runs.ledger import RunLedger
+from supervisor_svc.runs.publishing import RunEventLog, RunPublisher
+from supervisor_svc.runs.store import RunEnded
+from supervisor_svc.runs.synthesis import ResearchEnd, report_warnings, verified_sources, write_report
+from supervisor_svc.runs.tools import REGISTRY, SupervisorContext
+from supervisor_svc.runs.worker_client import DelegationClient
 from supervisor_svc.verification.claims import verify_claims
 from supervisor_svc.verification.report import with_verification
 from supervisor_svc.verification.resolutions import approve_open_objections
 from supervisor_svc.verification.review import ReviewDesk, ReviewRequest, ReviewStage, review_report
 from supervisor_svc.verification.state import Verification
-from supervisor_svc.worker_client import DelegationClient
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,13 @@ class ResearchRun:
         # store on a lease renewal when another replica took the call).
         self._approval: Approval | None = None
         self._decided = asyncio.Event()
+
+    def stopping(self, reason: str, end_within: float | None = None) -> None:
+        """The run is about to be cancelled for `reason`; with `end_within`, it records its end within that many
+        seconds."""
+        self.cancel_reason = reason
+        if end_within is not None:
+            self.end_by = time.monotonic() + end_within
 
     async def execute(self) -> None:
         """Run to exactly one terminal event (unless the run already ended elsewhere)."""

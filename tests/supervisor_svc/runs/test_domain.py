@@ -8,7 +8,7 @@ import pytest
 
 from quarry.errors import InvalidArgument
 from quarry.research_records import ClaimJudgement
-from supervisor_svc.model import (
+from supervisor_svc.runs.domain import (
     ACTIVE_STATES,
     Report,
     RunOptions,

@@ -21,15 +21,15 @@ from quarry.notify import CommitSignal
 from quarry.research_plane import Appended
 from quarry.research_records import Assignment, ResearchRecord, RouteDecision, UsageObserved, parse_record
 from quarry.vocabulary import DelegationResult, Entry, EntryKind, Tier
-from supervisor_svc.budget import RunAccount, TokenBudget
-from supervisor_svc.delegating import Contract, Delegator
-from supervisor_svc.ledger import RunLedger
-from supervisor_svc.model import DelegationOrder, StartRequest
-from supervisor_svc.publishing import RunEventLog, RunPublisher
+from supervisor_svc.runs.budget import RunAccount, TokenBudget
+from supervisor_svc.runs.delegating import Contract, Delegator
+from supervisor_svc.runs.domain import DelegationOrder, StartRequest
+from supervisor_svc.runs.ledger import RunLedger
+from supervisor_svc.runs.publishing import RunEventLog, RunPublisher
+from supervisor_svc.runs.store import RunStore
+from supervisor_svc.runs.tools import DelegateParams
+from supervisor_svc.runs.worker_client import StartListener
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
-from supervisor_svc.store import RunStore
-from supervisor_svc.tools import DelegateParams
-from supervisor_svc.worker_client import StartListener
 
 RUN_ID = "run-" + "b" * 32
 

@@ -1,4 +1,5 @@
-"""Following an event log to its end: the loop StreamRun and StreamCampaign share.
+"""Following an event log to its end, the loop StreamRun and StreamCampaign share, and the writer that
+wakes the followers.
 
 A follower reads what committed after a sequence number, sends it, and waits for the next commit
 (or the poll interval, a safety net) until the log's terminal event; a stream that resumes after
@@ -8,14 +9,16 @@ the terminal event ends at once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from quarry import telemetry
 from quarry.errors import ErrorReason, Unavailable
 from quarry.notify import CommitSignal
-from supervisor_svc.store import StoredEvent
+from supervisor_svc.hosting.store import StoredEvent
+
+_T = TypeVar("_T")
 
 
 class _State(Protocol):
@@ -75,3 +78,21 @@ class Follower:
             await asyncio.wait({closing, woken}, timeout=self.poll_seconds, return_when="FIRST_COMPLETED")
         finally:
             closing.cancel()
+
+
+class EventLogWriter:
+    """The writes of one piece of work to its event log: one at a time, in call order; each then wakes the
+    work's streams (here at once; on other replicas by the NOTIFY the write committed). A write that failed
+    wakes them too, which only costs each stream a re-read."""
+
+    def __init__(self, bus: CommitSignal, key: str) -> None:
+        self._bus = bus
+        self._key = key
+        self._lock = asyncio.Lock()
+
+    async def write(self, write: Callable[[], Awaitable[_T]]) -> _T:
+        async with self._lock:
+            try:
+                return await write()
+            finally:
+                self._bus.publish(self._key)

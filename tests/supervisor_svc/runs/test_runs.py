@@ -13,9 +13,9 @@ from quarry.db import Database
 from quarry.identity import Role
 from quarry.research_records import Assignment, RouteDecision, UsageObserved
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
-from supervisor_svc.model import StartRequest
+from supervisor_svc.runs.domain import StartRequest
+from supervisor_svc.runs.store import RunStore
 from supervisor_svc.schema import runs
-from supervisor_svc.store import RunStore
 from tests.fakes.choreography import REPORT, SUPERVISOR, append_finding
 from tests.fakes.openai_server import Call, DropAfter, Reply, Stall
 from tests.rpc import error_reason, expect_error, violations

@@ -9,22 +9,18 @@ terminal event is always the last one, whichever process writes it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
 
 from quarry import ids
 from quarry.db import Database, reserve_sequence_numbers
-from quarry.errors import AlreadyExists, ErrorReason, FieldViolation, InvalidArgument
 from quarry.notify import notify_on_commit
-from supervisor_svc import events
-from supervisor_svc.events import PublicEvent
-from supervisor_svc.listing import decode_page_token, encode_page_token
-from supervisor_svc.model import (
+from supervisor_svc.hosting.store import HostedStore, WorkTables
+from supervisor_svc.runs import events
+from supervisor_svc.runs.domain import (
     ACTIVE_STATES,
     Approval,
     ApprovalDecision,
@@ -38,25 +34,18 @@ from supervisor_svc.model import (
     RunWarning,
     StartRequest,
 )
+from supervisor_svc.runs.events import PublicEvent
 from supervisor_svc.schema import run_events, runs
 from supervisor_svc.verification.state import Verification
 
-DEFAULT_PAGE_SIZE = 50
 # On PostgreSQL each event commit NOTIFYs this channel with the run id, so streams served by other
 # replicas wake at once.
 RUN_EVENTS_CHANNEL = "quarry_run_events"
-MAX_PAGE_SIZE = 500
+TABLES = WorkTables(runs, run_events, "run_id", ACTIVE_STATES, "run")
 
 
 class RunEnded(Exception):
     """The run has ended (or does not exist): it takes no more events."""
-
-
-@dataclass(frozen=True)
-class StoredEvent:
-    sequence_no: int
-    payload: bytes
-    terminal: bool
 
 
 def _record(row: sa.Row[Any]) -> RunRecord:
@@ -86,20 +75,19 @@ def _record(row: sa.Row[Any]) -> RunRecord:
 _KNOWN_WARNINGS = frozenset(warning.value for warning in RunWarning)
 
 
-class RunStore:
+class RunStore(HostedStore[RunRecord]):
     def __init__(self, database: Database) -> None:
-        self._db = database
+        super().__init__(database, TABLES, _record)
 
     async def create(
         self, run_id: str, request: StartRequest, scratchpad_thread_id: str, owner: str
     ) -> tuple[RunRecord, bool]:
         """Record a new queued run; with a request_id seen before, the run it started (created=False)."""
         now = datetime.now(UTC)
-        digest = request.digest()
         row = {
             "run_id": run_id,
             "request_id": request.request_id or None,
-            "request_digest": digest,
+            "request_digest": request.digest(),
             "question": request.question,
             "options": request.options.to_json(),
             "labels": request.labels,
@@ -115,65 +103,11 @@ class RunStore:
             "cancel_reason": None,
             "create_time": now,
         }
-        try:
-            await self._db.write(lambda connection: connection.execute(runs.insert().values(row)))
-        except IntegrityError:
-            existing = await self.by_request_id(request.request_id, request) if request.request_id else None
-            if existing is None:
-                raise
-            return existing, False
-        record = await self.get(run_id)
-        assert record is not None
-        return record, True
-
-    async def by_request_id(self, request_id: str, request: StartRequest) -> RunRecord | None:
-        """The run a request_id started, if any; ALREADY_EXISTS when it asked for something else."""
-        existing = await self._by_request_id(request_id)
-        if existing is None:
-            return None
-        if existing[1] != request.digest():
-            raise AlreadyExists(
-                f"request_id {request_id!r} already started a different run",
-                reason=ErrorReason.REQUEST_ID_REUSED,
-                metadata={"run_id": existing[0].run_id},
-            )
-        return existing[0]
-
-    async def _by_request_id(self, request_id: str) -> tuple[RunRecord, str] | None:
-        def work(connection: Connection) -> tuple[RunRecord, str] | None:
-            row = connection.execute(sa.select(runs).where(runs.c.request_id == request_id)).first()
-            return (_record(row), row.request_digest) if row is not None else None
-
-        return await self._db.read(work)
-
-    async def get(self, run_id: str) -> RunRecord | None:
-        def work(connection: Connection) -> RunRecord | None:
-            row = connection.execute(sa.select(runs).where(runs.c.run_id == run_id)).first()
-            return _record(row) if row is not None else None
-
-        return await self._db.read_statement(work)
+        return await self._insert(row, request.request_id, request)
 
     async def list_runs(self, page_size: int, page_token: str, state: RunState | None) -> tuple[list[RunRecord], str]:
         """Newest first; the token carries the filter, so a page cannot silently change what it lists."""
-        if page_size < 0:
-            raise InvalidArgument([FieldViolation("page_size", "must not be negative")])
-        limit = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        state_name = state.value if state else ""
-        query = sa.select(runs).order_by(runs.c.create_time.desc(), runs.c.run_id.desc()).limit(limit + 1)
-        if state is not None:
-            query = query.where(runs.c.state == state.value)
-        if page_token:
-            when, run_id = decode_page_token(page_token, state_name, ids.RUN_ID, "ListRuns")
-            query = query.where(
-                sa.or_(runs.c.create_time < when, sa.and_(runs.c.create_time == when, runs.c.run_id < run_id))
-            )
-
-        def work(connection: Connection) -> list[RunRecord]:
-            return [_record(row) for row in connection.execute(query)]
-
-        found = await self._db.read_statement(work)
-        page = found[:limit]
-        return page, encode_page_token(state_name, page[-1].create_time, page[-1].run_id) if len(found) > limit else ""
+        return await self._page(page_size, page_token, state.value if state else "", ids.RUN_ID, "ListRuns")
 
     async def append(self, run_id: str, events: Sequence[PublicEvent]) -> None:
         """Number and store events. Raises RunEnded when the run is no longer active."""
@@ -291,34 +225,10 @@ class RunStore:
 
         await self._db.write(work)
 
-    async def events_after(self, run_id: str, after: int, limit: int = 500) -> list[StoredEvent]:
-        query = (
-            sa.select(run_events.c.sequence_no, run_events.c.payload, run_events.c.terminal)
-            .where(run_events.c.run_id == run_id, run_events.c.sequence_no > after)
-            .order_by(run_events.c.sequence_no)
-            .limit(limit)
-        )
-
-        def work(connection: Connection) -> list[StoredEvent]:
-            return [StoredEvent(row.sequence_no, bytes(row.payload), row.terminal) for row in connection.execute(query)]
-
-        return await self._db.read_statement(work)
-
-    async def renew(self, owner: str, ids: Sequence[str], now: datetime) -> None:
-        """Renew the lease on the runs this process still executes (a run whose task is gone is left to
-        expire)."""
-        mine = sa.and_(runs.c.owner == owner, runs.c.run_id.in_(ids), runs.c.state.in_(ACTIVE_STATES))
-        await self._db.write(
-            lambda connection: connection.execute(runs.update().where(mine).values(heartbeat_time=now))
-        )
-
     async def cancel_requests(self, owner: str, ids: Sequence[str]) -> list[tuple[str, str]]:
         """(run_id, reason) for the cancellations asked of another replica for runs `owner` executes."""
         query = sa.select(runs.c.run_id, runs.c.cancel_reason).where(
-            runs.c.owner == owner,
-            runs.c.run_id.in_(ids),
-            runs.c.state.in_(ACTIVE_STATES),
-            runs.c.cancel_reason.is_not(None),
+            TABLES.held(owner, ids), runs.c.cancel_reason.is_not(None)
         )
         return await self._db.read(
             lambda connection: [(row.run_id, row.cancel_reason) for row in connection.execute(query)]
@@ -329,8 +239,3 @@ class RunStore:
         await self._db.write(
             lambda connection: connection.execute(runs.update().where(active).values(cancel_reason=reason))
         )
-
-    async def expired(self, stale_before: datetime) -> list[str]:
-        """Active runs whose owner stopped renewing the lease before `stale_before`."""
-        query = sa.select(runs.c.run_id).where(runs.c.state.in_(ACTIVE_STATES), runs.c.heartbeat_time < stale_before)
-        return await self._db.read(lambda connection: [row.run_id for row in connection.execute(query)])

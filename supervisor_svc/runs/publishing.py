@@ -15,10 +15,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from quarry.notify import CommitSignal
 from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import DelegationResult, Entry
-from supervisor_svc import events
-from supervisor_svc.events import PublicEvent
-from supervisor_svc.model import Report, ResearchPhase, RunOutcome, RunUsage
-from supervisor_svc.store import RunStore
+from supervisor_svc.hosting.following import EventLogWriter
+from supervisor_svc.runs import events
+from supervisor_svc.runs.domain import Report, ResearchPhase, RunOutcome, RunUsage
+from supervisor_svc.runs.events import PublicEvent
+from supervisor_svc.runs.store import RunStore
 from supervisor_svc.verification.state import Verification
 
 log = logging.getLogger(__name__)
@@ -29,14 +30,11 @@ class RunEventLog:
 
     def __init__(self, store: RunStore, bus: CommitSignal, run_id: str) -> None:
         self._store = store
-        self._bus = bus
         self._run_id = run_id
-        self._lock = asyncio.Lock()
+        self._writer = EventLogWriter(bus, run_id)
 
     async def write(self, write: Callable[[], Awaitable[None]]) -> None:
-        async with self._lock:
-            await write()
-        self._bus.publish(self._run_id)
+        await self._writer.write(write)
 
     async def emit(self, *batch: PublicEvent) -> None:
         await self.write(lambda: self._store.append(self._run_id, batch))

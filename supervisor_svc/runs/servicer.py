@@ -9,15 +9,15 @@ import grpc
 
 from quarry.convert import EnumMap, duration, duration_seconds, timestamp
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
-from supervisor_svc.events import (
+from supervisor_svc.runs.domain import VERIFICATION_OFF, VERIFICATION_ON, RunOptions, RunRecord, RunState, StartRequest
+from supervisor_svc.runs.events import (
     error_to_proto,
     report_to_proto,
     run_usage_to_proto,
     verification_to_proto,
     warnings_to_proto,
 )
-from supervisor_svc.model import VERIFICATION_OFF, VERIFICATION_ON, RunOptions, RunRecord, RunState, StartRequest
-from supervisor_svc.supervisor import Supervisor
+from supervisor_svc.runs.service import Supervisor
 
 _STATES: EnumMap[RunState, supervisor_pb2.RunState.ValueType] = EnumMap(
     {

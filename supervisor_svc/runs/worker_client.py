@@ -30,7 +30,7 @@ from quarry.client import Dialer
 from quarry.convert import ROLES, TIERS, delegation_result_from_proto, duration
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from quarry.vocabulary import DelegationResult, Tier
-from supervisor_svc.model import DelegationOrder
+from supervisor_svc.runs.domain import DelegationOrder
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from quarry.server import ServiceHost, ServiceRegistration
 from quarry.v1 import common_pb2, monitor_pb2, worker_pb2, worker_pb2_grpc
 from quarry.vocabulary import JobRef
 from scratchpad_svc.service import build_host as build_scratchpad
-from supervisor_svc.model import DelegationOrder
-from supervisor_svc.worker_client import DelegationClient
+from supervisor_svc.runs.domain import DelegationOrder
+from supervisor_svc.runs.worker_client import DelegationClient
 from tests.conftest import reusable_port
 from tests.fakes.openai_server import Reply, ScriptedModel, Stall
 from worker_svc.service import SERVICE_NAME

@@ -19,11 +19,12 @@ from quarry.client import QuarryClient
 from quarry.db import Database, upgrade_schema_async
 from quarry.v1 import supervisor_pb2
 from quarry.vocabulary import Entry
-from supervisor_svc.model import RunErrorCode, RunRecord, RunState, StartRequest
-from supervisor_svc.run import RunDependencies
+from supervisor_svc.hosting.host import HostLimits
+from supervisor_svc.runs.domain import RunErrorCode, RunRecord, RunState, StartRequest
+from supervisor_svc.runs.run import RunDependencies
+from supervisor_svc.runs.service import Supervisor
+from supervisor_svc.runs.store import RunStore
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
-from supervisor_svc.store import RunStore
-from supervisor_svc.supervisor import Supervisor, SupervisorLimits
 from tests.conftest import stop_service
 from tests.fakes.choreography import SUPERVISOR, Choreography
 from tests.fakes.openai_server import HttpError, ScriptedModel, Stall
@@ -98,7 +99,7 @@ async def desk(tmp_path: Path, model: ScriptedModel) -> AsyncIterator[Desk]:
         default_parallel=1,
         context_tokens=100_000,
     )
-    supervisor = Supervisor(store, deps, SupervisorLimits(cancel_wait_seconds=4))
+    supervisor = Supervisor(store, deps, HostLimits(max_active=32, stop_wait_seconds=4))
     await supervisor.start()
     try:
         yield Desk(supervisor, store, scratchpad, script)

@@ -23,8 +23,8 @@ from quarry.agent.model import ModelClient
 from quarry.agent.usage import Usage
 from quarry.identity import Role
 from quarry.vocabulary import Entry, EntryKind
-from supervisor_svc.model import Citation, Report, RunWarning
-from supervisor_svc.publishing import TextStream
+from supervisor_svc.runs.domain import Citation, Report, RunWarning
+from supervisor_svc.runs.publishing import TextStream
 from supervisor_svc.verification.state import Contradiction, Verification
 
 # Entries whose sources a worker verified before the scratchpad accepted them: researchers' findings.

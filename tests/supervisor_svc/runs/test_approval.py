@@ -17,8 +17,8 @@ from quarry.db import Database, open_migrated_database
 from quarry.research_records import ClaimJudgement
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
 from scratchpad_svc.service import build_host as build_scratchpad
-from supervisor_svc import events
-from supervisor_svc.model import (
+from supervisor_svc.runs import events
+from supervisor_svc.runs.domain import (
     Approval,
     ApprovalDecision,
     Citation,
@@ -29,9 +29,9 @@ from supervisor_svc.model import (
     RunUsage,
     StartRequest,
 )
+from supervisor_svc.runs.store import RunStore
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
 from supervisor_svc.service import build_host as build_supervisor
-from supervisor_svc.store import RunStore
 from supervisor_svc.verification.state import (
     FindingCheck,
     ObjectionState,
@@ -44,7 +44,7 @@ from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
 from tests.fakes.openai_server import Reply, ScriptedModel
 from tests.rpc import expect_error, violations
 from tests.supervisor_svc.conftest import Mesh
-from tests.supervisor_svc.test_runs import answer_at_once, wait_for_phase
+from tests.supervisor_svc.runs.test_runs import answer_at_once, wait_for_phase
 
 AWAITING = supervisor_pb2.RESEARCH_PHASE_AWAITING_APPROVAL
 APPROVAL = supervisor_pb2.RunOptions(verification=supervisor_pb2.VERIFICATION_MODE_OFF, require_approval=True)

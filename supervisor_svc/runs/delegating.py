@@ -29,12 +29,12 @@ from quarry.identity import Role
 from quarry.research_plane import ResearchPlane
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import DelegationResult, Entry
-from supervisor_svc.budget import RunAccount, TokenBudget
-from supervisor_svc.ledger import RunLedger
-from supervisor_svc.model import DelegationOrder, ResearchPhase
-from supervisor_svc.publishing import RunPublisher
-from supervisor_svc.tools import DELEGATE_TOOL, DelegateParams
-from supervisor_svc.worker_client import DelegationClient
+from supervisor_svc.runs.budget import RunAccount, TokenBudget
+from supervisor_svc.runs.domain import DelegationOrder, ResearchPhase
+from supervisor_svc.runs.ledger import RunLedger
+from supervisor_svc.runs.publishing import RunPublisher
+from supervisor_svc.runs.tools import DELEGATE_TOOL, DelegateParams
+from supervisor_svc.runs.worker_client import DelegationClient
 
 log = logging.getLogger(__name__)
 

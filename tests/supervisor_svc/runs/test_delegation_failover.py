@@ -17,8 +17,8 @@ from quarry.identity import Role
 from quarry.server import ServiceHost, ServiceRegistration
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Tier
-from supervisor_svc.model import DelegationOrder
-from supervisor_svc.worker_client import DelegationClient
+from supervisor_svc.runs.domain import DelegationOrder
+from supervisor_svc.runs.worker_client import DelegationClient
 from worker_svc.service import SERVICE_NAME
 
 

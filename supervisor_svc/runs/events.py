@@ -14,7 +14,7 @@ from quarry.convert import DELEGATION_ERROR_CODES, ENTRY_KINDS, EnumMap, princip
 from quarry.research_records import ClaimJudgement
 from quarry.v1 import common_pb2, supervisor_pb2
 from quarry.vocabulary import DelegationResult, Entry
-from supervisor_svc.model import (
+from supervisor_svc.runs.domain import (
     Citation,
     Report,
     ResearchPhase,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from quarry.agent.usage import Usage
-from supervisor_svc.budget import RunAccount, TokenBudget
+from supervisor_svc.runs.budget import RunAccount, TokenBudget
 
 BUDGET = 1_000
 

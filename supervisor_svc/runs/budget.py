@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from quarry.agent.usage import Usage
-from supervisor_svc.model import RunUsage
+from supervisor_svc.runs.domain import RunUsage
 
 
 class RunAccount:

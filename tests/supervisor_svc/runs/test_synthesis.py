@@ -8,9 +8,9 @@ import pytest
 
 from quarry.identity import Principal, Role
 from quarry.vocabulary import Entry, EntryKind, Source
-from supervisor_svc.model import Citation
-from supervisor_svc.synthesis import CitationFilter, verified_sources
-from supervisor_svc.tools import DelegateParams
+from supervisor_svc.runs.domain import Citation
+from supervisor_svc.runs.synthesis import CitationFilter, verified_sources
+from supervisor_svc.runs.tools import DelegateParams
 
 SOURCES = {n: Citation(n, f"https://example.org/{n}", f"Page {n}", f"quote {n}", 10 + n) for n in (1, 2, 3)}
 
