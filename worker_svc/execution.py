@@ -37,7 +37,7 @@ from quarry.agent.usage import Usage
 from quarry.research_records import CitationAudit, ClaimVerdict, InputRefs, ResearchRecord
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Source, Tier
-from worker_svc.model import DelegationRequest, Event, Progress
+from worker_svc.delegations import DelegationRequest, Event, Progress
 from worker_svc.outputs import OutputGate, describe
 from worker_svc.roles import MONITOR_CAPABILITIES, ROLES
 from worker_svc.store import DelegationStore

@@ -8,7 +8,7 @@ import re
 from quarry import ids
 from quarry.errors import ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument
 from quarry.research_records import InputRefs
-from worker_svc.model import DelegationRecord, DelegationRequest
+from worker_svc.delegations import DelegationRecord, DelegationRequest
 from worker_svc.roles import ROLES
 
 MAX_TURNS_LIMIT = 64

@@ -21,8 +21,8 @@ from quarry.agent.model import ModelClient
 from quarry.errors import ErrorReason, FailedPrecondition, ResourceExhausted, Unavailable
 from quarry.lease import LeaseKeeper, LeaseTerms
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Tier
+from worker_svc.delegations import DelegationRecord, DelegationRequest, Event, Started
 from worker_svc.execution import DelegationRunner, task_message, tier_of
-from worker_svc.model import DelegationRecord, DelegationRequest, Event, Started
 from worker_svc.roles import ROLES
 from worker_svc.store import DelegationStore
 from worker_svc.tools import DelegationContext
