@@ -37,9 +37,10 @@ from quarry.agent.usage import Usage
 from quarry.research_records import CitationAudit, ClaimVerdict, InputRefs, ResearchRecord
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Source, Tier
+from worker_svc.capabilities import MONITOR_CAPABILITIES
 from worker_svc.delegations import DelegationRequest, Event, Progress
 from worker_svc.outputs import OutputGate, describe
-from worker_svc.roles import MONITOR_CAPABILITIES, ROLES
+from worker_svc.roles import ROLES
 from worker_svc.store import DelegationStore
 from worker_svc.tools import DelegationContext, tools_for
 
