@@ -39,8 +39,8 @@ from pathlib import Path
 from harness import arguments, percentile
 
 from tests.fakes.openai_server import ScriptedModel
-from worker_svc.corpus import Corpus, _match_expression
-from worker_svc.retrieval import Embedder, EmbeddingSettings
+from worker_svc.corpus import Corpus, Embedder, EmbeddingSettings
+from worker_svc.corpus.search import match_expression
 
 # (the word the pages use, the word a reader may use instead)
 SUBJECTS = [
@@ -193,7 +193,7 @@ def vectors_alone(corpus: Corpus, embedder: Embedder) -> Callable[[str], list[st
 
     def run(text: str) -> list[str]:
         with corpus._connect() as connection:
-            docs = list(corpus._nearest(connection, embedder, text, 5))
+            docs = list(corpus._vectors.nearest(connection, embedder, text, 5))
             return [f"corpus://{connection.execute(PATH, (doc,)).fetchone()[0]}" for doc in docs]
 
     return run
@@ -272,7 +272,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 ),
                 "before, ranking alone": fts5_query(index, ranked + clause, every_word),
                 "now: common words left out, ranking, then snippets of the 5 hits (`Corpus.retrieve`)": search(plain),
-                "now, ranking alone": fts5_query(index, ranked + clause, _match_expression),
+                "now, ranking alone": fts5_query(index, ranked + clause, match_expression),
             }
             snippet_latencies: dict[str, list[float]] = {}
             for _ in range(args.rounds):

@@ -16,18 +16,16 @@ from types import MappingProxyType
 from quarry.identity import Role
 from quarry.research_records import Adjudication, CitationAudit, ClaimVerdict, ResearchRecord
 from quarry.vocabulary import Tier
-
-# Capabilities whose tools ask the monitor: only a worker configured with one has them.
-MONITOR_CAPABILITIES = frozenset({"compute", "workspace"})
+from worker_svc.capabilities import MONITOR_CAPABILITIES, Capability
 
 
 @dataclass(frozen=True)
 class RoleSpec:
     instructions: str
     # Logical capabilities (worker_svc/tools.py expands them into tools).
-    capabilities: tuple[str, ...]
+    capabilities: tuple[Capability, ...]
     # Capabilities the role also gets when this worker has what they need (e.g. a monitor for "compute").
-    optional_capabilities: tuple[str, ...] = ()
+    optional_capabilities: tuple[Capability, ...] = ()
     # The record the role ends with, through its submit tool; None: it answers in prose (researchers).
     output: type[ResearchRecord] | None = None
     # The model tier it runs on unless the request names one.
@@ -38,13 +36,13 @@ class RoleSpec:
         """Sees only its contract and its input refs: every role that judges others' work."""
         return self.output is not None
 
-    def capabilities_given(self, available: frozenset[str]) -> list[str]:
+    def capabilities_given(self, available: frozenset[Capability]) -> list[Capability]:
         return [*self.capabilities, *(c for c in self.optional_capabilities if c in available)]
 
     @property
     def works_in_workspace(self) -> bool:
         """Its delegations name the one workspace its tools are bound to (and no other role's may)."""
-        return "workspace" in self.capabilities
+        return Capability.WORKSPACE in self.capabilities
 
     @property
     def needs_monitor(self) -> bool:
@@ -62,8 +60,8 @@ ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
                 "task with excerpts quoted exactly. Add a 'marker' or an 'acknowledgement' when the task asks "
                 "for one. Finish with a short summary of what you promoted."
             ),
-            capabilities=("web_search", "scratchpad"),
-            optional_capabilities=("compute",),
+            capabilities=(Capability.WEB_SEARCH, Capability.SCRATCHPAD),
+            optional_capabilities=(Capability.COMPUTE,),
         ),
         Role.VERIFIER: RoleSpec(
             instructions=(
@@ -74,7 +72,7 @@ ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
                 "unsupported (it does not say it), or contradicted (it says otherwise). Quote the passage your "
                 "judgement rests on exactly as it appears on the page. End by calling submit_claim_verdict."
             ),
-            capabilities=("read_pages", "read_scratchpad"),
+            capabilities=(Capability.READ_PAGES, Capability.READ_SCRATCHPAD),
             output=ClaimVerdict,
         ),
         Role.CITATION_AUDITOR: RoleSpec(
@@ -85,7 +83,7 @@ ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
                 "a weaker or narrower statement), or unsound (they do not support it). For every sentence not "
                 "sound, say what is wrong in `objection`. End by calling submit_citation_audit."
             ),
-            capabilities=("read_scratchpad",),
+            capabilities=(Capability.READ_SCRATCHPAD,),
             output=CitationAudit,
             tier=Tier.SUPERVISOR,
         ),
@@ -97,7 +95,7 @@ ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
                 "must be rewritten), or reject (the sentence is removed). End by calling submit_adjudication "
                 "with your decision and its rationale."
             ),
-            capabilities=("read_scratchpad",),
+            capabilities=(Capability.READ_SCRATCHPAD,),
             output=Adjudication,
             tier=Tier.SUPERVISOR,
         ),
@@ -114,7 +112,7 @@ ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
                 "Add a 'note' to the scratchpad when the task asks for one. Finish with a short summary of what "
                 "you changed and launched."
             ),
-            capabilities=("workspace", "scratchpad"),
+            capabilities=(Capability.WORKSPACE, Capability.SCRATCHPAD),
         ),
     }
 )

@@ -22,10 +22,9 @@ from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import worker_pb2, worker_pb2_grpc
 from quarry.vocabulary import Tier
 from quarry.workspace import WorkspaceView
-from worker_svc.corpus import Corpus
+from worker_svc.corpus import Corpus, Embedder, EmbeddingSettings, RerankedSearch
+from worker_svc.delegations import DelegationRequest
 from worker_svc.diagnostics import diagnostics
-from worker_svc.model import DelegationRequest
-from worker_svc.retrieval import Embedder, EmbeddingSettings, RerankedSearch
 from worker_svc.roles import ROLES
 from worker_svc.servicer import WorkerServicer
 from worker_svc.store import DelegationStore

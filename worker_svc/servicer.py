@@ -18,7 +18,7 @@ from quarry.convert import (
 from quarry.errors import NotFound
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from quarry.vocabulary import Tier
-from worker_svc.model import DelegationRequest, DelegationState, Event, Progress, Started
+from worker_svc.delegations import DelegationRequest, DelegationState, Event, Progress, Started
 from worker_svc.worker import Worker
 
 STATES: EnumMap[DelegationState, worker_pb2.DelegationState.ValueType] = EnumMap(

@@ -19,7 +19,7 @@ from quarry.db import Database, Prepared
 from quarry.errors import ErrorReason, FailedPrecondition
 from quarry.identity import Role
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, JobRef, Tier
-from worker_svc.model import DelegationRecord, DelegationRequest, DelegationState
+from worker_svc.delegations import DelegationRecord, DelegationRequest, DelegationState
 from worker_svc.schema import delegations
 
 

@@ -1,7 +1,7 @@
 """The worker's research tools and the capabilities roles subscribe to.
 
-A role declares logical capabilities ("web_search", "scratchpad"); they are
-expanded here into concrete tools at run time, so a role carries only what it
+A role declares logical capabilities (a Capability: web search, the scratchpad);
+they are expanded here into concrete tools at run time, so a role carries only what it
 needs. Every page a tool reads is remembered for the delegation: a finding may
 only cite those pages, with excerpts that occur in their text.
 
@@ -26,6 +26,7 @@ from quarry.identity import Principal
 from quarry.research_plane import ResearchPlane
 from quarry.research_records import RECORD_TYPES, InputRefs, ResearchRecord
 from quarry.vocabulary import JobRef
+from worker_svc.capabilities import Capability
 from worker_svc.outputs import OUTPUT_KINDS, OutputGate, offered_schema, submit_tool_name
 from worker_svc.web.pages import Page, PageError, PageReader
 from worker_svc.web.search import SearchBackend, SearchError, SearchResult, SearchResults
@@ -35,15 +36,13 @@ from worker_svc.workspace_tools import WORKSPACE_TOOLS, WorkspaceSession, descri
 BYLINE_AUTHORS = 5
 MAX_WAIT_SECONDS = 600.0  # job_status waits at most this long for a job to end
 
-CAPABILITIES: dict[str, list[str]] = {
-    "web_search": ["perform_web_search", "read_web_page", "search_web_page", "scroll_web_page"],
-    # Reading given pages without searching for others (a verifier re-reads what a finding cites).
-    "read_pages": ["read_web_page", "search_web_page", "scroll_web_page"],
-    "scratchpad": ["read_scratchpad", "append_scratchpad"],
-    "read_scratchpad": ["read_scratchpad"],
-    "compute": ["gpu_status", "job_status"],
-    # An engineer's, bound to its delegation's workspace (worker_svc/workspace_tools.py).
-    "workspace": [
+CAPABILITIES: dict[Capability, list[str]] = {
+    Capability.WEB_SEARCH: ["perform_web_search", "read_web_page", "search_web_page", "scroll_web_page"],
+    Capability.READ_PAGES: ["read_web_page", "search_web_page", "scroll_web_page"],
+    Capability.SCRATCHPAD: ["read_scratchpad", "append_scratchpad"],
+    Capability.READ_SCRATCHPAD: ["read_scratchpad"],
+    Capability.COMPUTE: ["gpu_status", "job_status"],
+    Capability.WORKSPACE: [
         "list_tree",
         "read_file",
         "search_code",
@@ -319,7 +318,7 @@ SUBMIT_TOOLS: dict[str, Tool[BaseModel, DelegationContext]] = {
 
 
 def tools_for(
-    capabilities: Sequence[str], output: type[ResearchRecord] | None = None
+    capabilities: Sequence[Capability], output: type[ResearchRecord] | None = None
 ) -> ToolRegistry[DelegationContext]:
     """The role's tools; a role with an output also gets its submit tool, and answers (unoffered) the others."""
     listed = ToolRegistry.for_capabilities(_CATALOG, CAPABILITIES, capabilities)

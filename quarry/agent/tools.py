@@ -29,6 +29,8 @@ MAX_CALLS_PER_TURN = 16
 Params = TypeVar("Params", bound=BaseModel)
 # Contravariant: a tool that needs less of its context serves any richer one.
 Context = TypeVar("Context", contravariant=True)
+# A capability's name: a service's own enumeration of them, or plain strings.
+CapabilityName = TypeVar("CapabilityName", bound=str)
 
 
 _current_call: contextvars.ContextVar[ToolCall] = contextvars.ContextVar("quarry_tool_call")
@@ -92,8 +94,8 @@ class ToolRegistry(Generic[Context]):
     def for_capabilities(
         cls,
         catalog: Iterable[Tool[Any, Context]],
-        capabilities: Mapping[str, Sequence[str]],
-        subscribed: Sequence[str],
+        capabilities: Mapping[CapabilityName, Sequence[str]],
+        subscribed: Sequence[CapabilityName],
     ) -> ToolRegistry[Context]:
         """Expand the logical capabilities a role subscribes to into its concrete tools."""
         by_name = {tool.name: tool for tool in catalog}

@@ -313,7 +313,7 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
 def _corpus(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.cli import corpus
     from quarry.config import WorkerSettings
-    from worker_svc.retrieval import EmbeddingSettings
+    from worker_svc.corpus import EmbeddingSettings
 
     settings = load_settings(WorkerSettings)
     index = args.index or (Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db")

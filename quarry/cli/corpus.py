@@ -13,8 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from worker_svc.corpus import Corpus, CorpusError, IndexReport, Retrieval, Root
-from worker_svc.retrieval import Embedder, EmbeddingSettings
+from worker_svc.corpus import Corpus, CorpusError, Embedder, EmbeddingSettings, IndexReport, Retrieval, Root
 
 
 def _when(root: Root) -> str:

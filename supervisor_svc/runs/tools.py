@@ -22,7 +22,7 @@ from quarry.research_plane import ResearchPlane
 DELEGATE_TOOL = "delegate_research"
 
 
-# The worker's bounds on a task (worker_svc.worker): a call past them is refused here, as a tool error the
+# The worker's bounds on a task (worker_svc.validation): a call past them is refused here, as a tool error the
 # model can correct, rather than by the worker.
 Criterion = Annotated[str, Field(max_length=1000)]
 InputRef = Annotated[str, Field(max_length=2048)]

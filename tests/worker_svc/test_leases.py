@@ -12,7 +12,7 @@ from quarry.config import QuarrySettings, WorkerSettings
 from quarry.db import Database, upgrade_schema
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from quarry.vocabulary import Tier
-from worker_svc.model import DelegationRequest
+from worker_svc.delegations import DelegationRequest
 from worker_svc.schema import delegations
 from worker_svc.service import MIGRATIONS, VERSION_TABLE
 from worker_svc.service import build_host as build_worker

@@ -23,6 +23,7 @@ from quarry.v1 import common_pb2, scratchpad_pb2
 from scratchpad_svc.service import build_host
 from tests.fakes.openai_server import Call, Reply, ScriptedModel
 from tests.fakes.web_server import FixtureWeb
+from worker_svc.capabilities import Capability
 from worker_svc.tools import DelegationContext, tools_for
 from worker_svc.web.fetch import AddressPolicy, guarded_client
 from worker_svc.web.pages import PageReader
@@ -74,7 +75,7 @@ async def bench(tmp_path: Path, model: ScriptedModel, site: FixtureWeb) -> Async
         await store.create("conv")
         await store.append("conv", [system("You research."), user("Find the height of the Eiffel Tower.")])
         client = ModelClient(ModelSettings(base_url=model.base_url, model="scripted", retry_budget=5))
-        run = AgentRun(client, tools_for(["web_search", "scratchpad"]), store, "conv", LoopLimits())
+        run = AgentRun(client, tools_for([Capability.WEB_SEARCH, Capability.SCRATCHPAD]), store, "conv", LoopLimits())
         yield Bench(model, site, scratchpad, thread.thread_id, context, run)
         await client.close()
     await database.close()

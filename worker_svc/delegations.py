@@ -1,4 +1,4 @@
-"""Delegation domain types, free of protobuf and SQL."""
+"""Delegation domain types: a request, its events, its record; free of protobuf and SQL."""
 
 from __future__ import annotations
 

@@ -1,39 +1,26 @@
-"""Dense retrieval through the model endpoint's /v1/embeddings: the embedder, rank fusion, web results reranked.
+"""Texts to vectors through the model endpoint's /v1/embeddings.
 
 Any OpenAI-compatible provider serves embeddings (vLLM, Ollama, llama.cpp, hosted APIs);
 the deployment names the model. Vectors are unit length, so cosine similarity is a dot
-product. Rankings from different scorers (BM25, vectors, a search engine's own order) are
-fused by reciprocal rank: their scores are not comparable, their ranks are.
+product.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 import openai
 
 from quarry.agent.model import ModelSettings
-from worker_svc.web.search import SearchBackend, SearchResult, SearchResults
 
 if TYPE_CHECKING:
     from quarry.config import QuarrySettings, WorkerSettings
 
-log = logging.getLogger(__name__)
-
-# Reciprocal rank fusion's constant (Cormack et al. 2009): the first ranks of each list count
-# most, and no list's top result outweighs agreement between lists.
-RRF_K = 60
-# Web results fetched for a rerank, at most: a reranked page of results draws on twice as many.
-RERANK_POOL = 20
-
 Vectors = npt.NDArray[np.float32]
-Item = TypeVar("Item", bound=Hashable)
 
 
 class EmbeddingError(Exception):
@@ -115,39 +102,3 @@ class Embedder:
         norms = np.linalg.norm(matrix, axis=1, keepdims=True)
         unit: Vectors = (matrix / np.where(norms == 0, 1, norms)).astype(np.float32)
         return unit
-
-
-def reciprocal_rank_fusion(rankings: Sequence[Sequence[Item]], k: int = RRF_K) -> list[Item]:
-    """Every item of the rankings (each best first), by the sum of 1 / (k + rank) over the rankings holding it.
-
-    Ties keep the order in which the items were first seen, the first ranking's first.
-    """
-    scores: dict[Item, float] = {}
-    for ranking in rankings:
-        for rank, item in enumerate(ranking, start=1):
-            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
-    return sorted(scores, key=lambda item: -scores[item])
-
-
-class RerankedSearch:
-    """A search backend whose results are reordered by meaning too: its own ranks fused with the ranks of
-    each result's similarity (title and snippet) to the query. Without the embeddings, its own order."""
-
-    def __init__(self, backend: SearchBackend, embedder: Embedder) -> None:
-        self._backend = backend
-        self._embedder = embedder
-
-    async def search(self, query: str, limit: int) -> list[SearchResult]:
-        results = await self._backend.search(query, max(limit, min(2 * limit, RERANK_POOL)))
-        if len(results) < 2:
-            return results
-        texts = [query, *(f"{result.title}\n{result.snippet}" for result in results)]
-        try:
-            vectors = await asyncio.to_thread(self._embedder.embed, texts)
-        except EmbeddingError as error:
-            log.warning("web search results not reranked: %s", error)
-            return SearchResults(results[:limit], notice=f"Results in the search service's own order: {error}.")
-        similarity = vectors[1:] @ vectors[0]
-        by_meaning = sorted(range(len(results)), key=lambda index: -float(similarity[index]))
-        order = reciprocal_rank_fusion([list(range(len(results))), by_meaning])
-        return [results[index] for index in order[:limit]]

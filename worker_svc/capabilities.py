@@ -1,0 +1,24 @@
+"""The capabilities a role subscribes to: logical names, each expanded into tools by worker_svc/tools.py.
+
+The values are the names the roles table and the tools' catalogue have always used.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Capability(enum.StrEnum):
+    WEB_SEARCH = "web_search"
+    # Reading given pages without searching for others (a verifier re-reads what a finding cites).
+    READ_PAGES = "read_pages"
+    SCRATCHPAD = "scratchpad"
+    READ_SCRATCHPAD = "read_scratchpad"
+    # The monitor's GPU and job status.
+    COMPUTE = "compute"
+    # An engineer's, bound to its delegation's workspace (worker_svc/workspace_tools.py).
+    WORKSPACE = "workspace"
+
+
+# Capabilities whose tools ask the monitor: only a worker configured with one has them.
+MONITOR_CAPABILITIES = frozenset({Capability.COMPUTE, Capability.WORKSPACE})

@@ -1,0 +1,104 @@
+"""What the corpus reads from a document's text: its title, whether a file is text at all, the hash that
+says its text changed, the passages its vectors are computed from, and the snippets a search shows."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from itertools import islice
+from pathlib import Path
+
+# How much of a file decides whether it is text.
+SNIFF_BYTES = 8192
+# Characters of text per embedded passage: under the 512 tokens many embedding models take.
+PASSAGE_CHARS = 1500
+# Characters of text a snippet shows, about FTS5's 24-token snippets.
+SNIPPET_CHARS = 200
+# Occurrences of the query's words a snippet chooses among: the first ones, in a long text.
+SNIPPET_MATCHES = 500
+# Words neither the search nor a snippet looks for, beside others: they are everywhere.
+_COMMON_WORDS_TEXT = (
+    "a an and are as at be by can do does for from how i in is it of on or that the this to what when which why with"
+)
+COMMON_WORDS = frozenset(_COMMON_WORDS_TEXT.split())
+
+
+def plain_title(text: str, file: Path) -> str:
+    """A Markdown document's first heading, else the file name."""
+    for line in text.splitlines():
+        if line.startswith("# "):
+            return line[2:].strip()
+    return file.stem.replace("-", " ").replace("_", " ")
+
+
+def is_binary(body: bytes) -> bool:
+    """Whether a file's first bytes are not text: a NUL, or over a tenth undecodable or control characters."""
+    sample = body[:SNIFF_BYTES]
+    if b"\0" in sample:
+        return True
+    text = sample.decode("utf-8", errors="replace")
+    odd = sum(1 for char in text if char == "\ufffd" or (char < " " and char not in "\t\n\r\f\v\b"))
+    return odd * 10 > len(text)
+
+
+def content_hash(title: str, text: str) -> str:
+    return hashlib.sha256(f"{title}\0{text}".encode()).hexdigest()
+
+
+def passages(title: str, text: str) -> list[tuple[int, str]]:
+    """(where it starts, what is embedded) for each piece of about PASSAGE_CHARS of the text, cut at
+    whitespace, with the title, which says what the piece is about. A text without words: its title."""
+    pieces = []
+    start = 0
+    while start < len(text):
+        end = min(len(text), start + PASSAGE_CHARS)
+        if end < len(text):
+            cut = max(
+                text.rfind(" ", start + PASSAGE_CHARS // 2, end), text.rfind("\n", start + PASSAGE_CHARS // 2, end)
+            )
+            end = cut if cut > start else end
+        if text[start:end].strip():
+            pieces.append((start, f"{title}\n\n{text[start:end].strip()}"))
+        start = end
+    return pieces or [(0, title or "(no text)")]
+
+
+def _stem(word: str) -> str:
+    """A word less its commonest English endings, so that `towers` finds `tower` (a little of what porter does)."""
+    word = word.lower()
+    for ending in ("ing", "ed", "es", "s"):
+        if word.endswith(ending) and len(word) - len(ending) >= 3:
+            return word[: -len(ending)]
+    return word
+
+
+def snippet(text: str, query: str, passage: int | None) -> str:
+    """About SNIPPET_CHARS of the text where the most of the query's words occur together; where none
+    does, the passage the vectors matched, else the beginning. Whitespace collapsed, cuts marked."""
+    if len(text) <= SNIPPET_CHARS:
+        return " ".join(text.split())
+    words = [word.lower() for word in re.findall(r"\w+", query)]
+    stems = {_stem(word) for word in ([word for word in words if word not in COMMON_WORDS] or words)}
+    begin = passage or 0
+    if stems:
+        alternatives = "|".join(re.escape(stem) for stem in sorted(stems, key=len, reverse=True))
+        # Lower case is the text's own length but for a few letters, and is searched twice as fast as IGNORECASE.
+        pattern = re.compile(rf"\b({alternatives})")
+        found = [(match.start(), match.group(1)) for match in islice(pattern.finditer(text.lower()), SNIPPET_MATCHES)]
+        best_count, end = 0, 0
+        for index, (position, _) in enumerate(found):
+            while end < len(found) and found[end][0] < position + SNIPPET_CHARS * 4 // 5:
+                end += 1
+            count = len({stem for _, stem in found[index:end]})
+            if count > best_count:
+                best_count, begin = count, max(0, position - SNIPPET_CHARS // 5)
+    begin = min(begin, len(text) - SNIPPET_CHARS)
+    if begin > 0:  # start at a word
+        space = re.compile(r"\s").search(text, begin, begin + 30)
+        begin = space.end() if space else begin
+    end = begin + SNIPPET_CHARS
+    if end < len(text):  # and end at one
+        space_at = max(text.rfind(" ", end - 30, end), text.rfind("\n", end - 30, end))
+        end = space_at if space_at > begin else end
+    piece = " ".join(text[begin:end].split())
+    return ("… " if begin > 0 else "") + piece + (" …" if end < len(text) else "")

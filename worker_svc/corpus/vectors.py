@@ -1,0 +1,189 @@
+"""The index's passage vectors: computed for every document without them, in the indexing's transaction,
+and held in memory as one matrix per version of them, so that a search is one matrix product.
+
+A document keeps its vectors while its text's hash stays the same; every document without vectors
+gets them, whichever root it is in, so a new embedding model re-embeds the whole index in one go.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from worker_svc.corpus.embeddings import Embedder, EmbeddingError, Vectors
+from worker_svc.corpus.schema import meta, set_meta
+from worker_svc.corpus.text import passages
+
+
+@dataclass(frozen=True)
+class EmbeddingStatus:
+    model: str | None  # the model the index's vectors come from; None when it has none
+    dimensions: int | None
+    documents: int
+    embedded: int  # documents with vectors
+
+
+class VectorsUnusable(Exception):
+    """The index's vectors cannot answer this query; the message says why, for the reader."""
+
+
+def _space(model: str | None, dimensions: int | None) -> str:
+    """Which vectors, in words: `64-dimensional vectors from 'model'`."""
+    return f"{'' if dimensions is None else f'{dimensions}-dimensional '}vectors from {model!r}"
+
+
+def embed_missing(
+    connection: sqlite3.Connection,
+    embedder: Embedder,
+    reembed: bool,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[int, str]:
+    """Vectors for every document without them, in batches; returns how many documents, and why all
+    were embedded again if they were. Raises EmbeddingError, the transaction's to roll back."""
+    stored = meta(connection)
+    model, wanted = stored.get("embedding_model"), embedder.settings
+    dimensions = int(stored["embedding_dimensions"]) if "embedding_dimensions" in stored else None
+    reembedded = ""
+    if reembed or model != wanted.model or wanted.dimensions not in (None, dimensions):
+        if connection.execute("SELECT 1 FROM vectors LIMIT 1").fetchone():
+            reembedded = (
+                "asked to"
+                if reembed
+                else f"the index held {_space(model, dimensions)}, not {_space(wanted.model, wanted.dimensions)}"
+            )
+        connection.execute("DELETE FROM vectors")
+        set_meta(connection, "embedding_model", wanted.model)
+        dimensions = wanted.dimensions
+    todo = connection.execute(
+        "SELECT doc FROM files WHERE doc IS NOT NULL"
+        " AND NOT EXISTS (SELECT 1 FROM vectors WHERE vectors.doc = files.doc) ORDER BY key"
+    ).fetchall()
+    batch: list[tuple[int, int, str]] = []  # (doc, start, text)
+    queued = 0  # documents whose every passage is in a batch
+
+    def flush() -> None:
+        nonlocal dimensions
+        vectors = embedder.embed([text for _, _, text in batch])
+        if dimensions is None:
+            dimensions = vectors.shape[1]
+        elif vectors.shape[1] != dimensions:
+            raise EmbeddingError(
+                f"{wanted.model!r} answered {vectors.shape[1]}-dimensional vectors, but the index holds "
+                f"{dimensions}-dimensional ones from it; `quarry corpus index --reembed` computes them all again"
+            )
+        connection.executemany(
+            "INSERT INTO vectors (doc, start, vector) VALUES (?, ?, ?)",
+            [
+                (doc, start, vector.astype("<f4").tobytes())
+                for (doc, start, _), vector in zip(batch, vectors, strict=True)
+            ],
+        )
+        batch.clear()
+        if progress is not None:
+            progress(queued, len(todo))
+
+    for (doc,) in todo:
+        title, text = connection.execute("SELECT title, text FROM documents WHERE rowid = ?", (doc,)).fetchone()
+        for start, passage in passages(title, text):
+            if len(batch) == wanted.batch_size:
+                flush()
+            batch.append((doc, start, passage))
+        queued += 1
+    if batch:
+        flush()
+    set_meta(connection, "embedding_dimensions", dimensions)
+    return len(todo), reembedded
+
+
+def embedding_status(connection: sqlite3.Connection) -> EmbeddingStatus:
+    """Which model the index's vectors are from, and how many documents have them."""
+    stored = meta(connection)
+    (documents,) = connection.execute("SELECT count(*) FROM files").fetchone()
+    (embedded,) = connection.execute("SELECT count(DISTINCT doc) FROM vectors").fetchone()
+    dimensions = stored.get("embedding_dimensions")
+    return EmbeddingStatus(
+        model=stored.get("embedding_model") if embedded else None,
+        dimensions=int(dimensions) if dimensions and embedded else None,
+        documents=documents,
+        embedded=embedded,
+    )
+
+
+@dataclass(frozen=True)
+class _Matrix:
+    """Every passage vector of one vectors_version, in memory."""
+
+    version: str
+    vectors: Vectors  # one row per passage, ordered by document, then start
+    starts: npt.NDArray[np.int64]  # each passage's start in its document's text
+    docs: npt.NDArray[np.int64]  # each document once, in the rows' order
+    first: npt.NDArray[np.int64]  # the row of each document's first passage
+
+
+class PassageVectors:
+    """One index's vectors in memory, shared by its searches (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._matrix: _Matrix | None = None
+        self._lock = threading.Lock()
+
+    def nearest(self, connection: sqlite3.Connection, embedder: Embedder, query: str, depth: int) -> dict[int, int]:
+        """The `depth` documents whose passages are nearest the query, best first, each with its best
+        passage's start. Raises VectorsUnusable or EmbeddingError."""
+        stored = meta(connection)
+        model, stored_dimensions = stored.get("embedding_model"), stored.get("embedding_dimensions")
+        wanted = embedder.settings
+        if (
+            model is None
+            or stored_dimensions is None
+            or not connection.execute("SELECT 1 FROM vectors LIMIT 1").fetchone()
+        ):
+            raise VectorsUnusable(
+                f"the index holds no vectors; `quarry corpus index FOLDER` computes them with {wanted.model!r}"
+            )
+        dimensions = int(stored_dimensions)
+        if model != wanted.model or wanted.dimensions not in (None, dimensions):
+            raise VectorsUnusable(
+                f"the index holds {_space(model, dimensions)}, but the embeddings configured are "
+                f"{_space(wanted.model, wanted.dimensions)}; "
+                "`quarry corpus index --reembed FOLDER` computes them again"
+            )
+        query_vector = embedder.embed([query])[0]
+        if query_vector.shape[0] != dimensions:
+            raise VectorsUnusable(
+                f"{wanted.model!r} answered a {query_vector.shape[0]}-dimensional vector for the query, but the "
+                f"index holds {dimensions}-dimensional ones; `quarry corpus index --reembed FOLDER` computes them again"
+            )
+        matrix = self._load(connection, stored.get("vectors_version", ""), dimensions)
+        scores = matrix.vectors @ query_vector
+        best = np.maximum.reduceat(scores, matrix.first)  # each document's best passage
+        top = np.argsort(-best, kind="stable") if len(best) <= depth else np.argpartition(-best, depth - 1)[:depth]
+        top = top[np.argsort(-best[top], kind="stable")]
+        ends = np.append(matrix.first[1:], len(scores))
+        nearest: dict[int, int] = {}
+        for document in top:
+            first, end = int(matrix.first[document]), int(ends[document])
+            nearest[int(matrix.docs[document])] = int(matrix.starts[first + int(np.argmax(scores[first:end]))])
+        return nearest
+
+    def _load(self, connection: sqlite3.Connection, version: str, dimensions: int) -> _Matrix:
+        """The index's vectors, read again only when an indexing has changed them since."""
+        with self._lock:
+            if self._matrix is None or self._matrix.version != version:
+                rows = connection.execute("SELECT doc, start, vector FROM vectors ORDER BY doc, start").fetchall()
+                vectors = np.frombuffer(b"".join(row[2] for row in rows), dtype="<f4").reshape(len(rows), dimensions)
+                docs = np.array([row[0] for row in rows], dtype=np.int64)
+                first = np.flatnonzero(np.diff(docs, prepend=-1))
+                self._matrix = _Matrix(
+                    version,
+                    vectors.astype(np.float32),
+                    np.array([row[1] for row in rows], dtype=np.int64),
+                    docs[first],
+                    first.astype(np.int64),
+                )
+            return self._matrix
