@@ -253,10 +253,12 @@ class PageReader:
         # Extraction runs in a few child processes with a time and a memory limit: a hostile
         # document's process is killed and replaced, so it cannot starve later reads, hold a
         # delegation or keep the worker from stopping. `extractor` is `extract` but for tests
-        # (a picklable module-level function).
+        # (a picklable module-level function). Its module is imported as each child starts, so the
+        # time limit measures the extraction and not the import.
         self._extractor = extractor
+        preload = tuple(dict.fromkeys((__name__, extractor.__module__)))
         self._extractors = IsolatedPool(
-            extract_workers, seconds=extract_seconds, memory_bytes=extract_memory_bytes, preload=(__name__,)
+            extract_workers, seconds=extract_seconds, memory_bytes=extract_memory_bytes, preload=preload
         )
 
     async def read(self, url: str) -> Page:
