@@ -16,9 +16,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from quarry.cli.lab_plot import plot_ledger
+from quarry.records.campaign import LedgerRecord, Verdict
+from quarry.records.signals import Direction, MetricGoal, SignalRules, read_signals
 from quarry.vocabulary import JobState
-from supervisor_svc.campaigns.records import LedgerRecord, Verdict
-from supervisor_svc.campaigns.signals import Direction, MetricGoal, SignalRules, read_signals
 
 OUTPUT = Path(__file__).resolve().parents[1] / "docs" / "images" / "lab-plot.png"
 GOAL = MetricGoal("val_loss", Direction.MINIMIZE)

@@ -47,7 +47,7 @@ from quarry.errors import (
     Unavailable,
 )
 from quarry.lease import LeaseKeeper, LeaseTerms
-from quarry.research_records import CitationAudit, ClaimVerdict, InputRefs, ResearchRecord
+from quarry.records.research import CitationAudit, ClaimVerdict, InputRefs, ResearchRecord
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Source, Tier
 from worker_svc.model import DelegationRecord, DelegationRequest, Event, Progress, Started

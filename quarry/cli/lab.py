@@ -57,10 +57,10 @@ from rich.text import Text
 
 from quarry.cli.ask import Supervisor, name_of
 from quarry.client import CampaignClient
+from quarry.records import signals as defaults
+from quarry.records.signals import Direction, MetricGoal, SignalRules, read_signals
 from quarry.v1 import campaign_pb2, monitor_pb2
-from supervisor_svc.campaigns import signals as defaults
 from supervisor_svc.campaigns.events import ledger_record
-from supervisor_svc.campaigns.signals import Direction, MetricGoal, SignalRules, read_signals
 
 _SHOWN_ROWS = 8
 _SHOWN_LOG_LINES = 10

@@ -2,7 +2,7 @@
 
 Each cycle is a point, marked by its verdict (baseline, kept, discarded, retest; a failed cycle has no
 value and is a tick on the axis). The running best and the noise band around it are what the campaign
-itself computes from its ledger (supervisor_svc.campaigns.signals), so the plot shows exactly the bar
+itself computes from its ledger (quarry.records.signals), so the plot shows exactly the bar
 each experiment had to clear.
 """
 
@@ -15,8 +15,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from supervisor_svc.campaigns.records import LedgerRecord, Verdict
-from supervisor_svc.campaigns.signals import Direction, MetricGoal, SignalRules, read_signals
+from quarry.records.campaign import LedgerRecord, Verdict
+from quarry.records.signals import Direction, MetricGoal, SignalRules, read_signals
 
 # verdict -> (label, marker, colour)
 _MARKS = {

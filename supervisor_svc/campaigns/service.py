@@ -39,6 +39,7 @@ from quarry.errors import (
 )
 from quarry.lease import LeaseKeeper, LeaseTerms
 from quarry.notify import CommitSignal
+from quarry.records.campaign import LedgerRecord
 from supervisor_svc.campaigns import events
 from supervisor_svc.campaigns.events import Event
 from supervisor_svc.campaigns.model import (
@@ -53,7 +54,6 @@ from supervisor_svc.campaigns.model import (
     reason_text,
     validate_spec,
 )
-from supervisor_svc.campaigns.records import LedgerRecord
 from supervisor_svc.campaigns.store import CampaignLost, CampaignStore
 from supervisor_svc.following import Follower
 from supervisor_svc.store import StoredEvent

@@ -11,6 +11,14 @@ from google.protobuf import timestamp_pb2
 
 from quarry.convert import EnumMap, duration, duration_seconds, timestamp
 from quarry.errors import FieldViolation, InvalidArgument
+from quarry.records.signals import (
+    DEFAULT_BASELINE_RUNS,
+    DEFAULT_MAX_RETESTS,
+    DEFAULT_NOISE_EPSILON,
+    DEFAULT_REBASELINE_EVERY,
+    DEFAULT_STAGNATION_WINDOW,
+    Direction,
+)
 from quarry.v1 import campaign_pb2, campaign_pb2_grpc, monitor_pb2
 from supervisor_svc.campaigns.events import DIRECTIVE_STATES, PHASES, STATES
 from supervisor_svc.campaigns.limiter import DEFAULT_MAX_CONSECUTIVE_FAILURES
@@ -27,14 +35,6 @@ from supervisor_svc.campaigns.model import (
     Workspace,
 )
 from supervisor_svc.campaigns.service import Campaigns
-from supervisor_svc.campaigns.signals import (
-    DEFAULT_BASELINE_RUNS,
-    DEFAULT_MAX_RETESTS,
-    DEFAULT_NOISE_EPSILON,
-    DEFAULT_REBASELINE_EVERY,
-    DEFAULT_STAGNATION_WINDOW,
-    Direction,
-)
 
 _DIRECTIONS: EnumMap[Direction, monitor_pb2.MetricDirection.ValueType] = EnumMap(
     {

@@ -28,16 +28,16 @@ from quarry.agent.messages import system, user
 from quarry.agent.model import ModelClient, ProviderError
 from quarry.agent.usage import Usage
 from quarry.identity import Role
-from quarry.research_plane import ResearchPlane
-from quarry.research_records import (
+from quarry.records.base import RecordError
+from quarry.records.research import (
     Adjudication,
     AdjudicationDecision,
     CitationAudit,
     CitationJudgement,
     ObjectionResolution,
-    RecordError,
     Resolution,
 )
+from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import DelegationResult
 from supervisor_svc.budget import TokenBudget
 from supervisor_svc.delegating import Contract, Delegator

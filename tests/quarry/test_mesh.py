@@ -19,7 +19,7 @@ from quarry.config import ConfigurationError, MonitorSettings, QuarrySettings, S
 from quarry.errors import ErrorReason
 from quarry.identity import MeshRole
 from quarry.mesh import MeshPeers, new_token, token_digest
-from quarry.research_records import Adjudication, AdjudicationDecision
+from quarry.records.research import Adjudication, AdjudicationDecision
 from quarry.v1 import common_pb2, monitor_pb2, monitor_pb2_grpc, scratchpad_pb2, scratchpad_pb2_grpc, worker_pb2
 from quarry.v1 import worker_pb2_grpc as worker_grpc
 from scratchpad_svc.service import ACCESS as SCRATCHPAD_ACCESS

@@ -14,7 +14,7 @@ import pytest
 from quarry.client import QuarryClient
 from quarry.config import QuarrySettings, ScratchpadSettings, SupervisorSettings
 from quarry.db import Database, open_migrated_database
-from quarry.research_records import ClaimJudgement
+from quarry.records.research import ClaimJudgement
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc import events

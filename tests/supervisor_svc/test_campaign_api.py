@@ -20,9 +20,9 @@ import sqlalchemy as sa
 from quarry.db import Database, open_migrated_database
 from quarry.errors import ErrorReason, InvalidArgument, Unimplemented
 from quarry.notify import CommitSignal
+from quarry.records.campaign import LedgerRecord, Verdict
 from quarry.v1 import campaign_pb2
 from supervisor_svc.campaigns.model import CampaignState, Phase, Progress, validate_spec
-from supervisor_svc.campaigns.records import LedgerRecord, Verdict
 from supervisor_svc.campaigns.service import CampaignLimits, Campaigns
 from supervisor_svc.campaigns.servicer import spec_from_proto, spec_to_proto
 from supervisor_svc.campaigns.store import CampaignLost, CampaignStore

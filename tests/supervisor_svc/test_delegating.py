@@ -17,8 +17,8 @@ from quarry.agent.usage import Usage
 from quarry.db import Database, upgrade_schema_async
 from quarry.identity import Principal, Role
 from quarry.notify import CommitSignal
+from quarry.records.research import Assignment, ResearchRecord, RouteDecision, UsageObserved, parse_record
 from quarry.research_plane import Appended
-from quarry.research_records import Assignment, ResearchRecord, RouteDecision, UsageObserved, parse_record
 from quarry.vocabulary import DelegationResult, Entry, EntryKind, Tier
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.delegating import Contract, Delegator

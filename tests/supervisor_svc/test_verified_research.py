@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from quarry.client import QuarryClient, ScratchpadClient, open_channel
-from quarry.research_records import (
+from quarry.records.research import (
     Assignment,
     ClaimVerdict,
     ObjectionResolution,

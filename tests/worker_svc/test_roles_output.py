@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from quarry.client import ScratchpadClient, insecure_channel
-from quarry.research_records import (
+from quarry.records.research import (
     Adjudication,
     AdjudicationDecision,
     CitationAudit,

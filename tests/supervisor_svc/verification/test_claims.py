@@ -24,8 +24,8 @@ from quarry.config import QuarrySettings, ScratchpadSettings
 from quarry.db import Database, upgrade_schema_async
 from quarry.identity import Principal, Role
 from quarry.notify import CommitSignal
+from quarry.records.research import ClaimJudgement, ClaimVerdict, VerifiedQuote
 from quarry.research_plane import ResearchPlane
-from quarry.research_records import ClaimJudgement, ClaimVerdict, VerifiedQuote
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Entry, EntryKind, Source
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.budget import RunAccount, TokenBudget

@@ -21,8 +21,8 @@ from quarry.client import ScratchpadClient, insecure_channel
 from quarry.db import Database, upgrade_schema_async
 from quarry.identity import Principal, Role
 from quarry.notify import CommitSignal
+from quarry.records.research import ObjectionResolution, Resolution, parse_record
 from quarry.research_plane import ResearchPlane
-from quarry.research_records import ObjectionResolution, Resolution, parse_record
 from quarry.vocabulary import EntryKind, Source
 from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.delegating import Delegator
