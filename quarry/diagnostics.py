@@ -32,7 +32,7 @@ from pydantic_settings import BaseSettings
 from sqlalchemy.engine import make_url
 
 from quarry.agent.model import ModelSettings
-from quarry.client import Dialer
+from quarry.clients.channels import Dialer
 from quarry.config import ModelTier, QuarrySettings, ServiceSettings
 from quarry.db import schema_revisions
 

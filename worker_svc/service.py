@@ -11,7 +11,9 @@ import httpx
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
-from quarry.client import Dialer, MonitorClient, ScratchpadClient
+from quarry.clients.channels import Dialer
+from quarry.clients.monitor import MonitorClient
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.compute import ComputeView
 from quarry.config import ModelTier, QuarrySettings, SupervisorSettings, WorkerSettings
 from quarry.db import open_migrated_database

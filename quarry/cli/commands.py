@@ -343,7 +343,7 @@ def service_addresses(name: str, common: QuarrySettings, explicit: str | None = 
 
 def _supervisor(args: argparse.Namespace, common: QuarrySettings) -> Supervisor:
     from quarry.cli.ask import Supervisor
-    from quarry.client import open_channel
+    from quarry.clients.channels import open_channel
     from quarry.config import SupervisorSettings
     from quarry.security import ConnectionLimits, Tls
 

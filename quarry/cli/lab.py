@@ -56,7 +56,7 @@ from rich.table import Table
 from rich.text import Text
 
 from quarry.cli.ask import Supervisor, name_of
-from quarry.client import CampaignClient
+from quarry.clients.campaigns import CampaignsClient
 from quarry.records import signals as defaults
 from quarry.records.signals import Direction, MetricGoal, SignalRules, read_signals
 from quarry.v1 import campaign_pb2, monitor_pb2
@@ -322,7 +322,7 @@ async def start(supervisor: Supervisor, spec: campaign_pb2.CampaignSpec, *, requ
     return 0
 
 
-async def _list(client: CampaignClient, state: str, limit: int, *, as_json: bool) -> int:
+async def _list(client: CampaignsClient, state: str, limit: int, *, as_json: bool) -> int:
     unset = campaign_pb2.CAMPAIGN_STATE_UNSPECIFIED
     value = campaign_pb2.CampaignState.Value(f"CAMPAIGN_STATE_{state.upper()}") if state else unset
     response = await client.list_campaigns(page_size=limit, state=value)
@@ -394,7 +394,7 @@ def _show(console: Console, campaign: campaign_pb2.Campaign) -> None:
         console.print(Text(line))
 
 
-async def ledger_rows(client: CampaignClient, campaign_id: str) -> list[campaign_pb2.LedgerRow]:
+async def ledger_rows(client: CampaignsClient, campaign_id: str) -> list[campaign_pb2.LedgerRow]:
     """The ledger so far: the campaign's ledger_recorded events up to its newest event."""
     campaign = await client.get_campaign(campaign_id)
     rows: list[campaign_pb2.LedgerRow] = []
@@ -552,7 +552,7 @@ class CampaignView:
         return Group(*parts)
 
 
-async def watch(client: CampaignClient, campaign_id: str) -> int:
+async def watch(client: CampaignsClient, campaign_id: str) -> int:
     """Follow the campaign until it ends; Ctrl-C leaves the view (the campaign goes on)."""
     view = CampaignView(await client.get_campaign(campaign_id))
 

@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from quarry.cli.mesh_state import MeshState
 from quarry.cli.registry import ServiceSpec
-from quarry.client import open_channel
+from quarry.clients.channels import open_channel
 from quarry.config import QuarrySettings
 from quarry.mesh import MeshKeys
 from quarry.security import Tls

@@ -32,7 +32,7 @@ from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver
 from quarry.agent.messages import system, user
 from quarry.agent.model import ModelClient
 from quarry.agent.tools import Tool, ToolRegistry, current_call
-from quarry.client import MonitorClient
+from quarry.clients.monitor import MonitorClient
 from quarry.convert import JOB_STATES, job_ref_from_proto
 from quarry.errors import DeadlineExceeded, QuarryError, ResourceExhausted, Unavailable
 from quarry.identity import Principal, Role

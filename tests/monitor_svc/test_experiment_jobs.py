@@ -24,7 +24,7 @@ import pytest
 
 from monitor_svc.records import JobRecord, to_json
 from monitor_svc.service import build_host
-from quarry.client import insecure_channel
+from quarry.clients.channels import insecure_channel
 from quarry.config import MonitorSettings, QuarrySettings
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 from tests.monitor_svc.fake_ssh import FakeHost

@@ -19,7 +19,8 @@ import grpc
 import pytest
 
 from monitor_svc.workspaces import operations
-from quarry.client import MonitorClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.monitor import MonitorClient
 from quarry.config import MonitorSettings
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 from tests.monitor_svc.fake_ssh import fake_ssh_host, monitor_for

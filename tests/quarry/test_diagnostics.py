@@ -15,7 +15,7 @@ from google.protobuf import text_format
 from sqlalchemy.engine import make_url
 
 from monitor_svc.service import build_host as build_monitor
-from quarry.client import open_channel
+from quarry.clients.channels import open_channel
 from quarry.config import (
     MonitorSettings,
     QuarrySettings,

@@ -31,7 +31,7 @@ from grpc_health.v1 import health_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quarry.client import open_channel
+from quarry.clients.channels import open_channel
 from quarry.paging import encode_token
 from quarry.v1 import campaign_pb2, diagnostics_pb2, monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from tests.quarry.every_service import MONITOR, SCRATCHPAD, every_service

@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from monitor_svc.service import ACCESS as MONITOR_ACCESS
 from monitor_svc.service import build_host as build_monitor
 from quarry.cli import main
-from quarry.client import open_channel
+from quarry.clients.channels import open_channel
 from quarry.config import ConfigurationError, MonitorSettings, QuarrySettings, ScratchpadSettings
 from quarry.errors import ErrorReason
 from quarry.identity import MeshRole

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from quarry.client import QuarryClient
+from quarry.clients.runs import RunsClient
 from quarry.config import QuarrySettings, ScratchpadSettings, SupervisorSettings
 from quarry.db import Database, open_migrated_database
 from quarry.records.research import ClaimJudgement
@@ -200,8 +200,8 @@ async def test_a_decision_taken_by_another_replica_reaches_the_run(tmp_path: Pat
             async with (
                 owner,
                 other,
-                QuarryClient.connect(owner.address) as a,
-                QuarryClient.connect(other.address) as b,
+                RunsClient.connect(owner.address) as a,
+                RunsClient.connect(other.address) as b,
             ):
                 run = await a.start_run("Who approves?", options=APPROVAL)
                 async for event in b.stream_run(run.run_id):

@@ -15,7 +15,7 @@ import pytest
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
-from quarry.client import QuarryClient
+from quarry.clients.runs import RunsClient
 from quarry.db import Database, upgrade_schema_async
 from quarry.v1 import supervisor_pb2
 from quarry.vocabulary import Entry
@@ -148,7 +148,7 @@ async def test_a_supervisor_stopping_after_the_scratchpad_records_its_runs_end(
     with processes(tmp_path, model, site) as mesh:
         scratchpad = mesh.scratchpad.process
         try:
-            async with QuarryClient.connect(mesh.supervisor.address) as client:
+            async with RunsClient.connect(mesh.supervisor.address) as client:
                 run = await client.start_run("Interrupted without a scratchpad?")
                 async for event in client.stream_run(run.run_id):
                     if event.status.phase == PLANNING:  # seeded, and the model is being asked

@@ -25,7 +25,9 @@ import grpc
 import pytest
 
 from monitor_svc.service import build_host as build_monitor
-from quarry.client import MonitorClient, ScratchpadClient, open_channel
+from quarry.clients.channels import open_channel
+from quarry.clients.monitor import MonitorClient
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import MonitorSettings, QuarrySettings, ScratchpadSettings, WorkerSettings
 from quarry.identity import MeshRole
 from quarry.mesh import MeshKeys

@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from quarry.cli import main
-from quarry.client import ScratchpadClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.identity import Principal, Role
 from quarry.research_plane import ResearchPlane
 from tests.fakes.openai_server import HttpError, ScriptedModel, bag_of_words_vector

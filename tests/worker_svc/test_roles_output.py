@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from quarry.client import ScratchpadClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.records.research import (
     Adjudication,
     AdjudicationDecision,

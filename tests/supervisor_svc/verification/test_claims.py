@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from quarry.agent.model import ModelClient, ModelSettings
-from quarry.client import ScratchpadClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import QuarrySettings, ScratchpadSettings
 from quarry.db import Database, upgrade_schema_async
 from quarry.identity import Principal, Role

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from quarry.agent.model import ModelClient, ModelSettings
-from quarry.client import ScratchpadClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.db import Database, upgrade_schema_async
 from quarry.identity import Principal, Role
 from quarry.notify import CommitSignal
