@@ -311,13 +311,12 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
 
 
 def _corpus(args: argparse.Namespace, common: QuarrySettings) -> int:
-    from quarry.cli import corpus
+    from quarry.cli.registry import SERVICES
     from quarry.config import WorkerSettings
-    from worker_svc.retrieval import EmbeddingSettings
 
     settings = load_settings(WorkerSettings)
     index = args.index or (Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db")
-    return corpus.run(args, index, EmbeddingSettings.for_worker(settings, common))
+    return SERVICES["worker"].command("corpus")(args, index, settings, common)
 
 
 def service_addresses(name: str, common: QuarrySettings, explicit: str | None = None) -> list[str]:

@@ -30,8 +30,10 @@ of the campaign spec (docs/architecture.md, "Campaigns"):
     phase_gate = 0.05
     stop_at_phase_gate = true
 
-The ledger, the live view and the plot read the campaign's events (its ledger_recorded events are
-its ledger), so they need nothing but the supervisor's address.
+The ledger and the plot read the campaign's ledger rows, each with the signals the campaign computed
+after it (ListLedgerRows); `show` prints the signals now (GetCampaign). The live view folds the
+campaign's events, computing the best so far with the kernel's signal rules, the campaign's own.
+They need nothing but the supervisor's address.
 """
 
 from __future__ import annotations
@@ -58,9 +60,9 @@ from rich.text import Text
 from quarry.cli.ask import Supervisor, name_of
 from quarry.clients.campaigns import CampaignsClient
 from quarry.records import signals as defaults
+from quarry.records.contract import ledger_record
 from quarry.records.signals import Direction, MetricGoal, SignalRules, read_signals
 from quarry.v1 import campaign_pb2, monitor_pb2
-from supervisor_svc.campaigns.events import ledger_record
 
 _SHOWN_ROWS = 8
 _SHOWN_LOG_LINES = 10
@@ -298,14 +300,14 @@ async def run(args: argparse.Namespace, supervisor: Supervisor) -> int:
             print(f"directive {directive.request_id}: {state} (the next THINK reads it once)")
             return 0
         if command == "ledger":
-            rows = await ledger_rows(client, args.campaign_id)
+            rows = await client.ledger(args.campaign_id)
             _print_ledger(rows, await client.get_campaign(args.campaign_id), as_jsonl=args.jsonl)
             return 0
         if command == "watch":
             return await watch(client, args.campaign_id)
         output = args.output or Path(f"{args.campaign_id}.png")
         campaign = await client.get_campaign(args.campaign_id)
-        plot(campaign, await ledger_rows(client, args.campaign_id), output)
+        plot(campaign, await client.ledger(args.campaign_id), output)
         print(f"wrote {output}")
         return 0
 
@@ -375,6 +377,8 @@ def _show(console: Console, campaign: campaign_pb2.Campaign) -> None:
     best = _number(campaign.best_value) if campaign.HasField("best_value") else "not measured yet"
     floor = _number(campaign.noise_floor) if campaign.HasField("noise_floor") else "not measured yet"
     lines.append(f"metric: {spec.metric.name} ({direction}); best {best}; noise floor {floor}")
+    if campaign.HasField("signals"):
+        lines.append(_standing(campaign.signals))
     budgets, usage = spec.budgets, campaign.usage
     lines.append(
         f"tokens: {_budget(usage.tokens, budgets.max_tokens)}; "
@@ -394,18 +398,18 @@ def _show(console: Console, campaign: campaign_pb2.Campaign) -> None:
         console.print(Text(line))
 
 
-async def ledger_rows(client: CampaignsClient, campaign_id: str) -> list[campaign_pb2.LedgerRow]:
-    """The ledger so far: the campaign's ledger_recorded events up to its newest event."""
-    campaign = await client.get_campaign(campaign_id)
-    rows: list[campaign_pb2.LedgerRow] = []
-    if not campaign.last_sequence_no:
-        return rows
-    async for event in client.stream_campaign(campaign_id):
-        if event.HasField("ledger_recorded"):
-            rows.append(event.ledger_recorded)
-        if event.sequence_no >= campaign.last_sequence_no:
-            break
-    return rows
+def _standing(signals: campaign_pb2.CampaignSignals) -> str:
+    """The campaign's signals as GetCampaign computed them, on one line."""
+    parts = [f"{signals.experiments} experiments, {signals.experiments_since_keep} since the last kept improvement"]
+    if signals.stagnant:
+        parts.append("STAGNANT")
+    if signals.baseline_runs_needed:
+        parts.append(f"baseline runs needed: {signals.baseline_runs_needed}")
+    if signals.retest_commit:
+        parts.append(f"retest pending: {signals.retest_commit[:10]}")
+    if signals.phase_gate_cleared:
+        parts.append("phase gate cleared")
+    return "; ".join(parts)
 
 
 def _metric(row: campaign_pb2.LedgerRow, name: str) -> str:
@@ -463,9 +467,8 @@ def plot(campaign: campaign_pb2.Campaign, rows: Sequence[campaign_pb2.LedgerRow]
     """The campaign's plot as `quarry lab plot` writes it (matplotlib is imported only here: it is slow)."""
     from quarry.cli.lab_plot import plot_ledger
 
-    goal, rules = signal_inputs(campaign.spec)
     title = f"{campaign.spec.title or campaign.spec.brief.goal[:60]} ({campaign.campaign_id})"
-    plot_ledger([ledger_record(row) for row in rows], goal, rules, output, title=title)
+    plot_ledger(rows, campaign.spec.metric, output, title=title)
 
 
 # -- the live view --------------------------------------------------------------------------------------

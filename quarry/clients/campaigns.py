@@ -76,6 +76,27 @@ class CampaignsClient:
         response: campaign_pb2.SendDirectiveResponse = await self._retry.call(self._stub.SendDirective, request)
         return response.directive
 
+    async def list_ledger_rows(
+        self, campaign_id: str, *, page_size: int = 0, page_token: str = ""
+    ) -> campaign_pb2.ListLedgerRowsResponse:
+        """One page of the campaign's ledger, each row with the signals after it."""
+        request = campaign_pb2.ListLedgerRowsRequest(
+            campaign_id=campaign_id, page_size=page_size, page_token=page_token
+        )
+        response: campaign_pb2.ListLedgerRowsResponse = await self._retry.call(self._stub.ListLedgerRows, request)
+        return response
+
+    async def ledger(self, campaign_id: str) -> list[campaign_pb2.LedgerRow]:
+        """The campaign's whole ledger so far, following pages to the end."""
+        rows: list[campaign_pb2.LedgerRow] = []
+        token = ""
+        while True:
+            page = await self.list_ledger_rows(campaign_id, page_token=token)
+            rows.extend(page.rows)
+            token = page.next_page_token
+            if not token:
+                return rows
+
     async def stream_campaign(
         self, campaign_id: str, *, after_sequence_no: int = 0, max_reconnects: int = 100
     ) -> AsyncIterator[campaign_pb2.CampaignEvent]:
