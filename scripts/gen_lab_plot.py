@@ -3,7 +3,7 @@
 A small, realistic campaign ledger is simulated: a training script whose validation loss has a true value
 per commit and a little measurement noise, and a sequence of changes (some better, some worse, one inside
 the noise, one that crashes). Every verdict comes from the campaign's own signals (read_signals, judge),
-and the picture from the real plot code (quarry.cli.lab_plot) over the rows ListLedgerRows would serve, so it
+and the picture from the real plot code (quarry.cli.lab.plot) over the rows ListLedgerRows would serve, so it
 shows what a campaign would.
 
     python3 scripts/gen_lab_plot.py [output.png]
@@ -16,7 +16,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from quarry.cli.lab_plot import plot_ledger
+from quarry.cli.lab.plot import plot_ledger
 from quarry.records.campaign import LedgerRecord, Verdict
 from quarry.records.contract import ledger_rows
 from quarry.records.signals import Direction, MetricGoal, SignalRules, read_signals

@@ -13,7 +13,8 @@ import pytest
 
 from quarry.clients.runs import RunsClient
 from quarry.config import QuarrySettings, ScratchpadSettings, SupervisorSettings
-from quarry.db import Database, open_migrated_database
+from quarry.db import Database
+from quarry.migrations import open_migrated_database
 from quarry.records.research import ClaimJudgement
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
 from scratchpad_svc.service import build_host as build_scratchpad

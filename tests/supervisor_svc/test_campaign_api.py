@@ -17,8 +17,9 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
-from quarry.db import Database, open_migrated_database
+from quarry.db import Database
 from quarry.errors import ErrorReason, InvalidArgument, Unimplemented
+from quarry.migrations import open_migrated_database
 from quarry.notify import CommitSignal
 from quarry.records.campaign import LedgerRecord, Verdict
 from quarry.records.contract import signals_to_proto

@@ -14,8 +14,9 @@ from pydantic import ValidationError
 
 from quarry.agent.messages import ToolCall
 from quarry.agent.usage import Usage
-from quarry.db import Database, upgrade_schema_async
+from quarry.db import Database
 from quarry.identity import Principal, Role
+from quarry.migrations import upgrade_schema_async
 from quarry.notify import CommitSignal
 from quarry.records.research import Assignment, ResearchRecord, RouteDecision, UsageObserved, parse_record
 from quarry.research_plane import Appended

@@ -16,7 +16,8 @@ import pytest
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
 from quarry.clients.runs import RunsClient
-from quarry.db import Database, upgrade_schema_async
+from quarry.db import Database
+from quarry.migrations import upgrade_schema_async
 from quarry.v1 import supervisor_pb2
 from quarry.vocabulary import Entry
 from supervisor_svc.model import RunErrorCode, RunRecord, RunState, StartRequest

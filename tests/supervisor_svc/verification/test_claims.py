@@ -22,8 +22,9 @@ from quarry.agent.model import ModelClient, ModelSettings
 from quarry.clients.channels import insecure_channel
 from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import QuarrySettings, ScratchpadSettings
-from quarry.db import Database, upgrade_schema_async
+from quarry.db import Database
 from quarry.identity import Principal, Role
+from quarry.migrations import upgrade_schema_async
 from quarry.notify import CommitSignal
 from quarry.records.research import ClaimJudgement, ClaimVerdict, VerifiedQuote
 from quarry.research_plane import ResearchPlane

@@ -19,8 +19,9 @@ import pytest
 from quarry.agent.model import ModelClient, ModelSettings
 from quarry.clients.channels import insecure_channel
 from quarry.clients.scratchpad import ScratchpadClient
-from quarry.db import Database, upgrade_schema_async
+from quarry.db import Database
 from quarry.identity import Principal, Role
+from quarry.migrations import upgrade_schema_async
 from quarry.notify import CommitSignal
 from quarry.records.research import ObjectionResolution, Resolution, parse_record
 from quarry.research_plane import ResearchPlane
