@@ -26,7 +26,7 @@ from quarry.config import QuarrySettings, ServiceSettings
 from quarry.convert import diagnostics_report_to_proto
 from quarry.diagnostics import Diagnoser, Diagnostics
 from quarry.interceptors import ErrorTranslationInterceptor, RequestDecodingInterceptor
-from quarry.mesh import Access, MeshAuthentication, mesh_guard
+from quarry.mesh_auth import Access, MeshAuthentication, mesh_guard
 from quarry.security import BearerTokenInterceptor, ConnectionLimits, Tls
 from quarry.v1 import diagnostics_pb2, diagnostics_pb2_grpc
 

@@ -9,7 +9,7 @@ import grpc
 from quarry.config import QuarrySettings, ScratchpadSettings
 from quarry.diagnostics import Diagnostics, database_diagnostics
 from quarry.identity import MeshRole
-from quarry.mesh import Access
+from quarry.mesh_auth import Access
 from quarry.migrations import open_migrated_database
 from quarry.notify import CommitSignal, listen_for_commits
 from quarry.server import ServiceHost, ServiceRegistration, service_host

@@ -17,7 +17,7 @@ from quarry.clients.scratchpad import ScratchpadClient
 from quarry.compute import ComputeView
 from quarry.config import ModelTier, QuarrySettings, SupervisorSettings, WorkerSettings
 from quarry.identity import MeshRole, Principal
-from quarry.mesh import Access
+from quarry.mesh_auth import Access
 from quarry.migrations import open_migrated_database
 from quarry.research_plane import ResearchPlane
 from quarry.server import ServiceHost, ServiceRegistration, service_host

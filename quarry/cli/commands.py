@@ -33,7 +33,7 @@ def _serve(args: argparse.Namespace, common: QuarrySettings) -> int:
 def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.agent.model import ModelSettings
     from quarry.cli.announcer import Announcer
-    from quarry.cli.launcher import RestartPolicy, plan, run_mesh
+    from quarry.cli.launcher import RestartPolicy, plan, run_process_group
     from quarry.config import ModelTier
 
     specs = list(SERVICES.values())
@@ -46,7 +46,7 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
             model = ModelSettings.for_tier(settings, common)
             models.append((spec.name, model.model, model.base_url))
     return asyncio.run(
-        run_mesh(
+        run_process_group(
             plan(specs, workers=args.workers, data_dir=common.data_dir, ephemeral_ports=args.ephemeral_ports),
             data_dir=common.data_dir,
             ready_timeout=args.ready_timeout,
@@ -72,7 +72,7 @@ def service_addresses(name: str, common: QuarrySettings, explicit: str | None = 
 
     Workers are where the supervisor calls them (maybe several).
     """
-    from quarry.cli.mesh_state import MeshState
+    from quarry.cli.up_state import UpState
     from quarry.config import SupervisorSettings
 
     if explicit:
@@ -83,7 +83,7 @@ def service_addresses(name: str, common: QuarrySettings, explicit: str | None = 
         spec = SERVICES[name]
         variable = f"{spec.settings_type().model_config.get('env_prefix', '')}ADDRESS"
         configured = [spec.load_settings().address]
-    state = None if os.environ.get(variable) else MeshState.read(common.data_dir)
+    state = None if os.environ.get(variable) else UpState.read(common.data_dir)
     return list(state.services.get(name) or configured) if state else configured
 
 
@@ -168,8 +168,8 @@ def _migrate(args: argparse.Namespace, common: QuarrySettings) -> int:
 
 
 def _mesh(args: argparse.Namespace, common: QuarrySettings) -> int:
-    from quarry.cli.mesh import as_environment, as_kubernetes_secret
-    from quarry.mesh import MeshKeys
+    from quarry.cli.mesh_keys import as_environment, as_kubernetes_secret
+    from quarry.mesh_auth import MeshKeys
 
     keys = MeshKeys.generate()
     print(as_kubernetes_secret(keys) if args.format == "kubernetes" else as_environment(keys))

@@ -25,7 +25,7 @@ from quarry.config import (
 )
 from quarry.diagnostics import Check, Diagnoser, Diagnostics, Finding, Status, model_diagnostics
 from quarry.identity import MeshRole
-from quarry.mesh import MeshKeys
+from quarry.mesh_auth import MeshKeys
 from quarry.v1 import diagnostics_pb2, diagnostics_pb2_grpc, supervisor_pb2, supervisor_pb2_grpc, worker_pb2
 from quarry.v1 import worker_pb2_grpc as worker_grpc
 from scratchpad_svc.service import build_host as build_scratchpad

@@ -27,7 +27,7 @@ from quarry.clients.channels import open_channel
 from quarry.clients.runs import RunsClient
 from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import ConfigurationError, QuarrySettings, ScratchpadSettings, SupervisorSettings
-from quarry.mesh import mesh_guard
+from quarry.mesh_auth import mesh_guard
 from quarry.security import ConnectionLimits, Tls
 from quarry.server import ServiceHost, ServiceRegistration
 from quarry.v1 import common_pb2, scratchpad_pb2

@@ -19,7 +19,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from quarry.cli.mesh_state import MeshState
+from quarry.cli.up_state import UpState
 from quarry.clients.runs import RunsClient
 from quarry.v1 import common_pb2, monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from tests.conftest import reusable_port
@@ -92,8 +92,8 @@ class QuarryUp:
             if line.startswith(prefix):
                 return line
 
-    def state(self) -> MeshState:
-        state = MeshState.read(self.data_dir)
+    def state(self) -> UpState:
+        state = UpState.read(self.data_dir)
         assert state is not None and state.pid == self.process.pid
         return state
 

@@ -18,7 +18,7 @@ from quarry.clients.channels import open_channel
 from quarry.config import ConfigurationError, MonitorSettings, QuarrySettings, ScratchpadSettings
 from quarry.errors import ErrorReason
 from quarry.identity import MeshRole
-from quarry.mesh import MeshPeers, new_token, token_digest
+from quarry.mesh_auth import MeshPeers, new_token, token_digest
 from quarry.records.research import Adjudication, AdjudicationDecision
 from quarry.v1 import common_pb2, monitor_pb2, monitor_pb2_grpc, scratchpad_pb2, scratchpad_pb2_grpc, worker_pb2
 from quarry.v1 import worker_pb2_grpc as worker_grpc
