@@ -33,7 +33,8 @@ from typing import Any
 
 from harness import arguments, mesh_environment, percentile, running_service
 
-from quarry.client import CampaignClient, open_channel
+from quarry.clients.campaigns import CampaignsClient
+from quarry.clients.channels import open_channel
 from quarry.identity import MeshRole
 from quarry.v1 import campaign_pb2, monitor_pb2
 from supervisor_svc.campaigns.loop import INSTRUCTIONS
@@ -170,7 +171,7 @@ async def main_async(args: argparse.Namespace) -> None:
                         }
                         with running_service("supervisor", supervisor_env, workdir) as (_, supervisor):
                             async with open_channel(supervisor) as channel:
-                                campaigns = CampaignClient(channel)
+                                campaigns = CampaignsClient(channel)
                                 started = await campaigns.start_campaign(
                                     spec(project, args.cycles, args.job_seconds), request_id="bench"
                                 )

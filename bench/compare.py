@@ -35,7 +35,8 @@ from typing import Any
 
 from harness import arguments, mesh_environment, mesh_token, percentile, running_service
 
-from quarry.client import ScratchpadClient, open_channel
+from quarry.clients.channels import open_channel
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.identity import MeshRole
 from quarry.research_plane import ResearchPlane
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from harness import arguments, running_service
 
-from quarry.client import insecure_channel
+from quarry.clients.channels import insecure_channel
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from quarry.cli.launcher import serve_command
 from quarry.identity import MeshRole
-from quarry.mesh import MeshKeys
+from quarry.mesh_auth import MeshKeys
 
 # The benchmarks drive the mesh with the tests' fakes (scripted model, fixture web, process mesh).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

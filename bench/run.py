@@ -43,7 +43,7 @@ from typing import Any
 
 from harness import arguments, percentile
 
-from quarry.client import QuarryClient
+from quarry.clients.runs import RunsClient
 from quarry.v1 import common_pb2, supervisor_pb2
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, agent_of, append_finding
 from tests.fakes.evidence import QUESTION, EvidenceScript, add_pages, tower_scenario
@@ -96,7 +96,7 @@ def researcher(choreography: Choreography, objective: str, url: str, latency: fl
 
 
 async def run_once(
-    client: QuarryClient,
+    client: RunsClient,
     question: str,
     verification: supervisor_pb2.VerificationMode.ValueType = supervisor_pb2.VERIFICATION_MODE_OFF,
 ) -> list[supervisor_pb2.RunEvent]:
@@ -124,7 +124,7 @@ async def main_async(args: argparse.Namespace) -> None:
     async with ScriptedModel() as model, FixtureWeb() as site:
         urls = [site.add(f"/large-{n}.html", large_page(f"Page {n}", args.page_kb)) for n in range(4)]
         with tempfile.TemporaryDirectory() as workdir, processes(Path(workdir), model, site) as mesh:
-            async with QuarryClient.connect(mesh.supervisor.address) as client:
+            async with RunsClient.connect(mesh.supervisor.address) as client:
                 await context_share(model, client, urls)
                 await parallel_ratio(model, client, urls, args.latency)
                 values = await delegate_hop(model, client, args.hops)
@@ -137,7 +137,7 @@ async def main_async(args: argparse.Namespace) -> None:
                     await verification_cost(model, site, client, args.verification_runs, args.latency)
 
 
-async def context_share(model: ScriptedModel, client: QuarryClient, urls: list[str]) -> None:
+async def context_share(model: ScriptedModel, client: RunsClient, urls: list[str]) -> None:
     choreography = Choreography()
     model.default = counting(choreography)
     model.exchanges.clear()
@@ -160,7 +160,7 @@ async def context_share(model: ScriptedModel, client: QuarryClient, urls: list[s
     )
 
 
-async def parallel_ratio(model: ScriptedModel, client: QuarryClient, urls: list[str], latency: float) -> None:
+async def parallel_ratio(model: ScriptedModel, client: RunsClient, urls: list[str], latency: float) -> None:
     phases = {}
     for k in (1, 4):
         choreography = Choreography()
@@ -177,7 +177,7 @@ async def parallel_ratio(model: ScriptedModel, client: QuarryClient, urls: list[
     )
 
 
-async def delegate_hop(model: ScriptedModel, client: QuarryClient, hops: int) -> list[float]:
+async def delegate_hop(model: ScriptedModel, client: RunsClient, hops: int) -> list[float]:
     """Milliseconds from each delegating reply's last byte to the worker's first model request."""
     choreography = Choreography()
     model.default = choreography
@@ -204,7 +204,7 @@ class VerifiedSample:
 
 
 async def verification_cost(
-    model: ScriptedModel, site: FixtureWeb, client: QuarryClient, runs: int, latency: float
+    model: ScriptedModel, site: FixtureWeb, client: RunsClient, runs: int, latency: float
 ) -> None:
     modes = {"off": supervisor_pb2.VERIFICATION_MODE_OFF, "on": supervisor_pb2.VERIFICATION_MODE_ON}
     samples: dict[str, list[VerifiedSample]] = {mode: [] for mode in modes}

@@ -22,7 +22,7 @@ from pathlib import Path
 from harness import arguments, percentile
 from run import delegate_hop, researcher, run_once
 
-from quarry.client import QuarryClient
+from quarry.clients.runs import RunsClient
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
 from tests.fakes.openai_server import Call, Reply, ScriptedModel
 from tests.fakes.otlp import serving_collector
@@ -30,7 +30,7 @@ from tests.fakes.web_server import FixtureWeb
 from tests.supervisor_svc.conftest import processes
 
 
-async def whole_runs(model: ScriptedModel, client: QuarryClient, url: str, runs: int) -> list[float]:
+async def whole_runs(model: ScriptedModel, client: RunsClient, url: str, runs: int) -> list[float]:
     seconds = []
     for n in range(runs):
         choreography = Choreography()
@@ -63,7 +63,7 @@ async def main_async(args: argparse.Namespace) -> None:
                         tempfile.TemporaryDirectory() as workdir,
                         processes(Path(workdir), model, site, tracing if traced else None) as mesh,
                     ):
-                        async with QuarryClient.connect(mesh.supervisor.address) as client:
+                        async with RunsClient.connect(mesh.supervisor.address) as client:
                             await whole_runs(model, client, url, 1)  # warm-up: page cache, connections, imports
                             hops[traced] += await delegate_hop(model, client, args.hops)
                             runs[traced] += await whole_runs(model, client, url, args.runs)

@@ -15,7 +15,7 @@ from monitor_svc.workspaces.registry import WorkspaceRegistry
 from quarry.config import MonitorSettings, QuarrySettings
 from quarry.diagnostics import Check, Diagnostics, Fact, Finding, Status, setting_name
 from quarry.identity import MeshRole
-from quarry.mesh import Access
+from quarry.mesh_auth import Access
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 

@@ -12,7 +12,7 @@ from collections import deque
 
 import grpc
 
-from quarry.client import MonitorClient
+from quarry.clients.monitor import MonitorClient
 from quarry.convert import gpu_from_proto, job_look_from_proto, job_ref_to_proto
 from quarry.vocabulary import Gpu, JobLook, JobRef
 

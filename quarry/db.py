@@ -1,15 +1,15 @@
-"""Database engines and schema migrations shared by every service.
+"""Database engines shared by every service.
 
 Each service owns its database (a URL per service) and its Alembic migrations,
-applied on start. SQLite runs in WAL mode; PostgreSQL through psycopg 3. Users
-write plain URLs (sqlite:///path, postgresql://...); the driver is chosen here.
+applied on start (`quarry.migrations`). SQLite runs in WAL mode; PostgreSQL through
+psycopg 3. Users write plain URLs (sqlite:///path, postgresql://...); the driver is
+chosen here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import hashlib
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -20,11 +20,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.migration import MigrationContext
-from alembic.runtime.environment import EnvironmentContext
-from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL, Connection, Dialect, make_url
 
 from quarry.errors import ErrorReason, Unavailable
@@ -37,12 +32,8 @@ __all__ = [
     "create_engine",
     "database_url",
     "json_type",
-    "open_migrated_database",
+    "prepare_sqlite",
     "reserve_sequence_numbers",
-    "run_migrations",
-    "schema_revisions",
-    "upgrade_schema",
-    "upgrade_schema_async",
 ]
 
 log = logging.getLogger(__name__)
@@ -78,7 +69,8 @@ def database_url(url: str) -> URL:
     raise UnsupportedDatabase(f"unsupported database {backend!r}; use sqlite:/// or postgresql://")
 
 
-def _prepare_sqlite(engine: sa.Engine, url: URL) -> None:
+def prepare_sqlite(engine: sa.Engine, url: URL) -> None:
+    """SQLite as every service runs it: WAL, NORMAL sync, a busy timeout, foreign keys, and BEGIN ours."""
     if url.database and url.database != ":memory:":
         Path(url.database).parent.mkdir(parents=True, exist_ok=True)
 
@@ -107,7 +99,7 @@ def create_engine(url: str, *, pool_size: int = 5) -> sa.Engine:
     target = database_url(url)
     if target.get_backend_name() == "sqlite":
         engine = sa.create_engine(target, pool_size=pool_size, max_overflow=0)
-        _prepare_sqlite(engine, target)
+        prepare_sqlite(engine, target)
         return engine
     # No pre-ping: it costs a round trip per checkout. A connection that died with
     # its server fails its statement once (reported as UNAVAILABLE, safe to retry)
@@ -337,90 +329,6 @@ class Database:
         await loop.run_in_executor(None, self._writer.shutdown)
         await loop.run_in_executor(None, self._reader.shutdown)
         self.engine.dispose()
-
-
-def upgrade_schema(url: str, migrations: Path, version_table: str, revision: str = "head") -> None:
-    """Apply a service's Alembic migrations up to head, or to `revision` (blocking; call from a thread).
-
-    On PostgreSQL an advisory lock serialises replicas that start together.
-    """
-    engine = sa.create_engine(database_url(url), poolclass=sa.pool.NullPool)
-    if engine.dialect.name == "sqlite":
-        _prepare_sqlite(engine, engine.url)
-    postgres = engine.dialect.name == "postgresql"
-    config = _alembic_config(migrations)
-    config.attributes["version_table"] = version_table
-    lock_key = int.from_bytes(hashlib.sha256(version_table.encode()).digest()[:8], "big", signed=True)
-    try:
-        with engine.connect() as connection:
-            if postgres:
-                connection.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": lock_key})
-                connection.commit()
-            try:
-                config.attributes["connection"] = connection
-                command.upgrade(config, revision)
-                connection.commit()
-            finally:
-                if postgres:
-                    connection.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": lock_key})
-                    connection.commit()
-    finally:
-        engine.dispose()
-
-
-def schema_revisions(url: str, migrations: Path, version_table: str) -> tuple[str | None, str | None]:
-    """(the revision the database is at, the newest the code has); None where there is none yet.
-
-    Reads only: a SQLite file that does not exist is not created.
-    """
-    head = ScriptDirectory.from_config(_alembic_config(migrations)).get_current_head()
-    parsed = database_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database and not Path(parsed.database).exists():
-        return None, head
-    engine = sa.create_engine(parsed, poolclass=sa.pool.NullPool)
-    try:
-        with engine.connect() as connection:
-            current = MigrationContext.configure(
-                connection, opts={"version_table": version_table}
-            ).get_current_revision()
-    finally:
-        engine.dispose()
-    return current, head
-
-
-def _alembic_config(migrations: Path) -> Config:
-    config = Config()
-    config.set_main_option("script_location", str(migrations))
-    return config
-
-
-async def upgrade_schema_async(url: str, migrations: Path, version_table: str) -> None:
-    await asyncio.to_thread(upgrade_schema, url, migrations, version_table)
-
-
-async def open_migrated_database(
-    url: str, migrations: Path, version_table: str, *, inline_writes: bool = False
-) -> Database:
-    """The database a service starts with: its schema first brought up to head, then opened. Every service
-    that owns tables starts this way, so the order (never open a database the code has not migrated) is
-    kept in one place."""
-    await upgrade_schema_async(url, migrations, version_table)
-    return Database(url, inline_writes=inline_writes)
-
-
-def run_migrations(context: EnvironmentContext, target_metadata: sa.MetaData) -> None:
-    """The body of every service's migrations/env.py."""
-    if context.is_offline_mode():
-        raise RuntimeError("Quarry migrations run online, on start; offline SQL generation is not supported")
-    connection: Connection = context.config.attributes["connection"]
-    context.configure(
-        connection=connection,
-        target_metadata=target_metadata,
-        version_table=context.config.attributes["version_table"],
-        render_as_batch=connection.dialect.name == "sqlite",
-    )
-    with context.begin_transaction():
-        context.run_migrations()
 
 
 class UTCDateTime(sa.types.TypeDecorator[datetime]):

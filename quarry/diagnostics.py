@@ -32,9 +32,9 @@ from pydantic_settings import BaseSettings
 from sqlalchemy.engine import make_url
 
 from quarry.agent.model import ModelSettings
-from quarry.client import Dialer
+from quarry.clients.channels import Dialer
 from quarry.config import ModelTier, QuarrySettings, ServiceSettings
-from quarry.db import schema_revisions
+from quarry.migrations import schema_revisions
 
 __all__ = [
     "CHECK_SECONDS",

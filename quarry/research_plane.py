@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from quarry.client import ScratchpadClient
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.convert import ENTRY_KINDS, entry_from_proto, principal_to_proto, source_to_proto
 from quarry.identity import Principal
 from quarry.v1 import scratchpad_pb2

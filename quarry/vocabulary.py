@@ -36,7 +36,7 @@ class EntryKind(enum.StrEnum):
     ACKNOWLEDGEMENT = "acknowledgement"
     NOTE = "note"
     VERDICT = "verdict"
-    # The research ledger (quarry.research_records says what each holds).
+    # The research ledger (quarry.records.research says what each holds).
     AUDIT = "audit"
     OBJECTION = "objection"
     ADJUDICATION = "adjudication"
@@ -119,7 +119,7 @@ class DelegationResult:
     # An engineer's work, from its tools' state: the experiments it launched, the workspace files it changed.
     jobs: tuple[JobRef, ...] = ()
     files_changed: tuple[str, ...] = ()
-    # A structured role's output on success: its kind, its JSON (a quarry.research_records model) and the
+    # A structured role's output on success: its kind, its JSON (a quarry.records.research model) and the
     # scratchpad entry it was recorded as; empty otherwise.
     output_kind: str = ""
     output_json: str = ""

@@ -15,7 +15,7 @@ from typing import Literal, TypeVar
 
 import grpc
 
-from quarry.client import MonitorClient
+from quarry.clients.monitor import MonitorClient
 from quarry.compute import MonitorError
 from quarry.convert import duration, enum_label, job_ref_from_proto
 from quarry.v1 import monitor_pb2

@@ -7,10 +7,10 @@ from pathlib import Path
 import grpc
 
 from quarry.config import QuarrySettings, ScratchpadSettings
-from quarry.db import open_migrated_database
 from quarry.diagnostics import Diagnostics, database_diagnostics
 from quarry.identity import MeshRole
-from quarry.mesh import Access
+from quarry.mesh_auth import Access
+from quarry.migrations import open_migrated_database
 from quarry.notify import CommitSignal, listen_for_commits
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc

@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 
 from quarry.convert import ENTRY_KINDS, ROLES, entry_to_proto, source_from_proto, timestamp
-from quarry.mesh import current_caller
+from quarry.mesh_auth import current_caller
 from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
 from quarry.vocabulary import EntryKind
 from scratchpad_svc.model import AppendCommand, NewThread, Thread

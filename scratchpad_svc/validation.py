@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from quarry import ids, paging
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.identity import Role
-from quarry.research_records import RECORD_TYPES, RecordError, parse_record
+from quarry.records.base import RecordError
+from quarry.records.research import RECORD_TYPES, parse_record
 from quarry.vocabulary import EntryKind
 from scratchpad_svc.model import AppendCommand, NewThread
 

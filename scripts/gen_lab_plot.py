@@ -3,7 +3,8 @@
 A small, realistic campaign ledger is simulated: a training script whose validation loss has a true value
 per commit and a little measurement noise, and a sequence of changes (some better, some worse, one inside
 the noise, one that crashes). Every verdict comes from the campaign's own signals (read_signals, judge),
-and the picture from the real plot code (quarry.cli.lab_plot), so it shows what a campaign would.
+and the picture from the real plot code (quarry.cli.lab.plot) over the rows ListLedgerRows would serve, so it
+shows what a campaign would.
 
     python3 scripts/gen_lab_plot.py [output.png]
 """
@@ -15,10 +16,12 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from quarry.cli.lab_plot import plot_ledger
+from quarry.cli.lab.plot import plot_ledger
+from quarry.records.campaign import LedgerRecord, Verdict
+from quarry.records.contract import ledger_rows
+from quarry.records.signals import Direction, MetricGoal, SignalRules, read_signals
+from quarry.v1 import monitor_pb2
 from quarry.vocabulary import JobState
-from supervisor_svc.campaigns.records import LedgerRecord, Verdict
-from supervisor_svc.campaigns.signals import Direction, MetricGoal, SignalRules, read_signals
 
 OUTPUT = Path(__file__).resolve().parents[1] / "docs" / "images" / "lab-plot.png"
 GOAL = MetricGoal("val_loss", Direction.MINIMIZE)
@@ -88,7 +91,9 @@ def simulated_ledger(seed: int = 7) -> list[LedgerRecord]:
 
 def main() -> None:
     output = Path(sys.argv[1]) if len(sys.argv) > 1 else OUTPUT
-    plot_ledger(simulated_ledger(), GOAL, RULES, output, title="tiny-lm: lower the validation loss (simulated)")
+    rows = ledger_rows(simulated_ledger(), GOAL, RULES)
+    metric = monitor_pb2.MetricSpec(name=GOAL.name, direction=monitor_pb2.METRIC_DIRECTION_MINIMIZE)
+    plot_ledger(rows, metric, output, title="tiny-lm: lower the validation loss (simulated)")
     print(f"wrote {output} ({output.stat().st_size // 1024} KB)")
 
 

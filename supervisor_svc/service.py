@@ -8,10 +8,12 @@ import grpc
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
-from quarry.client import Dialer, MonitorClient, ScratchpadClient
+from quarry.clients.channels import Dialer
+from quarry.clients.monitor import MonitorClient
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import QuarrySettings, SupervisorSettings
-from quarry.db import open_migrated_database
 from quarry.diagnostics import Diagnostics, Fact, database_diagnostics, model_diagnostics, peer_check, setting_name
+from quarry.migrations import open_migrated_database
 from quarry.notify import CommitSignal, listen_for_commits
 from quarry.research_plane import ResearchPlane
 from quarry.server import ServiceHost, ServiceRegistration, service_host

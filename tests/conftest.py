@@ -24,7 +24,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy.engine import make_url
 
 from quarry.cli.launcher import serve_command
-from quarry.db import create_engine, upgrade_schema
+from quarry.db import create_engine
+from quarry.migrations import upgrade_schema
 from tests.fakes.openai_server import ScriptedModel
 from tests.fakes.web_server import FixtureWeb
 

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from quarry.agent.model import ModelSettings
-from quarry.client import Dialer
+from quarry.clients.channels import Dialer
 from quarry.config import ModelTier, QuarrySettings, WorkerSettings
 from quarry.diagnostics import (
     Check,

@@ -34,7 +34,7 @@ from quarry.agent.messages import Message, ToolCall, user
 from quarry.agent.model import ModelClient, ProviderError
 from quarry.agent.tools import ToolOutcome
 from quarry.agent.usage import Usage
-from quarry.research_records import CitationAudit, ClaimVerdict, InputRefs, ResearchRecord
+from quarry.records.research import CitationAudit, ClaimVerdict, InputRefs, ResearchRecord
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Source, Tier
 from worker_svc.capabilities import MONITOR_CAPABILITIES

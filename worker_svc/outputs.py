@@ -6,7 +6,7 @@ through a tool call, which any OpenAI-compatible server supports). Before anythi
 1. classifies the output's kind: the tool's (`submit_finding` is a finding), or the `kind` its arguments,
    or a JSON answer given instead of the call, name;
 2. refuses a kind the role may not emit (its authority);
-3. validates the output against the role's record in quarry.research_records, strictly;
+3. validates the output against the role's record in quarry.records.research, strictly;
 4. checks its references: every scratchpad entry and URL it cites is among the contract's input refs,
    and a quoted passage occurs in a page read in this delegation.
 
@@ -26,14 +26,14 @@ from typing import Any
 
 from quarry.agent.tools import ToolError, ToolOutcome
 from quarry.identity import Role
-from quarry.research_records import (
+from quarry.records.base import RecordError
+from quarry.records.research import (
     RECORD_TYPES,
     Adjudication,
     CitationAudit,
     CitationJudgement,
     ClaimVerdict,
     InputRefs,
-    RecordError,
     ResearchRecord,
 )
 from quarry.vocabulary import DelegationErrorCode, EntryKind

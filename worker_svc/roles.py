@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from quarry.identity import Role
-from quarry.research_records import Adjudication, CitationAudit, ClaimVerdict, ResearchRecord
+from quarry.records.research import Adjudication, CitationAudit, ClaimVerdict, ResearchRecord
 from quarry.vocabulary import Tier
 from worker_svc.capabilities import MONITOR_CAPABILITIES, Capability
 

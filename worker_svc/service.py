@@ -11,12 +11,14 @@ import httpx
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
-from quarry.client import Dialer, MonitorClient, ScratchpadClient
+from quarry.clients.channels import Dialer
+from quarry.clients.monitor import MonitorClient
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.compute import ComputeView
 from quarry.config import ModelTier, QuarrySettings, SupervisorSettings, WorkerSettings
-from quarry.db import open_migrated_database
 from quarry.identity import MeshRole, Principal
-from quarry.mesh import Access
+from quarry.mesh_auth import Access
+from quarry.migrations import open_migrated_database
 from quarry.research_plane import ResearchPlane
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import worker_pb2, worker_pb2_grpc

@@ -23,8 +23,8 @@ from quarry.agent.scratchpad_tools import SCRATCHPAD_TOOLS, ReadParams, SourcePa
 from quarry.agent.tools import Tool, ToolError, ToolRegistry, current_call
 from quarry.compute import ComputeView, MonitorError
 from quarry.identity import Principal
+from quarry.records.research import RECORD_TYPES, InputRefs, ResearchRecord
 from quarry.research_plane import ResearchPlane
-from quarry.research_records import RECORD_TYPES, InputRefs, ResearchRecord
 from quarry.vocabulary import JobRef
 from worker_svc.capabilities import Capability
 from worker_svc.outputs import OUTPUT_KINDS, OutputGate, offered_schema, submit_tool_name

@@ -7,7 +7,7 @@ import re
 
 from quarry import ids
 from quarry.errors import ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument
-from quarry.research_records import InputRefs
+from quarry.records.research import InputRefs
 from worker_svc.delegations import DelegationRecord, DelegationRequest
 from worker_svc.roles import ROLES
 

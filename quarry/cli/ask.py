@@ -28,7 +28,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from quarry.client import CampaignClient, QuarryClient, RetryPolicy, is_terminal
+from quarry.clients.campaigns import CampaignsClient
+from quarry.clients.retry import RetryPolicy
+from quarry.clients.runs import RunsClient, is_terminal
 from quarry.convert import enum_label
 from quarry.errors import Unavailable
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
@@ -54,20 +56,20 @@ class Supervisor:
     open_channel: Callable[[], grpc.aio.Channel]
 
     @contextlib.asynccontextmanager
-    async def connect(self) -> AsyncIterator[QuarryClient]:
+    async def connect(self) -> AsyncIterator[RunsClient]:
         """A client, once the supervisor has answered; Unavailable, in about a second, when nothing answers."""
         channel = self.open_channel()
-        async with QuarryClient(channel) as client:
+        async with RunsClient(channel) as client:
             await self._reachable(health_pb2_grpc.HealthStub(channel))
             yield client
 
     @contextlib.asynccontextmanager
-    async def campaigns(self) -> AsyncIterator[CampaignClient]:
+    async def campaigns(self) -> AsyncIterator[CampaignsClient]:
         """The campaign API of the same supervisor (same address, same token), once it has answered."""
         channel = self.open_channel()
         try:
             await self._reachable(health_pb2_grpc.HealthStub(channel))
-            yield CampaignClient(channel)
+            yield CampaignsClient(channel)
         finally:
             await channel.close(None)
 

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from quarry.cli.registry import SERVICES
-from quarry.client import open_channel
+from quarry.clients.channels import open_channel
 from quarry.config import CONFIG_FILE_ENV, ConfigurationError, QuarrySettings
 from quarry.security import Tls
 from quarry.v1 import diagnostics_pb2, diagnostics_pb2_grpc

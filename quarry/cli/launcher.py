@@ -20,16 +20,17 @@ from collections import deque
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from quarry.cli.mesh_state import MeshState
+from quarry.cli.announcer import Announcer, ServiceRow, describe_exit
 from quarry.cli.registry import ServiceSpec
-from quarry.client import open_channel
+from quarry.cli.up_state import UpState
+from quarry.clients.channels import open_channel
 from quarry.config import QuarrySettings
-from quarry.mesh import MeshKeys
+from quarry.mesh_auth import MeshKeys
 from quarry.security import Tls
 
 READY_POLL_SECONDS = 0.1
@@ -54,7 +55,7 @@ def serve_command(
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    """How often a service that keeps dying is restarted before `quarry up` gives up on the mesh."""
+    """How often a service that keeps dying is restarted before `quarry up` gives up on its process group."""
 
     max_restarts: int = 5
     window_seconds: float = 600.0
@@ -81,7 +82,7 @@ class Instance:
 def plan(
     specs: Sequence[ServiceSpec], *, workers: int = 1, data_dir: Path, ephemeral_ports: bool = False
 ) -> list[Instance]:
-    """The processes of a mesh, in start order: each service once, the worker `workers` times.
+    """The processes of a `quarry up`, in start order: each service once, the worker `workers` times.
 
     Workers are named (and identify themselves as) worker-1..N. Worker-1 listens where the worker is
     configured to; the others on free ports of the same host. Each has its own SQLite database unless
@@ -129,20 +130,6 @@ class Child:
 
     def running(self) -> bool:
         return self.process is not None and self.process.returncode is None
-
-
-class ServiceRow(NamedTuple):
-    name: str
-    address: str
-    pid: int
-    restarts: int
-
-
-def describe_exit(status: int) -> str:
-    if status < 0:
-        with contextlib.suppress(ValueError):
-            return f"was killed by {signal.Signals(-status).name}"
-    return f"exited with status {status}"
 
 
 @contextlib.contextmanager
@@ -231,7 +218,7 @@ async def _stop_requested_first(tasks: Collection[asyncio.Task[Any]], stop_reque
     return stop_requested.is_set()
 
 
-class Mesh:
+class ProcessGroup:
     """The children of one `quarry up`: started in order, restarted when they die, stopped in order."""
 
     def __init__(
@@ -256,10 +243,10 @@ class Mesh:
         services: dict[str, list[str]] = {}
         for child in self.children:
             services.setdefault(child.instance.spec.name, []).append(child.address or "")
-        MeshState(os.getpid(), services, {child.name: child.pid for child in self.children}).write(self._data_dir)
+        UpState(os.getpid(), services, {child.name: child.pid for child in self.children}).write(self._data_dir)
 
     def unpublish(self) -> None:
-        MeshState.remove(self._data_dir, os.getpid())
+        UpState.remove(self._data_dir, os.getpid())
 
     def _environment(self, instance: Instance) -> dict[str, str]:
         env = os.environ.copy()
@@ -351,9 +338,9 @@ class Mesh:
         self._announce.stopped(child.name, process.returncode or 0)
 
 
-async def _supervise(mesh: Mesh, stop_requested: asyncio.Event, announce: Announcer) -> int:
+async def _supervise(group: ProcessGroup, stop_requested: asyncio.Event, announce: Announcer) -> int:
     """Keep every child running until a stop request (0) or until one of them dies too often (1)."""
-    keepers = [asyncio.create_task(mesh.keep(child)) for child in mesh.children]
+    keepers = [asyncio.create_task(group.keep(child)) for child in group.children]
     try:
         if await _stop_requested_first(keepers, stop_requested):
             announce.stopping()
@@ -366,7 +353,7 @@ async def _supervise(mesh: Mesh, stop_requested: asyncio.Event, announce: Announ
         await asyncio.gather(*keepers, return_exceptions=True)
 
 
-async def run_mesh(
+async def run_process_group(
     instances: Sequence[Instance],
     *,
     data_dir: Path,
@@ -386,80 +373,24 @@ async def run_mesh(
     try:
         with data_dir_lock(data_dir), tempfile.TemporaryDirectory(prefix="quarry-up-") as run_dir:
             policy = policy or RestartPolicy()
-            mesh = Mesh(Path(run_dir), data_dir, ready_timeout=ready_timeout, policy=policy, announce=announce)
+            group = ProcessGroup(Path(run_dir), data_dir, ready_timeout=ready_timeout, policy=policy, announce=announce)
             try:
                 for stage in start_stages(instances):
-                    starting = asyncio.create_task(mesh.start(stage))
+                    starting = asyncio.create_task(group.start(stage))
                     if await _stop_requested_first([starting], stop_requested):
                         starting.cancel()
                         await asyncio.wait([starting])
                         return 0
                     starting.result()
-                mesh.publish()
-                announce.ready(mesh.rows())
-                return await _supervise(mesh, stop_requested, announce)
+                group.publish()
+                announce.ready(group.rows())
+                return await _supervise(group, stop_requested, announce)
             finally:
-                mesh.unpublish()  # first: no command should find a mesh that is going away
-                await mesh.stop(stop_timeout)
+                group.unpublish()  # first: no command should find services that are going away
+                await group.stop(stop_timeout)
     except LaunchError as error:
         announce.failed(str(error))
         return 1
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
-
-
-class Announcer:
-    """Prints what `quarry up` is doing; a class so tests and other front ends can replace it."""
-
-    def __init__(self, data_dir: Path, models: Sequence[tuple[str, str, str]] = ()) -> None:
-        from rich.console import Console
-
-        self._console = Console(highlight=False)
-        self._data_dir = data_dir
-        # (tier, model name, endpoint) for each tier that calls a model.
-        self._models = models
-
-    def _table(self, services: Sequence[ServiceRow]) -> None:
-        from rich.table import Table
-
-        table = Table(title="quarry is up", title_justify="left")
-        table.add_column("service")
-        table.add_column("address")
-        table.add_column("pid", justify="right")
-        table.add_column("restarts", justify="right")
-        for name, address, pid, restarts in services:
-            table.add_row(name, address, str(pid), str(restarts))
-        self._console.print(table)
-
-    def ready(self, services: Sequence[ServiceRow]) -> None:
-        self._table(services)
-        # One plain line per service, stable for scripts: "<name> <address>".
-        for row in services:
-            print(f"serving {row.name} {row.address}", flush=True)
-        for tier, model, endpoint in self._models:
-            self._console.print(f"{tier} model: {model} at {endpoint}")
-        self._console.print(f"data: {self._data_dir}\nCtrl-C stops every service.")
-
-    def restarting(self, name: str, why: str, delay: float, restart: int, policy: RestartPolicy) -> None:
-        self._console.print(
-            f"[yellow]{name} {why}[/yellow]; restarting it in {delay:g} s "
-            f"(restart {restart} of at most {policy.max_restarts} in {policy.window_seconds:g} s)"
-        )
-
-    def restart_failed(self, reason: str) -> None:
-        self._console.print(f"[yellow]restart failed:[/yellow] {reason}")
-
-    def restarted(self, name: str, services: Sequence[ServiceRow]) -> None:
-        self._table(services)
-        row = next(row for row in services if row.name == name)
-        print(f"restarted {row.name} {row.address}", flush=True)
-
-    def stopping(self) -> None:
-        self._console.print("stopping…")
-
-    def stopped(self, name: str, status: int) -> None:
-        print(f"stopped {name}" + (f" ({describe_exit(status)})" if status else ""), flush=True)
-
-    def failed(self, reason: str) -> None:
-        self._console.print(f"[red]quarry up failed:[/red] {reason}")

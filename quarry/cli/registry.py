@@ -43,12 +43,18 @@ class ServiceSpec:
     migrations: Migrations | None = None
     # The mesh role its calls to other services carry; None for a service that calls no other.
     mesh_role: MeshRole | None = None
+    # Commands that run the service's code in the command's own process, without the service: name -> "module:function".
+    commands: dict[str, str] = field(default_factory=dict)
 
     def settings_type(self) -> type[ServiceSettings]:
         return cast(type[ServiceSettings], resolve(self.settings_class))
 
     def load_settings(self, **overrides: Any) -> ServiceSettings:
         return load_settings(self.settings_type(), **overrides)
+
+    def command(self, name: str) -> Callable[..., int]:
+        """A command of the service's, imported only now."""
+        return cast(Callable[..., int], resolve(self.commands[name]))
 
     async def build(self, settings: ServiceSettings, common: QuarrySettings) -> ServiceHost:
         build = cast(Callable[[ServiceSettings, QuarrySettings], Awaitable[ServiceHost]], resolve(self.builder))
@@ -86,6 +92,7 @@ SERVICES: dict[str, ServiceSpec] = {
         needs={"scratchpad": "QUARRY_WORKER_SCRATCHPAD_ADDRESS", "monitor": "QUARRY_WORKER_MONITOR_ADDRESS"},
         migrations=_migrations("worker_svc"),
         mesh_role=MeshRole.WORKER,
+        commands={"corpus": "worker_svc.corpus_command:run"},
     ),
     "supervisor": ServiceSpec(
         name="supervisor",

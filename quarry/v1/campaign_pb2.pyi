@@ -559,6 +559,7 @@ class Campaign(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     END_TIME_FIELD_NUMBER: _builtins.int
+    SIGNALS_FIELD_NUMBER: _builtins.int
     campaign_id: _builtins.str
     state: Global___CampaignState.ValueType
     phase: Global___CampaignPhase.ValueType
@@ -595,6 +596,13 @@ class Campaign(_message.Message):
     def update_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def end_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def signals(self) -> Global___CampaignSignals:
+        """Where the campaign stands, computed from its whole ledger. Set by
+        GetCampaign; ListCampaigns and the other calls leave it unset (it reads the
+        ledger).
+        """
+
     def __init__(
         self,
         *,
@@ -617,10 +625,11 @@ class Campaign(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
         end_time: _timestamp_pb2.Timestamp | None = ...,
+        signals: Global___CampaignSignals | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_best_value", b"_best_value", "_noise_floor", b"_noise_floor", "best_value", b"best_value", "create_time", b"create_time", "end_time", b"end_time", "noise_floor", b"noise_floor", "sleep_until", b"sleep_until", "spec", b"spec", "update_time", b"update_time", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_best_value", b"_best_value", "_noise_floor", b"_noise_floor", "best_value", b"best_value", "create_time", b"create_time", "end_time", b"end_time", "noise_floor", b"noise_floor", "signals", b"signals", "sleep_until", b"sleep_until", "spec", b"spec", "update_time", b"update_time", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_value", b"_best_value", "_noise_floor", b"_noise_floor", "best_value", b"best_value", "branch", b"branch", "campaign_id", b"campaign_id", "create_time", b"create_time", "cycle", b"cycle", "end_reason", b"end_reason", "end_time", b"end_time", "last_sequence_no", b"last_sequence_no", "noise_floor", b"noise_floor", "pause_reason", b"pause_reason", "pending_directives", b"pending_directives", "phase", b"phase", "scratchpad_thread_id", b"scratchpad_thread_id", "sleep_reason", b"sleep_reason", "sleep_until", b"sleep_until", "spec", b"spec", "state", b"state", "update_time", b"update_time", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_value", b"_best_value", "_noise_floor", b"_noise_floor", "best_value", b"best_value", "branch", b"branch", "campaign_id", b"campaign_id", "create_time", b"create_time", "cycle", b"cycle", "end_reason", b"end_reason", "end_time", b"end_time", "last_sequence_no", b"last_sequence_no", "noise_floor", b"noise_floor", "pause_reason", b"pause_reason", "pending_directives", b"pending_directives", "phase", b"phase", "scratchpad_thread_id", b"scratchpad_thread_id", "signals", b"signals", "sleep_reason", b"sleep_reason", "sleep_until", b"sleep_until", "spec", b"spec", "state", b"state", "update_time", b"update_time", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__best_value: _TypeAlias = _typing.Literal["best_value"]  # noqa: Y015
     _WhichOneofArgType__best_value: _TypeAlias = _typing.Literal["_best_value", b"_best_value"]  # noqa: Y015
@@ -632,6 +641,92 @@ class Campaign(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__noise_floor) -> _WhichOneofReturnType__noise_floor | None: ...
 
 Global___Campaign: _TypeAlias = Campaign  # noqa: Y015
+
+@_typing.final
+class CampaignSignals(_message.Message):
+    """What a campaign computes from its ledger, by the same rules THINK and REFLECT
+    read (docs/architecture.md, "Campaigns").
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BEST_VALUE_FIELD_NUMBER: _builtins.int
+    BEST_COMMIT_FIELD_NUMBER: _builtins.int
+    NOISE_FLOOR_FIELD_NUMBER: _builtins.int
+    BASELINE_MEAN_FIELD_NUMBER: _builtins.int
+    BASELINE_SAMPLE_STD_FIELD_NUMBER: _builtins.int
+    BASELINE_BATCH_RUNS_FIELD_NUMBER: _builtins.int
+    EXPERIMENTS_FIELD_NUMBER: _builtins.int
+    EXPERIMENTS_SINCE_KEEP_FIELD_NUMBER: _builtins.int
+    BASELINE_RUNS_NEEDED_FIELD_NUMBER: _builtins.int
+    STAGNANT_FIELD_NUMBER: _builtins.int
+    PHASE_GATE_CLEARED_FIELD_NUMBER: _builtins.int
+    RETEST_COMMIT_FIELD_NUMBER: _builtins.int
+    RETEST_VALUES_FIELD_NUMBER: _builtins.int
+    best_value: _builtins.float
+    """The kept state's value: the latest baseline batch's mean, or a candidate's
+    kept after it. Unset before the first baseline value.
+    """
+    best_commit: _builtins.str
+    noise_floor: _builtins.float
+    """From the latest baseline batch with two values or more: max(2 x its sample
+    standard deviation, the noise epsilon). Unset before such a batch.
+    """
+    baseline_mean: _builtins.float
+    baseline_sample_std: _builtins.float
+    baseline_batch_runs: _builtins.int
+    """The runs of the batch the noise floor was measured over."""
+    experiments: _builtins.int
+    """Cycles that were not baseline runs."""
+    experiments_since_keep: _builtins.int
+    baseline_runs_needed: _builtins.int
+    """Baseline runs due before the next experiment."""
+    stagnant: _builtins.bool
+    """No kept improvement within the stagnation window."""
+    phase_gate_cleared: _builtins.bool
+    retest_commit: _builtins.str
+    """Set while a candidate awaits a retest: its commit and its values so far."""
+    @_builtins.property
+    def retest_values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        best_value: _builtins.float | None = ...,
+        best_commit: _builtins.str = ...,
+        noise_floor: _builtins.float | None = ...,
+        baseline_mean: _builtins.float | None = ...,
+        baseline_sample_std: _builtins.float | None = ...,
+        baseline_batch_runs: _builtins.int = ...,
+        experiments: _builtins.int = ...,
+        experiments_since_keep: _builtins.int = ...,
+        baseline_runs_needed: _builtins.int = ...,
+        stagnant: _builtins.bool = ...,
+        phase_gate_cleared: _builtins.bool = ...,
+        retest_commit: _builtins.str = ...,
+        retest_values: _abc.Iterable[_builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_baseline_mean", b"_baseline_mean", "_baseline_sample_std", b"_baseline_sample_std", "_best_value", b"_best_value", "_noise_floor", b"_noise_floor", "baseline_mean", b"baseline_mean", "baseline_sample_std", b"baseline_sample_std", "best_value", b"best_value", "noise_floor", b"noise_floor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_baseline_mean", b"_baseline_mean", "_baseline_sample_std", b"_baseline_sample_std", "_best_value", b"_best_value", "_noise_floor", b"_noise_floor", "baseline_batch_runs", b"baseline_batch_runs", "baseline_mean", b"baseline_mean", "baseline_runs_needed", b"baseline_runs_needed", "baseline_sample_std", b"baseline_sample_std", "best_commit", b"best_commit", "best_value", b"best_value", "experiments", b"experiments", "experiments_since_keep", b"experiments_since_keep", "noise_floor", b"noise_floor", "phase_gate_cleared", b"phase_gate_cleared", "retest_commit", b"retest_commit", "retest_values", b"retest_values", "stagnant", b"stagnant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__baseline_mean: _TypeAlias = _typing.Literal["baseline_mean"]  # noqa: Y015
+    _WhichOneofArgType__baseline_mean: _TypeAlias = _typing.Literal["_baseline_mean", b"_baseline_mean"]  # noqa: Y015
+    _WhichOneofReturnType__baseline_sample_std: _TypeAlias = _typing.Literal["baseline_sample_std"]  # noqa: Y015
+    _WhichOneofArgType__baseline_sample_std: _TypeAlias = _typing.Literal["_baseline_sample_std", b"_baseline_sample_std"]  # noqa: Y015
+    _WhichOneofReturnType__best_value: _TypeAlias = _typing.Literal["best_value"]  # noqa: Y015
+    _WhichOneofArgType__best_value: _TypeAlias = _typing.Literal["_best_value", b"_best_value"]  # noqa: Y015
+    _WhichOneofReturnType__noise_floor: _TypeAlias = _typing.Literal["noise_floor"]  # noqa: Y015
+    _WhichOneofArgType__noise_floor: _TypeAlias = _typing.Literal["_noise_floor", b"_noise_floor"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__baseline_mean) -> _WhichOneofReturnType__baseline_mean | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__baseline_sample_std) -> _WhichOneofReturnType__baseline_sample_std | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__best_value) -> _WhichOneofReturnType__best_value | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__noise_floor) -> _WhichOneofReturnType__noise_floor | None: ...
+
+Global___CampaignSignals: _TypeAlias = CampaignSignals  # noqa: Y015
 
 @_typing.final
 class CampaignDirective(_message.Message):
@@ -819,6 +914,7 @@ class LedgerRow(_message.Message):
     TOKENS_USED_FIELD_NUMBER: _builtins.int
     START_TIME_FIELD_NUMBER: _builtins.int
     END_TIME_FIELD_NUMBER: _builtins.int
+    SIGNALS_FIELD_NUMBER: _builtins.int
     cycle: _builtins.int
     hypothesis: _builtins.str
     action: _builtins.str
@@ -837,6 +933,12 @@ class LedgerRow(_message.Message):
     def start_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def end_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def signals(self) -> Global___CampaignSignals:
+        """The campaign's signals after this row: set by ListLedgerRows, unset in
+        ledger_recorded events.
+        """
+
     def __init__(
         self,
         *,
@@ -853,10 +955,11 @@ class LedgerRow(_message.Message):
         tokens_used: _builtins.int = ...,
         start_time: _timestamp_pb2.Timestamp | None = ...,
         end_time: _timestamp_pb2.Timestamp | None = ...,
+        signals: Global___CampaignSignals | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "end_time", b"end_time", "exit_code", b"exit_code", "start_time", b"start_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "end_time", b"end_time", "exit_code", b"exit_code", "signals", b"signals", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "action", b"action", "commit", b"commit", "conclusion", b"conclusion", "cycle", b"cycle", "end_time", b"end_time", "exit_code", b"exit_code", "hypothesis", b"hypothesis", "job_id", b"job_id", "job_state", b"job_state", "metrics", b"metrics", "start_time", b"start_time", "tokens_used", b"tokens_used", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "action", b"action", "commit", b"commit", "conclusion", b"conclusion", "cycle", b"cycle", "end_time", b"end_time", "exit_code", b"exit_code", "hypothesis", b"hypothesis", "job_id", b"job_id", "job_state", b"job_state", "metrics", b"metrics", "signals", b"signals", "start_time", b"start_time", "tokens_used", b"tokens_used", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
@@ -1443,3 +1546,54 @@ class SendDirectiveResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SendDirectiveResponse: _TypeAlias = SendDirectiveResponse  # noqa: Y015
+
+@_typing.final
+class ListLedgerRowsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    campaign_id: _builtins.str
+    page_size: _builtins.int
+    """0 means 100; values above 1000 are capped."""
+    page_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        campaign_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLedgerRowsRequest: _TypeAlias = ListLedgerRowsRequest  # noqa: Y015
+
+@_typing.final
+class ListLedgerRowsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def rows(self) -> _containers.RepeatedCompositeFieldContainer[Global___LedgerRow]:
+        """In cycle order."""
+
+    def __init__(
+        self,
+        *,
+        rows: _abc.Iterable[Global___LedgerRow] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLedgerRowsResponse: _TypeAlias = ListLedgerRowsResponse  # noqa: Y015

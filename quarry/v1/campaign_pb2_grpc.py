@@ -77,6 +77,11 @@ class CampaignServiceStub:
                 request_serializer=quarry_dot_v1_dot_campaign__pb2.SendDirectiveRequest.SerializeToString,
                 response_deserializer=quarry_dot_v1_dot_campaign__pb2.SendDirectiveResponse.FromString,
                 _registered_method=True)
+        self.ListLedgerRows = channel.unary_unary(
+                '/quarry.v1.CampaignService/ListLedgerRows',
+                request_serializer=quarry_dot_v1_dot_campaign__pb2.ListLedgerRowsRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_campaign__pb2.ListLedgerRowsResponse.FromString,
+                _registered_method=True)
 
 
 class CampaignServiceServicer:
@@ -144,6 +149,14 @@ class CampaignServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListLedgerRows(self, request, context):
+        """Lists the campaign's ledger, one row per cycle in cycle order, each with the
+        signals the campaign computed after it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CampaignServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -186,6 +199,11 @@ def add_CampaignServiceServicer_to_server(servicer, server):
                     servicer.SendDirective,
                     request_deserializer=quarry_dot_v1_dot_campaign__pb2.SendDirectiveRequest.FromString,
                     response_serializer=quarry_dot_v1_dot_campaign__pb2.SendDirectiveResponse.SerializeToString,
+            ),
+            'ListLedgerRows': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLedgerRows,
+                    request_deserializer=quarry_dot_v1_dot_campaign__pb2.ListLedgerRowsRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_campaign__pb2.ListLedgerRowsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -407,6 +425,33 @@ class CampaignService:
             '/quarry.v1.CampaignService/SendDirective',
             quarry_dot_v1_dot_campaign__pb2.SendDirectiveRequest.SerializeToString,
             quarry_dot_v1_dot_campaign__pb2.SendDirectiveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLedgerRows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.CampaignService/ListLedgerRows',
+            quarry_dot_v1_dot_campaign__pb2.ListLedgerRowsRequest.SerializeToString,
+            quarry_dot_v1_dot_campaign__pb2.ListLedgerRowsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -60,6 +60,10 @@ class CampaignServiceStub:
     """Gives the campaign's next THINK a human directive, which it consumes once.
     Idempotent by request_id.
     """
+    ListLedgerRows: _grpc.UnaryUnaryMultiCallable[_campaign_pb2.ListLedgerRowsRequest, _campaign_pb2.ListLedgerRowsResponse]
+    """Lists the campaign's ledger, one row per cycle in cycle order, each with the
+    signals the campaign computed after it.
+    """
 
 @_typing.type_check_only
 class CampaignServiceAsyncStub(CampaignServiceStub):
@@ -92,6 +96,10 @@ class CampaignServiceAsyncStub(CampaignServiceStub):
     SendDirective: _aio.UnaryUnaryMultiCallable[_campaign_pb2.SendDirectiveRequest, _campaign_pb2.SendDirectiveResponse]  # type: ignore[assignment]
     """Gives the campaign's next THINK a human directive, which it consumes once.
     Idempotent by request_id.
+    """
+    ListLedgerRows: _aio.UnaryUnaryMultiCallable[_campaign_pb2.ListLedgerRowsRequest, _campaign_pb2.ListLedgerRowsResponse]  # type: ignore[assignment]
+    """Lists the campaign's ledger, one row per cycle in cycle order, each with the
+    signals the campaign computed after it.
     """
 
 class CampaignServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -170,6 +178,16 @@ class CampaignServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_campaign_pb2.SendDirectiveResponse, _abc.Awaitable[_campaign_pb2.SendDirectiveResponse]]:
         """Gives the campaign's next THINK a human directive, which it consumes once.
         Idempotent by request_id.
+        """
+
+    @_abc_1.abstractmethod
+    def ListLedgerRows(
+        self,
+        request: _campaign_pb2.ListLedgerRowsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_campaign_pb2.ListLedgerRowsResponse, _abc.Awaitable[_campaign_pb2.ListLedgerRowsResponse]]:
+        """Lists the campaign's ledger, one row per cycle in cycle order, each with the
+        signals the campaign computed after it.
         """
 
 def add_CampaignServiceServicer_to_server(servicer: CampaignServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

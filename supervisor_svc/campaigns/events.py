@@ -6,12 +6,13 @@ client sees is what code decided to tell it.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from quarry.convert import JOB_STATES, EnumMap, job_ref_to_proto, timestamp
+from quarry.records.campaign import LedgerRecord, Violation, ViolationKind
+from quarry.records.contract import ledger_row
 from quarry.v1 import campaign_pb2, monitor_pb2
 from supervisor_svc.campaigns.model import CampaignState, DirectiveState, JobProgress, Phase, SignalKind
-from supervisor_svc.campaigns.records import LedgerRecord, Verdict, Violation, ViolationKind
 
 
 class Event:
@@ -43,64 +44,12 @@ PHASES: EnumMap[Phase, campaign_pb2.CampaignPhase.ValueType] = EnumMap(
 DIRECTIVE_STATES: EnumMap[DirectiveState, campaign_pb2.DirectiveState.ValueType] = EnumMap(
     {state: campaign_pb2.DirectiveState.Value(f"DIRECTIVE_STATE_{state.name}") for state in DirectiveState}
 )
-_VERDICTS: EnumMap[Verdict, campaign_pb2.LedgerVerdict.ValueType] = EnumMap(
-    {verdict: campaign_pb2.LedgerVerdict.Value(f"LEDGER_VERDICT_{verdict.name}") for verdict in Verdict}
-)
 _RULES: EnumMap[ViolationKind, campaign_pb2.ViolationRule.ValueType] = EnumMap(
     {rule: campaign_pb2.ViolationRule.Value(f"VIOLATION_RULE_{rule.name}") for rule in ViolationKind}
 )
 _SIGNALS: EnumMap[SignalKind, campaign_pb2.CampaignSignalKind.ValueType] = EnumMap(
     {kind: campaign_pb2.CampaignSignalKind.Value(f"CAMPAIGN_SIGNAL_KIND_{kind.name}") for kind in SignalKind}
 )
-
-
-def ledger_row(record: LedgerRecord) -> campaign_pb2.LedgerRow:
-    row = campaign_pb2.LedgerRow(
-        cycle=record.cycle,
-        hypothesis=record.hypothesis,
-        action=record.action,
-        commit=record.commit,
-        job_id=record.job_id,
-        verdict=_VERDICTS.to_proto(record.verdict),
-        conclusion=record.conclusion,
-        tokens_used=record.tokens_used,
-        start_time=timestamp(record.started_at),
-        end_time=timestamp(record.ended_at),
-    )
-    if record.job_state is not None:
-        row.job_state = JOB_STATES.to_proto(record.job_state)
-    if record.exit_code is not None:
-        row.exit_code = record.exit_code
-    for name, value in record.metrics.items():
-        metric = row.metrics.add(name=name)
-        if value is not None:
-            metric.value = value
-    return row
-
-
-def ledger_record(row: campaign_pb2.LedgerRow) -> LedgerRecord:
-    """A ledger row as the record it mirrors (for code that computes signals from a campaign's events).
-
-    Raises ValueError for a verdict or job state this build does not know.
-    """
-    verdict = _VERDICTS.from_proto(row.verdict)
-    if verdict is None:
-        raise ValueError(f"ledger row {row.cycle} has a verdict this build does not know")
-    return LedgerRecord(
-        cycle=row.cycle,
-        hypothesis=row.hypothesis,
-        action=row.action,
-        commit=row.commit,
-        job_id=row.job_id,
-        job_state=JOB_STATES.from_proto(row.job_state),
-        exit_code=row.exit_code if row.HasField("exit_code") else None,
-        metrics={metric.name: metric.value if metric.HasField("value") else None for metric in row.metrics},
-        verdict=verdict,
-        conclusion=row.conclusion,
-        tokens_used=row.tokens_used,
-        started_at=row.start_time.ToDatetime(tzinfo=UTC),
-        ended_at=row.end_time.ToDatetime(tzinfo=UTC),
-    )
 
 
 def phase_changed(phase: Phase, cycle: int, message: str = "") -> Event:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from supervisor_svc.campaigns.records import CampaignRecord, DeadEnd, Insight, LedgerRecord
+from quarry.records.campaign import CampaignRecord, DeadEnd, Insight, LedgerRecord
 
 EXPERIMENTS_FILE = "experiments.jsonl"
 DEAD_ENDS_FILE = "DEAD_ENDS.md"

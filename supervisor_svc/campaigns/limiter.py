@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from supervisor_svc.campaigns.records import LedgerRecord, Verdict
+from quarry.records.campaign import LedgerRecord, Verdict
 
 WINDOW = timedelta(hours=1)
 DEFAULT_BACKOFF_BASE_SECONDS = 60.0

@@ -32,10 +32,23 @@ from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver
 from quarry.agent.messages import system, user
 from quarry.agent.model import ModelClient
 from quarry.agent.tools import Tool, ToolRegistry, current_call
-from quarry.client import MonitorClient
+from quarry.clients.monitor import MonitorClient
 from quarry.convert import JOB_STATES, job_ref_from_proto
 from quarry.errors import DeadlineExceeded, QuarryError, ResourceExhausted, Unavailable
 from quarry.identity import Principal, Role
+from quarry.records.campaign import (
+    CampaignRecord,
+    DeadEnd,
+    Decision,
+    Directive,
+    DirectiveConsumed,
+    Insight,
+    LedgerRecord,
+    Verdict,
+    Violation,
+    record_from_json,
+)
+from quarry.records.signals import Direction, Signals, read_signals
 from quarry.research_plane import ResearchPlane
 from quarry.v1 import monitor_pb2
 from quarry.vocabulary import DelegationResult, EntryKind, JobState
@@ -50,20 +63,7 @@ from supervisor_svc.campaigns.model import (
     SignalKind,
     branch_name,
 )
-from supervisor_svc.campaigns.records import (
-    CampaignRecord,
-    DeadEnd,
-    Decision,
-    Directive,
-    DirectiveConsumed,
-    Insight,
-    LedgerRecord,
-    Verdict,
-    Violation,
-    record_from_json,
-)
 from supervisor_svc.campaigns.service import CampaignHandle, CampaignLoop, CampaignLoopFactory
-from supervisor_svc.campaigns.signals import Direction, Signals, read_signals
 from supervisor_svc.runs.domain import DelegationOrder
 from supervisor_svc.runs.tools import Criterion
 from supervisor_svc.runs.worker_client import DelegationClient

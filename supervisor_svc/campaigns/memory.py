@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from supervisor_svc.campaigns.records import (
+from quarry.records.campaign import (
     CampaignRecord,
     DeadEnd,
     Decision,
@@ -22,7 +22,7 @@ from supervisor_svc.campaigns.records import (
     LedgerRecord,
     Verdict,
 )
-from supervisor_svc.campaigns.signals import MetricGoal, Signals, baseline_batches
+from quarry.records.signals import MetricGoal, Signals, baseline_batches
 
 MILESTONES_CAP = 1_200
 DECISIONS_KEPT = 15

@@ -24,10 +24,10 @@ from pydantic import TypeAdapter
 
 from quarry import ids
 from quarry.errors import FieldViolation, InvalidArgument
+from quarry.records import signals
+from quarry.records.signals import Direction, MetricGoal, SignalRules
 from quarry.vocabulary import JobRef, JobState
-from supervisor_svc.campaigns import signals
 from supervisor_svc.campaigns.limiter import DEFAULT_MAX_CONSECUTIVE_FAILURES, Limits
-from supervisor_svc.campaigns.signals import Direction, MetricGoal, SignalRules
 
 
 class CampaignState(enum.StrEnum):

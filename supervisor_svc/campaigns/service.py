@@ -35,6 +35,7 @@ from quarry.errors import (
     Unimplemented,
 )
 from quarry.notify import CommitSignal
+from quarry.records.campaign import LedgerRecord
 from supervisor_svc.campaigns import events
 from supervisor_svc.campaigns.events import Event
 from supervisor_svc.campaigns.model import (
@@ -49,7 +50,6 @@ from supervisor_svc.campaigns.model import (
     reason_text,
     validate_spec,
 )
-from supervisor_svc.campaigns.records import LedgerRecord
 from supervisor_svc.campaigns.store import CampaignLost, CampaignStore
 from supervisor_svc.hosting.following import EventLogWriter
 from supervisor_svc.hosting.host import Host, HostLimits, Tenant

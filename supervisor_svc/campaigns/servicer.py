@@ -11,8 +11,18 @@ from google.protobuf import timestamp_pb2
 
 from quarry.convert import EnumMap, duration, duration_seconds, timestamp
 from quarry.errors import FieldViolation, InvalidArgument
+from quarry.records.contract import signals_to_proto
+from quarry.records.signals import (
+    DEFAULT_BASELINE_RUNS,
+    DEFAULT_MAX_RETESTS,
+    DEFAULT_NOISE_EPSILON,
+    DEFAULT_REBASELINE_EVERY,
+    DEFAULT_STAGNATION_WINDOW,
+    Direction,
+)
 from quarry.v1 import campaign_pb2, campaign_pb2_grpc, monitor_pb2
 from supervisor_svc.campaigns.events import DIRECTIVE_STATES, PHASES, STATES
+from supervisor_svc.campaigns.ledger_reads import ledger_page, standing
 from supervisor_svc.campaigns.limiter import DEFAULT_MAX_CONSECUTIVE_FAILURES
 from supervisor_svc.campaigns.model import (
     Brief,
@@ -27,14 +37,6 @@ from supervisor_svc.campaigns.model import (
     Workspace,
 )
 from supervisor_svc.campaigns.service import Campaigns
-from supervisor_svc.campaigns.signals import (
-    DEFAULT_BASELINE_RUNS,
-    DEFAULT_MAX_RETESTS,
-    DEFAULT_NOISE_EPSILON,
-    DEFAULT_REBASELINE_EVERY,
-    DEFAULT_STAGNATION_WINDOW,
-    Direction,
-)
 
 _DIRECTIONS: EnumMap[Direction, monitor_pb2.MetricDirection.ValueType] = EnumMap(
     {
@@ -224,8 +226,10 @@ class CampaignServicer(campaign_pb2_grpc.CampaignServiceServicer):
     async def GetCampaign(
         self, request: campaign_pb2.GetCampaignRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> campaign_pb2.GetCampaignResponse:
-        record = await self._campaigns.get(request.campaign_id)
-        return campaign_pb2.GetCampaignResponse(campaign=campaign_to_proto(record))
+        record, signals = await standing(self._campaigns, request.campaign_id)
+        campaign = campaign_to_proto(record)
+        campaign.signals.CopyFrom(signals_to_proto(signals))
+        return campaign_pb2.GetCampaignResponse(campaign=campaign)
 
     async def ListCampaigns(
         self, request: campaign_pb2.ListCampaignsRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -267,3 +271,9 @@ class CampaignServicer(campaign_pb2_grpc.CampaignServiceServicer):
     ) -> campaign_pb2.SendDirectiveResponse:
         record = await self._campaigns.send_directive(request.campaign_id, request.text, request.request_id)
         return campaign_pb2.SendDirectiveResponse(directive=directive_to_proto(record))
+
+    async def ListLedgerRows(
+        self, request: campaign_pb2.ListLedgerRowsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> campaign_pb2.ListLedgerRowsResponse:
+        rows, token = await ledger_page(self._campaigns, request.campaign_id, request.page_size, request.page_token)
+        return campaign_pb2.ListLedgerRowsResponse(rows=rows, next_page_token=token)

@@ -23,6 +23,7 @@ from quarry import ids
 from quarry.db import Database, reserve_sequence_numbers
 from quarry.errors import AlreadyExists, ErrorReason
 from quarry.notify import notify_on_commit
+from quarry.records.campaign import LedgerRecord
 from supervisor_svc.campaigns import events
 from supervisor_svc.campaigns.events import Event
 from supervisor_svc.campaigns.model import (
@@ -39,7 +40,6 @@ from supervisor_svc.campaigns.model import (
     branch_name,
     usage_in_window,
 )
-from supervisor_svc.campaigns.records import LedgerRecord
 from supervisor_svc.hosting.store import HostedStore, WorkTables
 from supervisor_svc.schema import campaign_directives, campaign_events, campaigns
 

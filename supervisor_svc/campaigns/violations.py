@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
+from quarry.records.campaign import Violation, ViolationKind
 from quarry.vocabulary import JobState
-from supervisor_svc.campaigns.records import Violation, ViolationKind
 
 
 @dataclass(frozen=True)

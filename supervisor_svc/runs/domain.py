@@ -13,7 +13,7 @@ from quarry import ids
 from quarry.agent.usage import Usage
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.identity import Role
-from quarry.research_records import ClaimJudgement
+from quarry.records.research import ClaimJudgement
 from supervisor_svc.verification.state import Verification
 
 DEFAULT_SUPERVISOR_TURNS = 12

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from quarry.convert import DELEGATION_ERROR_CODES, ENTRY_KINDS, EnumMap, principal_to_proto, usage_to_proto
-from quarry.research_records import ClaimJudgement
+from quarry.records.research import ClaimJudgement
 from quarry.v1 import common_pb2, supervisor_pb2
 from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc.runs.domain import (

@@ -1,7 +1,7 @@
 """The run's research ledger, as the supervisor keeps it: who was asked what, where it ran, what it cost.
 
 For every delegation, researchers' and evidence roles' alike, three typed entries on the run's thread
-(quarry.research_records): the Assignment before it starts (role, contract, input refs), the
+(quarry.records.research): the Assignment before it starts (role, contract, input refs), the
 RouteDecision once a worker has taken it (worker, tier, model), and UsageObserved when it ends (the
 token counts the model endpoint reported). What the role itself records (findings, a verdict, an audit
 and its objections, an adjudication) falls between them, so the thread reads in the order it happened.
@@ -22,8 +22,8 @@ from pydantic import ValidationError
 
 from quarry.errors import QuarryError
 from quarry.identity import Principal, Role
+from quarry.records.research import Assignment, ResearchRecord, RouteDecision, UsageObserved
 from quarry.research_plane import ResearchPlane
-from quarry.research_records import Assignment, ResearchRecord, RouteDecision, UsageObserved
 from quarry.vocabulary import DelegationResult, Tier
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from typing import Any
 
 import grpc
 
-from quarry.client import Dialer
+from quarry.clients.channels import Dialer
 from quarry.convert import ROLES, TIERS, delegation_result_from_proto, duration
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from quarry.vocabulary import DelegationResult, Tier

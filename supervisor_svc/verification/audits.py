@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from typing import NamedTuple, TypeVar
 
 from quarry.identity import Role
-from quarry.research_records import Adjudication, CitationAudit, CitationJudgement, RecordError, ResearchRecord
+from quarry.records.base import RecordError
+from quarry.records.research import Adjudication, CitationAudit, CitationJudgement, ResearchRecord
 from quarry.vocabulary import DelegationResult
 from supervisor_svc.runs.delegating import Contract
 

@@ -18,7 +18,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from quarry.identity import Role
-from quarry.research_records import ClaimJudgement, ClaimVerdict, RecordError
+from quarry.records.base import RecordError
+from quarry.records.research import ClaimJudgement, ClaimVerdict
 from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc.runs.delegating import Contract, Delegator
 from supervisor_svc.runs.synthesis import sourced_findings

@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
-from quarry.research_records import ClaimJudgement
+from quarry.records.research import ClaimJudgement
 from supervisor_svc.runs.domain import Citation, Report
 from supervisor_svc.verification.sentences import MARKER
 from supervisor_svc.verification.state import (

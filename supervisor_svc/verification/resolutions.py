@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from quarry.research_records import ObjectionResolution, Resolution
+from quarry.records.research import ObjectionResolution, Resolution
 from supervisor_svc.runs.ledger import RunLedger
 from supervisor_svc.verification.state import ObjectionStatus, SentenceStatus, Verification
 

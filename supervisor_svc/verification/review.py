@@ -27,7 +27,7 @@ from typing import Any
 
 from quarry.agent.model import ModelClient
 from quarry.agent.usage import Usage
-from quarry.research_records import AdjudicationDecision, CitationJudgement, ObjectionResolution, Resolution
+from quarry.records.research import AdjudicationDecision, CitationJudgement, ObjectionResolution, Resolution
 from supervisor_svc.runs.budget import TokenBudget
 from supervisor_svc.runs.delegating import Delegator
 from supervisor_svc.runs.domain import Citation, Report

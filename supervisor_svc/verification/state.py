@@ -11,7 +11,7 @@ import enum
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from quarry.research_records import ClaimJudgement
+from quarry.records.research import ClaimJudgement
 
 
 class SentenceStatus(enum.StrEnum):

@@ -21,7 +21,7 @@ from quarry.config import (
     WorkerSettings,
 )
 from quarry.identity import MeshRole
-from quarry.mesh import MeshPeers
+from quarry.mesh_auth import MeshPeers
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 OVERLAYS = ["dev", "prod"]

@@ -20,7 +20,7 @@ import asyncssh
 import grpc
 
 from monitor_svc.service import build_host
-from quarry.client import insecure_channel
+from quarry.clients.channels import insecure_channel
 from quarry.config import MonitorSettings, QuarrySettings, SshHost
 from quarry.v1 import monitor_pb2_grpc
 

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from monitor_svc.service import build_host
-from quarry.client import insecure_channel
+from quarry.clients.channels import insecure_channel
 from quarry.config import MonitorSettings, QuarrySettings
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 from tests.rpc import expect_error, violations

@@ -24,7 +24,7 @@ from quarry.config import (
     WorkerSettings,
 )
 from quarry.identity import MeshRole
-from quarry.mesh import MeshKeys
+from quarry.mesh_auth import MeshKeys
 from quarry.security import bearer_metadata
 from scratchpad_svc.service import SERVICE_NAME as SCRATCHPAD
 from scratchpad_svc.service import build_host as build_scratchpad

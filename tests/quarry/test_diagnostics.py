@@ -15,7 +15,7 @@ from google.protobuf import text_format
 from sqlalchemy.engine import make_url
 
 from monitor_svc.service import build_host as build_monitor
-from quarry.client import open_channel
+from quarry.clients.channels import open_channel
 from quarry.config import (
     MonitorSettings,
     QuarrySettings,
@@ -25,7 +25,7 @@ from quarry.config import (
 )
 from quarry.diagnostics import Check, Diagnoser, Diagnostics, Finding, Status, model_diagnostics
 from quarry.identity import MeshRole
-from quarry.mesh import MeshKeys
+from quarry.mesh_auth import MeshKeys
 from quarry.v1 import diagnostics_pb2, diagnostics_pb2_grpc, supervisor_pb2, supervisor_pb2_grpc, worker_pb2
 from quarry.v1 import worker_pb2_grpc as worker_grpc
 from scratchpad_svc.service import build_host as build_scratchpad

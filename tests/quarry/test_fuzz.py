@@ -31,7 +31,7 @@ from grpc_health.v1 import health_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quarry.client import open_channel
+from quarry.clients.channels import open_channel
 from quarry.paging import encode_token
 from quarry.v1 import campaign_pb2, diagnostics_pb2, monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from tests.quarry.every_service import MONITOR, SCRATCHPAD, every_service
@@ -204,6 +204,7 @@ VALID = {
     "quarry.v1.CampaignService.ResumeCampaign": f'campaign_id: "{CAMPAIGN_ID}" reason: "r"',
     "quarry.v1.CampaignService.StopCampaign": f'campaign_id: "{CAMPAIGN_ID}" reason: "r"',
     "quarry.v1.CampaignService.SendDirective": f'campaign_id: "{CAMPAIGN_ID}" text: "try" request_id: "d1"',
+    "quarry.v1.CampaignService.ListLedgerRows": f'campaign_id: "{CAMPAIGN_ID}" page_size: 2',
     "quarry.v1.MonitorService.ListGpus": "",
     "quarry.v1.MonitorService.WatchGpus": "interval { seconds: 1 }",
     "quarry.v1.MonitorService.SubmitJob": (

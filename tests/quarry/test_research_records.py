@@ -7,7 +7,8 @@ import json
 import pytest
 
 from quarry.identity import Role
-from quarry.research_records import (
+from quarry.records.base import RecordError
+from quarry.records.research import (
     RECORD_TYPES,
     Adjudication,
     AdjudicationDecision,
@@ -19,7 +20,6 @@ from quarry.research_records import (
     InputRefs,
     Objection,
     ObjectionResolution,
-    RecordError,
     ResearchRecord,
     Resolution,
     RouteDecision,

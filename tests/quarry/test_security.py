@@ -23,9 +23,11 @@ from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from quarry.client import QuarryClient, ScratchpadClient, open_channel
+from quarry.clients.channels import open_channel
+from quarry.clients.runs import RunsClient
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import ConfigurationError, QuarrySettings, ScratchpadSettings, SupervisorSettings
-from quarry.mesh import mesh_guard
+from quarry.mesh_auth import mesh_guard
 from quarry.security import ConnectionLimits, Tls
 from quarry.server import ServiceHost, ServiceRegistration
 from quarry.v1 import common_pb2, scratchpad_pb2
@@ -191,14 +193,14 @@ async def test_the_supervisor_wants_its_bearer_token_but_probes_and_reflection_s
 ) -> None:
     missing_id = "run-" + "0" * 32
     for token in ("", "wrong"):
-        async with QuarryClient.connect(guarded_supervisor, token=token) as client:
+        async with RunsClient.connect(guarded_supervisor, token=token) as client:
             error = await expect_error(client.get_run(missing_id), grpc.StatusCode.UNAUTHENTICATED)
             assert error_reason(error) == "BEARER_TOKEN_INVALID"
             with pytest.raises(grpc.aio.AioRpcError) as raised:
                 async for _ in client.stream_run(missing_id):
                     pass
             assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    async with QuarryClient.connect(guarded_supervisor, token="s3cret-token") as client:
+    async with RunsClient.connect(guarded_supervisor, token="s3cret-token") as client:
         await expect_error(client.get_run(missing_id), grpc.StatusCode.NOT_FOUND)  # past the check
         # Streams carry the token too (grpc files a client interceptor under one kind of call only).
         with pytest.raises(grpc.aio.AioRpcError) as raised:

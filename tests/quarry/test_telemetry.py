@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from quarry.client import QuarryClient, ScratchpadClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.runs import RunsClient
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.telemetry import JsonFormatter
 from quarry.v1 import common_pb2, scratchpad_pb2
 from tests.conftest import reusable_port, start_service, stop_service
@@ -85,7 +87,7 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
         "QUARRY_LOG_LEVEL": "INFO",
     }
     with processes(tmp_path, model, site, env) as mesh:
-        async with QuarryClient.connect(mesh.supervisor.address) as client:
+        async with RunsClient.connect(mesh.supervisor.address) as client:
             run = await client.start_run("How tall is the tower?")
             events = [event async for event in client.stream_run(run.run_id)]
         assert events[-1].HasField("completed"), events[-1]

@@ -6,7 +6,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from quarry.client import ScratchpadClient
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import QuarrySettings, ScratchpadSettings
 from quarry.server import ServiceHost
 from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from quarry.client import ScratchpadClient
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.server import ServiceHost
 from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
 from tests.scratchpad_svc.conftest import SUPERVISOR, finding

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from quarry.client import ScratchpadClient
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
 from tests.conftest import POSTGRES_URL
 from tests.scratchpad_svc.conftest import RESEARCHER, finding

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 
 from quarry.identity import Role
-from quarry.research_records import (
+from quarry.records.research import (
     Adjudication,
     AdjudicationDecision,
     Assignment,

@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 
 from quarry.db import database_url as database_url_for
-from quarry.db import upgrade_schema
+from quarry.migrations import upgrade_schema
 from scratchpad_svc.schema import entries, metadata, threads
 from scratchpad_svc.service import MIGRATIONS, VERSION_TABLE
 from tests.conftest import assert_migrations_build_the_schema

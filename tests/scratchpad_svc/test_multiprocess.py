@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from quarry.client import RetryPolicy, ScratchpadClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.retry import RetryPolicy
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.v1 import common_pb2, scratchpad_pb2
 from tests.conftest import ServiceProcess, kill_all, postgres_schema, reusable_port, start_service, stop_service
 

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from quarry.db import open_migrated_database
 from quarry.errors import AlreadyExists, QuarryError
 from quarry.identity import Role
+from quarry.migrations import open_migrated_database
 from quarry.vocabulary import EntryKind
 from scratchpad_svc.model import AppendCommand, AppendResult, NewThread
 from scratchpad_svc.service import MIGRATIONS, VERSION_TABLE

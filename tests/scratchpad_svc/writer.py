@@ -12,7 +12,9 @@ import asyncio
 import json
 import sys
 
-from quarry.client import RetryPolicy, ScratchpadClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.retry import RetryPolicy
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.v1 import common_pb2, scratchpad_pb2
 
 

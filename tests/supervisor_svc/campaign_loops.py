@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from quarry.client import CampaignClient, open_channel
+from quarry.clients.campaigns import CampaignsClient
+from quarry.clients.channels import open_channel
 from quarry.config import QuarrySettings, SupervisorSettings
 from quarry.server import ServiceHost
 from quarry.v1 import campaign_pb2, monitor_pb2
@@ -70,7 +71,7 @@ def campaign_spec(goal: str = "Lower the validation loss.") -> campaign_pb2.Camp
 @dataclass
 class ServedCampaigns:
     host: ServiceHost
-    client: CampaignClient
+    client: CampaignsClient
     loops: WaitingLoops
 
     async def events(self, campaign_id: str, after: int = 0) -> list[campaign_pb2.CampaignEvent]:
@@ -93,6 +94,6 @@ async def serve_campaigns(tmp_path: Path, database_url: str, model: ScriptedMode
     host = await build_supervisor(settings, common, campaign_loop=loops)
     try:
         async with host, open_channel(host.address) as channel:
-            yield ServedCampaigns(host, CampaignClient(channel), loops)
+            yield ServedCampaigns(host, CampaignsClient(channel), loops)
     finally:
         loops.release.set()

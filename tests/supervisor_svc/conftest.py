@@ -10,10 +10,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from quarry.client import QuarryClient, ScratchpadClient, insecure_channel, open_channel
+from quarry.clients.channels import insecure_channel, open_channel
+from quarry.clients.runs import RunsClient
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import QuarrySettings, ScratchpadSettings, SupervisorSettings, WorkerSettings
 from quarry.identity import MeshRole
-from quarry.mesh import MeshKeys
+from quarry.mesh_auth import MeshKeys
 from quarry.server import ServiceHost
 from quarry.v1 import supervisor_pb2, worker_pb2, worker_pb2_grpc
 from scratchpad_svc.service import build_host as build_scratchpad
@@ -51,7 +53,7 @@ class Mesh:
     supervisor: ServiceHost
     workers: list[ServiceHost]
     scratchpad_address: str
-    client: QuarryClient
+    client: RunsClient
     scratchpad: ScratchpadClient
     script: Choreography
     site: FixtureWeb
@@ -122,7 +124,7 @@ async def mesh(
             )
             async with (
                 supervisor,
-                QuarryClient.connect(supervisor.address) as client,
+                RunsClient.connect(supervisor.address) as client,
                 insecure_channel(scratchpad.address) as channel,
             ):
                 yield Mesh(

@@ -17,12 +17,15 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
-from quarry.db import Database, open_migrated_database
+from quarry.db import Database
 from quarry.errors import ErrorReason, InvalidArgument, Unimplemented
+from quarry.migrations import open_migrated_database
 from quarry.notify import CommitSignal
+from quarry.records.campaign import LedgerRecord, Verdict
+from quarry.records.contract import signals_to_proto
+from quarry.records.signals import read_signals
 from quarry.v1 import campaign_pb2
 from supervisor_svc.campaigns.model import CampaignState, Phase, Progress, validate_spec
-from supervisor_svc.campaigns.records import LedgerRecord, Verdict
 from supervisor_svc.campaigns.service import MAX_ACTIVE_CAMPAIGNS, Campaigns
 from supervisor_svc.campaigns.servicer import spec_from_proto, spec_to_proto
 from supervisor_svc.campaigns.store import CampaignLost, CampaignStore
@@ -219,6 +222,57 @@ async def database(database_url: str) -> AsyncIterator[Database]:
 def campaigns_on(database: Database, loops: WaitingLoops | None, lease_seconds: float = 30.0) -> Campaigns:
     limits = HostLimits(max_active=MAX_ACTIVE_CAMPAIGNS, lease_seconds=lease_seconds, stream_poll_seconds=0.1)
     return Campaigns(CampaignStore(database), loops, limits, CommitSignal())
+
+
+async def test_get_gives_the_signals_and_the_ledger_is_read_in_pages_each_row_with_the_signals_after_it(
+    served: Served,
+) -> None:
+    campaign = await served.client.start_campaign(spec())
+    handle = await served.loops.next_started()
+    now = datetime.now(UTC)
+    verdicts = [Verdict.BASELINE] * 3 + [Verdict.KEEP, Verdict.DISCARD]
+    ledger = [
+        LedgerRecord(
+            cycle=cycle,
+            hypothesis=f"h{cycle}",
+            action="a",
+            commit=f"{cycle:040x}",
+            metrics={"val_loss": value},
+            verdict=verdict,
+            started_at=now,
+            ended_at=now,
+        )
+        for cycle, (verdict, value) in enumerate(zip(verdicts, [0.50, 0.52, 0.51, 0.40, 0.45], strict=True), start=1)
+    ]
+    for record in ledger:
+        assert await handle.record_ledger(record)
+    kept = spec_from_proto(campaign.spec)
+    goal, rules = kept.metric.goal, kept.signal_rules()
+
+    got = await served.client.get_campaign(campaign.campaign_id)
+    assert got.signals == signals_to_proto(read_signals(ledger, goal, rules))
+    assert (got.signals.best_value, got.signals.experiments, got.signals.experiments_since_keep) == (0.40, 2, 1)
+    listed = await served.client.list_campaigns()
+    assert not listed.campaigns[0].HasField("signals"), "a listing does not read every campaign's ledger"
+
+    rows, token, pages = [], "", 0
+    while True:
+        page = await served.client.list_ledger_rows(campaign.campaign_id, page_size=2, page_token=token)
+        rows.extend(page.rows)
+        pages, token = pages + 1, page.next_page_token
+        if not token:
+            break
+    assert pages == 3 and [row.cycle for row in rows] == [1, 2, 3, 4, 5]
+    for index, row in enumerate(rows):
+        assert row.signals == signals_to_proto(read_signals(ledger[: index + 1], goal, rules))
+    assert await served.client.ledger(campaign.campaign_id) == rows
+    first = await served.client.list_ledger_rows(campaign.campaign_id, page_size=2)
+    other = await served.client.start_campaign(spec("Another goal."))
+    for bad in ("not-a-token", first.next_page_token):  # the second is another campaign's
+        refused = await expect_error(
+            served.client.list_ledger_rows(other.campaign_id, page_token=bad), grpc.StatusCode.INVALID_ARGUMENT
+        )
+        assert list(violations(refused)) == ["page_token"]
 
 
 async def test_a_campaign_whose_driver_stops_renewing_is_taken_over_and_the_old_driver_is_fenced(

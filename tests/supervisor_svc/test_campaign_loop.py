@@ -30,10 +30,12 @@ from typing import Any
 import pytest
 
 from monitor_svc.service import build_host as build_monitor
-from quarry.client import CampaignClient, ScratchpadClient, open_channel
+from quarry.clients.campaigns import CampaignsClient
+from quarry.clients.channels import open_channel
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import MonitorSettings, QuarrySettings, ScratchpadSettings, SupervisorSettings, WorkerSettings
 from quarry.identity import MeshRole
-from quarry.mesh import MeshKeys
+from quarry.mesh_auth import MeshKeys
 from quarry.v1 import campaign_pb2, monitor_pb2, scratchpad_pb2
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.campaigns.loop import INSTRUCTIONS
@@ -118,7 +120,7 @@ class Script:
 @dataclass
 class Lab:
     project: Path
-    campaigns: CampaignClient
+    campaigns: CampaignsClient
     scratchpad: ScratchpadClient
     script: Script
     restart: Callable[[], Awaitable[None]]
@@ -183,7 +185,7 @@ async def open_lab(
                     open_channel(settings.address) as channel,
                     open_channel(scratchpad.address) as scratchpad_channel,
                 ):
-                    yield Lab(project, CampaignClient(channel), ScratchpadClient(scratchpad_channel), script, restart)
+                    yield Lab(project, CampaignsClient(channel), ScratchpadClient(scratchpad_channel), script, restart)
             finally:
                 await supervisor.__aexit__(None, None, None)
 
@@ -420,7 +422,7 @@ async def test_over_processes_a_sigkilled_supervisor_is_restarted_and_its_campai
         supervisor = await asyncio.to_thread(start, "supervisor", supervisor_env, MeshRole.SUPERVISOR)
 
         async with open_channel(supervisor.address) as channel:
-            campaigns = CampaignClient(channel)
+            campaigns = CampaignsClient(channel)
             campaign = await campaigns.start_campaign(spec(project, cycles=5), request_id="lab-processes")
             before: list[campaign_pb2.CampaignEvent] = []
             async for event in campaigns.stream_campaign(campaign.campaign_id):
@@ -434,7 +436,7 @@ async def test_over_processes_a_sigkilled_supervisor_is_restarted_and_its_campai
 
         again = await asyncio.to_thread(start, "supervisor", supervisor_env, MeshRole.SUPERVISOR)
         async with open_channel(again.address) as channel:
-            campaigns = CampaignClient(channel)
+            campaigns = CampaignsClient(channel)
             after = [
                 event
                 async for event in campaigns.stream_campaign(

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 
 from quarry.db import database_url as database_url_for
-from quarry.db import upgrade_schema
+from quarry.migrations import upgrade_schema
 from supervisor_svc.schema import metadata, runs
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
 from tests.conftest import assert_migrations_build_the_schema

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from monitor_svc.service import build_host as build_monitor
-from quarry.client import ScratchpadClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import MonitorSettings, QuarrySettings, ScratchpadSettings, WorkerSettings
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from scratchpad_svc.service import build_host as build_scratchpad

@@ -25,10 +25,12 @@ import grpc
 import pytest
 
 from monitor_svc.service import build_host as build_monitor
-from quarry.client import MonitorClient, ScratchpadClient, open_channel
+from quarry.clients.channels import open_channel
+from quarry.clients.monitor import MonitorClient
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import MonitorSettings, QuarrySettings, ScratchpadSettings, WorkerSettings
 from quarry.identity import MeshRole
-from quarry.mesh import MeshKeys
+from quarry.mesh_auth import MeshKeys
 from quarry.v1 import common_pb2, monitor_pb2, worker_pb2, worker_pb2_grpc
 from scratchpad_svc.service import build_host as build_scratchpad
 from tests.conftest import ServiceProcess, start_service, stop_service

@@ -7,9 +7,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from quarry.agent.messages import system, user
-from quarry.client import insecure_channel
+from quarry.clients.channels import insecure_channel
 from quarry.config import QuarrySettings, WorkerSettings
-from quarry.db import Database, upgrade_schema
+from quarry.db import Database
+from quarry.migrations import upgrade_schema
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from quarry.vocabulary import Tier
 from worker_svc.delegations import DelegationRequest

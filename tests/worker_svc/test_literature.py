@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from quarry.client import ScratchpadClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import QuarrySettings, ScratchpadSettings, WorkerSettings
 from quarry.diagnostics import Finding, Status
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc

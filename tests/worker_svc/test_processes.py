@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from quarry.client import ScratchpadClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.v1 import common_pb2, scratchpad_pb2, worker_pb2, worker_pb2_grpc
 from tests.conftest import start_service, stop_service
 from tests.fakes.choreography import append_finding

@@ -14,7 +14,8 @@ from quarry.agent.conversation import ConversationStore, metadata
 from quarry.agent.loop import AgentRun, LoopLimits
 from quarry.agent.messages import system, user
 from quarry.agent.model import ModelClient, ModelSettings
-from quarry.client import ScratchpadClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import QuarrySettings, ScratchpadSettings
 from quarry.db import Database
 from quarry.identity import Principal, Role

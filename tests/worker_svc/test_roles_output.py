@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from quarry.client import ScratchpadClient, insecure_channel
-from quarry.research_records import (
+from quarry.clients.channels import insecure_channel
+from quarry.clients.scratchpad import ScratchpadClient
+from quarry.records.research import (
     Adjudication,
     AdjudicationDecision,
     CitationAudit,

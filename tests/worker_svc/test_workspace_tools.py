@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from quarry.agent.tools import ToolError
-from quarry.client import MonitorClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.monitor import MonitorClient
 from quarry.compute import ComputeView
 from quarry.workspace import WorkspaceView
 from worker_svc.tools import JobStatusParams, job_status

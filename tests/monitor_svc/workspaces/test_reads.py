@@ -10,7 +10,8 @@ import grpc
 import pytest
 
 from monitor_svc.workspaces import reads
-from quarry.client import MonitorClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.monitor import MonitorClient
 from quarry.v1 import monitor_pb2
 from tests.monitor_svc.workspaces.helpers import (
     PROTECTED,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from quarry.client import RetryPolicy
+from quarry.clients.retry import RetryPolicy
 from tests.conftest import reusable_port
 
 

@@ -16,13 +16,14 @@ import pytest
 from PIL import Image
 from rich.console import Console
 
-from quarry.cli.commands import _parser
-from quarry.cli.lab import CampaignView, SpecError, load_settings, settings_from_flags, spec_from_settings
+from quarry.cli.arguments import build_parser
+from quarry.cli.lab.spec import SpecError, load_settings, settings_from_flags, spec_from_settings
+from quarry.cli.lab.view import CampaignView
+from quarry.records.campaign import LedgerRecord, Verdict
 from quarry.v1 import campaign_pb2, monitor_pb2
 from quarry.vocabulary import JobRef, JobState
 from supervisor_svc.campaigns import events
 from supervisor_svc.campaigns.model import CampaignState, JobProgress, MetricPoint, Phase, Progress
-from supervisor_svc.campaigns.records import LedgerRecord, Verdict
 from tests.fakes.openai_server import ScriptedModel
 from tests.supervisor_svc.campaign_loops import ServedCampaigns, campaign_spec, serve_campaigns
 
@@ -173,7 +174,7 @@ async def test_ledger_and_plot_read_the_ledger_recorded_events(served: ServedCam
 
 
 def _flags(*argv: str) -> argparse.Namespace:
-    return _parser().parse_args(["lab", "start", *argv])
+    return build_parser().parse_args(["lab", "start", *argv])
 
 
 def test_a_campaign_file_with_an_unknown_setting_or_a_wrong_type_is_refused_by_name(tmp_path: Path) -> None:

@@ -19,8 +19,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from quarry.cli.mesh_state import MeshState
-from quarry.client import QuarryClient
+from quarry.cli.up_state import UpState
+from quarry.clients.runs import RunsClient
 from quarry.v1 import common_pb2, monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from tests.conftest import reusable_port
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
@@ -92,8 +92,8 @@ class QuarryUp:
             if line.startswith(prefix):
                 return line
 
-    def state(self) -> MeshState:
-        state = MeshState.read(self.data_dir)
+    def state(self) -> UpState:
+        state = UpState.read(self.data_dir)
         assert state is not None and state.pid == self.process.pid
         return state
 
@@ -244,7 +244,7 @@ async def test_a_worker_killed_under_up_is_restarted_on_its_address_and_the_run_
     mesh = up(QUARRY_MESH_INSECURE="false", **model_env(model))
     addresses = await asyncio.to_thread(mesh.addresses, NAMES)
     before = mesh.state()
-    async with QuarryClient.connect(addresses["supervisor"]) as client:
+    async with RunsClient.connect(addresses["supervisor"]) as client:
         run = await client.start_run("Does the run survive a worker's death?")
         events = []
         async for event in client.stream_run(run.run_id):

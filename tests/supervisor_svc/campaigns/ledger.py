@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from quarry.records.campaign import LedgerRecord, Verdict
+from quarry.records.signals import Direction, MetricGoal
 from quarry.vocabulary import JobState
-from supervisor_svc.campaigns.records import LedgerRecord, Verdict
-from supervisor_svc.campaigns.signals import Direction, MetricGoal
 
 LOSS = MetricGoal("val_loss", Direction.MINIMIZE)
 START = datetime(2025, 1, 1, tzinfo=UTC)

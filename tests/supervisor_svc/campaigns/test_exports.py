@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-from supervisor_svc.campaigns.exports import (
-    dead_ends_markdown,
-    experiments_jsonl,
-    insights_markdown,
-    workspace_exports,
-)
-from supervisor_svc.campaigns.records import (
+from quarry.records.campaign import (
     CampaignRecord,
     DeadEnd,
     Decision,
@@ -16,6 +10,12 @@ from supervisor_svc.campaigns.records import (
     Insight,
     Verdict,
     record_from_json,
+)
+from supervisor_svc.campaigns.exports import (
+    dead_ends_markdown,
+    experiments_jsonl,
+    insights_markdown,
+    workspace_exports,
 )
 from tests.supervisor_svc.campaigns.ledger import baseline, run
 

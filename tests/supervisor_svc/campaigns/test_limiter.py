@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quarry.records.campaign import Verdict
 from supervisor_svc.campaigns.limiter import (
     RUN,
     CycleCost,
@@ -18,7 +19,6 @@ from supervisor_svc.campaigns.limiter import (
     backoff_seconds,
     consecutive_failures,
 )
-from supervisor_svc.campaigns.records import Verdict
 from tests.supervisor_svc.campaigns.ledger import START, run
 
 MINUTE = timedelta(minutes=1)

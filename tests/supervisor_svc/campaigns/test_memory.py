@@ -5,6 +5,17 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quarry.records.campaign import (
+    CampaignRecord,
+    DeadEnd,
+    Decision,
+    Directive,
+    DirectiveConsumed,
+    Insight,
+    LedgerRecord,
+    Verdict,
+)
+from quarry.records.signals import SignalRules, read_signals
 from supervisor_svc.campaigns.memory import (
     DEAD_ENDS_CAP,
     DECISIONS_KEPT,
@@ -17,17 +28,6 @@ from supervisor_svc.campaigns.memory import (
     pending_directives,
     think_context,
 )
-from supervisor_svc.campaigns.records import (
-    CampaignRecord,
-    DeadEnd,
-    Decision,
-    Directive,
-    DirectiveConsumed,
-    Insight,
-    LedgerRecord,
-    Verdict,
-)
-from supervisor_svc.campaigns.signals import SignalRules, read_signals
 from tests.supervisor_svc.campaigns.ledger import LOSS, baseline, run
 
 BRIEF = "Goal: lower val_loss of train.py.\nConstraints: do not touch data/.\n" * 3

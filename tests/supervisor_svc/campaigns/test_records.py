@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from quarry.errors import Internal
-from quarry.vocabulary import JobState
-from supervisor_svc.campaigns.records import (
+from quarry.records.campaign import (
     SCHEMA_VERSION,
     CampaignRecord,
     DeadEnd,
@@ -27,6 +26,7 @@ from supervisor_svc.campaigns.records import (
     ViolationKind,
     record_from_json,
 )
+from quarry.vocabulary import JobState
 from tests.supervisor_svc.campaigns.ledger import START, run
 
 EVERY_KIND: list[CampaignRecord] = [

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor_svc.campaigns.records import Verdict
-from supervisor_svc.campaigns.signals import (
+from quarry.records.campaign import Verdict
+from quarry.records.signals import (
     Direction,
     MetricGoal,
     SignalRules,

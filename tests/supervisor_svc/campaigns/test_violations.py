@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from quarry.records.campaign import ViolationKind
 from quarry.vocabulary import JobState
-from supervisor_svc.campaigns.records import ViolationKind
 from supervisor_svc.campaigns.violations import CycleActivity, ScanRules, scan_violations
 
 RULES = ScanRules(

@@ -8,8 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from quarry.db import Database, open_migrated_database
+from quarry.db import Database
 from quarry.errors import AlreadyExists, ErrorReason
+from quarry.migrations import open_migrated_database
 from supervisor_svc.hosting.store import RELEASED
 from supervisor_svc.runs.domain import ResearchPhase, RunErrorCode, RunOutcome, RunUsage, StartRequest
 from supervisor_svc.runs.events import status

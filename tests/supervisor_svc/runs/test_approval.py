@@ -11,10 +11,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from quarry.client import QuarryClient
+from quarry.clients.runs import RunsClient
 from quarry.config import QuarrySettings, ScratchpadSettings, SupervisorSettings
-from quarry.db import Database, open_migrated_database
-from quarry.research_records import ClaimJudgement
+from quarry.db import Database
+from quarry.migrations import open_migrated_database
+from quarry.records.research import ClaimJudgement
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.runs import events
@@ -200,8 +201,8 @@ async def test_a_decision_taken_by_another_replica_reaches_the_run(tmp_path: Pat
             async with (
                 owner,
                 other,
-                QuarryClient.connect(owner.address) as a,
-                QuarryClient.connect(other.address) as b,
+                RunsClient.connect(owner.address) as a,
+                RunsClient.connect(other.address) as b,
             ):
                 run = await a.start_run("Who approves?", options=APPROVAL)
                 async for event in b.stream_run(run.run_id):

@@ -15,11 +15,12 @@ from pydantic import ValidationError
 from quarry.agent.messages import ToolCall
 from quarry.agent.tools import ToolError
 from quarry.agent.usage import Usage
-from quarry.db import Database, upgrade_schema_async
+from quarry.db import Database
 from quarry.identity import Principal, Role
+from quarry.migrations import upgrade_schema_async
 from quarry.notify import CommitSignal
+from quarry.records.research import Assignment, ResearchRecord, RouteDecision, UsageObserved, parse_record
 from quarry.research_plane import Appended
-from quarry.research_records import Assignment, ResearchRecord, RouteDecision, UsageObserved, parse_record
 from quarry.vocabulary import DelegationResult, Entry, EntryKind, Tier
 from supervisor_svc.runs.budget import RunAccount, TokenBudget
 from supervisor_svc.runs.delegating import Contract, Delegator

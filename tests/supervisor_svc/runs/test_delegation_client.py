@@ -11,7 +11,8 @@ from typing import Any
 import grpc
 import pytest
 
-from quarry.client import ScratchpadClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import QuarrySettings, ScratchpadSettings, WorkerSettings
 from quarry.identity import Role
 from quarry.server import ServiceHost, ServiceRegistration

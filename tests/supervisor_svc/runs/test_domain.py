@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from quarry.errors import InvalidArgument
-from quarry.research_records import ClaimJudgement
+from quarry.records.research import ClaimJudgement
 from supervisor_svc.runs.domain import (
     ACTIVE_STATES,
     Report,

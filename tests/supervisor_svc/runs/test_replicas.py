@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from quarry.client import QuarryClient
+from quarry.clients.runs import RunsClient
 from quarry.config import QuarrySettings, ScratchpadSettings, SupervisorSettings
 from quarry.v1 import supervisor_pb2
 from scratchpad_svc.service import build_host as build_scratchpad
@@ -41,8 +41,8 @@ async def test_a_stream_on_another_replica_is_woken_by_postgres_notify(tmp_path:
             async with (
                 first,
                 second,
-                QuarryClient.connect(first.address) as a,
-                QuarryClient.connect(second.address) as b,
+                RunsClient.connect(first.address) as a,
+                RunsClient.connect(second.address) as b,
             ):
                 run = await a.start_run("Who runs this?")
                 events = await asyncio.wait_for(_collect(b, run.run_id), 30)
@@ -51,5 +51,5 @@ async def test_a_stream_on_another_replica_is_woken_by_postgres_notify(tmp_path:
     assert events[-1].completed.report.markdown == "The report, a while later."
 
 
-async def _collect(client: QuarryClient, run_id: str) -> list[supervisor_pb2.RunEvent]:
+async def _collect(client: RunsClient, run_id: str) -> list[supervisor_pb2.RunEvent]:
     return [event async for event in client.stream_run(run_id)]

@@ -11,7 +11,7 @@ import pytest
 from quarry import paging
 from quarry.db import Database
 from quarry.identity import Role
-from quarry.research_records import Assignment, RouteDecision, UsageObserved
+from quarry.records.research import Assignment, RouteDecision, UsageObserved
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from supervisor_svc.runs.domain import StartRequest
 from supervisor_svc.runs.store import RunStore

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from quarry.client import QuarryClient, ScratchpadClient, open_channel
+from quarry.clients.channels import open_channel
+from quarry.clients.runs import RunsClient
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, append_finding
 from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel, Stall
@@ -111,7 +113,7 @@ async def test_the_seed_research_contract_across_processes(
     script.add(REPORT, Reply(content=report_text, chunks=12))
 
     with processes(tmp_path, model, site) as mesh:
-        async with QuarryClient.connect(mesh.supervisor.address) as client:
+        async with RunsClient.connect(mesh.supervisor.address) as client:
             run = await client.start_run("How tall is the Eiffel Tower, and when was it built?")
             events = [event async for event in client.stream_run(run.run_id)]
             stored = await client.get_run(run.run_id)
@@ -264,7 +266,7 @@ async def test_a_worker_killed_mid_delegation_is_one_correlated_error_and_the_ru
     )
     script.add(REPORT, Reply(content="Nothing could be verified."))
     with processes(tmp_path, model, site) as mesh:
-        async with QuarryClient.connect(mesh.supervisor.address) as client:
+        async with RunsClient.connect(mesh.supervisor.address) as client:
             run = await client.start_run("Will the worker survive?")
             for _ in range(400):
                 if "Research slowly" in script.requests:

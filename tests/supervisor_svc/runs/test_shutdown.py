@@ -15,8 +15,9 @@ import pytest
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient, ModelSettings
-from quarry.client import QuarryClient
-from quarry.db import Database, upgrade_schema_async
+from quarry.clients.runs import RunsClient
+from quarry.db import Database
+from quarry.migrations import upgrade_schema_async
 from quarry.v1 import supervisor_pb2
 from quarry.vocabulary import Entry
 from supervisor_svc.hosting.host import HostLimits
@@ -149,7 +150,7 @@ async def test_a_supervisor_stopping_after_the_scratchpad_records_its_runs_end(
     with processes(tmp_path, model, site) as mesh:
         scratchpad = mesh.scratchpad.process
         try:
-            async with QuarryClient.connect(mesh.supervisor.address) as client:
+            async with RunsClient.connect(mesh.supervisor.address) as client:
                 run = await client.start_run("Interrupted without a scratchpad?")
                 async for event in client.stream_run(run.run_id):
                     if event.status.phase == PLANNING:  # seeded, and the model is being asked

@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
-from quarry.client import QuarryClient, ScratchpadClient, open_channel
-from quarry.research_records import (
+from quarry.clients.channels import open_channel
+from quarry.clients.runs import RunsClient
+from quarry.clients.scratchpad import ScratchpadClient
+from quarry.records.research import (
     Assignment,
     ClaimVerdict,
     ObjectionResolution,
@@ -82,7 +84,7 @@ async def verified_run(
     tmp_path: Path, model: ScriptedModel, site: FixtureWeb
 ) -> tuple[list[supervisor_pb2.RunEvent], supervisor_pb2.Run, list[scratchpad_pb2.Entry]]:
     with processes(tmp_path, model, site) as mesh:
-        async with QuarryClient.connect(mesh.supervisor.address) as client:
+        async with RunsClient.connect(mesh.supervisor.address) as client:
             options = supervisor_pb2.RunOptions(verification=supervisor_pb2.VERIFICATION_MODE_ON)
             run = await client.start_run(QUESTION, options=options)
             events = [event async for event in client.stream_run(run.run_id)]
@@ -278,7 +280,7 @@ def unsettled_objection(script: EvidenceScript, site: FixtureWeb) -> None:
     script.decisions = {marked(S_UPHELD): UNDECIDED}
 
 
-async def awaiting_approval(client: QuarryClient) -> supervisor_pb2.Run:
+async def awaiting_approval(client: RunsClient) -> supervisor_pb2.Run:
     """A verified run started with require_approval (one revision round), once it awaits approval."""
     options = supervisor_pb2.RunOptions(
         verification=supervisor_pb2.VERIFICATION_MODE_ON, require_approval=True, max_revision_rounds=1
@@ -300,7 +302,7 @@ async def test_an_objection_the_review_cannot_settle_waits_for_the_person_who_ap
     comment = "Standing 330 m high is being 330 m tall."
 
     with processes(tmp_path, model, site) as mesh:
-        async with QuarryClient.connect(mesh.supervisor.address) as client:
+        async with RunsClient.connect(mesh.supervisor.address) as client:
             waiting = await awaiting_approval(client)
             approved = await client.approve_run(waiting.run_id, comment=comment)
             events = [event async for event in client.stream_run(waiting.run_id)]
@@ -369,7 +371,7 @@ async def test_a_rejected_run_fails_and_leaves_the_objection_open(
     unsettled_objection(script, site)
 
     with processes(tmp_path, model, site) as mesh:
-        async with QuarryClient.connect(mesh.supervisor.address) as client:
+        async with RunsClient.connect(mesh.supervisor.address) as client:
             waiting = await awaiting_approval(client)
             rejected = await client.reject_run(waiting.run_id, reason="Standing high is not being tall.")
             events = [event async for event in client.stream_run(waiting.run_id)]

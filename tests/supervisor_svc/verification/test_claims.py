@@ -19,13 +19,15 @@ from pathlib import Path
 import pytest
 
 from quarry.agent.model import ModelClient, ModelSettings
-from quarry.client import ScratchpadClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import QuarrySettings, ScratchpadSettings
-from quarry.db import Database, upgrade_schema_async
+from quarry.db import Database
 from quarry.identity import Principal, Role
+from quarry.migrations import upgrade_schema_async
 from quarry.notify import CommitSignal
+from quarry.records.research import ClaimJudgement, ClaimVerdict, VerifiedQuote
 from quarry.research_plane import ResearchPlane
-from quarry.research_records import ClaimJudgement, ClaimVerdict, VerifiedQuote
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Entry, EntryKind, Source
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.runs.budget import RunAccount, TokenBudget

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quarry.research_records import ClaimJudgement
+from quarry.records.research import ClaimJudgement
 from supervisor_svc.runs.domain import Citation, Report
 from supervisor_svc.verification.report import verification_sections, with_verification
 from supervisor_svc.verification.state import (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from quarry.errors import Unavailable
-from quarry.research_records import ObjectionResolution, Resolution
+from quarry.records.research import ObjectionResolution, Resolution
 from quarry.vocabulary import EntryKind
 from supervisor_svc.runs.ledger import RunLedger
 from supervisor_svc.verification.resolutions import approve_open_objections

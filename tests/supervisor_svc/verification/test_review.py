@@ -17,12 +17,14 @@ from typing import Any
 import pytest
 
 from quarry.agent.model import ModelClient, ModelSettings
-from quarry.client import ScratchpadClient, insecure_channel
-from quarry.db import Database, upgrade_schema_async
+from quarry.clients.channels import insecure_channel
+from quarry.clients.scratchpad import ScratchpadClient
+from quarry.db import Database
 from quarry.identity import Principal, Role
+from quarry.migrations import upgrade_schema_async
 from quarry.notify import CommitSignal
+from quarry.records.research import ObjectionResolution, Resolution, parse_record
 from quarry.research_plane import ResearchPlane
-from quarry.research_records import ObjectionResolution, Resolution, parse_record
 from quarry.vocabulary import EntryKind, Source
 from supervisor_svc.runs.budget import RunAccount, TokenBudget
 from supervisor_svc.runs.delegating import Delegator

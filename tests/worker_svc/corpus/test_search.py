@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from quarry.client import ScratchpadClient, insecure_channel
+from quarry.clients.channels import insecure_channel
+from quarry.clients.scratchpad import ScratchpadClient
 from quarry.identity import Principal, Role
 from quarry.research_plane import ResearchPlane
 from tests.fakes.openai_server import HttpError, ScriptedModel, bag_of_words_vector

@@ -1,4 +1,8 @@
-"""`quarry corpus index|list|remove|search`: the local corpus's folders, and its search tried by hand."""
+"""`quarry corpus index|list|remove|search`: the local corpus's folders, and its search tried by hand.
+
+The worker's own code, run in the command's process against the index file: the command line reaches it
+through the registry's lazy "module:attribute" string (quarry/cli/registry.py), never by an import.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from quarry.config import QuarrySettings, WorkerSettings
 from worker_svc.corpus import Corpus, CorpusError, Embedder, EmbeddingSettings, IndexReport, Retrieval, Root
 
 
@@ -143,9 +148,10 @@ def _search(corpus: Corpus, query: str, limit: int) -> int:
     return 0
 
 
-def run(args: argparse.Namespace, index: Path, embedding: EmbeddingSettings | None = None) -> int:
-    """One `quarry corpus` command against the index file; with embedding, indexing computes vectors and
-    search is hybrid."""
+def run(args: argparse.Namespace, index: Path, settings: WorkerSettings, common: QuarrySettings) -> int:
+    """One `quarry corpus` command against the index file; with the worker's embedding model configured,
+    indexing computes vectors and search is hybrid."""
+    embedding = EmbeddingSettings.for_worker(settings, common)
     embedder = None if embedding is None else Embedder(embedding)
     corpus = Corpus(index, embedder)
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from quarry.cli.commands import service_addresses
-from quarry.cli.mesh_state import STATE_FILE, MeshState
+from quarry.cli.up_state import STATE_FILE, UpState
 from quarry.config import QuarrySettings
 
 
@@ -20,23 +20,23 @@ def dead_pid() -> int:
     return process.pid
 
 
-def state(pid: int) -> MeshState:
+def state(pid: int) -> UpState:
     services = {"supervisor": ["127.0.0.1:5001"], "worker": ["127.0.0.1:5002", "127.0.0.1:5003"]}
-    return MeshState(pid, services, {"supervisor": 11, "worker-1": 12, "worker-2": 13})
+    return UpState(pid, services, {"supervisor": 11, "worker-1": 12, "worker-2": 13})
 
 
 def test_the_state_file_reads_back_only_while_its_up_is_alive(tmp_path: Path) -> None:
     state(os.getpid()).write(tmp_path)
-    assert MeshState.read(tmp_path) == state(os.getpid())
+    assert UpState.read(tmp_path) == state(os.getpid())
     assert "token" not in (tmp_path / STATE_FILE).read_text().lower()
-    MeshState.remove(tmp_path, os.getpid() + 1)  # not that up's file: left alone
+    UpState.remove(tmp_path, os.getpid() + 1)  # not that up's file: left alone
     assert (tmp_path / STATE_FILE).exists()
-    MeshState.remove(tmp_path, os.getpid())
+    UpState.remove(tmp_path, os.getpid())
     assert not (tmp_path / STATE_FILE).exists()
     state(dead_pid()).write(tmp_path)  # left behind by a killed up
-    assert MeshState.read(tmp_path) is None
+    assert UpState.read(tmp_path) is None
     (tmp_path / STATE_FILE).write_text("{not json")
-    assert MeshState.read(tmp_path) is None
+    assert UpState.read(tmp_path) is None
 
 
 def test_client_commands_take_the_flag_then_the_environment_then_the_state_file_then_the_default(

@@ -23,7 +23,26 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from supervisor_svc.campaigns.records import LedgerRecord, Verdict
+from quarry.records.campaign import LedgerRecord, Verdict
+
+__all__ = [
+    "DEFAULT_BASELINE_RUNS",
+    "DEFAULT_MAX_RETESTS",
+    "DEFAULT_NOISE_EPSILON",
+    "DEFAULT_REBASELINE_EVERY",
+    "DEFAULT_STAGNATION_WINDOW",
+    "Direction",
+    "Judgement",
+    "MetricGoal",
+    "NoiseFloor",
+    "PendingRetest",
+    "SignalRules",
+    "Signals",
+    "baseline_batches",
+    "judge",
+    "noise_floor",
+    "read_signals",
+]
 
 DEFAULT_BASELINE_RUNS = 3
 DEFAULT_REBASELINE_EVERY = 20

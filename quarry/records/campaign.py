@@ -1,9 +1,10 @@
 """The typed, immutable records a campaign appends to its scratchpad thread, as JSON content.
 
-Every record names its `kind` and the `schema_version` it was written with. Reading is strict
-about types (a number written as a string is refused, timestamps must carry a zone) and
-forgiving about the future: fields a newer release added are ignored, so an older supervisor
-still reads a newer thread. Records are values: frozen, metrics included.
+Every record is a `quarry.records.base.Record`, under its forward-compatibility policy: reading a
+thread back (`record_from_json`) is strict about types (a number written as a string is refused,
+timestamps must carry a zone) and forgiving about the future: fields a newer release added are
+ignored, so an older supervisor or command line still reads a newer thread. Records are values:
+frozen, metrics included.
 """
 
 from __future__ import annotations
@@ -14,23 +15,28 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Annotated, Literal, Self
 
-from pydantic import (
-    AfterValidator,
-    AwareDatetime,
-    BaseModel,
-    ConfigDict,
-    Field,
-    FiniteFloat,
-    PlainSerializer,
-    TypeAdapter,
-    ValidationError,
-    model_validator,
-)
+from pydantic import AfterValidator, AwareDatetime, Field, FiniteFloat, PlainSerializer, TypeAdapter, model_validator
 
 from quarry.errors import Internal
+from quarry.records.base import SCHEMA_VERSION, Record, RecordError, read_stored
 from quarry.vocabulary import JobState
 
-SCHEMA_VERSION = 1
+__all__ = [
+    "SCHEMA_VERSION",
+    "CampaignRecord",
+    "DeadEnd",
+    "Decision",
+    "Directive",
+    "DirectiveConsumed",
+    "Insight",
+    "LedgerRecord",
+    "Metrics",
+    "UtcDatetime",
+    "Verdict",
+    "Violation",
+    "ViolationKind",
+    "record_from_json",
+]
 
 
 class Verdict(enum.StrEnum):
@@ -68,20 +74,7 @@ Metrics = Annotated[
 ]
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
-
-    schema_version: int = Field(default=SCHEMA_VERSION, ge=1)
-
-    def to_json(self) -> str:
-        return self.model_dump_json()
-
-    def __deepcopy__(self, memo: dict[int, object] | None = None) -> Self:
-        # Immutable all the way down, so a copy is the record itself (a read-only mapping cannot be pickled).
-        return self
-
-
-class LedgerRecord(_Record):
+class LedgerRecord(Record):
     """One cycle: what was tried, where, how the job ended, what it measured and what was decided."""
 
     kind: Literal["ledger"] = "ledger"
@@ -110,7 +103,7 @@ class LedgerRecord(_Record):
         return self.metrics.get(name)
 
 
-class DeadEnd(_Record):
+class DeadEnd(Record):
     """An approach that failed, and why: THINK is told never to retry it."""
 
     kind: Literal["dead_end"] = "dead_end"
@@ -119,7 +112,7 @@ class DeadEnd(_Record):
     reason: str
 
 
-class Insight(_Record):
+class Insight(Record):
     """A durable observation worth keeping beyond the rolling memory."""
 
     kind: Literal["insight"] = "insight"
@@ -127,7 +120,7 @@ class Insight(_Record):
     text: str
 
 
-class Directive(_Record):
+class Directive(Record):
     """A human's instruction for the next THINK; `request_id` makes sending it idempotent."""
 
     kind: Literal["directive"] = "directive"
@@ -135,7 +128,7 @@ class Directive(_Record):
     request_id: str = Field(min_length=1)
 
 
-class DirectiveConsumed(_Record):
+class DirectiveConsumed(Record):
     """The directive `request_id` was given to the THINK of `cycle`; it is never given again."""
 
     kind: Literal["directive_consumed"] = "directive_consumed"
@@ -143,7 +136,7 @@ class DirectiveConsumed(_Record):
     cycle: int = Field(ge=1)
 
 
-class Decision(_Record):
+class Decision(Record):
     """A decision the leader took and its reason, as the rolling memory keeps them."""
 
     kind: Literal["decision"] = "decision"
@@ -156,7 +149,7 @@ class Decision(_Record):
     tokens_used: int = Field(default=0, ge=0)
 
 
-class Violation(_Record):
+class Violation(Record):
     """A rule of the brief or the budget the cycle broke; `subject` is the path or the job concerned."""
 
     kind: Literal["violation"] = "violation"
@@ -177,8 +170,6 @@ _RECORD: TypeAdapter[CampaignRecord] = TypeAdapter(CampaignRecord)
 def record_from_json(content: str) -> CampaignRecord:
     """The record a thread entry holds; INTERNAL when the content is not one (the thread is written by code)."""
     try:
-        return _RECORD.validate_json(content)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "content"
-        raise Internal(f"not a campaign record: {where}: {first['msg']}") from error
+        return read_stored(_RECORD, content)
+    except RecordError as error:
+        raise Internal(f"not a campaign record: {error.problems[0]}") from error

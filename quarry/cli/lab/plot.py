@@ -1,8 +1,8 @@
 """`quarry lab plot`: a campaign's metric over its experiments, as a PNG (matplotlib, Agg: no display needed).
 
 Each cycle is a point, marked by its verdict (baseline, kept, discarded, retest; a failed cycle has no
-value and is a tick on the axis). The running best and the noise band around it are what the campaign
-itself computes from its ledger (supervisor_svc.campaigns.signals), so the plot shows exactly the bar
+value and is a tick on the axis). The running best and the noise band around it are the signals the
+campaign itself computed after each row (ListLedgerRows serves them), so the plot shows exactly the bar
 each experiment had to clear.
 """
 
@@ -15,32 +15,38 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from supervisor_svc.campaigns.records import LedgerRecord, Verdict
-from supervisor_svc.campaigns.signals import Direction, MetricGoal, SignalRules, read_signals
+from quarry.v1 import campaign_pb2, monitor_pb2
 
 # verdict -> (label, marker, colour)
 _MARKS = {
-    Verdict.BASELINE: ("baseline", "o", "tab:blue"),
-    Verdict.KEEP: ("kept", "*", "tab:green"),
-    Verdict.DISCARD: ("discarded", "x", "tab:red"),
-    Verdict.RETEST: ("retest", "D", "tab:orange"),
+    campaign_pb2.LEDGER_VERDICT_BASELINE: ("baseline", "o", "tab:blue"),
+    campaign_pb2.LEDGER_VERDICT_KEEP: ("kept", "*", "tab:green"),
+    campaign_pb2.LEDGER_VERDICT_DISCARD: ("discarded", "x", "tab:red"),
+    campaign_pb2.LEDGER_VERDICT_RETEST: ("retest", "D", "tab:orange"),
 }
 
 
+def _value(row: campaign_pb2.LedgerRow, name: str) -> float | None:
+    for metric in row.metrics:
+        if metric.name == name:
+            return metric.value if metric.HasField("value") else None
+    return None
+
+
 def plot_ledger(
-    ledger: Sequence[LedgerRecord], goal: MetricGoal, rules: SignalRules, path: Path, *, title: str
+    rows: Sequence[campaign_pb2.LedgerRow], metric: monitor_pb2.MetricSpec, path: Path, *, title: str
 ) -> None:
-    """Write the plot of `ledger` (in cycle order) to `path` as a PNG."""
+    """Write the plot of the ledger's `rows` (in cycle order, each with its signals) to `path` as a PNG."""
     figure = Figure(figsize=(10, 5.5), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     for verdict, (label, marker, colour) in _MARKS.items():
-        points = [(r.cycle, r.metric(goal.name)) for r in ledger if r.verdict is verdict]
+        points = [(row.cycle, _value(row, metric.name)) for row in rows if row.verdict == verdict]
         shown = [(cycle, value) for cycle, value in points if value is not None]
         if shown:
             cycles, values = zip(*shown, strict=True)
             axes.scatter(cycles, values, marker=marker, s=60, color=colour, label=label, zorder=3)
-    failed = [r.cycle for r in ledger if r.verdict is Verdict.FAILED]
+    failed = [row.cycle for row in rows if row.verdict == campaign_pb2.LEDGER_VERDICT_FAILED]
     if failed:
         axes.scatter(
             failed,
@@ -53,26 +59,26 @@ def plot_ledger(
             zorder=3,
         )
     best, low, high, band_cycles, best_cycles = [], [], [], [], []
-    for index, record in enumerate(ledger):
-        signals = read_signals(ledger[: index + 1], goal, rules)
-        if signals.best is None:
+    for row in rows:
+        signals = row.signals
+        if not signals.HasField("best_value"):
             continue
-        best_cycles.append(record.cycle)
-        best.append(signals.best)
-        if signals.noise is not None:
-            band_cycles.append(record.cycle)
-            low.append(signals.best - signals.noise.floor)
-            high.append(signals.best + signals.noise.floor)
+        best_cycles.append(row.cycle)
+        best.append(signals.best_value)
+        if signals.HasField("noise_floor"):
+            band_cycles.append(row.cycle)
+            low.append(signals.best_value - signals.noise_floor)
+            high.append(signals.best_value + signals.noise_floor)
     if best:
         axes.step(best_cycles, best, where="post", color="black", linewidth=1.2, label="running best")
     if band_cycles:
         axes.fill_between(band_cycles, low, high, step="post", color="gray", alpha=0.2, label="noise band")
-    better = "lower" if goal.direction is Direction.MINIMIZE else "higher"
+    better = "higher" if metric.direction == monitor_pb2.METRIC_DIRECTION_MAXIMIZE else "lower"
     axes.set_xlabel("cycle")
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # cycles are whole numbers
-    axes.set_ylabel(f"{goal.name} ({better} is better)")
-    axes.set_title(title if ledger else f"{title} (no experiments yet)")
+    axes.set_ylabel(f"{metric.name} ({better} is better)")
+    axes.set_title(title if rows else f"{title} (no experiments yet)")
     axes.grid(alpha=0.3)
-    if ledger:
+    if rows:
         axes.legend(loc="best")
     figure.savefig(path, format="png", dpi=120)

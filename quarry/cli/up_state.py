@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+# Its name predates this module's: kept, so commands of either release find a running `quarry up`.
 STATE_FILE = "mesh.json"
 
 
@@ -27,7 +28,9 @@ def pid_alive(pid: int) -> bool:
 
 
 @dataclass(frozen=True)
-class MeshState:
+class UpState:
+    """What one running `quarry up` serves: its services' addresses and its processes."""
+
     # The `quarry up` process.
     pid: int
     # Service ("worker") -> the addresses its processes serve on, in start order.
@@ -48,7 +51,7 @@ class MeshState:
         partial.replace(path)
 
     @classmethod
-    def read(cls, data_dir: Path) -> MeshState | None:
+    def read(cls, data_dir: Path) -> UpState | None:
         """The state of the `quarry up` running on `data_dir`; None when none is (or the file is unreadable)."""
         try:
             document = json.loads((data_dir / STATE_FILE).read_text())

@@ -14,12 +14,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from monitor_svc.service import ACCESS as MONITOR_ACCESS
 from monitor_svc.service import build_host as build_monitor
 from quarry.cli import main
-from quarry.client import open_channel
+from quarry.clients.channels import open_channel
 from quarry.config import ConfigurationError, MonitorSettings, QuarrySettings, ScratchpadSettings
 from quarry.errors import ErrorReason
 from quarry.identity import MeshRole
-from quarry.mesh import MeshPeers, new_token, token_digest
-from quarry.research_records import Adjudication, AdjudicationDecision
+from quarry.mesh_auth import MeshPeers, new_token, token_digest
+from quarry.records.research import Adjudication, AdjudicationDecision
 from quarry.v1 import common_pb2, monitor_pb2, monitor_pb2_grpc, scratchpad_pb2, scratchpad_pb2_grpc, worker_pb2
 from quarry.v1 import worker_pb2_grpc as worker_grpc
 from scratchpad_svc.service import ACCESS as SCRATCHPAD_ACCESS

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from quarry.cli.registry import SERVICES
 from quarry.identity import MeshRole
-from quarry.mesh import MeshKeys
+from quarry.mesh_auth import MeshKeys
 
 SECRET_NAME = "quarry-mesh"
 

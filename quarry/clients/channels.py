@@ -1,0 +1,76 @@
+"""Channels to Quarry services: TLS, connection limits, tracing, and the bearer token on every call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from quarry import telemetry
+from quarry.config import QuarrySettings
+from quarry.security import ConnectionLimits, Tls, bearer_metadata
+
+__all__ = ["Dialer", "insecure_channel", "open_channel"]
+
+
+def open_channel(
+    address: str, *, tls: Tls | None = None, limits: ConnectionLimits | None = None, token: str = ""
+) -> grpc.aio.Channel:
+    """A channel to a Quarry service: TLS when `tls` is given (with this process's certificate, for mutual
+    TLS), traced when tracing is on, and carrying a bearer token on every call when `token` is set."""
+    options = (limits or ConnectionLimits()).channel_options()
+    # grpc files an interceptor under one kind of call only, so each kind gets its own.
+    bearer = [_UnaryBearerToken(token), _StreamBearerToken(token)] if token else []
+    interceptors = [*telemetry.client_interceptors(), *bearer]
+    if tls is not None:
+        return grpc.aio.secure_channel(address, tls.channel_credentials(), options=options, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+
+
+@dataclass(frozen=True)
+class Dialer:
+    """How a service reaches the mesh's other services: TLS, connection limits, and its mesh token."""
+
+    tls: Tls | None = None
+    limits: ConnectionLimits | None = None
+    token: str = ""
+
+    @classmethod
+    def from_settings(cls, common: QuarrySettings) -> Dialer:
+        return cls(Tls.from_settings(common), ConnectionLimits.from_settings(common), common.mesh_token)
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        return open_channel(address, tls=self.tls, limits=self.limits, token=self.token)
+
+
+def insecure_channel(address: str) -> grpc.aio.Channel:
+    """A plaintext channel with the default limits (a laptop, tests)."""
+    return open_channel(address)
+
+
+if TYPE_CHECKING:
+    _UnaryUnary = grpc.aio.UnaryUnaryClientInterceptor[Any, Any]
+    _UnaryStream = grpc.aio.UnaryStreamClientInterceptor[Any, Any]
+else:  # grpc's classes are not subscriptable at run time
+    _UnaryUnary = grpc.aio.UnaryUnaryClientInterceptor
+    _UnaryStream = grpc.aio.UnaryStreamClientInterceptor
+
+
+class _BearerToken:
+    def __init__(self, token: str) -> None:
+        self._metadata = bearer_metadata(token)
+
+    def _with_token(self, details: Any) -> Any:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), *self._metadata)
+        return details._replace(metadata=metadata)
+
+
+class _UnaryBearerToken(_BearerToken, _UnaryUnary):
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._with_token(details), request)
+
+
+class _StreamBearerToken(_BearerToken, _UnaryStream):
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._with_token(details), request)

@@ -1,0 +1,397 @@
+"""The research ledger's records: what each evidence role emits, and what the supervisor logs about them.
+
+One schema for both sides. A worker running a claim-verifier, citation auditor or adjudicator checks the
+role's output against these models before it records anything; the supervisor folds the entries back with
+`parse_record`. Each record is the JSON `content` of one scratchpad entry, of the kind its `entry_kind`
+names (RECORD_TYPES maps them), so the ledger is the run's thread: immutable, typed, gap-free.
+
+Every record is a `quarry.records.base.Record`: frozen, strict (JSON numbers stay numbers), carrying its `kind`
+and `schema_version`, under the base's forward-compatibility policy. `parse_record` is the strict admission
+the output gate and the scratchpad apply; `model_dump_json()` and `parse_record` round-trip exactly.
+
+References: a scratchpad entry is named by its sequence number; in a contract's input refs (the
+ResearchTask's `input_refs`) it is written in decimal ("12"), a page by its URL. InputRefs reads them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from quarry.identity import Role
+from quarry.records.base import Record, RecordError
+from quarry.vocabulary import EntryKind, Tier
+
+__all__ = [
+    "RECORD_TYPES",
+    "Adjudication",
+    "AdjudicationDecision",
+    "Assignment",
+    "CitationAudit",
+    "CitationJudgement",
+    "ClaimJudgement",
+    "ClaimVerdict",
+    "InputRefs",
+    "Objection",
+    "ObjectionResolution",
+    "ResearchRecord",
+    "Resolution",
+    "RouteDecision",
+    "SentenceAudit",
+    "UsageObserved",
+    "VerifiedQuote",
+    "parse_record",
+]
+
+# Bounds keep one record well inside the scratchpad's content limit (64 KiB by default).
+_MAX_TEXT = 4000
+_MAX_EXCERPT = 2000
+_MAX_URL = 2048
+_MAX_REFS = 20
+_MAX_SENTENCES = 50
+_URL_SCHEMES = ("http://", "https://", "corpus://")
+
+
+def _text(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be blank")
+    if "\x00" in value:  # PostgreSQL cannot store NUL
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+def _url(value: str) -> str:
+    if not value.startswith(_URL_SCHEMES) or any(c.isspace() for c in value):
+        raise ValueError("must be an http(s):// or corpus:// URL without spaces")
+    return value
+
+
+Text = Annotated[str, StringConstraints(min_length=1, max_length=_MAX_TEXT), AfterValidator(_text)]
+Excerpt = Annotated[str, StringConstraints(min_length=1, max_length=_MAX_EXCERPT), AfterValidator(_text)]
+Url = Annotated[str, StringConstraints(min_length=1, max_length=_MAX_URL), AfterValidator(_url)]
+# A printable id without spaces (a delegation id, a worker id), as quarry.ids has them.
+Identifier = Annotated[str, StringConstraints(pattern=r"^[\x21-\x7e]{1,256}$")]
+EntryRef = Annotated[int, Field(ge=1, description="a scratchpad entry's sequence number")]
+SentenceIndex = Annotated[int, Field(ge=0, description="the sentence's position in the draft report, from 0")]
+Count = Annotated[int, Field(ge=0)]
+
+
+class ResearchRecord(Record):
+    """The base of every ledger record. Subclasses fix `kind` (a Literal) and `entry_kind`."""
+
+    entry_kind: ClassVar[EntryKind]
+
+    @classmethod
+    def record_kind(cls) -> str:
+        """The `kind` every record of this type carries, e.g. "claim_verdict"."""
+        kind = cls.model_fields["kind"].default
+        assert isinstance(kind, str)
+        return kind
+
+    def cited_entries(self) -> frozenset[int]:
+        """The scratchpad entries this record refers to."""
+        return frozenset()
+
+    def cited_urls(self) -> frozenset[str]:
+        """The pages this record refers to."""
+        return frozenset()
+
+
+# -- what the evidence roles emit ----------------------------------------------------------------------
+
+
+class ClaimJudgement(enum.StrEnum):
+    SUPPORTED = "supported"
+    PARTIALLY_SUPPORTED = "partially_supported"
+    UNSUPPORTED = "unsupported"
+    # The source says otherwise: reported as a disagreement between sources, not hidden.
+    CONTRADICTED = "contradicted"
+
+
+class VerifiedQuote(BaseModel):
+    """Words the verifier itself read on a page, quoted exactly."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    url: Url = Field(description="the page, exactly as read")
+    excerpt: Excerpt = Field(description="words quoted verbatim from that page")
+
+
+class ClaimVerdict(ResearchRecord):
+    """A claim-verifier's judgement of one finding, recorded as an ENTRY_KIND_VERDICT entry."""
+
+    entry_kind: ClassVar[EntryKind] = EntryKind.VERDICT
+
+    kind: Literal["claim_verdict"] = "claim_verdict"
+    finding_ref: EntryRef = Field(description="the sequence number of the finding judged")
+    judgement: ClaimJudgement
+    quote: VerifiedQuote | None = Field(
+        default=None,
+        description="the passage the judgement rests on, read by the verifier itself; required unless unsupported",
+    )
+    rationale: Text = Field(description="why the passage supports, partly supports, fails or contradicts the claim")
+
+    @model_validator(mode="after")
+    def _quote_backs_the_judgement(self) -> ClaimVerdict:
+        if self.quote is None and self.judgement is not ClaimJudgement.UNSUPPORTED:
+            raise ValueError(f"a {self.judgement.value} verdict quotes the passage it rests on (quote)")
+        return self
+
+    def cited_entries(self) -> frozenset[int]:
+        return frozenset({self.finding_ref})
+
+    def cited_urls(self) -> frozenset[str]:
+        return frozenset({self.quote.url}) if self.quote else frozenset()
+
+
+class CitationJudgement(enum.StrEnum):
+    SOUND = "sound"
+    UNSOUND = "unsound"
+    NEEDS_REVISION = "needs_revision"
+
+
+class SentenceAudit(BaseModel):
+    """One cited sentence of the draft report, judged against the findings it cites."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    sentence_index: SentenceIndex
+    finding_refs: tuple[EntryRef, ...] = Field(
+        min_length=1, max_length=_MAX_REFS, description="the findings the sentence cites"
+    )
+    judgement: CitationJudgement
+    objection: str = Field(
+        default="", max_length=_MAX_TEXT, description="what is wrong with the sentence; required unless sound"
+    )
+
+    @model_validator(mode="after")
+    def _objection_when_not_sound(self) -> SentenceAudit:
+        if self.judgement is CitationJudgement.SOUND:
+            if self.objection:
+                raise ValueError("a sound sentence raises no objection (leave objection empty)")
+        elif not self.objection.strip():
+            raise ValueError(f"a sentence judged {self.judgement.value} says what is wrong with it (objection)")
+        elif "\x00" in self.objection:
+            raise ValueError("objection must not contain NUL characters")
+        return self
+
+
+class Objection(ResearchRecord):
+    """An unsound or needs-revision sentence, raised from an audit: open until revised or adjudicated."""
+
+    entry_kind: ClassVar[EntryKind] = EntryKind.OBJECTION
+
+    kind: Literal["objection"] = "objection"
+    audit_ref: EntryRef = Field(description="the audit entry that raised it")
+    sentence_index: SentenceIndex
+    finding_refs: tuple[EntryRef, ...] = Field(min_length=1, max_length=_MAX_REFS)
+    reason: Text
+
+    def cited_entries(self) -> frozenset[int]:
+        return frozenset({self.audit_ref, *self.finding_refs})
+
+
+class CitationAudit(ResearchRecord):
+    """A citation auditor's judgement of the sentences it was given, recorded as ENTRY_KIND_AUDIT."""
+
+    entry_kind: ClassVar[EntryKind] = EntryKind.AUDIT
+
+    kind: Literal["citation_audit"] = "citation_audit"
+    sentences: tuple[SentenceAudit, ...] = Field(min_length=1, max_length=_MAX_SENTENCES)
+
+    @model_validator(mode="after")
+    def _each_sentence_once(self) -> CitationAudit:
+        indexes = [sentence.sentence_index for sentence in self.sentences]
+        if len(indexes) != len(set(indexes)):
+            raise ValueError("each sentence_index is audited once")
+        return self
+
+    def cited_entries(self) -> frozenset[int]:
+        return frozenset(ref for sentence in self.sentences for ref in sentence.finding_refs)
+
+    def objections(self, audit_ref: int) -> tuple[Objection, ...]:
+        """The objections this audit raises once recorded as entry `audit_ref`: one per sentence not sound."""
+        return tuple(
+            Objection(
+                audit_ref=audit_ref,
+                sentence_index=sentence.sentence_index,
+                finding_refs=sentence.finding_refs,
+                reason=sentence.objection,
+            )
+            for sentence in self.sentences
+            if sentence.judgement is not CitationJudgement.SOUND
+        )
+
+
+class AdjudicationDecision(enum.StrEnum):
+    # The objection is dismissed: the sentence stands.
+    APPROVE = "approve"
+    # Back to revision.
+    REVISE = "revise"
+    # The sentence is removed.
+    REJECT = "reject"
+
+
+class Adjudication(ResearchRecord):
+    """An adjudicator's decision on one objection, recorded as ENTRY_KIND_ADJUDICATION."""
+
+    entry_kind: ClassVar[EntryKind] = EntryKind.ADJUDICATION
+
+    kind: Literal["adjudication"] = "adjudication"
+    objection_ref: EntryRef = Field(description="the sequence number of the objection decided")
+    decision: AdjudicationDecision
+    rationale: Text
+
+    def cited_entries(self) -> frozenset[int]:
+        return frozenset({self.objection_ref})
+
+
+# -- what the supervisor logs ----------------------------------------------------------------------------
+
+
+class Assignment(ResearchRecord):
+    """The supervisor gave a role a contract: written before the delegation starts."""
+
+    entry_kind: ClassVar[EntryKind] = EntryKind.ASSIGNMENT
+
+    kind: Literal["assignment"] = "assignment"
+    delegation_id: Identifier
+    role: Role
+    objective: Annotated[str, StringConstraints(min_length=1, max_length=16_000), AfterValidator(_text)]
+    criteria: tuple[Text, ...] = Field(default=(), max_length=10)
+    input_refs: tuple[Annotated[str, StringConstraints(min_length=1, max_length=_MAX_URL)], ...] = Field(
+        default=(), max_length=_MAX_REFS
+    )
+
+
+class RouteDecision(ResearchRecord):
+    """Where a delegation runs: the worker that took it, the tier and the model that tier asks for."""
+
+    entry_kind: ClassVar[EntryKind] = EntryKind.ROUTE
+
+    kind: Literal["route_decision"] = "route_decision"
+    delegation_id: Identifier
+    worker_id: Identifier
+    tier: Tier
+    model: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+class UsageObserved(ResearchRecord):
+    """What a delegation cost, as the model endpoint reported it (never an estimate)."""
+
+    entry_kind: ClassVar[EntryKind] = EntryKind.USAGE
+
+    kind: Literal["usage_observed"] = "usage_observed"
+    delegation_id: Identifier
+    input_tokens: Count
+    output_tokens: Count
+    model_calls: Count
+
+
+class Resolution(enum.StrEnum):
+    # The sentence was rewritten and its revision audited sound.
+    REVISED = "revised"
+    # An adjudicator approved the sentence as written.
+    DISMISSED = "dismissed"
+    # The sentence is out of the report: rejected by an adjudicator, or no round left to settle it.
+    SENTENCE_REMOVED = "sentence_removed"
+    # Left open by the review, then approved as written by the person who approved the run.
+    APPROVED_BY_PERSON = "approved_by_person"
+
+
+class ObjectionResolution(ResearchRecord):
+    """How the supervisor settled one objection, recorded as ENTRY_KIND_RESOLUTION: closes it for good."""
+
+    entry_kind: ClassVar[EntryKind] = EntryKind.RESOLUTION
+
+    kind: Literal["objection_resolution"] = "objection_resolution"
+    objection_ref: EntryRef = Field(description="the sequence number of the objection settled")
+    resolution: Resolution
+    sentence_index: SentenceIndex
+    # The sentence as the report now has it (revised), or as it was when removed, upheld or approved.
+    sentence: Text
+    adjudication_ref: EntryRef | None = Field(default=None, description="the adjudication that decided it, if any")
+    audit_ref: EntryRef | None = Field(default=None, description="the audit that found a revision sound")
+    reason: str = Field(
+        default="", max_length=_MAX_TEXT, description="why, when no entry above says it (a person's approval: theirs)"
+    )
+
+    @model_validator(mode="after")
+    def _backed_by_its_entry(self) -> ObjectionResolution:
+        if self.resolution is Resolution.REVISED and self.audit_ref is None:
+            raise ValueError("a revised sentence names the audit that found it sound (audit_ref)")
+        if self.resolution is Resolution.DISMISSED and self.adjudication_ref is None:
+            raise ValueError("a dismissed objection names the adjudication that dismissed it (adjudication_ref)")
+        if self.resolution is Resolution.APPROVED_BY_PERSON:
+            # A person decided, not an entry: none is named, and the reason says what they said.
+            if self.adjudication_ref is not None or self.audit_ref is not None:
+                raise ValueError("a person's approval names no adjudication_ref or audit_ref")
+            if not self.reason.strip():
+                raise ValueError("a person's approval gives its reason (the approver's comment)")
+        if "\x00" in self.reason:
+            raise ValueError("reason must not contain NUL characters")
+        return self
+
+    def cited_entries(self) -> frozenset[int]:
+        refs = {self.objection_ref, self.adjudication_ref, self.audit_ref}
+        return frozenset(ref for ref in refs if ref is not None)
+
+
+RECORD_TYPES: Mapping[EntryKind, type[ResearchRecord]] = MappingProxyType(
+    {
+        record.entry_kind: record
+        for record in (
+            ClaimVerdict,
+            CitationAudit,
+            Objection,
+            Adjudication,
+            Assignment,
+            RouteDecision,
+            UsageObserved,
+            ObjectionResolution,
+        )
+    }
+)
+
+
+def parse_record(kind: EntryKind, content: str | bytes) -> ResearchRecord:
+    """The record an entry of `kind` holds; RecordError when the kind holds none or the content is not one."""
+    record = RECORD_TYPES.get(kind)
+    if record is None:
+        raise RecordError([f"ENTRY_KIND_{kind.name} entries hold no research record"])
+    return record.parse(content)
+
+
+@dataclass(frozen=True)
+class InputRefs:
+    """A contract's input refs, read: the scratchpad entries and the pages it names (anything else is ignored)."""
+
+    entries: frozenset[int] = frozenset()
+    urls: frozenset[str] = frozenset()
+
+    @classmethod
+    def parse(cls, refs: Iterable[str]) -> InputRefs:
+        entries, urls = set(), set()
+        for ref in (ref.strip() for ref in refs):
+            if ref.isascii() and ref.isdecimal() and int(ref) > 0:
+                entries.add(int(ref))
+            elif ref.startswith(_URL_SCHEMES):
+                urls.add(ref)
+        return cls(frozenset(entries), frozenset(urls))
+
+    def outside(self, record: ResearchRecord) -> list[str]:
+        """What `record` cites that is not among these refs, one line each (empty: all inside)."""
+        entries = sorted(record.cited_entries() - self.entries)
+        urls = sorted(record.cited_urls() - self.urls)
+        return [f"scratchpad entry {n} is not among your inputs" for n in entries] + [
+            f"{url} is not among your inputs" for url in urls
+        ]
+
+    def as_refs(self) -> tuple[str, ...]:
+        """The refs written as a contract carries them: entries in decimal, in order, then the URLs."""
+        return (*map(str, sorted(self.entries)), *sorted(self.urls))
