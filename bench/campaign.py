@@ -36,7 +36,7 @@ from harness import arguments, mesh_environment, percentile, running_service
 from quarry.client import CampaignClient, open_channel
 from quarry.identity import MeshRole
 from quarry.v1 import campaign_pb2, monitor_pb2
-from supervisor_svc.campaigns.loop import INSTRUCTIONS
+from supervisor_svc.campaigns.think import INSTRUCTIONS
 from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
 
 TRAIN = """\

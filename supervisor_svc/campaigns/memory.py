@@ -45,7 +45,7 @@ class MemoryView:
 
 
 @dataclass(frozen=True)
-class ThinkContext:
+class ThinkBriefing:
     """Everything THINK is given besides its instructions."""
 
     memory: MemoryView
@@ -79,12 +79,12 @@ def memory_view(brief: str, records: Sequence[CampaignRecord], goal: MetricGoal)
     return MemoryView(brief, f"{milestones}\n\n{latest}")
 
 
-def think_context(brief: str, records: Sequence[CampaignRecord], signals: Signals) -> ThinkContext:
+def think_briefing(brief: str, records: Sequence[CampaignRecord], signals: Signals) -> ThinkBriefing:
     ledger = _ledger(records)
     recent = [_experiment_line(record) for record in ledger]
     dead_ends = [f"cycle {r.cycle}: {r.approach} -- {r.reason}" for r in records if isinstance(r, DeadEnd)]
     insights = [f"cycle {record.cycle}: {record.text}" for record in records if isinstance(record, Insight)]
-    return ThinkContext(
+    return ThinkBriefing(
         memory=memory_view(brief, records, signals.goal),
         signals=signals.describe(),
         recent_experiments=_bounded(recent[-RECENT_EXPERIMENTS:], RECENT_EXPERIMENTS_CAP, "experiments", len(recent)),

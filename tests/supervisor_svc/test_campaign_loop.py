@@ -36,7 +36,7 @@ from quarry.identity import MeshRole
 from quarry.mesh import MeshKeys
 from quarry.v1 import campaign_pb2, monitor_pb2, scratchpad_pb2
 from scratchpad_svc.service import build_host as build_scratchpad
-from supervisor_svc.campaigns.loop import INSTRUCTIONS
+from supervisor_svc.campaigns.think import INSTRUCTIONS
 from supervisor_svc.service import build_host as build_supervisor
 from tests.conftest import ServiceProcess, reusable_port, start_service, stop_service
 from tests.fakes.choreography import Choreography, agent_of
