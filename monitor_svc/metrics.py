@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import re2
 
-from monitor_svc.model import MetricDirection, MetricPoint, MetricResult, MetricSpec
+from monitor_svc.model import MetricPoint, MetricResult, MetricSpec
 from quarry.errors import FieldViolation, InvalidArgument
+from quarry.vocabulary import MetricDirection
 
 MAX_METRICS = 32
 MAX_PATTERN_CHARS = 1024

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from quarry.vocabulary import JobState
-
-
-class MetricDirection(enum.StrEnum):
-    MINIMIZE = "minimize"
-    MAXIMIZE = "maximize"
+from quarry.vocabulary import JobState, MetricDirection
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from monitor_svc.model import MetricDirection, MetricResult, MetricSpec
-from quarry.vocabulary import JobRef, JobState
+from monitor_svc.model import MetricResult, MetricSpec
+from quarry.vocabulary import JobRef, JobState, MetricDirection
 
 log = logging.getLogger(__name__)
 

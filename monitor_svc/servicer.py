@@ -18,7 +18,6 @@ from monitor_svc.model import (
     GpuRequest,
     JobObservation,
     JobOptions,
-    MetricDirection,
     MetricPoint,
     MetricResult,
     MetricSpec,
@@ -34,7 +33,7 @@ from monitor_svc.validation import (
 from monitor_svc.workspaces.operations import Workspaces
 from monitor_svc.workspaces.rpc import WorkspaceServicer
 from quarry.convert import (
-    EnumMap,
+    METRIC_DIRECTIONS,
     duration_seconds,
     gpu_to_proto,
     job_look_to_proto,
@@ -47,12 +46,6 @@ from quarry.vocabulary import JobLook
 
 DEFAULT_GPU_INTERVAL = 5.0
 DEFAULT_JOB_INTERVAL = 10.0
-METRIC_DIRECTIONS: EnumMap[MetricDirection, monitor_pb2.MetricDirection.ValueType] = EnumMap(
-    {
-        direction: monitor_pb2.MetricDirection.Value(f"METRIC_DIRECTION_{direction.name}")
-        for direction in MetricDirection
-    }
-)
 
 
 def _seconds(value: duration_pb2.Duration, *, has: bool) -> float | None:

@@ -29,6 +29,7 @@ from quarry.vocabulary import (
     JobMetric,
     JobRef,
     JobState,
+    MetricDirection,
     Source,
     Tier,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "DIAGNOSTIC_STATUSES",
     "ENTRY_KINDS",
     "JOB_STATES",
+    "METRIC_DIRECTIONS",
     "ROLES",
     "TIERS",
     "EnumMap",
@@ -142,6 +144,13 @@ ENTRY_KINDS: EnumMap[EntryKind, scratchpad_pb2.EntryKind.ValueType] = EnumMap(
 
 JOB_STATES: EnumMap[JobState, monitor_pb2.JobState.ValueType] = EnumMap(
     {state: monitor_pb2.JobState.Value(f"JOB_STATE_{state.name}") for state in JobState}
+)
+
+METRIC_DIRECTIONS: EnumMap[MetricDirection, monitor_pb2.MetricDirection.ValueType] = EnumMap(
+    {
+        direction: monitor_pb2.MetricDirection.Value(f"METRIC_DIRECTION_{direction.name}")
+        for direction in MetricDirection
+    }
 )
 
 DELEGATION_ERROR_CODES: EnumMap[DelegationErrorCode, common_pb2.DelegationErrorCode.ValueType] = EnumMap(

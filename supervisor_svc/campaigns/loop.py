@@ -20,16 +20,17 @@ import grpc
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient
 from quarry.client import MonitorClient
-from quarry.errors import DeadlineExceeded, QuarryError, ResourceExhausted, Unavailable
+from quarry.errors import QuarryError, ServiceError
 from quarry.research_plane import ResearchPlane
 from supervisor_svc.campaigns import exports, limiter, memory
 from supervisor_svc.campaigns.experiment import run_experiment
+from supervisor_svc.campaigns.lab import Lab, LabOpener, monitor_lab
 from supervisor_svc.campaigns.model import CampaignSpec, CampaignState, Phase, branch_name
 from supervisor_svc.campaigns.records import CampaignRecord, Decision, Directive, DirectiveConsumed, LedgerRecord
 from supervisor_svc.campaigns.reflect import JobEnd, ReflectInput, Reflection, Trial, reflect
 from supervisor_svc.campaigns.service import CampaignHandle, CampaignLoopFactory
 from supervisor_svc.campaigns.signals import Signals, read_signals
-from supervisor_svc.campaigns.think import Thinker, ThinkSettings
+from supervisor_svc.campaigns.think import Thinker, Thinking, ThinkSettings
 from supervisor_svc.campaigns.thread import CampaignThread
 from supervisor_svc.worker_client import DelegationClient
 
@@ -56,26 +57,37 @@ class LoopDependencies:
 
 
 def loop_factory(deps: LoopDependencies) -> CampaignLoopFactory:
+    open_lab = monitor_lab(deps.monitor)
+
     def make(handle: CampaignHandle) -> CampaignLoop:
-        return CampaignLoop(handle, deps)
+        campaign_id = handle.campaign_id
+        thread = CampaignThread(deps.scratchpad, campaign_id, handle.record.scratchpad_thread_id or campaign_id)
+        thinker = Thinker(
+            campaign_id, thread, deps.scratchpad, deps.model, deps.conversations, deps.delegations, deps.settings.think
+        )
+        return CampaignLoop(handle, open_lab, thread, thinker, deps.settings)
 
     return make
 
 
 class CampaignLoop:
-    def __init__(self, handle: CampaignHandle, deps: LoopDependencies) -> None:
+    def __init__(
+        self,
+        handle: CampaignHandle,
+        open_lab: LabOpener,
+        thread: CampaignThread,
+        thinker: Thinking,
+        settings: LoopSettings,
+    ) -> None:
         self._handle = handle
-        self._deps = deps
+        self._open_lab = open_lab
+        self._thread = thread
+        self._thinker = thinker
+        self._settings = settings
         self._spec: CampaignSpec = handle.record.spec
         self._id = handle.campaign_id
         self._branch = handle.record.branch or branch_name(handle.campaign_id)
-        self._thread = CampaignThread(
-            deps.scratchpad, handle.campaign_id, handle.record.scratchpad_thread_id or handle.campaign_id
-        )
-        self._thinker = Thinker(
-            handle.campaign_id, self._thread, deps.model, deps.conversations, deps.delegations, deps.settings.think
-        )
-        self._workspace_id = ""
+        self._opened: Lab | None = None
 
     async def run(self) -> None:
         set_up = False
@@ -91,32 +103,36 @@ class CampaignLoop:
                     set_up = True
                 if await self._step():
                     return
-            except (QuarryError, grpc.aio.AioRpcError) as error:
+            except QuarryError as error:
                 if not _transient(error):  # refused (a root not allowed, submission off...): a human must look
                     await self._handle.pause(f"a service refused the campaign: {_describe(error)}")
                     return
                 # The monitor, a worker or the scratchpad is unreachable or busy: the step is redone, idempotently.
                 log.warning("campaign %s: a step failed, retrying: %s", self._id, _describe(error))
-                await asyncio.sleep(self._deps.settings.retry_seconds)
+                await asyncio.sleep(self._settings.retry_seconds)
 
     async def _set_up(self) -> bool:
         """Open the workspace on the campaign's branch and the campaign's thread; False when the workspace is on
         another branch (someone checked one out)."""
-        spec, monitor = self._spec, self._deps.monitor
+        spec = self._spec
         await self._thread.create(spec.title or spec.brief.goal[:200])
-        workspace = await monitor.open_workspace(
+        lab, git = await self._open_lab(
             spec.workspace.root,
             host=spec.workspace.host,
             protected_paths=spec.brief.protected_paths,
             request_id=f"{self._id}/open",
         )
-        self._workspace_id = workspace.workspace_id
-        if workspace.git.branch != self._branch:
+        self._opened = lab
+        if git.branch != self._branch:
             # Made once (a repeat answers the first result); the loop never leaves the branch afterwards.
-            workspace = await monitor.create_workspace_branch(
-                self._workspace_id, self._branch, request_id=f"{self._id}/branch"
-            )
-        return workspace.git.branch == self._branch
+            git = await lab.branch(self._branch, request_id=f"{self._id}/branch")
+        return git.branch == self._branch
+
+    @property
+    def _lab(self) -> Lab:
+        if self._opened is None:
+            raise RuntimeError("the lab is opened before the first cycle")
+        return self._opened
 
     async def _step(self) -> bool:
         """One cycle, or one wait; True once the campaign ended or paused."""
@@ -150,9 +166,6 @@ class CampaignLoop:
             await self._experiment(cycle, signals, trials)
         return False
 
-    async def _head(self) -> str:
-        return (await self._deps.monitor.get_workspace(self._workspace_id)).git.head_commit
-
     async def _measure(
         self,
         cycle: int,
@@ -167,8 +180,8 @@ class CampaignLoop:
         started = datetime.now(UTC)
         await self._handle.set_phase(phase, cycle, action)
         if not commit:
-            await self._deps.monitor.reset_workspace(self._workspace_id, signals.best_commit or await self._head())
-            commit = await self._head()
+            kept = signals.best_commit or (await self._lab.git()).head_commit
+            commit = (await self._lab.reset(kept)).head_commit
         end = await self._run_job(cycle)
         trial = Trial(cycle, hypothesis, action, commit, started, tokens=0, baseline=phase is Phase.BASELINE)
         await self._reflect(signals, trials, trial, end)
@@ -183,7 +196,7 @@ class CampaignLoop:
             return
         await handle.set_phase(Phase.THINK, cycle, "choosing the next hypothesis")
         # A redone THINK starts from the kept state: whatever a half-finished one changed is dropped.
-        await self._deps.monitor.reset_workspace(self._workspace_id, signals.best_commit, remove_untracked=False)
+        await self._lab.reset(signals.best_commit, remove_untracked=False)
         directives = await self._consume_directives(cycle)
         briefing = memory.think_briefing(
             self._spec.brief.goal + _brief_rules(self._spec), self._thread.records, signals
@@ -191,18 +204,14 @@ class CampaignLoop:
         # The directives this THINK consumed (the store is their source, not the thread).
         briefing = replace(briefing, directives=directives)
         attempt = _attempt(self._id, cycle, started)
-        thought = await self._thinker.think(cycle, attempt, briefing, self._workspace_id)
+        thought = await self._thinker.think(cycle, attempt, briefing, self._lab.workspace_id)
         await handle.record_usage(thought.tokens)
         action = "; ".join(thought.changes) or "no change"
         commit = ""
         if not thought.failure:
             await handle.set_phase(Phase.EXECUTE, cycle, thought.hypothesis[:200])
-            response = await self._deps.monitor.commit_workspace(
-                self._workspace_id,
-                f"campaign cycle {cycle}: {thought.hypothesis[:200]}",
-                request_id=f"{attempt}/commit",
-            )
-            commit = response.commit
+            message = f"campaign cycle {cycle}: {thought.hypothesis[:200]}"
+            commit = await self._lab.commit(message, request_id=f"{attempt}/commit")
         decision = Decision(
             cycle=cycle, text=thought.hypothesis, commit=commit, action=action, tokens_used=thought.tokens
         )
@@ -228,10 +237,7 @@ class CampaignLoop:
         return tuple(Directive(text=d.text, request_id=d.request_id) for d in consumed)
 
     async def _run_job(self, cycle: int) -> JobEnd:
-        settings = self._deps.settings
-        return await run_experiment(
-            self._deps.monitor, self._handle, self._workspace_id, cycle, settings.watch_poll_seconds
-        )
+        return await run_experiment(self._lab, self._handle, cycle, self._settings.watch_poll_seconds)
 
     async def _reflect(self, signals: Signals, trials: Sequence[LedgerRecord], trial: Trial, end: JobEnd) -> None:
         """REFLECT: its conclusions, written once."""
@@ -247,7 +253,7 @@ class CampaignLoop:
         for event in reflection.announced:
             await handle.emit(event.item, key=event.key)
         if reflection.reset_to:
-            await self._deps.monitor.reset_workspace(self._workspace_id, reflection.reset_to, remove_untracked=True)
+            await self._lab.reset(reflection.reset_to, remove_untracked=True)
         await handle.record_ledger(row, reflection.progress)
         await self._thread.write(row, f"c{row.cycle}/ledger")
         for event in reflection.signalled:
@@ -257,28 +263,27 @@ class CampaignLoop:
     async def _export(self) -> None:
         for path, content in exports.workspace_exports(self._thread.records).items():
             try:
-                await self._deps.monitor.write_workspace_file(self._workspace_id, path, content)
-            except grpc.aio.AioRpcError as error:
+                await self._lab.write(path, content)
+            except QuarryError as error:
                 if _transient(error):
                     raise
                 # A copy for humans (the brief protects that path, say): the campaign goes on without it.
                 log.warning("campaign %s: %s not exported: %s", self._id, path, _describe(error))
 
 
+# A service unreachable or busy: the step is redone; any other refusal needs a human.
 _TRANSIENT_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 )
 
 
-def _transient(error: QuarryError | grpc.aio.AioRpcError) -> bool:
-    if isinstance(error, grpc.aio.AioRpcError):
-        return error.code() in _TRANSIENT_CODES
-    return isinstance(error, Unavailable | DeadlineExceeded | ResourceExhausted)
+def _transient(error: QuarryError) -> bool:
+    return error.code in _TRANSIENT_CODES
 
 
-def _describe(error: QuarryError | grpc.aio.AioRpcError) -> str:
-    if isinstance(error, grpc.aio.AioRpcError):
-        return f"{error.code().name}: {error.details()}"
+def _describe(error: QuarryError) -> str:
+    if isinstance(error, ServiceError):  # as the service answered: its status and its words
+        return f"{error.code.name}: {error.message}"
     return f"{type(error).__name__}: {error}"
 
 

@@ -24,7 +24,7 @@ from pydantic import TypeAdapter
 
 from quarry import ids
 from quarry.errors import FieldViolation, InvalidArgument
-from quarry.vocabulary import JobRef, JobState
+from quarry.vocabulary import JobRef, JobState, MetricPoint
 from supervisor_svc.campaigns import signals
 from supervisor_svc.campaigns.limiter import DEFAULT_MAX_CONSECUTIVE_FAILURES, Limits
 from supervisor_svc.campaigns.signals import Direction, MetricGoal, SignalRules
@@ -244,13 +244,6 @@ class Progress:
 
     best_value: float | None = None
     noise_floor: float | None = None
-
-
-@dataclass(frozen=True)
-class MetricPoint:
-    name: str
-    value: float
-    step: int  # the log line number, from 1
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 from google.protobuf import timestamp_pb2
 
-from quarry.convert import EnumMap, duration, duration_seconds, timestamp
+from quarry.convert import METRIC_DIRECTIONS, duration, duration_seconds, timestamp
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.v1 import campaign_pb2, campaign_pb2_grpc, monitor_pb2
 from supervisor_svc.campaigns.events import DIRECTIVE_STATES, PHASES, STATES
@@ -33,15 +33,8 @@ from supervisor_svc.campaigns.signals import (
     DEFAULT_NOISE_EPSILON,
     DEFAULT_REBASELINE_EVERY,
     DEFAULT_STAGNATION_WINDOW,
-    Direction,
 )
 
-_DIRECTIONS: EnumMap[Direction, monitor_pb2.MetricDirection.ValueType] = EnumMap(
-    {
-        Direction.MINIMIZE: monitor_pb2.METRIC_DIRECTION_MINIMIZE,
-        Direction.MAXIMIZE: monitor_pb2.METRIC_DIRECTION_MAXIMIZE,
-    }
-)
 # The range a Timestamp may hold (years 1 to 9999).
 _MIN_SECONDS, _MAX_SECONDS = -62_135_596_800, 253_402_300_799
 
@@ -72,7 +65,7 @@ def spec_from_proto(message: campaign_pb2.CampaignSpec) -> CampaignSpec:
         workspace=Workspace(root=workspace.root, host=workspace.host),
         metric=Metric(
             name=metric.name,
-            direction=_DIRECTIONS.from_proto(metric.direction),
+            direction=METRIC_DIRECTIONS.from_proto(metric.direction),
             log_regex=metric.log_regex,
             jsonl_path=metric.jsonl_file.path,
             jsonl_key=metric.jsonl_file.key,
@@ -115,7 +108,7 @@ def spec_to_proto(spec: CampaignSpec) -> campaign_pb2.CampaignSpec:
     """The spec as the campaign keeps it: argv (never command_line), every default spelled out."""
     metric = monitor_pb2.MetricSpec(name=spec.metric.name)
     if spec.metric.direction is not None:
-        metric.direction = _DIRECTIONS.to_proto(spec.metric.direction)
+        metric.direction = METRIC_DIRECTIONS.to_proto(spec.metric.direction)
     if spec.metric.log_regex:
         metric.log_regex = spec.metric.log_regex
     else:

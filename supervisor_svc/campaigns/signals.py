@@ -17,12 +17,12 @@ The rules, in short (docs/architecture.md, "Campaigns", says why):
 
 from __future__ import annotations
 
-import enum
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from quarry.vocabulary import MetricDirection
 from supervisor_svc.campaigns.records import LedgerRecord, Verdict
 
 DEFAULT_BASELINE_RUNS = 3
@@ -35,9 +35,8 @@ DEFAULT_STAGNATION_WINDOW = 10
 _MEASURED = frozenset({Verdict.KEEP, Verdict.DISCARD, Verdict.RETEST})
 
 
-class Direction(enum.StrEnum):
-    MINIMIZE = "minimize"
-    MAXIMIZE = "maximize"
+# The kernel's one metric direction, under the name the campaign's readers (the CLI among them) import.
+Direction = MetricDirection
 
 
 @dataclass(frozen=True)
@@ -45,11 +44,11 @@ class MetricGoal:
     """The metric a campaign optimizes, by the name the monitor's parser reports it under."""
 
     name: str
-    direction: Direction
+    direction: MetricDirection
 
     def gain(self, value: float, over: float) -> float:
         """How much better `value` is than `over`; negative when it is worse."""
-        return over - value if self.direction is Direction.MINIMIZE else value - over
+        return over - value if self.direction is MetricDirection.MINIMIZE else value - over
 
     def clears(self, value: float, bar: float) -> bool:
         return self.gain(value, bar) >= 0
@@ -178,7 +177,7 @@ class Signals:
     def describe(self) -> str:
         """The signals as THINK and REFLECT read them, one per line."""
         goal, rules = self.goal, self.rules
-        better = "lower" if goal.direction is Direction.MINIMIZE else "higher"
+        better = "lower" if goal.direction is MetricDirection.MINIMIZE else "higher"
         lines = [f"metric: {goal.name} ({better} is better)"]
         if self.best is not None:
             lines.append(f"best so far: {_number(self.best)} at commit {self.best_commit or '(unknown)'}")

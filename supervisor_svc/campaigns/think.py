@@ -3,11 +3,17 @@
 The leader reads what the memory gives it, may have a researcher read the literature first, and hands
 the change to an engineer worker; it may record an insight or a dead end. Its answer is the
 hypothesis; the loop commits whatever the engineer changed and runs it.
+
+Its delegations go through the run's delegation desk (supervisor_svc.delegating.Delegator), one per
+THINK: each leaves its assignment, route and usage entries on the campaign's thread, as a run's do,
+and at most `parallel_delegations` run at once.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pydantic import BaseModel, Field
 
@@ -17,11 +23,15 @@ from quarry.agent.messages import system, user
 from quarry.agent.model import ModelClient
 from quarry.agent.tools import Tool, ToolRegistry, current_call
 from quarry.identity import Role
+from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import DelegationResult
+from supervisor_svc.budget import RunAccount, TokenBudget
 from supervisor_svc.campaigns.memory import ThinkBriefing
 from supervisor_svc.campaigns.records import DeadEnd, Insight
 from supervisor_svc.campaigns.thread import CampaignThread
-from supervisor_svc.model import DelegationOrder
+from supervisor_svc.delegating import Contract, Delegator
+from supervisor_svc.ledger import RunLedger
+from supervisor_svc.model import ResearchPhase, RunUsage
 from supervisor_svc.tools import Criterion
 from supervisor_svc.worker_client import DelegationClient
 
@@ -42,6 +52,8 @@ class ThinkSettings:
     engineer_timeout_seconds: float = 900.0
     research_turns: int = 0  # 0: the worker's default
     research_timeout_seconds: float = 900.0
+    # Delegations one THINK may have in flight.
+    parallel_delegations: int = 4
 
 
 @dataclass(frozen=True)
@@ -82,12 +94,11 @@ class ThinkSession:
 
     thinker: Thinker
     cycle: int
-    attempt: str  # this THINK's conversation: a THINK redone after a restart delegates under new ids
     workspace_id: str
-    tokens: int = 0
+    desk: Delegator  # this THINK's: a THINK redone after a restart delegates under new ids
+    account: RunAccount  # its delegations' usage
     changes: list[str] = field(default_factory=list)
     files: set[str] = field(default_factory=set)
-    researched: int = 0
 
 
 async def delegate_engineer(params: EngineerParams, session: ThinkSession) -> str:
@@ -132,6 +143,12 @@ THINK_TOOLS: ToolRegistry[ThinkSession] = ToolRegistry(
 )
 
 
+class Thinking(Protocol):
+    async def think(self, cycle: int, attempt: str, briefing: ThinkBriefing, workspace_id: str) -> Thought:
+        """One THINK of `cycle`, `attempt` its conversation's id; the engineer edits the workspace `workspace_id`."""
+        ...
+
+
 # -- the leader --------------------------------------------------------------------------------------
 
 
@@ -142,6 +159,7 @@ class Thinker:
         self,
         campaign_id: str,
         thread: CampaignThread,
+        scratchpad: ResearchPlane,
         model: ModelClient,
         conversations: ConversationStore,
         delegations: DelegationClient,
@@ -149,14 +167,14 @@ class Thinker:
     ) -> None:
         self._campaign_id = campaign_id
         self.thread = thread
+        self._scratchpad = scratchpad
         self._model = model
         self._conversations = conversations
         self._delegations = delegations
         self._settings = settings
 
     async def think(self, cycle: int, attempt: str, briefing: ThinkBriefing, workspace_id: str) -> Thought:
-        """One THINK, `attempt` its conversation's id."""
-        session = ThinkSession(self, cycle, attempt, workspace_id)
+        session = ThinkSession(self, cycle, workspace_id, *self._desk(attempt))
         opening = [system(INSTRUCTIONS), user(briefing.render())]
         await self._conversations.create(attempt, opening)
         agent = AgentRun(
@@ -180,22 +198,41 @@ class Thinker:
             hypothesis=hypothesis or "(no hypothesis stated)",
             changes=tuple(session.changes),
             files=tuple(sorted(session.files)),
-            tokens=agent.usage.input_tokens + agent.usage.output_tokens + session.tokens,
+            tokens=agent.usage.tokens + session.account.workers.tokens,
             failure=failure,
         )
+
+    def _desk(self, attempt: str) -> tuple[Delegator, RunAccount]:
+        """The THINK's delegation desk, and the account of its delegations' usage (its tokens count in the
+        cycle's, which the limiter bounds by the campaign's budgets: the desk's own budget is unbounded)."""
+        account = RunAccount()
+        desk = Delegator(
+            run_id=attempt,
+            thread_id=self.thread.thread_id,
+            max_worker_turns=0,  # each contract says
+            parallel=self._settings.parallel_delegations,
+            deadline=math.inf,  # each contract has its own time limit
+            client=self._delegations,
+            scratchpad=self._scratchpad,
+            account=account,
+            budget=TokenBudget(0, account),
+            publisher=_UNANNOUNCED,
+            ledger=RunLedger(self._scratchpad, self._campaign_id, self.thread.thread_id),
+        )
+        return desk, account
 
     async def engineer(self, change: str, session: ThinkSession) -> str:
         """One engineer delegation in the campaign's workspace; what it did, for the leader."""
         settings = self._settings
-        result = await self._delegate(
-            session,
-            f"e{len(session.changes) + 1}",
+        contract = Contract(
             Role.ENGINEER,
             change,
             ("edit the workspace only; do not run the full experiment",),
-            settings.engineer_turns,
-            settings.engineer_timeout_seconds,
+            workspace_id=session.workspace_id,
+            max_turns=settings.engineer_turns,
+            timeout_seconds=settings.engineer_timeout_seconds,
         )
+        result = await _delegate(session, contract)
         session.changes.append(change)
         session.files.update(result.files_changed)
         if not result.succeeded:
@@ -206,50 +243,35 @@ class Thinker:
     async def research(self, objective: str, criteria: tuple[str, ...], session: ThinkSession) -> str:
         """One literature research delegation (its findings promoted to the campaign's thread); its summary."""
         settings = self._settings
-        session.researched += 1
-        result = await self._delegate(
-            session,
-            f"r{session.researched}",
+        contract = Contract(
             Role.RESEARCHER,
             objective,
             criteria,
-            settings.research_turns,
-            settings.research_timeout_seconds,
+            max_turns=settings.research_turns,
+            timeout_seconds=settings.research_timeout_seconds,
         )
+        result = await _delegate(session, contract)
         if not result.succeeded:
             return f"the researcher failed: {result.error_message}"
         return f"done; findings promoted: {len(result.promoted)}\n{result.summary}"
 
-    async def _delegate(
-        self,
-        session: ThinkSession,
-        suffix: str,
-        role: Role,
-        objective: str,
-        criteria: tuple[str, ...],
-        max_turns: int,
-        timeout_seconds: float,
-    ) -> DelegationResult:
-        """One worker delegation on the campaign's thread, its tokens counted in the cycle's (which the
-        limiter bounds by the campaign's budgets)."""
-        order = DelegationOrder(
-            delegation_id=f"{session.attempt}-{suffix}",
-            run_id=self._campaign_id,
-            tool_call_id=current_call().id,
-            scratchpad_thread_id=self.thread.thread_id,
-            objective=objective,
-            criteria=criteria,
-            input_refs=(),
-            role=role,
-            max_turns=max_turns,
-            max_tokens=0,
-            timeout_seconds=timeout_seconds,
-            workspace_id=session.workspace_id if role is Role.ENGINEER else "",
-        )
 
-        async def on_turn(turn: int, max_turns: int, worker_id: str) -> None:
-            return None
+async def _delegate(session: ThinkSession, contract: Contract) -> DelegationResult:
+    """One worker delegation on the campaign's thread, keyed by the leader's tool call."""
+    result = await session.desk.assign(contract, current_call().id)
+    if result is None:  # the desk's budget is unbounded: it never refuses
+        raise AssertionError("a campaign's delegation desk refused a delegation")
+    return result
 
-        result = await self._delegations.run(order, deadline_seconds=timeout_seconds + 30, on_turn=on_turn)
-        session.tokens += result.usage.input_tokens + result.usage.output_tokens
-        return result
+
+class _Unannounced:
+    """A campaign's delegations are not events of its own: their entries on the thread are its record."""
+
+    async def status(self, phase: ResearchPhase, message: str, *, delegation_id: str = "", worker_id: str = "") -> None:
+        return None
+
+    async def delegation_ended(self, result: DelegationResult, usage: RunUsage) -> None:
+        return None
+
+
+_UNANNOUNCED = _Unannounced()

@@ -8,11 +8,12 @@ cycle sees the thread as it is without reading it again.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
 
-from quarry.errors import QuarryError
+import grpc
+
+from quarry.errors import ServiceError
 from quarry.identity import Principal, Role
 from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import EntryKind
@@ -39,6 +40,8 @@ _KINDS: dict[type[Any], EntryKind] = {
 }
 _RECORD_KINDS = frozenset(_KINDS.values())
 
+_T = TypeVar("_T")
+
 
 class CampaignThread:
     def __init__(self, scratchpad: ResearchPlane, campaign_id: str, thread_id: str) -> None:
@@ -54,9 +57,10 @@ class CampaignThread:
         return self._records
 
     async def create(self, title: str) -> None:
-        """Open the thread; one that exists already (a restart) is kept."""
-        with contextlib.suppress(QuarryError):
-            await self._scratchpad.create_thread(self.thread_id, title=title, request_id=f"{self._campaign_id}/thread")
+        """Open the thread (a repeat, after a restart, answers the first result)."""
+        await _ask(
+            self._scratchpad.create_thread(self.thread_id, title=title, request_id=f"{self._campaign_id}/thread")
+        )
 
     async def read(self) -> Sequence[CampaignRecord]:
         entries = await self._scratchpad.read_all(self.thread_id)
@@ -65,12 +69,22 @@ class CampaignThread:
 
     async def write(self, record: CampaignRecord, key: str) -> None:
         """Append a record to the thread once per key."""
-        appended = await self._scratchpad.append(
-            self.thread_id,
-            kind=_KINDS[type(record)],
-            author=self._author,
-            content=record.to_json(),
-            request_id=f"{self._campaign_id}/{key}",
+        appended = await _ask(
+            self._scratchpad.append(
+                self.thread_id,
+                kind=_KINDS[type(record)],
+                author=self._author,
+                content=record.to_json(),
+                request_id=f"{self._campaign_id}/{key}",
+            )
         )
         if not appended.replayed:  # a replayed one was read with the rest
             self._records.append(record)
+
+
+async def _ask(call: Awaitable[_T]) -> _T:
+    """The scratchpad's answer; its failure as a ServiceError, in the QuarryError tree the loop handles."""
+    try:
+        return await call
+    except grpc.aio.AioRpcError as error:
+        raise ServiceError.of(error) from error

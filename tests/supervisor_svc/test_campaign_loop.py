@@ -527,6 +527,15 @@ async def test_a_leader_has_the_literature_researched_then_the_engineer_makes_th
     entries = await lab.scratchpad.read_all(campaign.campaign_id)
     notes = [e.content for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_NOTE]
     assert notes == ["step sizes up to 1/L converge"]
+    # Both delegations went through the run's delegation desk: each assigned, routed and its usage recorded.
+    assigned = [json.loads(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_ASSIGNMENT]
+    assert [(a["role"], a["objective"]) for a in assigned] == [
+        ("researcher", RESEARCH),
+        ("engineer", "Set lr to 0.1 in config.json."),
+    ]
+    delegations = {a["delegation_id"] for a in assigned}
+    for kind in (scratchpad_pb2.ENTRY_KIND_ROUTE, scratchpad_pb2.ENTRY_KIND_USAGE):
+        assert {json.loads(e.content)["delegation_id"] for e in entries if e.kind == kind} == delegations, kind
 
 
 async def test_stagnation_is_signalled_and_the_phase_gate_completes_the_campaign(lab: Lab) -> None:
