@@ -174,7 +174,7 @@ class Thinker:
         self._settings = settings
 
     async def think(self, cycle: int, attempt: str, briefing: ThinkBriefing, workspace_id: str) -> Thought:
-        session = ThinkSession(self, cycle, workspace_id, *self._desk(attempt))
+        session = self.session(cycle, attempt, workspace_id)
         opening = [system(INSTRUCTIONS), user(briefing.render())]
         await self._conversations.create(attempt, opening)
         agent = AgentRun(
@@ -202,9 +202,10 @@ class Thinker:
             failure=failure,
         )
 
-    def _desk(self, attempt: str) -> tuple[Delegator, RunAccount]:
-        """The THINK's delegation desk, and the account of its delegations' usage (its tokens count in the
-        cycle's, which the limiter bounds by the campaign's budgets: the desk's own budget is unbounded)."""
+    def session(self, cycle: int, attempt: str, workspace_id: str) -> ThinkSession:
+        """A THINK's state, with its own delegation desk and the account of its delegations' usage (their
+        tokens count in the cycle's, which the limiter bounds by the campaign's budgets: the desk's own
+        budget is unbounded)."""
         account = RunAccount()
         desk = Delegator(
             run_id=attempt,
@@ -219,7 +220,7 @@ class Thinker:
             publisher=_UNANNOUNCED,
             ledger=RunLedger(self._scratchpad, self._campaign_id, self.thread.thread_id),
         )
-        return desk, account
+        return ThinkSession(self, cycle, workspace_id, desk, account)
 
     async def engineer(self, change: str, session: ThinkSession) -> str:
         """One engineer delegation in the campaign's workspace; what it did, for the leader."""
