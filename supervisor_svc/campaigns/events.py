@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 
 from quarry.convert import JOB_STATES, EnumMap, job_ref_to_proto, timestamp
 from quarry.v1 import campaign_pb2, monitor_pb2
-from supervisor_svc.campaigns.model import CampaignState, DirectiveState, JobProgress, Phase, SignalKind
 from supervisor_svc.campaigns.records import LedgerRecord, Verdict, Violation, ViolationKind
+from supervisor_svc.campaigns.state import CampaignState, DirectiveState, JobProgress, Phase, SignalKind
 
 
 class Event:

@@ -13,9 +13,10 @@ from quarry.vocabulary import JobLook, JobState
 from quarry.workspace import Experiment, MetricWanted, SlurmScript
 from supervisor_svc.campaigns import events
 from supervisor_svc.campaigns.lab import Lab
-from supervisor_svc.campaigns.model import CampaignSpec, JobProgress, Phase
 from supervisor_svc.campaigns.reflect import JobEnd
 from supervisor_svc.campaigns.service import CampaignHandle
+from supervisor_svc.campaigns.spec import CampaignSpec
+from supervisor_svc.campaigns.state import JobProgress, Phase
 
 # However long an experiment may run, the wait for it gives up an hour past its limit (30 days without one).
 _UNBOUNDED_SECONDS = 30 * 24 * 3600.0

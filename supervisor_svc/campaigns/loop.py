@@ -25,11 +25,12 @@ from quarry.research_plane import ResearchPlane
 from supervisor_svc.campaigns import exports, limiter, memory
 from supervisor_svc.campaigns.experiment import run_experiment
 from supervisor_svc.campaigns.lab import Lab, LabOpener, monitor_lab
-from supervisor_svc.campaigns.model import CampaignSpec, CampaignState, Phase, branch_name
 from supervisor_svc.campaigns.records import CampaignRecord, Decision, Directive, DirectiveConsumed, LedgerRecord
 from supervisor_svc.campaigns.reflect import JobEnd, ReflectInput, Reflection, Trial, reflect
 from supervisor_svc.campaigns.service import CampaignHandle, CampaignLoopFactory
 from supervisor_svc.campaigns.signals import Signals, read_signals
+from supervisor_svc.campaigns.spec import CampaignSpec
+from supervisor_svc.campaigns.state import CampaignState, Phase, branch_name
 from supervisor_svc.campaigns.think import Thinker, Thinking, ThinkSettings
 from supervisor_svc.campaigns.thread import CampaignThread
 from supervisor_svc.worker_client import DelegationClient
@@ -255,7 +256,7 @@ class CampaignLoop:
         if reflection.reset_to:
             await self._lab.reset(reflection.reset_to, remove_untracked=True)
         await handle.record_ledger(row, reflection.progress)
-        await self._thread.write(row, f"c{row.cycle}/ledger")
+        await self._thread.write(row, f"c{row.cycle}/ledger")  # the key the thread's trials have always had
         for event in reflection.signalled:
             await handle.emit(event.item, key=event.key)
         await self._export()

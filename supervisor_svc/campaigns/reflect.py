@@ -16,9 +16,10 @@ from typing import Generic, TypeVar
 from quarry.vocabulary import JobState
 from supervisor_svc.campaigns import events, violations
 from supervisor_svc.campaigns.events import Event
-from supervisor_svc.campaigns.model import CampaignSpec, Progress, SignalKind
 from supervisor_svc.campaigns.records import CampaignRecord, DeadEnd, LedgerRecord, Verdict, Violation
 from supervisor_svc.campaigns.signals import Signals, read_signals
+from supervisor_svc.campaigns.spec import CampaignSpec
+from supervisor_svc.campaigns.state import Progress, SignalKind
 
 _T = TypeVar("_T")
 

@@ -14,18 +14,6 @@ from quarry.errors import FieldViolation, InvalidArgument
 from quarry.v1 import campaign_pb2, campaign_pb2_grpc, monitor_pb2
 from supervisor_svc.campaigns.events import DIRECTIVE_STATES, PHASES, STATES
 from supervisor_svc.campaigns.limiter import DEFAULT_MAX_CONSECUTIVE_FAILURES
-from supervisor_svc.campaigns.model import (
-    Brief,
-    Budgets,
-    CampaignRecord,
-    CampaignSpec,
-    DirectiveRecord,
-    Experiment,
-    Metric,
-    Rules,
-    SlurmBatch,
-    Workspace,
-)
 from supervisor_svc.campaigns.service import Campaigns
 from supervisor_svc.campaigns.signals import (
     DEFAULT_BASELINE_RUNS,
@@ -34,6 +22,8 @@ from supervisor_svc.campaigns.signals import (
     DEFAULT_REBASELINE_EVERY,
     DEFAULT_STAGNATION_WINDOW,
 )
+from supervisor_svc.campaigns.spec import Brief, Budgets, CampaignSpec, Experiment, Metric, Rules, SlurmBatch, Workspace
+from supervisor_svc.campaigns.state import CampaignRecord, DirectiveRecord
 
 # The range a Timestamp may hold (years 1 to 9999).
 _MIN_SECONDS, _MAX_SECONDS = -62_135_596_800, 253_402_300_799

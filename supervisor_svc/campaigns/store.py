@@ -26,11 +26,12 @@ from quarry.errors import AlreadyExists, ErrorReason, FieldViolation, InvalidArg
 from quarry.notify import notify_on_commit
 from supervisor_svc.campaigns import events
 from supervisor_svc.campaigns.events import Event
-from supervisor_svc.campaigns.model import (
+from supervisor_svc.campaigns.records import LedgerRecord
+from supervisor_svc.campaigns.spec import CampaignSpec
+from supervisor_svc.campaigns.state import (
     ENDED_STATES,
     LIVE_STATES,
     CampaignRecord,
-    CampaignSpec,
     CampaignState,
     DirectiveRecord,
     DirectiveState,
@@ -40,7 +41,6 @@ from supervisor_svc.campaigns.model import (
     branch_name,
     usage_in_window,
 )
-from supervisor_svc.campaigns.records import LedgerRecord
 from supervisor_svc.listing import decode_page_token, encode_page_token
 from supervisor_svc.schema import campaign_directives, campaign_events, campaigns
 from supervisor_svc.store import StoredEvent

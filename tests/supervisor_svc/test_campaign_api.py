@@ -21,10 +21,11 @@ from quarry.db import Database, open_migrated_database
 from quarry.errors import ErrorReason, InvalidArgument, Unimplemented
 from quarry.notify import CommitSignal
 from quarry.v1 import campaign_pb2
-from supervisor_svc.campaigns.model import CampaignState, Phase, Progress, validate_spec
 from supervisor_svc.campaigns.records import LedgerRecord, Verdict
 from supervisor_svc.campaigns.service import CampaignLimits, Campaigns
 from supervisor_svc.campaigns.servicer import spec_from_proto, spec_to_proto
+from supervisor_svc.campaigns.spec import validate_spec
+from supervisor_svc.campaigns.state import CampaignState, Phase, Progress
 from supervisor_svc.campaigns.store import CampaignLost, CampaignStore
 from supervisor_svc.schema import campaigns as campaigns_table
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE

@@ -19,10 +19,10 @@ from rich.console import Console
 from quarry.cli.commands import _parser
 from quarry.cli.lab import CampaignView, SpecError, load_settings, settings_from_flags, spec_from_settings
 from quarry.v1 import campaign_pb2, monitor_pb2
-from quarry.vocabulary import JobRef, JobState
+from quarry.vocabulary import JobRef, JobState, MetricPoint
 from supervisor_svc.campaigns import events
-from supervisor_svc.campaigns.model import CampaignState, JobProgress, MetricPoint, Phase, Progress
 from supervisor_svc.campaigns.records import LedgerRecord, Verdict
+from supervisor_svc.campaigns.state import CampaignState, JobProgress, Phase, Progress
 from tests.fakes.openai_server import ScriptedModel
 from tests.supervisor_svc.campaign_loops import ServedCampaigns, campaign_spec, serve_campaigns
 

@@ -36,22 +36,17 @@ from quarry.vocabulary import (
 from quarry.workspace import Experiment, GitState, Launched, Written
 from supervisor_svc.campaigns.events import Event
 from supervisor_svc.campaigns.memory import ThinkBriefing
-from supervisor_svc.campaigns.model import (
-    Brief,
-    Budgets,
+from supervisor_svc.campaigns.records import LedgerRecord
+from supervisor_svc.campaigns.spec import Brief, Budgets, CampaignSpec, Metric, Rules, Workspace
+from supervisor_svc.campaigns.spec import Experiment as CampaignExperiment
+from supervisor_svc.campaigns.state import (
     CampaignRecord,
-    CampaignSpec,
     CampaignState,
     DirectiveRecord,
     DirectiveState,
-    Metric,
     Phase,
     Progress,
-    Rules,
-    Workspace,
 )
-from supervisor_svc.campaigns.model import Experiment as CampaignExperiment
-from supervisor_svc.campaigns.records import LedgerRecord
 from supervisor_svc.campaigns.store import CampaignLost
 from supervisor_svc.campaigns.think import Thought
 from supervisor_svc.model import DelegationOrder

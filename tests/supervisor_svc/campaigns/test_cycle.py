@@ -14,7 +14,8 @@ from quarry.compute import MonitorError
 from quarry.v1 import campaign_pb2
 from quarry.vocabulary import EntryKind, JobState
 from supervisor_svc.campaigns.loop import CampaignLoop, LoopSettings
-from supervisor_svc.campaigns.model import Budgets, CampaignState, Phase
+from supervisor_svc.campaigns.spec import Budgets
+from supervisor_svc.campaigns.state import CampaignState, Phase
 from supervisor_svc.campaigns.store import CampaignLost
 from supervisor_svc.campaigns.thread import CampaignThread
 from tests.supervisor_svc.campaigns.fakes import (
