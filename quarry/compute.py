@@ -95,6 +95,7 @@ class ComputeView:
                             break
         if look is None:
             raise MonitorError(
-                grpc.StatusCode.DEADLINE_EXCEEDED, f"the monitor did not report the job's state within {seconds:g} s"
+                f"the monitor did not report the job's state within {seconds:g} s",
+                code=grpc.StatusCode.DEADLINE_EXCEEDED,
             )
         return dataclasses.replace(look, log_tail=tuple(tail))

@@ -60,6 +60,7 @@ __all__ = [
     "job_look_to_proto",
     "job_ref_from_proto",
     "job_ref_to_proto",
+    "metric_spec_to_proto",
     "principal_from_proto",
     "principal_to_proto",
     "source_from_proto",
@@ -290,6 +291,21 @@ def job_look_to_proto(look: JobLook) -> monitor_pb2.JobStatus:
     if look.exit_code is not None:
         status.exit_code = look.exit_code
     return status
+
+
+def metric_spec_to_proto(
+    name: str, direction: MetricDirection | None, *, log_regex: str = "", jsonl_path: str = "", jsonl_key: str = ""
+) -> monitor_pb2.MetricSpec:
+    """A metric a job reports: read from its log by a pattern, or from a JSON-lines file (which wins if both are
+    given); a direction of None leaves it unspecified (the monitor refuses it)."""
+    spec = monitor_pb2.MetricSpec(name=name)
+    if direction is not None:
+        spec.direction = METRIC_DIRECTIONS.to_proto(direction)
+    if log_regex:
+        spec.log_regex = log_regex
+    if jsonl_path or jsonl_key:
+        spec.jsonl_file.CopyFrom(monitor_pb2.JsonlMetric(path=jsonl_path, key=jsonl_key))
+    return spec
 
 
 def job_look_from_proto(status: monitor_pb2.JobStatus) -> JobLook:

@@ -254,13 +254,13 @@ class ServiceError(QuarryError):
     The client's side of the tree: a port that calls a service raises this, so its callers handle one
     error tree whether a failure was raised here or answered over the wire."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, message: str, *, code: grpc.StatusCode = grpc.StatusCode.INTERNAL) -> None:
         self.code = code
         super().__init__(message, reason=ErrorReason.__members__.get(code.name, ErrorReason.INTERNAL))
 
     @classmethod
     def of(cls, error: grpc.aio.AioRpcError) -> Self:
-        return cls(error.code(), error.details() or error.code().name)
+        return cls(error.details() or error.code().name, code=error.code())
 
 
 # Statuses travel in trailers, which clients cap (8 KiB by default, over which the caller sees

@@ -18,7 +18,7 @@ import grpc
 
 from quarry.client import MonitorClient
 from quarry.compute import ComputeView, JobReport, MonitorError
-from quarry.convert import METRIC_DIRECTIONS, duration, enum_label, job_ref_from_proto
+from quarry.convert import duration, enum_label, job_ref_from_proto, metric_spec_to_proto
 from quarry.v1 import monitor_pb2
 from quarry.vocabulary import JobRef, MetricDirection
 
@@ -263,9 +263,10 @@ def _git(workspace: monitor_pb2.Workspace) -> GitState:
 
 
 def _metric_spec(metric: MetricWanted) -> monitor_pb2.MetricSpec:
-    spec = monitor_pb2.MetricSpec(name=metric.name, direction=METRIC_DIRECTIONS.to_proto(metric.direction))
-    if metric.log_regex:
-        spec.log_regex = metric.log_regex
-    if metric.jsonl_path or metric.jsonl_key:
-        spec.jsonl_file.CopyFrom(monitor_pb2.JsonlMetric(path=metric.jsonl_path, key=metric.jsonl_key))
-    return spec
+    return metric_spec_to_proto(
+        metric.name,
+        metric.direction,
+        log_regex=metric.log_regex,
+        jsonl_path=metric.jsonl_path,
+        jsonl_key=metric.jsonl_key,
+    )

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 from google.protobuf import timestamp_pb2
 
-from quarry.convert import METRIC_DIRECTIONS, duration, duration_seconds, timestamp
+from quarry.convert import METRIC_DIRECTIONS, duration, duration_seconds, metric_spec_to_proto, timestamp
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.v1 import campaign_pb2, campaign_pb2_grpc, monitor_pb2
 from supervisor_svc.campaigns.events import DIRECTIVE_STATES, PHASES, STATES
@@ -96,13 +96,14 @@ def spec_from_proto(message: campaign_pb2.CampaignSpec) -> CampaignSpec:
 
 def spec_to_proto(spec: CampaignSpec) -> campaign_pb2.CampaignSpec:
     """The spec as the campaign keeps it: argv (never command_line), every default spelled out."""
-    metric = monitor_pb2.MetricSpec(name=spec.metric.name)
-    if spec.metric.direction is not None:
-        metric.direction = METRIC_DIRECTIONS.to_proto(spec.metric.direction)
-    if spec.metric.log_regex:
-        metric.log_regex = spec.metric.log_regex
-    else:
-        metric.jsonl_file.CopyFrom(monitor_pb2.JsonlMetric(path=spec.metric.jsonl_path, key=spec.metric.jsonl_key))
+    wanted = spec.metric
+    metric = metric_spec_to_proto(
+        wanted.name,
+        wanted.direction,
+        log_regex=wanted.log_regex,
+        jsonl_path=wanted.jsonl_path,
+        jsonl_key=wanted.jsonl_key,
+    )
     experiment = campaign_pb2.CampaignExperiment(
         argv=spec.experiment.argv,
         gpus=monitor_pb2.GpuRequest(count=spec.experiment.gpu_count, indices=spec.experiment.gpu_indices),

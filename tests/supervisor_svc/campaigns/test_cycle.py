@@ -172,7 +172,7 @@ async def test_a_loop_restarted_after_its_commit_finds_its_experiment_again_with
 
 async def test_a_refusal_pauses_the_campaign_with_the_services_words() -> None:
     workspace, handle = lab(), FakeHandle(spec())
-    workspace.refusal = MonitorError(grpc.StatusCode.FAILED_PRECONDITION, "the root is not allowed")
+    workspace.refusal = MonitorError("the root is not allowed", code=grpc.StatusCode.FAILED_PRECONDITION)
     await run(handle, workspace)
 
     assert handle.ended == (
@@ -184,7 +184,7 @@ async def test_a_refusal_pauses_the_campaign_with_the_services_words() -> None:
 
 async def test_an_unreachable_service_is_retried_and_the_step_redone_once() -> None:
     workspace, handle = lab(), FakeHandle(spec(budgets=Budgets(max_cycles=2)))
-    workspace.refusal = MonitorError(grpc.StatusCode.UNAVAILABLE, "connection refused")
+    workspace.refusal = MonitorError("connection refused", code=grpc.StatusCode.UNAVAILABLE)
     await run(handle, workspace)
 
     assert handle.verdicts == ["baseline", "baseline"]
