@@ -12,9 +12,8 @@ import time
 from quarry.vocabulary import JobLook, JobState
 from quarry.workspace import Experiment, MetricWanted, SlurmScript
 from supervisor_svc.campaigns import events
-from supervisor_svc.campaigns.lab import Lab
+from supervisor_svc.campaigns.ports import DrivenCampaign, Lab
 from supervisor_svc.campaigns.reflect import JobEnd
-from supervisor_svc.campaigns.service import CampaignHandle
 from supervisor_svc.campaigns.spec import CampaignSpec
 from supervisor_svc.campaigns.state import JobProgress, Phase
 
@@ -41,7 +40,7 @@ def experiment_of(spec: CampaignSpec) -> Experiment:
     )
 
 
-async def run_experiment(lab: Lab, handle: CampaignHandle, cycle: int, poll_seconds: int) -> JobEnd:
+async def run_experiment(lab: Lab, handle: DrivenCampaign, cycle: int, poll_seconds: int) -> JobEnd:
     """Launch the cycle's experiment (or find it again after a restart) and wait for its end: no model call."""
     spec = handle.record.spec
     began = time.monotonic()

@@ -24,7 +24,7 @@ from quarry.errors import QuarryError, ServiceError
 from quarry.research_plane import ResearchPlane
 from supervisor_svc.campaigns import exports, limiter, memory
 from supervisor_svc.campaigns.experiment import run_experiment
-from supervisor_svc.campaigns.lab import Lab, LabOpener, monitor_lab
+from supervisor_svc.campaigns.ports import DrivenCampaign, Lab, LabOpener, monitor_lab
 from supervisor_svc.campaigns.records import CampaignRecord, Decision, Directive, DirectiveConsumed, LedgerRecord
 from supervisor_svc.campaigns.reflect import JobEnd, ReflectInput, Reflection, Trial, reflect
 from supervisor_svc.campaigns.service import CampaignHandle, CampaignLoopFactory
@@ -74,7 +74,7 @@ def loop_factory(deps: LoopDependencies) -> CampaignLoopFactory:
 class CampaignLoop:
     def __init__(
         self,
-        handle: CampaignHandle,
+        handle: DrivenCampaign,
         open_lab: LabOpener,
         thread: CampaignThread,
         thinker: Thinking,
