@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
-from monitor_svc.model import GpuRequest
 from monitor_svc.smi import APP_QUERY, GPU_QUERY, MalformedOutput, parse_gpus
 from monitor_svc.ssh import SshHosts
 from quarry.errors import ErrorReason, FailedPrecondition, ResourceExhausted
@@ -24,6 +23,18 @@ from quarry.vocabulary import Gpu, GpuProcess
 LOCAL = "local"
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """A number of GPUs the monitor picks, or these indices."""
+
+    count: int = 0
+    indices: tuple[int, ...] = ()
+
+    @property
+    def wanted(self) -> bool:
+        return bool(self.count or self.indices)
 
 
 def _load_nvml() -> ModuleType:

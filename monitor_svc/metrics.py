@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import re2
 
-from monitor_svc.model import MetricPoint, MetricResult, MetricSpec
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.vocabulary import MetricDirection
 
@@ -34,6 +33,42 @@ MAX_JSONL_LINE_BYTES = 64 * 1024  # longer lines of a metrics file are skipped
 _NAME = re.compile(r"[A-Za-z0-9_./-]{1,64}")
 _MAX_KEY_CHARS = 256
 _MAX_PATH_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A number a job reports: from a pattern over its log lines, or a key of a JSON-lines file it writes."""
+
+    name: str
+    direction: MetricDirection | None  # None: not given (refused at submission)
+    log_regex: str = ""
+    jsonl_path: str = ""  # relative to the job's working directory
+    jsonl_key: str = ""
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    """One value as it appeared in the log: `step` is its line number (from 1)."""
+
+    name: str
+    value: float
+    step: int
+
+
+@dataclass(frozen=True)
+class MetricResult:
+    """A metric once its job has ended: the last value, the best by its direction, and how many were read."""
+
+    name: str
+    direction: MetricDirection
+    value: float | None = None  # None: not found
+    best: float | None = None
+    count: int = 0
+    detail: str = ""
+
+    @property
+    def found(self) -> bool:
+        return self.value is not None
 
 
 def _options() -> re2.Options:

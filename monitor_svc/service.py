@@ -7,8 +7,7 @@ from pathlib import Path
 import grpc
 
 from monitor_svc.gpus import GpuSampler, NvmlProbe
-from monitor_svc.jobs import Jobs, SlurmLimits, Supervision
-from monitor_svc.records import JobRecords
+from monitor_svc.jobs import JobRecords, Jobs, SlurmLimits, Supervision
 from monitor_svc.servicer import MonitorServicer
 from monitor_svc.ssh import SshHosts
 from monitor_svc.workspaces.operations import Workspaces

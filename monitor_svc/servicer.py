@@ -11,25 +11,11 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 
-from monitor_svc.gpus import GpuSampler
-from monitor_svc.jobs import Jobs
-from monitor_svc.model import (
-    Command,
-    GpuRequest,
-    JobObservation,
-    JobOptions,
-    MetricPoint,
-    MetricResult,
-    MetricSpec,
-)
+from monitor_svc.gpus import GpuRequest, GpuSampler
+from monitor_svc.jobs import BatchScript, Command, JobKind, JobObservation, JobOptions, JobRequest, Jobs
+from monitor_svc.metrics import MetricPoint, MetricResult, MetricSpec
 from monitor_svc.ssh import SshHosts
-from monitor_svc.validation import (
-    check_job_ref,
-    check_monitor_job_id,
-    interval_seconds,
-    require_job_kind,
-    tail_lines,
-)
+from monitor_svc.validation import check_monitor_job_id, interval_seconds, require_job_kind, tail_lines
 from monitor_svc.workspaces.operations import Workspaces
 from monitor_svc.workspaces.rpc import WorkspaceServicer
 from quarry.convert import (
@@ -145,18 +131,16 @@ class MonitorServicer(WorkspaceServicer):
     async def SubmitJob(
         self, request: monitor_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> monitor_pb2.SubmitJobResponse:
-        kind = require_job_kind(request.WhichOneof("job"), ("local", "remote", "slurm"))
-        options = _options(request.options)
-        if kind == "local":
-            record = await self._jobs.submit_local(_command(request.local), options, request.request_id)
-        elif kind == "remote":
-            remote = request.remote
-            record = await self._jobs.submit_remote(_command(remote, remote.host), options, request.request_id)
+        kind = JobKind(require_job_kind(request.WhichOneof("job"), tuple(JobKind)))
+        job: JobRequest
+        if kind is JobKind.LOCAL:
+            job = _command(request.local)
+        elif kind is JobKind.REMOTE:
+            job = _command(request.remote, request.remote.host)
         else:
-            submission = request.slurm
-            record = await self._jobs.submit_slurm(
-                submission.host, submission.script_path, list(submission.sbatch_args), options, request.request_id
-            )
+            slurm = request.slurm
+            job = BatchScript(slurm.host, slurm.script_path, tuple(slurm.sbatch_args))
+        record = await self._jobs.submit(kind, job, _options(request.options), request.request_id)
         return monitor_pb2.SubmitJobResponse(job=job_ref_to_proto(record.ref), gpu_indices=record.gpus)
 
     async def WatchJob(
@@ -166,7 +150,7 @@ class MonitorServicer(WorkspaceServicer):
         if ref.monitor_job_id:
             check_monitor_job_id(ref)
         if ref.kind or not ref.monitor_job_id:  # a job the monitor started may be named by its id alone
-            check_job_ref(ref)
+            self._jobs.check_ref(ref)
             if ref.host:
                 self._hosts.require(ref.host, field=f"job.{ref.kind}.host")
         interval = interval_seconds(

@@ -6,8 +6,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 
-from monitor_svc.model import GpuRequest
-from monitor_svc.slurm import check_job_id
+from monitor_svc.gpus import GpuRequest
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.vocabulary import JobRef
 
@@ -15,7 +14,6 @@ MAX_PID = 2**31 - 1
 MAX_INTERVAL_SECONDS = 3600.0
 DEFAULT_TAIL_LINES = 20
 MAX_TAIL_LINES = 500
-JOB_KINDS = ("local", "remote", "slurm")
 MAX_ARGS = 4096
 MAX_COMMAND_CHARS = 256 * 1024  # all arguments, or the command line, together
 MAX_ENVIRONMENT = 256
@@ -55,29 +53,6 @@ def interval_seconds(seconds: float | None, field: str, *, default: float, minim
     if not minimum <= seconds <= MAX_INTERVAL_SECONDS:
         raise _invalid(field, f"between {minimum:g} s and 1 hour")
     return seconds
-
-
-def check_job_ref(ref: JobRef) -> JobRef:
-    """A job reference a watch can follow: a process id, or a Slurm job id, and the host where needed."""
-    require_job_kind(ref.kind, JOB_KINDS)
-    prefix = f"job.{ref.kind}"
-    refuse_nul({"job.log_path": ref.log_path, f"{prefix}.host": ref.host, f"{prefix}.job_id": ref.job_id})
-    if ref.kind == "slurm":
-        try:
-            check_job_id(ref.job_id)
-        except ValueError as error:
-            raise _invalid(f"{prefix}.job_id", str(error)) from None
-        if not ref.host:
-            raise _invalid(f"{prefix}.host", "required: the login host sacct runs on")
-        return ref
-    violations = []
-    if not 0 < ref.pid <= MAX_PID:
-        violations.append(FieldViolation(f"{prefix}.pid", "a process id"))
-    if ref.kind == "remote" and not ref.host:
-        violations.append(FieldViolation(f"{prefix}.host", "required: a configured host"))
-    if violations:
-        raise InvalidArgument(violations)
-    return ref
 
 
 def tail_lines(requested: int) -> int:

@@ -1,7 +1,8 @@
 """The shape of every identifier in the mesh, each defined once, and its check as a field violation.
 
 Lengths follow the narrowest column that stores the id: a request_id is kept
-in String(128) by the scratchpad, so 128 characters is the limit everywhere.
+in String(128) by the scratchpad, so 128 characters is the limit everywhere
+(MAX_REQUEST_ID_CHARS, which the monitor's jobs and workspaces check too).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ __all__ = [
     "CAMPAIGN_ID",
     "DELEGATION_ID",
     "LABEL_KEY",
+    "MAX_REQUEST_ID_CHARS",
     "PRINCIPAL_ID",
     "REQUEST_ID",
     "RUN_ID",
@@ -67,7 +69,8 @@ def _printable(max_chars: int) -> IdRule:
     )
 
 
-REQUEST_ID = _printable(128)
+MAX_REQUEST_ID_CHARS = 128
+REQUEST_ID = _printable(MAX_REQUEST_ID_CHARS)
 # Ids callers choose, stored in String(256) columns.
 PRINCIPAL_ID = _printable(256)
 DELEGATION_ID = _printable(256)

@@ -17,15 +17,16 @@ from quarry.research_plane import ResearchPlane
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import campaign_pb2, campaign_pb2_grpc, supervisor_pb2, supervisor_pb2_grpc
 from supervisor_svc.campaigns.loop import LoopDependencies, LoopSettings, loop_factory
-from supervisor_svc.campaigns.service import CampaignLimits, CampaignLoopFactory, Campaigns
+from supervisor_svc.campaigns.service import MAX_ACTIVE_CAMPAIGNS, CampaignLoopFactory, Campaigns
 from supervisor_svc.campaigns.servicer import CampaignServicer
 from supervisor_svc.campaigns.store import CAMPAIGN_EVENTS_CHANNEL, CampaignStore
 from supervisor_svc.campaigns.think import ThinkSettings
-from supervisor_svc.run import RunDependencies
-from supervisor_svc.servicer import SupervisorServicer
-from supervisor_svc.store import RUN_EVENTS_CHANNEL, RunStore
-from supervisor_svc.supervisor import Supervisor, SupervisorLimits
-from supervisor_svc.worker_client import DelegationClient
+from supervisor_svc.hosting.host import HostLimits
+from supervisor_svc.runs.run import RunDependencies
+from supervisor_svc.runs.service import Supervisor
+from supervisor_svc.runs.servicer import SupervisorServicer
+from supervisor_svc.runs.store import RUN_EVENTS_CHANNEL, RunStore
+from supervisor_svc.runs.worker_client import DelegationClient
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "alembic_version_supervisor"
@@ -101,8 +102,8 @@ async def build_host(
             verify_by_default=settings.verify_runs,
             approval_wait_seconds=settings.approval_wait_seconds,
         ),
-        SupervisorLimits(
-            max_active_runs=settings.max_active_runs,
+        HostLimits(
+            max_active=settings.max_active_runs,
             lease_seconds=settings.run_lease_seconds,
             stream_poll_seconds=settings.stream_poll_seconds,
         ),
@@ -125,7 +126,11 @@ async def build_host(
     campaigns = Campaigns(
         CampaignStore(database),
         campaign_loop,
-        CampaignLimits(lease_seconds=settings.run_lease_seconds, stream_poll_seconds=settings.stream_poll_seconds),
+        HostLimits(
+            max_active=MAX_ACTIVE_CAMPAIGNS,
+            lease_seconds=settings.run_lease_seconds,
+            stream_poll_seconds=settings.stream_poll_seconds,
+        ),
         campaign_signal,
     )
 

@@ -11,7 +11,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from monitor_svc.workspaces.model import EntryKind, FileInfo, GitOutput
+from monitor_svc.workspaces.types import EntryKind, FileInfo, GitOutput
 from quarry.errors import ErrorReason, FailedPrecondition
 
 # Where git looks for a repository: at the root only (GIT_CEILING_DIRECTORIES, set per workspace),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import posixpath
 
 from monitor_svc.workspaces.backend import GIT_ENV
-from monitor_svc.workspaces.model import GitState
+from monitor_svc.workspaces.types import GitState
 from quarry.errors import FieldViolation, InvalidArgument
 
 _OPTIONS = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "commit.gpgsign=false")

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 from monitor_svc.workspaces.backend import MAX_GIT_STDERR, cannot, info_of, not_a_file
-from monitor_svc.workspaces.model import LOCAL, FileInfo, GitOutput
+from monitor_svc.workspaces.types import LOCAL, FileInfo, GitOutput
 from quarry.errors import Unavailable
 
 _CHUNK = 64 * 1024

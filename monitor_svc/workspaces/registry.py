@@ -16,7 +16,7 @@ import re
 import uuid
 from pathlib import Path
 
-from monitor_svc.workspaces.model import WorkspaceRecord
+from monitor_svc.workspaces.types import WorkspaceRecord
 from quarry.errors import FailedPrecondition, FieldViolation, InvalidArgument, NotFound
 
 _ID = re.compile(r"ws-[0-9a-f]{16}")

@@ -19,8 +19,8 @@ import asyncssh
 
 from monitor_svc.ssh import SshHosts
 from monitor_svc.workspaces.backend import MAX_GIT_STDERR, cannot, info_of, not_a_file
-from monitor_svc.workspaces.model import FileInfo, GitOutput
 from monitor_svc.workspaces.paths import realpath
+from monitor_svc.workspaces.types import FileInfo, GitOutput
 
 _T = TypeVar("_T")
 _CREATE = asyncssh.FXF_WRITE | asyncssh.FXF_CREAT | asyncssh.FXF_EXCL

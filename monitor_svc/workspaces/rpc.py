@@ -6,8 +6,8 @@ from typing import Any
 
 import grpc
 
-from monitor_svc.workspaces.model import EntryKind, TreeEntry, Workspace
 from monitor_svc.workspaces.operations import Workspaces
+from monitor_svc.workspaces.types import EntryKind, TreeEntry, Workspace
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 
 _KINDS = {

@@ -33,7 +33,7 @@ from supervisor_svc.campaigns.spec import CampaignSpec
 from supervisor_svc.campaigns.state import CampaignState, Phase, branch_name
 from supervisor_svc.campaigns.think import Thinker, Thinking, ThinkSettings
 from supervisor_svc.campaigns.thread import CampaignThread
-from supervisor_svc.worker_client import DelegationClient
+from supervisor_svc.runs.worker_client import DelegationClient
 
 log = logging.getLogger(__name__)
 

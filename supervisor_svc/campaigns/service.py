@@ -1,4 +1,5 @@
-"""Owns the campaigns of one supervisor process: starts, pauses, resumes, stops, directs, streams and leases them.
+"""Owns the campaigns of one supervisor process: starts, pauses, resumes, stops, directs and streams them;
+campaigns are a tenant of the host (supervisor_svc.hosting), as runs are.
 
 Each live campaign (queued, running, sleeping) is driven by a `CampaignLoop` in an asyncio task of
 the process that holds its lease. The loop itself is pluggable: `Campaigns` is given a factory, and
@@ -17,27 +18,22 @@ event is stored once; directives are consumed once; the monitor's jobs have requ
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from quarry import ids
 from quarry.errors import (
     ErrorReason,
     FailedPrecondition,
-    FieldViolation,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
-    Unavailable,
     Unimplemented,
 )
-from quarry.lease import LeaseKeeper, LeaseTerms
 from quarry.notify import CommitSignal
 from supervisor_svc.campaigns import events
 from supervisor_svc.campaigns.events import Event
@@ -45,16 +41,17 @@ from supervisor_svc.campaigns.records import LedgerRecord
 from supervisor_svc.campaigns.spec import CampaignSpec, check_campaign_id, check_directive, reason_text, validate_spec
 from supervisor_svc.campaigns.state import CampaignRecord, CampaignState, DirectiveRecord, Phase, Progress
 from supervisor_svc.campaigns.store import CampaignLost, CampaignStore
-from supervisor_svc.following import Follower
-from supervisor_svc.store import StoredEvent
+from supervisor_svc.hosting.following import EventLogWriter
+from supervisor_svc.hosting.host import Host, HostLimits, Tenant
+from supervisor_svc.hosting.store import StoredEvent
 
 log = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
 
 _LIVE = (CampaignState.QUEUED, CampaignState.RUNNING, CampaignState.SLEEPING)
 # How many times a human's change is retried when the campaign changed state under it.
 _TRANSITION_TRIES = 4
+# Campaigns one process drives at once, unless told otherwise.
+MAX_ACTIVE_CAMPAIGNS = 64
 
 
 class CampaignHandle:
@@ -64,7 +61,7 @@ class CampaignHandle:
         self.record = record  # as it was when the loop started
         self._store = store
         self._owner = owner
-        self._bus = bus
+        self._log = EventLogWriter(bus, record.campaign_id)
 
     @property
     def campaign_id(self) -> str:
@@ -78,11 +75,11 @@ class CampaignHandle:
         return record
 
     async def set_phase(self, phase: Phase, cycle: int, message: str = "") -> None:
-        await self._published(self._store.set_phase(self.campaign_id, self._owner, phase, cycle, message))
+        await self._log.write(lambda: self._store.set_phase(self.campaign_id, self._owner, phase, cycle, message))
 
     async def emit(self, *batch: Event, key: str = "") -> bool:
         """Store events; with `key`, only the first time (False when they were stored before)."""
-        return await self._published(self._store.append(self.campaign_id, self._owner, batch, key=key))
+        return await self._log.write(lambda: self._store.append(self.campaign_id, self._owner, batch, key=key))
 
     async def record_usage(self, tokens: int) -> None:
         """Count tokens as they are used (the total and the last hour GetCampaign shows)."""
@@ -90,35 +87,31 @@ class CampaignHandle:
 
     async def record_ledger(self, record: LedgerRecord, progress: Progress | None = None) -> bool:
         """The cycle's ledger row as an event, once per cycle (False when it was recorded before)."""
-        write = self._store.record_ledger(self.campaign_id, self._owner, record, progress or Progress())
-        return await self._published(write)
+        progress = progress or Progress()
+        return await self._log.write(lambda: self._store.record_ledger(self.campaign_id, self._owner, record, progress))
 
     async def sleep(self, until: datetime, reason: str) -> None:
         """Say the campaign waits for a budget until `until` (the loop does the waiting)."""
-        await self._published(self._store.sleep(self.campaign_id, self._owner, until, reason))
+        await self._log.write(lambda: self._store.sleep(self.campaign_id, self._owner, until, reason))
 
     async def pending_directives(self) -> list[DirectiveRecord]:
         return await self._store.pending_directives(self.campaign_id)
 
     async def consume_directives(self, request_ids: Sequence[str], cycle: int) -> list[DirectiveRecord]:
         """Mark directives consumed by the THINK of `cycle`; each is returned by one call only, ever."""
-        return await self._published(self._store.consume_directives(self.campaign_id, self._owner, request_ids, cycle))
+        return await self._log.write(
+            lambda: self._store.consume_directives(self.campaign_id, self._owner, request_ids, cycle)
+        )
 
     async def pause(self, reason: str) -> None:
         """Pause the campaign (a human must look); the loop then returns."""
-        await self._published(self._store.pause_held(self.campaign_id, self._owner, reason))
+        await self._log.write(lambda: self._store.pause_held(self.campaign_id, self._owner, reason))
 
     async def finish(self, state: CampaignState, reason: str) -> None:
         """End the campaign: COMPLETED (a budget spent, the phase gate) or FAILED; the loop then returns."""
         if state not in (CampaignState.COMPLETED, CampaignState.FAILED):
             raise ValueError(f"a loop ends a campaign as completed or failed, not {state}")
-        await self._published(self._store.finish(self.campaign_id, self._owner, state, reason))
-
-    async def _published(self, write: Awaitable[_T]) -> _T:
-        try:
-            return await write
-        finally:
-            self._bus.publish(self.campaign_id)
+        await self._log.write(lambda: self._store.finish(self.campaign_id, self._owner, state, reason))
 
 
 class CampaignLoop(Protocol):
@@ -133,67 +126,34 @@ class CampaignLoop(Protocol):
 CampaignLoopFactory = Callable[[CampaignHandle], CampaignLoop]
 
 
-@dataclass(frozen=True)
-class CampaignLimits:
-    # Campaigns this process drives at once; beyond it StartCampaign answers RESOURCE_EXHAUSTED and
-    # expired campaigns are left to other replicas.
-    max_active_campaigns: int = 64
-    # A campaign whose driver has not renewed its lease for this long is taken over.
-    lease_seconds: float = 30.0
-    # Streams re-read this often without a local signal (events written by another replica).
-    stream_poll_seconds: float = 1.0
-    # How long a pause or stop waits for the loop's task here to end.
-    stop_wait_seconds: float = 10.0
-
-
-class _CampaignLeases:
-    """The lease store as the keeper sees it: renewing also stops the loops of campaigns that are no longer
-    this process's (paused or stopped through another replica, or taken over after a late renewal)."""
-
-    def __init__(self, store: CampaignStore, campaigns: Campaigns) -> None:
-        self._store = store
-        self._campaigns = campaigns
-
-    async def renew(self, owner: str, campaign_ids: Sequence[str], now: datetime) -> None:
-        await self._store.renew(owner, campaign_ids, now)
-        still = await self._store.held(owner, campaign_ids)
-        for campaign_id in set(campaign_ids) - still:
-            self._campaigns.cancel_loop(campaign_id)
-
-    async def expired(self, stale_before: datetime) -> list[str]:
-        return await self._store.expired(stale_before)
-
-
 class Campaigns:
     def __init__(
         self,
         store: CampaignStore,
         loop: CampaignLoopFactory | None,
-        limits: CampaignLimits,
+        limits: HostLimits,
         signal: CommitSignal | None = None,
     ) -> None:
         self._store = store
         self._loop = loop
-        self._limits = limits
-        self._bus = signal or CommitSignal()
-        self.owner = f"campaigns-{uuid.uuid4().hex[:12]}"
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._starting = 0
-        self._closing = asyncio.Event()
-        self._follower = Follower(self._bus, self._closing, limits.stream_poll_seconds)
-        self._leases = LeaseKeeper(
-            "campaign",
-            self.owner,
-            _CampaignLeases(store, self),
-            held=lambda: list(self._tasks),
+        tenant = Tenant(
+            kind="campaign",
+            owner_prefix="campaigns",
+            start_method="StartCampaign",
+            at_capacity=lambda most: ResourceExhausted(
+                f"this supervisor already drives {most} campaigns; retry later", reason=ErrorReason.TOO_MANY_CAMPAIGNS
+            ),
             take_over=self._take_over,
-            terms=LeaseTerms(limits.lease_seconds, max_interval_seconds=2.0),
+            renewed=self._renewed,
             taken_over="resumed here",
         )
+        self._host: Host[CampaignHandle, CampaignRecord] = Host(tenant, store, limits, signal)
+        self._bus = self._host.bus
+        self.owner = self._host.owner
 
     async def start(self) -> None:
         """Renew leases and take over expired campaigns from now on."""
-        self._leases.start()
+        self._host.start()
 
     # -- the public operations -----------------------------------------------------------------------
 
@@ -201,26 +161,14 @@ class Campaigns:
         if request_id:
             ids.REQUEST_ID.require("request_id", request_id)
         spec = validate_spec(spec, datetime.now(UTC))
-        if request_id:  # a retry gets its campaign back, whatever the load now
-            existing = await self._store.by_request_id(request_id, spec)
-            if existing is not None:
-                return existing
+        return await self._host.start_work(
+            request_id, spec, lambda: self._create_and_launch(spec, request_id), ready=self._check_loop
+        )
+
+    def _check_loop(self) -> None:
         if self._loop is None:
             message = "this supervisor cannot run campaigns: it has no campaign loop"
             raise Unimplemented(message, reason=ErrorReason.CAMPAIGN_LOOP_MISSING)
-        if self._closing.is_set():
-            raise Unavailable("the supervisor is shutting down; retry", reason=ErrorReason.SHUTTING_DOWN)
-        if len(self._tasks) + self._starting >= self._limits.max_active_campaigns:
-            raise ResourceExhausted(
-                f"this supervisor already drives {self._limits.max_active_campaigns} campaigns; retry later",
-                reason=ErrorReason.TOO_MANY_CAMPAIGNS,
-            )
-        self._starting += 1  # holds the slot across the awaits, so concurrent calls cannot overshoot
-        try:
-            # Shielded: once the row exists, its loop must run, even if the caller goes away meanwhile.
-            return await asyncio.shield(self._create_and_launch(spec, request_id))
-        finally:
-            self._starting -= 1
 
     async def _create_and_launch(self, spec: CampaignSpec, request_id: str) -> CampaignRecord:
         record, created = await self._store.create(ids.new_campaign_id(), spec, request_id, self.owner)
@@ -307,14 +255,7 @@ class Campaigns:
     async def events(self, campaign_id: str, after_sequence_no: int) -> AsyncIterator[StoredEvent]:
         """Events after `after_sequence_no`, in order, until the ended one; waits for new ones."""
         check_campaign_id(campaign_id)
-        if after_sequence_no < 0:
-            raise InvalidArgument([FieldViolation("after_sequence_no", "must not be negative")])
-        record = await self.get(campaign_id)
-        if after_sequence_no > record.last_sequence_no:
-            raise InvalidArgument(
-                [FieldViolation("after_sequence_no", f"the campaign's newest event is {record.last_sequence_no}")]
-            )
-        return self._follower.follow(self._store, campaign_id, after_sequence_no)
+        return await self._host.events(campaign_id, after_sequence_no, self.get)
 
     # -- state changes ---------------------------------------------------------------------------------
 
@@ -334,20 +275,12 @@ class Campaigns:
     # -- the loops -------------------------------------------------------------------------------------
 
     def _can_drive(self) -> bool:
-        capacity = len(self._tasks) + self._starting < self._limits.max_active_campaigns
-        return self._loop is not None and capacity and not self._closing.is_set()
+        return self._loop is not None and self._host.has_room()
 
     def _launch(self, record: CampaignRecord) -> None:
         assert self._loop is not None
-        campaign_id = record.campaign_id
         handle = CampaignHandle(record, self._store, self.owner, self._bus)
-        task = asyncio.create_task(self._drive(handle, self._loop(handle)), name=campaign_id)
-        self._tasks[campaign_id] = task
-        task.add_done_callback(lambda done: self._ended(campaign_id, done))
-
-    def _ended(self, campaign_id: str, task: asyncio.Task[None]) -> None:
-        if self._tasks.get(campaign_id) is task:
-            del self._tasks[campaign_id]
+        self._host.launch(record.campaign_id, handle, self._drive(handle, self._loop(handle)))
 
     async def _drive(self, handle: CampaignHandle, loop: CampaignLoop) -> None:
         campaign_id = handle.campaign_id
@@ -366,22 +299,20 @@ class Campaigns:
         with contextlib.suppress(CampaignLost):  # no longer this process's to end
             await handle.finish(CampaignState.FAILED, reason)
 
-    def cancel_loop(self, campaign_id: str) -> None:
-        """Stop the loop of a campaign this process no longer drives."""
-        task = self._tasks.get(campaign_id)
-        if task is not None:
-            task.cancel()
+    async def _renewed(self, campaign_ids: Sequence[str]) -> None:
+        """Stop the loops of campaigns that are no longer this process's (paused or stopped through another
+        replica, or taken over after a late renewal)."""
+        still = await self._store.held(self.owner, campaign_ids)
+        for campaign_id in set(campaign_ids) - still:
+            self._host.cancel(campaign_id)
 
     async def _stop_loop(self, campaign_id: str) -> None:
-        task = self._tasks.get(campaign_id)
-        if task is not None:
-            task.cancel()
-            await asyncio.wait([task], timeout=self._limits.stop_wait_seconds)
+        await self._host.stop(campaign_id)
 
     async def _take_over(self, campaign_id: str) -> bool:
         if not self._can_drive():
             return False
-        stale_before = datetime.now(UTC) - timedelta(seconds=self._limits.lease_seconds)
+        stale_before = datetime.now(UTC) - timedelta(seconds=self._host.limits.lease_seconds)
         record = await self._store.take_over(campaign_id, self.owner, stale_before)
         if record is None:
             return False
@@ -391,13 +322,7 @@ class Campaigns:
     async def close(self, end_within: float) -> None:
         """Stop every loop here and give up their leases, so another replica (or this one, restarted) takes
         the campaigns over at once; end the streams."""
-        self._closing.set()
-        held = list(self._tasks)
-        for task in list(self._tasks.values()):
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks.values()), timeout=end_within)
-        await self._leases.stop()
+        held = await self._host.close(lambda handle: None, end_within)
         if held:
             await self._store.release(self.owner, held)
 

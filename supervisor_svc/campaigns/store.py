@@ -18,11 +18,10 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
 
 from quarry import ids
 from quarry.db import Database, reserve_sequence_numbers
-from quarry.errors import AlreadyExists, ErrorReason, FieldViolation, InvalidArgument
+from quarry.errors import AlreadyExists, ErrorReason
 from quarry.notify import notify_on_commit
 from supervisor_svc.campaigns import events
 from supervisor_svc.campaigns.events import Event
@@ -41,16 +40,12 @@ from supervisor_svc.campaigns.state import (
     branch_name,
     usage_in_window,
 )
-from supervisor_svc.listing import decode_page_token, encode_page_token
+from supervisor_svc.hosting.store import HostedStore, WorkTables
 from supervisor_svc.schema import campaign_directives, campaign_events, campaigns
-from supervisor_svc.store import StoredEvent
 
-DEFAULT_PAGE_SIZE = 50
-MAX_PAGE_SIZE = 500
 # On PostgreSQL each event commit NOTIFYs this channel with the campaign id (streams on other replicas wake).
 CAMPAIGN_EVENTS_CHANNEL = "quarry_campaign_events"
-# A released lease: older than any lease, so the next sweep of any replica takes the campaign over.
-_RELEASED = datetime(2000, 1, 1, tzinfo=UTC)
+TABLES = WorkTables(campaigns, campaign_events, "campaign_id", LIVE_STATES, "campaign")
 
 
 # Column values computed in the write's transaction, once the campaign's row is locked.
@@ -99,21 +94,17 @@ def _directive(row: sa.Row[Any]) -> DirectiveRecord:
     )
 
 
-def _live(campaign_id: str) -> sa.ColumnElement[bool]:
-    return sa.and_(campaigns.c.campaign_id == campaign_id, campaigns.c.state.in_(LIVE_STATES))
-
-
 def _held(campaign_id: str, owner: str) -> sa.ColumnElement[bool]:
-    return sa.and_(_live(campaign_id), campaigns.c.owner == owner)
+    return sa.and_(TABLES.live(campaign_id), campaigns.c.owner == owner)
 
 
 def _in_states(campaign_id: str, states: Collection[CampaignState]) -> sa.ColumnElement[bool]:
     return sa.and_(campaigns.c.campaign_id == campaign_id, campaigns.c.state.in_([state.value for state in states]))
 
 
-class CampaignStore:
+class CampaignStore(HostedStore[CampaignRecord]):
     def __init__(self, database: Database) -> None:
-        self._db = database
+        super().__init__(database, TABLES, lambda row: _record(row, datetime.now(UTC)))
 
     # -- creating and reading --------------------------------------------------------------------------
 
@@ -151,82 +142,14 @@ class CampaignStore:
             "update_time": now,
             "end_time": None,
         }
-        try:
-            await self._db.write(lambda connection: connection.execute(campaigns.insert().values(row)))
-        except IntegrityError:
-            existing = await self.by_request_id(request_id, spec) if request_id else None
-            if existing is None:
-                raise
-            return existing, False
-        record = await self.get(campaign_id)
-        assert record is not None
-        return record, True
-
-    async def by_request_id(self, request_id: str, spec: CampaignSpec) -> CampaignRecord | None:
-        """The campaign a request_id started, if any; ALREADY_EXISTS when it asked for another spec."""
-
-        def work(connection: Connection) -> tuple[CampaignRecord, str] | None:
-            row = connection.execute(sa.select(campaigns).where(campaigns.c.request_id == request_id)).first()
-            return (_record(row, datetime.now(UTC)), row.request_digest) if row is not None else None
-
-        found = await self._db.read(work)
-        if found is None:
-            return None
-        record, digest = found
-        if digest != spec.digest():
-            raise AlreadyExists(
-                f"request_id {request_id!r} already started a different campaign",
-                reason=ErrorReason.REQUEST_ID_REUSED,
-                metadata={"campaign_id": record.campaign_id},
-            )
-        return record
-
-    async def get(self, campaign_id: str) -> CampaignRecord | None:
-        def work(connection: Connection) -> CampaignRecord | None:
-            row = connection.execute(sa.select(campaigns).where(campaigns.c.campaign_id == campaign_id)).first()
-            return _record(row, datetime.now(UTC)) if row is not None else None
-
-        return await self._db.read_statement(work)
+        return await self._insert(row, request_id, spec)
 
     async def list_campaigns(
         self, page_size: int, page_token: str, state: CampaignState | None
     ) -> tuple[list[CampaignRecord], str]:
         """Newest first; the token carries the filter, so a page cannot silently change what it lists."""
-        if page_size < 0:
-            raise InvalidArgument([FieldViolation("page_size", "must not be negative")])
-        limit = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         state_name = state.value if state else ""
-        c = campaigns.c
-        query = sa.select(campaigns).order_by(c.create_time.desc(), c.campaign_id.desc()).limit(limit + 1)
-        if state is not None:
-            query = query.where(c.state == state.value)
-        if page_token:
-            when, campaign_id = decode_page_token(page_token, state_name, ids.CAMPAIGN_ID, "ListCampaigns")
-            query = query.where(
-                sa.or_(c.create_time < when, sa.and_(c.create_time == when, c.campaign_id < campaign_id))
-            )
-
-        def work(connection: Connection) -> list[CampaignRecord]:
-            now = datetime.now(UTC)
-            return [_record(row, now) for row in connection.execute(query)]
-
-        found = await self._db.read_statement(work)
-        page = found[:limit]
-        last = page[-1] if len(found) > limit else None
-        return page, encode_page_token(state_name, last.create_time, last.campaign_id) if last else ""
-
-    async def events_after(self, campaign_id: str, after: int, limit: int = 500) -> list[StoredEvent]:
-        query = (
-            sa.select(campaign_events.c.sequence_no, campaign_events.c.payload, campaign_events.c.terminal)
-            .where(campaign_events.c.campaign_id == campaign_id, campaign_events.c.sequence_no > after)
-            .order_by(campaign_events.c.sequence_no)
-            .limit(limit)
-        )
-
-        def work(connection: Connection) -> list[StoredEvent]:
-            return [StoredEvent(row.sequence_no, bytes(row.payload), row.terminal) for row in connection.execute(query)]
-
-        return await self._db.read_statement(work)
+        return await self._page(page_size, page_token, state_name, ids.CAMPAIGN_ID, "ListCampaigns")
 
     # -- the loop's writes: only while it holds the campaign ------------------------------------------
 
@@ -398,34 +321,12 @@ class CampaignStore:
 
     # -- leases --------------------------------------------------------------------------------------------
 
-    async def renew(self, owner: str, campaign_ids: Sequence[str], now: datetime) -> None:
-        """Renew the lease on the live campaigns `owner` still drives."""
-        c = campaigns.c
-        mine = sa.and_(c.owner == owner, c.campaign_id.in_(campaign_ids), c.state.in_(LIVE_STATES))
-        await self._db.write(
-            lambda connection: connection.execute(campaigns.update().where(mine).values(heartbeat_time=now))
-        )
-
-    async def held(self, owner: str, campaign_ids: Sequence[str]) -> set[str]:
-        """Those of `campaign_ids` that are live and still `owner`'s (the rest were paused, stopped or taken)."""
-        c = campaigns.c
-        query = sa.select(c.campaign_id).where(
-            c.owner == owner, c.campaign_id.in_(campaign_ids), c.state.in_(LIVE_STATES)
-        )
-        return await self._db.read(lambda connection: {row.campaign_id for row in connection.execute(query)})
-
-    async def expired(self, stale_before: datetime) -> list[str]:
-        """Live campaigns whose owner stopped renewing the lease before `stale_before`."""
-        c = campaigns.c
-        query = sa.select(c.campaign_id).where(c.state.in_(LIVE_STATES), c.heartbeat_time < stale_before)
-        return await self._db.read(lambda connection: [row.campaign_id for row in connection.execute(query)])
-
     async def take_over(self, campaign_id: str, owner: str, stale_before: datetime) -> CampaignRecord | None:
         """Make `owner` the driver of a live campaign whose lease expired; None when another got it first, or
         it is no longer live or expired."""
         now = datetime.now(UTC)
         c = campaigns.c
-        stale = sa.and_(_live(campaign_id), c.heartbeat_time < stale_before)
+        stale = sa.and_(TABLES.live(campaign_id), c.heartbeat_time < stale_before)
 
         def work(connection: Connection) -> CampaignRecord | None:
             taken = connection.execute(campaigns.update().where(stale).values(owner=owner, heartbeat_time=now))
@@ -435,15 +336,6 @@ class CampaignStore:
             return _record(row, now)
 
         return await self._db.write(work)
-
-    async def release(self, owner: str, campaign_ids: Sequence[str]) -> None:
-        """Give up the leases of campaigns `owner` stops driving (it shuts down): any replica takes them over
-        at its next sweep."""
-        c = campaigns.c
-        mine = sa.and_(c.owner == owner, c.campaign_id.in_(campaign_ids), c.state.in_(LIVE_STATES))
-        await self._db.write(
-            lambda connection: connection.execute(campaigns.update().where(mine).values(heartbeat_time=_RELEASED))
-        )
 
     # -- the one way events are written ----------------------------------------------------------------
 

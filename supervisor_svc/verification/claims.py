@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from quarry.identity import Role
 from quarry.research_records import ClaimJudgement, ClaimVerdict, RecordError
 from quarry.vocabulary import DelegationResult, Entry
-from supervisor_svc.delegating import Contract, Delegator
-from supervisor_svc.synthesis import sourced_findings
+from supervisor_svc.runs.delegating import Contract, Delegator
+from supervisor_svc.runs.synthesis import sourced_findings
 from supervisor_svc.verification.state import CITABLE, Contradiction, FindingCheck, Verification
 
 # Told what verification is doing, in a line (e.g. publishing it as a status event).

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from quarry.research_records import ClaimJudgement
-from supervisor_svc.model import Citation, Report
+from supervisor_svc.runs.domain import Citation, Report
 from supervisor_svc.verification.sentences import MARKER
 from supervisor_svc.verification.state import (
     ObjectionState,

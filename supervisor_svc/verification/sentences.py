@@ -18,8 +18,8 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from supervisor_svc.model import Citation
-from supervisor_svc.synthesis import CitationFilter
+from supervisor_svc.runs.domain import Citation
+from supervisor_svc.runs.synthesis import CitationFilter
 
 # A citation marker as the report writes it: [1], [2, 3], [4-6].
 MARKER = re.compile(r"\[[0-9][0-9, \t\-\u2013]{0,200}\]")

@@ -3,7 +3,8 @@
 Real HTTP, so the real `openai` client and its failure paths run. Each
 request to /v1/chat/completions takes the next step of the script: a reply
 (text and/or tool calls, streamed or not) or a fault (an HTTP error, a 429
-with Retry-After, a stall, a connection dropped after partial text), either
+with Retry-After, a stall, a connection dropped after partial text, a stream
+ended cleanly after partial text with neither a finish reason nor [DONE]), either
 possibly held until the test says (`Await`). Every request is recorded for
 assertions.
 
@@ -73,6 +74,14 @@ class DropAfter:
 
 
 @dataclass(frozen=True)
+class EndWithout:
+    """Stream this text, then end the response cleanly (a proper chunked end, the connection kept) with
+    neither a finish_reason nor [DONE]: a provider that stopped early without saying so."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class ErrorEvent:
     """Start a stream, then send an error event in it (as providers report a failure mid-stream)."""
 
@@ -84,10 +93,10 @@ class Await:
     """Hold the request until the test sets `event` (e.g. once a restarted service serves), then take `then`."""
 
     event: asyncio.Event
-    then: Reply | HttpError | Stall | DropAfter | ErrorEvent
+    then: Reply | HttpError | Stall | DropAfter | EndWithout | ErrorEvent
 
 
-Step = Reply | HttpError | Stall | DropAfter | ErrorEvent | Await
+Step = Reply | HttpError | Stall | DropAfter | EndWithout | ErrorEvent | Await
 
 
 @dataclass
@@ -205,6 +214,10 @@ class ScriptedModel(Served):
             await asyncio.sleep(0.05)
             assert request.transport is not None
             request.transport.abort()  # no finish_reason, no [DONE]: a broken stream
+            return response
+        if isinstance(step, EndWithout):
+            await response.write(_sse(_chunk(body, {"role": "assistant", "content": step.text})))
+            await response.write_eof()  # the terminating chunk: a clean end, nothing cut
             return response
         for chunk in _chunks(body, step):
             await response.write(_sse(chunk))

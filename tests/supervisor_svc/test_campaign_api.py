@@ -22,11 +22,12 @@ from quarry.errors import ErrorReason, InvalidArgument, Unimplemented
 from quarry.notify import CommitSignal
 from quarry.v1 import campaign_pb2
 from supervisor_svc.campaigns.records import LedgerRecord, Verdict
-from supervisor_svc.campaigns.service import CampaignLimits, Campaigns
+from supervisor_svc.campaigns.service import MAX_ACTIVE_CAMPAIGNS, Campaigns
 from supervisor_svc.campaigns.servicer import spec_from_proto, spec_to_proto
 from supervisor_svc.campaigns.spec import validate_spec
 from supervisor_svc.campaigns.state import CampaignState, Phase, Progress
 from supervisor_svc.campaigns.store import CampaignLost, CampaignStore
+from supervisor_svc.hosting.host import HostLimits
 from supervisor_svc.schema import campaigns as campaigns_table
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
 from tests.fakes.openai_server import ScriptedModel
@@ -217,7 +218,7 @@ async def database(database_url: str) -> AsyncIterator[Database]:
 
 
 def campaigns_on(database: Database, loops: WaitingLoops | None, lease_seconds: float = 30.0) -> Campaigns:
-    limits = CampaignLimits(lease_seconds=lease_seconds, stream_poll_seconds=0.1)
+    limits = HostLimits(max_active=MAX_ACTIVE_CAMPAIGNS, lease_seconds=lease_seconds, stream_poll_seconds=0.1)
     return Campaigns(CampaignStore(database), loops, limits, CommitSignal())
 
 

@@ -17,7 +17,7 @@ from quarry.agent.model import ModelClient, ModelSettings, ProviderError
 from quarry.agent.tools import Tool, ToolOutcome, ToolRegistry
 from quarry.agent.usage import Usage
 from quarry.db import Database
-from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel
+from tests.fakes.openai_server import Call, DropAfter, EndWithout, Reply, ScriptedModel
 
 
 class Query(BaseModel):
@@ -167,10 +167,35 @@ async def test_the_token_budget_stops_the_run(model: ScriptedModel, store: Conve
     assert run.turns == 2
 
 
-async def test_provider_failure_propagates_and_partial_text_is_not_an_answer(
-    model: ScriptedModel, store: ConversationStore
+@pytest.mark.parametrize(("max_tokens", "within"), [(101, True), (100, True), (99, False)], ids=["under", "at", "over"])
+async def test_a_run_that_uses_exactly_its_token_budget_goes_on(
+    model: ScriptedModel, store: ConversationStore, max_tokens: int, within: bool
 ) -> None:
-    model.script(Reply(calls=(Call("read_scratchpad", {}, "c1"),)), DropAfter("The tower is 3"))
+    """Intended side: max_tokens bounds what the run may use, so usage equal to it is within the budget
+    (LoopLimits.max_tokens; TokenBudgetExhausted says "over the budget"): the turn's tools run and the
+    loop asks the model again. Only usage over it stops the run, before that turn's tools run."""
+    model.script(
+        Reply(calls=(Call("perform_web_search", {"query": "eiffel"}, "c1"),), input_tokens=60, output_tokens=40),
+        Reply(content="330 m.", input_tokens=0, output_tokens=0),
+    )
+    run = await start(store, model, LoopLimits(max_tokens=max_tokens))
+    searched: list[str] = []
+    if within:
+        assert await run.run(searched) == "330 m."
+        assert (run.turns, searched) == (2, ["eiffel"])
+    else:
+        with pytest.raises(TokenBudgetExhausted, match="100 tokens used, over the budget of 99"):
+            await run.run(searched)
+        assert (run.turns, searched) == (1, [])
+    assert run.usage.tokens == 100
+
+
+@pytest.mark.parametrize("fault", [DropAfter("The tower is 3"), EndWithout("The tower is 3")], ids=["cut", "clean-end"])
+async def test_provider_failure_propagates_and_partial_text_is_not_an_answer(
+    model: ScriptedModel, store: ConversationStore, fault: DropAfter | EndWithout
+) -> None:
+    """A stream cut after partial text, or ended cleanly after it with no finish reason, is no answer."""
+    model.script(Reply(calls=(Call("read_scratchpad", {}, "c1"),)), fault)
     run = await start(store, model, LoopLimits())
     with pytest.raises(ProviderError):
         await run.run([])

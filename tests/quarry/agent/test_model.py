@@ -11,7 +11,16 @@ from quarry.agent.model import ModelClient, ModelSettings, ProviderError
 from quarry.agent.usage import Usage
 from quarry.config import ModelTier, QuarrySettings, SupervisorSettings, WorkerSettings
 from tests.conftest import reusable_port
-from tests.fakes.openai_server import Call, DropAfter, ErrorEvent, HttpError, Reply, ScriptedModel, Stall
+from tests.fakes.openai_server import (
+    Call,
+    DropAfter,
+    EndWithout,
+    ErrorEvent,
+    HttpError,
+    Reply,
+    ScriptedModel,
+    Stall,
+)
 
 TOOLS = [
     {
@@ -110,6 +119,20 @@ async def test_a_stream_broken_after_text_fails_and_is_not_retried(model: Script
         await client(model).complete(HISTORY, call_id_prefix="t1", on_text=pieces.append)
     assert "".join(pieces) == "The tower is 3"
     assert len(model.requests) == 1
+
+
+async def test_a_stream_that_ends_cleanly_without_a_finish_reason_is_incomplete_not_an_answer(
+    model: ScriptedModel,
+) -> None:
+    """The response ends properly (no cut connection) after partial text, but with neither a finish_reason
+    nor [DONE]: the provider never said the answer was complete, so it is a failure, not a short answer."""
+    model.script(EndWithout("The tower is 3"), Reply(content="would be a retry"))
+    pieces: list[str] = []
+    with pytest.raises(ProviderError, match="ended without a finish reason") as failure:
+        await client(model).complete(HISTORY, TOOLS, call_id_prefix="t1", on_text=pieces.append)
+    assert model.base_url in str(failure.value)
+    assert "".join(pieces) == "The tower is 3"
+    assert len(model.requests) == 1  # text was already shown: never retried
 
 
 async def test_a_stall_past_the_request_timeout_fails(model: ScriptedModel) -> None:

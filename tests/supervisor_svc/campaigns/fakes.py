@@ -49,8 +49,8 @@ from supervisor_svc.campaigns.state import (
 )
 from supervisor_svc.campaigns.store import CampaignLost
 from supervisor_svc.campaigns.think import Thought
-from supervisor_svc.model import DelegationOrder
-from supervisor_svc.worker_client import StartListener, TurnListener
+from supervisor_svc.runs.domain import DelegationOrder
+from supervisor_svc.runs.worker_client import StartListener, TurnListener
 
 CAMPAIGN_ID = "campaign-" + "0" * 32
 CONFIG = "config.json"

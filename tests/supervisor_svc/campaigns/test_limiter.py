@@ -97,6 +97,65 @@ def test_a_spent_total_budget_ends_the_campaign(limits: Limits, limit: Limit, re
     assert admit(history[:1], START + 5 * MINUTE, limits).step is not Step.DONE
 
 
+@pytest.mark.parametrize(("used", "done"), [(999, False), (1_000, True), (1_001, True)], ids=["under", "at", "over"])
+def test_the_token_budget_is_spent_when_usage_reaches_it(used: int, done: bool) -> None:
+    """Intended side: tokens used equal to max_tokens end the campaign (campaign.proto, CampaignBudgets:
+    "Once a total budget is spent the campaign completes"); one token under lets one more cycle run."""
+    admission = admit(
+        [cycle(0, tokens=used - 400), cycle(10, tokens=400)], START + 15 * MINUTE, Limits(max_tokens=1_000)
+    )
+    assert admission.step is (Step.DONE if done else Step.RUN)
+    assert admission.limit is (Limit.TOKEN_BUDGET if done else None)
+
+
+@pytest.mark.parametrize(("cycles", "done"), [(2, False), (3, True), (4, True)], ids=["under", "at", "over"])
+def test_the_cycle_budget_is_spent_when_the_last_allowed_cycle_has_run(cycles: int, done: bool) -> None:
+    """Intended side: max_cycles=3 runs exactly three cycles; asked after the third, the campaign is DONE."""
+    history = [cycle(10 * index) for index in range(cycles)]
+    admission = admit(history, START + 60 * 60 * MINUTE, Limits(max_cycles=3))
+    assert admission.step is (Step.DONE if done else Step.RUN)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "done"), [(-0.001, False), (0.0, True), (0.001, True)], ids=["before", "at", "after"]
+)
+def test_the_stop_time_ends_the_campaign_from_that_instant(seconds: float, done: bool) -> None:
+    """Intended side: at the stop time itself no cycle starts ("the stop time has passed" from `now >= stop_at`)."""
+    stop_at = START + 30 * MINUTE
+    admission = admit([], stop_at + timedelta(seconds=seconds), Limits(stop_at=stop_at))
+    assert admission.step is (Step.DONE if done else Step.RUN)
+
+
+@pytest.mark.parametrize(("used", "sleeps"), [(999, False), (1_000, True), (1_001, True)], ids=["under", "at", "over"])
+def test_the_hourly_token_rate_sleeps_once_the_hour_reaches_its_limit(used: int, sleeps: bool) -> None:
+    """Intended side: an hour that has used exactly tokens_per_hour has no room left, so the campaign sleeps
+    until the oldest cycle's tokens leave the window; one token under, the next cycle runs."""
+    history = [cycle(0, tokens=400), cycle(10, tokens=used - 400)]
+    admission = admit(history, START + 20 * MINUTE, Limits(tokens_per_hour=1_000))
+    if sleeps:
+        assert (admission.step, admission.limit) == (Step.SLEEP, Limit.TOKENS_PER_HOUR)
+        assert admission.sleep_seconds == 45 * 60  # the first cycle ended at minute 5; it leaves at 65
+    else:
+        assert admission == RUN
+
+
+@pytest.mark.parametrize(("started", "sleeps"), [(2, False), (3, True), (4, True)], ids=["under", "at", "over"])
+def test_the_hourly_cycle_rate_allows_exactly_its_count_per_hour(started: int, sleeps: bool) -> None:
+    """Intended side: cycles_per_hour=3 lets three cycles start within an hour; asked with three started,
+    the fourth sleeps."""
+    history = [cycle(10 * index) for index in range(started)]
+    admission = admit(history, START + 50 * MINUTE, Limits(cycles_per_hour=3))
+    assert admission.step is (Step.SLEEP if sleeps else Step.RUN)
+
+
+@pytest.mark.parametrize(("failures", "pauses"), [(2, False), (3, True), (4, True)], ids=["under", "at", "over"])
+def test_the_campaign_pauses_at_exactly_max_consecutive_failures(failures: int, pauses: bool) -> None:
+    """Intended side: "At `max_consecutive_failures` in a row the campaign pauses" (limiter.py)."""
+    history = [cycle(10 * index, failure="boom") for index in range(failures)]
+    admission = admit(history, START + 24 * 60 * MINUTE, Limits(max_consecutive_failures=3))
+    assert admission.step is (Step.PAUSE if pauses else Step.RUN)
+
+
 def test_done_outweighs_a_pause_and_a_pause_outweighs_a_sleep() -> None:
     failed = [cycle(0, tokens=600, failure="x"), cycle(10, tokens=600, failure="y")]
     now = START + 16 * MINUTE

@@ -28,20 +28,21 @@ from quarry.research_plane import ResearchPlane
 from quarry.research_records import ClaimJudgement, ClaimVerdict, VerifiedQuote
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Entry, EntryKind, Source
 from scratchpad_svc.service import build_host as build_scratchpad
-from supervisor_svc.budget import RunAccount, TokenBudget
-from supervisor_svc.delegating import Delegator
-from supervisor_svc.ledger import RunLedger
-from supervisor_svc.model import StartRequest
-from supervisor_svc.publishing import RunEventLog, RunPublisher
-from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
-from supervisor_svc.store import RunStore
-from supervisor_svc.synthesis import (
+from supervisor_svc.runs.budget import RunAccount, TokenBudget
+from supervisor_svc.runs.delegating import Delegator
+from supervisor_svc.runs.domain import StartRequest
+from supervisor_svc.runs.ledger import RunLedger
+from supervisor_svc.runs.publishing import RunEventLog, RunPublisher
+from supervisor_svc.runs.store import RunStore
+from supervisor_svc.runs.synthesis import (
     VERIFIED_INSTRUCTIONS,
     ResearchEnd,
     synthesis_messages,
     verified_sources,
     write_report,
 )
+from supervisor_svc.runs.worker_client import DelegationClient
+from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
 from supervisor_svc.verification.claims import (
     CRITERIA,
     MAX_INPUT_REFS,
@@ -50,7 +51,6 @@ from supervisor_svc.verification.claims import (
     verify_claims,
 )
 from supervisor_svc.verification.state import Contradiction, FindingCheck, Verification
-from supervisor_svc.worker_client import DelegationClient
 from tests.fakes.choreography import REPORT, Choreography
 from tests.fakes.openai_server import Await, Call, HttpError, Reply, ScriptedModel
 from tests.fakes.web_server import FixtureWeb

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from quarry.research_records import ClaimJudgement
-from supervisor_svc.model import Citation, Report
+from supervisor_svc.runs.domain import Citation, Report
 from supervisor_svc.verification.report import verification_sections, with_verification
 from supervisor_svc.verification.state import (
     NOT_VERIFIED,

@@ -24,24 +24,20 @@ from quarry.notify import CommitSignal
 from quarry.research_plane import ResearchPlane
 from quarry.research_records import ObjectionResolution, Resolution, parse_record
 from quarry.vocabulary import EntryKind, Source
-from supervisor_svc.budget import RunAccount, TokenBudget
-from supervisor_svc.delegating import Delegator
-from supervisor_svc.ledger import RunLedger
-from supervisor_svc.model import Report, StartRequest
-from supervisor_svc.publishing import RunEventLog, RunPublisher
+from supervisor_svc.runs.budget import RunAccount, TokenBudget
+from supervisor_svc.runs.delegating import Delegator
+from supervisor_svc.runs.domain import Report, StartRequest
+from supervisor_svc.runs.ledger import RunLedger
+from supervisor_svc.runs.publishing import RunEventLog, RunPublisher
+from supervisor_svc.runs.store import RunStore
+from supervisor_svc.runs.synthesis import verified_sources
+from supervisor_svc.runs.worker_client import DelegationClient
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
-from supervisor_svc.store import RunStore
-from supervisor_svc.synthesis import verified_sources
 from supervisor_svc.verification.report import with_verification
-from supervisor_svc.verification.review import (
-    REVISER_INSTRUCTIONS,
-    ReviewedReport,
-    ReviewStage,
-    approve_open_objections,
-    review_report,
-)
+from supervisor_svc.verification.resolutions import approve_open_objections
+from supervisor_svc.verification.review import ReviewDesk, ReviewedReport, ReviewRequest, ReviewStage, review_report
+from supervisor_svc.verification.revision import REVISER_INSTRUCTIONS
 from supervisor_svc.verification.state import ObjectionState, ObjectionStatus, SentenceStatus, Verification
-from supervisor_svc.worker_client import DelegationClient
 from tests.fakes.choreography import Choreography, agent_of
 from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
 from tests.fakes.web_server import FixtureWeb
@@ -91,6 +87,7 @@ class Desk:
     script: Script
     plane: ResearchPlane
     delegator: Delegator
+    ledger: RunLedger
     model: ModelClient
     budget: TokenBudget
     thread_id: str
@@ -103,26 +100,20 @@ class Desk:
         async def status(stage: ReviewStage, message: str) -> None:
             self.statuses.append((stage, message))
 
-        return await review_report(
+        request = ReviewRequest(
             question=QUESTION,
             draft=Report(markdown, tuple(sources)),
             sources=sources,
             claims={e.sequence_no: e.content for e in entries if e.kind is EntryKind.FINDING},
-            delegator=self.delegator,
-            model=self.model,
-            budget=self.budget,
-            scratchpad=self.plane,
-            run_id=RUN_ID,
-            thread_id=self.thread_id,
-            status=status,
             max_revision_rounds=rounds,
             leave_unsettled_open=leave_unsettled_open,
         )
+        return await review_report(
+            request, ReviewDesk(RUN_ID, self.delegator, self.ledger, self.model, self.budget, status)
+        )
 
     async def approve(self, verification: Verification, comment: str) -> Verification:
-        return await approve_open_objections(
-            verification, comment, scratchpad=self.plane, run_id=RUN_ID, thread_id=self.thread_id
-        )
+        return await approve_open_objections(verification, comment, self.ledger)
 
     async def resolutions(self) -> list[ObjectionResolution]:
         found = []
@@ -166,6 +157,7 @@ async def desk(tmp_path: Path, model: ScriptedModel, site: FixtureWeb) -> AsyncI
         account = RunAccount()
         budget = TokenBudget(0, account)
         publisher = RunPublisher(RunEventLog(store, CommitSignal(), RUN_ID), plane, RUN_ID, RUN_ID)
+        ledger = RunLedger(plane, RUN_ID, RUN_ID)  # the run's one ledger: the delegator's and the review's
         delegator = Delegator(
             run_id=RUN_ID,
             thread_id=RUN_ID,
@@ -177,10 +169,10 @@ async def desk(tmp_path: Path, model: ScriptedModel, site: FixtureWeb) -> AsyncI
             account=account,
             budget=budget,
             publisher=publisher,
-            ledger=RunLedger(plane, RUN_ID, RUN_ID),
+            ledger=ledger,
         )
         try:
-            yield Desk(script, plane, delegator, client, budget, RUN_ID, [])
+            yield Desk(script, plane, delegator, ledger, client, budget, RUN_ID, [])
         finally:
             await workers.close()
             await client.close()

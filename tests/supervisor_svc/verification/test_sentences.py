@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from supervisor_svc.model import Citation
+from supervisor_svc.runs.domain import Citation
 from supervisor_svc.verification.sentences import cite_findings, split_report
 
 # Sources [1] and [2] come from finding 12, [3] from finding 14.

@@ -1,0 +1,55 @@
+"""What a run has consumed, by tier, and what its token budget still allows.
+
+The budget is a pure predicate over the usage so far: asking it changes
+nothing. The callers decide what a spent budget means (no new delegation; no
+next supervisor turn).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from quarry.agent.usage import Usage
+from supervisor_svc.runs.domain import RunUsage
+
+
+class RunAccount:
+    """The run's usage: the supervisor's planning loop, its report call, and every worker's."""
+
+    def __init__(self) -> None:
+        self._planning: Callable[[], Usage] = Usage
+        self.report = Usage()
+        self.workers = Usage()
+        self.verification = Usage()  # the part of `workers` that claim-verifiers, auditors and adjudicators spent
+
+    def count_planning(self, source: Callable[[], Usage]) -> None:
+        """Planning usage is read live from the agent loop that spends it."""
+        self._planning = source
+
+    def add_worker(self, usage: Usage, *, verification: bool = False) -> None:
+        self.workers += usage
+        if verification:
+            self.verification += usage
+
+    def usage(self) -> RunUsage:
+        return RunUsage(supervisor=self._planning() + self.report, workers=self.workers, verification=self.verification)
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    max_tokens: int  # 0: unbounded
+    account: RunAccount
+
+    def left(self) -> int | None:
+        """Tokens left, or None when the run has no token budget."""
+        return None if not self.max_tokens else self.max_tokens - self.account.usage().total.tokens
+
+    def spent(self) -> bool:
+        left = self.left()
+        return left is not None and left <= 0
+
+    def share(self, ways: int) -> int:
+        """An equal part of what is left for each of `ways` delegations (0: no bound)."""
+        left = self.left()
+        return 0 if left is None else max(left // max(ways, 1), 1)

@@ -1,0 +1,193 @@
+"""Owns the runs of one supervisor process: starts, cancels, decides and streams them; runs are a tenant of
+the host (supervisor_svc.hosting).
+
+Each run executes as an asyncio task here. Its row carries a lease (owner and
+heartbeat): this process renews its runs' leases, picks up cancellations and
+approval decisions taken by another replica, and ends as failed any run whose owner stopped renewing —
+so a crashed supervisor never leaves a run "running" with streams waiting on it
+forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Sequence
+
+from quarry import ids
+from quarry.errors import (
+    ErrorReason,
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
+from quarry.notify import CommitSignal
+from supervisor_svc.hosting.host import Host, HostLimits, Tenant
+from supervisor_svc.hosting.store import StoredEvent
+from supervisor_svc.runs.domain import (
+    Approval,
+    ApprovalDecision,
+    RunErrorCode,
+    RunOutcome,
+    RunRecord,
+    RunState,
+    StartRequest,
+    validate_start,
+)
+from supervisor_svc.runs.publishing import RunEventLog
+from supervisor_svc.runs.run import ResearchRun, RunDependencies
+from supervisor_svc.runs.store import RunEnded, RunStore
+
+log = logging.getLogger(__name__)
+
+# Bounds on what CancelRun, ApproveRun and RejectRun keep with the run.
+_MAX_NOTE_CHARS = 1000
+
+
+class Supervisor:
+    def __init__(
+        self, store: RunStore, deps: RunDependencies, limits: HostLimits, signal: CommitSignal | None = None
+    ) -> None:
+        self._store = store
+        self._deps = deps
+        tenant = Tenant(
+            kind="run",
+            owner_prefix="supervisor",
+            start_method="StartRun",
+            at_capacity=lambda most: ResourceExhausted(
+                f"this supervisor already runs {most} research runs; retry later", reason=ErrorReason.TOO_MANY_RUNS
+            ),
+            take_over=self._end_as_failed,
+            renewed=self._renewed,
+        )
+        self._host: Host[ResearchRun, RunRecord] = Host(tenant, store, limits, signal)
+
+    async def start(self) -> None:
+        self._host.start()
+
+    # -- the public operations ---------------------------------------------------------------
+
+    async def start_run(self, request: StartRequest) -> RunRecord:
+        validate_start(request)
+        return await self._host.start_work(request.request_id, request, lambda: self._create_and_launch(request))
+
+    async def _create_and_launch(self, request: StartRequest) -> RunRecord:
+        run_id = ids.new_run_id()
+        owner = self._host.owner
+        record, created = await self._store.create(run_id, request, scratchpad_thread_id=run_id, owner=owner)
+        if created:
+            research = ResearchRun(record, RunEventLog(self._store, self._host.bus, run_id), self._deps)
+            self._host.launch(run_id, research, research.execute())
+        return record
+
+    async def get(self, run_id: str) -> RunRecord:
+        ids.RUN_ID.require("run_id", run_id)
+        record = await self._store.get(run_id)
+        if record is None:
+            raise NotFound("run", run_id, field="run_id")
+        return record
+
+    async def list_runs(self, page_size: int, page_token: str, state: RunState | None) -> tuple[list[RunRecord], str]:
+        return await self._store.list_runs(page_size, page_token, state)
+
+    async def cancel(self, run_id: str, reason: str) -> RunRecord:
+        violations = ids.violations(ids.RUN_ID.check("run_id", run_id))
+        if "\x00" in reason:  # it is stored with the run, and PostgreSQL text cannot hold NUL
+            violations.append(FieldViolation("reason", "must not contain NUL characters"))
+        if violations:
+            raise InvalidArgument(violations)
+        record = await self.get(run_id)
+        if record.state.ended:
+            return record
+        reason = reason.strip()[:_MAX_NOTE_CHARS] or "cancelled by the client"
+        within = self._host.limits.stop_wait_seconds
+        if not await self._host.stop(run_id, lambda research: research.stopping(reason, end_within=within)):
+            # Another replica runs it: it sees the request on its next heartbeat.
+            await self._store.request_cancel(run_id, reason)
+            await self._wait_ended(run_id)
+        return await self.get(run_id)
+
+    async def approve(self, run_id: str, comment: str) -> RunRecord:
+        """Complete a run awaiting approval with its report; the comment goes on its ledger as a note."""
+        return await self._decide(run_id, ApprovalDecision.APPROVED, comment, "comment")
+
+    async def reject(self, run_id: str, reason: str) -> RunRecord:
+        """Fail a run awaiting approval with REJECTED and the reason."""
+        return await self._decide(run_id, ApprovalDecision.REJECTED, reason, "reason")
+
+    async def _decide(self, run_id: str, decision: ApprovalDecision, note: str, note_field: str) -> RunRecord:
+        violations = ids.violations(ids.RUN_ID.check("run_id", run_id))
+        if "\x00" in note:  # it is stored with the run, and PostgreSQL text cannot hold NUL
+            violations.append(FieldViolation(note_field, "must not contain NUL characters"))
+        if len(note) > _MAX_NOTE_CHARS:
+            violations.append(FieldViolation(note_field, f"at most {_MAX_NOTE_CHARS} characters"))
+        if violations:
+            raise InvalidArgument(violations)
+        note = note.strip()
+        if decision is ApprovalDecision.REJECTED:
+            note = note or "rejected by the client"
+        record = await self.get(run_id)
+        if record.approval is None and record.state is RunState.AWAITING_APPROVAL:
+            if await self._store.decide(run_id, Approval(decision, note)):
+                running = self._host.get(run_id)
+                if running is not None:
+                    running.work.decide(Approval(decision, note))
+                # else another replica runs it: it sees the decision on its next lease renewal
+            record = await self.get(run_id)  # decided meanwhile, by this call or a concurrent one
+        if record.approval is None or record.approval.decision is not decision:
+            raise FailedPrecondition(
+                f"run {run_id} is {record.state.value}, not awaiting approval"
+                if record.approval is None
+                else f"run {run_id} was already {record.approval.decision.value}"
+            )
+        # This decision was taken (by this call, or by an earlier one that this call repeats).
+        await self._wait_ended(run_id)
+        return await self.get(run_id)
+
+    async def _wait_ended(self, run_id: str) -> None:
+        deadline = asyncio.get_running_loop().time() + self._host.limits.stop_wait_seconds
+        while asyncio.get_running_loop().time() < deadline:
+            record = await self._store.get(run_id)
+            if record is None or record.state.ended:
+                return
+            await asyncio.sleep(0.2)
+
+    async def events(self, run_id: str, after_sequence_no: int) -> AsyncIterator[StoredEvent]:
+        """Events after `after_sequence_no`, in order, until the terminal one; waits for new ones.
+
+        They come as stored: serialized RunEvents, which the servicer sends as they are."""
+        ids.RUN_ID.require("run_id", run_id)
+        return await self._host.events(run_id, after_sequence_no, self.get)
+
+    # -- leases --------------------------------------------------------------------------------
+
+    async def _renewed(self, run_ids: Sequence[str]) -> None:
+        """Cancellations and approval decisions another replica took on runs here reach them now."""
+        owner = self._host.owner
+        for run_id, reason in await self._store.cancel_requests(owner, run_ids):
+            self._host.cancel(run_id, functools.partial(ResearchRun.stopping, reason=reason))
+        for run_id, approval in await self._store.decisions(owner, run_ids):
+            running = self._host.get(run_id)
+            if running is not None:
+                running.work.decide(approval)
+
+    async def _end_as_failed(self, run_id: str) -> bool:
+        record = await self._store.get(run_id)
+        if record is None or record.state.ended:
+            return False
+        message = "the supervisor executing this run stopped before it ended"
+        try:
+            await self._store.finish(run_id, RunOutcome.failed(RunErrorCode.INTERNAL, message, record.usage))
+        except RunEnded:  # another replica got there first
+            return False
+        finally:
+            self._host.bus.publish(run_id)
+        return True
+
+    async def close(self, end_within: float) -> None:
+        """Cancel every run and end the streams; each run records its cancelled end within `end_within`
+        seconds, whatever the scratchpad does."""
+        await self._host.close(lambda research: research.stopping("the supervisor shut down", end_within), None)

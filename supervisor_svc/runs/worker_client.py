@@ -1,0 +1,220 @@
+"""The supervisor's side of delegation: every Delegate call ends in exactly one correlated result.
+
+Whatever happens to the worker — unreachable, overloaded, a broken stream, a
+deadline, or a stream that ends without its result — the tool call that asked
+for the delegation gets one DelegationResult carrying its delegation_id: the
+worker's own, or an error made here. Workers are addressed as a list of
+targets used round-robin; a delegation refused as UNAVAILABLE or
+RESOURCE_EXHAUSTED before any event is tried once more on the next worker with
+the same delegation_id (the worker de-duplicates by it). A worker that served
+before and cannot be reached now is most likely restarting (`quarry up`
+restarts a dead one on its address): the second attempt gives it a few
+seconds to come back before the delegation counts it as unavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import inspect
+import itertools
+import logging
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+
+from quarry.client import Dialer
+from quarry.convert import ROLES, TIERS, delegation_result_from_proto, duration
+from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from quarry.vocabulary import DelegationResult, Tier
+from supervisor_svc.runs.domain import DelegationOrder
+
+log = logging.getLogger(__name__)
+
+# How long a delegation waits for a worker that served before to be reachable again.
+RECONNECT_WAIT_SECONDS = 10.0
+
+EventListener = Callable[[worker_pb2.DelegateResponse], Awaitable[None] | None]
+# Told each worker turn as it starts: (turn, max_turns, the id of the worker running it).
+TurnListener = Callable[[int, int, str], Awaitable[None]]
+# Told once a worker has taken the delegation: (its id, the tier it runs on, that tier's model).
+StartListener = Callable[[str, Tier | None, str], Awaitable[None]]
+
+# Refusals that happen before a worker starts anything: another worker may take the delegation.
+_TRY_ELSEWHERE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+_ERROR_CODES = {
+    grpc.StatusCode.UNAVAILABLE: common_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: common_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED: common_pb2.DELEGATION_ERROR_CODE_DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED: common_pb2.DELEGATION_ERROR_CODE_CANCELLED,
+    grpc.StatusCode.INVALID_ARGUMENT: common_pb2.DELEGATION_ERROR_CODE_INVALID_TASK,
+    grpc.StatusCode.FAILED_PRECONDITION: common_pb2.DELEGATION_ERROR_CODE_INVALID_TASK,
+}
+
+
+def failed(
+    request: worker_pb2.DelegateRequest, code: common_pb2.DelegationErrorCode.ValueType, message: str
+) -> worker_pb2.DelegationResult:
+    return worker_pb2.DelegationResult(
+        delegation_id=request.delegation_id,
+        tool_call_id=request.tool_call_id,
+        outcome=common_pb2.DELEGATION_OUTCOME_FAILED,
+        error=common_pb2.DelegationError(code=code, message=message),
+    )
+
+
+def request_for(order: DelegationOrder) -> worker_pb2.DelegateRequest:
+    return worker_pb2.DelegateRequest(
+        delegation_id=order.delegation_id,
+        run_id=order.run_id,
+        tool_call_id=order.tool_call_id,
+        scratchpad_thread_id=order.scratchpad_thread_id,
+        task=worker_pb2.ResearchTask(
+            objective=order.objective,
+            criteria=order.criteria,
+            input_refs=order.input_refs,
+            workspace_id=order.workspace_id,
+        ),
+        role=ROLES.to_proto(order.role),
+        budget=worker_pb2.DelegationBudget(
+            max_turns=order.max_turns,
+            max_tokens=order.max_tokens,
+            timeout=duration(max(int(order.timeout_seconds), 1)),
+        ),
+    )
+
+
+async def _notify(listener: EventListener, response: worker_pb2.DelegateResponse) -> None:
+    """Progress is for watching: a listener that fails must not cost the delegation its result."""
+    try:
+        handled = listener(response)
+        if inspect.isawaitable(handled):
+            await handled
+    except Exception:
+        log.exception("a delegation event listener failed")
+
+
+class DelegationClient:
+    def __init__(
+        self, targets: Sequence[str], dial: Dialer | None = None, *, reconnect_wait: float = RECONNECT_WAIT_SECONDS
+    ) -> None:
+        if not targets:
+            raise ValueError("at least one worker target is needed")
+        self._targets = list(targets)
+        # A target may be one DNS name for many workers (a headless Service): its channel balances over them.
+        self._channels = [(dial or Dialer()).channel(target) for target in self._targets]
+        self._stubs = [worker_pb2_grpc.WorkerServiceStub(channel) for channel in self._channels]
+        self._turn = itertools.cycle(range(len(self._stubs)))
+        self._reconnect_wait = reconnect_wait
+        self._served: set[int] = set()  # targets that have answered a delegation
+
+    async def close(self) -> None:
+        for channel in self._channels:
+            await channel.close(None)
+
+    async def run(
+        self,
+        order: DelegationOrder,
+        *,
+        deadline_seconds: float,
+        on_turn: TurnListener,
+        on_started: StartListener | None = None,
+    ) -> DelegationResult:
+        """`delegate` in the supervisor's own terms."""
+        worker_id = ""
+
+        async def progress(response: worker_pb2.DelegateResponse) -> None:
+            nonlocal worker_id
+            event, progress = response.WhichOneof("event"), response.progress
+            if event == "started":
+                started = response.started
+                worker_id = started.worker_id
+                if on_started is not None:
+                    await on_started(worker_id, TIERS.from_proto(started.tier), started.model)
+            elif event == "progress" and progress.kind == worker_pb2.PROGRESS_KIND_TURN_STARTED:
+                await on_turn(progress.turn, progress.max_turns, worker_id)
+
+        result = delegation_result_from_proto(
+            await self.delegate(request_for(order), deadline_seconds=deadline_seconds, on_event=progress)
+        )
+        # A failure made here (the worker died mid-stream) still names the worker that had taken it.
+        return result if result.worker_id else dataclasses.replace(result, worker_id=worker_id)
+
+    async def delegate(
+        self,
+        request: worker_pb2.DelegateRequest,
+        *,
+        deadline_seconds: float | None = None,
+        on_event: EventListener | None = None,
+    ) -> worker_pb2.DelegationResult:
+        """Run one delegation on some worker; never raises except when the caller is cancelled."""
+        for attempt in (1, 2):
+            index = next(self._turn)
+            # The last chance: a worker that is coming back is worth waiting for (the first attempt fails over).
+            waited = await self._reconnected(index, deadline_seconds) if attempt == 2 else 0.0
+            remaining = None if deadline_seconds is None else max(deadline_seconds - waited, 0.001)
+            outcome = await self._attempt(self._stubs[index], request, remaining, on_event)
+            if isinstance(outcome, worker_pb2.DelegationResult) or outcome[1]:
+                self._served.add(index)
+            if isinstance(outcome, worker_pb2.DelegationResult):
+                return outcome
+            error, events_seen = outcome
+            if attempt == 1 and not events_seen and error.code() in _TRY_ELSEWHERE:
+                log.warning(
+                    "worker %s refused %s (%s); trying another",
+                    self._targets[index],
+                    request.delegation_id,
+                    error.code().name,
+                )
+                continue
+            code = _ERROR_CODES.get(error.code(), common_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE)
+            return failed(request, code, f"worker {self._targets[index]}: {error.code().name}: {error.details()}")
+        raise AssertionError("unreachable: the second attempt always returns")
+
+    async def _reconnected(self, index: int, deadline_seconds: float | None) -> float:
+        """Wait, within bounds, for a worker that served before to be reachable again; the seconds waited."""
+        channel = self._channels[index]
+        if index not in self._served or channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+            return 0.0
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(channel.channel_ready(), min(self._reconnect_wait, deadline_seconds or math.inf))
+        return loop.time() - started
+
+    async def _attempt(
+        self,
+        stub: worker_pb2_grpc.WorkerServiceStub,
+        request: worker_pb2.DelegateRequest,
+        deadline_seconds: float | None,
+        on_event: EventListener | None,
+    ) -> worker_pb2.DelegationResult | tuple[grpc.aio.AioRpcError, bool]:
+        events_seen = ended = False
+        # The generated stub is typed for sync grpc; on an aio channel the call is an async iterator.
+        stream: Any = stub.Delegate(request, timeout=deadline_seconds)
+        try:
+            async for response in stream:
+                events_seen = True
+                if response.WhichOneof("event") == "result":
+                    ended = True  # the worker's stream ends itself after its result
+                    if response.result.delegation_id != request.delegation_id:
+                        return failed(
+                            request,
+                            common_pb2.DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION,
+                            f"the worker answered for delegation {response.result.delegation_id!r}",
+                        )
+                    result: worker_pb2.DelegationResult = response.result
+                    return result
+                if on_event is not None:
+                    await _notify(on_event, response)
+        except grpc.aio.AioRpcError as error:
+            return error, events_seen
+        finally:
+            if not ended:
+                stream.cancel()  # we stop listening: the worker stops too
+        return failed(
+            request, common_pb2.DELEGATION_ERROR_CODE_PROTOCOL_VIOLATION, "the worker's stream ended without a result"
+        )

@@ -1,0 +1,503 @@
+"""Research runs through the public API, on a mesh in this process."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import grpc
+import pytest
+
+from quarry import paging
+from quarry.db import Database
+from quarry.identity import Role
+from quarry.research_records import Assignment, RouteDecision, UsageObserved
+from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
+from supervisor_svc.runs.domain import StartRequest
+from supervisor_svc.runs.store import RunStore
+from supervisor_svc.schema import runs
+from tests.fakes.choreography import REPORT, SUPERVISOR, append_finding
+from tests.fakes.openai_server import Call, DropAfter, Reply, Stall
+from tests.rpc import error_reason, expect_error, violations
+from tests.supervisor_svc.conftest import Mesh, delegation_on
+
+
+def researcher(mesh: Mesh, objective: str, page: str, content: str, excerpt: str) -> None:
+    url = f"{mesh.site.base_url}{page}"
+    mesh.script.add(
+        objective,
+        Reply(calls=(Call("read_web_page", {"url": url}, "read"),)),
+        Reply(calls=(append_finding("promote", content, url, excerpt),)),
+        Reply(content=f"Promoted: {content}"),
+    )
+
+
+async def test_a_run_delegates_and_reports_with_verified_citations(mesh: Mesh) -> None:
+    researcher(mesh, "Find the height", "/article.html", "The tower is 330 m tall.", "The tower is 330 metres tall")
+    mesh.script.add(
+        SUPERVISOR,
+        Reply(content="Delegating.", calls=(Call("delegate_research", {"objective": "Find the height"}, "d1"),)),
+        Reply(calls=(Call("read_scratchpad", {}, "r1"),)),
+        Reply(content="The height is known."),
+    )
+    mesh.script.add(REPORT, Reply(content="The tower is 330 metres tall [1]. It is blue [4].", chunks=6))
+    run = await mesh.client.start_run("How tall is the Eiffel Tower?")
+    events = await mesh.events(run.run_id)
+    kinds = [event.WhichOneof("payload") for event in events]
+    assert kinds[-1] == "completed", events[-1]
+    assert [event.sequence_no for event in events] == list(range(1, len(events) + 1))
+    completed = events[-1].completed
+    assert completed.report.markdown == "The tower is 330 metres tall [1]. It is blue ."
+    assert completed.removed_citations == 1
+    [citation] = completed.report.citations
+    assert citation.number == 1 and citation.url.endswith("/article.html")
+    assert citation.excerpt == "The tower is 330 metres tall"
+    assert "".join(e.content.delta for e in events if e.HasField("content")) == completed.report.markdown
+    stored = await mesh.client.get_run(run.run_id)
+    assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED
+    assert stored.report == completed.report
+    # The delegation's result carries what it promoted, re-read from the scratchpad, not the worker's transcript.
+    delegation_result = mesh.script.requests[SUPERVISOR][1]["messages"][-1]["content"]
+    assert "succeeded" in delegation_result and "Promoted entries, from the scratchpad:" in delegation_result
+    assert "The tower is 330 m tall." in delegation_result and "The tower is 330 metres tall" in delegation_result
+    assert "Champ de Mars" not in str(mesh.script.requests[SUPERVISOR])  # page text stays with the worker
+    assert stored.last_sequence_no == events[-1].sequence_no
+    assert list(completed.warnings) == [] and list(stored.warnings) == []  # it cites a verified source
+    # The research ledger: the assignment, where it ran, what the researcher promoted, what it cost.
+    entries = await mesh.scratchpad.read_all(stored.scratchpad_thread_id)
+    assert [entry.sequence_no for entry in entries] == list(range(1, len(entries) + 1))
+    assert [entry.kind for entry in entries] == [
+        scratchpad_pb2.ENTRY_KIND_SEED,
+        scratchpad_pb2.ENTRY_KIND_ASSIGNMENT,
+        scratchpad_pb2.ENTRY_KIND_ROUTE,
+        scratchpad_pb2.ENTRY_KIND_FINDING,
+        scratchpad_pb2.ENTRY_KIND_USAGE,
+    ]
+    assignment = Assignment.parse(entries[1].content)
+    assert isinstance(assignment, Assignment)
+    assert (assignment.role, assignment.objective) == (Role.RESEARCHER, "Find the height")
+    route = RouteDecision.parse(entries[2].content)
+    assert isinstance(route, RouteDecision) and route.delegation_id == assignment.delegation_id
+    serving = {e.status.worker_id for e in events if e.HasField("status") and e.status.worker_id}
+    assert serving == {route.worker_id} and route.model == "scripted"
+    usage = UsageObserved.parse(entries[4].content)
+    assert isinstance(usage, UsageObserved) and usage.model_calls == 3  # the researcher's three scripted replies
+
+
+def answer_at_once(mesh: Mesh, report: str = "Nothing was researched.") -> None:
+    mesh.script.add(SUPERVISOR, Reply(content="No research needed."))
+    mesh.script.add(REPORT, Reply(content=report))
+
+
+async def test_a_run_whose_model_never_delegated_succeeds_and_says_its_report_has_no_sources(mesh: Mesh) -> None:
+    answer_at_once(mesh, report="The tower is about 300 metres tall.")
+    run = await mesh.client.start_run("How tall is the Eiffel Tower?")
+    events = await mesh.events(run.run_id)
+    completed = events[-1].completed
+    assert completed.report.markdown == "The tower is about 300 metres tall."  # the text is still delivered
+    [warning] = completed.warnings
+    assert warning.code == supervisor_pb2.RUN_WARNING_CODE_NO_DELEGATIONS
+    assert "never delegated" in warning.message
+    stored = await mesh.client.get_run(run.run_id)
+    assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED and not stored.HasField("error")
+    assert list(stored.warnings) == list(completed.warnings)
+
+
+@pytest.mark.parametrize("promoted", [False, True], ids=["nothing-promoted", "nothing-cited"])
+async def test_a_run_whose_research_yields_no_cited_source_succeeds_with_a_no_sources_warning(
+    mesh: Mesh, promoted: bool
+) -> None:
+    if promoted:  # a finding was verified and promoted, but the report cites nothing that stands
+        researcher(mesh, "Find the height", "/article.html", "The tower is 330 m tall.", "The tower is 330 metres tall")
+    else:
+        mesh.script.add("Find the height", Reply(content="Found nothing worth promoting."))
+    mesh.script.add(
+        SUPERVISOR,
+        Reply(calls=(Call("delegate_research", {"objective": "Find the height"}, "d1"),)),
+        Reply(content="Write it up."),
+    )
+    mesh.script.add(REPORT, Reply(content="It is tall [7]."))
+    run = await mesh.client.start_run("How tall is the Eiffel Tower?")
+    events = await mesh.events(run.run_id)
+    completed = events[-1].completed
+    assert completed.report.markdown == "It is tall ." and list(completed.report.citations) == []
+    [warning] = completed.warnings
+    assert warning.code == supervisor_pb2.RUN_WARNING_CODE_NO_SOURCES
+    assert "no verified finding was cited" in warning.message
+    stored = await mesh.client.get_run(run.run_id)
+    assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED and list(stored.warnings) == list(completed.warnings)
+
+
+async def test_a_warning_from_a_later_release_is_left_out_of_the_run_not_an_error(mesh: Mesh) -> None:
+    answer_at_once(mesh)
+    run = await mesh.client.start_run("Read back by an earlier release?")
+    await mesh.events(run.run_id)
+    database = Database(mesh.supervisor_database_url)
+    try:
+        later = runs.update().where(runs.c.run_id == run.run_id).values(warnings=["no_delegations", "from_later"])
+        await database.write(lambda connection: connection.execute(later))
+    finally:
+        await database.close()
+    stored = await mesh.client.get_run(run.run_id)
+    assert [warning.code for warning in stored.warnings] == [supervisor_pb2.RUN_WARNING_CODE_NO_DELEGATIONS]
+
+
+async def test_a_client_that_reattaches_misses_nothing_and_sees_nothing_twice(mesh: Mesh) -> None:
+    researcher(mesh, "Find the height", "/article.html", "The tower is 330 m tall.", "The tower is 330 metres tall")
+    mesh.script.add(
+        SUPERVISOR,
+        Reply(calls=(Call("delegate_research", {"objective": "Find the height"}, "d1"),)),
+        Reply(content="Done.", delay=0.2),
+    )
+    mesh.script.add(REPORT, Reply(content="It is 330 metres tall [1]. " * 20, chunks=10, delay=0.2))
+    run = await mesh.client.start_run("How tall is the Eiffel Tower?")
+    seen: list[supervisor_pb2.RunEvent] = []
+    attaches = 0
+    while not seen or seen[-1].WhichOneof("payload") != "completed":
+        attaches += 1
+        assert attaches < 200
+        after = seen[-1].sequence_no if seen else 0
+        async for event in mesh.client.stream_run(run.run_id, after_sequence_no=after):
+            seen.append(event)
+            break  # disconnect after every event
+    assert [e.sequence_no for e in seen] == list(range(1, len(seen) + 1))
+    assert seen == await mesh.events(run.run_id)
+    assert attaches == len(seen) > 5
+    tail = await mesh.events(run.run_id, after=len(seen) - 2)
+    assert [e.sequence_no for e in tail] == [len(seen) - 1, len(seen)]
+
+
+async def test_parallel_delegations_in_one_turn_run_at_once(mesh: Mesh) -> None:
+    for name in ("Task one", "Task two"):
+        mesh.script.add(name, Reply(content="waited", delay=0.5))
+    mesh.script.add(
+        SUPERVISOR,
+        Reply(
+            calls=(
+                Call("delegate_research", {"objective": "Task one"}, "a"),
+                Call("delegate_research", {"objective": "Task two"}, "b"),
+            )
+        ),
+        Reply(content="Both done."),
+    )
+    mesh.script.add(REPORT, Reply(content="Report."))
+    run = await mesh.client.start_run("Two things at once?")
+    events = await mesh.events(run.run_id)
+    assert events[-1].WhichOneof("payload") == "completed"
+    # Each worker's reply waits 0.5 s after its request: the second arrived before the first could be answered.
+    one, two = (mesh.script.arrivals[name][0] for name in ("Task one", "Task two"))
+    assert abs(one - two) < 0.5
+    phases = [e.status.phase for e in events if e.HasField("status")]
+    delegated = [n for n, p in enumerate(phases) if p == supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED]
+    finished = [n for n, p in enumerate(phases) if p == supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED]
+    assert len(delegated) == 2 and len(finished) == 2 and max(delegated) < min(finished)
+    tool_results = mesh.script.tool_results(SUPERVISOR)
+    assert len(tool_results) == 2 and all("succeeded" in result for result in tool_results)
+
+
+async def test_status_events_name_the_worker_serving_each_delegation(mesh: Mesh) -> None:
+    for name in ("Task one", "Task two"):
+        mesh.script.add(name, Reply(content="done"))
+    calls = (
+        Call("delegate_research", {"objective": "Task one"}, "a"),
+        Call("delegate_research", {"objective": "Task two"}, "b"),
+    )
+    mesh.script.add(SUPERVISOR, Reply(calls=calls), Reply(content="Both done."))
+    mesh.script.add(REPORT, Reply(content="Report."))
+    run = await mesh.client.start_run("Who did what?")
+    events = await mesh.events(run.run_id)
+    assert events[-1].WhichOneof("payload") == "completed"
+    named: dict[str, set[str]] = {}
+    for status in (e.status for e in events if e.HasField("status") and e.status.delegation_id):
+        if status.phase != supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED:  # no worker has it yet
+            named.setdefault(status.delegation_id, set()).add(status.worker_id)
+    assert len(named) == 2
+    for delegation_id, worker_ids in named.items():
+        [recorded] = [d for a in mesh.worker_addresses if (d := await delegation_on(a, delegation_id)) is not None]
+        assert worker_ids == {recorded.worker_id} and recorded.worker_id
+    assert len({recorded_id for ids in named.values() for recorded_id in ids}) == 2, "round-robin: two workers"
+
+
+async def wait_for_phase(mesh: Mesh, run_id: str, phase: supervisor_pb2.ResearchPhase.ValueType) -> int:
+    async for event in mesh.client.stream_run(run_id):
+        if event.status.phase == phase:
+            return event.sequence_no
+    raise AssertionError("the run ended before that phase")
+
+
+async def test_cancel_run_stops_its_workers_and_ends_the_run_cancelled(mesh: Mesh) -> None:
+    mesh.script.add("Research slowly", Stall(60))
+    mesh.script.add(SUPERVISOR, Reply(calls=(Call("delegate_research", {"objective": "Research slowly"}, "d1"),)))
+    run = await mesh.client.start_run("Slow question?")
+    await wait_for_phase(mesh, run.run_id, supervisor_pb2.RESEARCH_PHASE_WORKER_RESEARCHING)
+    cancelled = await mesh.client.cancel_run(run.run_id, reason="user pressed Ctrl-C")
+    assert cancelled.state == supervisor_pb2.RUN_STATE_CANCELLED
+    assert cancelled.cancel_reason == "user pressed Ctrl-C" and not cancelled.HasField("error")
+    events = await mesh.events(run.run_id)
+    assert events[-1].cancelled.reason == "user pressed Ctrl-C"
+    delegation_id = next(e.status.delegation_id for e in events if e.status.delegation_id)
+    recorded = None
+    for _ in range(100):  # the worker records the cancellation as its task unwinds
+        [recorded] = [d for a in mesh.worker_addresses if (d := await delegation_on(a, delegation_id)) is not None]
+        if recorded.state != worker_pb2.DELEGATION_STATE_RUNNING:
+            break
+        await asyncio.sleep(0.05)
+    assert recorded is not None and recorded.state == worker_pb2.DELEGATION_STATE_FAILED
+    assert recorded.result.error.code == common_pb2.DELEGATION_ERROR_CODE_CANCELLED
+    again = await mesh.client.cancel_run(run.run_id)  # cancelling an ended run changes nothing
+    assert again.state == supervisor_pb2.RUN_STATE_CANCELLED and again.cancel_reason == "user pressed Ctrl-C"
+
+
+async def test_the_token_budget_stops_further_delegation(mesh: Mesh) -> None:
+    mesh.script.add("Spend tokens", Reply(content="spent", input_tokens=400, output_tokens=100))
+    mesh.script.add(
+        SUPERVISOR,
+        Reply(calls=(Call("delegate_research", {"objective": "Spend tokens"}, "d1"),)),
+        Reply(calls=(Call("delegate_research", {"objective": "Never runs"}, "d2"),)),
+    )
+    mesh.script.add(REPORT, Reply(content="From what exists."))
+    run = await mesh.client.start_run("Budgeted?", options=supervisor_pb2.RunOptions(max_tokens=300))
+    events = await mesh.events(run.run_id)
+    completed = events[-1].completed
+    assert completed.token_budget_exhausted and not completed.turn_budget_exhausted
+    assert completed.report.markdown == "From what exists."
+    delegated = [e for e in events if e.status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED]
+    assert len(delegated) == 1
+    assert len(mesh.script.requests[SUPERVISOR]) == 1  # no turn after the budget was spent
+    assert "Never runs" not in mesh.script.requests
+    assert completed.usage.workers.input_tokens == 400 and completed.usage.workers.output_tokens == 100
+    assert completed.usage.total.input_tokens == completed.usage.supervisor.input_tokens + 400
+
+
+async def test_the_turn_bound_ends_research_and_the_report_says_so(mesh: Mesh) -> None:
+    mesh.script.add(SUPERVISOR, *(Reply(calls=(Call("read_scratchpad", {}, f"r{n}"),)) for n in range(2)))
+    mesh.script.add(REPORT, Reply(content="Partial picture."))
+    run = await mesh.client.start_run("Endless?", options=supervisor_pb2.RunOptions(max_supervisor_turns=2))
+    events = await mesh.events(run.run_id)
+    assert events[-1].completed.turn_budget_exhausted
+    assert events[-1].completed.usage.supervisor.model_calls == 3  # two research turns and the report
+
+
+async def test_a_provider_failure_fails_the_run_honestly(mesh: Mesh) -> None:
+    mesh.script.add(SUPERVISOR, Reply(content="Nothing to do."))
+    mesh.script.add(REPORT, DropAfter("The tower is"))
+    run = await mesh.client.start_run("Will the report break?")
+    events = await mesh.events(run.run_id)
+    failed = events[-1].failed
+    assert failed.error.code == supervisor_pb2.RUN_ERROR_CODE_PROVIDER_ERROR
+    stored = await mesh.client.get_run(run.run_id)
+    assert stored.state == supervisor_pb2.RUN_STATE_FAILED and not stored.HasField("report")
+    assert "model request failed" in stored.error.message
+    assert stored.HasField("end_time") and stored.HasField("start_time")
+
+
+async def test_runs_are_listed_newest_first_in_pages(mesh: Mesh) -> None:
+    ids = []
+    for n in range(3):
+        answer_at_once(mesh)
+        run = await mesh.client.start_run(f"Question {n}?", labels={"batch": "b1"})
+        await mesh.events(run.run_id)
+        ids.append(run.run_id)
+    first = await mesh.client.list_runs(page_size=2)
+    second = await mesh.client.list_runs(page_size=2, page_token=first.next_page_token)
+    assert [r.run_id for r in first.runs] + [r.run_id for r in second.runs] == ids[::-1]
+    assert not second.next_page_token and first.runs[0].labels == {"batch": "b1"}
+    failed = await mesh.client.list_runs(state=supervisor_pb2.RUN_STATE_FAILED)
+    assert list(failed.runs) == []
+    error = await expect_error(
+        mesh.client.list_runs(page_token=first.next_page_token, state=supervisor_pb2.RUN_STATE_FAILED),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    assert "page_token" in violations(error)
+
+
+RUN = "run-" + "b" * 32
+# Cursors that decode but that no ListRuns ever issued: each must be refused as INVALID_ARGUMENT.
+FORGED_CURSORS = [
+    f"v1||2024-01-01T00:00:00|{RUN}",  # a naive timestamp
+    f"v1||9999-12-31T23:59:59-23:59|{RUN}",  # beyond the last representable instant once in UTC
+    f"v1||0001-01-01T00:00:00+23:59|{RUN}",  # before the first
+    f"v1||2024-01-01T00:00:00+02:00|{RUN}",  # an offset this server never writes
+    f"v1||2024-01-01 00:00:00+00:00|{RUN}",  # not the form this server writes
+    "v1||2024-01-01T00:00:00+00:00|run-\x00",  # NUL in the run id
+    "v1||2024-01-01T00:00:00\x00+00:00|" + RUN,  # NUL in the timestamp
+    "v1||2024-01-01T00:00:00+00:00|not-a-run",
+    f"v1|\x00|2024-01-01T00:00:00+00:00|{RUN}",
+    f"v2||2024-01-01T00:00:00+00:00|{RUN}",
+    f"v1||2024-01-01T00:00:00+00:00|{RUN}|extra",
+    "v1||",
+    "",
+]
+
+
+@pytest.mark.parametrize("cursor", FORGED_CURSORS)
+async def test_list_runs_refuses_a_page_token_it_never_issued(mesh: Mesh, cursor: str) -> None:
+    error = await expect_error(
+        mesh.client.list_runs(page_token=paging.encode_token(cursor) or "="), grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert "page_token" in violations(error)
+
+
+async def test_list_runs_refuses_a_token_in_another_encoding(mesh: Mesh) -> None:
+    for n in range(2):
+        answer_at_once(mesh)
+        await mesh.events((await mesh.client.start_run(f"Question {n}?")).run_id)
+    token = (await mesh.client.list_runs(page_size=1)).next_page_token
+    assert len((await mesh.client.list_runs(page_token=token)).runs) == 1
+    # The same cursor, written with padding or with characters base64 decoding would skip.
+    for variant in [token + "=" * (-len(token) % 4 or 4), token[:4] + "!" + token[4:], token + "\n"]:
+        error = await expect_error(mesh.client.list_runs(page_token=variant), grpc.StatusCode.INVALID_ARGUMENT)
+        assert "page_token" in violations(error)
+    # Positions at either end of time are still positions: everything is older than the last, nothing than the first.
+    latest = paging.encode_token(f"v1||9999-12-31T23:59:59.999999+00:00|{RUN}")
+    assert len((await mesh.client.list_runs(page_token=latest)).runs) == 2
+    earliest = paging.encode_token(f"v1||0001-01-01T00:00:00+00:00|{RUN}")
+    assert list((await mesh.client.list_runs(page_token=earliest)).runs) == []
+
+
+async def test_start_run_is_idempotent_by_request_id(mesh: Mesh) -> None:
+    answer_at_once(mesh)
+    first = await mesh.client.start_run("Once?", request_id="req-1")
+    again = await mesh.client.start_run("Once?", request_id="req-1")
+    assert again.run_id == first.run_id
+    error = await expect_error(mesh.client.start_run("Other?", request_id="req-1"), grpc.StatusCode.ALREADY_EXISTS)
+    assert error_reason(error) == "REQUEST_ID_REUSED"
+    await mesh.events(first.run_id)
+    assert len((await mesh.client.list_runs()).runs) == 1
+
+
+@pytest.mark.parametrize("supervisor_overrides", [{"max_active_runs": 2}], indirect=True)
+async def test_concurrent_retries_of_one_start_run_share_one_run_and_one_slot(mesh: Mesh) -> None:
+    mesh.script.add(SUPERVISOR, Stall(60), Stall(60))  # both runs stay active, holding their slots
+    calls = [mesh.client.start_run("Once, however often asked?", request_id="req-many") for _ in range(20)]
+    started = await asyncio.gather(*calls, return_exceptions=True)
+    refused = [result for result in started if isinstance(result, BaseException)]
+    assert refused == [], [str(error) for error in refused]
+    assert len({run.run_id for run in started if isinstance(run, supervisor_pb2.Run)}) == 1
+    assert len((await mesh.client.list_runs()).runs) == 1
+    # The retries took one slot between them: another request still fits, and then the supervisor is full.
+    other = await mesh.client.start_run("Another question?", request_id="req-other")
+    assert other.run_id not in {run.run_id for run in started if isinstance(run, supervisor_pb2.Run)}
+    error = await expect_error(mesh.client.start_run("One too many?"), grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert error_reason(error) == "TOO_MANY_RUNS"
+    # A retry of a request that already has its run gets it back even now, and a conflicting one is refused.
+    assert (await mesh.client.start_run("Another question?", request_id="req-other")).run_id == other.run_id
+    error = await expect_error(
+        mesh.client.start_run("Something else?", request_id="req-many"), grpc.StatusCode.ALREADY_EXISTS
+    )
+    assert error_reason(error) == "REQUEST_ID_REUSED"
+
+
+async def test_concurrent_start_runs_with_one_request_id_but_different_questions(mesh: Mesh) -> None:
+    mesh.script.add(SUPERVISOR, Stall(60))
+    calls = [mesh.client.start_run(f"Question {n % 2}?", request_id="req-split") for n in range(10)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    runs = [result for result in results if isinstance(result, supervisor_pb2.Run)]
+    refused = [result for result in results if not isinstance(result, supervisor_pb2.Run)]
+    # One question won the request_id; every call asking it got its run, every call asking the other was refused.
+    assert len({run.run_id for run in runs}) == 1 and len(runs) == 5
+    assert all(
+        isinstance(error, grpc.aio.AioRpcError) and error_reason(error) == "REQUEST_ID_REUSED" for error in refused
+    )
+    assert len((await mesh.client.list_runs()).runs) == 1
+
+
+async def test_bad_requests_name_their_fields(mesh: Mesh) -> None:
+    options = supervisor_pb2.RunOptions(max_supervisor_turns=-1, max_worker_turns=65, max_parallel_delegations=99)
+    options.timeout.FromSeconds(10**9)
+    error = await expect_error(
+        mesh.client.start_run(" ", options=options, labels={"Bad Key": "x"}), grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert set(violations(error)) == {
+        "question",
+        "options.max_supervisor_turns",
+        "options.max_worker_turns",
+        "options.max_parallel_delegations",
+        "options.timeout",
+        "labels['Bad Key']",
+    }
+    error = await expect_error(mesh.client.get_run("nope"), grpc.StatusCode.INVALID_ARGUMENT)
+    assert "run_id" in violations(error)
+    await expect_error(mesh.client.get_run("run-" + "0" * 32), grpc.StatusCode.NOT_FOUND)
+    await expect_error(mesh.client.cancel_run("run-" + "0" * 32), grpc.StatusCode.NOT_FOUND)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await mesh.events("run-" + "0" * 32)
+    assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+    answer_at_once(mesh)
+    run = await mesh.client.start_run("Fine?")
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await mesh.events(run.run_id, after=-1)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    await mesh.events(run.run_id)
+
+
+async def test_a_cancel_reason_with_a_nul_is_refused_and_the_run_goes_on(mesh: Mesh) -> None:
+    mesh.script.add("Research slowly", Stall(60))
+    mesh.script.add(SUPERVISOR, Reply(calls=(Call("delegate_research", {"objective": "Research slowly"}, "d1"),)))
+    run = await mesh.client.start_run("Slow question?")
+    await wait_for_phase(mesh, run.run_id, supervisor_pb2.RESEARCH_PHASE_WORKER_RESEARCHING)
+    error = await expect_error(
+        mesh.client.cancel_run(run.run_id, reason="stop\x00now"), grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert "reason" in violations(error)
+    assert (await mesh.client.get_run(run.run_id)).state == supervisor_pb2.RUN_STATE_RUNNING
+    cancelled = await mesh.client.cancel_run(run.run_id, reason="stop now")
+    assert cancelled.state == supervisor_pb2.RUN_STATE_CANCELLED and cancelled.cancel_reason == "stop now"
+
+
+async def test_reattaching_at_or_past_the_end(mesh: Mesh) -> None:
+    answer_at_once(mesh)
+    run = await mesh.client.start_run("Short?")
+    events = await mesh.events(run.run_id)
+    last = events[-1].sequence_no
+    assert await mesh.events(run.run_id, after=last) == []  # nothing more, and the stream ends
+    error = await expect_error(mesh.events(run.run_id, after=last + 1), grpc.StatusCode.INVALID_ARGUMENT)
+    assert "after_sequence_no" in violations(error)
+
+
+async def test_a_run_whose_supervisor_stopped_is_ended_as_failed_when_its_lease_expires(mesh: Mesh) -> None:
+    database = Database(mesh.supervisor_database_url)
+    store = RunStore(database)
+    try:
+        orphan, _ = await store.create(
+            "run-" + "a" * 32, StartRequest("Left behind?"), scratchpad_thread_id="run-" + "a" * 32, owner="gone"
+        )
+        stale = (
+            runs.update()
+            .where(runs.c.run_id == orphan.run_id)
+            .values(heartbeat_time=datetime.now(UTC) - timedelta(hours=1))
+        )
+        await database.write(lambda connection: connection.execute(stale))
+    finally:
+        await database.close()
+    events = await asyncio.wait_for(mesh.events(orphan.run_id), 30)  # the sweep runs every 2 s
+    [ended] = events
+    assert ended.failed.error.code == supervisor_pb2.RUN_ERROR_CODE_INTERNAL
+    assert "stopped before it ended" in ended.failed.error.message
+    assert (await mesh.client.get_run(orphan.run_id)).state == supervisor_pb2.RUN_STATE_FAILED
+
+
+async def test_list_runs_refuses_an_unknown_state(mesh: Mesh) -> None:
+    error = await expect_error(mesh.client.list_runs(state=99), grpc.StatusCode.INVALID_ARGUMENT)  # type: ignore[arg-type]
+    assert "state" in violations(error)
+
+
+async def test_a_supervisor_shutting_down_ends_its_runs_as_cancelled(mesh: Mesh) -> None:
+    mesh.script.add("Research slowly", Stall(60))
+    mesh.script.add(SUPERVISOR, Reply(calls=(Call("delegate_research", {"objective": "Research slowly"}, "d1"),)))
+    run = await mesh.client.start_run("Interrupted?")
+    await wait_for_phase(mesh, run.run_id, supervisor_pb2.RESEARCH_PHASE_WORKER_RESEARCHING)
+    await mesh.supervisor.shutdown()
+    database = Database(mesh.supervisor_database_url)
+    try:
+        store = RunStore(database)
+        record = await store.get(run.run_id)
+        stored = await store.events_after(run.run_id, 0)
+    finally:
+        await database.close()
+    assert record is not None and record.state.value == "cancelled"
+    assert record.cancel_reason == "the supervisor shut down" and record.end_time is not None
+    assert record.error_code is None and record.last_error == ""
+    last = supervisor_pb2.RunEvent.FromString(stored[-1].payload)
+    assert stored[-1].terminal and last.cancelled.reason == "the supervisor shut down"
+    assert [event.sequence_no for event in stored] == list(range(1, len(stored) + 1))
