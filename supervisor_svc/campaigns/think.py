@@ -25,13 +25,13 @@ from quarry.agent.tools import Tool, ToolRegistry, current_call
 from quarry.identity import Role
 from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import DelegationResult
-from supervisor_svc.runs.budget import RunAccount, TokenBudget
 from supervisor_svc.campaigns.memory import ThinkBriefing
 from supervisor_svc.campaigns.records import DeadEnd, Insight
 from supervisor_svc.campaigns.thread import CampaignThread
+from supervisor_svc.runs.budget import RunAccount, TokenBudget
 from supervisor_svc.runs.delegating import Contract, Delegator
-from supervisor_svc.runs.ledger import RunLedger
 from supervisor_svc.runs.domain import ResearchPhase, RunUsage
+from supervisor_svc.runs.ledger import RunLedger
 from supervisor_svc.runs.tools import Criterion
 from supervisor_svc.runs.worker_client import DelegationClient
 
