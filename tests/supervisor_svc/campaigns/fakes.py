@@ -165,6 +165,7 @@ class FakeScratchpad:
         self.threads: dict[str, list[Entry]] = {}
         self._created: dict[str, str] = {}  # request_id by thread
         self._requests: dict[str, Entry] = {}
+        self.reads = 0
 
     async def create_thread(self, thread_id: str, *, title: str, request_id: str) -> None:
         """A repeated request answers as the first did; another for the same thread is refused."""
@@ -191,6 +192,7 @@ class FakeScratchpad:
         return Appended(entry, replayed=False)
 
     async def read_all(self, thread_id: str, *, after_sequence_no: int = 0) -> list[Entry]:
+        self.reads += 1
         return [entry for entry in self.threads.get(thread_id, []) if entry.sequence_no > after_sequence_no]
 
     def kinds(self, thread_id: str) -> list[EntryKind]:

@@ -95,6 +95,8 @@ async def test_the_baseline_sets_the_noise_floor_then_an_improvement_is_kept_and
     assert len(workspace.exported["experiments.jsonl"].splitlines()) == 4
     assert [cycle for phase, cycle, _ in handle.phases if phase is Phase.THINK] == [3, 4]
     assert handle.tokens == 200
+    # Each step read the thread once: four cycles, then the step that found the budget spent.
+    assert scratchpad.reads == 5
 
 
 async def test_a_crash_is_a_failed_cycle_with_a_dead_end_and_the_next_cycle_backs_off() -> None:
