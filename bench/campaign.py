@@ -37,7 +37,7 @@ from quarry.clients.campaigns import CampaignsClient
 from quarry.clients.channels import open_channel
 from quarry.identity import MeshRole
 from quarry.v1 import campaign_pb2, monitor_pb2
-from supervisor_svc.campaigns.loop import INSTRUCTIONS
+from supervisor_svc.campaigns.think import INSTRUCTIONS
 from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
 
 TRAIN = """\

@@ -13,7 +13,6 @@ how the job ended.
 from __future__ import annotations
 
 import collections
-import enum
 import json
 import math
 import posixpath
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 import re2
 
 from quarry.errors import FieldViolation, InvalidArgument
+from quarry.vocabulary import MetricDirection
 
 MAX_METRICS = 32
 MAX_PATTERN_CHARS = 1024
@@ -33,11 +33,6 @@ MAX_JSONL_LINE_BYTES = 64 * 1024  # longer lines of a metrics file are skipped
 _NAME = re.compile(r"[A-Za-z0-9_./-]{1,64}")
 _MAX_KEY_CHARS = 256
 _MAX_PATH_CHARS = 1024
-
-
-class MetricDirection(enum.StrEnum):
-    MINIMIZE = "minimize"
-    MAXIMIZE = "maximize"
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,13 @@ from google.protobuf import duration_pb2
 
 from monitor_svc.gpus import GpuRequest, GpuSampler
 from monitor_svc.jobs import BatchScript, Command, JobKind, JobObservation, JobOptions, JobRequest, Jobs
-from monitor_svc.metrics import MetricDirection, MetricPoint, MetricResult, MetricSpec
+from monitor_svc.metrics import MetricPoint, MetricResult, MetricSpec
 from monitor_svc.ssh import SshHosts
 from monitor_svc.validation import check_monitor_job_id, interval_seconds, require_job_kind, tail_lines
 from monitor_svc.workspaces.operations import Workspaces
 from monitor_svc.workspaces.rpc import WorkspaceServicer
 from quarry.convert import (
-    EnumMap,
+    METRIC_DIRECTIONS,
     duration_seconds,
     gpu_to_proto,
     job_look_to_proto,
@@ -32,12 +32,6 @@ from quarry.vocabulary import JobLook
 
 DEFAULT_GPU_INTERVAL = 5.0
 DEFAULT_JOB_INTERVAL = 10.0
-METRIC_DIRECTIONS: EnumMap[MetricDirection, monitor_pb2.MetricDirection.ValueType] = EnumMap(
-    {
-        direction: monitor_pb2.MetricDirection.Value(f"METRIC_DIRECTION_{direction.name}")
-        for direction in MetricDirection
-    }
-)
 
 
 def _seconds(value: duration_pb2.Duration, *, has: bool) -> float | None:

@@ -29,6 +29,7 @@ from quarry.vocabulary import (
     JobMetric,
     JobRef,
     JobState,
+    MetricDirection,
     Source,
     Tier,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "DIAGNOSTIC_STATUSES",
     "ENTRY_KINDS",
     "JOB_STATES",
+    "METRIC_DIRECTIONS",
     "ROLES",
     "TIERS",
     "EnumMap",
@@ -58,6 +60,7 @@ __all__ = [
     "job_look_to_proto",
     "job_ref_from_proto",
     "job_ref_to_proto",
+    "metric_spec_to_proto",
     "principal_from_proto",
     "principal_to_proto",
     "source_from_proto",
@@ -142,6 +145,13 @@ ENTRY_KINDS: EnumMap[EntryKind, scratchpad_pb2.EntryKind.ValueType] = EnumMap(
 
 JOB_STATES: EnumMap[JobState, monitor_pb2.JobState.ValueType] = EnumMap(
     {state: monitor_pb2.JobState.Value(f"JOB_STATE_{state.name}") for state in JobState}
+)
+
+METRIC_DIRECTIONS: EnumMap[MetricDirection, monitor_pb2.MetricDirection.ValueType] = EnumMap(
+    {
+        direction: monitor_pb2.MetricDirection.Value(f"METRIC_DIRECTION_{direction.name}")
+        for direction in MetricDirection
+    }
 )
 
 DELEGATION_ERROR_CODES: EnumMap[DelegationErrorCode, common_pb2.DelegationErrorCode.ValueType] = EnumMap(
@@ -281,6 +291,21 @@ def job_look_to_proto(look: JobLook) -> monitor_pb2.JobStatus:
     if look.exit_code is not None:
         status.exit_code = look.exit_code
     return status
+
+
+def metric_spec_to_proto(
+    name: str, direction: MetricDirection | None, *, log_regex: str = "", jsonl_path: str = "", jsonl_key: str = ""
+) -> monitor_pb2.MetricSpec:
+    """A metric a job reports: read from its log by a pattern, or from a JSON-lines file (which wins if both are
+    given); a direction of None leaves it unspecified (the monitor refuses it)."""
+    spec = monitor_pb2.MetricSpec(name=name)
+    if direction is not None:
+        spec.direction = METRIC_DIRECTIONS.to_proto(direction)
+    if log_regex:
+        spec.log_regex = log_regex
+    if jsonl_path or jsonl_key:
+        spec.jsonl_file.CopyFrom(monitor_pb2.JsonlMetric(path=jsonl_path, key=jsonl_key))
+    return spec
 
 
 def job_look_from_proto(status: monitor_pb2.JobStatus) -> JobLook:

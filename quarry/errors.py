@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Self
 
 import grpc
 from google.protobuf import any_pb2
@@ -28,6 +29,7 @@ __all__ = [
     "PermissionDenied",
     "QuarryError",
     "ResourceExhausted",
+    "ServiceError",
     "Unauthenticated",
     "Unavailable",
     "Unimplemented",
@@ -244,6 +246,21 @@ class Unimplemented(QuarryError):
 
 class Internal(QuarryError):
     code = grpc.StatusCode.INTERNAL
+
+
+class ServiceError(QuarryError):
+    """A call to another service that failed, as the caller saw it: the status code and details it got.
+
+    The client's side of the tree: a port that calls a service raises this, so its callers handle one
+    error tree whether a failure was raised here or answered over the wire."""
+
+    def __init__(self, message: str, *, code: grpc.StatusCode = grpc.StatusCode.INTERNAL) -> None:
+        self.code = code
+        super().__init__(message, reason=ErrorReason.__members__.get(code.name, ErrorReason.INTERNAL))
+
+    @classmethod
+    def of(cls, error: grpc.aio.AioRpcError) -> Self:
+        return cls(error.details() or error.code().name, code=error.code())
 
 
 # Statuses travel in trailers, which clients cap (8 KiB by default, over which the caller sees

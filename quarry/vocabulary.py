@@ -24,6 +24,8 @@ __all__ = [
     "JobMetric",
     "JobRef",
     "JobState",
+    "MetricDirection",
+    "MetricPoint",
     "Source",
     "Tier",
 ]
@@ -167,6 +169,22 @@ class JobRef:
     job_id: str = ""
     log_path: str = ""
     monitor_job_id: str = ""  # a job the monitor started and keeps a record of
+
+
+class MetricDirection(enum.StrEnum):
+    """Which way a job's metric improves; the values are what JSON specs and tools say."""
+
+    MINIMIZE = "minimize"
+    MAXIMIZE = "maximize"
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    """One value of a metric as it appeared in a job's log: `step` is its line number (from 1)."""
+
+    name: str
+    value: float
+    step: int
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,12 @@ from pathlib import Path
 from quarry.cli.lab.plot import plot_ledger
 from quarry.records.campaign import LedgerRecord, Verdict
 from quarry.records.contract import ledger_rows
-from quarry.records.signals import Direction, MetricGoal, SignalRules, read_signals
+from quarry.records.signals import MetricGoal, SignalRules, read_signals
 from quarry.v1 import monitor_pb2
-from quarry.vocabulary import JobState
+from quarry.vocabulary import JobState, MetricDirection
 
 OUTPUT = Path(__file__).resolve().parents[1] / "docs" / "images" / "lab-plot.png"
-GOAL = MetricGoal("val_loss", Direction.MINIMIZE)
+GOAL = MetricGoal("val_loss", MetricDirection.MINIMIZE)
 RULES = SignalRules(rebaseline_every=8)
 NOISE = 0.012  # the run-to-run spread of the metric
 BASELINE_LOSS = 2.31

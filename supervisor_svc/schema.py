@@ -74,7 +74,7 @@ campaigns = sa.Table(
     # The StartCampaign idempotency key, and a digest of the spec it asked for.
     sa.Column("request_id", sa.String(256), nullable=True, unique=True),
     sa.Column("request_digest", sa.String(64), nullable=False),
-    # The validated spec (supervisor_svc.campaigns.model.CampaignSpec as JSON).
+    # The validated spec (supervisor_svc.campaigns.spec.CampaignSpec as JSON).
     sa.Column("spec", json_type(), nullable=False),
     # queued, running, sleeping, paused, stopped, completed, failed
     sa.Column("state", sa.String(16), nullable=False),

@@ -18,10 +18,11 @@ from quarry.notify import CommitSignal, listen_for_commits
 from quarry.research_plane import ResearchPlane
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import campaign_pb2, campaign_pb2_grpc, supervisor_pb2, supervisor_pb2_grpc
-from supervisor_svc.campaigns.loop import LoopDependencies, loop_factory
+from supervisor_svc.campaigns.loop import LoopDependencies, LoopSettings, loop_factory
 from supervisor_svc.campaigns.service import MAX_ACTIVE_CAMPAIGNS, CampaignLoopFactory, Campaigns
 from supervisor_svc.campaigns.servicer import CampaignServicer
 from supervisor_svc.campaigns.store import CAMPAIGN_EVENTS_CHANNEL, CampaignStore
+from supervisor_svc.campaigns.think import ThinkSettings
 from supervisor_svc.hosting.host import HostLimits
 from supervisor_svc.runs.run import RunDependencies
 from supervisor_svc.runs.service import Supervisor
@@ -119,6 +120,7 @@ async def build_host(
                 scratchpad=ResearchPlane(ScratchpadClient(channel)),
                 delegations=delegations,
                 monitor=MonitorClient(monitor_channel),
+                settings=LoopSettings(think=ThinkSettings(parallel_delegations=settings.max_parallel_delegations)),
             )
         )
     campaign_signal = CommitSignal()

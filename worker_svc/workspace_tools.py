@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from quarry.agent.tools import Tool, ToolError
 from quarry.compute import ComputeView, MonitorError
-from quarry.vocabulary import JobLook, JobRef
+from quarry.vocabulary import JobLook, JobRef, MetricDirection
 from quarry.workspace import Experiment, MetricWanted, WorkspaceView
 
 MAX_LISTED = 300  # tree entries shown to the model
@@ -219,7 +219,13 @@ async def launch_experiment(params: LaunchParams, context: WorkspaceAccess) -> s
         gpu_count=params.gpus,
         gpu_indices=tuple(params.gpu_indices),
         metrics=tuple(
-            MetricWanted(m.name, m.direction, log_regex=m.log_regex, jsonl_path=m.jsonl_file, jsonl_key=m.jsonl_key)
+            MetricWanted(
+                m.name,
+                MetricDirection(m.direction),
+                log_regex=m.log_regex,
+                jsonl_path=m.jsonl_file,
+                jsonl_key=m.jsonl_key,
+            )
             for m in params.metrics
         ),
         environment=params.environment,

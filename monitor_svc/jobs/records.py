@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from monitor_svc.jobs.spec import JobKind
-from monitor_svc.metrics import MetricDirection, MetricResult, MetricSpec
-from quarry.vocabulary import JobRef, JobState
+from monitor_svc.metrics import MetricResult, MetricSpec
+from quarry.vocabulary import JobRef, JobState, MetricDirection
 
 log = logging.getLogger(__name__)
 

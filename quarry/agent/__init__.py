@@ -1,5 +1,5 @@
-"""The bounded tool loop shared by the supervisor and the worker.
+"""The bounded tool loop shared by every agent: a run's supervisor, a worker, a campaign's THINK.
 
 Nothing here knows which service runs it: messages, truncation, the tool
-registry and the model client are the same for both.
+registry and the model client are the same for all of them.
 """

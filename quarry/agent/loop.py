@@ -1,7 +1,8 @@
 """The bounded tool loop: call the model, run the tools it asks for, repeat, within hard limits.
 
-Both the supervisor and the worker run this loop; they differ only in the
-tools they pass and in what they do with the answer. A run ends in exactly
+The supervisor's research runs, the workers' delegations and a campaign's THINK
+all run this loop; they differ only in the tools they pass and in what they do
+with the answer. A run ends in exactly
 one of: an answer, TurnBudgetExhausted, TokenBudgetExhausted, or the
 provider's ProviderError. A caller whose run ends with a structured output
 (a tool that takes it) passes `finished`, which ends the run after the turn

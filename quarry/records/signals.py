@@ -17,13 +17,13 @@ The rules, in short (docs/architecture.md, "Campaigns", says why):
 
 from __future__ import annotations
 
-import enum
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from quarry.records.campaign import LedgerRecord, Verdict
+from quarry.vocabulary import MetricDirection
 
 __all__ = [
     "DEFAULT_BASELINE_RUNS",
@@ -31,7 +31,6 @@ __all__ = [
     "DEFAULT_NOISE_EPSILON",
     "DEFAULT_REBASELINE_EVERY",
     "DEFAULT_STAGNATION_WINDOW",
-    "Direction",
     "Judgement",
     "MetricGoal",
     "NoiseFloor",
@@ -54,21 +53,16 @@ DEFAULT_STAGNATION_WINDOW = 10
 _MEASURED = frozenset({Verdict.KEEP, Verdict.DISCARD, Verdict.RETEST})
 
 
-class Direction(enum.StrEnum):
-    MINIMIZE = "minimize"
-    MAXIMIZE = "maximize"
-
-
 @dataclass(frozen=True)
 class MetricGoal:
     """The metric a campaign optimizes, by the name the monitor's parser reports it under."""
 
     name: str
-    direction: Direction
+    direction: MetricDirection
 
     def gain(self, value: float, over: float) -> float:
         """How much better `value` is than `over`; negative when it is worse."""
-        return over - value if self.direction is Direction.MINIMIZE else value - over
+        return over - value if self.direction is MetricDirection.MINIMIZE else value - over
 
     def clears(self, value: float, bar: float) -> bool:
         return self.gain(value, bar) >= 0
@@ -197,7 +191,7 @@ class Signals:
     def describe(self) -> str:
         """The signals as THINK and REFLECT read them, one per line."""
         goal, rules = self.goal, self.rules
-        better = "lower" if goal.direction is Direction.MINIMIZE else "higher"
+        better = "lower" if goal.direction is MetricDirection.MINIMIZE else "higher"
         lines = [f"metric: {goal.name} ({better} is better)"]
         if self.best is not None:
             lines.append(f"best so far: {_number(self.best)} at commit {self.best_commit or '(unknown)'}")

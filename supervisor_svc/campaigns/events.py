@@ -12,7 +12,7 @@ from quarry.convert import JOB_STATES, EnumMap, job_ref_to_proto, timestamp
 from quarry.records.campaign import LedgerRecord, Violation, ViolationKind
 from quarry.records.contract import ledger_row
 from quarry.v1 import campaign_pb2, monitor_pb2
-from supervisor_svc.campaigns.model import CampaignState, DirectiveState, JobProgress, Phase, SignalKind
+from supervisor_svc.campaigns.state import CampaignState, DirectiveState, JobProgress, Phase, SignalKind
 
 
 class Event:

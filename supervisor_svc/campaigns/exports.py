@@ -27,7 +27,7 @@ def workspace_exports(records: Sequence[CampaignRecord]) -> dict[str, str]:
 
 
 def experiments_jsonl(records: Sequence[CampaignRecord]) -> str:
-    """One JSON line per ledger record, in cycle order: the records exactly as stored."""
+    """One JSON line per trial (experiment row), in cycle order: the records exactly as stored."""
     return "".join(f"{record.to_json()}\n" for record in records if isinstance(record, LedgerRecord))
 
 

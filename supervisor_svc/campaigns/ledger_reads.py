@@ -15,8 +15,8 @@ from quarry.records.campaign import LedgerRecord
 from quarry.records.contract import ledger_record, ledger_rows
 from quarry.records.signals import Signals, read_signals
 from quarry.v1 import campaign_pb2
-from supervisor_svc.campaigns.model import CampaignRecord
 from supervisor_svc.campaigns.service import Campaigns
+from supervisor_svc.campaigns.state import CampaignRecord
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000

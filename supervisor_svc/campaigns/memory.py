@@ -45,7 +45,7 @@ class MemoryView:
 
 
 @dataclass(frozen=True)
-class ThinkContext:
+class ThinkBriefing:
     """Everything THINK is given besides its instructions."""
 
     memory: MemoryView
@@ -71,20 +71,20 @@ class ThinkContext:
 
 
 def memory_view(brief: str, records: Sequence[CampaignRecord], goal: MetricGoal) -> MemoryView:
-    ledger = _ledger(records)
-    milestones = _section(_MILESTONES, _milestones(ledger, goal), MILESTONES_CAP, "milestones")
+    trials = _trials(records)
+    milestones = _section(_MILESTONES, _milestones(trials, goal), MILESTONES_CAP, "milestones")
     decisions = [f"cycle {record.cycle}: {record.text}" for record in records if isinstance(record, Decision)]
     room = LOG_CAP - len(milestones) - 2  # the blank line between the sections
     latest = _section(_DECISIONS, decisions[-DECISIONS_KEPT:], room, "decisions", total=len(decisions))
     return MemoryView(brief, f"{milestones}\n\n{latest}")
 
 
-def think_context(brief: str, records: Sequence[CampaignRecord], signals: Signals) -> ThinkContext:
-    ledger = _ledger(records)
-    recent = [_experiment_line(record) for record in ledger]
+def think_briefing(brief: str, records: Sequence[CampaignRecord], signals: Signals) -> ThinkBriefing:
+    trials = _trials(records)
+    recent = [_experiment_line(record) for record in trials]
     dead_ends = [f"cycle {r.cycle}: {r.approach} -- {r.reason}" for r in records if isinstance(r, DeadEnd)]
     insights = [f"cycle {record.cycle}: {record.text}" for record in records if isinstance(record, Insight)]
-    return ThinkContext(
+    return ThinkBriefing(
         memory=memory_view(brief, records, signals.goal),
         signals=signals.describe(),
         recent_experiments=_bounded(recent[-RECENT_EXPERIMENTS:], RECENT_EXPERIMENTS_CAP, "experiments", len(recent)),
@@ -104,20 +104,21 @@ def pending_directives(records: Sequence[CampaignRecord]) -> tuple[Directive, ..
     return tuple(pending.values())
 
 
-def _ledger(records: Sequence[CampaignRecord]) -> list[LedgerRecord]:
+def _trials(records: Sequence[CampaignRecord]) -> list[LedgerRecord]:
+    """The experiment rows (trials), in cycle order."""
     return [record for record in records if isinstance(record, LedgerRecord)]
 
 
-def _milestones(ledger: Sequence[LedgerRecord], goal: MetricGoal) -> list[str]:
+def _milestones(trials: Sequence[LedgerRecord], goal: MetricGoal) -> list[str]:
     """One line per baseline batch and per kept improvement, in cycle order."""
     lines: list[tuple[int, str]] = []
-    for batch in baseline_batches(ledger):
+    for batch in baseline_batches(trials):
         values = [value for record in batch if (value := record.metric(goal.name)) is not None]
         first, last = batch[0].cycle, batch[-1].cycle
         cycles = f"cycle {first}" if first == last else f"cycles {first}-{last}"
         mean = f"{sum(values) / len(values):.6g}" if values else "no value"
         lines.append((first, f"{cycles}: baseline {goal.name} {mean} over {len(values)} runs{_at(batch[-1])}"))
-    for record in ledger:
+    for record in trials:
         if record.verdict is Verdict.KEEP:
             kept = f"kept {goal.name} {_value(record, goal.name)}{_at(record)}"
             lines.append((record.cycle, f"cycle {record.cycle}: {kept}: {record.hypothesis}"))

@@ -38,18 +38,8 @@ from quarry.notify import CommitSignal
 from quarry.records.campaign import LedgerRecord
 from supervisor_svc.campaigns import events
 from supervisor_svc.campaigns.events import Event
-from supervisor_svc.campaigns.model import (
-    CampaignRecord,
-    CampaignSpec,
-    CampaignState,
-    DirectiveRecord,
-    Phase,
-    Progress,
-    check_campaign_id,
-    check_directive,
-    reason_text,
-    validate_spec,
-)
+from supervisor_svc.campaigns.spec import CampaignSpec, check_campaign_id, check_directive, reason_text, validate_spec
+from supervisor_svc.campaigns.state import CampaignRecord, CampaignState, DirectiveRecord, Phase, Progress
 from supervisor_svc.campaigns.store import CampaignLost, CampaignStore
 from supervisor_svc.hosting.following import EventLogWriter
 from supervisor_svc.hosting.host import Host, HostLimits, Tenant

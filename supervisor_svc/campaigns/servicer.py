@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 from google.protobuf import timestamp_pb2
 
-from quarry.convert import EnumMap, duration, duration_seconds, timestamp
+from quarry.convert import METRIC_DIRECTIONS, duration, duration_seconds, metric_spec_to_proto, timestamp
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.records.contract import signals_to_proto
 from quarry.records.signals import (
@@ -18,32 +18,15 @@ from quarry.records.signals import (
     DEFAULT_NOISE_EPSILON,
     DEFAULT_REBASELINE_EVERY,
     DEFAULT_STAGNATION_WINDOW,
-    Direction,
 )
 from quarry.v1 import campaign_pb2, campaign_pb2_grpc, monitor_pb2
 from supervisor_svc.campaigns.events import DIRECTIVE_STATES, PHASES, STATES
 from supervisor_svc.campaigns.ledger_reads import ledger_page, standing
 from supervisor_svc.campaigns.limiter import DEFAULT_MAX_CONSECUTIVE_FAILURES
-from supervisor_svc.campaigns.model import (
-    Brief,
-    Budgets,
-    CampaignRecord,
-    CampaignSpec,
-    DirectiveRecord,
-    Experiment,
-    Metric,
-    Rules,
-    SlurmBatch,
-    Workspace,
-)
 from supervisor_svc.campaigns.service import Campaigns
+from supervisor_svc.campaigns.spec import Brief, Budgets, CampaignSpec, Experiment, Metric, Rules, SlurmBatch, Workspace
+from supervisor_svc.campaigns.state import CampaignRecord, DirectiveRecord
 
-_DIRECTIONS: EnumMap[Direction, monitor_pb2.MetricDirection.ValueType] = EnumMap(
-    {
-        Direction.MINIMIZE: monitor_pb2.METRIC_DIRECTION_MINIMIZE,
-        Direction.MAXIMIZE: monitor_pb2.METRIC_DIRECTION_MAXIMIZE,
-    }
-)
 # The range a Timestamp may hold (years 1 to 9999).
 _MIN_SECONDS, _MAX_SECONDS = -62_135_596_800, 253_402_300_799
 
@@ -74,7 +57,7 @@ def spec_from_proto(message: campaign_pb2.CampaignSpec) -> CampaignSpec:
         workspace=Workspace(root=workspace.root, host=workspace.host),
         metric=Metric(
             name=metric.name,
-            direction=_DIRECTIONS.from_proto(metric.direction),
+            direction=METRIC_DIRECTIONS.from_proto(metric.direction),
             log_regex=metric.log_regex,
             jsonl_path=metric.jsonl_file.path,
             jsonl_key=metric.jsonl_file.key,
@@ -115,13 +98,14 @@ def spec_from_proto(message: campaign_pb2.CampaignSpec) -> CampaignSpec:
 
 def spec_to_proto(spec: CampaignSpec) -> campaign_pb2.CampaignSpec:
     """The spec as the campaign keeps it: argv (never command_line), every default spelled out."""
-    metric = monitor_pb2.MetricSpec(name=spec.metric.name)
-    if spec.metric.direction is not None:
-        metric.direction = _DIRECTIONS.to_proto(spec.metric.direction)
-    if spec.metric.log_regex:
-        metric.log_regex = spec.metric.log_regex
-    else:
-        metric.jsonl_file.CopyFrom(monitor_pb2.JsonlMetric(path=spec.metric.jsonl_path, key=spec.metric.jsonl_key))
+    wanted = spec.metric
+    metric = metric_spec_to_proto(
+        wanted.name,
+        wanted.direction,
+        log_regex=wanted.log_regex,
+        jsonl_path=wanted.jsonl_path,
+        jsonl_key=wanted.jsonl_key,
+    )
     experiment = campaign_pb2.CampaignExperiment(
         argv=spec.experiment.argv,
         gpus=monitor_pb2.GpuRequest(count=spec.experiment.gpu_count, indices=spec.experiment.gpu_indices),

@@ -26,11 +26,11 @@ from quarry.notify import notify_on_commit
 from quarry.records.campaign import LedgerRecord
 from supervisor_svc.campaigns import events
 from supervisor_svc.campaigns.events import Event
-from supervisor_svc.campaigns.model import (
+from supervisor_svc.campaigns.spec import CampaignSpec
+from supervisor_svc.campaigns.state import (
     ENDED_STATES,
     LIVE_STATES,
     CampaignRecord,
-    CampaignSpec,
     CampaignState,
     DirectiveRecord,
     DirectiveState,

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from opentelemetry import trace
 from pydantic import ValidationError
@@ -30,9 +31,8 @@ from quarry.research_plane import ResearchPlane
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc.runs.budget import RunAccount, TokenBudget
-from supervisor_svc.runs.domain import DelegationOrder, ResearchPhase
+from supervisor_svc.runs.domain import DelegationOrder, ResearchPhase, RunUsage
 from supervisor_svc.runs.ledger import RunLedger
-from supervisor_svc.runs.publishing import RunPublisher
 from supervisor_svc.runs.tools import DELEGATE_TOOL, DelegateParams
 from supervisor_svc.runs.worker_client import DelegationClient
 
@@ -75,6 +75,19 @@ class Contract:
     objective: str
     criteria: tuple[str, ...] = ()
     input_refs: tuple[str, ...] = ()
+    workspace_id: str = ""  # an engineer's: the monitor workspace it edits
+    max_turns: int = 0  # 0: the desk's
+    timeout_seconds: float = 0.0  # 0: until the desk's deadline (which bounds it either way)
+
+
+class DelegationEvents(Protocol):
+    """Where the desk tells how its delegations go (a run's publisher; a campaign tells nobody)."""
+
+    async def status(
+        self, phase: ResearchPhase, message: str, *, delegation_id: str = "", worker_id: str = ""
+    ) -> None: ...
+
+    async def delegation_ended(self, result: DelegationResult, usage: RunUsage) -> None: ...
 
 
 class Delegator:
@@ -90,7 +103,7 @@ class Delegator:
         scratchpad: ResearchPlane,
         account: RunAccount,
         budget: TokenBudget,
-        publisher: RunPublisher,
+        publisher: DelegationEvents,
         ledger: RunLedger,
     ) -> None:
         self._run_id = run_id
@@ -181,6 +194,7 @@ class Delegator:
         return result
 
     def _order(self, contract: Contract, key: str, delegation_id: str, ways: int) -> DelegationOrder:
+        left = self._deadline - time.monotonic()
         return DelegationOrder(
             delegation_id=delegation_id,
             run_id=self._run_id,
@@ -190,9 +204,10 @@ class Delegator:
             criteria=contract.criteria,
             input_refs=contract.input_refs,
             role=contract.role,
-            max_turns=self._worker_max_turns,
+            max_turns=contract.max_turns or self._worker_max_turns,
             max_tokens=self._budget.share(ways),
-            timeout_seconds=self._deadline - time.monotonic(),
+            timeout_seconds=min(left, contract.timeout_seconds) if contract.timeout_seconds else left,
+            workspace_id=contract.workspace_id,
         )
 
     async def _run(self, order: DelegationOrder) -> DelegationResult:

@@ -18,8 +18,8 @@ from quarry.clients.channels import open_channel
 from quarry.config import QuarrySettings, SupervisorSettings
 from quarry.server import ServiceHost
 from quarry.v1 import campaign_pb2, monitor_pb2
-from supervisor_svc.campaigns.model import Phase
 from supervisor_svc.campaigns.service import CampaignHandle, CampaignLoop
+from supervisor_svc.campaigns.state import Phase
 from supervisor_svc.service import build_host as build_supervisor
 from tests.conftest import reusable_port
 from tests.fakes.openai_server import ScriptedModel

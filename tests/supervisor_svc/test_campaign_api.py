@@ -25,9 +25,10 @@ from quarry.records.campaign import LedgerRecord, Verdict
 from quarry.records.contract import signals_to_proto
 from quarry.records.signals import read_signals
 from quarry.v1 import campaign_pb2
-from supervisor_svc.campaigns.model import CampaignState, Phase, Progress, validate_spec
 from supervisor_svc.campaigns.service import MAX_ACTIVE_CAMPAIGNS, Campaigns
 from supervisor_svc.campaigns.servicer import spec_from_proto, spec_to_proto
+from supervisor_svc.campaigns.spec import validate_spec
+from supervisor_svc.campaigns.state import CampaignState, Phase, Progress
 from supervisor_svc.campaigns.store import CampaignLost, CampaignStore
 from supervisor_svc.hosting.host import HostLimits
 from supervisor_svc.schema import campaigns as campaigns_table

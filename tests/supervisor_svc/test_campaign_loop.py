@@ -1,129 +1,47 @@
-"""The campaign loop end to end over real gRPC: scratchpad, monitor, an engineer worker and the supervisor (its
-real loop, wired by build_host from the monitor's address) in this process, a scripted model, and a tiny CPU
-"training" script in a temporary git workspace: gradient descent on (x - 3)^2 whose learning rate and steps live
-in config.json, printing its validation loss with a little noise.
+"""The campaign loop end to end over real gRPC, on the lab of tests/supervisor_svc/campaign_lab.py.
 
 One campaign of six cycles: the unchanged baseline three times (the noise floor), an improvement beyond the noise
 kept (its commit stays on the campaign's branch), a regression discarded (the workspace back at the kept commit,
 file and HEAD), a crashing experiment recorded FAILED with a dead end and no metric; a directive read by one
-THINK only; and no model call while any job ran. Then: a supervisor restarted mid-experiment (in this process,
-and SIGKILLed as a process among `quarry serve` processes) finds the job again; a retest inside the noise;
-stagnation and the phase gate; the limiter's sleep.
+THINK only; and no model call while any job ran. Then: a supervisor restarted mid-experiment (in this process)
+finds the job again; a THINK interrupted is redone; a retest inside the noise; research before the change;
+stagnation and the phase gate; the limiter's sleep; a job over its time limit; a workspace refused.
+The same decisions run in milliseconds on in-memory ports in tests/supervisor_svc/campaigns/test_cycle.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import re
-import subprocess
-import sys
-import time
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from monitor_svc.service import build_host as build_monitor
-from quarry.clients.campaigns import CampaignsClient
-from quarry.clients.channels import open_channel
-from quarry.clients.scratchpad import ScratchpadClient
-from quarry.config import MonitorSettings, QuarrySettings, ScratchpadSettings, SupervisorSettings, WorkerSettings
-from quarry.identity import MeshRole
-from quarry.mesh_auth import MeshKeys
+from quarry.config import MonitorSettings
 from quarry.v1 import campaign_pb2, monitor_pb2, scratchpad_pb2
-from scratchpad_svc.service import build_host as build_scratchpad
-from supervisor_svc.campaigns.loop import INSTRUCTIONS
-from supervisor_svc.service import build_host as build_supervisor
-from tests.conftest import ServiceProcess, reusable_port, start_service, stop_service
-from tests.fakes.choreography import Choreography, agent_of
-from tests.fakes.openai_server import Await, Call, HttpError, Reply, ScriptedModel, Step
-from tests.monitor_svc.fake_ssh import FakeHost, fake_ssh_host
-from worker_svc.service import build_host as build_worker
-
-TRAIN = """\
-import json, random, time
-
-config = json.load(open("config.json"))
-x = 0.0
-for step in range(config["steps"]):
-    x -= config["lr"] * 2 * (x - 3.0)  # gradient descent on (x - 3)^2
-time.sleep(config.get("sleep", 0.5))
-print(f"val_loss={(x - 3.0) ** 2 + random.uniform(0, 0.002):.6f}", flush=True)
-"""
-BASELINE_CONFIG = '{"lr": 0.01, "steps": 20}\n'  # val_loss about 4.0
-BETTER_CONFIG = '{"lr": 0.1, "steps": 20}\n'  # about 0.0013: far beyond the noise
-WORSE_CONFIG = '{"lr": 0.001, "steps": 20}\n'  # about 8.6
-BROKEN_CONFIG = '{"lr": 0.1, "steps": \n'  # the script crashes reading it
-DIRECTIVE = "Try a larger learning rate first."
-LEADER = INSTRUCTIONS.split("\n", 1)[0]
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
-def make_project(roots: Path) -> Path:
-    project = roots / "project"
-    project.mkdir(parents=True)
-    (project / "train.py").write_text(TRAIN)
-    (project / "config.json").write_text(BASELINE_CONFIG)
-    (project / "train.sh").write_text(f"exec {sys.executable} train.py\n")  # what a campaign through Slurm submits
-    git(project, "init", "-q", "-b", "main")
-    git(project, "-c", "user.name=T", "-c", "user.email=t@example.com", "add", "-A")
-    git(project, "-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "-q", "-m", "initial")
-    return project.resolve()
-
-
-@dataclass
-class Script:
-    """The leader's and the engineer's turns, told apart by the leader's instructions, and any researcher's, by its
-    task's objective; each request's time."""
-
-    leader: deque[Step] = field(default_factory=deque)
-    engineer: deque[Step] = field(default_factory=deque)
-    researchers: Choreography = field(default_factory=Choreography)
-    leader_requests: list[dict[str, Any]] = field(default_factory=list)
-    times: list[float] = field(default_factory=list)
-
-    def __call__(self, body: dict[str, Any]) -> Step:
-        self.times.append(time.time())
-        if LEADER in (body["messages"][0].get("content") or ""):
-            self.leader_requests.append(body)
-            queue = self.leader
-        elif agent_of(body) in self.researchers.scripts:
-            return self.researchers(body)
-        else:
-            queue = self.engineer
-        return queue.popleft() if queue else HttpError(400, message="no script left")
-
-    def cycle(self, change: str, config: str, hypothesis: str) -> None:
-        self.leader.extend(
-            [
-                Reply(calls=(Call("delegate_engineer", {"change": change}, f"e-{len(self.leader)}"),)),
-                Reply(content=hypothesis),
-            ]
-        )
-        self.engineer.extend(
-            [
-                Reply(calls=(Call("write_file", {"path": "config.json", "content": config}, "w"),)),
-                Reply(content=f"config.json now says {config.strip()}"),
-            ]
-        )
-
-
-@dataclass
-class Lab:
-    project: Path
-    campaigns: CampaignsClient
-    scratchpad: ScratchpadClient
-    script: Script
-    restart: Callable[[], Awaitable[None]]
+from tests.fakes.openai_server import Await, Call, Reply, ScriptedModel
+from tests.supervisor_svc.campaign_lab import (
+    BASELINE,
+    BASELINE_CONFIG,
+    BETTER_CONFIG,
+    BROKEN_CONFIG,
+    DIRECTIVE,
+    DISCARD,
+    FAILED,
+    KEEP,
+    RETEST,
+    WORSE_CONFIG,
+    Lab,
+    assert_measured_kept_and_discarded,
+    git,
+    make_project,
+    open_lab,
+    run_campaign,
+    script_keep_then_discard,
+    spec,
+)
 
 
 @pytest.fixture
@@ -135,122 +53,6 @@ async def lab(tmp_path: Path, model: ScriptedModel) -> AsyncIterator[Lab]:
     )
     async with open_lab(tmp_path, model, project, monitor_settings) as opened:
         yield opened
-
-
-@contextlib.asynccontextmanager
-async def open_lab(
-    tmp_path: Path, model: ScriptedModel, project: Path, monitor_settings: MonitorSettings
-) -> AsyncIterator[Lab]:
-    """Scratchpad, a monitor with these settings, an engineer worker and the supervisor, for a campaign on
-    `project`."""
-    script = Script()
-    model.default = script
-    common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=1)
-    async with (
-        await build_scratchpad(ScratchpadSettings(address="127.0.0.1:0"), common) as scratchpad,
-        await build_monitor(monitor_settings, common) as monitor,
-    ):
-        worker = await build_worker(
-            WorkerSettings(
-                address="127.0.0.1:0",
-                database_url=f"sqlite:///{tmp_path / 'worker.db'}",
-                scratchpad_address=scratchpad.address,
-                monitor_address=monitor.address,
-                model_base_url=model.base_url,
-                model_name="scripted",
-            ),
-            common,
-        )
-        async with worker, contextlib.AsyncExitStack() as stack:
-            settings = SupervisorSettings(
-                address=f"127.0.0.1:{reusable_port()}",
-                database_url=f"sqlite:///{tmp_path / 'supervisor.db'}",
-                scratchpad_address=scratchpad.address,
-                worker_addresses=worker.address,
-                monitor_address=monitor.address,
-                model_base_url=model.base_url,
-                model_name="scripted",
-            )
-            supervisor = await stack.enter_async_context(await build_supervisor(settings, common))
-
-            async def restart() -> None:
-                """Stop the supervisor (its loops stop where they are) and start another on its database."""
-                nonlocal supervisor
-                await supervisor.__aexit__(None, None, None)
-                supervisor = await build_supervisor(settings, common)
-                await supervisor.__aenter__()
-
-            try:
-                async with (
-                    open_channel(settings.address) as channel,
-                    open_channel(scratchpad.address) as scratchpad_channel,
-                ):
-                    yield Lab(project, CampaignsClient(channel), ScratchpadClient(scratchpad_channel), script, restart)
-            finally:
-                await supervisor.__aexit__(None, None, None)
-
-
-def spec(project: Path, cycles: int) -> campaign_pb2.CampaignSpec:
-    message = campaign_pb2.CampaignSpec(
-        title="tiny",
-        brief=campaign_pb2.CampaignBrief(goal="Lower the validation loss.", protected_paths=["train.py"]),
-        workspace=campaign_pb2.CampaignWorkspace(root=str(project)),
-        metric=monitor_pb2.MetricSpec(
-            name="val_loss", direction=monitor_pb2.METRIC_DIRECTION_MINIMIZE, log_regex=r"val_loss=([0-9.]+)"
-        ),
-        experiment=campaign_pb2.CampaignExperiment(argv=[sys.executable, "train.py"]),
-        budgets=campaign_pb2.CampaignBudgets(max_cycles=cycles),
-    )
-    message.experiment.wall_clock_limit.FromSeconds(60)
-    return message
-
-
-KEEP = campaign_pb2.LEDGER_VERDICT_KEEP
-DISCARD = campaign_pb2.LEDGER_VERDICT_DISCARD
-FAILED = campaign_pb2.LEDGER_VERDICT_FAILED
-BASELINE = campaign_pb2.LEDGER_VERDICT_BASELINE
-
-
-@dataclass
-class Ran:
-    """A campaign run to its end: its events and its ledger rows."""
-
-    campaign_id: str
-    stream: list[campaign_pb2.CampaignEvent]
-    rows: list[campaign_pb2.LedgerRow]
-
-
-async def run_campaign(lab: Lab, message: campaign_pb2.CampaignSpec, request_id: str, *directives: str) -> Ran:
-    campaign = await lab.campaigns.start_campaign(message, request_id=request_id)
-    for index, directive in enumerate(directives, 1):
-        await lab.campaigns.send_directive(campaign.campaign_id, directive, request_id=f"directive-{index}")
-    stream = [event async for event in lab.campaigns.stream_campaign(campaign.campaign_id)]
-    assert stream[-1].ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED, stream[-1].ended.reason
-    rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
-    return Ran(campaign.campaign_id, stream, rows)
-
-
-def script_keep_then_discard(script: Script) -> None:
-    """The happy path's two THINKs: an improvement far beyond the noise, then a regression."""
-    script.cycle("Set lr to 0.1 in config.json.", BETTER_CONFIG, "A larger learning rate converges faster.")
-    script.cycle("Set lr to 0.001 in config.json.", WORSE_CONFIG, "A smaller learning rate is more stable.")
-
-
-def assert_measured_kept_and_discarded(project: Path, ran: Ran, initial: str) -> None:
-    """The happy path's five cycles: the unchanged baseline three times, the improvement kept (its commit on the
-    campaign's branch), the regression discarded (the workspace back at the kept commit, file and HEAD)."""
-    rows = ran.rows
-    assert [row.verdict for row in rows[:5]] == [BASELINE, BASELINE, BASELINE, KEEP, DISCARD]
-    kept, discarded = rows[3], rows[4]
-    assert {row.commit for row in rows[:3]} == {initial}
-    assert all(3.9 < row.metrics[0].value < 4.1 for row in rows[:3])
-    assert kept.metrics[0].value < 0.01 and discarded.metrics[0].value > 8
-    assert git(project, "rev-parse", "--abbrev-ref", "HEAD") == f"quarry/{ran.campaign_id}"
-    assert git(project, "rev-parse", "HEAD") == kept.commit
-    assert git(project, "show", f"{kept.commit}:config.json") + "\n" == BETTER_CONFIG
-    assert (project / "config.json").read_text() == BETTER_CONFIG
-    assert discarded.commit not in {initial, kept.commit}
-    assert git(project, "show", f"{discarded.commit}:config.json") + "\n" == WORSE_CONFIG
 
 
 async def test_a_campaign_measures_keeps_discards_and_fails_by_code_with_no_model_call_while_a_job_runs(
@@ -375,94 +177,6 @@ async def test_a_think_interrupted_after_its_engineer_finished_is_redone_from_th
     assert git(lab.project, "show", f"{rows[3].commit}:config.json") + "\n" == BETTER_CONFIG
 
 
-async def test_over_processes_a_sigkilled_supervisor_is_restarted_and_its_campaign_runs_on_without_a_second_launch(
-    tmp_path: Path, model: ScriptedModel
-) -> None:
-    """Scratchpad, monitor, an engineer worker and the supervisor as `quarry serve` processes with mesh tokens;
-    the supervisor SIGKILLed while cycle 4's experiment runs, then started again on its database."""
-    script = Script()
-    model.default = script
-    slow = '{"lr": 0.1, "steps": 20, "sleep": 3}\n'
-    script.cycle("Set lr to 0.1 in config.json.", slow, "A larger learning rate converges faster.")
-    script.cycle("Set lr to 0.001 in config.json.", WORSE_CONFIG, "A smaller learning rate is more stable.")
-    roots = (tmp_path / "roots").resolve()
-    project = make_project(roots)
-    keys = MeshKeys.generate()
-    common = {"QUARRY_DATA_DIR": str(tmp_path / "data"), "QUARRY_LOG_LEVEL": "WARNING"}
-    started: list[ServiceProcess] = []
-
-    def start(name: str, env: dict[str, str], role: MeshRole | None) -> ServiceProcess:
-        started.append(start_service(name, {**common, **keys.environment(role), **env}, tmp_path))
-        return started[-1]
-
-    try:
-        scratchpad = await asyncio.to_thread(start, "scratchpad", {}, None)
-        monitor_env = {
-            "QUARRY_MONITOR_ALLOW_JOB_SUBMISSION": "true",
-            "QUARRY_MONITOR_WORKSPACE_ROOTS": json.dumps([str(roots)]),
-            "QUARRY_MONITOR_JOB_POLL_SECONDS": "0.2",
-        }
-        monitor = await asyncio.to_thread(start, "monitor", monitor_env, None)
-        model_env = {"QUARRY_MODEL_BASE_URL": model.base_url, "QUARRY_MODEL_NAME": "scripted"}
-        worker_env = {
-            **model_env,
-            "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{tmp_path / 'worker.db'}",
-            "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad.address,
-            "QUARRY_WORKER_MONITOR_ADDRESS": monitor.address,
-        }
-        worker = await asyncio.to_thread(start, "worker", worker_env, MeshRole.WORKER)
-        supervisor_env = {
-            **model_env,
-            "QUARRY_SUPERVISOR_DATABASE_URL": f"sqlite:///{tmp_path / 'supervisor.db'}",
-            "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS": scratchpad.address,
-            "QUARRY_SUPERVISOR_WORKER_ADDRESSES": worker.address,
-            "QUARRY_SUPERVISOR_MONITOR_ADDRESS": monitor.address,
-            "QUARRY_SUPERVISOR_RUN_LEASE_SECONDS": "2",
-        }
-        supervisor = await asyncio.to_thread(start, "supervisor", supervisor_env, MeshRole.SUPERVISOR)
-
-        async with open_channel(supervisor.address) as channel:
-            campaigns = CampaignsClient(channel)
-            campaign = await campaigns.start_campaign(spec(project, cycles=5), request_id="lab-processes")
-            before: list[campaign_pb2.CampaignEvent] = []
-            async for event in campaigns.stream_campaign(campaign.campaign_id):
-                before.append(event)
-                changed = event.phase_changed
-                if changed.cycle == 4 and changed.phase == campaign_pb2.CAMPAIGN_PHASE_WAITING:
-                    break
-        job_id = before[-1].phase_changed.message.removeprefix("job ")
-        supervisor.process.kill()  # SIGKILL: no lease given up, no loop told
-        supervisor.process.wait()
-
-        again = await asyncio.to_thread(start, "supervisor", supervisor_env, MeshRole.SUPERVISOR)
-        async with open_channel(again.address) as channel:
-            campaigns = CampaignsClient(channel)
-            after = [
-                event
-                async for event in campaigns.stream_campaign(
-                    campaign.campaign_id, after_sequence_no=before[-1].sequence_no
-                )
-            ]
-    finally:
-        for service in reversed(started):
-            stop_service(service)
-
-    assert after[-1].ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED, after[-1].ended.reason
-    rows = [event.ledger_recorded for event in [*before, *after] if event.HasField("ledger_recorded")]
-    assert [row.cycle for row in rows] == [1, 2, 3, 4, 5]
-    assert [row.verdict for row in rows] == [BASELINE, BASELINE, BASELINE, KEEP, DISCARD]
-    assert rows[3].job_id == job_id
-    # Cycle 4 was neither thought out nor launched again: two THINKs of two turns in all, one job for cycle 4.
-    assert len(script.leader_requests) == 4
-    waits = [e.phase_changed for e in after if e.phase_changed.phase == campaign_pb2.CAMPAIGN_PHASE_WAITING]
-    assert (waits[0].cycle, waits[0].message) == (4, f"job {job_id}")
-    assert git(project, "rev-parse", "HEAD") == rows[3].commit
-    assert (project / "config.json").read_text() == slow
-
-
-RETEST = campaign_pb2.LEDGER_VERDICT_RETEST
-
-
 async def test_an_improvement_inside_the_noise_is_retested_without_thinking_then_discarded(lab: Lab) -> None:
     lab.script.cycle("Set lr to 0.1 in config.json.", BETTER_CONFIG, "A larger learning rate converges faster.")
     initial = git(lab.project, "rev-parse", "HEAD")
@@ -529,6 +243,15 @@ async def test_a_leader_has_the_literature_researched_then_the_engineer_makes_th
     entries = await lab.scratchpad.read_all(campaign.campaign_id)
     notes = [e.content for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_NOTE]
     assert notes == ["step sizes up to 1/L converge"]
+    # Both delegations went through the run's delegation desk: each assigned, routed and its usage recorded.
+    assigned = [json.loads(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_ASSIGNMENT]
+    assert [(a["role"], a["objective"]) for a in assigned] == [
+        ("researcher", RESEARCH),
+        ("engineer", "Set lr to 0.1 in config.json."),
+    ]
+    delegations = {a["delegation_id"] for a in assigned}
+    for kind in (scratchpad_pb2.ENTRY_KIND_ROUTE, scratchpad_pb2.ENTRY_KIND_USAGE):
+        assert {json.loads(e.content)["delegation_id"] for e in entries if e.kind == kind} == delegations, kind
 
 
 async def test_stagnation_is_signalled_and_the_phase_gate_completes_the_campaign(lab: Lab) -> None:
@@ -605,74 +328,3 @@ async def test_a_workspace_the_monitor_refuses_pauses_the_campaign_with_the_reas
     paused = await lab.campaigns.get_campaign(campaign.campaign_id)
     assert paused.state == campaign_pb2.CAMPAIGN_STATE_PAUSED
     assert lab.script.times == []
-
-
-# -- the happy path on an SSH host, and through Slurm --------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def remote_lab(tmp_path: Path, model: ScriptedModel) -> AsyncIterator[tuple[Lab, FakeHost]]:
-    """The lab with its workspace on the SSH host gpu1 (tests/monitor_svc/fake_ssh.py, on loopback): the monitor
-    opens and edits it over SSH and runs its jobs there, their logs under the host's log root."""
-    project = make_project(tmp_path / "roots")
-    (tmp_path / "logs").mkdir()  # the host's log root
-    async with fake_ssh_host(tmp_path) as host:
-        settings = host.settings(workspace_roots=[str(project.parent)], job_poll_seconds=0.2)
-        async with open_lab(tmp_path, model, project, settings) as opened:
-            yield opened, host
-
-
-def on_the_host(project: Path) -> campaign_pb2.CampaignSpec:
-    message = spec(project, cycles=5)
-    message.workspace.host = "gpu1"
-    return message
-
-
-def jobs_by_cycle(ran: Ran) -> dict[int, monitor_pb2.JobRef]:
-    return {event.job_progress.cycle: event.job_progress.job for event in ran.stream if event.HasField("job_progress")}
-
-
-def assert_each_metric_is_the_monitors_reading_of_the_jobs_log(ran: Ran, log_root: Path) -> None:
-    """Each cycle's value is what its job printed in its log on the host, as the monitor read it."""
-    for row in ran.rows:
-        printed = re.findall(r"val_loss=([0-9.]+)", (log_root / f"{row.job_id}.log").read_text())
-        assert [float(value) for value in printed] == [row.metrics[0].value], row.cycle
-
-
-async def test_the_happy_path_with_the_workspace_on_an_ssh_host(tmp_path: Path, model: ScriptedModel) -> None:
-    async with remote_lab(tmp_path, model) as (lab, host):
-        script_keep_then_discard(lab.script)
-        initial = git(lab.project, "rev-parse", "HEAD")
-        ran = await run_campaign(lab, on_the_host(lab.project), "lab-ssh")
-
-    assert_measured_kept_and_discarded(lab.project, ran, initial)
-    jobs = jobs_by_cycle(ran)
-    assert sorted(jobs) == [1, 2, 3, 4, 5]
-    assert all(job.WhichOneof("target") == "remote" and job.remote.host == "gpu1" for job in jobs.values()), jobs
-    launches = [command for command in host.commands if sys.executable in command and "train.py" in command]
-    assert len(launches) == 5, "each experiment started over SSH, once"
-    assert_each_metric_is_the_monitors_reading_of_the_jobs_log(ran, tmp_path / "logs")
-
-
-async def test_the_happy_path_through_slurm(tmp_path: Path, model: ScriptedModel) -> None:
-    async with remote_lab(tmp_path, model) as (lab, host):
-        host.run_batch_jobs()
-        script_keep_then_discard(lab.script)
-        initial = git(lab.project, "rev-parse", "HEAD")
-        message = on_the_host(lab.project)
-        message.experiment.ClearField("argv")
-        message.experiment.slurm.script_path = "train.sh"
-        message.experiment.slurm.sbatch_args.append("--partition=cpu")
-        ran = await run_campaign(lab, message, "lab-slurm")
-
-    assert_measured_kept_and_discarded(lab.project, ran, initial)
-    jobs = jobs_by_cycle(ran)
-    assert [(job.slurm.host, job.slurm.job_id) for _, job in sorted(jobs.items())] == [
-        ("gpu1", str(job_id)) for job_id in range(101, 106)
-    ]
-    submissions = host.batch_submissions()
-    assert len(submissions) == 5, "each experiment submitted once"
-    for arguments in submissions:
-        assert arguments[:2] == ["--parsable", "--partition=cpu"] and arguments[-1] == f"{lab.project}/train.sh"
-        assert f"--chdir={lab.project}" in arguments and "--time=0-00:01:00" in arguments
-    assert_each_metric_is_the_monitors_reading_of_the_jobs_log(ran, tmp_path / "logs")

@@ -21,8 +21,9 @@ from quarry.cli.ask import name_of
 from quarry.clients.campaigns import CampaignsClient
 from quarry.records import signals as defaults
 from quarry.records.contract import ledger_record
-from quarry.records.signals import Direction, MetricGoal, SignalRules, read_signals
+from quarry.records.signals import MetricGoal, SignalRules, read_signals
 from quarry.v1 import campaign_pb2, monitor_pb2
+from quarry.vocabulary import MetricDirection
 
 _SHOWN_ROWS = 8
 _SHOWN_LOG_LINES = 10
@@ -58,7 +59,7 @@ def ledger_table(rows: Sequence[campaign_pb2.LedgerRow], metric: str) -> Table:
 def signal_inputs(spec: campaign_pb2.CampaignSpec) -> tuple[MetricGoal, SignalRules]:
     """The metric goal and signal rules of a campaign's spec, unset values as the server reads them."""
     maximize = spec.metric.direction == monitor_pb2.METRIC_DIRECTION_MAXIMIZE
-    goal = MetricGoal(spec.metric.name, Direction.MAXIMIZE if maximize else Direction.MINIMIZE)
+    goal = MetricGoal(spec.metric.name, MetricDirection.MAXIMIZE if maximize else MetricDirection.MINIMIZE)
     rules = spec.signals
 
     def optional(name: Any, default: int) -> int:  # Any: HasField's stubs take only literal names

@@ -21,9 +21,9 @@ from quarry.cli.lab.spec import SpecError, load_settings, settings_from_flags, s
 from quarry.cli.lab.view import CampaignView
 from quarry.records.campaign import LedgerRecord, Verdict
 from quarry.v1 import campaign_pb2, monitor_pb2
-from quarry.vocabulary import JobRef, JobState
+from quarry.vocabulary import JobRef, JobState, MetricPoint
 from supervisor_svc.campaigns import events
-from supervisor_svc.campaigns.model import CampaignState, JobProgress, MetricPoint, Phase, Progress
+from supervisor_svc.campaigns.state import CampaignState, JobProgress, Phase, Progress
 from tests.fakes.openai_server import ScriptedModel
 from tests.supervisor_svc.campaign_loops import ServedCampaigns, campaign_spec, serve_campaigns
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from quarry.records.campaign import LedgerRecord, Verdict
-from quarry.records.signals import Direction, MetricGoal
-from quarry.vocabulary import JobState
+from quarry.records.signals import MetricGoal
+from quarry.vocabulary import JobState, MetricDirection
 
-LOSS = MetricGoal("val_loss", Direction.MINIMIZE)
+LOSS = MetricGoal("val_loss", MetricDirection.MINIMIZE)
 START = datetime(2025, 1, 1, tzinfo=UTC)
 CYCLE_MINUTES = 10
 

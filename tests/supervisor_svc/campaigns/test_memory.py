@@ -26,7 +26,7 @@ from supervisor_svc.campaigns.memory import (
     RECENT_EXPERIMENTS_CAP,
     memory_view,
     pending_directives,
-    think_context,
+    think_briefing,
 )
 from tests.supervisor_svc.campaigns.ledger import LOSS, baseline, run
 
@@ -125,7 +125,7 @@ def test_every_part_stays_within_its_cap_whatever_the_records(records: list[Camp
     assert len(sections(view.log)[0]) <= MILESTONES_CAP
     assert view == memory_view(BRIEF, records, LOSS)
     ledger = [record for record in records if isinstance(record, LedgerRecord)]
-    context = think_context(BRIEF, records, read_signals(ledger, LOSS, SignalRules()))
+    context = think_briefing(BRIEF, records, read_signals(ledger, LOSS, SignalRules()))
     assert len(context.recent_experiments) <= RECENT_EXPERIMENTS_CAP
     assert len(context.dead_ends) <= DEAD_ENDS_CAP
     assert len(context.insights) <= INSIGHTS_CAP
@@ -139,7 +139,7 @@ def test_think_sees_the_latest_experiments_and_all_it_must_not_retry() -> None:
         DeadEnd(cycle=4, approach="a learning rate of 1.0", reason="diverged"),
         Insight(cycle=5, text="the loss is flat after 300 steps"),
     ]
-    context = think_context(BRIEF, records, read_signals(ledger, LOSS, SignalRules()))
+    context = think_briefing(BRIEF, records, read_signals(ledger, LOSS, SignalRules()))
     lines = context.recent_experiments.splitlines()
     assert lines[0] == "[5 older experiments left out]"
     assert lines[-1] == "cycle 15 DISCARD (val_loss=0.52, job completed) at c015: hypothesis 15 -> worse"
@@ -152,7 +152,7 @@ def test_think_sees_the_latest_experiments_and_all_it_must_not_retry() -> None:
 
 def test_the_oldest_dead_ends_are_left_out_first_and_counted() -> None:
     dead_ends = [DeadEnd(cycle=cycle, approach=f"approach {cycle}", reason="r" * 200) for cycle in range(1, 31)]
-    context = think_context(BRIEF, dead_ends, read_signals([], LOSS, SignalRules()))
+    context = think_briefing(BRIEF, dead_ends, read_signals([], LOSS, SignalRules()))
     lines = context.dead_ends.splitlines()
     assert lines[0] == f"[{30 - (len(lines) - 1)} older dead ends left out]"
     assert lines[-1].startswith("cycle 30: approach 30")
@@ -171,7 +171,7 @@ def test_a_directive_is_pending_until_consumed_and_listed_once() -> None:
 
 def test_the_rendered_context_has_every_part() -> None:
     records: list[CampaignRecord] = [*BASELINE, Directive(text="try a cosine schedule", request_id="a")]
-    rendered = think_context(BRIEF, records, read_signals(BASELINE, LOSS, SignalRules())).render()
+    rendered = think_briefing(BRIEF, records, read_signals(BASELINE, LOSS, SignalRules())).render()
     assert rendered.startswith(f"## Brief\n{BRIEF}")
     for part in ("## Memory\nMilestones:", "## Signals\nmetric: val_loss", "## Recent experiments\ncycle 1 BASELINE"):
         assert part in rendered

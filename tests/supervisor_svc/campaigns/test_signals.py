@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from quarry.records.campaign import Verdict
 from quarry.records.signals import (
-    Direction,
     MetricGoal,
     SignalRules,
     baseline_batches,
@@ -19,9 +18,10 @@ from quarry.records.signals import (
     noise_floor,
     read_signals,
 )
+from quarry.vocabulary import MetricDirection
 from tests.supervisor_svc.campaigns.ledger import LOSS, baseline, run
 
-ACCURACY = MetricGoal("accuracy", Direction.MAXIMIZE)
+ACCURACY = MetricGoal("accuracy", MetricDirection.MAXIMIZE)
 MAXIMIZED = [(1, Verdict.BASELINE, 0.8), (2, Verdict.BASELINE, 0.82), (3, Verdict.KEEP, 0.91)]
 RULES = SignalRules(stagnation_window=3, rebaseline_every=4, phase_gate=0.40)
 # Three baseline runs of val_loss: mean 0.50, sample std 0.01, so the noise floor is 0.02.

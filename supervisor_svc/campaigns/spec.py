@@ -1,22 +1,21 @@
-"""A campaign as the supervisor keeps it: the spec a human gave, its state and phase, its counters.
+"""A campaign's spec, as a human gave it, and the validation of what a human sends.
 
 The spec is validated once, when the campaign starts (`validate_spec`), and stored as JSON; every
 violation names the request field at fault, as the public API spells it. The spec also gives the
-loop its limiter budgets (`limits`) and signal rules (`signal_rules`).
+loop its limiter budgets (`limits`) and signal rules (`signal_rules`). Reasons and directives are
+checked here too.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 import math
 import posixpath
 import re
 import shlex
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import re2
@@ -25,57 +24,9 @@ from pydantic import TypeAdapter
 from quarry import ids
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.records import signals
-from quarry.records.signals import Direction, MetricGoal, SignalRules
-from quarry.vocabulary import JobRef, JobState
+from quarry.records.signals import MetricGoal, SignalRules
+from quarry.vocabulary import MetricDirection
 from supervisor_svc.campaigns.limiter import DEFAULT_MAX_CONSECUTIVE_FAILURES, Limits
-
-
-class CampaignState(enum.StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SLEEPING = "sleeping"
-    PAUSED = "paused"
-    STOPPED = "stopped"
-    COMPLETED = "completed"
-    FAILED = "failed"
-
-    @property
-    def live(self) -> bool:
-        """A loop should be driving it, under a lease."""
-        return self in _LIVE
-
-    @property
-    def ended(self) -> bool:
-        return self in _ENDED
-
-
-_LIVE = frozenset({CampaignState.QUEUED, CampaignState.RUNNING, CampaignState.SLEEPING})
-_ENDED = frozenset({CampaignState.STOPPED, CampaignState.COMPLETED, CampaignState.FAILED})
-LIVE_STATES = tuple(sorted(state.value for state in _LIVE))
-ENDED_STATES = tuple(sorted(state.value for state in _ENDED))
-
-
-class Phase(enum.StrEnum):
-    BASELINE = "baseline"
-    THINK = "think"
-    EXECUTE = "execute"
-    WAITING = "waiting"
-    REFLECT = "reflect"
-    IDLE = "idle"
-
-
-class SignalKind(enum.StrEnum):
-    STAGNATION = "stagnation"
-    PHASE_GATE = "phase_gate"
-    NOISE_FLOOR = "noise_floor"
-
-
-class DirectiveState(enum.StrEnum):
-    PENDING = "pending"
-    CONSUMED = "consumed"
-
-
-# -- the spec ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -97,7 +48,7 @@ class Metric:
     """The metric the monitor reads from each experiment: a log pattern, or a key of a JSON-lines file."""
 
     name: str
-    direction: Direction | None  # None: not given (refused by validate_spec)
+    direction: MetricDirection | None  # None: not given (refused by validate_spec)
     log_regex: str = ""
     jsonl_path: str = ""  # relative to the workspace root
     jsonl_key: str = ""
@@ -196,103 +147,6 @@ class CampaignSpec:
 
 
 _SPEC: TypeAdapter[CampaignSpec] = TypeAdapter(CampaignSpec)
-
-
-# -- what the store keeps ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CampaignRecord:
-    campaign_id: str
-    spec: CampaignSpec
-    state: CampaignState
-    phase: Phase
-    cycle: int
-    best_value: float | None
-    noise_floor: float | None
-    tokens: int
-    tokens_last_hour: int
-    cycles: int
-    branch: str
-    scratchpad_thread_id: str
-    pause_reason: str
-    end_reason: str
-    pending_directives: int
-    last_sequence_no: int
-    sleep_until: datetime | None
-    sleep_reason: str
-    # The last ResumeCampaign: failures before it do not count towards the pause bound.
-    resume_time: datetime | None
-    create_time: datetime
-    update_time: datetime
-    end_time: datetime | None
-
-
-@dataclass(frozen=True)
-class DirectiveRecord:
-    campaign_id: str
-    request_id: str
-    text: str
-    state: DirectiveState
-    consumed_cycle: int
-    create_time: datetime
-
-
-@dataclass(frozen=True)
-class Progress:
-    """What a cycle learned that GetCampaign shows; None leaves a value as it is."""
-
-    best_value: float | None = None
-    noise_floor: float | None = None
-
-
-@dataclass(frozen=True)
-class MetricPoint:
-    name: str
-    value: float
-    step: int  # the log line number, from 1
-
-
-@dataclass(frozen=True)
-class JobProgress:
-    """The running experiment as the monitor last reported it."""
-
-    cycle: int
-    job: JobRef
-    state: JobState
-    gpu_indices: tuple[int, ...] = ()
-    log_tail: tuple[str, ...] = ()
-    metric_points: tuple[MetricPoint, ...] = ()
-
-
-def branch_name(campaign_id: str) -> str:
-    return f"quarry/{campaign_id}"
-
-
-# -- tokens over the last hour -----------------------------------------------------------------------
-
-# Tokens by the minute they were used in, [minute, tokens] pairs: a bounded window of an hour.
-USAGE_WINDOW = timedelta(hours=1)
-
-
-def _minute(moment: datetime) -> int:
-    return int(moment.timestamp() // 60)
-
-
-def add_usage(window: Sequence[Sequence[int]], now: datetime, tokens: int) -> list[list[int]]:
-    """The window with `tokens` used at `now`, minutes older than an hour dropped."""
-    current, oldest = _minute(now), _minute(now - USAGE_WINDOW)
-    kept = [[minute, used] for minute, used in window if minute > oldest]
-    if kept and kept[-1][0] == current:
-        kept[-1][1] += tokens
-    else:
-        kept.append([current, tokens])
-    return kept
-
-
-def usage_in_window(window: Sequence[Sequence[int]], now: datetime) -> int:
-    oldest = _minute(now - USAGE_WINDOW)
-    return sum(used for minute, used in window if minute > oldest)
 
 
 # -- validation --------------------------------------------------------------------------------------

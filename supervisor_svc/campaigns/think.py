@@ -1,0 +1,278 @@
+"""THINK: a leader conversation on the shared agent kernel that lives for one cycle and chooses one hypothesis.
+
+The leader reads what the memory gives it, may have a researcher read the literature first, and hands
+the change to an engineer worker; it may record an insight or a dead end. Its answer is the
+hypothesis; the loop commits whatever the engineer changed and runs it.
+
+Its delegations go through the run's delegation desk (supervisor_svc.delegating.Delegator), one per
+THINK: each leaves its assignment, route and usage entries on the campaign's thread, as a run's do,
+and at most `parallel_delegations` run at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pydantic import BaseModel, Field
+
+from quarry.agent.conversation import ConversationStore
+from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver
+from quarry.agent.messages import system, user
+from quarry.agent.model import ModelClient
+from quarry.agent.tools import Tool, ToolRegistry, current_call
+from quarry.identity import Role
+from quarry.records.campaign import DeadEnd, Insight
+from quarry.research_plane import ResearchPlane
+from quarry.vocabulary import DelegationResult
+from supervisor_svc.campaigns.memory import ThinkBriefing
+from supervisor_svc.campaigns.thread import CampaignThread
+from supervisor_svc.runs.budget import RunAccount, TokenBudget
+from supervisor_svc.runs.delegating import Contract, Delegator
+from supervisor_svc.runs.domain import ResearchPhase, RunUsage
+from supervisor_svc.runs.ledger import RunLedger
+from supervisor_svc.runs.tools import Criterion
+from supervisor_svc.runs.worker_client import DelegationClient
+
+INSTRUCTIONS = """You lead one cycle of an experiment campaign on a code workspace.
+Read the brief, the memory, the signals and the recent experiments, then choose ONE hypothesis: a
+single change that could improve the metric. Never retry a dead end. Follow the human's directives.
+Have an engineer make the change with delegate_engineer (it edits the workspace; it must not run the
+full experiment: the campaign runs it after you). Before choosing, you may have a researcher look
+something up in the literature with delegate_research. You may record an insight or a dead end.
+End with a short answer that states the hypothesis, and nothing else."""
+
+
+@dataclass(frozen=True)
+class ThinkSettings:
+    # How long a THINK may take (turns) and an engineer or research delegation may run.
+    think_turns: int = 8
+    engineer_turns: int = 0  # 0: the worker's default
+    engineer_timeout_seconds: float = 900.0
+    research_turns: int = 0  # 0: the worker's default
+    research_timeout_seconds: float = 900.0
+    # Delegations one THINK may have in flight.
+    parallel_delegations: int = 4
+
+
+@dataclass(frozen=True)
+class Thought:
+    """What one THINK came to."""
+
+    hypothesis: str
+    changes: tuple[str, ...]  # what the engineer was asked to change, in order
+    files: tuple[str, ...]  # what it changed, sorted
+    tokens: int  # the leader's and its delegations'
+    failure: str = ""  # why nothing can run ("" when the change is ready)
+
+
+# -- THINK's tools -----------------------------------------------------------------------------------
+
+
+class EngineerParams(BaseModel):
+    change: str = Field(min_length=1, max_length=4000, description="the change to make, self-contained")
+
+
+class ResearchParams(BaseModel):
+    objective: str = Field(min_length=1, max_length=4000, description="the research task, self-contained")
+    criteria: list[Criterion] = Field(default_factory=list, max_length=10, description="what a good answer must show")
+
+
+class NoteParams(BaseModel):
+    text: str = Field(min_length=1, max_length=1000)
+
+
+class DeadEndParams(BaseModel):
+    approach: str = Field(min_length=1, max_length=1000)
+    reason: str = Field(min_length=1, max_length=1000)
+
+
+@dataclass
+class ThinkSession:
+    """One THINK's state, as its tools see it: what it delegated and changed, and what that cost."""
+
+    thinker: Thinker
+    cycle: int
+    workspace_id: str
+    desk: Delegator  # this THINK's: a THINK redone after a restart delegates under new ids
+    account: RunAccount  # its delegations' usage
+    changes: list[str] = field(default_factory=list)
+    files: set[str] = field(default_factory=set)
+
+
+async def delegate_engineer(params: EngineerParams, session: ThinkSession) -> str:
+    return await session.thinker.engineer(params.change, session)
+
+
+async def delegate_research(params: ResearchParams, session: ThinkSession) -> str:
+    return await session.thinker.research(params.objective, tuple(params.criteria), session)
+
+
+async def record_insight(params: NoteParams, session: ThinkSession) -> str:
+    await session.thinker.thread.write(Insight(cycle=session.cycle, text=params.text), f"insight/{current_call().id}")
+    return "recorded"
+
+
+async def record_dead_end(params: DeadEndParams, session: ThinkSession) -> str:
+    entry = DeadEnd(cycle=session.cycle, approach=params.approach, reason=params.reason)
+    await session.thinker.thread.write(entry, f"dead-end/{current_call().id}")
+    return "recorded"
+
+
+THINK_TOOLS: ToolRegistry[ThinkSession] = ToolRegistry(
+    [
+        Tool(
+            "delegate_engineer",
+            "Have an engineer make the change in the workspace (on the campaign's branch); returns what it did.",
+            EngineerParams,
+            delegate_engineer,
+        ),
+        Tool(
+            "delegate_research",
+            "Have a researcher look something up in the literature; returns its summary and how many findings "
+            "it promoted to the campaign's thread.",
+            ResearchParams,
+            delegate_research,
+        ),
+        Tool("record_insight", "Keep a durable observation in the campaign's insights.", NoteParams, record_insight),
+        Tool(
+            "record_dead_end", "Record an approach that failed, so it is never retried.", DeadEndParams, record_dead_end
+        ),
+    ]
+)
+
+
+class Thinking(Protocol):
+    async def think(self, cycle: int, attempt: str, briefing: ThinkBriefing, workspace_id: str) -> Thought:
+        """One THINK of `cycle`, `attempt` its conversation's id; the engineer edits the workspace `workspace_id`."""
+        ...
+
+
+# -- the leader --------------------------------------------------------------------------------------
+
+
+class Thinker:
+    """The campaign's THINKs, one per cycle, each a conversation of its own."""
+
+    def __init__(
+        self,
+        campaign_id: str,
+        thread: CampaignThread,
+        scratchpad: ResearchPlane,
+        model: ModelClient,
+        conversations: ConversationStore,
+        delegations: DelegationClient,
+        settings: ThinkSettings,
+    ) -> None:
+        self._campaign_id = campaign_id
+        self.thread = thread
+        self._scratchpad = scratchpad
+        self._model = model
+        self._conversations = conversations
+        self._delegations = delegations
+        self._settings = settings
+
+    async def think(self, cycle: int, attempt: str, briefing: ThinkBriefing, workspace_id: str) -> Thought:
+        session = self.session(cycle, attempt, workspace_id)
+        opening = [system(INSTRUCTIONS), user(briefing.render())]
+        await self._conversations.create(attempt, opening)
+        agent = AgentRun(
+            self._model,
+            THINK_TOOLS,
+            self._conversations,
+            attempt,
+            LoopLimits(max_turns=self._settings.think_turns),
+            LoopObserver(),
+            agent="campaign",
+        )
+        failure = ""
+        hypothesis = ""
+        try:
+            hypothesis = (await agent.run(session, history=list(opening))).strip()
+        except Exception as error:  # the model failed: the cycle failed, the limiter backs off
+            failure = f"THINK failed: {error}"
+        if not failure and not session.files:
+            failure = "no file was changed: nothing to run"
+        return Thought(
+            hypothesis=hypothesis or "(no hypothesis stated)",
+            changes=tuple(session.changes),
+            files=tuple(sorted(session.files)),
+            tokens=agent.usage.tokens + session.account.workers.tokens,
+            failure=failure,
+        )
+
+    def session(self, cycle: int, attempt: str, workspace_id: str) -> ThinkSession:
+        """A THINK's state, with its own delegation desk and the account of its delegations' usage (their
+        tokens count in the cycle's, which the limiter bounds by the campaign's budgets: the desk's own
+        budget is unbounded)."""
+        account = RunAccount()
+        desk = Delegator(
+            run_id=attempt,
+            thread_id=self.thread.thread_id,
+            max_worker_turns=0,  # each contract says
+            parallel=self._settings.parallel_delegations,
+            deadline=math.inf,  # each contract has its own time limit
+            client=self._delegations,
+            scratchpad=self._scratchpad,
+            account=account,
+            budget=TokenBudget(0, account),
+            publisher=_UNANNOUNCED,
+            ledger=RunLedger(self._scratchpad, self._campaign_id, self.thread.thread_id),
+        )
+        return ThinkSession(self, cycle, workspace_id, desk, account)
+
+    async def engineer(self, change: str, session: ThinkSession) -> str:
+        """One engineer delegation in the campaign's workspace; what it did, for the leader."""
+        settings = self._settings
+        contract = Contract(
+            Role.ENGINEER,
+            change,
+            ("edit the workspace only; do not run the full experiment",),
+            workspace_id=session.workspace_id,
+            max_turns=settings.engineer_turns,
+            timeout_seconds=settings.engineer_timeout_seconds,
+        )
+        result = await _delegate(session, contract)
+        session.changes.append(change)
+        session.files.update(result.files_changed)
+        if not result.succeeded:
+            return f"the engineer failed: {result.error_message}"
+        files = ", ".join(result.files_changed) or "none"
+        return f"done; files changed: {files}\n{result.summary}"
+
+    async def research(self, objective: str, criteria: tuple[str, ...], session: ThinkSession) -> str:
+        """One literature research delegation (its findings promoted to the campaign's thread); its summary."""
+        settings = self._settings
+        contract = Contract(
+            Role.RESEARCHER,
+            objective,
+            criteria,
+            max_turns=settings.research_turns,
+            timeout_seconds=settings.research_timeout_seconds,
+        )
+        result = await _delegate(session, contract)
+        if not result.succeeded:
+            return f"the researcher failed: {result.error_message}"
+        return f"done; findings promoted: {len(result.promoted)}\n{result.summary}"
+
+
+async def _delegate(session: ThinkSession, contract: Contract) -> DelegationResult:
+    """One worker delegation on the campaign's thread, keyed by the leader's tool call."""
+    result = await session.desk.assign(contract, current_call().id)
+    if result is None:  # the desk's budget is unbounded: it never refuses
+        raise AssertionError("a campaign's delegation desk refused a delegation")
+    return result
+
+
+class _Unannounced:
+    """A campaign's delegations are not events of its own: their entries on the thread are its record."""
+
+    async def status(self, phase: ResearchPhase, message: str, *, delegation_id: str = "", worker_id: str = "") -> None:
+        return None
+
+    async def delegation_ended(self, result: DelegationResult, usage: RunUsage) -> None:
+        return None
+
+
+_UNANNOUNCED = _Unannounced()

@@ -1,0 +1,85 @@
+"""THINK's tools on in-memory workers and thread: its delegations go through the run's delegation desk, so they
+are recorded like a run's (assignment, route, usage) and bounded in parallel."""
+
+from __future__ import annotations
+
+import json
+
+from quarry.agent.messages import ToolCall
+from quarry.identity import Role
+from quarry.vocabulary import EntryKind
+from supervisor_svc.campaigns.think import THINK_TOOLS, Thinker, ThinkSession, ThinkSettings
+from supervisor_svc.campaigns.thread import CampaignThread
+from tests.supervisor_svc.campaigns.fakes import CAMPAIGN_ID, CONFIG, FakeDelegations, FakeScratchpad
+
+ATTEMPT = f"{CAMPAIGN_ID}-c3-120000000000"
+
+
+def session(
+    delegations: FakeDelegations, scratchpad: FakeScratchpad, settings: ThinkSettings, attempt: str = ATTEMPT
+) -> ThinkSession:
+    """A THINK of cycle 3 (no model: the tests call its tools)."""
+    thread = CampaignThread(scratchpad, CAMPAIGN_ID, CAMPAIGN_ID)
+    thinker = Thinker(CAMPAIGN_ID, thread, scratchpad, None, None, delegations, settings)
+    return thinker.session(3, attempt, "ws-fake")
+
+
+def call(call_id: str, name: str, **arguments: object) -> ToolCall:
+    return ToolCall(call_id, name, json.dumps(arguments))
+
+
+async def test_the_engineers_delegation_edits_the_workspace_within_its_limits_and_is_recorded_like_a_runs() -> None:
+    delegations, scratchpad = FakeDelegations(files=(CONFIG,)), FakeScratchpad()
+    settings = ThinkSettings(engineer_turns=12, engineer_timeout_seconds=600.0)
+    thinking = session(delegations, scratchpad, settings)
+
+    (outcome,) = await THINK_TOOLS.run_calls([call("call-e", "delegate_engineer", change="Set lr to 0.1.")], thinking)
+
+    assert not outcome.is_error and outcome.content.startswith(f"done; files changed: {CONFIG}")
+    (order,) = delegations.orders
+    assert (order.role, order.workspace_id, order.max_turns, order.timeout_seconds) == (
+        Role.ENGINEER,
+        "ws-fake",
+        12,
+        600.0,
+    )
+    assert order.delegation_id.startswith(ATTEMPT) and order.tool_call_id == "call-e"
+    assert order.scratchpad_thread_id == CAMPAIGN_ID
+    assert thinking.changes == ["Set lr to 0.1."] and thinking.files == {CONFIG}
+    assert thinking.account.workers.tokens == 500  # counted in the cycle's tokens
+    assert scratchpad.kinds(CAMPAIGN_ID) == [EntryKind.ASSIGNMENT, EntryKind.ROUTE, EntryKind.USAGE]
+
+
+async def test_research_delegations_of_one_turn_run_within_the_parallel_bound_each_recorded() -> None:
+    delegations, scratchpad = FakeDelegations(seconds=0.05, promoted=(7,)), FakeScratchpad()
+    thinking = session(delegations, scratchpad, ThinkSettings(parallel_delegations=1))
+    calls = [
+        call(f"call-{n}", "delegate_research", objective=f"Question {n}?", criteria=["cite a source"]) for n in (1, 2)
+    ]
+
+    outcomes = await THINK_TOOLS.run_calls(calls, thinking)
+
+    assert [o.content.splitlines()[0] for o in outcomes] == ["done; findings promoted: 1"] * 2
+    assert delegations.most_at_once == 1
+    assert [(o.role, o.workspace_id, o.criteria) for o in delegations.orders] == [
+        (Role.RESEARCHER, "", ("cite a source",))
+    ] * 2
+    assignments = [json.loads(e.content) for e in scratchpad.threads[CAMPAIGN_ID] if e.kind is EntryKind.ASSIGNMENT]
+    assert sorted(a["objective"] for a in assignments) == ["Question 1?", "Question 2?"]
+    assert scratchpad.kinds(CAMPAIGN_ID).count(EntryKind.USAGE) == 2
+    assert thinking.files == set() and thinking.account.workers.tokens == 1000
+
+
+async def test_a_think_redone_after_a_restart_delegates_under_new_ids() -> None:
+    delegations, scratchpad = FakeDelegations(files=(CONFIG,)), FakeScratchpad()
+    settings = ThinkSettings()
+    first = session(delegations, scratchpad, settings)
+    redone = session(delegations, scratchpad, settings, f"{CAMPAIGN_ID}-c3-130000000000")
+    engineer = [call("call-e", "delegate_engineer", change="Set lr to 0.1.")]
+
+    await THINK_TOOLS.run_calls(engineer, first)
+    await THINK_TOOLS.run_calls(engineer, redone)
+
+    ids = [order.delegation_id for order in delegations.orders]
+    assert len(set(ids)) == 2
+    assert scratchpad.kinds(CAMPAIGN_ID).count(EntryKind.ASSIGNMENT) == 2
