@@ -16,8 +16,8 @@ from quarry.notify import CommitSignal
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import Entry, EntryKind
 from scratchpad_svc.authority import check_may_act_as, check_may_write
-from scratchpad_svc.model import AppendCommand, AppendResult, NewThread, Thread
 from scratchpad_svc.store import ScratchpadStore
+from scratchpad_svc.threads import AppendCommand, AppendResult, NewThread, Thread
 from scratchpad_svc.validation import (
     Limits,
     encode_page_token,

@@ -11,8 +11,8 @@ from quarry.convert import ENTRY_KINDS, ROLES, entry_to_proto, source_from_proto
 from quarry.mesh_auth import current_caller
 from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
 from quarry.vocabulary import EntryKind
-from scratchpad_svc.model import AppendCommand, NewThread, Thread
 from scratchpad_svc.scratchpad import Scratchpad
+from scratchpad_svc.threads import AppendCommand, NewThread, Thread
 
 
 def thread_to_proto(thread: Thread) -> scratchpad_pb2.Thread:

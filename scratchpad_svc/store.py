@@ -20,8 +20,8 @@ from quarry.errors import AlreadyExists, ErrorReason, NotFound, QuarryError
 from quarry.identity import Principal, Role
 from quarry.notify import notify_on_commit, pg_notify
 from quarry.vocabulary import Entry, EntryKind, Source
-from scratchpad_svc.model import AppendCommand, AppendResult, NewThread, Thread
 from scratchpad_svc.schema import entries, threads
+from scratchpad_svc.threads import AppendCommand, AppendResult, NewThread, Thread
 
 # Channel for cross-replica commit notifications on PostgreSQL.
 NOTIFY_CHANNEL = "quarry_scratchpad_commits"

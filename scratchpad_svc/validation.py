@@ -11,7 +11,7 @@ from quarry.identity import Role
 from quarry.records.base import RecordError
 from quarry.records.research import RECORD_TYPES, parse_record
 from quarry.vocabulary import EntryKind
-from scratchpad_svc.model import AppendCommand, NewThread
+from scratchpad_svc.threads import AppendCommand, NewThread
 
 ROLES = ", ".join(f"ROLE_{role.name}" for role in Role)
 SOURCE_SCHEMES = ("http://", "https://", "corpus://")

@@ -15,9 +15,9 @@ from quarry.errors import AlreadyExists, QuarryError
 from quarry.identity import Role
 from quarry.migrations import open_migrated_database
 from quarry.vocabulary import EntryKind
-from scratchpad_svc.model import AppendCommand, AppendResult, NewThread
 from scratchpad_svc.service import MIGRATIONS, VERSION_TABLE
 from scratchpad_svc.store import BatchOutcome, ScratchpadStore
+from scratchpad_svc.threads import AppendCommand, AppendResult, NewThread
 
 THREAD = "thread-batches"
 

@@ -1,4 +1,4 @@
-"""Scratchpad domain types, free of protobuf and SQL."""
+"""The scratchpad's domain types (threads, append commands and their results), free of protobuf and SQL."""
 
 from __future__ import annotations
 
