@@ -87,7 +87,9 @@ async def test_a_job_ignoring_sigterm_is_killed_with_its_children(monitor: Stub,
     print("child", child.pid, flush=True)
     time.sleep(60)
     """
-    options = monitor_pb2.JobOptions(wall_clock_limit={"nanos": 500_000_000})
+    # A limit long enough for the job to have set SIGTERM aside on a loaded machine: before that, SIGTERM
+    # alone would end it.
+    options = monitor_pb2.JobOptions(wall_clock_limit={"seconds": 3})
     submitted = await monitor.SubmitJob(
         monitor_pb2.SubmitJobRequest(local=local(tmp_path, body), request_id="stubborn-1", options=options)
     )
