@@ -142,10 +142,18 @@ class ServiceProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def start_service(
-    name: str, env: dict[str, str], workdir: Path, *, port: int = 0, timeout: float = 60.0
-) -> ServiceProcess:
-    """Start `quarry serve NAME` and wait until it has bound its address and reports SERVING."""
+@dataclass
+class Launched:
+    """A `quarry serve` process started, not yet known to serve."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    port_file: Path
+    log_path: Path
+
+
+def launch_service(name: str, env: dict[str, str], workdir: Path, *, port: int = 0) -> Launched:
+    """Start `quarry serve NAME`; `ready` waits for it. Launching several before waiting overlaps their startups."""
     port_file = workdir / f"{name}-{uuid.uuid4().hex[:6]}.addr"
     log_path = workdir / f"{name}-{uuid.uuid4().hex[:6]}.log"
     with log_path.open("ab") as log_file:
@@ -155,13 +163,19 @@ def start_service(
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )
+    return Launched(name, process, port_file, log_path)
+
+
+def ready(launched: Launched, timeout: float = 60.0) -> ServiceProcess:
+    """Wait until a launched service has bound its address and reports SERVING; kill it if it does not."""
+    process, log_path = launched.process, launched.log_path
     try:
         deadline = time.monotonic() + timeout
-        while not port_file.exists():
+        while not launched.port_file.exists():
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start:\n{log_path.read_text()}")
+                raise RuntimeError(f"{launched.name} did not start:\n{log_path.read_text()}")
             time.sleep(0.05)
-        address = port_file.read_text().strip()
+        address = launched.port_file.read_text().strip()
         with grpc.insecure_channel(address) as channel:
             response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
             assert response.status == health_pb2.HealthCheckResponse.SERVING
@@ -169,7 +183,29 @@ def start_service(
         process.kill()
         process.wait()
         raise
-    return ServiceProcess(name, address, process, log_path)
+    return ServiceProcess(launched.name, address, process, log_path)
+
+
+def start_service(
+    name: str, env: dict[str, str], workdir: Path, *, port: int = 0, timeout: float = 60.0
+) -> ServiceProcess:
+    """Start `quarry serve NAME` and wait until it has bound its address and reports SERVING."""
+    return ready(launch_service(name, env, workdir, port=port), timeout)
+
+
+def start_services(services: list[tuple[str, dict[str, str]]], workdir: Path) -> list[ServiceProcess]:
+    """Start several services at once (their startups overlap), each serving when this returns.
+
+    When one fails to start, the others are stopped too."""
+    launched = [launch_service(name, env, workdir) for name, env in services]
+    started: list[ServiceProcess] = []
+    try:
+        for one in launched:
+            started.append(ready(one))
+    except BaseException:
+        kill_all([one.process for one in launched])
+        raise
+    return started
 
 
 def stop_service(service: ServiceProcess, timeout: float = 20.0) -> int | None:
