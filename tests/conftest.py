@@ -26,6 +26,7 @@ from sqlalchemy.engine import make_url
 from quarry.cli.launcher import serve_command
 from quarry.db import create_engine
 from quarry.migrations import upgrade_schema
+from tests.fakes.loopback import served_in_thread
 from tests.fakes.openai_server import ScriptedModel
 from tests.fakes.web_server import FixtureWeb
 
@@ -57,6 +58,21 @@ async def model() -> AsyncIterator[ScriptedModel]:
 async def site() -> AsyncIterator[FixtureWeb]:
     """The fixture web on 127.0.0.1."""
     async with FixtureWeb() as fixture:
+        yield fixture
+
+
+@pytest.fixture(scope="module")
+def shared_model() -> Iterator[ScriptedModel]:
+    """One scripted model server for a module's tests that share a process mesh; each test scripts it anew
+    (`ScriptedModel.forget`)."""
+    with served_in_thread(ScriptedModel()) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def shared_site() -> Iterator[FixtureWeb]:
+    """One fixture web for a module's tests that share a process mesh."""
+    with served_in_thread(FixtureWeb()) as fixture:
         yield fixture
 
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from quarry.clients.channels import open_channel
 from quarry.clients.runs import RunsClient
@@ -59,7 +58,7 @@ from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
 from tests.fakes.web_server import FixtureWeb
 from tests.supervisor_svc.conftest import ProcessMesh, processes
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.slow
 
 PUBLIC_PAYLOADS = {"status", "scratchpad", "reasoning", "content", "completed", "failed", "cancelled"}
 INTERNAL_TOOLS = (
@@ -73,29 +72,24 @@ INTERNAL_TOOLS = (
 )
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def model() -> AsyncIterator[ScriptedModel]:
-    """One model server for the module's mesh; each test scripts it anew (`script`)."""
-    async with ScriptedModel() as server:
-        yield server
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def site() -> AsyncIterator[FixtureWeb]:
-    async with FixtureWeb() as fixture:
-        yield fixture
-
-
 @pytest.fixture(scope="module")
-def mesh(tmp_path_factory: pytest.TempPathFactory, model: ScriptedModel, site: FixtureWeb) -> Iterator[ProcessMesh]:
-    with processes(tmp_path_factory.mktemp("mesh"), model, site) as mesh:
+def mesh(
+    tmp_path_factory: pytest.TempPathFactory, shared_model: ScriptedModel, shared_site: FixtureWeb
+) -> Iterator[ProcessMesh]:
+    with processes(tmp_path_factory.mktemp("mesh"), shared_model, shared_site) as mesh:
         yield mesh
 
 
 @pytest.fixture
-def script(model: ScriptedModel, site: FixtureWeb) -> EvidenceScript:
+def site(shared_site: FixtureWeb) -> FixtureWeb:
+    return shared_site
+
+
+@pytest.fixture
+def script(shared_model: ScriptedModel, site: FixtureWeb) -> EvidenceScript:
     choreography = EvidenceScript(site_url=site.base_url)
-    model.default = choreography
+    shared_model.forget()
+    shared_model.default = choreography
     add_pages(site)
     return choreography
 
