@@ -34,8 +34,7 @@ POSTGRES_URL = os.environ.get("QUARRY_TEST_POSTGRES_URL", "postgresql://postgres
 BACKENDS = ["sqlite", "postgresql"]
 
 
-@pytest.fixture(autouse=True)
-def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolate(patch: pytest.MonkeyPatch) -> None:
     """A developer's own QUARRY_* settings must not change what the tests see.
 
     Internal services run unauthenticated unless a test gives them mesh peers (tests/quarry/test_mesh.py
@@ -43,8 +42,21 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """
     for name in list(os.environ):
         if name.startswith("QUARRY_") and name != "QUARRY_TEST_POSTGRES_URL":
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("QUARRY_MESH_INSECURE", "true")
+            patch.delenv(name)
+    patch.setenv("QUARRY_MESH_INSECURE", "true")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_session() -> Iterator[None]:
+    """The isolation below, for what module fixtures start before any test's own fixtures (shared meshes)."""
+    with pytest.MonkeyPatch.context() as patch:
+        _isolate(patch)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    _isolate(monkeypatch)
 
 
 @pytest.fixture
@@ -104,14 +116,28 @@ def postgres_schema() -> Iterator[PostgresSchema]:
             connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
-@pytest.fixture(params=BACKENDS)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty database per test: a SQLite file, or a new PostgreSQL schema."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'test.db'}"
+@contextlib.contextmanager
+def empty_database(backend: str, directory: Path) -> Iterator[str]:
+    """The URL of a new, empty database: a SQLite file in `directory`, or a new PostgreSQL schema."""
+    if backend == "sqlite":
+        yield f"sqlite:///{directory / 'test.db'}"
         return
     with postgres_schema() as schema:
         yield schema.url
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database per test: a SQLite file, or a new PostgreSQL schema."""
+    with empty_database(request.param, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def module_database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One empty database for a module's tests that only read (each module runs on both backends)."""
+    with empty_database(request.param, tmp_path_factory.mktemp("database")) as url:
+        yield url
 
 
 def assert_migrations_build_the_schema(
