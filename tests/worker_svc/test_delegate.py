@@ -58,8 +58,8 @@ class Mesh:
 WORKER_ID = "worker-7"
 IN_PROCESS = ("in-process", True)
 PROCESSES = pytest.param(("processes", True), marks=pytest.mark.slow, id="processes")
-# Worker processes the module's tests share, where a test neither stops the worker or the model nor sends
-# another test's delegation ids; the others start their own (OWN_MESH).
+# The worker process the module's tests share, where a test neither stops the worker or the model nor sends
+# another test's delegation ids; the others start their own (OWN_MESH). All share one scratchpad process.
 SHARED_PROCESSES = pytest.param(("shared processes", True), marks=pytest.mark.slow, id="processes")
 OWN_MESH = pytest.mark.parametrize("mesh", [IN_PROCESS, PROCESSES], ids=["in-process", "processes"], indirect=True)
 
@@ -102,58 +102,70 @@ async def in_process(
             yield scratchpad_host.address, worker_host.address, worker_host.shutdown
 
 
-def start_processes(tmp_path: Path, model: ScriptedModel, site: FixtureWeb, native_tools: bool) -> list[ServiceProcess]:
-    """Scratchpad and worker as their own OS processes, configured through the environment."""
-    common = {"QUARRY_DATA_DIR": str(tmp_path), "QUARRY_LOG_LEVEL": "WARNING", "QUARRY_SHUTDOWN_GRACE_SECONDS": "2"}
-    scratchpad = start_service("scratchpad", common, tmp_path)
-    try:
-        env = {**common, **worker_settings(model, site, scratchpad.address, native_tools)}
-        return [scratchpad, start_service("worker", env, tmp_path)]
-    except BaseException:
-        stop_service(scratchpad)
-        raise
+def process_env(data_dir: Path) -> dict[str, str]:
+    return {"QUARRY_DATA_DIR": str(data_dir), "QUARRY_LOG_LEVEL": "WARNING", "QUARRY_SHUTDOWN_GRACE_SECONDS": "2"}
+
+
+def start_worker(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, native_tools: bool, scratchpad: ServiceProcess
+) -> ServiceProcess:
+    """The worker as its own OS process, configured through the environment."""
+    env = {**process_env(tmp_path), **worker_settings(model, site, scratchpad.address, native_tools)}
+    return start_service("worker", env, tmp_path)
 
 
 @contextmanager
-def stopped_cleanly(started: list[ServiceProcess]) -> Iterator[None]:
-    """Once the block ends, each service exits with status 0 on SIGTERM; all are stopped however it ends."""
+def stopped_cleanly(service: ServiceProcess) -> Iterator[None]:
+    """Once the block ends, the service exits with status 0 on SIGTERM; it is stopped however the block ends."""
     try:
         yield
-        for service in reversed(started):
-            assert stop_service(service) == 0, service.log()
+        assert stop_service(service) == 0, service.log()
     finally:
-        for service in started:
-            stop_service(service)
+        stop_service(service)
+
+
+@pytest.fixture(scope="module")
+def scratchpad_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    """The scratchpad as its own OS process, for every test whose worker is one (each test has its own thread)."""
+    directory = tmp_path_factory.mktemp("scratchpad")
+    scratchpad = start_service("scratchpad", process_env(directory), directory)
+    with stopped_cleanly(scratchpad):
+        yield scratchpad
 
 
 @asynccontextmanager
 async def processes(
-    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, native_tools: bool
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, native_tools: bool, scratchpad: ServiceProcess
 ) -> AsyncIterator[tuple[str, str, Callable[[], Awaitable[None]]]]:
-    started = await asyncio.to_thread(start_processes, tmp_path, model, site, native_tools)
-    with stopped_cleanly(started):
+    worker = await asyncio.to_thread(start_worker, tmp_path, model, site, native_tools, scratchpad)
+    with stopped_cleanly(worker):
 
         async def terminate_worker() -> None:
-            started[1].process.terminate()
+            worker.process.terminate()
 
-        yield started[0].address, started[1].address, terminate_worker
+        yield scratchpad.address, worker.address, terminate_worker
 
 
 @pytest.fixture(scope="module")
-def shared_processes(
-    tmp_path_factory: pytest.TempPathFactory, shared_model: ScriptedModel, shared_site: FixtureWeb
-) -> Iterator[list[ServiceProcess]]:
-    started = start_processes(tmp_path_factory.mktemp("processes"), shared_model, shared_site, True)
-    with stopped_cleanly(started):
-        yield started
+def shared_worker(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_model: ScriptedModel,
+    shared_site: FixtureWeb,
+    scratchpad_process: ServiceProcess,
+) -> Iterator[ServiceProcess]:
+    worker = start_worker(tmp_path_factory.mktemp("worker"), shared_model, shared_site, True, scratchpad_process)
+    with stopped_cleanly(worker):
+        yield worker
 
 
 @asynccontextmanager
-async def shared(started: list[ServiceProcess]) -> AsyncIterator[tuple[str, str, Callable[[], Awaitable[None]]]]:
+async def shared(
+    scratchpad: ServiceProcess, worker: ServiceProcess
+) -> AsyncIterator[tuple[str, str, Callable[[], Awaitable[None]]]]:
     async def keep_running() -> None:
         raise AssertionError("a worker that other tests share is not one test's to stop (use OWN_MESH)")
 
-    yield started[0].address, started[1].address, keep_running
+    yield scratchpad.address, worker.address, keep_running
 
 
 @pytest.fixture(params=[IN_PROCESS, SHARED_PROCESSES], ids=["in-process", "processes"])
@@ -161,12 +173,16 @@ async def mesh(
     tmp_path: Path, request: pytest.FixtureRequest, model: ScriptedModel, site: FixtureWeb
 ) -> AsyncIterator[Mesh]:
     mode, native_tools = request.param
-    if mode == "shared processes":
+    services: AbstractAsyncContextManager[tuple[str, str, Callable[[], Awaitable[None]]]]
+    if mode == "in-process":
+        services = in_process(tmp_path, model, site, native_tools)
+    elif mode == "processes":
+        services = processes(tmp_path, model, site, native_tools, request.getfixturevalue("scratchpad_process"))
+    else:
         model, site = request.getfixturevalue("shared_model"), request.getfixturevalue("shared_site")
         model.forget()
-        services = shared(request.getfixturevalue("shared_processes"))
-    else:
-        services = (in_process if mode == "in-process" else processes)(tmp_path, model, site, native_tools)
+        worker = request.getfixturevalue("shared_worker")
+        services = shared(request.getfixturevalue("scratchpad_process"), worker)
     async with mesh_on(services, model, site) as mesh:
         yield mesh
 
