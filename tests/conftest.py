@@ -26,6 +26,7 @@ from sqlalchemy.engine import make_url
 from quarry.cli.launcher import serve_command
 from quarry.db import create_engine
 from quarry.migrations import upgrade_schema
+from tests.fakes.loopback import served_in_thread
 from tests.fakes.openai_server import ScriptedModel
 from tests.fakes.web_server import FixtureWeb
 
@@ -33,8 +34,7 @@ POSTGRES_URL = os.environ.get("QUARRY_TEST_POSTGRES_URL", "postgresql://postgres
 BACKENDS = ["sqlite", "postgresql"]
 
 
-@pytest.fixture(autouse=True)
-def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolate(patch: pytest.MonkeyPatch) -> None:
     """A developer's own QUARRY_* settings must not change what the tests see.
 
     Internal services run unauthenticated unless a test gives them mesh peers (tests/quarry/test_mesh.py
@@ -42,8 +42,21 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """
     for name in list(os.environ):
         if name.startswith("QUARRY_") and name != "QUARRY_TEST_POSTGRES_URL":
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("QUARRY_MESH_INSECURE", "true")
+            patch.delenv(name)
+    patch.setenv("QUARRY_MESH_INSECURE", "true")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_session() -> Iterator[None]:
+    """The isolation below, for what module fixtures start before any test's own fixtures (shared meshes)."""
+    with pytest.MonkeyPatch.context() as patch:
+        _isolate(patch)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    _isolate(monkeypatch)
 
 
 @pytest.fixture
@@ -57,6 +70,21 @@ async def model() -> AsyncIterator[ScriptedModel]:
 async def site() -> AsyncIterator[FixtureWeb]:
     """The fixture web on 127.0.0.1."""
     async with FixtureWeb() as fixture:
+        yield fixture
+
+
+@pytest.fixture(scope="module")
+def shared_model() -> Iterator[ScriptedModel]:
+    """One scripted model server for a module's tests that share a process mesh; each test scripts it anew
+    (`ScriptedModel.forget`)."""
+    with served_in_thread(ScriptedModel()) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def shared_site() -> Iterator[FixtureWeb]:
+    """One fixture web for a module's tests that share a process mesh."""
+    with served_in_thread(FixtureWeb()) as fixture:
         yield fixture
 
 
@@ -88,14 +116,28 @@ def postgres_schema() -> Iterator[PostgresSchema]:
             connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
-@pytest.fixture(params=BACKENDS)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty database per test: a SQLite file, or a new PostgreSQL schema."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'test.db'}"
+@contextlib.contextmanager
+def empty_database(backend: str, directory: Path) -> Iterator[str]:
+    """The URL of a new, empty database: a SQLite file in `directory`, or a new PostgreSQL schema."""
+    if backend == "sqlite":
+        yield f"sqlite:///{directory / 'test.db'}"
         return
     with postgres_schema() as schema:
         yield schema.url
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database per test: a SQLite file, or a new PostgreSQL schema."""
+    with empty_database(request.param, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def module_database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One empty database for a module's tests that only read (each module runs on both backends)."""
+    with empty_database(request.param, tmp_path_factory.mktemp("database")) as url:
+        yield url
 
 
 def assert_migrations_build_the_schema(
@@ -142,10 +184,18 @@ class ServiceProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def start_service(
-    name: str, env: dict[str, str], workdir: Path, *, port: int = 0, timeout: float = 60.0
-) -> ServiceProcess:
-    """Start `quarry serve NAME` and wait until it has bound its address and reports SERVING."""
+@dataclass
+class Launched:
+    """A `quarry serve` process started, not yet known to serve."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    port_file: Path
+    log_path: Path
+
+
+def launch_service(name: str, env: dict[str, str], workdir: Path, *, port: int = 0) -> Launched:
+    """Start `quarry serve NAME`; `ready` waits for it. Launching several before waiting overlaps their startups."""
     port_file = workdir / f"{name}-{uuid.uuid4().hex[:6]}.addr"
     log_path = workdir / f"{name}-{uuid.uuid4().hex[:6]}.log"
     with log_path.open("ab") as log_file:
@@ -155,13 +205,19 @@ def start_service(
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )
+    return Launched(name, process, port_file, log_path)
+
+
+def ready(launched: Launched, timeout: float = 60.0) -> ServiceProcess:
+    """Wait until a launched service has bound its address and reports SERVING; kill it if it does not."""
+    process, log_path = launched.process, launched.log_path
     try:
         deadline = time.monotonic() + timeout
-        while not port_file.exists():
+        while not launched.port_file.exists():
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start:\n{log_path.read_text()}")
+                raise RuntimeError(f"{launched.name} did not start:\n{log_path.read_text()}")
             time.sleep(0.05)
-        address = port_file.read_text().strip()
+        address = launched.port_file.read_text().strip()
         with grpc.insecure_channel(address) as channel:
             response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
             assert response.status == health_pb2.HealthCheckResponse.SERVING
@@ -169,7 +225,29 @@ def start_service(
         process.kill()
         process.wait()
         raise
-    return ServiceProcess(name, address, process, log_path)
+    return ServiceProcess(launched.name, address, process, log_path)
+
+
+def start_service(
+    name: str, env: dict[str, str], workdir: Path, *, port: int = 0, timeout: float = 60.0
+) -> ServiceProcess:
+    """Start `quarry serve NAME` and wait until it has bound its address and reports SERVING."""
+    return ready(launch_service(name, env, workdir, port=port), timeout)
+
+
+def start_services(services: list[tuple[str, dict[str, str]]], workdir: Path) -> list[ServiceProcess]:
+    """Start several services at once (their startups overlap), each serving when this returns.
+
+    When one fails to start, the others are stopped too."""
+    launched = [launch_service(name, env, workdir) for name, env in services]
+    started: list[ServiceProcess] = []
+    try:
+        for one in launched:
+            started.append(ready(one))
+    except BaseException:
+        kill_all([one.process for one in launched])
+        raise
+    return started
 
 
 def stop_service(service: ServiceProcess, timeout: float = 20.0) -> int | None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 from aiohttp import web
 
@@ -35,3 +39,25 @@ class Served:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         await self.stop()
+
+
+S = TypeVar("S", bound=Served)
+
+
+@contextmanager
+def served_in_thread(server: S) -> Iterator[S]:
+    """Serve `server` from an event loop in a thread of its own, so that it outlives each test's loop: the
+    tests of a module that share one process mesh share the fake servers it calls too."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name=f"served-{type(server).__name__}", daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
+        try:
+            yield server
+        finally:
+            asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()

@@ -125,6 +125,16 @@ class ScriptedModel(Served):
     def script(self, *steps: Step) -> None:
         self.steps.extend(steps)
 
+    def forget(self) -> None:
+        """Drop the script and all that was recorded, so that a server several tests share starts each clean."""
+        self.steps.clear()
+        self.default = None
+        self.synonyms.clear()
+        self.embedding_faults.clear()
+        recorded = (self.service_times, self.requests, self.request_times, self.exchanges, self.embedding_requests)
+        for kept in recorded:
+            kept.clear()
+
     async def start(self) -> None:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._completions)

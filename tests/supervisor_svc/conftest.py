@@ -20,7 +20,7 @@ from quarry.server import ServiceHost
 from quarry.v1 import supervisor_pb2, worker_pb2, worker_pb2_grpc
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.service import build_host as build_supervisor
-from tests.conftest import ServiceProcess, start_service, stop_service
+from tests.conftest import ServiceProcess, start_service, start_services, stop_service
 from tests.fakes.choreography import Choreography
 from tests.fakes.openai_server import ScriptedModel
 from tests.fakes.web_server import FixtureWeb
@@ -173,20 +173,23 @@ def processes(
     try:
         scratchpad = start_service("scratchpad", {**common, **credentials.environment(None)}, tmp_path)
         started.append(scratchpad)
-        workers = []
-        for n in range(2):
-            env = {
-                **common,
-                **model_env,
-                **credentials.environment(MeshRole.WORKER),
-                "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{tmp_path / f'worker{n}.db'}",
-                "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad.address,
-                "QUARRY_WORKER_SEARCH_BACKEND": "searxng",
-                "QUARRY_WORKER_SEARXNG_URL": site.base_url,
-                "QUARRY_WORKER_FETCH_ALLOW": f"127.0.0.1:{site.port}",
-            }
-            workers.append(start_service("worker", env, tmp_path))
-            started.append(workers[-1])
+        worker_env = {
+            **common,
+            **model_env,
+            **credentials.environment(MeshRole.WORKER),
+            "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad.address,
+            "QUARRY_WORKER_SEARCH_BACKEND": "searxng",
+            "QUARRY_WORKER_SEARXNG_URL": site.base_url,
+            "QUARRY_WORKER_FETCH_ALLOW": f"127.0.0.1:{site.port}",
+        }
+        workers = start_services(
+            [
+                ("worker", {**worker_env, "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{tmp_path / f'worker{n}.db'}"})
+                for n in range(2)
+            ],
+            tmp_path,
+        )
+        started.extend(workers)
         supervisor = start_service(
             "supervisor",
             {

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
+import pytest_asyncio
 from google.protobuf import duration_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -57,6 +58,10 @@ class Mesh:
 WORKER_ID = "worker-7"
 IN_PROCESS = ("in-process", True)
 PROCESSES = pytest.param(("processes", True), marks=pytest.mark.slow, id="processes")
+# The worker process the module's tests share, where a test neither stops the worker or the model nor sends
+# another test's delegation ids; the others start their own (OWN_MESH). All share one scratchpad process.
+SHARED_PROCESSES = pytest.param(("shared processes", True), marks=pytest.mark.slow, id="processes")
+OWN_MESH = pytest.mark.parametrize("mesh", [IN_PROCESS, PROCESSES], ids=["in-process", "processes"], indirect=True)
 
 
 def worker_settings(
@@ -97,46 +102,110 @@ async def in_process(
             yield scratchpad_host.address, worker_host.address, worker_host.shutdown
 
 
+def process_env(data_dir: Path) -> dict[str, str]:
+    return {"QUARRY_DATA_DIR": str(data_dir), "QUARRY_LOG_LEVEL": "WARNING", "QUARRY_SHUTDOWN_GRACE_SECONDS": "2"}
+
+
+def start_worker(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, native_tools: bool, scratchpad: ServiceProcess
+) -> ServiceProcess:
+    """The worker as its own OS process, configured through the environment."""
+    env = {**process_env(tmp_path), **worker_settings(model, site, scratchpad.address, native_tools)}
+    return start_service("worker", env, tmp_path)
+
+
+@contextmanager
+def stopped_cleanly(service: ServiceProcess) -> Iterator[None]:
+    """Once the block ends, the service exits with status 0 on SIGTERM; it is stopped however the block ends."""
+    try:
+        yield
+        assert stop_service(service) == 0, service.log()
+    finally:
+        stop_service(service)
+
+
+@pytest.fixture(scope="module")
+def scratchpad_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    """The scratchpad as its own OS process, for every test whose worker is one (each test has its own thread)."""
+    directory = tmp_path_factory.mktemp("scratchpad")
+    scratchpad = start_service("scratchpad", process_env(directory), directory)
+    with stopped_cleanly(scratchpad):
+        yield scratchpad
+
+
 @asynccontextmanager
 async def processes(
-    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, native_tools: bool
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, native_tools: bool, scratchpad: ServiceProcess
 ) -> AsyncIterator[tuple[str, str, Callable[[], Awaitable[None]]]]:
-    """Scratchpad and worker as their own OS processes, configured through the environment."""
-    common = {"QUARRY_DATA_DIR": str(tmp_path), "QUARRY_LOG_LEVEL": "WARNING", "QUARRY_SHUTDOWN_GRACE_SECONDS": "2"}
-    started: list[ServiceProcess] = []
-    try:
-        started.append(await asyncio.to_thread(start_service, "scratchpad", common, tmp_path))
-        env = {**common, **worker_settings(model, site, started[0].address, native_tools)}
-        started.append(await asyncio.to_thread(start_service, "worker", env, tmp_path))
+    worker = await asyncio.to_thread(start_worker, tmp_path, model, site, native_tools, scratchpad)
+    with stopped_cleanly(worker):
 
         async def terminate_worker() -> None:
-            started[1].process.terminate()
+            worker.process.terminate()
 
-        yield started[0].address, started[1].address, terminate_worker
-        for service in reversed(started):
-            assert stop_service(service) == 0, service.log()
-    finally:
-        for service in started:
-            stop_service(service)
+        yield scratchpad.address, worker.address, terminate_worker
 
 
-@pytest.fixture(params=[IN_PROCESS, PROCESSES], ids=["in-process", "processes"])
+@pytest.fixture(scope="module")
+def shared_worker(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_model: ScriptedModel,
+    shared_site: FixtureWeb,
+    scratchpad_process: ServiceProcess,
+) -> Iterator[ServiceProcess]:
+    worker = start_worker(tmp_path_factory.mktemp("worker"), shared_model, shared_site, True, scratchpad_process)
+    with stopped_cleanly(worker):
+        yield worker
+
+
+@asynccontextmanager
+async def shared(
+    scratchpad: ServiceProcess, worker: ServiceProcess
+) -> AsyncIterator[tuple[str, str, Callable[[], Awaitable[None]]]]:
+    async def keep_running() -> None:
+        raise AssertionError("a worker that other tests share is not one test's to stop (use OWN_MESH)")
+
+    yield scratchpad.address, worker.address, keep_running
+
+
+@pytest.fixture(params=[IN_PROCESS, SHARED_PROCESSES], ids=["in-process", "processes"])
 async def mesh(
     tmp_path: Path, request: pytest.FixtureRequest, model: ScriptedModel, site: FixtureWeb
 ) -> AsyncIterator[Mesh]:
     mode, native_tools = request.param
-    start = in_process if mode == "in-process" else processes
-    async with mesh_on(start(tmp_path, model, site, native_tools), model, site) as mesh:
+    services: AbstractAsyncContextManager[tuple[str, str, Callable[[], Awaitable[None]]]]
+    if mode == "in-process":
+        services = in_process(tmp_path, model, site, native_tools)
+    elif mode == "processes":
+        services = processes(tmp_path, model, site, native_tools, request.getfixturevalue("scratchpad_process"))
+    else:
+        model, site = request.getfixturevalue("shared_model"), request.getfixturevalue("shared_site")
+        model.forget()
+        worker = request.getfixturevalue("shared_worker")
+        services = shared(request.getfixturevalue("scratchpad_process"), worker)
+    async with mesh_on(services, model, site) as mesh:
+        yield mesh
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def worker_on_database(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_model: ScriptedModel,
+    shared_site: FixtureWeb,
+    module_database_url: str,
+) -> AsyncIterator[Mesh]:
+    """The worker in this process, its delegations in SQLite or PostgreSQL (each test runs on both). The tests
+    that use it send only requests it refuses, so they share it."""
+    directory = tmp_path_factory.mktemp("worker")
+    services = in_process(directory, shared_model, shared_site, True, module_database_url)
+    async with mesh_on(services, shared_model, shared_site) as mesh:
         yield mesh
 
 
 @pytest.fixture
-async def mesh_on_database(
-    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, database_url: str
-) -> AsyncIterator[Mesh]:
-    """The worker in this process, its delegations in SQLite or PostgreSQL (each test runs on both)."""
-    async with mesh_on(in_process(tmp_path, model, site, True, database_url), model, site) as mesh:
-        yield mesh
+def mesh_on_database(worker_on_database: Mesh) -> Mesh:
+    worker_on_database.model.forget()
+    return worker_on_database
 
 
 @asynccontextmanager
@@ -231,6 +300,7 @@ def test_a_worker_without_a_configured_id_names_itself_by_its_host_and_differs_f
     assert first.startswith(socket.gethostname()[:50]) and first != second
 
 
+@OWN_MESH  # it sends the first test's delegation id
 async def test_provider_failure_after_partial_text_is_a_failed_result_without_the_text(mesh: Mesh) -> None:
     article = f"{mesh.site.base_url}/article.html"
     mesh.model.script(
@@ -251,6 +321,7 @@ async def test_provider_failure_after_partial_text_is_a_failed_result_without_th
     assert recorded.last_error.startswith("provider_error")
 
 
+@OWN_MESH
 async def test_a_model_endpoint_that_is_down_fails_the_delegation_naming_its_url_and_setting(mesh: Mesh) -> None:
     await mesh.model.stop()
     result = (await mesh.delegate(mesh.request()))[-1].result
@@ -364,6 +435,7 @@ BAD_REQUESTS: list[tuple[str, dict[str, object], str]] = [
 
 
 @pytest.mark.parametrize(("case", "change", "field"), BAD_REQUESTS, ids=[case[0] for case in BAD_REQUESTS])
+@pytest.mark.asyncio(loop_scope="module")
 async def test_bad_requests_are_invalid_argument(
     mesh_on_database: Mesh, case: str, change: dict[str, object], field: str
 ) -> None:
@@ -380,6 +452,7 @@ async def test_bad_requests_are_invalid_argument(
 
 
 @pytest.mark.parametrize("delegation_id", ["", "run-1:\x00", "has space", "d" * 257])
+@pytest.mark.asyncio(loop_scope="module")
 async def test_get_delegation_refuses_a_malformed_id(mesh_on_database: Mesh, delegation_id: str) -> None:
     request = worker_pb2.GetDelegationRequest(delegation_id=delegation_id)
     error = await expect_error(mesh_on_database.worker.GetDelegation(request), grpc.StatusCode.INVALID_ARGUMENT)
@@ -411,6 +484,7 @@ async def test_text_tool_protocol_end_to_end_for_a_model_without_native_tools(me
     assert tool_names == ["read_web_page", "append_scratchpad"], "the fenced example was not executed"
 
 
+@OWN_MESH
 async def test_shutdown_ends_running_delegations_with_a_correlated_cancelled_result(mesh: Mesh) -> None:
     mesh.model.script(Stall(30))
     call = mesh.worker.Delegate(mesh.request("run-1:interrupted"))
@@ -423,6 +497,7 @@ async def test_shutdown_ends_running_delegations_with_a_correlated_cancelled_res
     assert last.result.error.code == common_pb2.DELEGATION_ERROR_CODE_CANCELLED
 
 
+@OWN_MESH
 async def test_sigterm_turns_health_not_serving_at_once_and_lets_a_delegation_finish_within_the_grace(
     mesh: Mesh,
 ) -> None:

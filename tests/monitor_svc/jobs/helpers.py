@@ -49,7 +49,8 @@ def settings(**overrides: Any) -> MonitorSettings:
 
 @asynccontextmanager
 async def serving(data_dir: Path, monitor_settings: MonitorSettings | None = None) -> AsyncIterator[Stub]:
-    host = await build_host(monitor_settings or settings(), QuarrySettings(data_dir=data_dir))
+    # Some tests end while a job is still followed: its supervision stops within a 1 s grace, not the default 5 s.
+    host = await build_host(monitor_settings or settings(), QuarrySettings(data_dir=data_dir, shutdown_grace_seconds=1))
     async with host, insecure_channel(host.address) as channel:
         yield monitor_pb2_grpc.MonitorServiceStub(channel)
 

@@ -3,15 +3,15 @@ objections settled by revision and by adjudication, refused and repaired outputs
 
 Supervisor, two workers and the scratchpad run as `quarry serve` processes with mesh tokens; the model
 is the scripted OpenAI-compatible server (tests/fakes/evidence.py scripts the evidence roles), the web
-the local fixture site.
+the local fixture site. The tests share one mesh, model server and site: each run has its own
+thread and its own script.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -56,7 +56,7 @@ from tests.fakes.evidence import (
 )
 from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
 from tests.fakes.web_server import FixtureWeb
-from tests.supervisor_svc.conftest import processes
+from tests.supervisor_svc.conftest import ProcessMesh, processes
 
 pytestmark = pytest.mark.slow
 
@@ -72,34 +72,47 @@ INTERNAL_TOOLS = (
 )
 
 
+@pytest.fixture(scope="module")
+def mesh(
+    tmp_path_factory: pytest.TempPathFactory, shared_model: ScriptedModel, shared_site: FixtureWeb
+) -> Iterator[ProcessMesh]:
+    with processes(tmp_path_factory.mktemp("mesh"), shared_model, shared_site) as mesh:
+        yield mesh
+
+
 @pytest.fixture
-async def script(model: ScriptedModel, site: FixtureWeb) -> AsyncIterator[EvidenceScript]:
+def site(shared_site: FixtureWeb) -> FixtureWeb:
+    return shared_site
+
+
+@pytest.fixture
+def script(shared_model: ScriptedModel, site: FixtureWeb) -> EvidenceScript:
     choreography = EvidenceScript(site_url=site.base_url)
-    model.default = choreography
+    shared_model.forget()
+    shared_model.default = choreography
     add_pages(site)
-    yield choreography
+    return choreography
 
 
 async def verified_run(
-    tmp_path: Path, model: ScriptedModel, site: FixtureWeb
+    mesh: ProcessMesh,
 ) -> tuple[list[supervisor_pb2.RunEvent], supervisor_pb2.Run, list[scratchpad_pb2.Entry]]:
-    with processes(tmp_path, model, site) as mesh:
-        async with RunsClient.connect(mesh.supervisor.address) as client:
-            options = supervisor_pb2.RunOptions(verification=supervisor_pb2.VERIFICATION_MODE_ON)
-            run = await client.start_run(QUESTION, options=options)
-            events = [event async for event in client.stream_run(run.run_id)]
-            stored = await client.get_run(run.run_id)
-        async with open_channel(mesh.scratchpad.address, token=mesh.supervisor_token) as channel:
-            entries = await ScratchpadClient(channel).read_all(run.scratchpad_thread_id)
+    async with RunsClient.connect(mesh.supervisor.address) as client:
+        options = supervisor_pb2.RunOptions(verification=supervisor_pb2.VERIFICATION_MODE_ON)
+        run = await client.start_run(QUESTION, options=options)
+        events = [event async for event in client.stream_run(run.run_id)]
+        stored = await client.get_run(run.run_id)
+    async with open_channel(mesh.scratchpad.address, token=mesh.supervisor_token) as channel:
+        entries = await ScratchpadClient(channel).read_all(run.scratchpad_thread_id)
     return events, stored, entries
 
 
 async def test_a_verified_run_cites_only_supported_claims_surfaces_disagreement_and_settles_every_objection(
-    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: EvidenceScript
+    mesh: ProcessMesh, site: FixtureWeb, script: EvidenceScript
 ) -> None:
     tower_scenario(script, site)
 
-    events, stored, entries = await verified_run(tmp_path, model, site)
+    events, stored, entries = await verified_run(mesh)
 
     payloads = [event.WhichOneof("payload") for event in events]
     assert script.unanswered == []
@@ -207,7 +220,7 @@ async def test_a_verified_run_cites_only_supported_claims_surfaces_disagreement_
 
 
 async def test_in_a_run_a_refused_verifier_leaves_its_finding_uncited_and_a_malformed_one_is_repaired(
-    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: EvidenceScript
+    mesh: ProcessMesh, site: FixtureWeb, script: EvidenceScript
 ) -> None:
     research(script, site, OPENED, TALL)
     refusals: list[str] = []
@@ -240,7 +253,7 @@ async def test_in_a_run_a_refused_verifier_leaves_its_finding_uncited_and_a_malf
     script.add(REPORT, Reply(content=f"{S_OPENED} It is 330 metres tall [2]."))
     script.audits = {marked(S_OPENED): ("sound", "")}
 
-    events, stored, entries = await verified_run(tmp_path, model, site)
+    events, stored, entries = await verified_run(mesh)
 
     assert script.unanswered == []
     assert events[-1].WhichOneof("payload") == "completed", events[-1]
@@ -296,18 +309,17 @@ async def awaiting_approval(client: RunsClient) -> supervisor_pb2.Run:
 
 
 async def test_an_objection_the_review_cannot_settle_waits_for_the_person_who_approves_the_run(
-    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: EvidenceScript
+    mesh: ProcessMesh, site: FixtureWeb, script: EvidenceScript
 ) -> None:
     unsettled_objection(script, site)
     comment = "Standing 330 m high is being 330 m tall."
 
-    with processes(tmp_path, model, site) as mesh:
-        async with RunsClient.connect(mesh.supervisor.address) as client:
-            waiting = await awaiting_approval(client)
-            approved = await client.approve_run(waiting.run_id, comment=comment)
-            events = [event async for event in client.stream_run(waiting.run_id)]
-        async with open_channel(mesh.scratchpad.address, token=mesh.supervisor_token) as channel:
-            entries = await ScratchpadClient(channel).read_all(waiting.scratchpad_thread_id)
+    async with RunsClient.connect(mesh.supervisor.address) as client:
+        waiting = await awaiting_approval(client)
+        approved = await client.approve_run(waiting.run_id, comment=comment)
+        events = [event async for event in client.stream_run(waiting.run_id)]
+    async with open_channel(mesh.scratchpad.address, token=mesh.supervisor_token) as channel:
+        entries = await ScratchpadClient(channel).read_all(waiting.scratchpad_thread_id)
 
     assert script.unanswered == []
     [adjudication] = [agent for agent in script.requests if agent.startswith("Adjudicate objection ")]
@@ -366,17 +378,16 @@ async def test_an_objection_the_review_cannot_settle_waits_for_the_person_who_ap
 
 
 async def test_a_rejected_run_fails_and_leaves_the_objection_open(
-    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: EvidenceScript
+    mesh: ProcessMesh, site: FixtureWeb, script: EvidenceScript
 ) -> None:
     unsettled_objection(script, site)
 
-    with processes(tmp_path, model, site) as mesh:
-        async with RunsClient.connect(mesh.supervisor.address) as client:
-            waiting = await awaiting_approval(client)
-            rejected = await client.reject_run(waiting.run_id, reason="Standing high is not being tall.")
-            events = [event async for event in client.stream_run(waiting.run_id)]
-        async with open_channel(mesh.scratchpad.address, token=mesh.supervisor_token) as channel:
-            entries = await ScratchpadClient(channel).read_all(waiting.scratchpad_thread_id)
+    async with RunsClient.connect(mesh.supervisor.address) as client:
+        waiting = await awaiting_approval(client)
+        rejected = await client.reject_run(waiting.run_id, reason="Standing high is not being tall.")
+        events = [event async for event in client.stream_run(waiting.run_id)]
+    async with open_channel(mesh.scratchpad.address, token=mesh.supervisor_token) as channel:
+        entries = await ScratchpadClient(channel).read_all(waiting.scratchpad_thread_id)
 
     assert script.unanswered == []
     assert rejected.state == supervisor_pb2.RUN_STATE_FAILED and not rejected.HasField("report")
