@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-import openai
 
 from quarry.agent.model import ModelSettings
 
@@ -61,6 +60,9 @@ class Embedder:
     """Texts to unit vectors through /v1/embeddings. Blocking and thread-safe: async callers use a thread."""
 
     def __init__(self, settings: EmbeddingSettings) -> None:
+        # Imported here: the SDK takes most of a second to import, and most workers never embed.
+        import openai
+
         self.settings = settings
         self._client = openai.OpenAI(
             base_url=settings.base_url,
@@ -74,6 +76,8 @@ class Embedder:
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         """One request: a row per text, in order, each of unit length (or zero). Raises EmbeddingError."""
+        import openai  # imported once already, by __init__
+
         where = f"the embeddings endpoint {self.settings.base_url} (model {self.settings.model!r})"
         request: dict[str, Any] = {"model": self.settings.model, "input": list(texts), "encoding_format": "float"}
         if self.settings.dimensions is not None:
