@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from quarry.cli.lab.plot import plot_ledger
-from quarry.records.campaign import LedgerRecord, Verdict
+from quarry.records.campaign import TrialRecord, Verdict
 from quarry.records.contract import ledger_rows
 from quarry.records.signals import MetricGoal, SignalRules, read_signals
 from quarry.v1 import monitor_pb2
@@ -47,10 +47,10 @@ CHANGES: list[tuple[str, float | None]] = [
 ]
 
 
-def simulated_ledger(seed: int = 7) -> list[LedgerRecord]:
+def simulated_ledger(seed: int = 7) -> list[TrialRecord]:
     noise = random.Random(seed)
     truth = {"c0": BASELINE_LOSS}  # each commit's true loss
-    ledger: list[LedgerRecord] = []
+    ledger: list[TrialRecord] = []
     changes = iter(CHANGES)
     start = datetime(2026, 12, 1, 22, 0, tzinfo=UTC)
     for _ in range(MAX_CYCLES):
@@ -72,7 +72,7 @@ def simulated_ledger(seed: int = 7) -> list[LedgerRecord]:
         verdict = Verdict.BASELINE if signals.baseline_runs_needed else signals.judge(commit, value).verdict
         began = start + timedelta(minutes=6 * len(ledger))
         ledger.append(
-            LedgerRecord(
+            TrialRecord(
                 cycle=len(ledger) + 1,
                 hypothesis=hypothesis,
                 action=hypothesis,

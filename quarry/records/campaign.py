@@ -29,8 +29,8 @@ __all__ = [
     "Directive",
     "DirectiveConsumed",
     "Insight",
-    "LedgerRecord",
     "Metrics",
+    "TrialRecord",
     "UtcDatetime",
     "Verdict",
     "Violation",
@@ -74,8 +74,11 @@ Metrics = Annotated[
 ]
 
 
-class LedgerRecord(Record):
-    """One cycle: what was tried, where, how the job ended, what it measured and what was decided."""
+class TrialRecord(Record):
+    """One cycle's trial: what was tried, where, how the job ended, what it measured and what was decided.
+
+    Stored with the kind "ledger", and listed by ListLedgerRows, as before the record was named for what it
+    is: "ledger" in this code means a run's delegation accounting (supervisor_svc/runs/ledger.py)."""
 
     kind: Literal["ledger"] = "ledger"
     cycle: int = Field(ge=1)
@@ -160,7 +163,7 @@ class Violation(Record):
 
 
 CampaignRecord = Annotated[
-    LedgerRecord | DeadEnd | Insight | Directive | DirectiveConsumed | Decision | Violation,
+    TrialRecord | DeadEnd | Insight | Directive | DirectiveConsumed | Decision | Violation,
     Field(discriminator="kind"),
 ]
 

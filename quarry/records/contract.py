@@ -1,6 +1,6 @@
 """A campaign's records and signals as the public contract (quarry.v1) carries them, both ways.
 
-The one translation between `LedgerRecord`/`Signals` and `LedgerRow`/`CampaignSignals`: the server
+The one translation between `TrialRecord`/`Signals` and `LedgerRow`/`CampaignSignals`: the server
 writes rows with it, and a reader of rows (the command line, a script) reads them back with it.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC
 
 from quarry.convert import JOB_STATES, EnumMap, timestamp
-from quarry.records.campaign import LedgerRecord, Verdict
+from quarry.records.campaign import TrialRecord, Verdict
 from quarry.records.signals import MetricGoal, SignalRules, Signals, read_signals
 from quarry.v1 import campaign_pb2
 
@@ -43,7 +43,7 @@ def signals_to_proto(signals: Signals) -> campaign_pb2.CampaignSignals:
     return message
 
 
-def ledger_row(record: LedgerRecord, signals: Signals | None = None) -> campaign_pb2.LedgerRow:
+def ledger_row(record: TrialRecord, signals: Signals | None = None) -> campaign_pb2.LedgerRow:
     """The row of one ledger record; with the signals after it when given."""
     row = campaign_pb2.LedgerRow(
         cycle=record.cycle,
@@ -71,7 +71,7 @@ def ledger_row(record: LedgerRecord, signals: Signals | None = None) -> campaign
 
 
 def ledger_rows(
-    ledger: Sequence[LedgerRecord], goal: MetricGoal, rules: SignalRules, *, first: int = 0
+    ledger: Sequence[TrialRecord], goal: MetricGoal, rules: SignalRules, *, first: int = 0
 ) -> list[campaign_pb2.LedgerRow]:
     """The ledger's rows from index `first` on (in cycle order), each with the signals after it."""
     return [
@@ -79,12 +79,12 @@ def ledger_rows(
     ]
 
 
-def ledger_record(row: campaign_pb2.LedgerRow) -> LedgerRecord:
+def ledger_record(row: campaign_pb2.LedgerRow) -> TrialRecord:
     """A ledger row as the record it mirrors. Raises ValueError for a verdict this build does not know."""
     verdict = VERDICTS.from_proto(row.verdict)
     if verdict is None:
         raise ValueError(f"ledger row {row.cycle} has a verdict this build does not know")
-    return LedgerRecord(
+    return TrialRecord(
         cycle=row.cycle,
         hypothesis=row.hypothesis,
         action=row.action,

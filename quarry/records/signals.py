@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from quarry.records.campaign import LedgerRecord, Verdict
+from quarry.records.campaign import TrialRecord, Verdict
 from quarry.vocabulary import MetricDirection
 
 __all__ = [
@@ -216,12 +216,12 @@ class Signals:
         return "\n".join(lines)
 
 
-def baseline_batches(ledger: Sequence[LedgerRecord]) -> tuple[tuple[LedgerRecord, ...], ...]:
+def baseline_batches(ledger: Sequence[TrialRecord]) -> tuple[tuple[TrialRecord, ...], ...]:
     """The ledger's baseline runs in batches: a batch ends at the first run that measured a candidate.
 
     A failed run does not end a batch (the baseline run that crashed is simply run again).
     """
-    batches: list[list[LedgerRecord]] = []
+    batches: list[list[TrialRecord]] = []
     open_batch = False
     for record in ledger:
         if record.verdict is Verdict.BASELINE:
@@ -234,7 +234,7 @@ def baseline_batches(ledger: Sequence[LedgerRecord]) -> tuple[tuple[LedgerRecord
     return tuple(tuple(batch) for batch in batches)
 
 
-def read_signals(ledger: Sequence[LedgerRecord], goal: MetricGoal, rules: SignalRules) -> Signals:
+def read_signals(ledger: Sequence[TrialRecord], goal: MetricGoal, rules: SignalRules) -> Signals:
     """The signals after the ledger's records (in cycle order)."""
     noise: NoiseFloor | None = None
     best: float | None = None

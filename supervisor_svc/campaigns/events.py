@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from quarry.convert import JOB_STATES, EnumMap, job_ref_to_proto, timestamp
-from quarry.records.campaign import LedgerRecord, Violation, ViolationKind
+from quarry.records.campaign import TrialRecord, Violation, ViolationKind
 from quarry.records.contract import ledger_row
 from quarry.v1 import campaign_pb2, monitor_pb2
 from supervisor_svc.campaigns.state import CampaignState, DirectiveState, JobProgress, Phase, SignalKind
@@ -57,7 +57,7 @@ def phase_changed(phase: Phase, cycle: int, message: str = "") -> Event:
     return Event(campaign_pb2.CampaignEvent(phase_changed=changed))
 
 
-def ledger_recorded(record: LedgerRecord) -> Event:
+def ledger_recorded(record: TrialRecord) -> Event:
     return Event(campaign_pb2.CampaignEvent(ledger_recorded=ledger_row(record)))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from quarry.records.campaign import CampaignRecord, DeadEnd, Insight, LedgerRecord
+from quarry.records.campaign import CampaignRecord, DeadEnd, Insight, TrialRecord
 
 EXPERIMENTS_FILE = "experiments.jsonl"
 DEAD_ENDS_FILE = "DEAD_ENDS.md"
@@ -28,7 +28,7 @@ def workspace_exports(records: Sequence[CampaignRecord]) -> dict[str, str]:
 
 def experiments_jsonl(records: Sequence[CampaignRecord]) -> str:
     """One JSON line per trial (experiment row), in cycle order: the records exactly as stored."""
-    return "".join(f"{record.to_json()}\n" for record in records if isinstance(record, LedgerRecord))
+    return "".join(f"{record.to_json()}\n" for record in records if isinstance(record, TrialRecord))
 
 
 def dead_ends_markdown(records: Sequence[CampaignRecord]) -> str:

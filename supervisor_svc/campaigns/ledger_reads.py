@@ -11,7 +11,7 @@ import inspect
 
 from quarry import paging
 from quarry.errors import FieldViolation, InvalidArgument
-from quarry.records.campaign import LedgerRecord
+from quarry.records.campaign import TrialRecord
 from quarry.records.contract import ledger_record, ledger_rows
 from quarry.records.signals import Signals, read_signals
 from quarry.v1 import campaign_pb2
@@ -22,10 +22,10 @@ DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 
 
-async def recorded_ledger(campaigns: Campaigns, campaign_id: str) -> tuple[CampaignRecord, list[LedgerRecord]]:
+async def recorded_ledger(campaigns: Campaigns, campaign_id: str) -> tuple[CampaignRecord, list[TrialRecord]]:
     """The campaign and its ledger so far, in cycle order (up to the newest event when it was read)."""
     record = await campaigns.get(campaign_id)
-    ledger: list[LedgerRecord] = []
+    ledger: list[TrialRecord] = []
     if not record.last_sequence_no:
         return record, ledger
     stream = await campaigns.events(campaign_id, 0)

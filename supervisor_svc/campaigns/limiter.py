@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from quarry.records.campaign import LedgerRecord, Verdict
+from quarry.records.campaign import TrialRecord, Verdict
 
 WINDOW = timedelta(hours=1)
 DEFAULT_BACKOFF_BASE_SECONDS = 60.0
@@ -60,7 +60,7 @@ class CycleCost:
     failure: str = ""
 
     @classmethod
-    def of(cls, record: LedgerRecord) -> CycleCost:
+    def of(cls, record: TrialRecord) -> CycleCost:
         failure = (record.conclusion or "failed") if record.verdict is Verdict.FAILED else ""
         return cls(record.started_at, record.ended_at, record.tokens_used, failure)
 

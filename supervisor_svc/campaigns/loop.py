@@ -21,7 +21,7 @@ from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient
 from quarry.clients.monitor import MonitorClient
 from quarry.errors import QuarryError, ServiceError
-from quarry.records.campaign import CampaignRecord, Decision, Directive, DirectiveConsumed, LedgerRecord
+from quarry.records.campaign import CampaignRecord, Decision, Directive, DirectiveConsumed, TrialRecord
 from quarry.records.signals import Signals, read_signals
 from quarry.research_plane import ResearchPlane
 from supervisor_svc.campaigns import exports, limiter, memory
@@ -171,7 +171,7 @@ class CampaignLoop:
         self,
         cycle: int,
         signals: Signals,
-        trials: Sequence[LedgerRecord],
+        trials: Sequence[TrialRecord],
         phase: Phase,
         hypothesis: str,
         action: str,
@@ -187,7 +187,7 @@ class CampaignLoop:
         trial = Trial(cycle, hypothesis, action, commit, started, tokens=0, baseline=phase is Phase.BASELINE)
         await self._reflect(signals, trials, trial, end)
 
-    async def _experiment(self, cycle: int, signals: Signals, trials: Sequence[LedgerRecord]) -> None:
+    async def _experiment(self, cycle: int, signals: Signals, trials: Sequence[TrialRecord]) -> None:
         handle, started = self._handle, datetime.now(UTC)
         launched = _launched(self._thread.records, cycle)
         if launched is not None:  # restarted after the change was committed: its experiment, not a new THINK
@@ -240,7 +240,7 @@ class CampaignLoop:
     async def _run_job(self, cycle: int) -> JobEnd:
         return await run_experiment(self._lab, self._handle, cycle, self._settings.watch_poll_seconds)
 
-    async def _reflect(self, signals: Signals, trials: Sequence[LedgerRecord], trial: Trial, end: JobEnd) -> None:
+    async def _reflect(self, signals: Signals, trials: Sequence[TrialRecord], trial: Trial, end: JobEnd) -> None:
         """REFLECT: its conclusions, written once."""
         await self._handle.set_phase(Phase.REFLECT, trial.cycle, f"job {end.job_id} {end.state.value}")
         now = datetime.now(UTC)
@@ -255,7 +255,7 @@ class CampaignLoop:
             await handle.emit(event.item, key=event.key)
         if reflection.reset_to:
             await self._lab.reset(reflection.reset_to, remove_untracked=True)
-        await handle.record_ledger(row, reflection.progress)
+        await handle.record_trial(row, reflection.progress)
         await self._thread.write(row, f"c{row.cycle}/ledger")  # the key the thread's trials have always had
         for event in reflection.signalled:
             await handle.emit(event.item, key=event.key)
@@ -301,8 +301,8 @@ def _launched(records: Sequence[CampaignRecord], cycle: int) -> Decision | None:
     return None
 
 
-def _trials(records: Sequence[CampaignRecord]) -> list[LedgerRecord]:
-    return [record for record in records if isinstance(record, LedgerRecord)]
+def _trials(records: Sequence[CampaignRecord]) -> list[TrialRecord]:
+    return [record for record in records if isinstance(record, TrialRecord)]
 
 
 def _brief_rules(spec: CampaignSpec) -> str:

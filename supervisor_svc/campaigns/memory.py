@@ -19,7 +19,7 @@ from quarry.records.campaign import (
     Directive,
     DirectiveConsumed,
     Insight,
-    LedgerRecord,
+    TrialRecord,
     Verdict,
 )
 from quarry.records.signals import MetricGoal, Signals, baseline_batches
@@ -104,12 +104,12 @@ def pending_directives(records: Sequence[CampaignRecord]) -> tuple[Directive, ..
     return tuple(pending.values())
 
 
-def _trials(records: Sequence[CampaignRecord]) -> list[LedgerRecord]:
+def _trials(records: Sequence[CampaignRecord]) -> list[TrialRecord]:
     """The experiment rows (trials), in cycle order."""
-    return [record for record in records if isinstance(record, LedgerRecord)]
+    return [record for record in records if isinstance(record, TrialRecord)]
 
 
-def _milestones(trials: Sequence[LedgerRecord], goal: MetricGoal) -> list[str]:
+def _milestones(trials: Sequence[TrialRecord], goal: MetricGoal) -> list[str]:
     """One line per baseline batch and per kept improvement, in cycle order."""
     lines: list[tuple[int, str]] = []
     for batch in baseline_batches(trials):
@@ -125,7 +125,7 @@ def _milestones(trials: Sequence[LedgerRecord], goal: MetricGoal) -> list[str]:
     return [line for _, line in sorted(lines, key=lambda item: item[0])]
 
 
-def _experiment_line(record: LedgerRecord) -> str:
+def _experiment_line(record: TrialRecord) -> str:
     metrics = ", ".join(f"{name}={_value(record, name)}" for name in record.metrics) or "no metrics"
     job = f", job {record.job_state}" if record.job_state is not None else ""
     conclusion = f" -> {record.conclusion}" if record.conclusion else ""
@@ -134,12 +134,12 @@ def _experiment_line(record: LedgerRecord) -> str:
     )
 
 
-def _value(record: LedgerRecord, name: str) -> str:
+def _value(record: TrialRecord, name: str) -> str:
     value = record.metric(name)
     return "none" if value is None else f"{value:.6g}"
 
 
-def _at(record: LedgerRecord) -> str:
+def _at(record: TrialRecord) -> str:
     return f" at {record.commit[:12]}" if record.commit else ""
 
 

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from quarry.clients.monitor import MonitorClient
 from quarry.compute import JobReport
-from quarry.records.campaign import LedgerRecord
+from quarry.records.campaign import TrialRecord
 from quarry.vocabulary import JobRef
 from quarry.workspace import Experiment, GitState, Launched, WorkspaceView, Written
 from supervisor_svc.campaigns.events import Event
@@ -63,7 +63,7 @@ class DrivenCampaign(Protocol):
 
     async def record_usage(self, tokens: int) -> None: ...
 
-    async def record_ledger(self, record: LedgerRecord, progress: Progress | None = None) -> bool: ...
+    async def record_trial(self, record: TrialRecord, progress: Progress | None = None) -> bool: ...
 
     async def sleep(self, until: datetime, reason: str) -> None: ...
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, TypeVar
 
-from quarry.records.campaign import CampaignRecord, DeadEnd, LedgerRecord, Verdict, Violation
+from quarry.records.campaign import CampaignRecord, DeadEnd, TrialRecord, Verdict, Violation
 from quarry.records.signals import Signals, read_signals
 from quarry.vocabulary import JobState
 from supervisor_svc.campaigns import events, violations
@@ -59,7 +59,7 @@ class Trial:
 class ReflectInput:
     spec: CampaignSpec
     signals: Signals  # as the cycle started
-    trials: Sequence[LedgerRecord]  # the trial rows before this cycle's
+    trials: Sequence[TrialRecord]  # the trial rows before this cycle's
     trial: Trial
     end: JobEnd
     now: datetime
@@ -75,7 +75,7 @@ class Keyed(Generic[_T]):
 
 @dataclass(frozen=True)
 class Reflection:
-    row: LedgerRecord  # the cycle's trial row
+    row: TrialRecord  # the cycle's trial row
     progress: Progress
     records: tuple[Keyed[CampaignRecord], ...]  # for the thread, before the row
     announced: tuple[Keyed[Event], ...]  # before the row: the violations
@@ -96,7 +96,7 @@ def reflect(given: ReflectInput) -> Reflection:
     else:
         judgement = signals.judge(trial.commit, end.value)
         verdict, reason = judgement.verdict, judgement.reason
-    row = LedgerRecord(
+    row = TrialRecord(
         cycle=cycle,
         hypothesis=trial.hypothesis,
         action=trial.action,

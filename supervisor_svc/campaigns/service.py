@@ -35,7 +35,7 @@ from quarry.errors import (
     Unimplemented,
 )
 from quarry.notify import CommitSignal
-from quarry.records.campaign import LedgerRecord
+from quarry.records.campaign import TrialRecord
 from supervisor_svc.campaigns import events
 from supervisor_svc.campaigns.events import Event
 from supervisor_svc.campaigns.spec import CampaignSpec, check_campaign_id, check_directive, reason_text, validate_spec
@@ -85,10 +85,10 @@ class CampaignHandle:
         """Count tokens as they are used (the total and the last hour GetCampaign shows)."""
         await self._store.record_usage(self.campaign_id, self._owner, tokens)
 
-    async def record_ledger(self, record: LedgerRecord, progress: Progress | None = None) -> bool:
+    async def record_trial(self, record: TrialRecord, progress: Progress | None = None) -> bool:
         """The cycle's ledger row as an event, once per cycle (False when it was recorded before)."""
         progress = progress or Progress()
-        return await self._log.write(lambda: self._store.record_ledger(self.campaign_id, self._owner, record, progress))
+        return await self._log.write(lambda: self._store.record_trial(self.campaign_id, self._owner, record, progress))
 
     async def sleep(self, until: datetime, reason: str) -> None:
         """Say the campaign waits for a budget until `until` (the loop does the waiting)."""

@@ -23,7 +23,7 @@ from quarry import ids
 from quarry.db import Database, reserve_sequence_numbers
 from quarry.errors import AlreadyExists, ErrorReason
 from quarry.notify import notify_on_commit
-from quarry.records.campaign import LedgerRecord
+from quarry.records.campaign import TrialRecord
 from supervisor_svc.campaigns import events
 from supervisor_svc.campaigns.events import Event
 from supervisor_svc.campaigns.spec import CampaignSpec
@@ -191,7 +191,7 @@ class CampaignStore(HostedStore[CampaignRecord]):
 
         await self._write(campaign_id, [], _held(campaign_id, owner), columns=columns)
 
-    async def record_ledger(self, campaign_id: str, owner: str, record: LedgerRecord, progress: Progress) -> bool:
+    async def record_trial(self, campaign_id: str, owner: str, record: TrialRecord, progress: Progress) -> bool:
         """The cycle's ledger row, once (False when it was recorded before): the cycle counts, and GetCampaign
         shows the progress. Its tokens are not counted again (record_usage counts them as they are used)."""
         columns: dict[str, Any] = {"cycles": campaigns.c.cycles + 1}

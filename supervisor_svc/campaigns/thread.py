@@ -22,7 +22,7 @@ from quarry.records.campaign import (
     Directive,
     DirectiveConsumed,
     Insight,
-    LedgerRecord,
+    TrialRecord,
     Violation,
     record_from_json,
 )
@@ -30,7 +30,7 @@ from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import EntryKind
 
 _KINDS: dict[type[Any], EntryKind] = {
-    LedgerRecord: EntryKind.CAMPAIGN_LEDGER,
+    TrialRecord: EntryKind.CAMPAIGN_LEDGER,
     DeadEnd: EntryKind.CAMPAIGN_DEAD_END,
     Insight: EntryKind.CAMPAIGN_INSIGHT,
     Directive: EntryKind.CAMPAIGN_DIRECTIVE,

@@ -21,7 +21,7 @@ from quarry.db import Database
 from quarry.errors import ErrorReason, InvalidArgument, Unimplemented
 from quarry.migrations import open_migrated_database
 from quarry.notify import CommitSignal
-from quarry.records.campaign import LedgerRecord, Verdict
+from quarry.records.campaign import TrialRecord, Verdict
 from quarry.records.contract import signals_to_proto
 from quarry.records.signals import read_signals
 from quarry.v1 import campaign_pb2
@@ -174,7 +174,7 @@ async def test_the_stream_resumes_after_a_sequence_number_and_ends_with_the_camp
     campaign = await served.client.start_campaign(spec())
     handle = await served.loops.next_started()
     now = datetime.now(UTC)
-    ledger = LedgerRecord(
+    ledger = TrialRecord(
         cycle=1,
         hypothesis="the unchanged state",
         action="baseline",
@@ -188,8 +188,8 @@ async def test_the_stream_resumes_after_a_sequence_number_and_ends_with_the_camp
         return await served.events(campaign.campaign_id)
 
     live = asyncio.create_task(follow())
-    assert await handle.record_ledger(ledger, Progress(best_value=0.5))
-    assert not await handle.record_ledger(ledger, Progress(best_value=0.5)), "one ledger row per cycle"
+    assert await handle.record_trial(ledger, Progress(best_value=0.5))
+    assert not await handle.record_trial(ledger, Progress(best_value=0.5)), "one ledger row per cycle"
     await handle.record_usage(120)
     await handle.finish(CampaignState.COMPLETED, "the cycle budget is spent")
     served.loops.release.set()
@@ -233,7 +233,7 @@ async def test_get_gives_the_signals_and_the_ledger_is_read_in_pages_each_row_wi
     now = datetime.now(UTC)
     verdicts = [Verdict.BASELINE] * 3 + [Verdict.KEEP, Verdict.DISCARD]
     ledger = [
-        LedgerRecord(
+        TrialRecord(
             cycle=cycle,
             hypothesis=f"h{cycle}",
             action="a",
@@ -246,7 +246,7 @@ async def test_get_gives_the_signals_and_the_ledger_is_read_in_pages_each_row_wi
         for cycle, (verdict, value) in enumerate(zip(verdicts, [0.50, 0.52, 0.51, 0.40, 0.45], strict=True), start=1)
     ]
     for record in ledger:
-        assert await handle.record_ledger(record)
+        assert await handle.record_trial(record)
     kept = spec_from_proto(campaign.spec)
     goal, rules = kept.metric.goal, kept.signal_rules()
 

@@ -19,7 +19,7 @@ from rich.console import Console
 from quarry.cli.arguments import build_parser
 from quarry.cli.lab.spec import SpecError, load_settings, settings_from_flags, spec_from_settings
 from quarry.cli.lab.view import CampaignView
-from quarry.records.campaign import LedgerRecord, Verdict
+from quarry.records.campaign import TrialRecord, Verdict
 from quarry.v1 import campaign_pb2, monitor_pb2
 from quarry.vocabulary import JobRef, JobState, MetricPoint
 from supervisor_svc.campaigns import events
@@ -111,9 +111,9 @@ async def test_start_from_a_file_with_a_flag_over_it_then_list_show_and_direct(
     assert code == 1 and "FAILED_PRECONDITION" in refused and "Traceback" not in refused
 
 
-def _record(cycle: int, verdict: Verdict, value: float | None, commit: str = "") -> LedgerRecord:
+def _record(cycle: int, verdict: Verdict, value: float | None, commit: str = "") -> TrialRecord:
     start = datetime(2026, 12, 1, tzinfo=UTC) + timedelta(minutes=10 * cycle)
-    return LedgerRecord(
+    return TrialRecord(
         cycle=cycle,
         hypothesis=f"hypothesis {cycle}",
         action="edit train.py" if verdict is not Verdict.BASELINE else "baseline",
@@ -143,7 +143,7 @@ async def test_ledger_and_plot_read_the_ledger_recorded_events(served: ServedCam
     started = await served.client.start_campaign(campaign_spec())
     handle = await served.loops.next_started()
     for record in LEDGER:
-        assert await handle.record_ledger(record, Progress(best_value=0.4))
+        assert await handle.record_trial(record, Progress(best_value=0.4))
     await handle.finish(CampaignState.COMPLETED, "the cycle budget is spent")
 
     code, table = await lab(served, "ledger", started.campaign_id)

@@ -18,7 +18,7 @@ from quarry.agent.usage import Usage
 from quarry.compute import JobReport
 from quarry.errors import AlreadyExists
 from quarry.identity import Principal
-from quarry.records.campaign import LedgerRecord
+from quarry.records.campaign import TrialRecord
 from quarry.research_plane import Appended
 from quarry.v1 import campaign_pb2
 from quarry.vocabulary import (
@@ -242,7 +242,7 @@ class FakeHandle:
         self.phases: list[tuple[Phase, int, str]] = []
         self.events: list[campaign_pb2.CampaignEvent] = []
         self._keys: set[str] = set()
-        self.rows: list[LedgerRecord] = []
+        self.rows: list[TrialRecord] = []
         self.progress: list[Progress] = []
         self.tokens = 0
         self.ended: tuple[CampaignState, str] | None = None  # finished (COMPLETED, FAILED) or PAUSED
@@ -277,7 +277,7 @@ class FakeHandle:
     async def record_usage(self, tokens: int) -> None:
         self.tokens += tokens
 
-    async def record_ledger(self, record: LedgerRecord, progress: Progress | None = None) -> bool:
+    async def record_trial(self, record: TrialRecord, progress: Progress | None = None) -> bool:
         if any(row.cycle == record.cycle for row in self.rows):
             return False
         self.rows.append(record)

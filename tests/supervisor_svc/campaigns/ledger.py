@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from quarry.records.campaign import LedgerRecord, Verdict
+from quarry.records.campaign import TrialRecord, Verdict
 from quarry.records.signals import MetricGoal
 from quarry.vocabulary import JobState, MetricDirection
 
@@ -23,10 +23,10 @@ def run(
     hypothesis: str = "",
     conclusion: str = "",
     metric: str = LOSS.name,
-) -> LedgerRecord:
+) -> TrialRecord:
     """Cycle `cycle`, started CYCLE_MINUTES after the one before and lasting five minutes."""
     started = START + timedelta(minutes=CYCLE_MINUTES * (cycle - 1))
-    return LedgerRecord(
+    return TrialRecord(
         cycle=cycle,
         hypothesis=hypothesis or f"hypothesis {cycle}",
         action="edit config.toml and run train.py",
@@ -43,5 +43,5 @@ def run(
     )
 
 
-def baseline(first_cycle: int, *values: float, commit: str = "base") -> list[LedgerRecord]:
+def baseline(first_cycle: int, *values: float, commit: str = "base") -> list[TrialRecord]:
     return [run(first_cycle + index, Verdict.BASELINE, value, commit=commit) for index, value in enumerate(values)]

@@ -12,7 +12,7 @@ from quarry.records.campaign import (
     Directive,
     DirectiveConsumed,
     Insight,
-    LedgerRecord,
+    TrialRecord,
     Verdict,
 )
 from quarry.records.signals import SignalRules, read_signals
@@ -124,7 +124,7 @@ def test_every_part_stays_within_its_cap_whatever_the_records(records: list[Camp
     assert len(view.log) <= LOG_CAP
     assert len(sections(view.log)[0]) <= MILESTONES_CAP
     assert view == memory_view(BRIEF, records, LOSS)
-    ledger = [record for record in records if isinstance(record, LedgerRecord)]
+    ledger = [record for record in records if isinstance(record, TrialRecord)]
     context = think_briefing(BRIEF, records, read_signals(ledger, LOSS, SignalRules()))
     assert len(context.recent_experiments) <= RECENT_EXPERIMENTS_CAP
     assert len(context.dead_ends) <= DEAD_ENDS_CAP

@@ -20,7 +20,7 @@ from quarry.records.campaign import (
     Directive,
     DirectiveConsumed,
     Insight,
-    LedgerRecord,
+    TrialRecord,
     Verdict,
     Violation,
     ViolationKind,
@@ -52,7 +52,7 @@ def test_every_kind_round_trips_through_json_exactly(record: CampaignRecord) -> 
 
 
 def test_a_ledger_record_keeps_a_metric_that_was_not_measured_and_the_job_state() -> None:
-    record = LedgerRecord(
+    record = TrialRecord(
         cycle=3,
         hypothesis="h",
         action="a",
@@ -63,7 +63,7 @@ def test_a_ledger_record_keeps_a_metric_that_was_not_measured_and_the_job_state(
         ended_at=START,
     )
     read = record_from_json(record.to_json())
-    assert isinstance(read, LedgerRecord)
+    assert isinstance(read, TrialRecord)
     assert read.job_state is JobState.TIMED_OUT
     assert dict(read.metrics) == {"val_loss": None, "accuracy": 0.9}
     assert read.metric("val_loss") is None
@@ -98,7 +98,7 @@ def test_any_ledger_record_round_trips_exactly(
     offset: timedelta,
 ) -> None:
     started = (START + timedelta(microseconds=seconds * 7)).astimezone(timezone(offset))
-    record = LedgerRecord(
+    record = TrialRecord(
         cycle=cycle,
         hypothesis=hypothesis,
         action=hypothesis[::-1],
@@ -119,7 +119,7 @@ def test_fields_a_newer_release_added_are_ignored_on_read() -> None:
     written = json.loads(EVERY_KIND[0].to_json())
     written |= {"schema_version": SCHEMA_VERSION + 1, "gpu_hours": 3.5, "reviewer": {"name": "x"}}
     read = record_from_json(json.dumps(written))
-    assert isinstance(read, LedgerRecord)
+    assert isinstance(read, TrialRecord)
     assert read.schema_version == SCHEMA_VERSION + 1
     assert read.model_dump(exclude={"schema_version"}) == EVERY_KIND[0].model_dump(exclude={"schema_version"})
 
@@ -139,14 +139,14 @@ def test_timestamps_must_carry_a_zone() -> None:
     with pytest.raises(Internal, match="started_at"):
         record_from_json(json.dumps(written))
     with pytest.raises(ValidationError):
-        LedgerRecord(
+        TrialRecord(
             cycle=1, hypothesis="", action="", verdict=Verdict.KEEP, started_at=datetime(2025, 1, 1), ended_at=START
         )
 
 
 def test_a_record_cannot_end_before_it_starts() -> None:
     with pytest.raises(ValidationError, match="before started_at"):
-        LedgerRecord(
+        TrialRecord(
             cycle=1, hypothesis="", action="", verdict=Verdict.KEEP, started_at=START, ended_at=START - timedelta(1)
         )
 
@@ -154,7 +154,7 @@ def test_a_record_cannot_end_before_it_starts() -> None:
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_a_metric_is_finite_or_none(value: float) -> None:
     with pytest.raises(ValidationError):
-        LedgerRecord(
+        TrialRecord(
             cycle=1,
             hypothesis="",
             action="",
@@ -176,7 +176,7 @@ def test_content_that_is_no_record_is_an_internal_error(content: str) -> None:
 
 def test_records_are_values() -> None:
     record = EVERY_KIND[0]
-    assert isinstance(record, LedgerRecord)
+    assert isinstance(record, TrialRecord)
     with pytest.raises(ValidationError):
         record.verdict = Verdict.DISCARD  # type: ignore[misc]
     with pytest.raises(TypeError):
