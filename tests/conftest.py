@@ -179,9 +179,17 @@ class ServiceProcess:
     address: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    # SIGTERM was sent: a second one during the graceful stop would end the process by the signal.
+    terminated: bool = False
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def terminate(self) -> None:
+        """SIGTERM, once: the service stops gracefully (its exit status says whether it did)."""
+        if not self.terminated:
+            self.terminated = True
+            self.process.terminate()
 
 
 @dataclass
@@ -251,9 +259,9 @@ def start_services(services: list[tuple[str, dict[str, str]]], workdir: Path) ->
 
 
 def stop_service(service: ServiceProcess, timeout: float = 20.0) -> int | None:
-    """SIGTERM and wait; returns the exit status, or None when it had to be killed."""
+    """SIGTERM (unless sent already) and wait; returns the exit status, or None when it had to be killed."""
     if service.process.poll() is None:
-        service.process.terminate()
+        service.terminate()
     try:
         return service.process.wait(timeout)
     except subprocess.TimeoutExpired:

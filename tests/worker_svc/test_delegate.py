@@ -139,7 +139,7 @@ async def processes(
     with stopped_cleanly(worker):
 
         async def terminate_worker() -> None:
-            worker.process.terminate()
+            worker.terminate()
 
         yield scratchpad.address, worker.address, terminate_worker
 
