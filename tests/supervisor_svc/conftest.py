@@ -21,8 +21,8 @@ from quarry.v1 import supervisor_pb2, worker_pb2, worker_pb2_grpc
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.service import build_host as build_supervisor
 from tests.conftest import ServiceProcess, start_service, start_services, stop_service
-from tests.fakes.choreography import Choreography
-from tests.fakes.openai_server import ScriptedModel
+from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
+from tests.fakes.openai_server import Reply, ScriptedModel
 from tests.fakes.web_server import FixtureWeb
 from worker_svc.service import build_host as build_worker
 
@@ -206,3 +206,17 @@ def processes(
     finally:
         for service in reversed(started):
             stop_service(service)
+
+
+def answer_at_once(mesh: Mesh, report: str = "Nothing was researched.") -> None:
+    """The supervisor's model answers without delegating, then writes `report`."""
+    mesh.script.add(SUPERVISOR, Reply(content="No research needed."))
+    mesh.script.add(REPORT, Reply(content=report))
+
+
+async def wait_for_phase(mesh: Mesh, run_id: str, phase: supervisor_pb2.ResearchPhase.ValueType) -> int:
+    """The sequence number of the run's first status event in `phase`."""
+    async for event in mesh.client.stream_run(run_id):
+        if event.status.phase == phase:
+            return event.sequence_no
+    raise AssertionError("the run ended before that phase")

@@ -64,6 +64,7 @@ class Embedder:
         import openai
 
         self.settings = settings
+        self._status_error = openai.APIStatusError
         self._client = openai.OpenAI(
             base_url=settings.base_url,
             api_key=settings.api_key,
@@ -76,8 +77,6 @@ class Embedder:
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         """One request: a row per text, in order, each of unit length (or zero). Raises EmbeddingError."""
-        import openai  # imported once already, by __init__
-
         where = f"the embeddings endpoint {self.settings.base_url} (model {self.settings.model!r})"
         request: dict[str, Any] = {"model": self.settings.model, "input": list(texts), "encoding_format": "float"}
         if self.settings.dimensions is not None:
@@ -86,7 +85,7 @@ class Embedder:
             # Read as plain JSON: the SDK's models cost a Python object per number, more than all else here.
             response = self._client.embeddings.with_raw_response.create(**request).http_response.json()
             rows = [item["embedding"] for item in sorted(response["data"], key=lambda item: item["index"])]
-        except openai.APIStatusError as error:
+        except self._status_error as error:
             # The SDK's message repeats the status; the body's own says what went wrong.
             detail = error.body.get("message") if isinstance(error.body, dict) else None
             raise EmbeddingError(f"{where} answered HTTP {error.status_code}: {detail or error.message}") from error

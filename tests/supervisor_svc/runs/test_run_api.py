@@ -13,8 +13,7 @@ from quarry.v1 import supervisor_pb2
 from tests.fakes.choreography import SUPERVISOR
 from tests.fakes.openai_server import Call, Reply, Stall
 from tests.rpc import error_reason, expect_error, violations
-from tests.supervisor_svc.conftest import Mesh
-from tests.supervisor_svc.runs.test_runs import answer_at_once, wait_for_phase
+from tests.supervisor_svc.conftest import Mesh, answer_at_once, wait_for_phase
 
 
 async def test_runs_are_listed_newest_first_in_pages(mesh: Mesh) -> None:

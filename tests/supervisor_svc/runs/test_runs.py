@@ -16,7 +16,7 @@ from supervisor_svc.runs.store import RunStore
 from supervisor_svc.schema import runs
 from tests.fakes.choreography import REPORT, SUPERVISOR, append_finding
 from tests.fakes.openai_server import Call, DropAfter, Reply, Stall
-from tests.supervisor_svc.conftest import Mesh, delegation_on
+from tests.supervisor_svc.conftest import Mesh, answer_at_once, delegation_on, wait_for_phase
 
 
 def researcher(mesh: Mesh, objective: str, page: str, content: str, excerpt: str) -> None:
@@ -79,11 +79,6 @@ async def test_a_run_delegates_and_reports_with_verified_citations(mesh: Mesh) -
     assert serving == {route.worker_id} and route.model == "scripted"
     usage = UsageObserved.parse(entries[4].content)
     assert isinstance(usage, UsageObserved) and usage.model_calls == 3  # the researcher's three scripted replies
-
-
-def answer_at_once(mesh: Mesh, report: str = "Nothing was researched.") -> None:
-    mesh.script.add(SUPERVISOR, Reply(content="No research needed."))
-    mesh.script.add(REPORT, Reply(content=report))
 
 
 async def test_a_run_whose_model_never_delegated_succeeds_and_says_its_report_has_no_sources(mesh: Mesh) -> None:
@@ -213,13 +208,6 @@ async def test_status_events_name_the_worker_serving_each_delegation(mesh: Mesh)
         [recorded] = [d for a in mesh.worker_addresses if (d := await delegation_on(a, delegation_id)) is not None]
         assert worker_ids == {recorded.worker_id} and recorded.worker_id
     assert len({recorded_id for ids in named.values() for recorded_id in ids}) == 2, "round-robin: two workers"
-
-
-async def wait_for_phase(mesh: Mesh, run_id: str, phase: supervisor_pb2.ResearchPhase.ValueType) -> int:
-    async for event in mesh.client.stream_run(run_id):
-        if event.status.phase == phase:
-            return event.sequence_no
-    raise AssertionError("the run ended before that phase")
 
 
 async def test_cancel_run_stops_its_workers_and_ends_the_run_cancelled(mesh: Mesh) -> None:
