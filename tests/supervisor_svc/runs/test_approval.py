@@ -44,8 +44,7 @@ from tests.conftest import postgres_schema, reusable_port
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
 from tests.fakes.openai_server import Reply, ScriptedModel
 from tests.rpc import expect_error, violations
-from tests.supervisor_svc.conftest import Mesh
-from tests.supervisor_svc.runs.test_runs import answer_at_once, wait_for_phase
+from tests.supervisor_svc.conftest import Mesh, answer_at_once, wait_for_phase
 
 AWAITING = supervisor_pb2.RESEARCH_PHASE_AWAITING_APPROVAL
 APPROVAL = supervisor_pb2.RunOptions(verification=supervisor_pb2.VERIFICATION_MODE_OFF, require_approval=True)
