@@ -335,6 +335,9 @@ async def test_a_cancelled_stream_cancels_the_delegation(mesh: Mesh) -> None:
     assert recorded.result.error.code == common_pb2.DELEGATION_ERROR_CODE_CANCELLED
 
 
+# Its own worker: it fills the worker's capacity, and a shared worker may still be ending another test's
+# cancelled delegations.
+@OWN_MESH
 async def test_too_many_delegations_is_resource_exhausted(mesh: Mesh) -> None:
     mesh.model.script(Stall(30), Stall(30))
     calls = [mesh.worker.Delegate(mesh.request(f"run-1:busy-{i}")) for i in range(2)]
