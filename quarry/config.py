@@ -1,6 +1,7 @@
 """Configuration from QUARRY_* environment variables and an optional TOML file.
 
-Precedence, highest first: explicit arguments, environment variables, the file
+Precedence, highest first: explicit arguments, environment variables (a credential's also as
+VARIABLE_FILE, the file holding it: see quarry.credentials), the file
 named by QUARRY_CONFIG_FILE (its [quarry] table for shared settings, and one table
 per service, e.g. [scratchpad]), then defaults.
 """
@@ -13,12 +14,15 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+
+from quarry.credentials import FILE_SUFFIX, Credential, UnreadableSecret, credentials, read_secret_file
 
 __all__ = [
     "ConfigurationError",
@@ -90,6 +94,29 @@ def describe_invalid(settings_class: type[BaseSettings], error: ValidationError)
     return "invalid configuration: " + "; ".join(problems)
 
 
+class _CredentialFiles(PydanticBaseSettingsSource):
+    """Each credential's VARIABLE_FILE: the secret read from that file, so it need not sit in the environment."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ reads every credential at once
+
+    def __call__(self) -> dict[str, Any]:
+        prefix = str(self.config.get("env_prefix", ""))
+        values = {}
+        for name in credentials(self.settings_cls):
+            variable = f"{prefix}{name.upper()}"
+            path = os.environ.get(variable + FILE_SUFFIX)
+            if not path:
+                continue
+            if variable in os.environ:
+                raise ConfigurationError(f"both {variable} and {variable}{FILE_SUFFIX} are set: set one of them")
+            try:
+                values[name] = read_secret_file(variable + FILE_SUFFIX, path)
+            except UnreadableSecret as error:
+                raise ConfigurationError(str(error)) from None
+        return values
+
+
 class _Settings(BaseSettings):
     """Base for settings classes: environment first, then the config file's table.
 
@@ -116,7 +143,7 @@ class _Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         known = set(settings_cls.model_fields)
         file_settings = InitSettingsSource(settings_cls, init_kwargs=_config_table(cls.config_table, known))
-        return (init_settings, env_settings, file_settings)
+        return (init_settings, env_settings, _CredentialFiles(settings_cls), file_settings)
 
 
 class QuarrySettings(_Settings):
@@ -139,7 +166,7 @@ class QuarrySettings(_Settings):
     (vLLM, Ollama, llama.cpp, OpenAI, ...)."""
     model_name: str = "default"
     """The model every tier asks for unless the tier names its own; the endpoint must serve it."""
-    model_api_key: str = "unused"
+    model_api_key: Credential = "unused"
     """The key sent to the model endpoint, for every tier that sets none of its own."""
     model_native_tools: bool = True
     """False for models without native tool calling: tools then go through a text `<tool_call>` protocol."""
@@ -162,7 +189,7 @@ class QuarrySettings(_Settings):
     """Calls in flight when a server asks its client to reconnect get this long to finish."""
     keepalive_seconds: float = Field(default=30.0, ge=1)
     """How often an idle connection is pinged, so a dead peer is noticed."""
-    mesh_token: str = ""
+    mesh_token: Credential = ""
     """The secret this process presents on its calls to the other services (`quarry up` makes one per
     start; `quarry mesh keys` makes them for a deployment)."""
     mesh_peers: str = ""
@@ -185,7 +212,7 @@ class ServiceSettings(_Settings):
 
     address: str
     """The HOST:PORT the service listens on (port 0 picks a free one)."""
-    database_url: str = ""
+    database_url: Credential = ""
     """The service's database as a SQLAlchemy URL (`sqlite:///PATH` or `postgresql://USER@HOST:PORT/DB`);
     empty: a SQLite file named after the service in the data directory."""
     prometheus_address: str = ""
@@ -231,7 +258,7 @@ class ModelTier(ServiceSettings):
     """This tier's own model endpoint; empty: QUARRY_MODEL_BASE_URL."""
     model_name: str = ""
     """This tier's own model; empty: QUARRY_MODEL_NAME."""
-    model_api_key: str = ""
+    model_api_key: Credential = ""
     """This tier's own key for its endpoint; empty: QUARRY_MODEL_API_KEY."""
     model_native_tools: bool | None = None
     """Whether this tier's model calls tools natively; unset: QUARRY_MODEL_NATIVE_TOOLS."""
@@ -269,7 +296,7 @@ class WorkerSettings(ModelTier):
     (`search_api_key`), or the literature: arXiv (`arxiv_url`) or Semantic Scholar (`semantic_scholar_url`)."""
     searxng_url: str = ""
     """The SearXNG instance's base URL, for the searxng backend."""
-    search_api_key: str = ""
+    search_api_key: Credential = ""
     """The API key of the tavily or brave backend; Semantic Scholar's optional one (a higher rate limit)."""
     arxiv_url: str = "https://export.arxiv.org"
     """arXiv's API, for the arxiv backend."""
@@ -286,7 +313,7 @@ class WorkerSettings(ModelTier):
     """Sent as the embeddings request's `dimensions` and checked against the answer; empty: the model's own."""
     embedding_base_url: str = ""
     """The embeddings endpoint; empty: the worker tier's model endpoint."""
-    embedding_api_key: str = ""
+    embedding_api_key: Credential = ""
     """The embeddings endpoint's key; empty: the worker tier's model key."""
     embedding_batch_size: int = Field(default=64, ge=1, le=2048)
     """Passages sent in one /v1/embeddings request while indexing."""
@@ -333,7 +360,7 @@ class SupervisorSettings(ModelTier):
     campaign is taken over and resumed by another replica."""
     context_tokens: int = Field(default=96_000, ge=1000)
     """The history budget of each supervisor model call: older turns are truncated to fit."""
-    auth_token: str = ""
+    auth_token: Credential = ""
     """When set, SupervisorService calls need `authorization: Bearer <token>` (health, diagnostics and
     reflection stay open); the command line sends it too."""
     stream_poll_seconds: float = Field(default=1.0, gt=0, le=3600)

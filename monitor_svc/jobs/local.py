@@ -33,8 +33,9 @@ NOT_OURS = "its exit status is unknown, as the monitor was restarted while it ra
 
 
 def _environment(extra: Mapping[str, str], gpus: Sequence[int]) -> dict[str, str]:
-    """The monitor's environment without its own settings (its mesh credentials among them), plus the job's."""
-    inherited = {name: value for name, value in os.environ.items() if not name.startswith("QUARRY_")}
+    """The monitor's environment without its own settings (its mesh credentials among them) and without its
+    telemetry's (OTEL_EXPORTER_OTLP_HEADERS may hold the collector's key), plus the job's."""
+    inherited = {name: value for name, value in os.environ.items() if not name.startswith(("QUARRY_", "OTEL_"))}
     return {**inherited, **extra, **gpu_environment(gpus)}
 
 

@@ -78,5 +78,8 @@ class Announcer:
     def stopped(self, name: str, status: int) -> None:
         print(f"stopped {name}" + (f" ({describe_exit(status)})" if status else ""), flush=True)
 
+    def warning(self, message: str) -> None:
+        self._console.print(f"[yellow]warning:[/yellow] {message}")
+
     def failed(self, reason: str) -> None:
         self._console.print(f"[red]quarry up failed:[/red] {reason}")

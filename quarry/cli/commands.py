@@ -36,6 +36,7 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.cli.launcher import RestartPolicy, plan, run_process_group
     from quarry.config import ModelTier
 
+    os.umask(0o077)  # its lock and state files are its user's alone, as the services' files are
     specs = list(SERVICES.values())
     overrides = {"address": "127.0.0.1:0"} if args.ephemeral_ports else {}
     models = []

@@ -14,6 +14,7 @@ import fcntl
 import functools
 import os
 import signal
+import stat
 import sys
 import tempfile
 from collections import deque
@@ -26,6 +27,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from quarry.cli.announcer import Announcer, ServiceRow, describe_exit
+from quarry.cli.environment import service_environment
 from quarry.cli.registry import ServiceSpec
 from quarry.cli.up_state import UpState
 from quarry.clients.channels import open_channel
@@ -73,7 +75,7 @@ class Instance:
 
     name: str
     spec: ServiceSpec
-    # Set on top of the environment `quarry up` runs in.
+    # Set on top of what the service gets of `quarry up`'s environment.
     env: dict[str, str] = field(default_factory=dict)
     # Where it listens; None: its own setting.
     address: str | None = None
@@ -132,12 +134,27 @@ class Child:
         return self.process is not None and self.process.returncode is None
 
 
+def private_data_dir(data_dir: Path) -> str | None:
+    """Make the data directory its owner's alone (0700): its databases hold the research, its logs what
+    the services did. A warning when an existing one was open to others; None when nothing changed."""
+    try:
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        mode = stat.S_IMODE(data_dir.stat().st_mode)
+        if not mode & 0o077:
+            return None
+        data_dir.chmod(0o700)
+    except OSError as error:
+        raise LaunchError(f"cannot make the data directory {data_dir} private (0700): {error.strerror}") from error
+    return f"the data directory {data_dir} was open to other users (mode {mode:04o}); it is 0700 now"
+
+
 @contextlib.contextmanager
 def data_dir_lock(data_dir: Path) -> Iterator[None]:
     """Hold the data directory for this `quarry up`: a second one on it would share its SQLite files."""
-    data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / LOCK_FILE
-    with open(path, "a+") as lock:
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(descriptor, 0o600)  # one an older release left open to others
+    with open(descriptor, "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -249,10 +266,12 @@ class ProcessGroup:
         UpState.remove(self._data_dir, os.getpid())
 
     def _environment(self, instance: Instance) -> dict[str, str]:
-        env = os.environ.copy()
+        # Only what the service reads: another's settings and the credentials it does not use stay here.
+        env = service_environment(os.environ, instance.spec, self._data_dir)
         # Each child gets its own mesh token (none for a service that calls no other) and every peer's digest.
         if self._keys is not None:
             env.pop("QUARRY_MESH_TOKEN", None)
+            env.pop("QUARRY_MESH_TOKEN_FILE", None)
             env.update(self._keys.environment(instance.spec.mesh_role))
         for needed, variable in instance.spec.needs.items():
             # Started in an earlier stage, so their addresses are known.
@@ -371,6 +390,8 @@ async def run_process_group(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop_requested.set)
     try:
+        if warning := private_data_dir(data_dir):
+            announce.warning(warning)
         with data_dir_lock(data_dir), tempfile.TemporaryDirectory(prefix="quarry-up-") as run_dir:
             policy = policy or RestartPolicy()
             group = ProcessGroup(Path(run_dir), data_dir, ready_timeout=ready_timeout, policy=policy, announce=announce)

@@ -43,6 +43,8 @@ class ServiceSpec:
     migrations: Migrations | None = None
     # The mesh role its calls to other services carry; None for a service that calls no other.
     mesh_role: MeshRole | None = None
+    # Services whose model tier (QUARRY_<SERVICE>_MODEL_*) this one also calls a model with.
+    model_tiers: tuple[str, ...] = ()
     # Commands that run the service's code in the command's own process, without the service: name -> "module:function".
     commands: dict[str, str] = field(default_factory=dict)
 
@@ -92,6 +94,7 @@ SERVICES: dict[str, ServiceSpec] = {
         needs={"scratchpad": "QUARRY_WORKER_SCRATCHPAD_ADDRESS", "monitor": "QUARRY_WORKER_MONITOR_ADDRESS"},
         migrations=_migrations("worker_svc"),
         mesh_role=MeshRole.WORKER,
+        model_tiers=("supervisor",),  # the citation auditor and the adjudicator run on workers
         commands={"corpus": "worker_svc.corpus_command:run"},
     ),
     "supervisor": ServiceSpec(

@@ -17,6 +17,8 @@ from quarry.config import ConfigurationError, QuarrySettings, ServiceSettings
 from quarry.db import UnsupportedDatabase
 from quarry.server import ServiceHost, serve_until_signalled
 
+log = logging.getLogger(__name__)
+
 
 def serve(
     spec: ServiceSpec,
@@ -28,6 +30,7 @@ def serve(
 ) -> int:
     """Build the service's host and serve it; the exit status of `quarry serve`."""
     configure_logging(common, spec.name, settings)
+    keep_private()
     if parent_pid:
         exit_with_parent(parent_pid)
     try:
@@ -53,6 +56,20 @@ def serve(
         return 1
     finally:
         observability.shutdown()  # exports what is still pending
+
+
+def keep_private() -> None:
+    """What the service writes (databases, logs) is its user's alone (umask 077), and no other process of
+    that user may read its memory or /proc/PID/environ, where its credentials are: on Linux it is not
+    dumpable (no core dumps either), so only a process with CAP_SYS_PTRACE can."""
+    os.umask(0o077)
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_dumpable = 4
+    if ctypes.CDLL(None, use_errno=True).prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
+        log.warning("cannot make this process non-dumpable: %s", os.strerror(ctypes.get_errno()))
 
 
 def exit_with_parent(parent_pid: int) -> None:

@@ -2,7 +2,8 @@
 
 `quarry up` writes `mesh.json` once every service serves (again when a restart changes a process)
 and removes it when it stops; one left behind by an `up` that was killed names a pid no longer
-alive, and is ignored. It holds addresses and process ids, never a credential.
+alive, and is ignored. It holds addresses and process ids, never a credential, and only its owner
+may read it.
 """
 
 from __future__ import annotations
@@ -47,7 +48,11 @@ class UpState:
             "services": {name: list(addresses) for name, addresses in self.services.items()},
             "processes": dict(self.processes),
         }
-        partial.write_text(json.dumps(document, indent=2) + "\n")
+        # Its owner's alone (0600), as everything in the data directory; the rename keeps the mode.
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(descriptor, 0o600)  # a partial file left by a killed `up` keeps the mode it had
+        with open(descriptor, "w") as handle:
+            handle.write(json.dumps(document, indent=2) + "\n")
         partial.replace(path)
 
     @classmethod

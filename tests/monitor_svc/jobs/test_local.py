@@ -21,10 +21,14 @@ from tests.rpc import error_reason, expect_error
 # -- starting and ending ---------------------------------------------------------------------------
 
 
-async def test_the_environment_is_given_and_the_monitors_settings_are_not(monitor: Stub, tmp_path: Path) -> None:
+async def test_the_environment_is_given_and_the_monitors_settings_are_not(
+    monitor: Stub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The monitor's telemetry settings, the collector's key among them, are not the job's either.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-collector-key=secret")
     body = """\
     print("seed", os.environ["SEED"], flush=True)
-    print("quarry settings", sorted(n for n in os.environ if n.startswith("QUARRY_")), flush=True)
+    print("quarry settings", sorted(n for n in os.environ if n.startswith(("QUARRY_", "OTEL_"))), flush=True)
     """
     options = monitor_pb2.JobOptions(environment={"SEED": "7 and more"})
     submitted = await monitor.SubmitJob(
