@@ -4,6 +4,7 @@ all in dependency order."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import queue
@@ -14,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from stat import S_IMODE
 
 import grpc
 import pytest
@@ -147,12 +149,37 @@ def wait_gone(pids: list[int], timeout: float = 20) -> list[int]:
     return [pid for pid in pids if alive(pid)]
 
 
+def modes(root: Path) -> dict[str, int]:
+    """The permission bits of `root` and of everything in it, by path relative to it."""
+    found = {".": S_IMODE(root.stat().st_mode)}
+    for directory, names, files in os.walk(root):
+        for name in names + files:
+            path = Path(directory, name)
+            with contextlib.suppress(FileNotFoundError):  # a SQLite journal may come and go
+                found[str(path.relative_to(root))] = S_IMODE(path.lstat().st_mode)
+    return found
+
+
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
 def test_up_serves_every_service_and_stops_them_all(
     up: Callable[..., QuarryUp], tmp_path: Path, stop_signal: signal.Signals
 ) -> None:
+    (tmp_path / "data").mkdir(mode=0o755)  # as an older release left it: open to other users
+    (tmp_path / "data").chmod(0o755)
     mesh = up()
     addresses = mesh.addresses(NAMES)
+    assert f"the data directory {mesh.data_dir} was open to other users (mode 0755); it is 0700 now" in " ".join(
+        "".join(mesh.output).split()
+    )
+    # Everything Quarry wrote there (databases, journals, the lock, the state file, logs) is its user's alone.
+    written = modes(mesh.data_dir)
+    assert {"scratchpad.db", "worker.db", "supervisor.db", "up.lock", "mesh.json"} <= set(written)
+    wrong = {
+        path: oct(mode)
+        for path, mode in written.items()
+        if mode != (0o700 if (mesh.data_dir / path).is_dir() else 0o600)
+    }
+    assert wrong == {}
     children = child_pids(mesh.process.pid)
     assert len(children) == len(addresses)
     for address in addresses.values():
@@ -185,9 +212,20 @@ def test_services_stop_when_quarry_up_is_killed(up: Callable[..., QuarryUp]) -> 
 
 
 def test_up_gives_its_services_mesh_credentials_and_refuses_callers_without_one(
-    up: Callable[..., QuarryUp],
+    up: Callable[..., QuarryUp], tmp_path: Path
 ) -> None:
-    mesh = up(QUARRY_MESH_INSECURE="false")
+    token_file = tmp_path / "api-token"
+    token_file.write_text("api-token-secret\n")
+    token_file.chmod(0o600)
+    secrets = {
+        "QUARRY_MODEL_API_KEY": "model-key-secret",
+        "QUARRY_SUPERVISOR_MODEL_API_KEY": "supervisor-tier-secret",
+        "QUARRY_WORKER_SEARCH_API_KEY": "search-key-secret",
+        "QUARRY_SUPERVISOR_AUTH_TOKEN_FILE": str(token_file),
+        "UNRELATED_SECRET": "the shell's own secret",
+        "OTEL_EXPORTER_OTLP_HEADERS": "x-collector-key=telemetry-secret",
+    }
+    mesh = up(QUARRY_MESH_INSECURE="false", **secrets)
     addresses = mesh.addresses(NAMES)
     calls = {
         "scratchpad": ("/quarry.v1.ScratchpadService/CreateThread", scratchpad_pb2.CreateThreadRequest(title="x")),
@@ -213,6 +251,28 @@ def test_up_gives_its_services_mesh_credentials_and_refuses_callers_without_one(
     assert tokens["supervisor"] and tokens["worker"] and tokens["supervisor"] != tokens["worker"]
     peers = {variables["QUARRY_MESH_PEERS"] for variables in environments.values()}
     assert len(peers) == 1 and tokens["supervisor"] not in peers.pop()
+    # Each holds only the secrets it uses: the model keys where a model is called (the worker runs the
+    # supervisor tier's auditor too), the search key in the worker, the API token in the supervisor.
+    held = {name: {v for v in secrets if v in variables} for name, variables in environments.items()}
+    telemetry = "OTEL_EXPORTER_OTLP_HEADERS"
+    assert held == {
+        "scratchpad": {telemetry},
+        "monitor": {telemetry},
+        "worker": {
+            "QUARRY_MODEL_API_KEY",
+            "QUARRY_SUPERVISOR_MODEL_API_KEY",
+            "QUARRY_WORKER_SEARCH_API_KEY",
+            telemetry,
+        },
+        "supervisor": {"QUARRY_MODEL_API_KEY", "QUARRY_SUPERVISOR_MODEL_API_KEY", "QUARRY_SUPERVISOR_AUTH_TOKEN_FILE"}
+        | {telemetry},
+    }
+    # Nor another service's settings, but for the worker the supervisor tier's model, which it runs too.
+    prefixes = {name: f"QUARRY_{name.upper()}_" for name in environments}
+    for name, variables in environments.items():
+        foreign = {v for v in variables if v.startswith(tuple(p for n, p in prefixes.items() if n != name))}
+        assert all(v.startswith("QUARRY_SUPERVISOR_MODEL_") for v in foreign) and (name == "worker" or not foreign)
+        assert variables["QUARRY_DATA_DIR"] == str(mesh.data_dir)
 
 
 def model_env(model: ScriptedModel) -> dict[str, str]:
