@@ -123,8 +123,11 @@ def test_the_overlays_differ_where_they_should() -> None:
     assert by_kind(prod, "HorizontalPodAutoscaler")["quarry-worker"]["spec"]["minReplicas"] >= 2
     assert by_kind(dev, "Deployment")["quarry-supervisor"]["spec"]["replicas"] == 1
     assert by_kind(dev, "ConfigMap")["quarry-config"]["data"]["QUARRY_WORKER_SEARCH_BACKEND"] == "corpus"
-    token = by_kind(prod, "Deployment")["quarry-supervisor"]["spec"]["template"]["spec"]["containers"][0]["env"][1]
-    assert token["name"] == "QUARRY_SUPERVISOR_AUTH_TOKEN" and "optional" not in token["valueFrom"]["secretKeyRef"]
+    for overlay in (dev, prod):  # the API token is required everywhere: without its Secret, no supervisor
+        [container] = by_kind(overlay, "Deployment")["quarry-supervisor"]["spec"]["template"]["spec"]["containers"]
+        [token] = [v for v in container["env"] if v["name"] == "QUARRY_SUPERVISOR_AUTH_TOKEN"]
+        assert token["valueFrom"]["secretKeyRef"] == {"name": "quarry-api", "key": "token"}
+    assert "quarry-api" in by_kind(dev, "Secret") and "quarry-api" not in by_kind(prod, "Secret")
     assert "quarry-postgres" in by_kind(dev, "StatefulSet") and not by_kind(prod, "StatefulSet")
     assert "quarry-database" in by_kind(dev, "Secret") and "quarry-database" not in by_kind(prod, "Secret")
     assert "quarry-model" not in by_kind(prod, "Secret"), "production keys come from a Secret made outside the repo"
@@ -161,3 +164,157 @@ def test_the_image_runs_as_a_user_and_installs_everything_at_build_time() -> Non
     assert 'ENTRYPOINT ["quarry"]' in final_stage
     assert any("--no-index" in line for line in final_stage if line.startswith("RUN pip install")), "offline install"
     assert not any(word in dockerfile for word in ("curl ", "wget ")), "no downloads from the image"
+
+
+WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job")
+DNS = {("kube-dns", 53, "UDP"), ("kube-dns", 53, "TCP")}
+# Where each pod may connect: a pod by name, "anywhere" (a port open to any address: the database, the
+# model endpoint and SearXNG, wherever the cluster runs them) or "public" (no private, cluster, loopback
+# or link-local address: the web, never a cloud's metadata service).
+EGRESS = {
+    "quarry-supervisor": DNS
+    | {("quarry-scratchpad", 7411, "TCP"), ("quarry-worker", 7412, "TCP"), ("quarry-monitor", 7413, "TCP")}
+    | {("anywhere", 5432, "TCP"), ("anywhere", 8000, "TCP"), ("public", 443, "TCP")},
+    "quarry-worker": DNS
+    | {("quarry-scratchpad", 7411, "TCP"), ("quarry-monitor", 7413, "TCP")}
+    | {("anywhere", 5432, "TCP"), ("anywhere", 8000, "TCP"), ("anywhere", 8080, "TCP")}
+    | {("public", 80, "TCP"), ("public", 443, "TCP")},
+    "quarry-scratchpad": DNS | {("anywhere", 5432, "TCP")},
+    "quarry-monitor": DNS,  # SSH hosts, if any, are the operator's to add
+    "quarry-migrate": DNS | {("anywhere", 5432, "TCP")},
+    "quarry-postgres": DNS,
+}
+# Who may connect to each pod: a pod by name, or "namespace" (any pod in the namespace).
+INGRESS = {
+    "quarry-supervisor": {("namespace", 7410, "TCP")},
+    "quarry-scratchpad": {("quarry-supervisor", 7411, "TCP"), ("quarry-worker", 7411, "TCP")},
+    "quarry-worker": {("quarry-supervisor", 7412, "TCP")},
+    "quarry-monitor": {("quarry-worker", 7413, "TCP"), ("quarry-supervisor", 7413, "TCP")},
+    "quarry-migrate": set(),
+    "quarry-postgres": {
+        (name, 5432, "TCP") for name in ("quarry-supervisor", "quarry-worker", "quarry-scratchpad", "quarry-migrate")
+    },
+}
+# What "public" leaves out, by the block it is cut from.
+PRIVATE = {
+    "0.0.0.0/0": {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8", "100.64.0.0/10"},
+    "::/0": {"fc00::/7", "fe80::/10", "::1/128"},
+}
+
+
+def pod_templates(resources: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every pod template, by its workload's name."""
+    templates = {}
+    for resource in resources:
+        if resource["kind"] in WORKLOADS:
+            templates[resource["metadata"]["name"]] = resource["spec"]["template"]
+    return templates
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if not all(labels.get(key) == value for key, value in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In", expression
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
+def peer_names(peer: dict[str, Any]) -> list[str]:
+    """What one `from` or `to` entry names, in the words of EGRESS and INGRESS."""
+    if "ipBlock" in peer:
+        block = peer["ipBlock"]
+        assert set(block.get("except", [])) >= PRIVATE[block["cidr"]], block
+        return ["public"]
+    if "namespaceSelector" in peer:
+        assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}
+        assert peer["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+        return ["kube-dns"]
+    selector = peer["podSelector"]
+    if selector == {}:
+        return ["namespace"]
+    if "matchLabels" in selector:
+        return [selector["matchLabels"]["app.kubernetes.io/name"]]
+    [expression] = selector["matchExpressions"]
+    return list(expression["values"])
+
+
+def allowed(policies: list[dict[str, Any]], labels: dict[str, str], direction: str) -> set[tuple[str, int, str]]:
+    """The (peer, port, protocol) connections the policies selecting a pod allow it in one direction."""
+    peers_key = "to" if direction == "egress" else "from"
+    found = set()
+    for policy in policies:
+        if not selects(policy["spec"]["podSelector"], labels):
+            continue
+        for rule in policy["spec"].get(direction, []):
+            peers = [name for peer in rule.get(peers_key, []) for name in peer_names(peer)] or ["anywhere"]
+            found |= {(peer, port["port"], port["protocol"]) for peer in peers for port in rule["ports"]}
+    return found
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_pod_mounts_a_service_account_token(overlay: str) -> None:
+    resources = render(overlay)
+    accounts = by_kind(resources, "ServiceAccount")
+    templates = pod_templates(resources)
+    assert {f"quarry-{service}" for service in PORTS} <= set(templates)
+    for name, template in templates.items():
+        spec = template["spec"]
+        assert spec.get("automountServiceAccountToken") is False, name
+        account = spec.get("serviceAccountName")
+        assert account is None or accounts[account]["automountServiceAccountToken"] is False, name
+    assert not by_kind(resources, "RoleBinding") and not by_kind(resources, "ClusterRoleBinding")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_is_denied_all_traffic_but_what_its_role_needs(overlay: str) -> None:
+    resources = render(overlay)
+    policies = list(by_kind(resources, "NetworkPolicy").values())
+    namespace = {p["metadata"]["namespace"] for p in policies}
+    assert namespace == {r["metadata"]["namespace"] for r in resources if r["kind"] in WORKLOADS}
+    deny_all = [
+        p
+        for p in policies
+        if set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+        and not p["spec"].get("ingress")
+        and not p["spec"].get("egress")
+    ]
+    templates = pod_templates(resources)
+    for name, template in templates.items():
+        labels = template["metadata"]["labels"]
+        assert any(selects(p["spec"]["podSelector"], labels) for p in deny_all), f"{name}: no default deny"
+        assert allowed(policies, labels, "egress") == EGRESS[name], name
+        assert allowed(policies, labels, "ingress") == INGRESS[name], name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_model_key_reaches_only_the_services_that_call_a_model(overlay: str) -> None:
+    holders = set()
+    for name, template in pod_templates(render(overlay)).items():
+        for container in template["spec"]["containers"]:
+            sources = [e["secretRef"]["name"] for e in container.get("envFrom", []) if "secretRef" in e]
+            sources += [v["valueFrom"]["secretKeyRef"]["name"] for v in container.get("env", []) if "valueFrom" in v]
+            names = [v["name"] for v in container.get("env", [])]
+            if "quarry-model" in sources or any("MODEL_API_KEY" in variable for variable in names):
+                holders.add(name)
+    assert holders == {"quarry-supervisor", "quarry-worker"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_secret_reference_is_optional(overlay: str) -> None:
+    references = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("secretKeyRef", "secretRef", "secret"):
+                    references.append(value)
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(render(overlay))
+    assert references, "the pods read Secrets"
+    assert [reference for reference in references if reference.get("optional")] == []
