@@ -16,6 +16,7 @@ from pathlib import Path
 import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings
 
 from quarry.config import (
     CONFIG_FILE_ENV,
@@ -26,6 +27,7 @@ from quarry.config import (
     SupervisorSettings,
     WorkerSettings,
 )
+from quarry.credentials import FILE_SUFFIX, credentials
 
 TARGET = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
 
@@ -48,6 +50,12 @@ Every setting Quarry reads. Each is an environment variable, or a key in the TOM
 without the prefix, e.g. `[scratchpad]` `max_content_bytes = 131072`. The environment wins over the
 file. Unknown tables, unknown keys and invalid values stop the process with a message naming the
 table or variable. Booleans are `true` or `false`.
+
+A **credential** (a key, a token, a database URL that may hold a password) can instead be given as a
+file: the same variable with `_FILE` appended names a file only its owner may read (mode 0600 or
+0400), whose contents, less one trailing newline, are the value. Setting both is refused, as is a
+missing file or one open to others. `quarry up` hands each service only its own settings and the
+credentials it uses (see [Secrets and files](operations.md#secrets-and-files)).
 
 The settings that matter where a service runs are that service's: `quarry doctor` asks each running
 service what it uses (its model endpoint and model, search backend, database, the services it
@@ -106,9 +114,13 @@ def _table(model: type[BaseModel], heading: str, prefix: str = "") -> list[str]:
     """One row per field: its variable (`prefix` and the name in capitals), or without a prefix its key."""
     column = "variable" if prefix else "key"
     lines = [heading, "", f"| {column} | default | allowed | meaning |", "| --- | --- | --- | --- |"]
+    secret = set(credentials(model)) if issubclass(model, BaseSettings) else set()
     for name, field in model.model_fields.items():
         shown = f"{prefix}{name.upper()}" if prefix else name
-        lines.append(f"| `{shown}` | {_default(name, field)} | {_allowed(field)} | {_meaning(field)} |")
+        meaning = _meaning(field)
+        if name in secret:
+            meaning += f" **Credential:** or `{shown}{FILE_SUFFIX}`, the path of a file (mode 0600 or 0400) holding it."
+        lines.append(f"| `{shown}` | {_default(name, field)} | {_allowed(field)} | {meaning} |")
     return [*lines, ""]
 
 
