@@ -34,9 +34,11 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.agent.model import ModelSettings
     from quarry.cli.announcer import Announcer
     from quarry.cli.launcher import RestartPolicy, plan, run_process_group
+    from quarry.cli.serve import keep_private
     from quarry.config import ModelTier
 
-    os.umask(0o077)  # its lock and state files are its user's alone, as the services' files are
+    # Its environment holds every service's credentials, its memory their mesh tokens: as private as theirs.
+    keep_private()
     specs = list(SERVICES.values())
     overrides = {"address": "127.0.0.1:0"} if args.ephemeral_ports else {}
     models = []

@@ -40,7 +40,7 @@ def _variables(settings: type[ServiceSettings] | type[QuarrySettings], names: se
     return found
 
 
-def settings_read_by(spec: ServiceSpec) -> tuple[str, set[str]]:
+def _settings_read_by(spec: ServiceSpec) -> tuple[str, set[str]]:
     """The settings `spec`'s process reads: every variable with its own prefix, and these others.
 
     Its own prefix carries a setting added later without a change here. Of the shared settings, it
@@ -63,7 +63,7 @@ def settings_read_by(spec: ServiceSpec) -> tuple[str, set[str]]:
 
 def service_environment(parent: Mapping[str, str], spec: ServiceSpec, data_dir: Path) -> dict[str, str]:
     """What of `parent` (quarry up's environment) the service's process gets, and the data directory."""
-    prefix, settings = settings_read_by(spec)
+    prefix, settings = _settings_read_by(spec)
     calls_out = issubclass(spec.settings_type(), ModelTier)
 
     def passed(name: str) -> bool:
