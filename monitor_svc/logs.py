@@ -8,6 +8,10 @@ link in a root to a file outside it is refused, even one made after the watch
 began. Only regular files with one link are read or written (see
 _check_log_file): a FIFO or a device is refused instead of blocking a thread or
 an SSH session, and a hard link to a file elsewhere is refused like the file.
+
+A local job's log may shrink when its relay cuts the middle (monitor_svc/log_relay.py): a reader
+whose offset is past the end then goes on in the kept tail, where the output it had not read yet is,
+as the relay's state file says (a log that shrank otherwise, truncated or replaced, is read from 0).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from monitor_svc.log_relay import STATE_BYTES, STATE_SUFFIX, RelayState, parse_state
 from monitor_svc.ssh import SshHosts, quote
 from quarry.errors import ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument
 
@@ -36,6 +41,7 @@ class LogCursor:
     host: str = ""
     offset: int = 0
     partial_line: str = ""
+    cut: int = 0  # output its log's relay had cut before `offset`, as last seen
 
 
 @dataclass(frozen=True)
@@ -259,8 +265,8 @@ def _read_local(cursor: LogCursor, tail_lines: int, roots: Sequence[str]) -> tup
             size = handle.seek(0, os.SEEK_END)
             if tail_lines:
                 cursor.offset = max(size - MAX_LOG_BYTES_PER_POLL, 0)
-            if size < cursor.offset:  # truncated or rotated
-                cursor.offset, cursor.partial_line = 0, ""
+            if size < cursor.offset:  # its middle cut (go on in its tail), or truncated or rotated (from 0)
+                cursor.offset, cursor.partial_line = _after_cut(cursor, size, roots), ""
             handle.seek(cursor.offset)
             data = handle.read(MAX_LOG_BYTES_PER_POLL)
     except OSError as error:
@@ -269,6 +275,30 @@ def _read_local(cursor: LogCursor, tail_lines: int, roots: Sequence[str]) -> tup
         ) from error
     cursor.offset += len(data)
     return data, size
+
+
+def relay_state(path: str, roots: Sequence[str]) -> RelayState | None:
+    """What the relay of a local job's log did (None without one, or when it cannot be read)."""
+    try:
+        descriptor = open_log(path + STATE_SUFFIX, roots, os.O_RDONLY)
+    except FailedPrecondition:
+        return None
+    if descriptor is None:
+        return None
+    with open(descriptor, "rb") as handle:
+        return parse_state(handle.read(STATE_BYTES))
+
+
+def _after_cut(cursor: LogCursor, size: int, roots: Sequence[str]) -> int:
+    """Where a reader goes on in a log that shrank: in the relay's kept tail, at the first output it has not
+    read (bytes cut before its offset shift it back); from 0 without a relay's cut."""
+    state = relay_state(cursor.path, roots)
+    if state is None or not 0 < state.tail_at <= size:
+        cursor.cut = 0
+        return 0
+    position = cursor.offset + cursor.cut  # in the job's whole output
+    cursor.cut = state.cut
+    return min(max(state.tail_at, position - state.cut), size)
 
 
 def split_lines(cursor: LogCursor, data: bytes, *, final: bool) -> list[str]:
