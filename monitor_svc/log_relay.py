@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import signal
@@ -103,15 +104,22 @@ class Relay:
         os.pwrite(self._state, text.encode().ljust(STATE_BYTES), 0)  # in place: needs no new block
 
     def _write(self, chunk: bytes) -> None:
+        room = self._head - self._size
+        if self._size + len(chunk) > self._cap and room > 0:  # the head is filled first
+            self._append(chunk[:room])
+            chunk = chunk[room:]
         if self._size + len(chunk) > self._cap:
             self._cut(chunk)
-            return
-        _pwrite_all(self._log, chunk, self._size)
-        self._size += len(chunk)
+        else:
+            self._append(chunk)
+
+    def _append(self, data: bytes) -> None:
+        _pwrite_all(self._log, data, self._size)
+        self._size += len(data)
 
     def _cut(self, chunk: bytes) -> None:
         """Head, marker, then the newest output: the tail copied forward in the file, then this chunk."""
-        head = min(self._head, self._size)
+        head = self._head
         after_head = self._size - head - self._marker  # output since the head (the old marker is not output)
         keep = min(self._tail, after_head + len(chunk))
         from_file = max(keep - len(chunk), 0)
@@ -158,6 +166,8 @@ def main(arguments: list[str] | None = None) -> int:
     parser.add_argument("--pgid", type=int, required=True, help="the job's process group, killed on a full disk")
     options = parser.parse_args(arguments)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError):  # fewer, larger reads of a job that writes fast
+        fcntl.fcntl(sys.stdin.fileno(), fcntl.F_SETPIPE_SZ, _READ_BYTES)
     relay = Relay(
         options.log_fd, options.state_fd, max(options.max_bytes, MIN_MAX_BYTES), options.reserve_bytes, options.pgid
     )
