@@ -36,6 +36,7 @@ MIN_MAX_BYTES = 64 * 1024  # a cap this small still leaves room for the marker b
 @dataclass(frozen=True)
 class RelayState:
     tail_at: int = 0  # where the kept tail begins in the file (after the marker); 0 before any cut
+    tail_from: int = 0  # where it begins in the job's whole output
     cut: int = 0  # bytes of output cut in all
     stopped: str = ""  # why the relay stopped the job, if it did
 
@@ -46,10 +47,11 @@ def parse_state(data: bytes) -> RelayState | None:
         fields = json.loads(data.strip(b" \x00") or b"null")
         if not isinstance(fields, dict):
             return None
-        tail_at, cut, stopped = fields.get("tail_at", 0), fields.get("cut", 0), fields.get("stopped", "")
-        if type(tail_at) is not int or type(cut) is not int or not isinstance(stopped, str):
+        numbers = [fields.get(name, 0) for name in ("tail_at", "tail_from", "cut")]
+        stopped = fields.get("stopped", "")
+        if any(type(number) is not int for number in numbers) or not isinstance(stopped, str):
             return None
-        return RelayState(tail_at, cut, stopped[:1000])
+        return RelayState(*numbers, stopped=stopped[:1000])
     except (ValueError, RecursionError):
         return None
 
@@ -94,13 +96,18 @@ class Relay:
         return info.f_bavail * info.f_frsize
 
     def _stop(self) -> None:
-        self.state = RelayState(self.state.tail_at, self.state.cut, disk_full(self._free(), self._reserve))
+        self.state = RelayState(
+            self.state.tail_at, self.state.tail_from, self.state.cut, disk_full(self._free(), self._reserve)
+        )
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._pgid, signal.SIGKILL)
         self._save()
 
     def _save(self) -> None:
-        text = json.dumps({"tail_at": self.state.tail_at, "cut": self.state.cut, "stopped": self.state.stopped})
+        state = self.state
+        text = json.dumps(
+            {"tail_at": state.tail_at, "tail_from": state.tail_from, "cut": state.cut, "stopped": state.stopped}
+        )
         os.pwrite(self._state, text.encode().ljust(STATE_BYTES), 0)  # in place: needs no new block
 
     def _write(self, chunk: bytes) -> None:
@@ -134,7 +141,7 @@ class Relay:
         cut = self.state.cut + after_head + len(chunk) - from_file - len(kept_chunk)
         text = marker(cut, self._cap)
         tail_at = head + len(text)
-        self.state = RelayState(tail_at, cut, self.state.stopped)
+        self.state = RelayState(tail_at, head + cut, cut, self.state.stopped)
         self._save()  # first: a reader that sees the file shrink finds where its tail begins
         _pwrite_all(self._log, text, head)
         destination = tail_at

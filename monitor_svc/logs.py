@@ -41,7 +41,7 @@ class LogCursor:
     host: str = ""
     offset: int = 0
     partial_line: str = ""
-    cut: int = 0  # output its log's relay had cut before `offset`, as last seen
+    shift: int = 0  # past its relay's last cut (as seen): the position in the job's output less `offset`
 
 
 @dataclass(frozen=True)
@@ -291,14 +291,14 @@ def relay_state(path: str, roots: Sequence[str]) -> RelayState | None:
 
 def _after_cut(cursor: LogCursor, size: int, roots: Sequence[str]) -> int:
     """Where a reader goes on in a log that shrank: in the relay's kept tail, at the first output it has not
-    read (bytes cut before its offset shift it back); from 0 without a relay's cut."""
+    read; from 0 without a relay's cut."""
     state = relay_state(cursor.path, roots)
     if state is None or not 0 < state.tail_at <= size:
-        cursor.cut = 0
+        cursor.shift = 0
         return 0
-    position = cursor.offset + cursor.cut  # in the job's whole output
-    cursor.cut = state.cut
-    return min(max(state.tail_at, position - state.cut), size)
+    position = cursor.offset + cursor.shift  # in the job's whole output
+    cursor.shift = state.tail_from - state.tail_at
+    return min(max(state.tail_at, position - cursor.shift), size)
 
 
 def split_lines(cursor: LogCursor, data: bytes, *, final: bool) -> list[str]:

@@ -7,13 +7,18 @@ import asyncio
 import contextlib
 import os
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from monitor_svc import log_relay
 from monitor_svc.jobs import LogLimits
-from monitor_svc.log_relay import STATE_SUFFIX
+from monitor_svc.log_relay import STATE_BYTES, STATE_SUFFIX, parse_state
+from monitor_svc.logs import LogCursor, Logs
+from monitor_svc.ssh import SshHosts
 from quarry.config import MonitorSettings
 from quarry.v1 import monitor_pb2
 from tests.monitor_svc.jobs.helpers import LOSS, Stub, local, log_lines, serving, settings, watch_all
@@ -149,3 +154,53 @@ async def test_a_job_filling_the_disk_of_its_log_is_stopped_with_the_reason(tmp_
         assert last.detail.startswith("stopped: the disk holding its log is full (") and "reserve 0)" in last.detail
         state = await asyncio.to_thread(Path(submitted.job.log_path + STATE_SUFFIX).read_text)
         assert "stopped: the disk holding its log is full" in state, "recorded though the disk is full"
+
+
+# -- reading a log that was cut ------------------------------------------------------------------------
+
+
+def numbered(first: int, count: int) -> bytes:
+    return b"".join(b"line %05d of the output\n" % number for number in range(first, first + count))
+
+
+def written(log: Path, ending: bytes, *, cut: bool) -> None:
+    """Wait until the relay has written `ending` (and cut the log, if asked): bounded, never a fixed sleep."""
+    for _ in range(1200):
+        state = parse_state(log.with_name(log.name + STATE_SUFFIX).read_bytes())
+        if log.read_bytes().endswith(ending) and state is not None and (state.cut > 0) == cut:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the relay did not write the output")
+
+
+async def test_a_reader_of_a_log_that_was_cut_goes_on_in_its_tail_without_reading_a_line_twice(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "job.log"
+    descriptors = [os.open(log, os.O_RDWR | os.O_CREAT), os.open(f"{log}{STATE_SUFFIX}", os.O_RDWR | os.O_CREAT)]
+    os.pwrite(descriptors[1], b" " * STATE_BYTES, 0)
+    read_end, write_end = os.pipe()
+    relay = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-I", log_relay.__file__, "--max-bytes", str(64 * 1024), "--reserve-bytes", "0"),
+        *("--log-fd", str(descriptors[0]), "--state-fd", str(descriptors[1]), "--pgid", str(2**22 + 12345)),
+        stdin=read_end,
+        pass_fds=descriptors,
+    )
+    for descriptor in (read_end, *descriptors):
+        os.close(descriptor)
+    try:
+        logs = Logs(SshHosts({}), [str(tmp_path)])
+        cursor = LogCursor(str(log))
+        first = numbered(0, 2400)  # 60000 bytes: under the cap of 64 KiB
+        os.write(write_end, first)
+        await asyncio.to_thread(written, log, first, cut=False)
+        assert await logs.lines(cursor, 0, final=False) == first.decode().splitlines()
+        second = numbered(2400, 400)  # past the cap: the middle is cut, this in the kept tail
+        os.write(write_end, second)
+        await asyncio.to_thread(written, log, second, cut=True)
+        assert await logs.lines(cursor, 0, final=False) == second.decode().splitlines()
+    finally:
+        os.close(write_end)
+        await asyncio.wait_for(relay.wait(), 60)
+    assert relay.returncode == 0
+    assert (await asyncio.to_thread(log.stat)).st_size <= 64 * 1024
