@@ -47,11 +47,11 @@ def parse_state(data: bytes) -> RelayState | None:
         fields = json.loads(data.strip(b" \x00") or b"null")
         if not isinstance(fields, dict):
             return None
-        numbers = [fields.get(name, 0) for name in ("tail_at", "tail_from", "cut")]
+        tail_at, tail_from, cut = (fields.get(name, 0) for name in ("tail_at", "tail_from", "cut"))
         stopped = fields.get("stopped", "")
-        if any(type(number) is not int for number in numbers) or not isinstance(stopped, str):
+        if any(type(number) is not int for number in (tail_at, tail_from, cut)) or not isinstance(stopped, str):
             return None
-        return RelayState(*numbers, stopped=stopped[:1000])
+        return RelayState(tail_at, tail_from, cut, stopped[:1000])
     except (ValueError, RecursionError):
         return None
 
