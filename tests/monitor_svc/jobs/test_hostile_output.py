@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 
 from monitor_svc import log_relay
 from monitor_svc.jobs import LogLimits
-from monitor_svc.log_relay import STATE_BYTES, STATE_SUFFIX, parse_state
+from monitor_svc.log_relay import STATE_BYTES, STATE_SUFFIX, RelayState, parse_state
 from monitor_svc.logs import LogCursor, Logs
 from monitor_svc.ssh import SshHosts
 from quarry.config import MonitorSettings
@@ -163,12 +164,13 @@ def numbered(first: int, count: int) -> bytes:
     return b"".join(b"line %05d of the output\n" % number for number in range(first, first + count))
 
 
-def written(log: Path, ending: bytes, *, cut: bool) -> None:
-    """Wait until the relay has written `ending` (and cut the log, if asked): bounded, never a fixed sleep."""
+def written(log: Path, ending: bytes, *, cut_over: int = -1) -> RelayState:
+    """Wait until the relay has written `ending` having cut more than `cut_over` bytes in all: bounded, never a
+    fixed sleep."""
     for _ in range(1200):
         state = parse_state(log.with_name(log.name + STATE_SUFFIX).read_bytes())
-        if log.read_bytes().endswith(ending) and state is not None and (state.cut > 0) == cut:
-            return
+        if log.read_bytes().endswith(ending[-100:]) and state is not None and state.cut > cut_over:
+            return state
         time.sleep(0.05)
     raise AssertionError("the relay did not write the output")
 
@@ -193,12 +195,23 @@ async def test_a_reader_of_a_log_that_was_cut_goes_on_in_its_tail_without_readin
         cursor = LogCursor(str(log))
         first = numbered(0, 2400)  # 60000 bytes: under the cap of 64 KiB
         os.write(write_end, first)
-        await asyncio.to_thread(written, log, first, cut=False)
+        await asyncio.to_thread(written, log, first)
         assert await logs.lines(cursor, 0, final=False) == first.decode().splitlines()
         second = numbered(2400, 400)  # past the cap: the middle is cut, this in the kept tail
         os.write(write_end, second)
-        await asyncio.to_thread(written, log, second, cut=True)
+        cut = await asyncio.to_thread(functools.partial(written, log, second, cut_over=0))
         assert await logs.lines(cursor, 0, final=False) == second.decode().splitlines()
+        fresh = LogCursor(str(log))  # reads the head, the marker, then into the tail
+        read = await logs.lines(fresh, 0, final=False)
+        assert read[0] == "line 00000 of the output" and "bytes of this job's output were cut here" in read[656]
+        assert read[-400:] == second.decode().splitlines()
+        third = numbered(2800, 1400)  # cut again: its first part is gone before anyone read it
+        os.write(write_end, third)
+        state = await asyncio.to_thread(functools.partial(written, log, third, cut_over=cut.cut))
+        kept = (await asyncio.to_thread(log.read_bytes))[state.tail_at :].decode().splitlines()
+        assert third.decode().splitlines()[-len(kept) :] == kept
+        assert await logs.lines(cursor, 0, final=False) == kept
+        assert await logs.lines(fresh, 0, final=False) == kept
     finally:
         os.close(write_end)
         await asyncio.wait_for(relay.wait(), 60)
