@@ -64,6 +64,10 @@ def disk_full(free: int, reserve: int) -> str:
     return f"stopped: the disk holding its log is full ({free} bytes free, reserve {reserve})"
 
 
+def unwritable(error: OSError) -> str:
+    return f"stopped: its log could not be written ({error.strerror or error})"
+
+
 class Relay:
     def __init__(self, log: int, state: int, cap: int, reserve: int, pgid: int) -> None:
         self._log, self._state, self._cap, self._reserve, self._pgid = log, state, cap, reserve, pgid
@@ -82,23 +86,20 @@ class Relay:
             if self._unchecked >= _CHECK_EVERY_BYTES:
                 self._unchecked = 0
                 if self._free() < self._reserve:
-                    self._stop()
+                    self._stop(disk_full(self._free(), self._reserve))
                     continue
             try:
                 self._write(chunk)
-            except OSError as error:
-                if error.errno not in (errno.ENOSPC, errno.EDQUOT):
-                    raise
-                self._stop()
+            except OSError as error:  # the job's output would go nowhere: it is stopped, and says why
+                full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+                self._stop(disk_full(self._free(), self._reserve) if full else unwritable(error))
 
     def _free(self) -> int:
         info = os.fstatvfs(self._log)
         return info.f_bavail * info.f_frsize
 
-    def _stop(self) -> None:
-        self.state = RelayState(
-            self.state.tail_at, self.state.tail_from, self.state.cut, disk_full(self._free(), self._reserve)
-        )
+    def _stop(self, reason: str) -> None:
+        self.state = RelayState(self.state.tail_at, self.state.tail_from, self.state.cut, reason)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._pgid, signal.SIGKILL)
         self._save()
