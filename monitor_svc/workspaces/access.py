@@ -112,7 +112,9 @@ class WorkspaceAccess:
             raise FailedPrecondition(
                 f"the git configuration of {record.root} is too large to check", reason=ErrorReason.WORKSPACE_GIT_FAILED
             )
-        # Not a repository (status non-zero): the command fails the same way, and reads no configuration.
+        if listing.status not in (0, 127) and not git.not_a_repository(listing.stderr):
+            raise self._git_failed(record, "config", listing)  # a configuration git cannot read is not run
+        # No git, or not a repository: the command fails the same way, and reads no configuration.
         disarmed = git.overrides(listing.stdout, args[0]) if listing.status == 0 else ()
         output = await backend.git(
             git.argv(record.root, *args, options=(*disarmed, *options)), environment, max_output=max_output
