@@ -8,6 +8,10 @@ link in a root to a file outside it is refused, even one made after the watch
 began. Only regular files with one link are read or written (see
 _check_log_file): a FIFO or a device is refused instead of blocking a thread or
 an SSH session, and a hard link to a file elsewhere is refused like the file.
+
+A local job's log is rewritten when its relay cuts the middle (monitor_svc/log_relay.py): a reader
+past the head then goes on in the kept tail, where the output it had not read yet is, as the relay's
+state file says (a log that shrank otherwise, truncated or replaced, is read from 0).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from monitor_svc.log_relay import STATE_BYTES, STATE_SUFFIX, RelayState, parse_state
 from monitor_svc.ssh import SshHosts, quote
 from quarry.errors import ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument
 
@@ -36,6 +41,8 @@ class LogCursor:
     host: str = ""
     offset: int = 0
     partial_line: str = ""
+    shift: int = 0  # in the tail of a log its relay cut: the position in the job's output less `offset`
+    cuts_seen: int = 0  # the bytes its relay had cut in all when the cursor last read it
 
 
 @dataclass(frozen=True)
@@ -251,6 +258,7 @@ def open_log(path: str, roots: Sequence[str], flags: int) -> int | None:
 
 
 def _read_local(cursor: LogCursor, tail_lines: int, roots: Sequence[str]) -> tuple[bytes, int]:
+    layout = relay_state(cursor.path, roots)  # read first: a relay writes it before it cuts the log
     descriptor = open_log(cursor.path, roots, os.O_RDONLY)
     if descriptor is None:
         return b"", 0
@@ -259,8 +267,11 @@ def _read_local(cursor: LogCursor, tail_lines: int, roots: Sequence[str]) -> tup
             size = handle.seek(0, os.SEEK_END)
             if tail_lines:
                 cursor.offset = max(size - MAX_LOG_BYTES_PER_POLL, 0)
-            if size < cursor.offset:  # truncated or rotated
-                cursor.offset, cursor.partial_line = 0, ""
+                cursor.cuts_seen = layout.cut if layout else 0
+            elif layout is not None and layout.cut != cursor.cuts_seen:
+                _follow_cut(cursor, layout, size)
+            if size < cursor.offset:  # truncated or replaced: from its beginning
+                cursor.offset, cursor.partial_line, cursor.shift = 0, "", 0
             handle.seek(cursor.offset)
             data = handle.read(MAX_LOG_BYTES_PER_POLL)
     except OSError as error:
@@ -268,7 +279,34 @@ def _read_local(cursor: LogCursor, tail_lines: int, roots: Sequence[str]) -> tup
             f"cannot read {cursor.path}: {error.strerror}", reason=ErrorReason.LOG_UNREADABLE
         ) from error
     cursor.offset += len(data)
+    if layout is not None and 0 < layout.tail_at <= cursor.offset:  # in the tail: shifted by what was cut
+        cursor.shift = layout.tail_from - layout.tail_at
     return data, size
+
+
+def relay_state(path: str, roots: Sequence[str]) -> RelayState | None:
+    """What the relay of a local job's log did (None without one, or when it cannot be read)."""
+    try:
+        descriptor = open_log(path + STATE_SUFFIX, roots, os.O_RDONLY)
+    except FailedPrecondition:
+        return None
+    if descriptor is None:
+        return None
+    with open(descriptor, "rb") as handle:
+        return parse_state(handle.read(STATE_BYTES))
+
+
+def _follow_cut(cursor: LogCursor, layout: RelayState, size: int) -> None:
+    """The relay cut the log since the cursor last read it: a reader in the head, which stays, reads on; one
+    past it goes on in the kept tail, at the first output it has not read (at the tail's start if that was
+    cut)."""
+    if cursor.offset > layout.tail_from - layout.cut:  # past the head
+        position = cursor.offset + cursor.shift  # in the job's whole output
+        cursor.shift = layout.tail_from - layout.tail_at
+        if position - cursor.shift < layout.tail_at:  # unread output was cut: its line is not whole
+            cursor.partial_line = ""
+        cursor.offset = min(max(layout.tail_at, position - cursor.shift), size)
+    cursor.cuts_seen = layout.cut
 
 
 def split_lines(cursor: LogCursor, data: bytes, *, final: bool) -> list[str]:

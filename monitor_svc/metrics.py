@@ -8,12 +8,17 @@ its record reloaded. A value is the pattern's one group read as a finite number;
 the last value wins, and the best (by the metric's direction) and the count are
 kept. A metric no value was read for is "not found", which says nothing about
 how the job ended.
+
+A job's output is hostile input: a line that cannot be read (nested too deep,
+NaN or infinite, a number too large for a float, anything that raises) is
+skipped and counted, never the end of the job's supervision.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import logging
 import math
 import posixpath
 import re
@@ -30,9 +35,15 @@ MAX_PATTERN_CHARS = 1024
 MAX_LINE_CHARS = 4096  # a longer line is matched on its start only
 MAX_POINTS = 10_000  # per job, for watchers; older points are dropped (the statistics keep counting)
 MAX_JSONL_LINE_BYTES = 64 * 1024  # longer lines of a metrics file are skipped
+MAX_JSON_DEPTH = 64  # a line nested deeper is skipped before it is parsed (the parser recurses)
 _NAME = re.compile(r"[A-Za-z0-9_./-]{1,64}")
 _MAX_KEY_CHARS = 256
 _MAX_PATH_CHARS = 1024
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+_OPENING = b"[{"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -153,8 +164,8 @@ def _jsonl_violations(spec: MetricSpec, prefix: str, working_directory: str) -> 
 
 def _number(text: str) -> float | None:
     try:
-        value = float(text)
-    except ValueError:
+        value = float(text[:MAX_LINE_CHARS])
+    except (ValueError, OverflowError):
         return None
     return value if math.isfinite(value) else None
 
@@ -171,43 +182,73 @@ def scan_lines(metrics: Sequence[CompiledMetric], lines: Sequence[str], first_li
     """The log metrics' values in `lines`, numbered from `first_line` (pure: runs in a worker thread)."""
     points: list[MetricPoint] = []
     unreadable: dict[str, int] = {}
+    failed = 0
     for number, line in enumerate(lines, start=first_line):
         text = line[:MAX_LINE_CHARS]
         for metric in metrics:
             if metric.pattern is None:
                 continue
-            match = metric.pattern.search(text)
+            try:
+                match = metric.pattern.search(text)
+                value = None if match is None else _number(match.group(1) or "")
+            except Exception:  # whatever a line holds, it is one line skipped
+                failed += 1
+                continue
             if match is None:
                 continue
-            value = _number(match.group(1) or "")
             if value is None:
                 unreadable[metric.spec.name] = unreadable.get(metric.spec.name, 0) + 1
             else:
                 points.append(MetricPoint(metric.spec.name, value, number))
+    if failed:
+        log.debug("%d log line(s) from line %d could not be matched; skipped", failed, first_line)
     return Scan(points, unreadable)
 
 
 def jsonl_values(spec: MetricSpec, lines: Iterable[bytes]) -> list[float]:
     """The values of the spec's key in a JSON-lines file, in order (pure); a line that is not an object with a
-    number there is skipped."""
+    finite number there (or is too long, nested too deep, or not JSON) is skipped."""
     values = []
+    skipped = 0
     for raw in lines:
-        if len(raw) > MAX_JSONL_LINE_BYTES or not raw.strip():
+        if not raw.strip():
             continue
         try:
-            entry = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(entry, dict):
-            continue
-        value = _json_number(entry.get(spec.jsonl_key))
-        if value is not None:
+            value = _jsonl_value(raw, spec.jsonl_key)
+        except Exception:  # whatever a line holds, it is one line skipped
+            value = None
+        if value is None:
+            skipped += 1
+        else:
             values.append(value)
+    if skipped:
+        log.debug("%d line(s) of %s had no number at %r; skipped", skipped, spec.jsonl_path, spec.jsonl_key)
     return values
 
 
+def _jsonl_value(raw: bytes, key: str) -> float | None:
+    if len(raw) > MAX_JSONL_LINE_BYTES or too_deep(raw):
+        return None
+    entry = json.loads(raw)
+    return _json_number(entry.get(key)) if isinstance(entry, dict) else None
+
+
+def too_deep(raw: bytes) -> bool:
+    """Whether a JSON text nests deeper than MAX_JSON_DEPTH, told cheaply: at once when it has too few
+    brackets to, else by its brackets outside strings, up to the first too deep."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return False
+    depth = 0
+    for bracket in _STRINGS.sub(b"", raw).translate(None, _NOT_BRACKETS):
+        depth += 1 if bracket in _OPENING else -1
+        if depth > MAX_JSON_DEPTH:
+            return True
+    return False
+
+
 def _json_number(value: object) -> float | None:
-    """A JSON number as a finite float (not a boolean, nor an integer too large for a float)."""
+    """A JSON number as a finite float (not a boolean, nor NaN or an infinity, nor an integer too large for a
+    float)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     try:

@@ -7,7 +7,7 @@ from pathlib import Path
 import grpc
 
 from monitor_svc.gpus import GpuSampler, NvmlProbe
-from monitor_svc.jobs import JobRecords, Jobs, SlurmLimits, Supervision
+from monitor_svc.jobs import JobRecords, Jobs, LogLimits, SlurmLimits, Supervision
 from monitor_svc.servicer import MonitorServicer
 from monitor_svc.ssh import SshHosts
 from monitor_svc.workspaces.operations import Workspaces
@@ -91,6 +91,7 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
         workspaces=workspaces,
         allow_submission=settings.allow_job_submission,
         supervision=Supervision(settings.job_poll_seconds, settings.job_stop_grace_seconds),
+        log_limits=LogLimits(settings.max_job_log_bytes, settings.job_log_disk_reserve_bytes),
     )
     await jobs.resume()
 

@@ -418,7 +418,14 @@ class MonitorSettings(ServiceSettings):
     slurm_time_limit_buffer_seconds: float = Field(default=600.0, ge=0)
     """...or once its time limit plus this buffer has passed since it was submitted or first seen."""
     jobs_dir: str = ""
-    """Logs of local jobs started without a log path; empty: jobs/ in the data directory."""
+    """Logs of local jobs started without a log path; empty: jobs/ in the data directory. In production put it
+    on another file system than the data directory's databases, so that no job's output can fill theirs."""
+    max_job_log_bytes: int = Field(default=1 << 30, ge=64 * 1024)
+    """The most bytes a local job's log holds: past it the middle is cut (the start and the newest output
+    are kept, with a line saying how much was cut)."""
+    job_log_disk_reserve_bytes: int = Field(default=1 << 30, ge=0)
+    """A local job is stopped (FAILED) when the free space of the file system holding its log falls below
+    this many bytes."""
     log_roots: list[str] = Field(default_factory=list)
     """Further local directories whose files jobs may log to and WatchJob may tail (the jobs directory
     always); in the environment a JSON list, e.g. `["/data/logs"]`."""

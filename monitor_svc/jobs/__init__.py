@@ -5,6 +5,7 @@ chosen by JobKind in registry.py); what every job shares is written once: its su
 records (service.py) and its supervision (supervision.py).
 """
 
+from monitor_svc.jobs.local import LogLimits
 from monitor_svc.jobs.records import JobRecord, JobRecords
 from monitor_svc.jobs.service import Jobs
 from monitor_svc.jobs.slurm import SlurmLimits
@@ -21,6 +22,7 @@ __all__ = [
     "JobRecords",
     "JobRequest",
     "Jobs",
+    "LogLimits",
     "SlurmLimits",
     "Supervision",
 ]

@@ -4,7 +4,8 @@ A job the monitor started keeps its real exit status while it is the monitor's c
 FAILED with its exit code, never "completed". After a restart it is a process the monitor did not
 start, matched by its pid and start time; its end is then EXITED. Its log is written under the
 monitor's job directory or a configured log root, opened as a log is read (never a FIFO, never a
-hard link to a file elsewhere).
+hard link to a file elsewhere). Its output reaches the log through a relay process
+(monitor_svc/log_relay.py) that caps the log and stops the job before the disk fills.
 """
 
 from __future__ import annotations
@@ -14,22 +15,34 @@ import contextlib
 import functools
 import os
 import signal
+import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from monitor_svc import log_relay
 from monitor_svc.jobs import processes
 from monitor_svc.jobs.executor import Follow, Hold, NotStarted, Prepared, Watch, exit_observation
 from monitor_svc.jobs.files import read_local_file
 from monitor_svc.jobs.records import JobRecord
 from monitor_svc.jobs.spec import Command, JobKind, JobObservation, JobOptions, JobRequest
 from monitor_svc.jobs.submission import checked_command, checked_options, gpu_environment, in_workspace, options_payload
-from monitor_svc.logs import Logs, open_log
+from monitor_svc.logs import Logs, open_log, relay_state
 from monitor_svc.validation import MAX_PID
 from monitor_svc.workspaces.operations import Workspaces
 from quarry.errors import ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument
 from quarry.vocabulary import JobRef, JobState
 
 NOT_OURS = "its exit status is unknown, as the monitor was restarted while it ran"
+_RELAY_WAIT_SECONDS = 5.0  # after the job's end, how long its relay gets to write the rest (a child may hold on)
+
+
+@dataclass(frozen=True)
+class LogLimits:
+    """Bounds on a local job's log: its size (the middle is cut), and the free space left on its disk."""
+
+    max_bytes: int = 1 << 30
+    disk_reserve_bytes: int = 1 << 30
 
 
 def _environment(extra: Mapping[str, str], gpus: Sequence[int]) -> dict[str, str]:
@@ -42,17 +55,29 @@ def _environment(extra: Mapping[str, str], gpus: Sequence[int]) -> dict[str, str
 class _Follow:
     """A local job: by its child process while the monitor that started it runs, else by its pid and start time."""
 
-    def __init__(self, record: JobRecord, process: asyncio.subprocess.Process | None) -> None:
+    def __init__(self, record: JobRecord, logs: Logs, started: _Started | None) -> None:
         self._record = record
-        self._process = process
+        self._logs = logs
+        self._process = started.job if started else None
+        self._relay = started.relay if started else None
 
     async def poll(self, previous: JobObservation) -> JobObservation:
         record = self._record
         if self._process is not None:
-            return exit_observation(self._process.returncode)  # asyncio's child watcher sets it at the end
-        if await asyncio.to_thread(processes.is_running, record.pid, record.start_ticks):
+            ended = exit_observation(self._process.returncode)  # asyncio's child watcher sets it at the end
+        elif await asyncio.to_thread(processes.is_running, record.pid, record.start_ticks):
             return JobObservation(JobState.RUNNING, detail=f"process {record.pid} is running")
-        return JobObservation(JobState.EXITED, detail=f"process {record.pid} has ended; {NOT_OURS}")
+        else:
+            ended = JobObservation(JobState.EXITED, detail=f"process {record.pid} has ended; {NOT_OURS}")
+        if not ended.state.ended:
+            return ended
+        if self._relay is not None:  # the rest of its output is in the log once the relay has ended
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._relay.wait(), _RELAY_WAIT_SECONDS)
+        state = await asyncio.to_thread(relay_state, record.log_path, self._logs.local_roots)
+        if state is not None and state.stopped:  # the relay killed it: a full disk, not the job's own fault
+            return JobObservation(JobState.FAILED, ended.exit_code, state.stopped)
+        return ended
 
     async def pause(self, seconds: float) -> None:
         if self._process is None:
@@ -66,12 +91,13 @@ class LocalExecutor:
     kind = JobKind.LOCAL
     poll_seconds = 0.1
 
-    def __init__(self, logs: Logs, workspaces: Workspaces, jobs_dir: Path) -> None:
+    def __init__(self, logs: Logs, workspaces: Workspaces, jobs_dir: Path, limits: LogLimits | None = None) -> None:
         self._logs = logs
         self._workspaces = workspaces
         self._jobs_dir = jobs_dir
+        self._limits = limits or LogLimits()
         self._children: dict[int, asyncio.subprocess.Process] = {}  # by pid: what a watch by pid finds
-        self._unattached: dict[str, asyncio.subprocess.Process] = {}  # by monitor_job_id, until followed
+        self._unattached: dict[str, _Started] = {}  # by monitor_job_id, until followed
         self.groups = self
 
     async def prepare(self, request: JobRequest, options: JobOptions, request_id: str) -> Prepared:
@@ -96,13 +122,7 @@ class LocalExecutor:
             raise FailedPrecondition(
                 f"cannot write the log {log_file}: {error.strerror}", reason=ErrorReason.JOB_NOT_STARTED
             ) from error
-        # Created, or appended to if it is a regular file with one link: never a FIFO (which would block
-        # until a reader came) nor a hard link to a file elsewhere.
-        descriptor = await asyncio.to_thread(
-            open_log, str(log_file), self._logs.local_roots, os.O_WRONLY | os.O_APPEND | os.O_CREAT
-        )
-        if descriptor is None:  # O_CREAT made it, unless its directory went away meanwhile
-            raise FailedPrecondition(f"cannot write the log {log_file}", reason=ErrorReason.JOB_NOT_STARTED)
+        output = await asyncio.to_thread(_LogOutput.open, log_file, self._logs.local_roots)
         try:
             async with hold(options.gpus):
                 try:
@@ -110,7 +130,7 @@ class LocalExecutor:
                         *argv,
                         cwd=command.working_directory or None,
                         env=_environment(options.environment, record.gpus),
-                        stdout=descriptor,
+                        stdout=output.job_end,
                         stderr=asyncio.subprocess.STDOUT,
                         stdin=asyncio.subprocess.DEVNULL,
                         start_new_session=True,  # outlives the monitor; its group is the job's, to stop it whole
@@ -121,9 +141,11 @@ class LocalExecutor:
                             f"cannot start {argv[0]!r}: {error.strerror}", reason=ErrorReason.JOB_NOT_STARTED
                         )
                     ) from error
+                relay = await output.relay(process.pid, self._limits)
         finally:
-            os.close(descriptor)  # the job has its own copy
-        self._children[process.pid] = self._unattached[record.monitor_job_id] = process
+            output.close()  # the job and its relay have their own copies
+        self._children[process.pid] = process
+        self._unattached[record.monitor_job_id] = _Started(process, relay)
         record.pid = record.pgid = process.pid
         record.start_ticks = processes.start_ticks(process.pid)
         return JobObservation(JobState.RUNNING, detail=f"process {process.pid} started")
@@ -147,7 +169,7 @@ class LocalExecutor:
         return JobObservation(JobState.RUNNING, detail=f"process {pid} is alive")
 
     def attach(self, record: JobRecord) -> Follow:
-        return _Follow(record, self._unattached.pop(record.monitor_job_id, None))
+        return _Follow(record, self._logs, self._unattached.pop(record.monitor_job_id, None))
 
     async def signal(self, record: JobRecord, number: signal.Signals) -> None:
         processes.signal_group(record.pgid, number)
@@ -157,3 +179,74 @@ class LocalExecutor:
 
     async def read_file(self, record: JobRecord, relative: str) -> bytes | None:
         return await asyncio.to_thread(read_local_file, record.working_directory, relative)
+
+
+@dataclass(frozen=True)
+class _Started:
+    job: asyncio.subprocess.Process
+    relay: asyncio.subprocess.Process
+
+
+@dataclass(frozen=True)
+class _LogOutput:
+    """A job's output on its way to its log: the pipe the job writes, and the log and state file its relay
+    writes. The job stays the monitor's child (its exit status is its own); the relay is a second child, in a
+    session of its own so that it outlives the monitor too, and ends when the job's last writer does."""
+
+    log: int
+    state: int
+    job_end: int  # the pipe's write end: the job's stdout and stderr
+    relay_end: int
+
+    @classmethod
+    def open(cls, log_file: Path, roots: Sequence[str]) -> _LogOutput:
+        # Created, or appended to if it is a regular file with one link: never a FIFO (which would block
+        # until a reader came) nor a hard link to a file elsewhere. Read and written: a cut rewrites it.
+        log = open_log(str(log_file), roots, os.O_RDWR | os.O_CREAT)
+        state = None
+        try:
+            state = open_log(str(log_file) + log_relay.STATE_SUFFIX, roots, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+            if log is None or state is None:  # O_CREAT made them, unless their directory went away meanwhile
+                raise FailedPrecondition(f"cannot write the log {log_file}", reason=ErrorReason.JOB_NOT_STARTED)
+            try:  # allocated now: the relay rewrites it in place, which a full disk cannot refuse
+                os.pwrite(state, b" " * log_relay.STATE_BYTES, 0)
+            except OSError as error:
+                raise FailedPrecondition(
+                    f"cannot write the log {log_file}: {error.strerror}", reason=ErrorReason.JOB_NOT_STARTED
+                ) from error
+            relay_end, job_end = os.pipe()
+        except BaseException:
+            for descriptor in (log, state):
+                if descriptor is not None:
+                    os.close(descriptor)
+            raise
+        return cls(log, state, job_end, relay_end)
+
+    async def relay(self, pgid: int, limits: LogLimits) -> asyncio.subprocess.Process:
+        """The relay of the job of group `pgid`; without one, the job is killed (its output would go nowhere)."""
+        arguments = ["--log-fd", self.log, "--state-fd", self.state, "--pgid", pgid]
+        arguments += ["--max-bytes", limits.max_bytes, "--reserve-bytes", limits.disk_reserve_bytes]
+        try:
+            return await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-I",  # the standard library only: no PYTHON* variable of the monitor's steers it
+                log_relay.__file__,
+                *map(str, arguments),
+                stdin=self.relay_end,
+                stdout=asyncio.subprocess.DEVNULL,
+                pass_fds=(self.log, self.state),
+                env={"PATH": os.environ.get("PATH", os.defpath)},
+                cwd="/",
+                start_new_session=True,
+            )
+        except OSError as error:
+            processes.signal_group(pgid, signal.SIGKILL)
+            raise NotStarted(
+                FailedPrecondition(
+                    f"cannot start the relay of the job's log: {error.strerror}", reason=ErrorReason.JOB_NOT_STARTED
+                )
+            ) from error
+
+    def close(self) -> None:
+        for descriptor in (self.log, self.state, self.job_end, self.relay_end):
+            os.close(descriptor)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from monitor_svc.jobs.executor import JobExecutor
-from monitor_svc.jobs.local import LocalExecutor
+from monitor_svc.jobs.local import LocalExecutor, LogLimits
 from monitor_svc.jobs.slurm import SlurmExecutor, SlurmLimits
 from monitor_svc.jobs.spec import JobKind
 from monitor_svc.jobs.ssh import SshExecutor
@@ -16,10 +16,15 @@ from monitor_svc.workspaces.operations import Workspaces
 
 
 def executors(
-    hosts: SshHosts, logs: Logs, workspaces: Workspaces, jobs_dir: Path, slurm: SlurmLimits
+    hosts: SshHosts,
+    logs: Logs,
+    workspaces: Workspaces,
+    jobs_dir: Path,
+    slurm: SlurmLimits,
+    log_limits: LogLimits | None = None,
 ) -> dict[JobKind, JobExecutor]:
     every: list[JobExecutor] = [
-        LocalExecutor(logs, workspaces, jobs_dir),
+        LocalExecutor(logs, workspaces, jobs_dir, log_limits),
         SshExecutor(hosts, logs, workspaces),
         SlurmExecutor(hosts, logs, workspaces, slurm),
     ]

@@ -23,6 +23,7 @@ from pathlib import Path
 from monitor_svc.gpus import GpuRequest, GpuSampler, choose_gpus
 from monitor_svc.idempotency import Once, check_request_id
 from monitor_svc.jobs.executor import INTERRUPTED, JobExecutor, NotStarted, Prepared, StartUnknown, Watch, log_host
+from monitor_svc.jobs.local import LogLimits
 from monitor_svc.jobs.records import JobRecord, JobRecords, new_job_id
 from monitor_svc.jobs.registry import executors
 from monitor_svc.jobs.slurm import SlurmLimits
@@ -54,12 +55,13 @@ class Jobs:
         workspaces: Workspaces,
         allow_submission: bool = False,
         supervision: Supervision = _SUPERVISION,
+        log_limits: LogLimits | None = None,
     ) -> None:
         self._gpus = gpus
         self._allow_submission = allow_submission
         self._records = records
         self._logs = Logs(hosts, (str(jobs_dir), *log_roots))
-        self._executors = executors(hosts, self._logs, workspaces, jobs_dir, limits)
+        self._executors = executors(hosts, self._logs, workspaces, jobs_dir, limits, log_limits)
         self._supervisor = Supervisor(self._executors, self._logs, records, supervision)
         self._jobs: dict[str, Job] = {}  # by monitor_job_id
         self._submissions = Once(conflict="already started a different job")

@@ -3,6 +3,8 @@
 A job's supervising task follows it until it ends: its state through its executor, its log metrics
 as the log grows, its wall-clock limit where the monitor enforces it (SIGTERM to its process group,
 SIGKILL after a grace: TIMED_OUT), its file metrics once it has ended; then its end, recorded.
+Nothing a job writes ends its supervision: a fault reading its metrics is that metric's problem,
+and any other fault of the monitor's ends the job's record with the reason, never leaves it running.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class Supervisor:
 
     def supervise(self, job: Job) -> None:
         job.supervisor = asyncio.create_task(self._follow(job), name=f"supervise {job.record.monitor_job_id}")
+        job.supervisor.add_done_callback(_report_escape)
 
     async def save(self, record: JobRecord) -> None:
         """Write the record; a job that runs is not undone by a full disk (its state is kept in memory)."""
@@ -75,6 +78,8 @@ class Supervisor:
             await self._records.save(record)
         except OSError as error:
             log.error("cannot write the record of job %s: %s", record.monitor_job_id, error)
+        except Exception:  # a record that cannot be written does not stop the job's end being seen
+            log.exception("cannot write the record of job %s", record.monitor_job_id)
 
     async def end(self, job: Job, observation: JobObservation) -> None:
         record = job.record
@@ -114,7 +119,8 @@ class Supervisor:
             raise
         except Exception as error:  # a fault of the monitor's: the job is given up, not left "running" forever
             log.exception("supervising job %s failed", record.monitor_job_id)
-            await self.end(job, JobObservation(JobState.UNKNOWN, detail=f"the monitor stopped following it: {error}"))
+            reason = f"the monitor stopped following it: {type(error).__name__}: {str(error)[:500]}"
+            await self.end(job, JobObservation(JobState.UNKNOWN, detail=reason))
 
     async def _stop(self, record: JobRecord, groups: ProcessGroups) -> JobObservation:
         """Past its wall-clock limit: SIGTERM to its process group, SIGKILL to what is left after the grace."""
@@ -141,10 +147,19 @@ class Supervisor:
         return True
 
     async def _read_log_metrics(self, job: Job, cursor: LogCursor, *, final: bool) -> None:
-        """The log's new lines through the job's log patterns (all of it once the job has ended)."""
+        """The log's new lines through the job's log patterns (all of it once the job has ended); a fault
+        reading them is the log metrics' problem, not the end of the job's supervision."""
         tracker = job.tracker
         if not tracker.reads_log or tracker.problem:
             return
+        try:
+            await self._scan_log(job, cursor, final=final)
+        except Exception as error:
+            log.warning("job %s: its log metrics are no longer read", job.record.monitor_job_id, exc_info=True)
+            tracker.problem = f"the log could not be read: {type(error).__name__}: {str(error)[:500]}"
+
+    async def _scan_log(self, job: Job, cursor: LogCursor, *, final: bool) -> None:
+        tracker = job.tracker
         reads = 0
         while reads < (_FINAL_CHUNKS if final else _CHUNKS_PER_POLL):
             reads += 1
@@ -181,5 +196,16 @@ class Supervisor:
             if data is None:
                 job.tracker.add_file(spec, [], f"{spec.jsonl_path} does not exist in {record.working_directory}")
                 continue
-            values = await asyncio.to_thread(jsonl_values, spec, data.split(b"\n"))
+            try:
+                values = await asyncio.to_thread(jsonl_values, spec, data.split(b"\n"))
+            except Exception as error:  # jsonl_values skips any line; this is a fault of the monitor's
+                log.warning("job %s: %s could not be read", record.monitor_job_id, spec.jsonl_path, exc_info=True)
+                job.tracker.add_file(spec, [], f"{spec.jsonl_path} could not be read: {type(error).__name__}")
+                continue
             job.tracker.add_file(spec, values)
+
+
+def _report_escape(task: asyncio.Task[None]) -> None:
+    """A supervision that ended by a fault even its own handler could not record is logged, never silent."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s ended by a fault", task.get_name(), exc_info=task.exception())

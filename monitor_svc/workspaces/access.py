@@ -106,8 +106,18 @@ class WorkspaceAccess:
         max_output: int = GIT_LISTING_BYTES,
         check: bool = True,
     ) -> GitOutput:
+        environment = git.environment(record.root)
+        listing = await backend.git(git.argv(record.root, *git.CONFIG_LISTING), environment, max_output=1 << 20)
+        if listing.truncated:
+            raise FailedPrecondition(
+                f"the git configuration of {record.root} is too large to check", reason=ErrorReason.WORKSPACE_GIT_FAILED
+            )
+        if listing.status not in (0, 127) and not git.not_a_repository(listing.stderr):
+            raise self._git_failed(record, "config", listing)  # a configuration git cannot read is not run
+        # No git, or not a repository: the command fails the same way, and reads no configuration.
+        disarmed = git.overrides(listing.stdout, args[0]) if listing.status == 0 else ()
         output = await backend.git(
-            git.argv(record.root, *args, options=options), git.environment(record.root), max_output=max_output
+            git.argv(record.root, *args, options=(*disarmed, *options)), environment, max_output=max_output
         )
         if check and output.status != 0 and not output.truncated:
             raise self._git_failed(record, args[0], output)

@@ -15,8 +15,22 @@ from monitor_svc.workspaces.types import EntryKind, FileInfo, GitOutput
 from quarry.errors import ErrorReason, FailedPrecondition
 
 # Where git looks for a repository: at the root only (GIT_CEILING_DIRECTORIES, set per workspace),
-# never prompting; messages in English, which the git module reads.
-GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
+# never prompting; messages in English, which the git module reads. No system or global configuration
+# (nor attributes) is read, so only the repository's, which git.overrides disarms, and the command line's.
+GIT_ENV = {
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_ASKPASS": "",
+    "GIT_PAGER": "",
+    "GIT_EDITOR": ":",
+    "GIT_SEQUENCE_EDITOR": ":",
+    "GIT_OPTIONAL_LOCKS": "0",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_ATTR_NOSYSTEM": "1",
+    "HOME": "/nonexistent",  # no ~/.gitconfig, for a git older than GIT_CONFIG_GLOBAL
+    "XDG_CONFIG_HOME": "/nonexistent",
+    "LC_ALL": "C",
+}
 MAX_GIT_STDERR = 64 * 1024
 
 

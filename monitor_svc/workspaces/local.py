@@ -146,8 +146,9 @@ class LocalBackend:
         await asyncio.to_thread(_remove, path)
 
     async def git(self, args: Sequence[str], env: Mapping[str, str], *, max_output: int) -> GitOutput:
-        # The monitor's own GIT_* variables (a GIT_DIR, say) must not steer a workspace's git.
-        environment = {name: value for name, value in os.environ.items() if not name.startswith("GIT_")}
+        # Nothing of the monitor's environment but PATH: not its GIT_* variables (a GIT_DIR would steer it),
+        # nor its settings and credentials.
+        environment = {"PATH": os.environ.get("PATH", os.defpath)}
         try:
             process = await asyncio.create_subprocess_exec(
                 "git",

@@ -323,7 +323,9 @@ class WorkspaceWrites(WorkspaceAccess):
                 if not state.dirty:
                     return Commit(state.head_commit, committed=False)
                 await self._git(record, backend, "add", "-A")
-                staged = await self._git(record, backend, "diff", "--cached", "--quiet", check=False)
+                staged = await self._git(
+                    record, backend, "diff", *git.QUIET_DIFF_OPTIONS, "--cached", "--quiet", check=False
+                )
                 if staged.status == 0:
                     return Commit(state.head_commit, committed=False)
                 await self._git(record, backend, "commit", "-q", "-m", message, options=git.IDENTITY)
