@@ -36,6 +36,7 @@ else:
 
 __all__ = [
     "ALL_ROLES",
+    "API_KEY_FILE",
     "ApiAccess",
     "ApiAuthentication",
     "ApiKeys",
@@ -56,6 +57,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 API_KEY_PREFIX = "qk_"
+# Where `quarry up` writes the key of its principal "local" (mode 0600) in the data directory, and the
+# command line looks for it.
+API_KEY_FILE = "api-key"
 _DIGEST_PREFIX = "sha256:"
 _CN_PREFIX = "cn:"
 

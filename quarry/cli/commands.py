@@ -89,14 +89,15 @@ def service_addresses(name: str, common: QuarrySettings, explicit: str | None = 
 
 def _supervisor(args: argparse.Namespace, common: QuarrySettings) -> Supervisor:
     from quarry.cli.ask import Supervisor
+    from quarry.cli.credentials import api_credential
     from quarry.clients.channels import open_channel
     from quarry.config import SupervisorSettings
     from quarry.security import ConnectionLimits, Tls
 
-    settings = load_settings(SupervisorSettings)
+    key = api_credential(common, load_settings(SupervisorSettings).auth_token).key
     [address] = service_addresses("supervisor", common, args.address)
     tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
-    return Supervisor(address, lambda: open_channel(address, tls=tls, limits=limits, token=settings.auth_token))
+    return Supervisor(address, lambda: open_channel(address, tls=tls, limits=limits, token=key))
 
 
 def _ask(args: argparse.Namespace, common: QuarrySettings) -> int:
@@ -176,11 +177,21 @@ def _mesh(args: argparse.Namespace, common: QuarrySettings) -> int:
     return 0
 
 
+def _keys(args: argparse.Namespace, common: QuarrySettings) -> int:
+    from quarry.config import SupervisorSettings
+
+    return SERVICES["supervisor"].command("keys")(args, load_settings(SupervisorSettings), common)
+
+
 def _doctor(args: argparse.Namespace, common: QuarrySettings) -> int:
+    from quarry.cli.credentials import api_credential
     from quarry.cli.doctor import doctor
+    from quarry.config import SupervisorSettings
 
     explicit = {"supervisor": args.address}
-    return doctor(common, {name: service_addresses(name, common, explicit.get(name)) for name in SERVICES})
+    credential = api_credential(common, load_settings(SupervisorSettings).auth_token)
+    found = {name: service_addresses(name, common, explicit.get(name)) for name in SERVICES}
+    return doctor(common, found, credential)
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace, QuarrySettings], int]] = {
@@ -192,6 +203,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace, QuarrySettings], int]] = {
     "lab": _lab,
     "migrate": _migrate,
     "mesh": _mesh,
+    "keys": _keys,
     "doctor": _doctor,
 }
 

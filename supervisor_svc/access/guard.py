@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from quarry.api_auth import (
     ALL_ROLES,
+    API_KEY_FILE,
     ApiAccess,
     ApiAuthentication,
     ApiKeys,
@@ -21,12 +22,9 @@ from quarry.api_auth import (
 from quarry.config import ConfigurationError, QuarrySettings, SupervisorSettings
 from quarry.security import Tls
 
-__all__ = ["ANONYMOUS", "API_KEY_FILE", "CAMPAIGN_ACCESS", "SUPERVISOR_ACCESS", "api_guard", "how_to_get_a_key"]
+__all__ = ["CAMPAIGN_ACCESS", "SUPERVISOR_ACCESS", "api_guard", "how_to_get_a_key"]
 
 log = logging.getLogger(__name__)
-
-# Where `quarry up` writes the key of its principal "local" (mode 0600), and the command line reads it.
-API_KEY_FILE = "api-key"
 
 ANONYMOUS = ApiPrincipal("anonymous", ALL_ROLES)
 
