@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--ephemeral-ports", action="store_true", help="bind every service to a free port instead of its default"
     )
     up.add_argument("--workers", type=_positive, default=1, help="worker processes (default 1)")
+    up.add_argument(
+        "--open-api",
+        action="store_true",
+        help="serve the public API without API keys (anyone who can reach it has every role); campaigns are off, "
+        "and it is refused while the monitor allows job submission",
+    )
     up.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for each service")
     up.add_argument(
         "--max-restarts",

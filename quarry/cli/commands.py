@@ -34,7 +34,8 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.agent.model import ModelSettings
     from quarry.cli.announcer import Announcer
     from quarry.cli.launcher import RestartPolicy, plan, run_process_group
-    from quarry.config import ModelTier
+    from quarry.cli.up_api_key import supervisor_api_environment
+    from quarry.config import ModelTier, MonitorSettings, SupervisorSettings
 
     specs = list(SERVICES.values())
     overrides = {"address": "127.0.0.1:0"} if args.ephemeral_ports else {}
@@ -45,6 +46,14 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
         if isinstance(settings, ModelTier):
             model = ModelSettings.for_tier(settings, common)
             models.append((spec.name, model.model, model.base_url))
+    if args.open_api and load_settings(MonitorSettings).allow_job_submission:
+        raise ConfigurationError(
+            "--open-api is refused while the monitor allows job submission (QUARRY_MONITOR_ALLOW_JOB_SUBMISSION): "
+            "anyone who reached the API could run commands"
+        )
+    supervisor_env = supervisor_api_environment(
+        common.data_dir, load_settings(SupervisorSettings), open_api=args.open_api
+    )
     return asyncio.run(
         run_process_group(
             plan(specs, workers=args.workers, data_dir=common.data_dir, ephemeral_ports=args.ephemeral_ports),
@@ -53,6 +62,7 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
             stop_timeout=common.shutdown_grace_seconds + 5.0,
             announce=Announcer(data_dir=common.data_dir, models=models),
             policy=RestartPolicy(max_restarts=args.max_restarts),
+            service_env={"supervisor": supervisor_env},
         )
     )
 
