@@ -322,7 +322,7 @@ class CampaignStore(HostedStore[CampaignRecord]):
                 .values(pending_directives=campaigns.c.pending_directives + 1, update_time=now)
             )
             notify_on_commit(connection, CAMPAIGN_EVENTS_CHANNEL, campaign_id)
-            return DirectiveRecord(campaign_id, request_id, text, DirectiveState.PENDING, 0, now), True
+            return DirectiveRecord(campaign_id, request_id, text, DirectiveState.PENDING, 0, now, sent_by), True
 
         return await self._db.write(work)
 
