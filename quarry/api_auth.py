@@ -283,7 +283,7 @@ class ApiAuthentication(_ServerInterceptor):
         table = self._access.get(service)
         if handler is None or table is None:
             return handler
-        return guarded(handler, self._checker(method, table.get(method, frozenset())))
+        return guarded(handler, self.checker(method, table.get(method, frozenset())))
 
     async def authenticate(self, context: Any) -> ApiPrincipal:
         if self._anonymous is not None:
@@ -299,7 +299,9 @@ class ApiAuthentication(_ServerInterceptor):
             raise Unauthenticated(f"{problem}: {self._hint}", reason=ErrorReason.BEARER_TOKEN_INVALID)
         return principal
 
-    def _checker(self, method: str, allowed: frozenset[ApiRole]) -> Callable[[Any], Awaitable[None]]:
+    def checker(self, method: str, allowed: frozenset[ApiRole]) -> Callable[[Any], Awaitable[None]]:
+        """The check that guards `method`, allowed to `allowed`: authenticates, then compares roles."""
+
         async def check(context: Any) -> None:
             principal = await self.authenticate(context)
             if not principal.roles & allowed:
