@@ -199,26 +199,20 @@ class ApiKeys:
         self._loaded_at = -float("inf")
         self._lock = asyncio.Lock()
 
-    def __bool__(self) -> bool:
-        return bool(self._static) or self._loader is not None
-
-    def _lookup(self, digest: bytes) -> ApiPrincipal | None:
-        # A dictionary lookup by digest: a secret-dependent timing would reveal a digest, not a key.
-        return self._static.get(digest) or self._stored.get(digest)
-
     async def identify(self, key: str) -> ApiPrincipal | None:
         if not key:
             return None
+        # Dictionary lookups by digest: a secret-dependent timing would reveal a digest, not a key.
         digest = api_key_digest(key)
-        if self._loader is None:
-            return self._lookup(digest)
-        now = time.monotonic()
-        if now - self._loaded_at >= self._refresh_seconds:
+        found = self._static.get(digest)  # static keys need no database, so they work while it is away
+        if found is not None or self._loader is None:
+            return found
+        if time.monotonic() - self._loaded_at >= self._refresh_seconds:
             await self._reload(self._refresh_seconds)
-        found = self._lookup(digest)
+        found = self._stored.get(digest)
         if found is None:
             await self._reload(self._miss_reload_seconds)
-            found = self._lookup(digest)
+            found = self._stored.get(digest)
         return found
 
     async def _reload(self, older_than: float) -> None:
