@@ -34,7 +34,6 @@ from typing import Any
 from harness import arguments, mesh_environment, percentile, running_service
 
 from quarry.clients.campaigns import CampaignsClient
-from quarry.clients.channels import open_channel
 from quarry.identity import MeshRole
 from quarry.v1 import campaign_pb2, monitor_pb2
 from supervisor_svc.campaigns.think import INSTRUCTIONS
@@ -170,8 +169,7 @@ async def main_async(args: argparse.Namespace) -> None:
                             "QUARRY_SUPERVISOR_MONITOR_ADDRESS": monitor,
                         }
                         with running_service("supervisor", supervisor_env, workdir) as (_, supervisor):
-                            async with open_channel(supervisor) as channel:
-                                campaigns = CampaignsClient(channel)
+                            async with CampaignsClient.connect(supervisor) as campaigns:
                                 started = await campaigns.start_campaign(
                                     spec(project, args.cycles, args.job_seconds), request_id="bench"
                                 )

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from quarry.api_auth import ALL_ROLES, new_api_key, static_key_entry
 from quarry.cli.launcher import serve_command
 from quarry.identity import MeshRole
 from quarry.mesh_auth import MeshKeys
@@ -45,6 +46,11 @@ def peak_rss_mib(pid: int) -> float:
 # tokens derive from one secret in the environment, so client processes the benchmark spawns share them.
 _SECRET = os.environ.setdefault("QUARRY_BENCH_MESH_SECRET", secrets.token_hex(16))
 MESH = MeshKeys({role: hashlib.sha256(f"{_SECRET}/{role.value}".encode()).hexdigest() for role in MeshRole})
+
+
+# The public API's key, likewise: the supervisors the benchmarks start accept it, their clients send it.
+API_KEY = os.environ.setdefault("QUARRY_API_KEY", new_api_key())
+os.environ.setdefault("QUARRY_SUPERVISOR_API_KEYS", static_key_entry("bench", ALL_ROLES, API_KEY))
 
 
 def mesh_environment(role: MeshRole | None) -> dict[str, str]:

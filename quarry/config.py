@@ -361,8 +361,20 @@ class SupervisorSettings(ModelTier):
     context_tokens: int = Field(default=96_000, ge=1000)
     """The history budget of each supervisor model call: older turns are truncated to fit."""
     auth_token: Credential = ""
-    """When set, SupervisorService calls need `authorization: Bearer <token>` (health, diagnostics and
-    reflection stay open); the command line sends it too."""
+    """A static API key of principal "admin" with every role (kept from before API keys had roles); the
+    command line sends it when QUARRY_API_KEY is not set."""
+    api_keys: str = ""
+    """Static API keys, comma-separated: "PRINCIPAL:ROLE+ROLE=sha256:HEX" (the digest of the key; roles:
+    reader, researcher, operator, approver). Keys made with `quarry keys add` live in the database."""
+    client_certificates: str = ""
+    """Principals named by client certificate, under mutual TLS, comma-separated: "cn:NAME=PRINCIPAL:ROLE+ROLE"."""
+    open_api: bool = False
+    """Runs the public API without authentication: every caller is principal "anonymous" with every role.
+    Refused when campaigns can run code (a monitor address is set)."""
+    allow_self_approval: bool = False
+    """Lets a principal approve a run it started itself (ApproveRun); refused by default."""
+    api_key_refresh_seconds: float = Field(default=5.0, gt=0, le=3600)
+    """How often the stored API keys are re-read: a revoked key stops working within this long."""
     stream_poll_seconds: float = Field(default=1.0, gt=0, le=3600)
     """A waiting StreamRun re-reads after this long without a wake-up (a safety net: commits wake it,
     on PostgreSQL across replicas too)."""

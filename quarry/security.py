@@ -3,14 +3,13 @@
 One set of files serves a process both ways: its certificate and key are its
 server identity and, under mutual TLS, its client identity too; the CA
 verifies the other side. Health and reflection stay open on every server
-(Kubernetes probes and grpcurl need them); a bearer token, when configured,
-guards the services named for it.
+(Kubernetes probes and grpcurl need them); `guarded` is how the authentication
+of callers (quarry.mesh_auth, quarry.api_auth) wraps the methods it guards.
 """
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from quarry.config import ConfigurationError
-from quarry.errors import ErrorReason, Unauthenticated
 
 if TYPE_CHECKING:
     from quarry.config import QuarrySettings
@@ -28,7 +26,6 @@ else:
     _ServerInterceptor = grpc.aio.ServerInterceptor
 
 __all__ = [
-    "BearerTokenInterceptor",
     "ConnectionLimits",
     "Tls",
     "TlsConfigurationError",
@@ -142,28 +139,6 @@ def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
-class BearerTokenInterceptor(_ServerInterceptor):
-    """Requires `authorization: Bearer <token>` on the services it guards; everything else stays open.
-
-    The check runs on every call (handlers may be cached by the interceptors around this one).
-    """
-
-    def __init__(self, tokens: Mapping[str, str]) -> None:
-        # Full service name -> the token it requires (services without one are not guarded).
-        self._expected = {f"/{service}/": f"Bearer {token}".encode() for service, token in tokens.items() if token}
-
-    async def intercept_service(  # type: ignore[override]
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(details)
-        expected = next((e for prefix, e in self._expected.items() if details.method.startswith(prefix)), None)
-        if expected is None or handler is None:
-            return handler
-        return guarded(handler, _checker(expected))
-
-
 def presented_token(context: Any) -> str:
     """The bearer token the caller sent, or "" when it sent none."""
     presented = str(dict(context.invocation_metadata() or ()).get("authorization", ""))
@@ -171,23 +146,23 @@ def presented_token(context: Any) -> str:
     return token if scheme == "Bearer" else ""
 
 
-def _checker(expected: bytes) -> Callable[[Any], None]:
-    def check(context: Any) -> None:
-        presented = str(dict(context.invocation_metadata() or ()).get("authorization", ""))
-        if not hmac.compare_digest(presented.encode(), expected):
-            reason = "missing or wrong bearer token" if presented else "a bearer token is required"
-            raise Unauthenticated(reason, reason=ErrorReason.BEARER_TOKEN_INVALID)
-
-    return check
+Check = Callable[[Any], Awaitable[None] | None]
 
 
-def guarded(handler: grpc.RpcMethodHandler[Any, Any], check: Callable[[Any], None]) -> grpc.RpcMethodHandler[Any, Any]:
-    """The same handler, calling `check(context)` before anything else; what check raises ends the call."""
+async def _run_check(check: Check, context: Any) -> None:
+    outcome = check(context)
+    if outcome is not None:  # a check that may need to look something up is a coroutine
+        await outcome
+
+
+def guarded(handler: grpc.RpcMethodHandler[Any, Any], check: Check) -> grpc.RpcMethodHandler[Any, Any]:
+    """The same handler, calling `check(context)` (awaited when it is a coroutine) before anything else;
+    what check raises ends the call."""
     if handler.unary_unary is not None:
         behavior = handler.unary_unary
 
         async def unary(request: Any, context: Any) -> Any:
-            check(context)
+            await _run_check(check, context)
             return await behavior(request, context)
 
         return grpc.unary_unary_rpc_method_handler(
@@ -197,7 +172,7 @@ def guarded(handler: grpc.RpcMethodHandler[Any, Any], check: Callable[[Any], Non
         stream_behavior: Any = handler.unary_stream  # an async generator on the aio server (grpc-stubs says sync)
 
         async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            check(context)
+            await _run_check(check, context)
             async for response in stream_behavior(request, context):
                 yield response
 

@@ -3,7 +3,7 @@
 `create_server` builds and binds a server (tests bind port 0); `ServiceHost` owns
 start and stop of one service process, including graceful shutdown on SIGTERM.
 Every server runs the interceptors of `quarry.interceptors`: errors translated,
-RPCs measured, requests decoded after the bearer-token check.
+RPCs measured, requests decoded after the callers are authenticated.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import contextlib
 import gc
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,12 +22,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from quarry import telemetry
+from quarry.api_auth import ApiAuthentication
 from quarry.config import QuarrySettings, ServiceSettings
 from quarry.convert import diagnostics_report_to_proto
 from quarry.diagnostics import Diagnoser, Diagnostics
 from quarry.interceptors import ErrorTranslationInterceptor, RequestDecodingInterceptor
 from quarry.mesh_auth import Access, MeshAuthentication, mesh_guard
-from quarry.security import BearerTokenInterceptor, ConnectionLimits, Tls
+from quarry.security import ConnectionLimits, Tls
 from quarry.v1 import diagnostics_pb2, diagnostics_pb2_grpc
 
 __all__ = [
@@ -95,7 +96,7 @@ def create_server(
     *,
     tls: Tls | None = None,
     limits: ConnectionLimits | None = None,
-    tokens: Mapping[str, str] | None = None,
+    api: ApiAuthentication | None = None,
     mesh: MeshAuthentication | None = None,
     diagnostics: Diagnostics | None = None,
 ) -> tuple[BoundServer, int]:
@@ -103,20 +104,20 @@ def create_server(
 
     Returns the server and the port it bound (useful with port 0). The owner
     starts it and reports health with `set_serving`. With `tls`, the port is
-    TLS (mutual when it requires client certificates); `tokens` maps service
-    names to the bearer token their calls must carry; `mesh` authenticates the
+    TLS (mutual when it requires client certificates); `api` authenticates the
+    callers of the public services and checks their roles; `mesh` authenticates the
     callers of internal services. Health, diagnostics and reflection are named
     in neither, so they stay open; `diagnostics` is what the service reports.
     """
     limits = limits or ConnectionLimits()
     server = grpc.aio.server(
         # Tracing first, so a server span covers the handler and the error translation, which in turn
-        # reports the token check's refusals and undecodable requests; the request is decoded last, so
+        # reports the authentication's refusals and undecodable requests; the request is decoded last, so
         # an unauthenticated caller's body is never parsed.
         interceptors=[
             *telemetry.server_interceptors(),
             ErrorTranslationInterceptor(),
-            BearerTokenInterceptor(tokens or {}),
+            *([api] if api else []),
             *([mesh] if mesh else []),
             RequestDecodingInterceptor(),
         ],
@@ -163,7 +164,7 @@ class ServiceHost:
         on_stopped: Sequence[Hook] = (),
         tls: Tls | None = None,
         limits: ConnectionLimits | None = None,
-        tokens: Mapping[str, str] | None = None,
+        api: ApiAuthentication | None = None,
         mesh: MeshAuthentication | None = None,
         diagnostics: Diagnostics | None = None,
         health_address: str = "",
@@ -174,7 +175,7 @@ class ServiceHost:
         self._health_server: grpc.aio.Server | None = None
         self.health_port = 0
         self._limits = limits
-        self._tokens = tokens
+        self._api = api
         self._mesh = mesh
         self._diagnostics = diagnostics
         self._address = address
@@ -198,7 +199,7 @@ class ServiceHost:
             self._services,
             tls=self._tls,
             limits=self._limits,
-            tokens=self._tokens,
+            api=self._api,
             mesh=self._mesh,
             diagnostics=self._diagnostics,
         )
@@ -256,7 +257,7 @@ def service_host(
     also: Sequence[ServiceRegistration] = (),
     on_drain: Sequence[Hook] = (),
     on_stopped: Sequence[Hook] = (),
-    tokens: Mapping[str, str] | None = None,
+    api: ApiAuthentication | None = None,
     access: Access | None = None,
     diagnostics: Diagnostics | None = None,
 ) -> ServiceHost:
@@ -275,7 +276,7 @@ def service_host(
         on_stopped=on_stopped,
         tls=Tls.from_settings(common),
         limits=ConnectionLimits.from_settings(common),
-        tokens=tokens,
+        api=api,
         mesh=mesh,
         diagnostics=diagnostics,
         health_address=settings.health_address,

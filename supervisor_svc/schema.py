@@ -36,6 +36,9 @@ runs = sa.Table(
     # acts on it at once, or on its next lease renewal. Kept after the run ends, so a repeat is answered.
     sa.Column("approval", sa.String(16), nullable=True),
     sa.Column("approval_note", sa.Text, nullable=True),
+    # The principals who started the run and who took the approval decision (empty before API keys).
+    sa.Column("created_by", sa.String(128), nullable=True),
+    sa.Column("decided_by", sa.String(128), nullable=True),
     sa.Column("error_code", sa.String(32), nullable=False),
     sa.Column("last_error", sa.Text, nullable=False),
     # Token usage by tier, kept current while the run goes on.
@@ -104,6 +107,7 @@ campaigns = sa.Table(
     sa.Column("create_time", UTCDateTime, nullable=False),
     sa.Column("update_time", UTCDateTime, nullable=False),
     sa.Column("end_time", UTCDateTime, nullable=True),
+    sa.Column("created_by", sa.String(128), nullable=True),
     sa.Index("supervisor_campaigns_by_time", "create_time", "campaign_id"),
     sa.Index("supervisor_campaigns_by_state", "state", "heartbeat_time"),
 )
@@ -146,4 +150,18 @@ campaign_directives = sa.Table(
     sa.Column("consumed_cycle", sa.Integer, nullable=False),
     sa.Column("create_time", UTCDateTime, nullable=False),
     sa.Column("consume_time", UTCDateTime, nullable=True),
+    sa.Column("sent_by", sa.String(128), nullable=True),
+)
+
+# API keys made with `quarry keys add`: only their SHA-256 digests are kept.
+api_keys = sa.Table(
+    "supervisor_api_keys",
+    metadata,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("principal", sa.String(128), nullable=False),
+    # The roles, "+"-joined (reader+operator).
+    sa.Column("roles", sa.String(128), nullable=False),
+    sa.Column("digest", sa.LargeBinary(32), nullable=False, unique=True),
+    sa.Column("create_time", UTCDateTime, nullable=False),
+    sa.Column("revoke_time", UTCDateTime, nullable=True),
 )

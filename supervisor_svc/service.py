@@ -18,6 +18,8 @@ from quarry.notify import CommitSignal, listen_for_commits
 from quarry.research_plane import ResearchPlane
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import campaign_pb2, campaign_pb2_grpc, supervisor_pb2, supervisor_pb2_grpc
+from supervisor_svc.access.guard import CAMPAIGN_ACCESS, SUPERVISOR_ACCESS, api_guard
+from supervisor_svc.access.keys import active_keys
 from supervisor_svc.campaigns.loop import LoopDependencies, LoopSettings, loop_factory
 from supervisor_svc.campaigns.service import MAX_ACTIVE_CAMPAIGNS, CampaignLoopFactory, Campaigns
 from supervisor_svc.campaigns.servicer import CampaignServicer
@@ -52,8 +54,8 @@ def diagnostics(settings: SupervisorSettings, common: QuarrySettings, dial: Dial
         database_fact,
         Fact(
             "client authentication",
-            "a bearer token" if settings.auth_token else "none",
-            setting_name(settings, "auth_token"),
+            "none: the public API is open" if settings.open_api else "API keys, roles checked",
+            setting_name(settings, "open_api"),
         ),
     ]
     checks = [
@@ -85,6 +87,14 @@ async def build_host(
     settings = settings or SupervisorSettings()
     common = common or QuarrySettings()
     dial = Dialer.from_settings(common)
+    # Before the database opens, so that a refused configuration leaves nothing open; the stored keys are
+    # read only once calls come in.
+    guard = api_guard(
+        settings,
+        common,
+        {SERVICE_NAME: SUPERVISOR_ACCESS, CAMPAIGN_SERVICE: CAMPAIGN_ACCESS},
+        lambda: database.read(active_keys),
+    )
     database = await open_migrated_database(settings.resolved_database_url(common.data_dir), MIGRATIONS, VERSION_TABLE)
     model = ModelClient(ModelSettings.for_tier(settings, common))
     channel = dial.channel(settings.scratchpad_address)
@@ -110,6 +120,7 @@ async def build_host(
             stream_poll_seconds=settings.stream_poll_seconds,
         ),
         signal,
+        allow_self_approval=settings.allow_self_approval,
     )
     monitor_channel = dial.channel(settings.monitor_address) if settings.monitor_address else None
     if campaign_loop is None and monitor_channel is not None:
@@ -158,7 +169,7 @@ async def build_host(
         common,
         ServiceRegistration(SERVICE_NAME, register),
         also=[ServiceRegistration(CAMPAIGN_SERVICE, register_campaigns)],
-        tokens={SERVICE_NAME: settings.auth_token, CAMPAIGN_SERVICE: settings.auth_token},
+        api=guard,
         diagnostics=diagnostics(settings, common, dial),
         # Campaign loops only stop (their state is durable) and give up their leases, which is quick; runs
         # record their ends within most of the grace period; the rest is for the lease keepers to stop.

@@ -23,12 +23,24 @@ from alembic.script import ScriptDirectory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy.engine import make_url
 
+from quarry.api_auth import ALL_ROLES, ApiRole, new_api_key, static_key_entry
 from quarry.cli.launcher import serve_command
 from quarry.db import create_engine
 from quarry.migrations import upgrade_schema
 from tests.fakes.loopback import served_in_thread
 from tests.fakes.openai_server import ScriptedModel
 from tests.fakes.web_server import FixtureWeb
+
+# The public API's keys in every test: the supervisors started here accept them (QUARRY_SUPERVISOR_API_KEYS),
+# and the clients send the first (QUARRY_API_KEY). Approving a run needs another principal than its starter's.
+TEST_API_KEY = new_api_key()
+APPROVER_API_KEY = new_api_key()
+TEST_API_KEYS = ",".join(
+    [
+        static_key_entry("tester", ALL_ROLES, TEST_API_KEY),
+        static_key_entry("approver", {ApiRole.APPROVER}, APPROVER_API_KEY),
+    ]
+)
 
 POSTGRES_URL = os.environ.get("QUARRY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", "postgresql"]
@@ -38,12 +50,15 @@ def _isolate(patch: pytest.MonkeyPatch) -> None:
     """A developer's own QUARRY_* settings must not change what the tests see.
 
     Internal services run unauthenticated unless a test gives them mesh peers (tests/quarry/test_mesh.py
-    and the process meshes do): most tests are about something else.
+    and the process meshes do): most tests are about something else. The public API is authenticated
+    everywhere, with the test keys above.
     """
     for name in list(os.environ):
         if name.startswith("QUARRY_") and name != "QUARRY_TEST_POSTGRES_URL":
             patch.delenv(name)
     patch.setenv("QUARRY_MESH_INSECURE", "true")
+    patch.setenv("QUARRY_SUPERVISOR_API_KEYS", TEST_API_KEYS)
+    patch.setenv("QUARRY_API_KEY", TEST_API_KEY)
 
 
 @pytest.fixture(autouse=True, scope="session")

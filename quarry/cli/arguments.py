@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from quarry.api_auth import ApiRole
 from quarry.cli.launcher import RestartPolicy
 from quarry.cli.registry import SERVICES, databases
 
@@ -68,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--ephemeral-ports", action="store_true", help="bind every service to a free port instead of its default"
     )
     up.add_argument("--workers", type=_positive, default=1, help="worker processes (default 1)")
+    up.add_argument(
+        "--open-api",
+        action="store_true",
+        help="serve the public API without API keys (anyone who can reach it has every role); campaigns are off, "
+        "and it is refused while the monitor allows job submission",
+    )
     up.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for each service")
     up.add_argument(
         "--max-restarts",
@@ -187,6 +194,28 @@ def build_parser() -> argparse.ArgumentParser:
         default="env",
         help="env: QUARRY_MESH_* lines per service; kubernetes: the quarry-mesh Secret the manifests read",
     )
+
+    api_keys = commands.add_parser(
+        "keys", help="the API keys callers of the supervisor's public API present (in the supervisor's database)"
+    )
+    keys_commands = api_keys.add_subparsers(dest="keys_command", required=True)
+    roles = ", ".join(role.value for role in ApiRole)
+    add = keys_commands.add_parser(
+        "add", parents=[data_dir], help="make a key and print it, once (only its digest is stored)"
+    )
+    add.add_argument("name", help="the key's name, unique (revoke it by this name)")
+    add.add_argument(
+        "--role",
+        action="append",
+        required=True,
+        choices=[role.value for role in ApiRole],
+        help=f"a role the key holds; repeat for several ({roles}; every role also reads; operator runs code "
+        "on the monitor's host through campaigns)",
+    )
+    add.add_argument("--principal", help="who the key speaks for (default: its name); several keys may share one")
+    keys_commands.add_parser("list", parents=[data_dir], help="every key: name, principal, roles, when (never the key)")
+    revoke = keys_commands.add_parser("revoke", parents=[data_dir], help="revoke a key by name")
+    revoke.add_argument("name")
 
     doctor = commands.add_parser(
         "doctor",

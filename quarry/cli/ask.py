@@ -310,7 +310,7 @@ async def show_run(supervisor: Supervisor, run_id: str, *, as_json: bool) -> int
         return 0
     console = Console()
     console.print(f"[bold]{run.question}[/]")
-    console.print(f"{run.run_id}: {name_of(supervisor_pb2.RunState, run.state)}")
+    console.print(f"{run.run_id}: {name_of(supervisor_pb2.RunState, run.state)}{_who(run)}", markup=False)
     if run.HasField("error"):
         console.print(f"[red]{escape(run.error.message)}[/]")
     if run.cancel_reason:
@@ -349,8 +349,14 @@ async def decide(supervisor: Supervisor, run_id: str, *, approve: bool, note: st
     if as_json:
         print(json.dumps(json_format.MessageToDict(run)))
         return 0
-    Console().print(f"{run.run_id}: {name_of(supervisor_pb2.RunState, run.state)}")
+    Console().print(f"{run.run_id}: {name_of(supervisor_pb2.RunState, run.state)}{_who(run)}", markup=False)
     return 0
+
+
+def _who(run: supervisor_pb2.Run) -> str:
+    """Who started the run and who decided on it, as the supervisor authenticated them."""
+    started = f", started by {run.created_by}" if run.created_by else ""
+    return started + (f", decided by {run.decided_by}" if run.decided_by else "")
 
 
 def describe_rpc_error(error: grpc.aio.AioRpcError) -> str:

@@ -35,7 +35,8 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.cli.announcer import Announcer
     from quarry.cli.launcher import RestartPolicy, plan, run_process_group
     from quarry.cli.serve import keep_private
-    from quarry.config import ModelTier
+    from quarry.cli.up_api_key import supervisor_api_environment
+    from quarry.config import ModelTier, MonitorSettings, SupervisorSettings
 
     # Its environment holds every service's credentials, its memory their mesh tokens: as private as theirs.
     keep_private()
@@ -48,6 +49,14 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
         if isinstance(settings, ModelTier):
             model = ModelSettings.for_tier(settings, common)
             models.append((spec.name, model.model, model.base_url))
+    if args.open_api and load_settings(MonitorSettings).allow_job_submission:
+        raise ConfigurationError(
+            "--open-api is refused while the monitor allows job submission (QUARRY_MONITOR_ALLOW_JOB_SUBMISSION): "
+            "anyone who reached the API could run commands"
+        )
+    supervisor_env = supervisor_api_environment(
+        common.data_dir, load_settings(SupervisorSettings), open_api=args.open_api
+    )
     return asyncio.run(
         run_process_group(
             plan(specs, workers=args.workers, data_dir=common.data_dir, ephemeral_ports=args.ephemeral_ports),
@@ -56,6 +65,7 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
             stop_timeout=common.shutdown_grace_seconds + 5.0,
             announce=Announcer(data_dir=common.data_dir, models=models),
             policy=RestartPolicy(max_restarts=args.max_restarts),
+            service_env={"supervisor": supervisor_env},
         )
     )
 
@@ -92,14 +102,15 @@ def service_addresses(name: str, common: QuarrySettings, explicit: str | None = 
 
 def _supervisor(args: argparse.Namespace, common: QuarrySettings) -> Supervisor:
     from quarry.cli.ask import Supervisor
+    from quarry.cli.credentials import api_credential
     from quarry.clients.channels import open_channel
     from quarry.config import SupervisorSettings
     from quarry.security import ConnectionLimits, Tls
 
-    settings = load_settings(SupervisorSettings)
+    key = api_credential(common, load_settings(SupervisorSettings).auth_token).key
     [address] = service_addresses("supervisor", common, args.address)
     tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
-    return Supervisor(address, lambda: open_channel(address, tls=tls, limits=limits, token=settings.auth_token))
+    return Supervisor(address, lambda: open_channel(address, tls=tls, limits=limits, token=key))
 
 
 def _ask(args: argparse.Namespace, common: QuarrySettings) -> int:
@@ -179,11 +190,21 @@ def _mesh(args: argparse.Namespace, common: QuarrySettings) -> int:
     return 0
 
 
+def _keys(args: argparse.Namespace, common: QuarrySettings) -> int:
+    from quarry.config import SupervisorSettings
+
+    return SERVICES["supervisor"].command("keys")(args, load_settings(SupervisorSettings), common)
+
+
 def _doctor(args: argparse.Namespace, common: QuarrySettings) -> int:
+    from quarry.cli.credentials import api_credential
     from quarry.cli.doctor import doctor
+    from quarry.config import SupervisorSettings
 
     explicit = {"supervisor": args.address}
-    return doctor(common, {name: service_addresses(name, common, explicit.get(name)) for name in SERVICES})
+    credential = api_credential(common, load_settings(SupervisorSettings).auth_token)
+    found = {name: service_addresses(name, common, explicit.get(name)) for name in SERVICES}
+    return doctor(common, found, credential)
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace, QuarrySettings], int]] = {
@@ -195,6 +216,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace, QuarrySettings], int]] = {
     "lab": _lab,
     "migrate": _migrate,
     "mesh": _mesh,
+    "keys": _keys,
     "doctor": _doctor,
 }
 

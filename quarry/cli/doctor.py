@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.markup import escape
 
+from quarry.cli.credentials import Credential
 from quarry.cli.registry import SERVICES
 from quarry.clients.channels import open_channel
 from quarry.config import CONFIG_FILE_ENV, ConfigurationError, QuarrySettings
@@ -105,11 +106,28 @@ async def ask_service(name: str, label: str, address: str, tls: Tls | None) -> l
     return verdicts + [_check_verdict(label, check) for check in report.checks]
 
 
+def api_key(credential: Credential) -> Verdict:
+    """Which API key the client commands send (never the key): a warning when none, as the API refuses them."""
+    if credential.source:
+        return Verdict("API key", True, f"the client commands send the key from {credential.source}")
+    return Verdict(
+        "API key",
+        True,
+        "none found: the supervisor refuses the client commands; set QUARRY_API_KEY (a key made with "
+        "`quarry keys add`), or run them where `quarry up` wrote its key",
+        warning=True,
+    )
+
+
 async def diagnose(
-    common: QuarrySettings, report: Callable[[Verdict], None], found: Mapping[str, Sequence[str]]
+    common: QuarrySettings,
+    report: Callable[[Verdict], None],
+    found: Mapping[str, Sequence[str]],
+    credential: Credential,
 ) -> list[Verdict]:
-    verdicts = [configuration()]
-    report(verdicts[0])
+    verdicts = [configuration(), api_key(credential)]
+    for verdict in verdicts:
+        report(verdict)
     addresses = targets(found)
     tls = Tls.from_settings(common)
     several = Counter(name for name, _ in addresses)
@@ -134,9 +152,9 @@ def print_verdict(console: Console) -> Callable[[Verdict], None]:
     return report
 
 
-def doctor(common: QuarrySettings, found: Mapping[str, Sequence[str]]) -> int:
+def doctor(common: QuarrySettings, found: Mapping[str, Sequence[str]], credential: Credential) -> int:
     console = Console()
-    verdicts = asyncio.run(diagnose(common, print_verdict(console), found))
+    verdicts = asyncio.run(diagnose(common, print_verdict(console), found, credential))
     failed = [v for v in verdicts if not v.ok]
     console.print(f"{len(failed)} problem(s) found" if failed else "everything needed to answer a question is in place")
     return 1 if failed else 0

@@ -18,7 +18,7 @@ import stat
 import sys
 import tempfile
 from collections import deque
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,13 +239,22 @@ class ProcessGroup:
     """The children of one `quarry up`: started in order, restarted when they die, stopped in order."""
 
     def __init__(
-        self, run_dir: Path, data_dir: Path, *, ready_timeout: float, policy: RestartPolicy, announce: Announcer
+        self,
+        run_dir: Path,
+        data_dir: Path,
+        *,
+        ready_timeout: float,
+        policy: RestartPolicy,
+        announce: Announcer,
+        service_env: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self._run_dir = run_dir
         self._data_dir = data_dir
         self._ready_timeout = ready_timeout
         self._policy = policy
         self._announce = announce
+        # Per service, set last (over the addresses of what it needs): the supervisor's API keys.
+        self._service_env = dict(service_env or {})
         # Fresh for every `quarry up`: the services it starts trust each other, and no one else. A restarted
         # service gets the credentials it had, which its peers know. QUARRY_MESH_INSECURE=true (a machine
         # one person uses, debugging by hand) runs them unauthenticated.
@@ -276,6 +285,7 @@ class ProcessGroup:
         for needed, variable in instance.spec.needs.items():
             # Started in an earlier stage, so their addresses are known.
             env[variable] = ",".join(c.address or "" for c in self.children if c.instance.spec.name == needed)
+        env.update(self._service_env.get(instance.spec.name, {}))
         env.update(instance.env)
         return env
 
@@ -380,6 +390,7 @@ async def run_process_group(
     stop_timeout: float,
     announce: Announcer,
     policy: RestartPolicy | None = None,
+    service_env: Mapping[str, Mapping[str, str]] | None = None,
 ) -> int:
     """Start the instances, announce them once all serve, and keep them running until told to stop.
 
@@ -394,7 +405,14 @@ async def run_process_group(
             announce.warning(warning)
         with data_dir_lock(data_dir), tempfile.TemporaryDirectory(prefix="quarry-up-") as run_dir:
             policy = policy or RestartPolicy()
-            group = ProcessGroup(Path(run_dir), data_dir, ready_timeout=ready_timeout, policy=policy, announce=announce)
+            group = ProcessGroup(
+                Path(run_dir),
+                data_dir,
+                ready_timeout=ready_timeout,
+                policy=policy,
+                announce=announce,
+                service_env=service_env,
+            )
             try:
                 for stage in start_stages(instances):
                     starting = asyncio.create_task(group.start(stage))

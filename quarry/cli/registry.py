@@ -108,6 +108,7 @@ SERVICES: dict[str, ServiceSpec] = {
         },
         migrations=_migrations("supervisor_svc"),
         mesh_role=MeshRole.SUPERVISOR,
+        commands={"keys": "supervisor_svc.access.command:run"},
     ),
 }
 

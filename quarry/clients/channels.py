@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +12,12 @@ from quarry import telemetry
 from quarry.config import QuarrySettings
 from quarry.security import ConnectionLimits, Tls, bearer_metadata
 
-__all__ = ["Dialer", "insecure_channel", "open_channel"]
+__all__ = ["Dialer", "api_key_or_environment", "insecure_channel", "open_channel"]
+
+
+def api_key_or_environment(api_key: str | None) -> str:
+    """The API key a public client sends: the one given, else QUARRY_API_KEY ("" when neither)."""
+    return os.environ.get("QUARRY_API_KEY", "").strip() if api_key is None else api_key
 
 
 def open_channel(

@@ -9,7 +9,7 @@ from types import TracebackType
 
 import grpc
 
-from quarry.clients.channels import open_channel
+from quarry.clients.channels import api_key_or_environment, open_channel
 from quarry.clients.retry import RetryPolicy
 from quarry.security import ConnectionLimits, Tls
 from quarry.streams import ResumePolicy, resumable_stream
@@ -46,13 +46,15 @@ class RunsClient:
         cls,
         address: str,
         *,
-        token: str = "",
+        api_key: str | None = None,
         tls: Tls | None = None,
         limits: ConnectionLimits | None = None,
         retry: RetryPolicy | None = None,
     ) -> RunsClient:
-        """A client owning its channel; `token` is sent as a bearer token, `tls` secures the channel."""
-        return cls(open_channel(address, tls=tls, limits=limits, token=token), retry)
+        """A client owning its channel; `api_key` (None: QUARRY_API_KEY) is sent as a bearer token on every
+        call, `tls` secures the channel."""
+        channel = open_channel(address, tls=tls, limits=limits, token=api_key_or_environment(api_key))
+        return cls(channel, retry)
 
     async def __aenter__(self) -> RunsClient:
         return self

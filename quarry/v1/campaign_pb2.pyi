@@ -560,6 +560,7 @@ class Campaign(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     END_TIME_FIELD_NUMBER: _builtins.int
     SIGNALS_FIELD_NUMBER: _builtins.int
+    CREATED_BY_FIELD_NUMBER: _builtins.int
     campaign_id: _builtins.str
     state: Global___CampaignState.ValueType
     phase: Global___CampaignPhase.ValueType
@@ -582,6 +583,8 @@ class Campaign(_message.Message):
     last_sequence_no: _builtins.int
     """Sequence number of the newest event; StreamCampaign resumes after it."""
     sleep_reason: _builtins.str
+    created_by: _builtins.str
+    """The principal who started the campaign; empty for campaigns started before principals were recorded."""
     @_builtins.property
     def spec(self) -> Global___CampaignSpec: ...
     @_builtins.property
@@ -626,10 +629,11 @@ class Campaign(_message.Message):
         update_time: _timestamp_pb2.Timestamp | None = ...,
         end_time: _timestamp_pb2.Timestamp | None = ...,
         signals: Global___CampaignSignals | None = ...,
+        created_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_best_value", b"_best_value", "_noise_floor", b"_noise_floor", "best_value", b"best_value", "create_time", b"create_time", "end_time", b"end_time", "noise_floor", b"noise_floor", "signals", b"signals", "sleep_until", b"sleep_until", "spec", b"spec", "update_time", b"update_time", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_value", b"_best_value", "_noise_floor", b"_noise_floor", "best_value", b"best_value", "branch", b"branch", "campaign_id", b"campaign_id", "create_time", b"create_time", "cycle", b"cycle", "end_reason", b"end_reason", "end_time", b"end_time", "last_sequence_no", b"last_sequence_no", "noise_floor", b"noise_floor", "pause_reason", b"pause_reason", "pending_directives", b"pending_directives", "phase", b"phase", "scratchpad_thread_id", b"scratchpad_thread_id", "signals", b"signals", "sleep_reason", b"sleep_reason", "sleep_until", b"sleep_until", "spec", b"spec", "state", b"state", "update_time", b"update_time", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_best_value", b"_best_value", "_noise_floor", b"_noise_floor", "best_value", b"best_value", "branch", b"branch", "campaign_id", b"campaign_id", "create_time", b"create_time", "created_by", b"created_by", "cycle", b"cycle", "end_reason", b"end_reason", "end_time", b"end_time", "last_sequence_no", b"last_sequence_no", "noise_floor", b"noise_floor", "pause_reason", b"pause_reason", "pending_directives", b"pending_directives", "phase", b"phase", "scratchpad_thread_id", b"scratchpad_thread_id", "signals", b"signals", "sleep_reason", b"sleep_reason", "sleep_until", b"sleep_until", "spec", b"spec", "state", b"state", "update_time", b"update_time", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__best_value: _TypeAlias = _typing.Literal["best_value"]  # noqa: Y015
     _WhichOneofArgType__best_value: _TypeAlias = _typing.Literal["_best_value", b"_best_value"]  # noqa: Y015
@@ -738,12 +742,15 @@ class CampaignDirective(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     CONSUMED_CYCLE_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    SENT_BY_FIELD_NUMBER: _builtins.int
     campaign_id: _builtins.str
     request_id: _builtins.str
     text: _builtins.str
     state: Global___DirectiveState.ValueType
     consumed_cycle: _builtins.int
     """Set once consumed."""
+    sent_by: _builtins.str
+    """The principal who sent it (SendDirective runs code on the monitor's host through the campaign)."""
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -755,10 +762,11 @@ class CampaignDirective(_message.Message):
         state: Global___DirectiveState.ValueType = ...,
         consumed_cycle: _builtins.int = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        sent_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id", "consumed_cycle", b"consumed_cycle", "create_time", b"create_time", "request_id", b"request_id", "state", b"state", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id", "consumed_cycle", b"consumed_cycle", "create_time", b"create_time", "request_id", b"request_id", "sent_by", b"sent_by", "state", b"state", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1076,17 +1084,21 @@ class DirectiveReceivedEvent(_message.Message):
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
+    SENT_BY_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     text: _builtins.str
+    sent_by: _builtins.str
+    """The principal who sent it."""
     def __init__(
         self,
         *,
         request_id: _builtins.str = ...,
         text: _builtins.str = ...,
+        sent_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "sent_by", b"sent_by", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

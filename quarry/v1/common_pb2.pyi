@@ -221,6 +221,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """PERMISSION_DENIED: the authenticated caller's mesh role may not call this method, or may not act
     in the role the request names.
     """
+    ERROR_REASON_ROLE_NOT_PERMITTED: _ErrorReason.ValueType  # 46
+    """PERMISSION_DENIED: the roles of the public API caller's principal do not allow this method; the
+    message names the method, the roles that may call it and the caller's roles.
+    """
+    ERROR_REASON_SELF_APPROVAL_NOT_ALLOWED: _ErrorReason.ValueType  # 47
+    """PERMISSION_DENIED: a principal may not approve a run it started itself."""
     ERROR_REASON_KIND_NOT_PERMITTED_FOR_ROLE: _ErrorReason.ValueType  # 60
     """ScratchpadService.
     PERMISSION_DENIED: the author's role may not write this entry kind.
@@ -357,6 +363,12 @@ ERROR_REASON_CALLER_NOT_PERMITTED: ErrorReason.ValueType  # 45
 """PERMISSION_DENIED: the authenticated caller's mesh role may not call this method, or may not act
 in the role the request names.
 """
+ERROR_REASON_ROLE_NOT_PERMITTED: ErrorReason.ValueType  # 46
+"""PERMISSION_DENIED: the roles of the public API caller's principal do not allow this method; the
+message names the method, the roles that may call it and the caller's roles.
+"""
+ERROR_REASON_SELF_APPROVAL_NOT_ALLOWED: ErrorReason.ValueType  # 47
+"""PERMISSION_DENIED: a principal may not approve a run it started itself."""
 ERROR_REASON_KIND_NOT_PERMITTED_FOR_ROLE: ErrorReason.ValueType  # 60
 """ScratchpadService.
 PERMISSION_DENIED: the author's role may not write this entry kind.

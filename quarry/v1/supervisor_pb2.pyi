@@ -532,6 +532,8 @@ class Run(_message.Message):
     CANCEL_REASON_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
     VERIFICATION_FIELD_NUMBER: _builtins.int
+    CREATED_BY_FIELD_NUMBER: _builtins.int
+    DECIDED_BY_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     question: _builtins.str
     state: Global___RunState.ValueType
@@ -542,6 +544,12 @@ class Run(_message.Message):
     """Set when state is RUN_STATE_CANCELLED: the reason given to CancelRun, or
     why the server cancelled the run.
     """
+    created_by: _builtins.str
+    """The principal whose API key (or client certificate) started the run; empty for runs started before
+    principals were recorded.
+    """
+    decided_by: _builtins.str
+    """The principal who approved or rejected the run (ApproveRun, RejectRun), once one did."""
     @_builtins.property
     def options(self) -> Global___RunOptions: ...
     @_builtins.property
@@ -593,10 +601,12 @@ class Run(_message.Message):
         cancel_reason: _builtins.str = ...,
         warnings: _abc.Iterable[Global___RunWarning] | None = ...,
         verification: Global___Verification | None = ...,
+        created_by: _builtins.str = ...,
+        decided_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "error", b"error", "options", b"options", "report", b"report", "start_time", b"start_time", "usage", b"usage", "verification", b"verification"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_reason", b"cancel_reason", "create_time", b"create_time", "end_time", b"end_time", "error", b"error", "labels", b"labels", "last_sequence_no", b"last_sequence_no", "options", b"options", "question", b"question", "report", b"report", "run_id", b"run_id", "scratchpad_thread_id", b"scratchpad_thread_id", "start_time", b"start_time", "state", b"state", "usage", b"usage", "verification", b"verification", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_reason", b"cancel_reason", "create_time", b"create_time", "created_by", b"created_by", "decided_by", b"decided_by", "end_time", b"end_time", "error", b"error", "labels", b"labels", "last_sequence_no", b"last_sequence_no", "options", b"options", "question", b"question", "report", b"report", "run_id", b"run_id", "scratchpad_thread_id", b"scratchpad_thread_id", "start_time", b"start_time", "state", b"state", "usage", b"usage", "verification", b"verification", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

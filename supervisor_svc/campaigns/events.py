@@ -89,8 +89,8 @@ def resumed(reason: str) -> Event:
     return Event(campaign_pb2.CampaignEvent(resumed=campaign_pb2.CampaignResumedEvent(reason=reason)))
 
 
-def directive_received(request_id: str, text: str) -> Event:
-    event = campaign_pb2.DirectiveReceivedEvent(request_id=request_id, text=text)
+def directive_received(request_id: str, text: str, sent_by: str = "") -> Event:
+    event = campaign_pb2.DirectiveReceivedEvent(request_id=request_id, text=text, sent_by=sent_by)
     return Event(campaign_pb2.CampaignEvent(directive_received=event))
 
 

@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from quarry import ids
+from quarry.api_auth import current_principal_name
 from quarry.errors import (
     ErrorReason,
     FailedPrecondition,
@@ -161,8 +162,9 @@ class Campaigns:
         if request_id:
             ids.REQUEST_ID.require("request_id", request_id)
         spec = validate_spec(spec, datetime.now(UTC))
+        created_by = current_principal_name()
         return await self._host.start_work(
-            request_id, spec, lambda: self._create_and_launch(spec, request_id), ready=self._check_loop
+            request_id, spec, lambda: self._create_and_launch(spec, request_id, created_by), ready=self._check_loop
         )
 
     def _check_loop(self) -> None:
@@ -170,8 +172,8 @@ class Campaigns:
             message = "this supervisor cannot run campaigns: it has no campaign loop"
             raise Unimplemented(message, reason=ErrorReason.CAMPAIGN_LOOP_MISSING)
 
-    async def _create_and_launch(self, spec: CampaignSpec, request_id: str) -> CampaignRecord:
-        record, created = await self._store.create(ids.new_campaign_id(), spec, request_id, self.owner)
+    async def _create_and_launch(self, spec: CampaignSpec, request_id: str, created_by: str) -> CampaignRecord:
+        record, created = await self._store.create(ids.new_campaign_id(), spec, request_id, self.owner, created_by)
         if created:
             self._launch(record)
         return record
@@ -245,7 +247,9 @@ class Campaigns:
             raise InvalidArgument(violations)
         check_directive(text, request_id)
         try:
-            added = await self._store.add_directive(campaign_id, request_id or str(uuid.uuid4()), text)
+            added = await self._store.add_directive(
+                campaign_id, request_id or str(uuid.uuid4()), text, current_principal_name()
+            )
         finally:
             self._bus.publish(campaign_id)
         if added is None:  # the campaign has ended, or does not exist (NOT_FOUND from get)

@@ -172,6 +172,7 @@ def campaign_to_proto(record: CampaignRecord) -> campaign_pb2.Campaign:
         sleep_reason=record.sleep_reason,
         create_time=timestamp(record.create_time),
         update_time=timestamp(record.update_time),
+        created_by=record.created_by,
     )
     if record.best_value is not None:
         campaign.best_value = record.best_value
@@ -192,6 +193,7 @@ def directive_to_proto(record: DirectiveRecord) -> campaign_pb2.CampaignDirectiv
         state=DIRECTIVE_STATES.to_proto(record.state),
         consumed_cycle=record.consumed_cycle,
         create_time=timestamp(record.create_time),
+        sent_by=record.sent_by,
     )
 
 

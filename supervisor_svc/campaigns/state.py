@@ -88,6 +88,7 @@ class CampaignRecord:
     create_time: datetime
     update_time: datetime
     end_time: datetime | None
+    created_by: str = ""  # the principal who started it (empty: before principals were recorded)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class DirectiveRecord:
     state: DirectiveState
     consumed_cycle: int
     create_time: datetime
+    sent_by: str = ""  # the principal who sent it
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,7 @@ def _record(row: sa.Row[Any], now: datetime) -> CampaignRecord:
         create_time=row.create_time,
         update_time=row.update_time,
         end_time=row.end_time,
+        created_by=row.created_by or "",
     )
 
 
@@ -91,6 +92,7 @@ def _directive(row: sa.Row[Any]) -> DirectiveRecord:
         state=DirectiveState(row.state),
         consumed_cycle=row.consumed_cycle,
         create_time=row.create_time,
+        sent_by=row.sent_by or "",
     )
 
 
@@ -109,7 +111,7 @@ class CampaignStore(HostedStore[CampaignRecord]):
     # -- creating and reading --------------------------------------------------------------------------
 
     async def create(
-        self, campaign_id: str, spec: CampaignSpec, request_id: str, owner: str
+        self, campaign_id: str, spec: CampaignSpec, request_id: str, owner: str, created_by: str = ""
     ) -> tuple[CampaignRecord, bool]:
         """Record a new queued campaign held by `owner`; with a request_id seen before, the campaign it
         started (created=False), or ALREADY_EXISTS when that one has another spec."""
@@ -141,6 +143,7 @@ class CampaignStore(HostedStore[CampaignRecord]):
             "create_time": now,
             "update_time": now,
             "end_time": None,
+            "created_by": created_by,
         }
         return await self._insert(row, request_id, spec)
 
@@ -274,7 +277,9 @@ class CampaignStore(HostedStore[CampaignRecord]):
             return False
         return True
 
-    async def add_directive(self, campaign_id: str, request_id: str, text: str) -> tuple[DirectiveRecord, bool] | None:
+    async def add_directive(
+        self, campaign_id: str, request_id: str, text: str, sent_by: str = ""
+    ) -> tuple[DirectiveRecord, bool] | None:
         """Record a pending directive with its event; with a request_id seen before, that directive
         (created=False), or ALREADY_EXISTS when it said something else. None when the campaign has ended
         or does not exist."""
@@ -306,16 +311,18 @@ class CampaignStore(HostedStore[CampaignRecord]):
                 "consumed_cycle": 0,
                 "create_time": now,
                 "consume_time": None,
+                "sent_by": sent_by,
             }
             connection.execute(campaign_directives.insert().values(row))
-            self._insert_events(connection, campaign_id, position, [events.directive_received(request_id, text)], now)
+            received = events.directive_received(request_id, text, sent_by)
+            self._insert_events(connection, campaign_id, position, [received], now)
             connection.execute(
                 campaigns.update()
                 .where(campaigns.c.campaign_id == campaign_id)
                 .values(pending_directives=campaigns.c.pending_directives + 1, update_time=now)
             )
             notify_on_commit(connection, CAMPAIGN_EVENTS_CHANNEL, campaign_id)
-            return DirectiveRecord(campaign_id, request_id, text, DirectiveState.PENDING, 0, now), True
+            return DirectiveRecord(campaign_id, request_id, text, DirectiveState.PENDING, 0, now, sent_by), True
 
         return await self._db.write(work)
 

@@ -258,6 +258,7 @@ class Approval:
 
     decision: ApprovalDecision
     note: str  # the approver's comment, or why it was rejected
+    decided_by: str = ""  # the principal who took the decision
 
 
 @dataclass(frozen=True)
@@ -293,6 +294,7 @@ class RunRecord:
     warnings: tuple[RunWarning, ...] = ()  # what its report lacks, once it succeeded
     verification: Verification | None = None  # how its report is verified, once verification began
     approval: Approval | None = None  # the decision ApproveRun or RejectRun took, once one did
+    created_by: str = ""  # the principal who started it (empty: before principals were recorded)
 
 
 def validate_start(request: StartRequest) -> None:

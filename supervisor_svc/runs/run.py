@@ -341,10 +341,10 @@ class ResearchRun:
             raise NotApproved(RunErrorCode.REJECTED, self._approval.note)
         if verification is not None:
             verification = await approve_open_objections(verification, self._approval.note, self._ledger)
-        await self._note_approval(self._approval.note)
+        await self._note_approval(self._approval.note, self._approval.decided_by)
         return verification
 
-    async def _note_approval(self, comment: str) -> None:
+    async def _note_approval(self, comment: str, approver: str) -> None:
         """The approval, with the approver's comment, as a NOTE on the run's ledger. The run's row keeps the
         comment too, so a scratchpad that is away only costs the ledger its note."""
         try:
@@ -352,7 +352,7 @@ class ResearchRun:
                 self.record.scratchpad_thread_id,
                 kind=EntryKind.NOTE,
                 author=self._author,
-                content=f"Approved by a person{f': {comment}' if comment else '.'}",
+                content=f"Approved by {approver or 'a person'}{f': {comment}' if comment else '.'}",
                 request_id=f"{self.run_id}/approval",
             )
         except Exception as error:

@@ -16,12 +16,14 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 
 from quarry import ids
+from quarry.api_auth import current_principal_name
 from quarry.errors import (
     ErrorReason,
     FailedPrecondition,
     FieldViolation,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
 )
 from quarry.notify import CommitSignal
@@ -49,10 +51,17 @@ _MAX_NOTE_CHARS = 1000
 
 class Supervisor:
     def __init__(
-        self, store: RunStore, deps: RunDependencies, limits: HostLimits, signal: CommitSignal | None = None
+        self,
+        store: RunStore,
+        deps: RunDependencies,
+        limits: HostLimits,
+        signal: CommitSignal | None = None,
+        *,
+        allow_self_approval: bool = False,
     ) -> None:
         self._store = store
         self._deps = deps
+        self._allow_self_approval = allow_self_approval
         tenant = Tenant(
             kind="run",
             owner_prefix="supervisor",
@@ -72,12 +81,17 @@ class Supervisor:
 
     async def start_run(self, request: StartRequest) -> RunRecord:
         validate_start(request)
-        return await self._host.start_work(request.request_id, request, lambda: self._create_and_launch(request))
+        created_by = current_principal_name()
+        return await self._host.start_work(
+            request.request_id, request, lambda: self._create_and_launch(request, created_by)
+        )
 
-    async def _create_and_launch(self, request: StartRequest) -> RunRecord:
+    async def _create_and_launch(self, request: StartRequest, created_by: str) -> RunRecord:
         run_id = ids.new_run_id()
         owner = self._host.owner
-        record, created = await self._store.create(run_id, request, scratchpad_thread_id=run_id, owner=owner)
+        record, created = await self._store.create(
+            run_id, request, scratchpad_thread_id=run_id, owner=owner, created_by=created_by
+        )
         if created:
             research = ResearchRun(record, RunEventLog(self._store, self._host.bus, run_id), self._deps)
             self._host.launch(run_id, research, research.execute())
@@ -130,11 +144,26 @@ class Supervisor:
         if decision is ApprovalDecision.REJECTED:
             note = note or "rejected by the client"
         record = await self.get(run_id)
+        decided_by = current_principal_name()
+        if (
+            decision is ApprovalDecision.APPROVED
+            and not self._allow_self_approval
+            and record.created_by
+            and record.created_by == decided_by
+        ):
+            # Rejecting one's own run is harmless; approving it would skip the second pair of eyes.
+            raise PermissionDenied(
+                f"{decided_by} started run {run_id} and may not approve it too; another approver must "
+                "(or the supervisor must allow it: QUARRY_SUPERVISOR_ALLOW_SELF_APPROVAL)",
+                reason=ErrorReason.SELF_APPROVAL_NOT_ALLOWED,
+                metadata={"principal": decided_by, "run_id": run_id},
+            )
+        approval = Approval(decision, note, decided_by)
         if record.approval is None and record.state is RunState.AWAITING_APPROVAL:
-            if await self._store.decide(run_id, Approval(decision, note)):
+            if await self._store.decide(run_id, approval):
                 running = self._host.get(run_id)
                 if running is not None:
-                    running.work.decide(Approval(decision, note))
+                    running.work.decide(approval)
                 # else another replica runs it: it sees the decision on its next lease renewal
             record = await self.get(run_id)  # decided meanwhile, by this call or a concurrent one
         if record.approval is None or record.approval.decision is not decision:

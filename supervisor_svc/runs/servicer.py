@@ -78,6 +78,8 @@ def run_to_proto(record: RunRecord) -> supervisor_pb2.Run:
         labels=record.labels,
         create_time=timestamp(record.create_time),
         warnings=warnings_to_proto(record.warnings),
+        created_by=record.created_by,
+        decided_by=record.approval.decided_by if record.approval else "",
     )
     if record.report is not None:
         run.report.CopyFrom(report_to_proto(record.report))

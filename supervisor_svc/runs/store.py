@@ -67,8 +67,13 @@ def _record(row: sa.Row[Any]) -> RunRecord:
         cancel_reason=(row.cancel_reason or "") if row.state == RunState.CANCELLED.value else "",
         warnings=tuple(RunWarning(w) for w in row.warnings or () if w in _KNOWN_WARNINGS),
         verification=Verification.from_json(row.verification) if row.verification is not None else None,
-        approval=Approval(ApprovalDecision(row.approval), row.approval_note or "") if row.approval else None,
+        approval=_approval(row) if row.approval else None,
+        created_by=row.created_by or "",
     )
+
+
+def _approval(row: Any) -> Approval:
+    return Approval(ApprovalDecision(row.approval), row.approval_note or "", row.decided_by or "")
 
 
 # A warning a later release recorded and this one does not know is left out, not an error.
@@ -80,7 +85,7 @@ class RunStore(HostedStore[RunRecord]):
         super().__init__(database, TABLES, _record)
 
     async def create(
-        self, run_id: str, request: StartRequest, scratchpad_thread_id: str, owner: str
+        self, run_id: str, request: StartRequest, scratchpad_thread_id: str, owner: str, created_by: str = ""
     ) -> tuple[RunRecord, bool]:
         """Record a new queued run; with a request_id seen before, the run it started (created=False)."""
         now = datetime.now(UTC)
@@ -102,6 +107,7 @@ class RunStore(HostedStore[RunRecord]):
             "heartbeat_time": now,
             "cancel_reason": None,
             "create_time": now,
+            "created_by": created_by,
         }
         return await self._insert(row, request.request_id, request)
 
@@ -145,7 +151,11 @@ class RunStore(HostedStore[RunRecord]):
             runs.c.state == RunState.AWAITING_APPROVAL.value,
             runs.c.approval.is_(None),
         )
-        values = {"approval": approval.decision.value, "approval_note": approval.note}
+        values = {
+            "approval": approval.decision.value,
+            "approval_note": approval.note,
+            "decided_by": approval.decided_by,
+        }
 
         def work(connection: Connection) -> bool:
             return connection.execute(runs.update().where(undecided).values(values)).rowcount == 1
@@ -154,17 +164,14 @@ class RunStore(HostedStore[RunRecord]):
 
     async def decisions(self, owner: str, ids: Sequence[str]) -> list[tuple[str, Approval]]:
         """The decisions taken (here or by another replica) on runs `owner` executes that still await them."""
-        query = sa.select(runs.c.run_id, runs.c.approval, runs.c.approval_note).where(
+        query = sa.select(runs.c.run_id, runs.c.approval, runs.c.approval_note, runs.c.decided_by).where(
             runs.c.owner == owner,
             runs.c.run_id.in_(ids),
             runs.c.state == RunState.AWAITING_APPROVAL.value,
             runs.c.approval.is_not(None),
         )
         return await self._db.read(
-            lambda connection: [
-                (row.run_id, Approval(ApprovalDecision(row.approval), row.approval_note or ""))
-                for row in connection.execute(query)
-            ]
+            lambda connection: [(row.run_id, _approval(row)) for row in connection.execute(query)]
         )
 
     async def finish(self, run_id: str, outcome: RunOutcome) -> None:

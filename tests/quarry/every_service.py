@@ -31,6 +31,7 @@ from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.service import CAMPAIGN_SERVICE as CAMPAIGN
 from supervisor_svc.service import SERVICE_NAME as SUPERVISOR
 from supervisor_svc.service import build_host as build_supervisor
+from tests.conftest import TEST_API_KEY
 from tests.fakes.openai_server import Reply, ScriptedModel
 from tests.fakes.web_server import FixtureWeb
 from tests.supervisor_svc.campaign_loops import WaitingLoops
@@ -127,5 +128,5 @@ async def every_service(tmp_path: Path, *, supervisor_token: str = "") -> AsyncI
             model,
             site,
             tokens,
-            supervisor_token,
+            supervisor_token or TEST_API_KEY,
         )

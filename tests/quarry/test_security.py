@@ -193,14 +193,14 @@ async def test_the_supervisor_wants_its_bearer_token_but_probes_and_reflection_s
 ) -> None:
     missing_id = "run-" + "0" * 32
     for token in ("", "wrong"):
-        async with RunsClient.connect(guarded_supervisor, token=token) as client:
+        async with RunsClient.connect(guarded_supervisor, api_key=token) as client:
             error = await expect_error(client.get_run(missing_id), grpc.StatusCode.UNAUTHENTICATED)
             assert error_reason(error) == "BEARER_TOKEN_INVALID"
             with pytest.raises(grpc.aio.AioRpcError) as raised:
                 async for _ in client.stream_run(missing_id):
                     pass
             assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    async with RunsClient.connect(guarded_supervisor, token="s3cret-token") as client:
+    async with RunsClient.connect(guarded_supervisor, api_key="s3cret-token") as client:
         await expect_error(client.get_run(missing_id), grpc.StatusCode.NOT_FOUND)  # past the check
         # Streams carry the token too (grpc files a client interceptor under one kind of call only).
         with pytest.raises(grpc.aio.AioRpcError) as raised:
@@ -216,6 +216,28 @@ async def test_the_supervisor_wants_its_bearer_token_but_probes_and_reflection_s
         responses = reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
         services = [s.name async for r in responses for s in r.list_services_response.service]
     assert "quarry.v1.SupervisorService" in services
+
+
+async def test_under_mutual_tls_a_certificate_common_name_may_stand_for_an_api_principal(
+    pki: Pki, tmp_path: Path
+) -> None:
+    authority = pki.authority("quarry-ca")
+    ca = str(tmp_path / "quarry-ca.pem")
+    supervisor = SupervisorSettings(
+        address="127.0.0.1:0",
+        client_certificates="cn:ci-runner=ci:researcher",
+        worker_addresses=f"127.0.0.1:{reusable_port()}",  # never reached: the run fails, as it may here
+        scratchpad_address=f"127.0.0.1:{reusable_port()}",
+    )
+    host = await build_supervisor(supervisor, settings(tmp_path, pki.issue("supervisor", authority), ca))
+    async with host:
+        ci = Tls.from_settings(settings(tmp_path, pki.issue("ci-runner", authority), ca))
+        async with RunsClient.connect(host.address, api_key="", tls=ci) as client:
+            assert (await client.start_run("From the CI runner?")).created_by == "ci"
+        # Signed by the same CA, but a name no principal is mapped to.
+        other = Tls.from_settings(settings(tmp_path, pki.issue("someone-else", authority), ca))
+        async with RunsClient.connect(host.address, api_key="", tls=other) as client:
+            await expect_error(client.list_runs(), grpc.StatusCode.UNAUTHENTICATED)
 
 
 class _Peers:

@@ -26,7 +26,7 @@ from quarry.v1 import campaign_pb2, monitor_pb2
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.campaigns.think import INSTRUCTIONS
 from supervisor_svc.service import build_host as build_supervisor
-from tests.conftest import reusable_port
+from tests.conftest import TEST_API_KEY, reusable_port
 from tests.fakes.choreography import Choreography, agent_of
 from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
 from tests.monitor_svc.fake_ssh import FakeHost, fake_ssh_host
@@ -157,7 +157,7 @@ async def open_lab(
 
             try:
                 async with (
-                    open_channel(settings.address) as channel,
+                    open_channel(settings.address, token=TEST_API_KEY) as channel,
                     open_channel(scratchpad.address) as scratchpad_channel,
                 ):
                     yield Lab(project, CampaignsClient(channel), ScratchpadClient(scratchpad_channel), script, restart)

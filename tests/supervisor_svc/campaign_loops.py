@@ -21,7 +21,7 @@ from quarry.v1 import campaign_pb2, monitor_pb2
 from supervisor_svc.campaigns.service import CampaignHandle, CampaignLoop
 from supervisor_svc.campaigns.state import Phase
 from supervisor_svc.service import build_host as build_supervisor
-from tests.conftest import reusable_port
+from tests.conftest import TEST_API_KEY, reusable_port
 from tests.fakes.openai_server import ScriptedModel
 
 
@@ -93,7 +93,7 @@ async def serve_campaigns(tmp_path: Path, database_url: str, model: ScriptedMode
     common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=1)
     host = await build_supervisor(settings, common, campaign_loop=loops)
     try:
-        async with host, open_channel(host.address) as channel:
+        async with host, open_channel(host.address, token=TEST_API_KEY) as channel:
             yield ServedCampaigns(host, CampaignsClient(channel), loops)
     finally:
         loops.release.set()

@@ -20,7 +20,7 @@ from quarry.server import ServiceHost
 from quarry.v1 import supervisor_pb2, worker_pb2, worker_pb2_grpc
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.service import build_host as build_supervisor
-from tests.conftest import ServiceProcess, start_service, start_services, stop_service
+from tests.conftest import APPROVER_API_KEY, ServiceProcess, start_service, start_services, stop_service
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
 from tests.fakes.openai_server import Reply, ScriptedModel
 from tests.fakes.web_server import FixtureWeb
@@ -58,6 +58,8 @@ class Mesh:
     script: Choreography
     site: FixtureWeb
     supervisor_database_url: str
+    # Another principal than the client's, holding only the approver role: a run's starter may not approve it.
+    approver: RunsClient
 
     @property
     def worker_addresses(self) -> list[str]:
@@ -125,6 +127,7 @@ async def mesh(
             async with (
                 supervisor,
                 RunsClient.connect(supervisor.address) as client,
+                RunsClient.connect(supervisor.address, api_key=APPROVER_API_KEY) as approver,
                 insecure_channel(scratchpad.address) as channel,
             ):
                 yield Mesh(
@@ -136,6 +139,7 @@ async def mesh(
                     script,
                     site,
                     database_url,
+                    approver,
                 )
 
 

@@ -146,6 +146,7 @@ async def test_a_directive_is_idempotent_and_consumed_exactly_once(served: Serve
     sent = await served.client.send_directive(campaign.campaign_id, "Try a smaller learning rate.", request_id="d-1")
     again = await served.client.send_directive(campaign.campaign_id, "Try a smaller learning rate.", request_id="d-1")
     assert sent == again and sent.state == campaign_pb2.DIRECTIVE_STATE_PENDING
+    assert sent.sent_by == "tester" and campaign.created_by == "tester"  # the principal of the client's key
     reused = served.client.send_directive(campaign.campaign_id, "Something else.", request_id="d-1")
     assert error_reason(await expect_error(reused, grpc.StatusCode.ALREADY_EXISTS)) == ErrorReason.REQUEST_ID_REUSED
     await served.client.send_directive(campaign.campaign_id, "Then try warmup.", request_id="d-2")
@@ -166,8 +167,10 @@ async def test_a_directive_is_idempotent_and_consumed_exactly_once(served: Serve
     assert consumed.state == campaign_pb2.DIRECTIVE_STATE_CONSUMED and consumed.consumed_cycle == 1
 
     await served.client.stop_campaign(campaign.campaign_id)
-    kinds = [event.WhichOneof("payload") for event in await served.events(campaign.campaign_id)]
+    stream = await served.events(campaign.campaign_id)
+    kinds = [event.WhichOneof("payload") for event in stream]
     assert kinds.count("directive_received") == 2 and kinds.count("directive_consumed") == 2
+    assert {e.directive_received.sent_by for e in stream if e.HasField("directive_received")} == {"tester"}
 
 
 async def test_the_stream_resumes_after_a_sequence_number_and_ends_with_the_campaign(served: Served) -> None:

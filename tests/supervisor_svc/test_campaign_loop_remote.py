@@ -15,7 +15,7 @@ from quarry.clients.channels import open_channel
 from quarry.identity import MeshRole
 from quarry.mesh import MeshKeys
 from quarry.v1 import campaign_pb2
-from tests.conftest import ServiceProcess, start_service, stop_service
+from tests.conftest import TEST_API_KEY, ServiceProcess, start_service, stop_service
 from tests.fakes.openai_server import ScriptedModel
 from tests.supervisor_svc.campaign_lab import (
     BASELINE,
@@ -82,7 +82,7 @@ async def test_over_processes_a_sigkilled_supervisor_is_restarted_and_its_campai
         }
         supervisor = await asyncio.to_thread(start, "supervisor", supervisor_env, MeshRole.SUPERVISOR)
 
-        async with open_channel(supervisor.address) as channel:
+        async with open_channel(supervisor.address, token=TEST_API_KEY) as channel:
             campaigns = CampaignsClient(channel)
             campaign = await campaigns.start_campaign(spec(project, cycles=5), request_id="lab-processes")
             before: list[campaign_pb2.CampaignEvent] = []
@@ -96,7 +96,7 @@ async def test_over_processes_a_sigkilled_supervisor_is_restarted_and_its_campai
         supervisor.process.wait()
 
         again = await asyncio.to_thread(start, "supervisor", supervisor_env, MeshRole.SUPERVISOR)
-        async with open_channel(again.address) as channel:
+        async with open_channel(again.address, token=TEST_API_KEY) as channel:
             campaigns = CampaignsClient(channel)
             after = [
                 event

@@ -122,7 +122,8 @@ def _show(console: Console, campaign: campaign_pb2.Campaign) -> None:
     state = name_of(campaign_pb2.CampaignState, campaign.state)
     phase = name_of(campaign_pb2.CampaignPhase, campaign.phase)
     lines = [
-        f"{campaign.campaign_id}: {state}, {phase} of cycle {campaign.cycle}",
+        f"{campaign.campaign_id}: {state}, {phase} of cycle {campaign.cycle}"
+        + (f", started by {campaign.created_by}" if campaign.created_by else ""),
         f"goal: {spec.brief.goal}",
         f"workspace: {spec.workspace.host or 'the monitor machine'}:{spec.workspace.root}, branch {campaign.branch}",
         f"experiment: {_experiment(spec.experiment)}",

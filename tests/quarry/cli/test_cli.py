@@ -14,7 +14,7 @@ import pytest
 from monitor_svc.service import build_host as build_monitor
 from quarry.config import MonitorSettings, QuarrySettings
 from quarry.v1 import supervisor_pb2
-from tests.conftest import reusable_port
+from tests.conftest import APPROVER_API_KEY, reusable_port
 from tests.fakes.choreography import REPORT, SUPERVISOR
 from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Stall
 from tests.fakes.web_server import FixtureWeb
@@ -251,8 +251,12 @@ async def test_a_run_awaiting_approval_is_shown_and_approved_from_the_command_li
     [run] = runs
     code, shown = await finish(await quarry("runs", "show", run.run_id, *address))
     assert code == 0 and "awaiting approval" in shown and f"quarry runs approve {run.run_id}" in shown
-    code, decided = await finish(await quarry("runs", "approve", run.run_id, "--comment", "fine", *address))
-    assert code == 0 and f"{run.run_id}: succeeded" in decided, decided
+    # The command line sends QUARRY_API_KEY: the approver's, another principal than the one who asked.
+    approving = await quarry(
+        "runs", "approve", run.run_id, "--comment", "fine", *address, env={"QUARRY_API_KEY": APPROVER_API_KEY}
+    )
+    code, decided = await finish(approving)
+    assert code == 0 and f"{run.run_id}: succeeded" in decided and "decided by approver" in decided, decided
     code, output = await finish(asking)
     assert code == 0 and json.loads(output.splitlines()[-1])["completed"]["report"]["markdown"] == "Approved answer."
     code, refused = await finish(await quarry("runs", "reject", run.run_id, "--reason", "late", *address))

@@ -369,7 +369,11 @@ def test_a_second_up_on_the_same_data_dir_is_refused_and_clients_find_the_first(
     assert f"another quarry up (pid {first.process.pid}) is running on {first.data_dir}" in refusal
     assert first.process.poll() is None and first.state().services["supervisor"] == [addresses["supervisor"]]
     terminal_model = f"http://127.0.0.1:{reusable_port()}/elsewhere"
+    # No key in the terminal's settings: the commands find the one `quarry up` wrote, readable by its user only.
     env = {**os.environ, "COLUMNS": "250", "QUARRY_MODEL_BASE_URL": terminal_model}
+    env.pop("QUARRY_API_KEY")
+    key_file = first.data_dir / "api-key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
     client = [sys.executable, "-m", "quarry"]
     runs = subprocess.run(
         [*client, "runs", "list", "--data-dir", str(first.data_dir)], env=env, capture_output=True, timeout=60
@@ -379,6 +383,8 @@ def test_a_second_up_on_the_same_data_dir_is_refused_and_clients_find_the_first(
         [*client, "doctor", "--data-dir", str(first.data_dir)], env=env, capture_output=True, timeout=60
     )
     said = doctor.stdout.decode()
+    assert f"API key: the client commands send the key from {key_file}" in " ".join(said.split()), said
+    assert key_file.read_text().strip() not in said
     for name, address in addresses.items():
         service = "worker" if name == "worker-1" else name
         assert f"{service} service: {address}: SERVING" in said, said

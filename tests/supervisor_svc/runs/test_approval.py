@@ -40,10 +40,10 @@ from supervisor_svc.verification.state import (
     SentenceStatus,
     Verification,
 )
-from tests.conftest import postgres_schema, reusable_port
+from tests.conftest import APPROVER_API_KEY, postgres_schema, reusable_port
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
 from tests.fakes.openai_server import Reply, ScriptedModel
-from tests.rpc import expect_error, violations
+from tests.rpc import error_reason, expect_error, violations
 from tests.supervisor_svc.conftest import Mesh, answer_at_once, wait_for_phase
 
 AWAITING = supervisor_pb2.RESEARCH_PHASE_AWAITING_APPROVAL
@@ -102,8 +102,10 @@ async def test_an_approved_run_completes_with_its_report_and_the_comment_as_a_no
     assert waiting.report.markdown == "The tower is tall."  # what the person decides on
     [listed] = (await mesh.client.list_runs(state=supervisor_pb2.RUN_STATE_AWAITING_APPROVAL)).runs
     assert listed.run_id == run.run_id
-    approved = await mesh.client.approve_run(run.run_id, comment="Looks right to me.")
+    approved = await mesh.approver.approve_run(run.run_id, comment="Looks right to me.")
     assert approved.state == supervisor_pb2.RUN_STATE_SUCCEEDED
+    # Who started it and who approved it: the principals of their keys, not anything the requests said.
+    assert (approved.created_by, approved.decided_by) == ("tester", "approver")
     assert approved.report.markdown == "The tower is tall."
     events_ = await mesh.events(run.run_id)
     assert events_[-1].completed.report.markdown == "The tower is tall."
@@ -111,12 +113,34 @@ async def test_an_approved_run_completes_with_its_report_and_the_comment_as_a_no
     assert "no objection is open" in waited.status.message
     entries = await mesh.scratchpad.read_all(run.scratchpad_thread_id)
     [note] = [entry for entry in entries if entry.content.startswith("Approved")]
-    assert note.content == "Approved by a person: Looks right to me." and note.kind == scratchpad_pb2.ENTRY_KIND_NOTE
+    assert note.content == "Approved by approver: Looks right to me." and note.kind == scratchpad_pb2.ENTRY_KIND_NOTE
     assert note.author.role == common_pb2.ROLE_SUPERVISOR
-    again = await mesh.client.approve_run(run.run_id, comment="again")  # a repeat returns the run
+    again = await mesh.approver.approve_run(run.run_id, comment="again")  # a repeat returns the run
     assert again.state == supervisor_pb2.RUN_STATE_SUCCEEDED
     error = await expect_error(mesh.client.reject_run(run.run_id, "too late"), grpc.StatusCode.FAILED_PRECONDITION)
     assert f"run {run.run_id} was already approved" in (error.details() or "")
+
+
+async def test_the_principal_who_started_a_run_may_not_approve_it(mesh: Mesh) -> None:
+    answer_at_once(mesh)
+    run = await mesh.client.start_run("Approve my own?", options=APPROVAL)  # tester holds every role
+    await wait_for_phase(mesh, run.run_id, AWAITING)
+    error = await expect_error(mesh.client.approve_run(run.run_id), grpc.StatusCode.PERMISSION_DENIED)
+    assert error_reason(error) == "SELF_APPROVAL_NOT_ALLOWED"
+    assert "tester started run" in (error.details() or "")
+    still = await mesh.client.get_run(run.run_id)
+    assert still.state == supervisor_pb2.RUN_STATE_AWAITING_APPROVAL and still.decided_by == ""
+    approved = await mesh.approver.approve_run(run.run_id)
+    assert approved.state == supervisor_pb2.RUN_STATE_SUCCEEDED and approved.decided_by == "approver"
+
+
+@pytest.mark.parametrize("supervisor_overrides", [{"allow_self_approval": True}], indirect=True)
+async def test_self_approval_is_allowed_when_the_supervisor_says_so(mesh: Mesh) -> None:
+    answer_at_once(mesh)
+    run = await mesh.client.start_run("Approve my own?", options=APPROVAL)
+    await wait_for_phase(mesh, run.run_id, AWAITING)
+    approved = await mesh.client.approve_run(run.run_id)
+    assert approved.state == supervisor_pb2.RUN_STATE_SUCCEEDED and approved.decided_by == "tester"
 
 
 async def test_a_rejected_run_fails_with_rejected_and_the_reason(mesh: Mesh) -> None:
@@ -131,7 +155,8 @@ async def test_a_rejected_run_fails_with_rejected_and_the_reason(mesh: Mesh) -> 
     assert events_[-1].failed.error == rejected.error
     again = await mesh.client.reject_run(run.run_id, reason="still no")  # the decision that ended it: returned
     assert again.error.message == "The sources are too thin."
-    await expect_error(mesh.client.approve_run(run.run_id), grpc.StatusCode.FAILED_PRECONDITION)
+    assert again.decided_by == "tester"  # rejecting one's own run is allowed
+    await expect_error(mesh.approver.approve_run(run.run_id), grpc.StatusCode.FAILED_PRECONDITION)
 
 
 async def test_a_run_awaiting_approval_can_still_be_cancelled(mesh: Mesh) -> None:
@@ -150,7 +175,7 @@ async def test_a_run_awaiting_approval_can_still_be_cancelled(mesh: Mesh) -> Non
     assert objection.status == supervisor_pb2.OBJECTION_STATUS_OPEN and objection.sentence_index == 0
     cancelled = await mesh.client.cancel_run(run.run_id, reason="no longer needed")
     assert cancelled.state == supervisor_pb2.RUN_STATE_CANCELLED and cancelled.cancel_reason == "no longer needed"
-    await expect_error(mesh.client.approve_run(run.run_id), grpc.StatusCode.FAILED_PRECONDITION)
+    await expect_error(mesh.approver.approve_run(run.run_id), grpc.StatusCode.FAILED_PRECONDITION)
 
 
 @pytest.mark.parametrize("supervisor_overrides", [{"approval_wait_seconds": 0.5}], indirect=True)
@@ -166,11 +191,11 @@ async def test_approval_requests_are_checked(mesh: Mesh) -> None:
     answer_at_once(mesh)
     run = await mesh.client.start_run("Not waiting?")  # no approval asked: it completes by itself
     await mesh.events(run.run_id)
-    error = await expect_error(mesh.client.approve_run(run.run_id), grpc.StatusCode.FAILED_PRECONDITION)
+    error = await expect_error(mesh.approver.approve_run(run.run_id), grpc.StatusCode.FAILED_PRECONDITION)
     assert "not awaiting approval" in (error.details() or "")
     error = await expect_error(mesh.client.reject_run("nope", "x\x00" * 600), grpc.StatusCode.INVALID_ARGUMENT)
     assert set(violations(error)) == {"run_id", "reason"}
-    await expect_error(mesh.client.approve_run("run-" + "0" * 32), grpc.StatusCode.NOT_FOUND)
+    await expect_error(mesh.approver.approve_run("run-" + "0" * 32), grpc.StatusCode.NOT_FOUND)
     bad = supervisor_pb2.RunOptions(max_revision_rounds=9)
     error = await expect_error(mesh.client.start_run("Too many rounds?", options=bad), grpc.StatusCode.INVALID_ARGUMENT)
     assert set(violations(error)) == {"options.max_revision_rounds"}
@@ -201,7 +226,7 @@ async def test_a_decision_taken_by_another_replica_reaches_the_run(tmp_path: Pat
                 owner,
                 other,
                 RunsClient.connect(owner.address) as a,
-                RunsClient.connect(other.address) as b,
+                RunsClient.connect(other.address, api_key=APPROVER_API_KEY) as b,
             ):
                 run = await a.start_run("Who approves?", options=APPROVAL)
                 async for event in b.stream_run(run.run_id):

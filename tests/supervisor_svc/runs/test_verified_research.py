@@ -29,6 +29,7 @@ from quarry.records.research import (
 )
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
 from quarry.vocabulary import EntryKind
+from tests.conftest import APPROVER_API_KEY
 from tests.fakes.choreography import REPORT
 from tests.fakes.evidence import (
     EARLY,
@@ -314,9 +315,12 @@ async def test_an_objection_the_review_cannot_settle_waits_for_the_person_who_ap
     unsettled_objection(script, site)
     comment = "Standing 330 m high is being 330 m tall."
 
-    async with RunsClient.connect(mesh.supervisor.address) as client:
+    async with (
+        RunsClient.connect(mesh.supervisor.address) as client,
+        RunsClient.connect(mesh.supervisor.address, api_key=APPROVER_API_KEY) as approver,
+    ):
         waiting = await awaiting_approval(client)
-        approved = await client.approve_run(waiting.run_id, comment=comment)
+        approved = await approver.approve_run(waiting.run_id, comment=comment)
         events = [event async for event in client.stream_run(waiting.run_id)]
     async with open_channel(mesh.scratchpad.address, token=mesh.supervisor_token) as channel:
         entries = await ScratchpadClient(channel).read_all(waiting.scratchpad_thread_id)
@@ -372,7 +376,7 @@ async def test_an_objection_the_review_cannot_settle_waits_for_the_person_who_ap
         comment,
         S_UPHELD,
     )
-    [note] = [e for e in entries if e.content.startswith("Approved by a person")]
+    [note] = [e for e in entries if e.content.startswith("Approved by approver")]
     assert note.sequence_no > resolution_entry.sequence_no
     assert [e.sequence_no for e in entries] == list(range(1, len(entries) + 1))
 
