@@ -4,7 +4,7 @@ A job the monitor started keeps its real exit status while it is the monitor's c
 FAILED with its exit code, never "completed". After a restart it is a process the monitor did not
 start, matched by its pid and start time; its end is then EXITED. Its log is written under the
 monitor's job directory or a configured log root, opened as a log is read (never a FIFO, never a
-hard link to a file elsewhere).
+hard link to a file elsewhere). A job runs in the sandbox (sandbox.py) unless the operator allows none.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import contextlib
 import functools
 import os
 import signal
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from monitor_svc.jobs import processes
@@ -22,7 +21,8 @@ from monitor_svc.jobs.executor import Follow, Hold, NotStarted, Prepared, Watch,
 from monitor_svc.jobs.files import read_local_file
 from monitor_svc.jobs.records import JobRecord
 from monitor_svc.jobs.spec import Command, JobKind, JobObservation, JobOptions, JobRequest
-from monitor_svc.jobs.submission import checked_command, checked_options, gpu_environment, in_workspace, options_payload
+from monitor_svc.jobs.sandbox import Sandbox
+from monitor_svc.jobs.submission import checked_command, checked_options, in_workspace_root, options_payload
 from monitor_svc.logs import Logs, open_log
 from monitor_svc.validation import MAX_PID
 from monitor_svc.workspaces.operations import Workspaces
@@ -32,23 +32,22 @@ from quarry.vocabulary import JobRef, JobState
 NOT_OURS = "its exit status is unknown, as the monitor was restarted while it ran"
 
 
-def _environment(extra: Mapping[str, str], gpus: Sequence[int]) -> dict[str, str]:
-    """The monitor's environment without its own settings (its mesh credentials among them), plus the job's."""
-    inherited = {name: value for name, value in os.environ.items() if not name.startswith("QUARRY_")}
-    return {**inherited, **extra, **gpu_environment(gpus)}
-
-
 class _Follow:
     """A local job: by its child process while the monitor that started it runs, else by its pid and start time."""
 
-    def __init__(self, record: JobRecord, process: asyncio.subprocess.Process | None) -> None:
+    def __init__(self, record: JobRecord, process: asyncio.subprocess.Process | None, sandboxed: bool) -> None:
         self._record = record
         self._process = process
+        self._sandboxed = sandboxed
 
     async def poll(self, previous: JobObservation) -> JobObservation:
         record = self._record
         if self._process is not None:
-            return exit_observation(self._process.returncode)  # asyncio's child watcher sets it at the end
+            observation = exit_observation(self._process.returncode)  # asyncio's child watcher sets it at the end
+            if observation.state.ended and self._sandboxed:
+                # bwrap has ended with the job's first process; what the job left in the sandbox goes with it.
+                await asyncio.to_thread(_end_group, record.pgid)
+            return observation
         if await asyncio.to_thread(processes.is_running, record.pid, record.start_ticks):
             return JobObservation(JobState.RUNNING, detail=f"process {record.pid} is running")
         return JobObservation(JobState.EXITED, detail=f"process {record.pid} has ended; {NOT_OURS}")
@@ -61,31 +60,48 @@ class _Follow:
             await asyncio.wait_for(self._process.wait(), seconds)  # its end is seen at once
 
 
+def _end_group(pgid: int) -> None:
+    if processes.group_alive(pgid):
+        processes.signal_group(pgid, signal.SIGKILL)
+
+
 class LocalExecutor:
     kind = JobKind.LOCAL
     poll_seconds = 0.1
 
-    def __init__(self, logs: Logs, workspaces: Workspaces, jobs_dir: Path) -> None:
+    def __init__(self, logs: Logs, workspaces: Workspaces, jobs_dir: Path, sandbox: Sandbox) -> None:
         self._logs = logs
         self._workspaces = workspaces
         self._jobs_dir = jobs_dir
+        self._sandbox = sandbox
         self._children: dict[int, asyncio.subprocess.Process] = {}  # by pid: what a watch by pid finds
-        self._unattached: dict[str, asyncio.subprocess.Process] = {}  # by monitor_job_id, until followed
+        # By monitor_job_id, until followed: the process and whether it runs in the sandbox.
+        self._unattached: dict[str, tuple[asyncio.subprocess.Process, bool]] = {}
         self.groups = self
 
     async def prepare(self, request: JobRequest, options: JobOptions, request_id: str) -> Prepared:
         command, argv = checked_command(request, options, request_id, self.kind)
         # As the request says (a workspace's directory relative to its root): a retry is the same submission.
         payload = [self.kind, list(argv), command.working_directory, command.log_path, options_payload(options)]
+        writable = command.working_directory  # the tree a sandboxed job may write
         if options.workspace_id:
-            command = await in_workspace(self._workspaces, command, options, self.kind)
+            command, writable = await in_workspace_root(self._workspaces, command, options, self.kind)
         metrics = checked_options(options, command.working_directory)
         self._logs.check_path(command.log_path, "", "local.log_path")
-        start = functools.partial(self._start, argv, command, options)
+        self._sandbox.check(
+            writable=writable, in_workspace=bool(options.workspace_id), isolate_network=options.isolate_network
+        )
+        start = functools.partial(self._start, argv, command, writable, options)
         return Prepared(payload, argv, command.host, command.working_directory, metrics, start)
 
     async def _start(
-        self, argv: tuple[str, ...], command: Command, options: JobOptions, record: JobRecord, hold: Hold
+        self,
+        argv: tuple[str, ...],
+        command: Command,
+        writable: str,
+        options: JobOptions,
+        record: JobRecord,
+        hold: Hold,
     ) -> JobObservation:
         log_file = Path(command.log_path) if command.log_path else self._jobs_dir / f"{record.monitor_job_id}.log"
         record.log_path = str(log_file)
@@ -104,11 +120,19 @@ class LocalExecutor:
             raise FailedPrecondition(f"cannot write the log {log_file}", reason=ErrorReason.JOB_NOT_STARTED)
         try:
             async with hold(options.gpus):
+                launch = self._sandbox.wrap(
+                    argv,
+                    writable=writable,
+                    working_directory=command.working_directory,
+                    gpus=record.gpus,
+                    environment=options.environment,
+                    isolate_network=options.isolate_network,
+                )
                 try:
                     process = await asyncio.create_subprocess_exec(
-                        *argv,
+                        *launch.argv,
                         cwd=command.working_directory or None,
-                        env=_environment(options.environment, record.gpus),
+                        env=launch.environment,
                         stdout=descriptor,
                         stderr=asyncio.subprocess.STDOUT,
                         stdin=asyncio.subprocess.DEVNULL,
@@ -122,7 +146,9 @@ class LocalExecutor:
                     ) from error
         finally:
             os.close(descriptor)  # the job has its own copy
-        self._children[process.pid] = self._unattached[record.monitor_job_id] = process
+        self._children[process.pid] = process
+        self._unattached[record.monitor_job_id] = (process, launch.sandboxed)
+        # bwrap's, where sandboxed: its group holds the whole sandbox, and a restarted monitor finds it by these.
         record.pid = record.pgid = process.pid
         record.start_ticks = processes.start_ticks(process.pid)
         return JobObservation(JobState.RUNNING, detail=f"process {process.pid} started")
@@ -146,7 +172,8 @@ class LocalExecutor:
         return JobObservation(JobState.RUNNING, detail=f"process {pid} is alive")
 
     def attach(self, record: JobRecord) -> Follow:
-        return _Follow(record, self._unattached.pop(record.monitor_job_id, None))
+        process, sandboxed = self._unattached.pop(record.monitor_job_id, (None, False))
+        return _Follow(record, process, sandboxed)
 
     async def signal(self, record: JobRecord, number: signal.Signals) -> None:
         processes.signal_group(record.pgid, number)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from monitor_svc.jobs.executor import JobExecutor
 from monitor_svc.jobs.local import LocalExecutor
+from monitor_svc.jobs.sandbox import Sandbox
 from monitor_svc.jobs.slurm import SlurmExecutor, SlurmLimits
 from monitor_svc.jobs.spec import JobKind
 from monitor_svc.jobs.ssh import SshExecutor
@@ -16,10 +17,10 @@ from monitor_svc.workspaces.operations import Workspaces
 
 
 def executors(
-    hosts: SshHosts, logs: Logs, workspaces: Workspaces, jobs_dir: Path, slurm: SlurmLimits
+    hosts: SshHosts, logs: Logs, workspaces: Workspaces, jobs_dir: Path, slurm: SlurmLimits, sandbox: Sandbox
 ) -> dict[JobKind, JobExecutor]:
     every: list[JobExecutor] = [
-        LocalExecutor(logs, workspaces, jobs_dir),
+        LocalExecutor(logs, workspaces, jobs_dir, sandbox),
         SshExecutor(hosts, logs, workspaces),
         SlurmExecutor(hosts, logs, workspaces, slurm),
     ]
