@@ -20,8 +20,8 @@ from monitor_svc.jobs import processes
 from monitor_svc.jobs.executor import Follow, Hold, NotStarted, Prepared, Watch, exit_observation
 from monitor_svc.jobs.files import read_local_file
 from monitor_svc.jobs.records import JobRecord
-from monitor_svc.jobs.spec import Command, JobKind, JobObservation, JobOptions, JobRequest
 from monitor_svc.jobs.sandbox import Sandbox
+from monitor_svc.jobs.spec import Command, JobKind, JobObservation, JobOptions, JobRequest
 from monitor_svc.jobs.submission import checked_command, checked_options, in_workspace_root, options_payload
 from monitor_svc.logs import Logs, open_log
 from monitor_svc.validation import MAX_PID

@@ -88,9 +88,11 @@ def bwrap_argv(
     # Mounts in order of depth, so the deeper wins: a working tree inside a hidden directory is the one
     # part of it the job sees, a hidden path inside the working tree stays hidden.
     mounts: list[tuple[str, list[str]]] = []
+    emptied: list[str] = []
     for path in dict.fromkeys(hidden):
         if is_dir(path):
             mounts.append((path, ["--tmpfs", path]))
+            emptied += ["--remount-ro", path]  # once the deeper mounts have their mount points in it
         elif exists(path):
             mounts.append((path, ["--ro-bind", "/dev/null", path]))
     if writable:
@@ -100,6 +102,7 @@ def bwrap_argv(
             mounts.append((git, ["--ro-bind", git, git]))
     for _, mount in sorted(mounts, key=lambda item: len(PurePosixPath(item[0]).parts)):
         args += mount
+    args += emptied
     args.append("--clearenv")
     for name, value in environment.items():
         args += ["--setenv", name, value]
