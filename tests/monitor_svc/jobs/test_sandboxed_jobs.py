@@ -103,6 +103,24 @@ async def test_a_daemon_the_job_started_in_a_new_session_ends_with_it_at_its_lim
             os.kill(pid, 9)
 
 
+async def test_what_a_job_left_running_in_its_sandbox_ends_when_the_job_does(monitor: Stub, tmp_path: Path) -> None:
+    marker = "left-" + uuid.uuid4().hex
+    daemon = f"setsid {sys.executable} -c 'import time; time.sleep(300)' {marker} & echo started"
+    command = monitor_pb2.LocalCommand(argv=["sh", "-c", daemon], working_directory=str(tmp_path))
+    try:
+        submitted = await monitor.SubmitJob(monitor_pb2.SubmitJobRequest(local=command, request_id="left"))
+        responses = await watch_all(monitor, submitted.job)
+        assert responses[-1].status.state == monitor_pb2.JOB_STATE_COMPLETED and log_lines(responses) == ["started"]
+        for _ in range(100):
+            if not list(with_marker(marker)):
+                break
+            await asyncio.sleep(0.05)
+        assert not list(with_marker(marker)), "the daemon went with its sandbox"
+    finally:
+        for pid in with_marker(marker):
+            os.kill(pid, 9)
+
+
 async def test_a_job_writes_its_working_tree_and_tmp_only(monitor: Stub, tmp_path: Path) -> None:
     (tmp_path / ".git").mkdir()
     (tmp_path / ".git" / "config").write_text("[core]\n")
