@@ -89,7 +89,12 @@ class LocalExecutor:
         metrics = checked_options(options, command.working_directory)
         self._logs.check_path(command.log_path, "", "local.log_path")
         self._sandbox.check(
-            writable=writable, in_workspace=bool(options.workspace_id), isolate_network=options.isolate_network
+            argv,
+            working_directory=command.working_directory,
+            environment=options.environment,
+            writable=writable,
+            in_workspace=bool(options.workspace_id),
+            isolate_network=options.isolate_network,
         )
         start = functools.partial(self._start, argv, command, writable, options)
         return Prepared(payload, argv, command.host, command.working_directory, metrics, start)

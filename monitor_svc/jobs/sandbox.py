@@ -56,6 +56,13 @@ def hiding_path(writable: str, hidden: Sequence[str]) -> str | None:
     return next((path for path in hidden if _inside(writable, path)), None)
 
 
+def findable(program: str, working_directory: str, path: str) -> bool:
+    """Whether exec would find the program: a path (relative to the working directory), or a name on PATH."""
+    if "/" in program:
+        return os.access(os.path.join(working_directory or os.getcwd(), program), os.X_OK)
+    return shutil.which(program, path=path) is not None
+
+
 def bwrap_argv(
     bwrap: str,
     argv: Sequence[str],
@@ -169,10 +176,21 @@ class Sandbox:
             return f"none (QUARRY_MONITOR_UNSANDBOXED_JOBS; {self._problem})"
         return f"none: local jobs are refused ({self._problem})"
 
-    def check(self, *, writable: str, in_workspace: bool, isolate_network: bool) -> None:
+    def check(
+        self,
+        argv: Sequence[str],
+        *,
+        working_directory: str,
+        environment: Mapping[str, str],
+        writable: str,
+        in_workspace: bool,
+        isolate_network: bool,
+    ) -> None:
         """Refuses a local job when there is no sandbox and the operator has not allowed running without one
         (or it asks for a network of its own), or when its working tree is a path the sandbox hides. A
-        workspace may lie inside a hidden directory (workspace roots are the operator's choice), not be one."""
+        workspace may lie inside a hidden directory (workspace roots are the operator's choice), not be one.
+        A program that is not there is refused here, as an exec that fails is without the sandbox (in it, bwrap
+        would start and fail)."""
         if self._bwrap is None:
             if not self._allow_unsandboxed or isolate_network:
                 raise FailedPrecondition(
@@ -180,6 +198,11 @@ class Sandbox:
                     reason=ErrorReason.SANDBOX_UNAVAILABLE,
                 )
             return
+        path = environment.get("PATH") or os.environ.get("PATH", DEFAULT_PATH)
+        if not findable(argv[0], working_directory, path):
+            raise FailedPrecondition(
+                f"cannot start {argv[0]!r}: no such program here", reason=ErrorReason.JOB_NOT_STARTED
+            )
         if not writable:
             return
         resolved = os.path.realpath(writable)

@@ -4,6 +4,7 @@ so the device nodes a job gets are checked on the argv; and the monitor's diagno
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -134,16 +135,22 @@ def test_a_working_tree_that_is_or_lies_in_a_hidden_path_is_named() -> None:
     assert hiding_path("/srv/ws", ["/srv/ws/data"]) is None
 
 
+PLAIN: dict[str, Any] = {
+    "working_directory": "/srv/ws", "environment": {}, "writable": "/srv/ws", "in_workspace": False,
+    "isolate_network": False,
+}  # fmt: skip
+
+
 def test_without_a_sandbox_local_jobs_are_refused_unless_allowed_and_diagnostics_say_which() -> None:
     refused = Sandbox("none", False, [])
     with pytest.raises(FailedPrecondition) as caught:
-        refused.check(writable="", in_workspace=False, isolate_network=False)
+        refused.check(["true"], **PLAIN)
     assert caught.value.reason == "SANDBOX_UNAVAILABLE"
     assert "bubblewrap" in str(caught.value) and "QUARRY_MONITOR_UNSANDBOXED_JOBS" in str(caught.value)
     allowed = Sandbox("none", True, [])
-    allowed.check(writable="/srv/ws", in_workspace=False, isolate_network=False)
+    allowed.check(["true"], **PLAIN)
     with pytest.raises(FailedPrecondition):  # a network of its own needs the sandbox
-        allowed.check(writable="", in_workspace=False, isolate_network=True)
+        allowed.check(["true"], **{**PLAIN, "isolate_network": True})
 
     def fact(sandbox: Sandbox) -> str:
         facts = diagnostics(MonitorSettings(), NvmlProbe(), sandbox).facts

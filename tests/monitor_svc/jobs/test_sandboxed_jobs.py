@@ -182,6 +182,14 @@ async def test_without_a_sandbox_and_no_override_a_local_job_is_refused(tmp_path
     assert not list((tmp_path / "data" / "jobs").glob("*")), "nothing was started"
 
 
+async def test_a_program_that_is_not_there_is_not_started(monitor: Stub, tmp_path: Path) -> None:
+    for argv in (["no-such-program-here"], ["./missing.sh"]):
+        command = monitor_pb2.LocalCommand(argv=argv, working_directory=str(tmp_path))
+        request = monitor_pb2.SubmitJobRequest(local=command, request_id=argv[0])
+        error = await expect_error(monitor.SubmitJob(request), grpc.StatusCode.FAILED_PRECONDITION)
+        assert error_reason(error) == "JOB_NOT_STARTED" and argv[0] in (error.details() or "")
+
+
 async def test_a_job_with_its_network_isolated_reaches_no_port_outside(monitor: Stub, tmp_path: Path) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
