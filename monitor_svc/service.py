@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 from pathlib import Path
 
 import grpc
 
 from monitor_svc.gpus import GpuSampler, NvmlProbe
 from monitor_svc.jobs import JobRecords, Jobs, LogLimits, SlurmLimits, Supervision
+from monitor_svc.jobs.sandbox import SECRET_DIRECTORIES, Sandbox
 from monitor_svc.servicer import MonitorServicer
 from monitor_svc.ssh import SshHosts
 from monitor_svc.workspaces.operations import Workspaces
 from monitor_svc.workspaces.registry import WorkspaceRegistry
-from quarry.config import MonitorSettings, QuarrySettings
+from quarry.config import CONFIG_FILE_ENV, MonitorSettings, QuarrySettings
 from quarry.diagnostics import Check, Diagnostics, Fact, Finding, Status, setting_name
 from quarry.identity import MeshRole
 from quarry.mesh_auth import Access
@@ -42,7 +45,23 @@ ACCESS: Access = {
 }
 
 
-def diagnostics(settings: MonitorSettings, probe: NvmlProbe) -> Diagnostics:
+def sandbox_for(settings: MonitorSettings, common: QuarrySettings, jobs_dir: Path) -> Sandbox:
+    """The sandbox local jobs run in, hiding what the monitor and its peers keep secret."""
+    hidden = [
+        str(common.data_dir),  # databases, job records, workspace registry, state file
+        str(jobs_dir),
+        *settings.log_roots,
+        "~/.ssh",
+        *SECRET_DIRECTORIES,
+        os.environ.get(CONFIG_FILE_ENV, ""),
+        common.tls_key_file,
+        *(host.key_path for host in settings.hosts.values()),
+        *settings.job_sandbox_hidden_paths,
+    ]
+    return Sandbox(settings.job_sandbox, settings.unsandboxed_jobs, [path for path in hidden if path])
+
+
+def diagnostics(settings: MonitorSettings, probe: NvmlProbe, sandbox: Sandbox) -> Diagnostics:
     async def local_gpus() -> Finding:
         gpus, reason = await probe.sample()
         if not gpus:
@@ -62,6 +81,7 @@ def diagnostics(settings: MonitorSettings, probe: NvmlProbe) -> Diagnostics:
             ", ".join(settings.workspace_roots) or "none",
             setting_name(settings, "workspace_roots"),
         ),
+        Fact("local job sandbox", sandbox.describe(), setting_name(settings, "job_sandbox")),
     ]
     return Diagnostics("monitor", facts=facts, checks=[Check("local GPUs", local_gpus)])
 
@@ -80,15 +100,19 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
         settings.workspace_roots,
         git_timeout=settings.workspace_git_timeout,
     )
+    jobs_dir = Path(settings.jobs_dir) if settings.jobs_dir else common.data_dir / "jobs"
+    sandbox = sandbox_for(settings, common, jobs_dir)
+    await asyncio.to_thread(sandbox.probe)  # once: whether bwrap works here
     jobs = Jobs(
         hosts,
         gpus,
-        Path(settings.jobs_dir) if settings.jobs_dir else common.data_dir / "jobs",
+        jobs_dir,
         # Not among the log roots: a record is not a log anyone may tail.
         JobRecords(common.data_dir / "monitor" / "jobs"),
         SlurmLimits(settings.slurm_unknown_polls, settings.slurm_time_limit_buffer_seconds),
         settings.log_roots,
         workspaces=workspaces,
+        sandbox=sandbox,
         allow_submission=settings.allow_job_submission,
         supervision=Supervision(settings.job_poll_seconds, settings.job_stop_grace_seconds),
         log_limits=LogLimits(settings.max_job_log_bytes, settings.job_log_disk_reserve_bytes),
@@ -108,6 +132,6 @@ async def build_host(settings: MonitorSettings | None = None, common: QuarrySett
         common,
         ServiceRegistration(SERVICE_NAME, register),
         access=ACCESS,
-        diagnostics=diagnostics(settings, probe),
+        diagnostics=diagnostics(settings, probe, sandbox),
         on_stopped=[release],
     )

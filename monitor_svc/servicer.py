@@ -50,6 +50,7 @@ def _options(message: monitor_pb2.JobOptions) -> JobOptions:
         gpus=GpuRequest(message.gpus.count, tuple(message.gpus.indices)),
         metrics=tuple(_metric_spec(spec) for spec in message.metrics),
         workspace_id=message.workspace_id,
+        isolate_network=message.isolate_network,
     )
 
 

@@ -451,3 +451,14 @@ class MonitorSettings(ServiceSettings):
     metrics."""
     job_stop_grace_seconds: float = Field(default=10.0, gt=0, le=3600)
     """A job past its wall-clock limit gets SIGTERM, and SIGKILL this many seconds after."""
+    job_sandbox: Literal["bwrap", "none"] = "bwrap"
+    """How local jobs are confined: `bwrap` (bubblewrap, the Debian package `bubblewrap`: a read-only
+    filesystem but for the job's working tree and a private /tmp, its own process and user namespaces,
+    an environment from an allowlist) or `none`. Without a working sandbox local jobs are refused unless
+    QUARRY_MONITOR_UNSANDBOXED_JOBS is true."""
+    unsandboxed_jobs: bool = False
+    """Run local jobs unconfined, as the monitor's user, when no sandbox is available or job_sandbox is
+    `none`; otherwise they are refused (FAILED_PRECONDITION SANDBOX_UNAVAILABLE)."""
+    job_sandbox_hidden_paths: list[str] = Field(default_factory=list)
+    """Further local files or directories a sandboxed job must not see (an empty one in their place),
+    beside the data directory, the job logs, ~/.ssh, key files and /run/secrets; a JSON list."""

@@ -129,6 +129,7 @@ class Experiment:
     environment: Mapping[str, str] = field(default_factory=dict)
     argv: tuple[str, ...] = ()
     slurm: SlurmScript | None = None
+    isolate_network: bool = False  # a local job in the monitor's sandbox: no network namespace but its own
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,7 @@ class WorkspaceView:
             wall_clock_limit=duration(experiment.wall_clock_limit),
             gpus=monitor_pb2.GpuRequest(count=experiment.gpu_count, indices=experiment.gpu_indices),
             metrics=[_metric_spec(metric) for metric in experiment.metrics],
+            isolate_network=experiment.isolate_network,
         )
         request = monitor_pb2.SubmitJobRequest(request_id=request_id or str(uuid.uuid4()), options=options)
         line, argv, directory = experiment.command_line, experiment.argv, experiment.working_directory

@@ -4,8 +4,9 @@ A job the monitor started keeps its real exit status while it is the monitor's c
 FAILED with its exit code, never "completed". After a restart it is a process the monitor did not
 start, matched by its pid and start time; its end is then EXITED. Its log is written under the
 monitor's job directory or a configured log root, opened as a log is read (never a FIFO, never a
-hard link to a file elsewhere). Its output reaches the log through a relay process
-(monitor_svc/log_relay.py) that caps the log and stops the job before the disk fills.
+hard link to a file elsewhere). A job runs in the sandbox (sandbox.py) unless the operator allows none;
+its output reaches the log through a relay process (monitor_svc/log_relay.py) that caps the log and
+stops the job before the disk fills.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import functools
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +26,9 @@ from monitor_svc.jobs import processes
 from monitor_svc.jobs.executor import Follow, Hold, NotStarted, Prepared, Watch, exit_observation
 from monitor_svc.jobs.files import read_local_file
 from monitor_svc.jobs.records import JobRecord
+from monitor_svc.jobs.sandbox import Sandbox
 from monitor_svc.jobs.spec import Command, JobKind, JobObservation, JobOptions, JobRequest
-from monitor_svc.jobs.submission import checked_command, checked_options, gpu_environment, in_workspace, options_payload
+from monitor_svc.jobs.submission import checked_command, checked_options, in_workspace_root, options_payload
 from monitor_svc.logs import Logs, open_log, relay_state
 from monitor_svc.validation import MAX_PID
 from monitor_svc.workspaces.operations import Workspaces
@@ -45,56 +47,59 @@ class LogLimits:
     disk_reserve_bytes: int = 1 << 30
 
 
-def _environment(extra: Mapping[str, str], gpus: Sequence[int]) -> dict[str, str]:
-    """The monitor's environment without its own settings (its mesh credentials among them) and without its
-    telemetry's (OTEL_EXPORTER_OTLP_HEADERS may hold the collector's key), plus the job's."""
-    inherited = {name: value for name, value in os.environ.items() if not name.startswith(("QUARRY_", "OTEL_"))}
-    return {**inherited, **extra, **gpu_environment(gpus)}
-
-
 class _Follow:
     """A local job: by its child process while the monitor that started it runs, else by its pid and start time."""
 
     def __init__(self, record: JobRecord, logs: Logs, started: _Started | None) -> None:
         self._record = record
         self._logs = logs
-        self._process = started.job if started else None
-        self._relay = started.relay if started else None
+        self._started = started
 
     async def poll(self, previous: JobObservation) -> JobObservation:
         record = self._record
-        if self._process is not None:
-            ended = exit_observation(self._process.returncode)  # asyncio's child watcher sets it at the end
+        if self._started is not None:
+            ended = exit_observation(self._started.job.returncode)  # asyncio's child watcher sets it at the end
+            if ended.state.ended and self._started.sandboxed:
+                # bwrap has ended with the job's first process; what the job left in the sandbox goes with it.
+                await asyncio.to_thread(_end_group, record.pgid)
         elif await asyncio.to_thread(processes.is_running, record.pid, record.start_ticks):
             return JobObservation(JobState.RUNNING, detail=f"process {record.pid} is running")
         else:
             ended = JobObservation(JobState.EXITED, detail=f"process {record.pid} has ended; {NOT_OURS}")
         if not ended.state.ended:
             return ended
-        if self._relay is not None:  # the rest of its output is in the log once the relay has ended
+        if self._started is not None:  # the rest of its output is in the log once the relay has ended
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._relay.wait(), _RELAY_WAIT_SECONDS)
+                await asyncio.wait_for(self._started.relay.wait(), _RELAY_WAIT_SECONDS)
         state = await asyncio.to_thread(relay_state, record.log_path, self._logs.local_roots)
         if state is not None and state.stopped:  # the relay killed it: a full disk, not the job's own fault
             return JobObservation(JobState.FAILED, ended.exit_code, state.stopped)
         return ended
 
     async def pause(self, seconds: float) -> None:
-        if self._process is None:
+        if self._started is None:
             await asyncio.sleep(seconds)
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._process.wait(), seconds)  # its end is seen at once
+            await asyncio.wait_for(self._started.job.wait(), seconds)  # its end is seen at once
+
+
+def _end_group(pgid: int) -> None:
+    if processes.group_alive(pgid):
+        processes.signal_group(pgid, signal.SIGKILL)
 
 
 class LocalExecutor:
     kind = JobKind.LOCAL
     poll_seconds = 0.1
 
-    def __init__(self, logs: Logs, workspaces: Workspaces, jobs_dir: Path, limits: LogLimits | None = None) -> None:
+    def __init__(
+        self, logs: Logs, workspaces: Workspaces, jobs_dir: Path, sandbox: Sandbox, limits: LogLimits | None = None
+    ) -> None:
         self._logs = logs
         self._workspaces = workspaces
         self._jobs_dir = jobs_dir
+        self._sandbox = sandbox
         self._limits = limits or LogLimits()
         self._children: dict[int, asyncio.subprocess.Process] = {}  # by pid: what a watch by pid finds
         self._unattached: dict[str, _Started] = {}  # by monitor_job_id, until followed
@@ -104,15 +109,30 @@ class LocalExecutor:
         command, argv = checked_command(request, options, request_id, self.kind)
         # As the request says (a workspace's directory relative to its root): a retry is the same submission.
         payload = [self.kind, list(argv), command.working_directory, command.log_path, options_payload(options)]
+        writable = command.working_directory  # the tree a sandboxed job may write
         if options.workspace_id:
-            command = await in_workspace(self._workspaces, command, options, self.kind)
+            command, writable = await in_workspace_root(self._workspaces, command, options, self.kind)
         metrics = checked_options(options, command.working_directory)
         self._logs.check_path(command.log_path, "", "local.log_path")
-        start = functools.partial(self._start, argv, command, options)
+        self._sandbox.check(
+            argv,
+            working_directory=command.working_directory,
+            environment=options.environment,
+            writable=writable,
+            in_workspace=bool(options.workspace_id),
+            isolate_network=options.isolate_network,
+        )
+        start = functools.partial(self._start, argv, command, writable, options)
         return Prepared(payload, argv, command.host, command.working_directory, metrics, start)
 
     async def _start(
-        self, argv: tuple[str, ...], command: Command, options: JobOptions, record: JobRecord, hold: Hold
+        self,
+        argv: tuple[str, ...],
+        command: Command,
+        writable: str,
+        options: JobOptions,
+        record: JobRecord,
+        hold: Hold,
     ) -> JobObservation:
         log_file = Path(command.log_path) if command.log_path else self._jobs_dir / f"{record.monitor_job_id}.log"
         record.log_path = str(log_file)
@@ -125,11 +145,19 @@ class LocalExecutor:
         output = await asyncio.to_thread(_LogOutput.open, log_file, self._logs.local_roots)
         try:
             async with hold(options.gpus):
+                launch = self._sandbox.wrap(
+                    argv,
+                    writable=writable,
+                    working_directory=command.working_directory,
+                    gpus=record.gpus,
+                    environment=options.environment,
+                    isolate_network=options.isolate_network,
+                )
                 try:
                     process = await asyncio.create_subprocess_exec(
-                        *argv,
+                        *launch.argv,
                         cwd=command.working_directory or None,
-                        env=_environment(options.environment, record.gpus),
+                        env=launch.environment,
                         stdout=output.job_end,
                         stderr=asyncio.subprocess.STDOUT,
                         stdin=asyncio.subprocess.DEVNULL,
@@ -145,7 +173,8 @@ class LocalExecutor:
         finally:
             output.close()  # the job and its relay have their own copies
         self._children[process.pid] = process
-        self._unattached[record.monitor_job_id] = _Started(process, relay)
+        self._unattached[record.monitor_job_id] = _Started(process, relay, launch.sandboxed)
+        # bwrap's, where sandboxed: its group holds the whole sandbox, and a restarted monitor finds it by these.
         record.pid = record.pgid = process.pid
         record.start_ticks = processes.start_ticks(process.pid)
         return JobObservation(JobState.RUNNING, detail=f"process {process.pid} started")
@@ -185,6 +214,7 @@ class LocalExecutor:
 class _Started:
     job: asyncio.subprocess.Process
     relay: asyncio.subprocess.Process
+    sandboxed: bool  # bwrap's group: what the job leaves behind is ended with it
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from monitor_svc.jobs.executor import JobExecutor
 from monitor_svc.jobs.local import LocalExecutor, LogLimits
+from monitor_svc.jobs.sandbox import Sandbox
 from monitor_svc.jobs.slurm import SlurmExecutor, SlurmLimits
 from monitor_svc.jobs.spec import JobKind
 from monitor_svc.jobs.ssh import SshExecutor
@@ -21,10 +22,11 @@ def executors(
     workspaces: Workspaces,
     jobs_dir: Path,
     slurm: SlurmLimits,
+    sandbox: Sandbox,
     log_limits: LogLimits | None = None,
 ) -> dict[JobKind, JobExecutor]:
     every: list[JobExecutor] = [
-        LocalExecutor(logs, workspaces, jobs_dir, log_limits),
+        LocalExecutor(logs, workspaces, jobs_dir, sandbox, log_limits),
         SshExecutor(hosts, logs, workspaces),
         SlurmExecutor(hosts, logs, workspaces, slurm),
     ]

@@ -26,6 +26,7 @@ from monitor_svc.jobs.executor import INTERRUPTED, JobExecutor, NotStarted, Prep
 from monitor_svc.jobs.local import LogLimits
 from monitor_svc.jobs.records import JobRecord, JobRecords, new_job_id
 from monitor_svc.jobs.registry import executors
+from monitor_svc.jobs.sandbox import Sandbox
 from monitor_svc.jobs.slurm import SlurmLimits
 from monitor_svc.jobs.spec import JobKind, JobObservation, JobOptions, JobRequest
 from monitor_svc.jobs.supervision import Job, Supervision, Supervisor
@@ -53,6 +54,7 @@ class Jobs:
         log_roots: Sequence[str] = (),
         *,
         workspaces: Workspaces,
+        sandbox: Sandbox,
         allow_submission: bool = False,
         supervision: Supervision = _SUPERVISION,
         log_limits: LogLimits | None = None,
@@ -61,7 +63,7 @@ class Jobs:
         self._allow_submission = allow_submission
         self._records = records
         self._logs = Logs(hosts, (str(jobs_dir), *log_roots))
-        self._executors = executors(hosts, self._logs, workspaces, jobs_dir, limits, log_limits)
+        self._executors = executors(hosts, self._logs, workspaces, jobs_dir, limits, sandbox, log_limits)
         self._supervisor = Supervisor(self._executors, self._logs, records, supervision)
         self._jobs: dict[str, Job] = {}  # by monitor_job_id
         self._submissions = Once(conflict="already started a different job")
@@ -109,6 +111,8 @@ class Jobs:
                 "this monitor does not run jobs; set QUARRY_MONITOR_ALLOW_JOB_SUBMISSION=true to allow SubmitJob",
                 reason=ErrorReason.JOB_SUBMISSION_DISABLED,
             )
+        if options.isolate_network and kind is not JobKind.LOCAL:
+            raise InvalidArgument([FieldViolation("options.isolate_network", "only a local job runs in the sandbox")])
         executor = self._executors[kind]
         prepared = await executor.prepare(request, options, request_id)
         # Idempotent by request_id, across restarts too: a repeat gets the job the first call started, even if

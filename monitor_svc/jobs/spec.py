@@ -32,6 +32,7 @@ class JobOptions:
     gpus: GpuRequest = field(default_factory=GpuRequest)
     metrics: tuple[MetricSpec, ...] = ()
     workspace_id: str = ""
+    isolate_network: bool = False  # a local job in the sandbox: no network namespace but its own
 
 
 @dataclass(frozen=True)

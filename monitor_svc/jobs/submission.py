@@ -53,6 +53,7 @@ def options_payload(options: JobOptions) -> dict[str, object]:
         "metrics": [asdict(spec) for spec in options.metrics],
         # Only when set: the digests of records written before workspaces stay valid.
         **({"workspace_id": options.workspace_id} if options.workspace_id else {}),
+        **({"isolate_network": True} if options.isolate_network else {}),
     }
 
 
@@ -65,10 +66,17 @@ def gpu_environment(gpus: Sequence[int]) -> dict[str, str]:
 
 async def in_workspace(workspaces: Workspaces, command: Command, options: JobOptions, kind: JobKind) -> Command:
     """The command placed in its workspace: on the workspace's host, in its root or a directory inside it."""
+    return (await in_workspace_root(workspaces, command, options, kind))[0]
+
+
+async def in_workspace_root(
+    workspaces: Workspaces, command: Command, options: JobOptions, kind: JobKind
+) -> tuple[Command, str]:
+    """The command placed in its workspace, and the workspace's root."""
     record, directory = await workspaces.job_path(
         options.workspace_id, command.working_directory, f"{kind}.working_directory", directory=True
     )
-    return replace(command, host=workspace_host(record, command.host, kind), working_directory=directory)
+    return replace(command, host=workspace_host(record, command.host, kind), working_directory=directory), record.root
 
 
 def workspace_host(record: WorkspaceRecord, named: str, kind: JobKind) -> str:

@@ -254,6 +254,9 @@ def _lab_arguments(lab: argparse.ArgumentParser, parents: list[argparse.Argument
     )
     start.add_argument("--experiment-seconds", type=float, help="the wall-clock budget of one experiment")
     start.add_argument("--gpus", type=int, help="GPUs per experiment")
+    start.add_argument(
+        "--isolate-network", action="store_true", help="run each experiment without a network (a local job only)"
+    )
     start.add_argument("--max-tokens-per-hour", type=int)
     start.add_argument("--max-tokens", type=int)
     start.add_argument("--max-cycles-per-hour", type=int)

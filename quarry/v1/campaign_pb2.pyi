@@ -278,9 +278,14 @@ class CampaignExperiment(_message.Message):
     WALL_CLOCK_LIMIT_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
     SLURM_FIELD_NUMBER: _builtins.int
+    ISOLATE_NETWORK_FIELD_NUMBER: _builtins.int
     command_line: _builtins.str
     """Instead of argv: one line split into arguments as a POSIX shell would
     (quotes, backslashes), never run by a shell. The campaign keeps the argv.
+    """
+    isolate_network: _builtins.bool
+    """Each experiment runs without a network (JobOptions.isolate_network): a
+    local job only.
     """
     @_builtins.property
     def argv(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -311,10 +316,11 @@ class CampaignExperiment(_message.Message):
         wall_clock_limit: _duration_pb2.Duration | None = ...,
         gpus: _monitor_pb2.GpuRequest | None = ...,
         slurm: Global___CampaignSlurm | None = ...,
+        isolate_network: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "slurm", b"slurm", "wall_clock_limit", b"wall_clock_limit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "command_line", b"command_line", "gpus", b"gpus", "slurm", b"slurm", "wall_clock_limit", b"wall_clock_limit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "command_line", b"command_line", "gpus", b"gpus", "isolate_network", b"isolate_network", "slurm", b"slurm", "wall_clock_limit", b"wall_clock_limit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -309,6 +309,14 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """
     ERROR_REASON_GPUS_UNAVAILABLE: _ErrorReason.ValueType  # 151
     """FAILED_PRECONDITION: the host does not have the GPUs asked for (fewer, no such index, no driver)."""
+    ERROR_REASON_SANDBOX_UNAVAILABLE: _ErrorReason.ValueType  # 152
+    """FAILED_PRECONDITION: local jobs need a sandbox (bubblewrap) this monitor does not have, and
+    QUARRY_MONITOR_UNSANDBOXED_JOBS does not allow them without one.
+    """
+    ERROR_REASON_SANDBOX_PATH_HIDDEN: _ErrorReason.ValueType  # 153
+    """FAILED_PRECONDITION: the job's working tree is a path the sandbox hides from jobs (the monitor's
+    data directory, its job logs, a key).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The machine-readable reason of a failed RPC. Every error status a quarry
@@ -451,6 +459,14 @@ RESOURCE_EXHAUSTED: not enough of the host's GPUs are free (others are reserved 
 """
 ERROR_REASON_GPUS_UNAVAILABLE: ErrorReason.ValueType  # 151
 """FAILED_PRECONDITION: the host does not have the GPUs asked for (fewer, no such index, no driver)."""
+ERROR_REASON_SANDBOX_UNAVAILABLE: ErrorReason.ValueType  # 152
+"""FAILED_PRECONDITION: local jobs need a sandbox (bubblewrap) this monitor does not have, and
+QUARRY_MONITOR_UNSANDBOXED_JOBS does not allow them without one.
+"""
+ERROR_REASON_SANDBOX_PATH_HIDDEN: ErrorReason.ValueType  # 153
+"""FAILED_PRECONDITION: the job's working tree is a path the sandbox hides from jobs (the monitor's
+data directory, its job logs, a key).
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final

@@ -727,6 +727,7 @@ class JobOptions(_message.Message):
     GPUS_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
     WORKSPACE_ID_FIELD_NUMBER: _builtins.int
+    ISOLATE_NETWORK_FIELD_NUMBER: _builtins.int
     workspace_id: _builtins.str
     """Runs the job in this workspace (OpenWorkspace's workspace_id), on its
     host: a local command for a workspace on this machine, a remote one (its
@@ -734,6 +735,11 @@ class JobOptions(_message.Message):
     command's working_directory, and a Slurm script_path, are then relative
     to the workspace root and must stay inside it (the workspace path rules);
     empty means the root. JSON-lines metric files are read inside it too.
+    """
+    isolate_network: _builtins.bool
+    """A local job in the sandbox gets a network namespace of its own: no
+    interface but its own loopback, so it reaches no other process's port,
+    on this machine or elsewhere. Refused for remote and Slurm jobs.
     """
     @_builtins.property
     def environment(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -764,10 +770,11 @@ class JobOptions(_message.Message):
         gpus: Global___GpuRequest | None = ...,
         metrics: _abc.Iterable[Global___MetricSpec] | None = ...,
         workspace_id: _builtins.str = ...,
+        isolate_network: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "wall_clock_limit", b"wall_clock_limit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "gpus", b"gpus", "metrics", b"metrics", "wall_clock_limit", b"wall_clock_limit", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "gpus", b"gpus", "isolate_network", b"isolate_network", "metrics", b"metrics", "wall_clock_limit", b"wall_clock_limit", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

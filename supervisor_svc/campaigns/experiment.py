@@ -34,6 +34,7 @@ def experiment_of(spec: CampaignSpec) -> Experiment:
         slurm=SlurmScript(slurm.script_path, slurm.sbatch_args) if slurm is not None else None,
         gpu_count=experiment.gpu_count,
         gpu_indices=experiment.gpu_indices,
+        isolate_network=experiment.isolate_network,
         metrics=(
             MetricWanted(metric.name, metric.goal.direction, metric.log_regex, metric.jsonl_path, metric.jsonl_key),
         ),

@@ -75,6 +75,7 @@ def spec_from_proto(message: campaign_pb2.CampaignSpec) -> CampaignSpec:
                 if experiment.HasField("slurm")
                 else None
             ),
+            isolate_network=experiment.isolate_network,
         ),
         budgets=Budgets(
             tokens_per_hour=budgets.max_tokens_per_hour,
@@ -109,6 +110,7 @@ def spec_to_proto(spec: CampaignSpec) -> campaign_pb2.CampaignSpec:
     experiment = campaign_pb2.CampaignExperiment(
         argv=spec.experiment.argv,
         gpus=monitor_pb2.GpuRequest(count=spec.experiment.gpu_count, indices=spec.experiment.gpu_indices),
+        isolate_network=spec.experiment.isolate_network,
     )
     if spec.experiment.wall_clock_seconds is not None:
         experiment.wall_clock_limit.CopyFrom(duration(spec.experiment.wall_clock_seconds))

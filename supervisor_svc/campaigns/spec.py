@@ -76,6 +76,7 @@ class Experiment:
     gpu_count: int = 0
     gpu_indices: tuple[int, ...] = ()
     slurm: SlurmBatch | None = None  # instead of argv
+    isolate_network: bool = False  # a local job in the monitor's sandbox, without a network
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,8 @@ def validate_spec(spec: CampaignSpec, now: datetime) -> CampaignSpec:
         argv = ()
         _check_slurm(found, slurm, spec.experiment, spec.workspace)
     _check_limit_and_gpus(found, spec.experiment)
+    if spec.experiment.isolate_network and spec.workspace.host:
+        found.add("spec.experiment.isolate_network", "only a job on the monitor's own machine runs in its sandbox")
     _check_budgets(found, spec.budgets, now)
     _check_rules(found, spec.rules)
     if found.found:

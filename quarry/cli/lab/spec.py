@@ -21,6 +21,7 @@ of the campaign spec (docs/architecture.md, "Campaigns"):
     # sbatch_args = ["--partition=gpu"]; its output is the log the metric is read from
     wall_clock_seconds = 300
     gpus = 1                          # or gpu_indices = [0]
+    isolate_network = true            # no network for the job (a local job, in the monitor's sandbox)
     [budgets]
     max_tokens_per_hour = 200000
     max_cycles = 50
@@ -63,6 +64,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "gpu_indices": "ints",
         "slurm_script": "str",
         "sbatch_args": "strs",
+        "isolate_network": "bool",
     },
     "budgets": {
         "max_tokens_per_hour": "int",
@@ -146,6 +148,7 @@ def spec_from_settings(data: Mapping[str, Any]) -> campaign_pb2.CampaignSpec:
             argv=experiment.get("argv", []),
             command_line=experiment.get("command", ""),
             gpus=monitor_pb2.GpuRequest(count=experiment.get("gpus", 0), indices=experiment.get("gpu_indices", [])),
+            isolate_network=experiment.get("isolate_network", False),
         ),
     )
     direction = metric.get("direction", "")
@@ -196,6 +199,7 @@ def settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
             "slurm_script": args.slurm_script,
             "wall_clock_seconds": args.experiment_seconds,
             "gpus": args.gpus,
+            "isolate_network": True if args.isolate_network else None,
         },
         "budgets": {
             "max_tokens_per_hour": args.max_tokens_per_hour,

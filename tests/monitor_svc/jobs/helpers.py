@@ -48,9 +48,11 @@ def settings(**overrides: Any) -> MonitorSettings:
 
 
 @asynccontextmanager
-async def serving(data_dir: Path, monitor_settings: MonitorSettings | None = None) -> AsyncIterator[Stub]:
+async def serving(directory: Path, monitor_settings: MonitorSettings | None = None) -> AsyncIterator[Stub]:
+    """A monitor whose data directory is directory/data: hidden from sandboxed jobs, which run in `directory`."""
+    common = QuarrySettings(data_dir=directory / "data", shutdown_grace_seconds=1)
     # Some tests end while a job is still followed: its supervision stops within a 1 s grace, not the default 5 s.
-    host = await build_host(monitor_settings or settings(), QuarrySettings(data_dir=data_dir, shutdown_grace_seconds=1))
+    host = await build_host(monitor_settings or settings(), common)
     async with host, insecure_channel(host.address) as channel:
         yield monitor_pb2_grpc.MonitorServiceStub(channel)
 

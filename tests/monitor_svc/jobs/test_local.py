@@ -49,11 +49,11 @@ async def test_a_command_line_is_split_never_run_by_a_shell(monitor: Stub, tmp_p
 
 
 async def test_a_local_job_that_exits_3_is_failed_with_exit_code_3(
-    ssh_monitor: monitor_pb2_grpc.MonitorServiceStub, tmp_path: Path
+    ssh_monitor: monitor_pb2_grpc.MonitorServiceStub, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     command = monitor_pb2.LocalCommand(
         argv=[sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(1.5); raise SystemExit(3)"],
-        working_directory=str(tmp_path),
+        working_directory=str(tmp_path_factory.mktemp("work")),  # outside the monitor's data directory (tmp_path)
     )
     submitted = await ssh_monitor.SubmitJob(monitor_pb2.SubmitJobRequest(local=command, request_id="local-1"))
     assert submitted.job.local.pid > 0 and submitted.job.log_path

@@ -84,7 +84,7 @@ async def test_retries_while_a_job_starts_get_that_job(monitor: Stub, tmp_path: 
 async def test_a_job_whose_start_was_interrupted_is_unknown_and_never_started(tmp_path: Path) -> None:
     # What a monitor that stopped between writing the record and starting the process leaves.
     record = JobRecord("job-00000000000000aa", "interrupted", "digest", "local", argv=["true"])
-    directory = tmp_path / "monitor" / "jobs"
+    directory = tmp_path / "data" / "monitor" / "jobs"
     directory.mkdir(parents=True)
     (directory / "job-00000000000000aa.json").write_text(to_json(record))
     async with serving(tmp_path) as stub:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from monitor_svc.jobs import JobKind, SlurmLimits
 from monitor_svc.jobs.registry import executors
+from monitor_svc.jobs.sandbox import Sandbox
 from monitor_svc.logs import Logs
 from monitor_svc.ssh import SshHosts
 from monitor_svc.workspaces.operations import Workspaces
@@ -114,7 +115,8 @@ async def test_a_job_that_exits_3_is_failed_with_exit_code_3_and_its_metric_not_
 def test_every_kind_of_job_has_its_executor(tmp_path: Path) -> None:
     hosts = SshHosts({})
     workspaces = Workspaces(WorkspaceRegistry(tmp_path / "workspaces"), hosts, [], git_timeout=1.0)
-    found = executors(hosts, Logs(hosts, [str(tmp_path)]), workspaces, tmp_path, SlurmLimits())
+    sandbox = Sandbox("none", True, [])
+    found = executors(hosts, Logs(hosts, [str(tmp_path)]), workspaces, tmp_path, SlurmLimits(), sandbox)
     assert set(found) == set(JobKind) and all(executor.kind is kind for kind, executor in found.items())
     # The monitor stops jobs at their wall-clock limit itself, except where their scheduler does.
     assert [kind for kind, executor in found.items() if executor.groups is None] == [JobKind.SLURM]

@@ -248,3 +248,12 @@ def test_the_live_view_shows_the_cycle_the_running_job_its_log_the_best_and_the_
     assert "job job-7: running, GPUs 0, 1" in text and "step 20 val_loss=0.47" in text
     assert "best val_loss: 0.4 (noise floor 0.02)" in text
     assert "keep" in text and "baseline" in text
+
+
+def test_a_campaign_file_or_a_flag_isolates_the_experiments_network() -> None:
+    assert spec_from_settings({"experiment": {"isolate_network": True}}).experiment.isolate_network
+    flagged = spec_from_settings(load_settings(None, settings_from_flags(_flags("--isolate-network"))))
+    assert flagged.experiment.isolate_network
+    assert not spec_from_settings(load_settings(None, settings_from_flags(_flags()))).experiment.isolate_network
+    with pytest.raises(SpecError, match=r"experiment\.isolate_network: must be a bool"):
+        spec_from_settings({"experiment": {"isolate_network": "yes"}})
