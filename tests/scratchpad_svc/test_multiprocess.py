@@ -124,7 +124,7 @@ def assert_gap_free(entries: list[scratchpad_pb2.Entry], total: int) -> None:
 
 
 async def test_eight_writer_processes_get_one_gap_free_order(database_url: str, processes: Processes) -> None:
-    writers, per_writer = 8, 500
+    writers, per_writer = 8, 250
     total = writers * per_writer
     service = await processes.service(service_env(database_url, processes.workdir))
     async with insecure_channel(service.address) as channel:
