@@ -8,8 +8,10 @@ only to the processes that use it (quarry.cli.environment).
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
+import sys
 from typing import Annotated
 
 from pydantic.fields import FieldInfo
@@ -62,3 +64,19 @@ def read_secret_file(variable: str, path: str) -> str:
     except UnicodeDecodeError:
         raise UnreadableSecret(f"{variable}={path} is not UTF-8 text") from None
     return text.removesuffix("\n").removesuffix("\r") if text.endswith("\n") else text
+
+
+def keep_private() -> None:
+    """What the service writes (databases, logs) is its user's alone (umask 077), and no other process of
+    that user may read its memory or /proc/PID/environ, where its credentials are: on Linux it is not
+    dumpable (no core dumps either), so only a process with CAP_SYS_PTRACE can."""
+    os.umask(0o077)
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_dumpable = 4
+    if ctypes.CDLL(None, use_errno=True).prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
+        logging.getLogger(__name__).warning(
+            "cannot make this process non-dumpable: %s", os.strerror(ctypes.get_errno())
+        )

@@ -34,9 +34,9 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.agent.model import ModelSettings
     from quarry.cli.announcer import Announcer
     from quarry.cli.launcher import RestartPolicy, plan, run_process_group
-    from quarry.cli.serve import keep_private
     from quarry.cli.up_api_key import supervisor_api_environment
     from quarry.config import ModelTier, MonitorSettings, SupervisorSettings
+    from quarry.credentials import keep_private
 
     # Its environment holds every service's credentials, its memory their mesh tokens: as private as theirs.
     keep_private()

@@ -14,6 +14,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from quarry import telemetry
 from quarry.cli.registry import ServiceSpec
 from quarry.config import ConfigurationError, QuarrySettings, ServiceSettings
+from quarry.credentials import keep_private
 from quarry.db import UnsupportedDatabase
 from quarry.server import ServiceHost, serve_until_signalled
 
@@ -56,20 +57,6 @@ def serve(
         return 1
     finally:
         observability.shutdown()  # exports what is still pending
-
-
-def keep_private() -> None:
-    """What the service writes (databases, logs) is its user's alone (umask 077), and no other process of
-    that user may read its memory or /proc/PID/environ, where its credentials are: on Linux it is not
-    dumpable (no core dumps either), so only a process with CAP_SYS_PTRACE can."""
-    os.umask(0o077)
-    if sys.platform != "linux":
-        return
-    import ctypes
-
-    pr_set_dumpable = 4
-    if ctypes.CDLL(None, use_errno=True).prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
-        log.warning("cannot make this process non-dumpable: %s", os.strerror(ctypes.get_errno()))
 
 
 def exit_with_parent(parent_pid: int) -> None:

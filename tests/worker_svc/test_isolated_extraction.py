@@ -55,6 +55,13 @@ def fail(message: str) -> None:
     raise ValueError(message)
 
 
+def dumpable() -> int:
+    """PR_GET_DUMPABLE of the calling process: 0 when no other process of its user may read its memory or environ."""
+    import ctypes
+
+    return int(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))
+
+
 def gone(pid: int) -> bool:
     """Whether no process (not even an unreaped zombie) has this id."""
     try:
@@ -174,6 +181,16 @@ async def test_the_pool_runs_calls_and_raises_their_errors() -> None:
         with pytest.raises(ValueError, match="no good"):
             await pool.run(fail, "no good")
         assert len(pool.pids()) == 2, "children are reused, also after a call that raised"
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="prctl is Linux's")
+async def test_an_extraction_process_is_not_dumpable_as_it_holds_the_workers_environment() -> None:
+    pool = IsolatedPool(1, seconds=30, preload=(__name__,))
+    try:
+        assert dumpable() == 1  # the control: this test process is
+        assert await pool.run(dumpable) == 0
     finally:
         pool.close()
 

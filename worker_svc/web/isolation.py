@@ -24,6 +24,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
 
+from quarry.credentials import keep_private
+
 T = TypeVar("T")
 
 # How long a new child may take to start (import its modules) before the call fails.
@@ -70,6 +72,8 @@ def _die_with_parent(parent: int) -> None:
 def _serve(connection: Connection, parent: int, memory_bytes: int, preload: tuple[str, ...]) -> None:
     """The child: run each (function, args) received, answer with its outcome, until the pipe closes."""
     _die_with_parent(parent)
+    # It inherits the worker's environment (credentials included): no other process may read it.
+    keep_private()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the parent, which kills this process
     if memory_bytes:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
