@@ -26,7 +26,7 @@ from monitor_svc.jobs import processes
 from monitor_svc.jobs.executor import Follow, Hold, NotStarted, Prepared, Watch, exit_observation
 from monitor_svc.jobs.files import read_local_file
 from monitor_svc.jobs.records import JobRecord
-from monitor_svc.jobs.sandbox import Sandbox
+from monitor_svc.jobs.sandbox import Sandbox, protected_in
 from monitor_svc.jobs.spec import Command, JobKind, JobObservation, JobOptions, JobRequest
 from monitor_svc.jobs.submission import checked_command, checked_options, in_workspace_root, options_payload
 from monitor_svc.logs import Logs, open_log, relay_state
@@ -110,8 +110,10 @@ class LocalExecutor:
         # As the request says (a workspace's directory relative to its root): a retry is the same submission.
         payload = [self.kind, list(argv), command.working_directory, command.log_path, options_payload(options)]
         writable = command.working_directory  # the tree a sandboxed job may write
+        protected: tuple[str, ...] = ()  # rules of paths in it the job may not write
         if options.workspace_id:
-            command, writable = await in_workspace_root(self._workspaces, command, options, self.kind)
+            command, workspace = await in_workspace_root(self._workspaces, command, options, self.kind)
+            writable, protected = workspace.root, workspace.protected_paths
         metrics = checked_options(options, command.working_directory)
         self._logs.check_path(command.log_path, "", "local.log_path")
         self._sandbox.check(
@@ -122,14 +124,14 @@ class LocalExecutor:
             in_workspace=bool(options.workspace_id),
             isolate_network=options.isolate_network,
         )
-        start = functools.partial(self._start, argv, command, writable, options)
+        start = functools.partial(self._start, argv, command, (writable, protected), options)
         return Prepared(payload, argv, command.host, command.working_directory, metrics, start)
 
     async def _start(
         self,
         argv: tuple[str, ...],
         command: Command,
-        writable: str,
+        tree: tuple[str, tuple[str, ...]],
         options: JobOptions,
         record: JobRecord,
         hold: Hold,
@@ -142,12 +144,15 @@ class LocalExecutor:
             raise FailedPrecondition(
                 f"cannot write the log {log_file}: {error.strerror}", reason=ErrorReason.JOB_NOT_STARTED
             ) from error
+        writable, rules = tree
+        read_only = await asyncio.to_thread(protected_in, writable, rules) if rules else []
         output = await asyncio.to_thread(_LogOutput.open, log_file, self._logs.local_roots)
         try:
             async with hold(options.gpus):
                 launch = self._sandbox.wrap(
                     argv,
                     writable=writable,
+                    read_only=read_only,
                     working_directory=command.working_directory,
                     gpus=record.gpus,
                     environment=options.environment,

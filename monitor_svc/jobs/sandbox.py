@@ -3,9 +3,10 @@
 A sandboxed job sees the filesystem read-only but for its working tree (a workspace's root, else its
 working directory) and a private /tmp; the workspace's .git stays read-only, and the monitor's data
 directory, the job logs, key files, ~/.ssh and /run/secrets are hidden (an empty directory, or
-/dev/null, in their place). It has its own PID namespace (no service process, nor its environment,
-is visible) and, as root, runs as nobody (65534) in a user namespace of its own. Its environment is
-an allowlist plus what the job declares, sandboxed or not.
+/dev/null, in their place), and a workspace's protected paths are bound read-only over themselves.
+It has its own PID namespace (no service process, nor its environment, is visible) and, as root, runs
+as nobody (65534) in a user namespace of its own. Its environment is an allowlist plus what the job
+declares, sandboxed or not.
 
 bwrap is the process the monitor starts, records (pid, start time) and signals: the job's process
 group holds it and the namespace's init, so killing the group kills that init, and the kernel then
@@ -20,6 +21,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import PurePosixPath
 
 from monitor_svc.jobs.submission import gpu_environment
@@ -37,6 +39,46 @@ UNAVAILABLE_HELP = (
     "QUARRY_MONITOR_UNSANDBOXED_JOBS=true to run local jobs unconfined as the monitor's user"
 )
 _PROBE_SECONDS = 10.0
+# How many entries of a workspace a glob rule's matches are looked for in (a dataset may hold millions).
+MAX_PROTECTED_SCAN = 20_000
+_GLOB_CHARACTERS = frozenset("*?[")
+
+
+def protected_in(root: str, rules: Sequence[str], *, max_scan: int = MAX_PROTECTED_SCAN) -> list[str]:
+    """The paths under `root` that the workspace's protected-path rules name (workspaces/paths.py), outermost
+    only, for the sandbox to bind read-only. Symbolic links are left out: binding one would bind its target.
+
+    A rule without glob characters is one path; a glob is matched against the tree, walked to at most
+    `max_scan` entries (what lies further is still refused to the monitor's own writes, only not bound).
+    """
+    found: list[str] = []
+
+    def add(relative: str) -> None:
+        path = os.path.join(root, relative)
+        if os.path.lexists(path) and not os.path.islink(path):
+            found.append(path)
+
+    globs = [rule for rule in rules if _GLOB_CHARACTERS & set(rule)]
+    for rule in rules:
+        if rule not in globs:
+            add(rule)
+    if not globs:
+        return found
+    scanned = 0
+    for directory, subdirectories, files in os.walk(root):
+        relative_dir = os.path.relpath(directory, root)
+        kept = []
+        for name in sorted(subdirectories) + sorted(files):
+            scanned += 1
+            relative = name if relative_dir == "." else f"{relative_dir}/{name}"
+            if any(fnmatchcase(relative, rule) for rule in globs):
+                add(relative)  # a directory's matches cover what it holds: not entered
+            elif name in subdirectories and name != ".git":
+                kept.append(name)
+        subdirectories[:] = kept
+        if scanned >= max_scan:
+            break
+    return found
 
 
 def job_environment(
@@ -74,6 +116,7 @@ def bwrap_argv(
     gpus: Sequence[int],
     isolate_network: bool,
     as_root: bool,
+    read_only: Sequence[str] = (),
     exists: Callable[[str], bool] = os.path.exists,
     is_dir: Callable[[str], bool] = os.path.isdir,
 ) -> tuple[str, ...]:
@@ -107,6 +150,8 @@ def bwrap_argv(
         git = f"{writable.rstrip('/')}/.git"
         if exists(git):
             mounts.append((git, ["--ro-bind", git, git]))
+        # The workspace's protected paths: read-only, and as mount points they cannot be renamed or removed.
+        mounts += [(path, ["--ro-bind", path, path]) for path in read_only]
     for _, mount in sorted(mounts, key=lambda item: len(PurePosixPath(item[0]).parts)):
         args += mount
     args += emptied
@@ -222,6 +267,7 @@ class Sandbox:
         gpus: Sequence[int],
         environment: Mapping[str, str],
         isolate_network: bool,
+        read_only: Sequence[str] = (),
     ) -> Launch:
         """The command and environment that start the job: in bwrap, or as it is where that is allowed."""
         if self._bwrap is None:  # check() allowed it
@@ -230,7 +276,7 @@ class Sandbox:
         resolved = os.path.realpath(writable) if writable else ""
         command = self._argv(
             self._bwrap, argv, writable=resolved, working_directory=working_directory,
-            environment=environment, gpus=gpus, isolate=isolate_network,
+            environment=environment, gpus=gpus, isolate=isolate_network, read_only=read_only,
         )  # fmt: skip
         return Launch(command, {"PATH": os.environ.get("PATH", DEFAULT_PATH)}, sandboxed=True)
 
@@ -244,6 +290,7 @@ class Sandbox:
         environment: Mapping[str, str],
         gpus: Sequence[int],
         isolate: bool,
+        read_only: Sequence[str] = (),
     ) -> tuple[str, ...]:
         return bwrap_argv(
             bwrap,
@@ -255,4 +302,5 @@ class Sandbox:
             gpus=gpus,
             isolate_network=isolate,
             as_root=os.geteuid() == 0,
+            read_only=read_only,
         )

@@ -71,12 +71,12 @@ async def in_workspace(workspaces: Workspaces, command: Command, options: JobOpt
 
 async def in_workspace_root(
     workspaces: Workspaces, command: Command, options: JobOptions, kind: JobKind
-) -> tuple[Command, str]:
-    """The command placed in its workspace, and the workspace's root."""
+) -> tuple[Command, WorkspaceRecord]:
+    """The command placed in its workspace, and the workspace's record (its root, its protected paths)."""
     record, directory = await workspaces.job_path(
         options.workspace_id, command.working_directory, f"{kind}.working_directory", directory=True
     )
-    return replace(command, host=workspace_host(record, command.host, kind), working_directory=directory), record.root
+    return replace(command, host=workspace_host(record, command.host, kind), working_directory=directory), record
 
 
 def workspace_host(record: WorkspaceRecord, named: str, kind: JobKind) -> str:

@@ -179,3 +179,50 @@ async def test_a_slurm_job_in_a_workspace_has_its_output_as_its_log_and_its_metr
         ("loss", monitor_pb2.METRIC_STATE_FOUND, 0.25),
         ("acc", monitor_pb2.METRIC_STATE_FOUND, 0.8),
     ]
+
+
+PROTECTED_WRITES = """\
+import os
+def attempt(path):
+    try:
+        with open(path, "a") as file:
+            file.write("changed\\n")
+        print(path, "written", flush=True)
+    except OSError as error:
+        print(path, "refused", error.strerror, flush=True)
+for path in ("evaluate.py", "data/labels.csv", "configs/base.lock", "configs/free.toml", "train.py"):
+    attempt(path)
+try:
+    os.rename("evaluate.py", "moved.py")
+    print("rename done", flush=True)
+except OSError as error:
+    print("rename refused", error.strerror, flush=True)
+"""
+
+
+async def test_a_sandboxed_job_cannot_change_the_workspaces_protected_paths(tmp_path: Path) -> None:
+    path = project(tmp_path / "roots")
+    for name in ("evaluate.py", "data/labels.csv", "configs/base.lock", "configs/free.toml", "train.py"):
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text("original\n")
+    (path / "run.py").write_text(PROTECTED_WRITES)
+    async with serving(tmp_path, settings(workspace_roots=[str(tmp_path / "roots")])) as stub:
+        opened = await stub.OpenWorkspace(
+            monitor_pb2.OpenWorkspaceRequest(root=str(path), protected_paths=["evaluate.py", "data", "configs/*.lock"])
+        )
+        command = monitor_pb2.LocalCommand(argv=[sys.executable, "run.py"])
+        request = monitor_pb2.SubmitJobRequest(
+            local=command, request_id="protected", options=options(opened.workspace.workspace_id)
+        )
+        lines = log_lines(await watch_all(stub, (await stub.SubmitJob(request)).job))
+    assert lines == [
+        "evaluate.py refused Read-only file system",
+        "data/labels.csv refused Read-only file system",
+        "configs/base.lock refused Read-only file system",
+        "configs/free.toml written",
+        "train.py written",
+        "rename refused Device or resource busy",
+    ]
+    for name in ("evaluate.py", "data/labels.csv", "configs/base.lock"):
+        assert (path / name).read_text() == "original\n"
+    assert (path / "train.py").read_text() == "original\nchanged\n"

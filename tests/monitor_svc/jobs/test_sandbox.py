@@ -4,12 +4,13 @@ so the device nodes a job gets are checked on the argv; and the monitor's diagno
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from monitor_svc.gpus import NvmlProbe
-from monitor_svc.jobs.sandbox import ALLOWED_VARIABLES, Sandbox, bwrap_argv, hiding_path, job_environment
+from monitor_svc.jobs.sandbox import ALLOWED_VARIABLES, Sandbox, bwrap_argv, hiding_path, job_environment, protected_in
 from monitor_svc.service import diagnostics
 from quarry.config import MonitorSettings
 from quarry.errors import FailedPrecondition
@@ -163,3 +164,17 @@ def test_without_a_sandbox_local_jobs_are_refused_unless_allowed_and_diagnostics
     bwrap = Sandbox("bwrap", False, [])
     bwrap.probe()  # bubblewrap is installed wherever the tests run (.ci/run installs it)
     assert fact(bwrap).startswith("bubblewrap ")
+
+
+def test_protected_paths_are_found_outermost_without_links_and_within_the_scan_bound(tmp_path: Path) -> None:
+    for name in ("eval.py", "data/a.csv", "data/b.csv", "configs/x.lock", "configs/deep/y.lock", "free.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    (tmp_path / "link.lock").symlink_to(tmp_path / "free.txt")
+    rules = ("eval.py", "data", "missing.py", "*.lock")
+    found = protected_in(str(tmp_path), rules)
+    # A glob's `*` matches "/" as the monitor's own path rules do; a matching directory covers its contents.
+    assert sorted(found) == sorted(
+        str(tmp_path / name) for name in ("eval.py", "data", "configs/x.lock", "configs/deep/y.lock")
+    )
+    assert len(protected_in(str(tmp_path), ("*.lock",), max_scan=1)) < 2, "the walk stops at its bound"
