@@ -17,6 +17,7 @@ import functools
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,9 +69,12 @@ class _Follow:
             ended = JobObservation(JobState.EXITED, detail=f"process {record.pid} has ended; {NOT_OURS}")
         if not ended.state.ended:
             return ended
-        if self._started is not None:  # the rest of its output is in the log once the relay has ended
+        # The rest of its output is in the log once the relay has ended.
+        if self._started is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._started.relay.wait(), _RELAY_WAIT_SECONDS)
+        elif record.relay_pid:  # started by an earlier monitor: the relay is no child of this one
+            await asyncio.to_thread(_wait_for_relay, record)
         state = await asyncio.to_thread(relay_state, record.log_path, self._logs.local_roots)
         if state is not None and state.stopped:  # the relay killed it: a full disk, not the job's own fault
             return JobObservation(JobState.FAILED, ended.exit_code, state.stopped)
@@ -82,6 +86,12 @@ class _Follow:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._started.job.wait(), seconds)  # its end is seen at once
+
+
+def _wait_for_relay(record: JobRecord) -> None:
+    deadline = time.monotonic() + _RELAY_WAIT_SECONDS
+    while time.monotonic() < deadline and processes.is_running(record.relay_pid, record.relay_start_ticks):
+        time.sleep(0.05)
 
 
 def _end_group(pgid: int) -> None:
@@ -182,6 +192,7 @@ class LocalExecutor:
         # bwrap's, where sandboxed: its group holds the whole sandbox, and a restarted monitor finds it by these.
         record.pid = record.pgid = process.pid
         record.start_ticks = processes.start_ticks(process.pid)
+        record.relay_pid, record.relay_start_ticks = relay.pid, processes.start_ticks(relay.pid)
         return JobObservation(JobState.RUNNING, detail=f"process {process.pid} started")
 
     def check_ref(self, ref: JobRef) -> None:

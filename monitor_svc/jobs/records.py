@@ -46,6 +46,9 @@ class JobRecord:
     pid: int = 0
     pgid: int = 0
     start_ticks: int | None = None  # the process's start time (/proc): tells it from a later process with its pid
+    # A local job's log relay (log_relay.py): a restarted monitor waits for it to write the job's last output.
+    relay_pid: int = 0
+    relay_start_ticks: int | None = None
     slurm_job_id: str = ""
     gpus: list[int] = field(default_factory=list)
     wall_clock_limit: float | None = None  # seconds
