@@ -38,8 +38,6 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.config import ModelTier, MonitorSettings, SupervisorSettings
     from quarry.credentials import keep_private
 
-    # Its environment holds every service's credentials, its memory their mesh tokens: as private as theirs.
-    keep_private()
     specs = list(SERVICES.values())
     overrides = {"address": "127.0.0.1:0"} if args.ephemeral_ports else {}
     models = []
@@ -54,6 +52,8 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
             "--open-api is refused while the monitor allows job submission (QUARRY_MONITOR_ALLOW_JOB_SUBMISSION): "
             "anyone who reached the API could run commands"
         )
+    # Its environment holds every service's credentials, its memory their mesh tokens: as private as theirs.
+    keep_private()
     supervisor_env = supervisor_api_environment(
         common.data_dir, load_settings(SupervisorSettings), open_api=args.open_api
     )
