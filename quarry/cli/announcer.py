@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from quarry.api_auth import API_KEY_FILE
+
 if TYPE_CHECKING:
     from quarry.cli.launcher import RestartPolicy
 
@@ -56,7 +58,11 @@ class Announcer:
             print(f"serving {row.name} {row.address}", flush=True)
         for tier, model, endpoint in self._models:
             self._console.print(f"{tier} model: {model} at {endpoint}")
-        self._console.print(f"data: {self._data_dir}\nCtrl-C stops every service.")
+        self._console.print(f"data: {self._data_dir}")
+        key = self._data_dir / API_KEY_FILE
+        if key.exists():  # not under --open-api
+            self._console.print(f"API key: {key} (quarry commands here send it; others: QUARRY_API_KEY)")
+        self._console.print("Ctrl-C stops every service.")
 
     def restarting(self, name: str, why: str, delay: float, restart: int, policy: RestartPolicy) -> None:
         self._console.print(

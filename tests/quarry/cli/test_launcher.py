@@ -358,6 +358,9 @@ def test_a_service_dying_past_the_restart_bound_stops_the_mesh(up: Callable[...,
     assert not (mesh.data_dir / "mesh.json").exists()
 
 
+API_KEY_HINT = "(quarry commands here send it; others: QUARRY_API_KEY)"
+
+
 def test_a_second_up_on_the_same_data_dir_is_refused_and_clients_find_the_first(up: Callable[..., QuarryUp]) -> None:
     # The mesh's model endpoint, where nothing listens; the terminal that runs doctor is set to another.
     mesh_model = f"http://127.0.0.1:{reusable_port()}/v1"
@@ -374,6 +377,7 @@ def test_a_second_up_on_the_same_data_dir_is_refused_and_clients_find_the_first(
     env.pop("QUARRY_API_KEY")
     key_file = first.data_dir / "api-key"
     assert key_file.stat().st_mode & 0o777 == 0o600
+    assert first.wait_for("API key:").split() == ["API", "key:", str(key_file), *API_KEY_HINT.split()]
     client = [sys.executable, "-m", "quarry"]
     runs = subprocess.run(
         [*client, "runs", "list", "--data-dir", str(first.data_dir)], env=env, capture_output=True, timeout=60
