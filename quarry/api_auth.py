@@ -20,19 +20,12 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import grpc
+from typing import Any
 
 from quarry.config import ConfigurationError
 from quarry.errors import ErrorReason, PermissionDenied, Unauthenticated
 from quarry.mesh_auth import token_digest
-from quarry.security import guarded, presented_token
-
-if TYPE_CHECKING:
-    _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
-else:
-    _ServerInterceptor = grpc.aio.ServerInterceptor
+from quarry.security import MethodGuard, certificate_names, presented_token
 
 __all__ = [
     "ALL_ROLES",
@@ -239,13 +232,7 @@ def current_principal_name() -> str:
     return principal.name if principal else ""
 
 
-def _certificate_names(context: Any) -> list[str]:
-    # grpc fills x509_common_name only for a client certificate the server's CA verified.
-    auth = context.auth_context() or {}
-    return [name.decode(errors="replace") for name in auth.get("x509_common_name", [])]
-
-
-class ApiAuthentication(_ServerInterceptor):
+class ApiAuthentication(MethodGuard):
     """Authenticates every call to the services in `access` and refuses what the caller's roles do not allow.
 
     `anonymous`: the principal every caller is when the API runs open (no credential checked).
@@ -261,23 +248,11 @@ class ApiAuthentication(_ServerInterceptor):
         anonymous: ApiPrincipal | None = None,
         how_to_get_a_key: str = "",
     ) -> None:
-        self._access = dict(access)
+        super().__init__(access)
         self._keys = keys
         self._certificates = dict(certificates or {})
         self._anonymous = anonymous
         self._hint = how_to_get_a_key
-
-    async def intercept_service(  # type: ignore[override]
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(details)
-        service, _, method = details.method.lstrip("/").partition("/")
-        table = self._access.get(service)
-        if handler is None or table is None:
-            return handler
-        return guarded(handler, self.checker(method, table.get(method, frozenset())))
 
     async def authenticate(self, context: Any) -> ApiPrincipal:
         if self._anonymous is not None:
@@ -286,7 +261,7 @@ class ApiAuthentication(_ServerInterceptor):
         principal = await self._keys.identify(token)
         if principal is None and self._certificates:
             principal = next(
-                (self._certificates[n] for n in _certificate_names(context) if n in self._certificates), None
+                (self._certificates[n] for n in certificate_names(context) if n in self._certificates), None
             )
         if principal is None:
             problem = "the API key presented is not one this server accepts" if token else "this call needs an API key"

@@ -16,21 +16,14 @@ import hashlib
 import hmac
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import grpc
+from typing import Any
 
 from quarry.config import ConfigurationError, QuarrySettings
 from quarry.errors import ErrorReason, PermissionDenied, Unauthenticated
 from quarry.identity import MeshRole
-from quarry.security import Tls, guarded, presented_token
-
-if TYPE_CHECKING:
-    _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
-else:
-    _ServerInterceptor = grpc.aio.ServerInterceptor
+from quarry.security import MethodGuard, Tls, certificate_names, presented_token
 
 __all__ = [
     "Access",
@@ -170,15 +163,9 @@ def current_caller() -> MeshRole | None:
     return _CALLER.get()
 
 
-def _certificate_names(context: Any) -> list[str]:
-    # grpc fills x509_common_name only for a client certificate the server's CA verified.
-    auth = context.auth_context() or {}
-    return [name.decode(errors="replace") for name in auth.get("x509_common_name", [])]
-
-
 def _access_check(peers: MeshPeers, allowed: frozenset[MeshRole], method: str) -> Callable[[Any], None]:
     def check(context: Any) -> None:
-        caller = peers.identify(presented_token(context), _certificate_names(context))
+        caller = peers.identify(presented_token(context), certificate_names(context))
         if caller is None:
             raise Unauthenticated(
                 f"{method} needs a mesh credential this service accepts (QUARRY_MESH_TOKEN of a peer it trusts)",
@@ -197,27 +184,18 @@ def _access_check(peers: MeshPeers, allowed: frozenset[MeshRole], method: str) -
     return check
 
 
-class MeshAuthentication(_ServerInterceptor):
+class MeshAuthentication(MethodGuard):
     """Authenticates every call to the services in `access` and refuses roles their table does not allow.
 
     Health and reflection, and services not named, stay open.
     """
 
     def __init__(self, peers: MeshPeers, access: Mapping[str, Access]) -> None:
+        super().__init__(access)
         self._peers = peers
-        self._access = dict(access)
 
-    async def intercept_service(  # type: ignore[override]
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(details)
-        service, _, method = details.method.lstrip("/").partition("/")
-        table = self._access.get(service)
-        if handler is None or table is None:
-            return handler
-        return guarded(handler, _access_check(self._peers, table.get(method, frozenset()), method))
+    def checker(self, method: str, allowed: frozenset[MeshRole]) -> Callable[[Any], None]:
+        return _access_check(self._peers, allowed, method)
 
 
 def mesh_guard(common: QuarrySettings, access: Mapping[str, Access], service: str) -> MeshAuthentication | None:

@@ -9,7 +9,7 @@ of callers (quarry.mesh_auth, quarry.api_auth) wraps the methods it guards.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,9 +27,11 @@ else:
 
 __all__ = [
     "ConnectionLimits",
+    "MethodGuard",
     "Tls",
     "TlsConfigurationError",
     "bearer_metadata",
+    "certificate_names",
     "guarded",
     "presented_token",
 ]
@@ -146,6 +148,12 @@ def presented_token(context: Any) -> str:
     return token if scheme == "Bearer" else ""
 
 
+def certificate_names(context: Any) -> list[str]:
+    """The common names of the caller's client certificate; grpc fills them only for one the server's CA verified."""
+    auth = context.auth_context() or {}
+    return [name.decode(errors="replace") for name in auth.get("x509_common_name", [])]
+
+
 Check = Callable[[Any], Awaitable[None] | None]
 
 
@@ -180,3 +188,28 @@ def guarded(handler: grpc.RpcMethodHandler[Any, Any], check: Check) -> grpc.RpcM
             stream, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
         )
     raise TypeError("only unary and server-streaming methods can be guarded")
+
+
+class MethodGuard(_ServerInterceptor):
+    """Guards every method of the services in `access` (full service name -> method -> who may call it) with
+    the check `checker` makes for it. A method missing from its service's table is allowed to no one: a new RPC
+    stays closed until someone decides who may call it. Services not named (health, reflection) stay open.
+    """
+
+    def __init__(self, access: Mapping[str, Mapping[str, frozenset[Any]]]) -> None:
+        self._access = dict(access)
+
+    def checker(self, method: str, allowed: frozenset[Any]) -> Check:
+        raise NotImplementedError
+
+    async def intercept_service(  # type: ignore[override]
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(details)
+        service, _, method = details.method.lstrip("/").partition("/")
+        table = self._access.get(service)
+        if handler is None or table is None:
+            return handler
+        return guarded(handler, self.checker(method, table.get(method, frozenset())))

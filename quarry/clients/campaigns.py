@@ -5,20 +5,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from operator import attrgetter
-from types import TracebackType
 
 import grpc
 
-from quarry.clients.channels import api_key_or_environment, open_channel
+from quarry.clients.channels import ApiClient
 from quarry.clients.retry import RetryPolicy
-from quarry.security import ConnectionLimits, Tls
 from quarry.streams import ResumePolicy, resumable_stream
 from quarry.v1 import campaign_pb2, campaign_pb2_grpc
 
 __all__ = ["CampaignsClient"]
 
 
-class CampaignsClient:
+class CampaignsClient(ApiClient):
     """The campaign API: start campaigns, follow their events, pause, resume, stop and direct them.
 
     CampaignService is served beside SupervisorService: a client may share a RunsClient's channel (and its
@@ -27,31 +25,8 @@ class CampaignsClient:
     """
 
     def __init__(self, channel: grpc.aio.Channel, retry: RetryPolicy | None = None) -> None:
-        self._channel = channel
+        super().__init__(channel, retry)
         self._stub = campaign_pb2_grpc.CampaignServiceStub(channel)
-        self._retry = retry or RetryPolicy()
-
-    @classmethod
-    def connect(
-        cls,
-        address: str,
-        *,
-        api_key: str | None = None,
-        tls: Tls | None = None,
-        limits: ConnectionLimits | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> CampaignsClient:
-        """A client owning its channel; `api_key` (None: QUARRY_API_KEY) is sent as a bearer token on every call."""
-        channel = open_channel(address, tls=tls, limits=limits, token=api_key_or_environment(api_key))
-        return cls(channel, retry)
-
-    async def __aenter__(self) -> CampaignsClient:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        await self._channel.close(None)
 
     async def start_campaign(self, spec: campaign_pb2.CampaignSpec, *, request_id: str = "") -> campaign_pb2.Campaign:
         """Start a campaign; retried safely (the request_id makes a repeat return the same campaign)."""

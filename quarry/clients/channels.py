@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 
 from quarry import telemetry
+from quarry.clients.retry import RetryPolicy
 from quarry.config import QuarrySettings
 from quarry.security import ConnectionLimits, Tls, bearer_metadata
 
-__all__ = ["Dialer", "api_key_or_environment", "insecure_channel", "open_channel"]
+__all__ = ["ApiClient", "Dialer", "api_key_or_environment", "insecure_channel", "open_channel"]
 
 
 def api_key_or_environment(api_key: str | None) -> str:
@@ -32,6 +34,38 @@ def open_channel(
     if tls is not None:
         return grpc.aio.secure_channel(address, tls.channel_credentials(), options=options, interceptors=interceptors)
     return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+
+
+class ApiClient:
+    """What each public API client shares: a channel (its own, with `connect`, closed as the client's async
+    context ends; or one passed in, which the caller owns) and the retry policy of its calls."""
+
+    def __init__(self, channel: grpc.aio.Channel, retry: RetryPolicy | None = None) -> None:
+        self._channel = channel
+        self._retry = retry or RetryPolicy()
+
+    @classmethod
+    def connect(
+        cls,
+        address: str,
+        *,
+        api_key: str | None = None,
+        tls: Tls | None = None,
+        limits: ConnectionLimits | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> Self:
+        """A client owning its channel; `api_key` (None: QUARRY_API_KEY) is sent as a bearer token on every
+        call, `tls` secures the channel."""
+        channel = open_channel(address, tls=tls, limits=limits, token=api_key_or_environment(api_key))
+        return cls(channel, retry)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        await self._channel.close(None)
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from operator import attrgetter
-from types import TracebackType
 
 import grpc
 
-from quarry.clients.channels import api_key_or_environment, open_channel
+from quarry.clients.channels import ApiClient
 from quarry.clients.retry import RetryPolicy
-from quarry.security import ConnectionLimits, Tls
 from quarry.streams import ResumePolicy, resumable_stream
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
 
@@ -25,7 +23,7 @@ def is_terminal(event: supervisor_pb2.RunEvent) -> bool:
     return event.WhichOneof("payload") in _TERMINAL_EVENTS
 
 
-class RunsClient:
+class RunsClient(ApiClient):
     """The public research API: start runs, follow their events, fetch, list and cancel them.
 
     Use it as an async context manager, which owns the channel::
@@ -37,32 +35,8 @@ class RunsClient:
     """
 
     def __init__(self, channel: grpc.aio.Channel, retry: RetryPolicy | None = None) -> None:
-        self._channel = channel
+        super().__init__(channel, retry)
         self._stub = supervisor_pb2_grpc.SupervisorServiceStub(channel)
-        self._retry = retry or RetryPolicy()
-
-    @classmethod
-    def connect(
-        cls,
-        address: str,
-        *,
-        api_key: str | None = None,
-        tls: Tls | None = None,
-        limits: ConnectionLimits | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> RunsClient:
-        """A client owning its channel; `api_key` (None: QUARRY_API_KEY) is sent as a bearer token on every
-        call, `tls` secures the channel."""
-        channel = open_channel(address, tls=tls, limits=limits, token=api_key_or_environment(api_key))
-        return cls(channel, retry)
-
-    async def __aenter__(self) -> RunsClient:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        await self._channel.close(None)
 
     async def start_run(
         self,
