@@ -161,7 +161,7 @@ async def test_eight_writer_processes_get_one_gap_free_order(database_url: str, 
 async def test_writers_survive_sigkill_and_restart_without_loss_or_duplicates(
     database_url: str, processes: Processes
 ) -> None:
-    writers, per_writer = 8, 300
+    writers, per_writer = 8, 200
     total = writers * per_writer
     port = reusable_port()
     env = service_env(database_url, processes.workdir)
