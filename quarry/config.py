@@ -171,7 +171,10 @@ class QuarrySettings(_Settings):
     model_native_tools: bool = True
     """False for models without native tool calling: tools then go through a text `<tool_call>` protocol."""
     model_request_timeout: float = Field(default=120.0, gt=0)
-    """Seconds one model request may take, streaming included."""
+    """Seconds one model request may take in all, streaming included: a total deadline, which
+    keep-alive comments do not extend."""
+    model_idle_timeout: float = Field(default=60.0, gt=0)
+    """Seconds a model endpoint may send nothing (not a byte, keep-alive comments included) within a request."""
     tls_cert_file: str = ""
     """This process's TLS certificate: its server identity, and its client identity under mutual TLS.
     Empty (with the key and CA): plaintext between services."""
@@ -264,6 +267,8 @@ class ModelTier(ServiceSettings):
     """Whether this tier's model calls tools natively; unset: QUARRY_MODEL_NATIVE_TOOLS."""
     model_request_timeout: float | None = Field(default=None, gt=0)
     """Seconds one of this tier's model requests may take; unset: QUARRY_MODEL_REQUEST_TIMEOUT."""
+    model_idle_timeout: float | None = Field(default=None, gt=0)
+    """Seconds this tier's model endpoint may send nothing within a request; unset: QUARRY_MODEL_IDLE_TIMEOUT."""
 
 
 class WorkerSettings(ModelTier):

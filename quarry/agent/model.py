@@ -2,9 +2,14 @@
 
 Streams every reply, collects native tool calls (or parses the text protocol
 for models without them), and retries only what is safe to retry: a 429 or a
-5xx answered before any output, honouring Retry-After, bounded in attempts
-and in time. Anything else, including a stream that breaks after text has
-arrived, is raised as ProviderError; it is never turned into text.
+5xx answered before any output, or a request that got no response at all (a
+dropped or dead keep-alive connection), honouring Retry-After, bounded in
+attempts and in time. Anything else, including a stream that breaks after text
+has arrived, is raised as ProviderError; it is never turned into text.
+
+Each request has a total deadline (request_timeout) and an idle limit (idle_timeout:
+silence between bytes), so keep-alive comments cannot extend a request without bound.
+Events are read by quarry.agent.sse, the reply is assembled by quarry.agent.reply.
 
 It speaks the chat-completions protocol over one keep-alive httpx client: the
 openai SDK's request transforms and per-chunk models cost more than the rest
@@ -21,7 +26,7 @@ import math
 import random
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +34,9 @@ import httpx
 from opentelemetry import trace
 
 from quarry.agent import text_protocol
-from quarry.agent.messages import Message, ToolCall
+from quarry.agent.messages import Message
+from quarry.agent.reply import AssembledReply
+from quarry.agent.sse import Events, StreamError, error_message, error_text
 from quarry.agent.usage import Usage
 from quarry.telemetry import meter, tracer
 
@@ -42,8 +49,6 @@ TextListener = Callable[[str], Awaitable[None] | None]
 
 # Connections to the model endpoint, open at once and kept between calls.
 _MAX_CONNECTIONS = 1000
-# The most of an error body quoted in a failure: enough for a provider's message, never a whole page.
-_MAX_ERROR_CHARS = 500
 
 
 class ProviderError(Exception):
@@ -60,8 +65,16 @@ class _StatusError(Exception):
         self.message = message
 
 
-class _StreamError(Exception):
-    """The endpoint reported an error inside the stream."""
+class _NotAnswered(Exception):
+    """The request got no response at all (a dropped or dead connection): safe to send again."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+# Failures before any response byte: the server cannot have acted on a request it never answered.
+_UNANSWERED = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
 class _ListenerFailed(Exception):
@@ -79,8 +92,10 @@ class ModelSettings:
     api_key: str = "unused"
     # False for models without native tool calling: tools go through the text protocol.
     native_tools: bool = True
-    # Seconds one request may take, streaming included.
+    # Seconds one request may take in all, streaming included.
     request_timeout: float = 120.0
+    # Seconds the endpoint may stay silent (no byte, keep-alive comments included) within a request.
+    idle_timeout: float = 60.0
     max_attempts: int = 4
     # Total seconds spent retrying one completion, waits included.
     retry_budget: float = 60.0
@@ -107,6 +122,7 @@ class ModelSettings:
             api_key=first("model_api_key") or common.model_api_key,
             native_tools=common.model_native_tools if native_tools is None else native_tools,
             request_timeout=first("model_request_timeout") or common.model_request_timeout,
+            idle_timeout=first("model_idle_timeout") or common.model_idle_timeout,
             tier=tier.service_name,
             env_prefix=tier.model_config.get("env_prefix", ""),
         )
@@ -124,6 +140,8 @@ class ModelReply:
     finish_reason: str
     # Text-protocol blocks that could not be read, to tell the model about.
     protocol_errors: list[str] = field(default_factory=list)
+    # True when the server reported no usage and `usage` is estimated from characters.
+    usage_estimated: bool = False
 
 
 def _retry_after(error: _StatusError) -> float | None:
@@ -150,6 +168,8 @@ _STATUS_HINTS = {401: ("MODEL_API_KEY",), 403: ("MODEL_API_KEY",), 404: ("MODEL_
 
 
 def _retryable(error: Exception) -> bool:
+    if isinstance(error, _NotAnswered):
+        return True
     return isinstance(error, _StatusError) and (error.status_code == 429 or error.status_code >= 500)
 
 
@@ -159,10 +179,10 @@ class ModelClient:
         self._server_address = urllib.parse.urlsplit(settings.base_url).hostname or ""
         self._url = f"{settings.base_url.rstrip('/')}/chat/completions"
         # One client for every call: its connections stay open between turns, one per concurrent call
-        # (httpx's default keeps 20, so a busy worker would reconnect on most turns). The timeout bounds
-        # each step (connect, each read, each write), so a stream that keeps sending may run longer.
+        # (httpx's default keeps 20, so a busy worker would reconnect on most turns). httpx's timeout bounds
+        # each step (connect, each read, each write): the idle limit; the total deadline is _complete's.
         self._client = httpx.AsyncClient(
-            timeout=settings.request_timeout,
+            timeout=settings.idle_timeout,
             limits=httpx.Limits(max_connections=_MAX_CONNECTIONS, max_keepalive_connections=_MAX_CONNECTIONS),
             headers={"authorization": f"Bearer {settings.api_key}", "accept": "application/json"},
         )
@@ -225,7 +245,8 @@ class ModelClient:
                         raise _ListenerFailed(error) from error
 
             try:
-                return await self._stream(messages, tools, call_id_prefix, forward)
+                async with asyncio.timeout(self.settings.request_timeout):
+                    return await self._stream(messages, tools, call_id_prefix, forward)
             except ProviderError:
                 raise
             except _ListenerFailed as failed:
@@ -233,8 +254,7 @@ class ModelClient:
             except Exception as error:  # httpx, the endpoint or a broken stream: all are provider failures
                 if emitted or not _retryable(error) or attempt == self.settings.max_attempts:
                     raise ProviderError(self._failure(error)) from error
-                assert isinstance(error, _StatusError)
-                wait = _retry_after(error)
+                wait = _retry_after(error) if isinstance(error, _StatusError) else None
                 if wait is None:
                     wait = min(8.0, 0.25 * 2 ** (attempt - 1)) * (0.5 + random.random())
                 if time.monotonic() + wait > deadline:
@@ -245,10 +265,17 @@ class ModelClient:
     def _failure(self, error: Exception) -> str:
         """Why a request failed, at which endpoint, and the setting that fixes it when one does."""
         url, setting = self.settings.base_url, self.settings.setting
+        if isinstance(error, _NotAnswered):
+            error = error.error
+        if isinstance(error, TimeoutError):  # the total deadline, as asyncio.timeout raises it
+            return (
+                f"model request failed: {url} did not finish within {self.settings.request_timeout:g} s "
+                f"(TimeoutError: the whole request's limit); {setting('MODEL_REQUEST_TIMEOUT')} allows longer"
+            )
         if isinstance(error, httpx.TimeoutException):
             return (
-                f"model request failed: {url} did not answer within {self.settings.request_timeout:g} s "
-                f"({_describe(error)}); {setting('MODEL_REQUEST_TIMEOUT')} allows longer"
+                f"model request failed: {url} sent nothing for {self.settings.idle_timeout:g} s "
+                f"({_describe(error)}); {setting('MODEL_IDLE_TIMEOUT')} allows longer silence"
             )
         if isinstance(error, httpx.ConnectError):
             why = _describe(error)  # refused, unknown host
@@ -289,81 +316,74 @@ class ModelClient:
         # With the text protocol, tool_call blocks arrive as text: the listener gets the prose once it
         # is parsed, so a tool call is never passed on as text.
         live = native or not tools
-        body = json.dumps(request, ensure_ascii=False).encode()
+        text = json.dumps(request, ensure_ascii=False)
         headers = {"content-type": "application/json"}
-        # Leaving the block closes the response, also on failure and cancellation: no connection is left
-        # half-read (httpx then drops it rather than reuse it).
-        async with self._client.stream("POST", self._url, content=body, headers=headers) as response:
+        request_out = self._client.build_request("POST", self._url, content=text.encode(), headers=headers)
+        try:
+            response = await self._client.send(request_out, stream=True)
+        except _UNANSWERED as error:
+            raise _NotAnswered(error) from error
+        # Closed however this ends: read whole, its connection returns to the pool; cut short (a failure,
+        # a cancellation), httpx drops it rather than reuse it half-read.
+        try:
             if response.status_code >= 400:
-                raise _StatusError(response.status_code, response.headers, _error_message(await response.aread()))
-            return await self._collect(_events(response), native, call_id_prefix, forward, live=live)
+                raise _StatusError(response.status_code, response.headers, error_message(await response.aread()))
+            pieces = AssembledReply()
+            done = await self._read(response, pieces, forward if live else None)
+            return await self._reply(pieces, done, len(text), native, call_id_prefix, forward, live=live)
+        finally:
+            await response.aclose()
 
-    async def _collect(
+    async def _read(
+        self, response: httpx.Response, pieces: AssembledReply, forward: Callable[[str], Awaitable[None]] | None
+    ) -> bool:
+        """Read the answer into `pieces`; True when it is known whole ([DONE], or one JSON completion)."""
+        if _is_json(response):
+            # The server ignored `stream: true` and answered with the whole completion.
+            completion = json.loads(await response.aread())
+            if not isinstance(completion, dict) or completion.get("error"):
+                raise StreamError(f"the endpoint reported an error: {error_text(completion)}")
+            text = pieces.add_completion(completion)
+            if text and forward is not None:
+                await forward(text)
+            return True
+        events = Events(response.aiter_lines())
+        async for chunk in events.chunks():
+            text = pieces.add(chunk)
+            if text and forward is not None:
+                await forward(text)
+        return events.done
+
+    async def _reply(
         self,
-        stream: AsyncIterator[dict[str, Any]],
+        pieces: AssembledReply,
+        done: bool,
+        prompt_chars: int,
         native: bool,
         call_id_prefix: str,
         forward: Callable[[str], Awaitable[None]],
         *,
         live: bool,
     ) -> ModelReply:
-        pieces = _StreamedReply()
-        async for chunk in stream:
-            text = pieces.add(chunk)
-            if text and live:
-                await forward(text)
-        if not pieces.finish_reason:
+        finish_reason = pieces.finish(done)
+        if not finish_reason:
             raise ProviderError(f"the model stream from {self.settings.base_url} ended without a finish reason")
+        estimated = pieces.usage is None
+        usage = pieces.estimated_usage(prompt_chars) if pieces.usage is None else pieces.usage
         content = "".join(pieces.text)
         if native:
             message = Message("assistant", content, tool_calls=pieces.tool_calls(call_id_prefix))
-            return ModelReply(message, pieces.usage, pieces.finish_reason)
+            return ModelReply(message, usage, finish_reason, usage_estimated=estimated)
         parsed = text_protocol.parse_reply(content, call_id_prefix=call_id_prefix)
         if not live and parsed.prose:
             await forward(parsed.prose)
         message = Message("assistant", content, tool_calls=tuple(parsed.calls))
-        return ModelReply(message, pieces.usage, pieces.finish_reason, parsed.errors)
+        return ModelReply(message, usage, finish_reason, parsed.errors, usage_estimated=estimated)
 
 
-class _StreamedReply:
-    """A streamed completion put back together: text, native tool calls by index, usage, finish reason."""
-
-    def __init__(self) -> None:
-        self.text: list[str] = []
-        self.usage = Usage()
-        self.finish_reason = ""
-        self._calls: dict[int, dict[str, str]] = {}
-
-    def add(self, chunk: dict[str, Any]) -> str:
-        """Take one chunk; returns the text it added."""
-        usage = chunk.get("usage")
-        if usage:
-            self.usage = Usage(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
-        added = []
-        for choice in chunk.get("choices") or ():
-            self.finish_reason = choice.get("finish_reason") or self.finish_reason
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                added.append(delta["content"])
-            for call in delta.get("tool_calls") or ():
-                self._add_call(call)
-        self.text.extend(added)
-        return "".join(added)
-
-    def _add_call(self, call: dict[str, Any]) -> None:
-        slot = self._calls.setdefault(call.get("index", 0), {"id": "", "name": "", "arguments": ""})
-        if call.get("id"):
-            slot["id"] = call["id"]
-        function = call.get("function")
-        if function:
-            slot["name"] += function.get("name") or ""
-            slot["arguments"] += function.get("arguments") or ""
-
-    def tool_calls(self, call_id_prefix: str) -> tuple[ToolCall, ...]:
-        return tuple(
-            ToolCall(slot["id"] or f"{call_id_prefix}-{index}", slot["name"], slot["arguments"] or "{}")
-            for index, slot in sorted(self._calls.items())
-        )
+def _is_json(response: httpx.Response) -> bool:
+    kind = response.headers.get("content-type", "")
+    return "json" in kind and "event-stream" not in kind
 
 
 def _with_tool_instructions(payload: list[dict[str, Any]], instructions: str) -> list[dict[str, Any]]:
@@ -373,50 +393,6 @@ def _with_tool_instructions(payload: list[dict[str, Any]], instructions: str) ->
 
 
 def _describe(error: Exception) -> str:
-    if isinstance(error, _StatusError | _StreamError):
+    if isinstance(error, _StatusError | StreamError):
         return str(error)
     return f"{type(error).__name__}: {error}"
-
-
-async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The server-sent events of a chat-completions stream, each data payload decoded, up to [DONE]."""
-    data: list[str] = []
-    async for line in response.aiter_lines():
-        if line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-            continue
-        if line or not data:  # another field (event:, id:, a comment), or a blank line with nothing pending
-            continue
-        payload, data = "\n".join(data), []
-        if payload.startswith("[DONE]"):
-            return
-        yield _chunk(payload)
-    if data and not data[0].startswith("[DONE]"):  # a last event without its blank line
-        yield _chunk("\n".join(data))
-
-
-def _chunk(payload: str) -> dict[str, Any]:
-    try:
-        chunk = json.loads(payload)
-    except ValueError:
-        raise _StreamError(f"the stream sent an event that is not JSON: {payload[:_MAX_ERROR_CHARS]!r}") from None
-    if not isinstance(chunk, dict):
-        raise _StreamError(f"the stream sent an event that is not an object: {payload[:_MAX_ERROR_CHARS]!r}")
-    if chunk.get("error"):
-        raise _StreamError(f"the stream reported an error: {_error_text(chunk)}")
-    return chunk
-
-
-def _error_message(body: bytes) -> str:
-    """What an error body says: the provider's message where it gives one, else the body's start."""
-    text = body.decode(errors="replace").strip()
-    try:
-        return _error_text(json.loads(text))
-    except ValueError:
-        return text[:_MAX_ERROR_CHARS]
-
-
-def _error_text(data: Any) -> str:
-    error = data.get("error", data) if isinstance(data, dict) else data
-    message = error.get("message") if isinstance(error, dict) else None
-    return str(message if message else error)[:_MAX_ERROR_CHARS]
