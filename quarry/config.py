@@ -174,7 +174,7 @@ class QuarrySettings(_Settings):
     """Seconds one model request may take in all, streaming included: a total deadline, which
     keep-alive comments do not extend."""
     model_idle_timeout: float = Field(default=60.0, gt=0)
-    """Seconds a model endpoint may send nothing (not a byte, keep-alive comments included) within a request."""
+    """Seconds a model endpoint may stay silent within a request: not a byte (a keep-alive comment is one)."""
     tls_cert_file: str = ""
     """This process's TLS certificate: its server identity, and its client identity under mutual TLS.
     Empty (with the key and CA): plaintext between services."""

@@ -26,7 +26,7 @@ import math
 import random
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -338,16 +338,19 @@ class ModelClient:
         self, response: httpx.Response, pieces: AssembledReply, forward: Callable[[str], Awaitable[None]] | None
     ) -> bool:
         """Read the answer into `pieces`; True when it is known whole ([DONE], or one JSON completion)."""
+        lines = response.aiter_lines()
         if _is_json(response):
-            # The server ignored `stream: true` and answered with the whole completion.
-            completion = json.loads(await response.aread())
-            if not isinstance(completion, dict) or completion.get("error"):
-                raise StreamError(f"the endpoint reported an error: {error_text(completion)}")
-            text = pieces.add_completion(completion)
-            if text and forward is not None:
-                await forward(text)
-            return True
-        events = Events(response.aiter_lines())
+            body = await response.aread()
+            completion = _json_object(body)
+            if completion is not None:  # the server ignored `stream: true` and answered with the whole completion
+                if completion.get("error"):
+                    raise StreamError(f"the endpoint reported an error: {error_text(completion)}")
+                text = pieces.add_completion(completion)
+                if text and forward is not None:
+                    await forward(text)
+                return True
+            lines = _body_lines(body)  # a stream labelled JSON: read as the stream it is, as the openai SDK does
+        events = Events(lines)
         async for chunk in events.chunks():
             text = pieces.add(chunk)
             if text and forward is not None:
@@ -379,6 +382,19 @@ class ModelClient:
             await forward(parsed.prose)
         message = Message("assistant", content, tool_calls=tuple(parsed.calls))
         return ModelReply(message, usage, finish_reason, parsed.errors, usage_estimated=estimated)
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+async def _body_lines(body: bytes) -> AsyncIterator[str]:
+    for line in body.decode(errors="replace").splitlines():
+        yield line
 
 
 def _is_json(response: httpx.Response) -> bool:

@@ -10,6 +10,7 @@ import pytest
 from quarry.agent.messages import system, user
 from quarry.agent.model import ModelClient, ModelSettings, ProviderError
 from quarry.agent.usage import Usage
+from quarry.config import QuarrySettings, SupervisorSettings, WorkerSettings
 from tests.fakes.replay_server import Answer, Drop, ReplayServer
 from tests.quarry.agent import streams
 
@@ -142,7 +143,7 @@ async def test_silence_past_the_idle_limit_fails_naming_its_setting(server: Repl
     assert "QUARRY_MODEL_IDLE_TIMEOUT allows longer silence" in str(failure.value)
 
 
-async def test_a_whole_json_answer_to_a_stream_request_is_accepted(server: ReplayServer, client: ModelClient) -> None:
+async def test_a_whole_json_answer_to_a_stream_request_is_read_as_the_reply(server: ReplayServer, client: ModelClient) -> None:
     server.script(Answer((streams.WHOLE_COMPLETION,), content_type="application/json"))
     pieces: list[str] = []
     reply = await client.complete(HISTORY, call_id_prefix="t1", on_text=pieces.append)
@@ -152,6 +153,10 @@ async def test_a_whole_json_answer_to_a_stream_request_is_accepted(server: Repla
     ]
     assert reply.finish_reason == "tool_calls"
     assert reply.usage == Usage(31, 9) and not reply.usage_estimated
+    # Whatever the content type says, a body of events is still a stream (the openai SDK reads it so too).
+    server.script(Answer(streams.OPENAI, content_type="application/json"))
+    reply = await client.complete(HISTORY, call_id_prefix="t2")
+    assert reply.message.content == streams.ANSWER and reply.finish_reason == "stop"
 
 
 async def test_a_stream_without_usage_gets_estimated_tokens(server: ReplayServer, client: ModelClient) -> None:
@@ -164,3 +169,9 @@ async def test_a_stream_without_usage_gets_estimated_tokens(server: ReplayServer
     # The request as sent, in the client's own spelling, is within a few characters of what arrived.
     assert abs(reply.usage.input_tokens - prompt_chars / 4) <= prompt_chars / 40
     assert reply.usage.output_tokens == -(-len(streams.ANSWER) // 4)
+
+
+def test_the_idle_limit_is_set_per_tier_or_for_every_tier() -> None:
+    common = QuarrySettings(model_idle_timeout=7.0)
+    assert ModelSettings.for_tier(WorkerSettings(model_idle_timeout=5.0), common).idle_timeout == 5.0
+    assert ModelSettings.for_tier(SupervisorSettings(), common).idle_timeout == 7.0
