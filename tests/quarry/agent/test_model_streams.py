@@ -143,7 +143,9 @@ async def test_silence_past_the_idle_limit_fails_naming_its_setting(server: Repl
     assert "QUARRY_MODEL_IDLE_TIMEOUT allows longer silence" in str(failure.value)
 
 
-async def test_a_whole_json_answer_to_a_stream_request_is_read_as_the_reply(server: ReplayServer, client: ModelClient) -> None:
+async def test_a_whole_json_answer_to_a_stream_request_is_read_as_the_reply(
+    server: ReplayServer, client: ModelClient
+) -> None:
     server.script(Answer((streams.WHOLE_COMPLETION,), content_type="application/json"))
     pieces: list[str] = []
     reply = await client.complete(HISTORY, call_id_prefix="t1", on_text=pieces.append)
