@@ -17,9 +17,9 @@ import httpx
 
 # The most of an error body quoted in a failure: enough for a provider's message, never a whole page.
 MAX_ERROR_CHARS = 500
-# Seconds spent reading what follows [DONE] (normally only the response's end): a server that holds
+# Seconds spent reading what follows [DONE] (normally only the response's end, sent with it): a server that holds
 # the response open after it costs its connection, never the reply.
-_DRAIN_SECONDS = 2.0
+_DRAIN_SECONDS = 0.25
 
 
 class StreamError(Exception):
