@@ -386,6 +386,7 @@ def usage_to_proto(usage: Usage) -> common_pb2.Usage:
         output_tokens=usage.output_tokens,
         model_calls=usage.model_calls,
         tool_calls=usage.tool_calls,
+        estimated_calls=usage.estimated_calls,
     )
 
 
@@ -395,6 +396,7 @@ def usage_from_proto(message: common_pb2.Usage) -> Usage:
         output_tokens=message.output_tokens,
         model_calls=message.model_calls,
         tool_calls=message.tool_calls,
+        estimated_calls=message.estimated_calls,
     )
 
 

@@ -140,8 +140,11 @@ class ModelReply:
     finish_reason: str
     # Text-protocol blocks that could not be read, to tell the model about.
     protocol_errors: list[str] = field(default_factory=list)
-    # True when the server reported no usage and `usage` is estimated from characters.
-    usage_estimated: bool = False
+
+    @property
+    def usage_estimated(self) -> bool:
+        """The server reported no usage: `usage` is estimated from characters."""
+        return self.usage.estimated_calls > 0
 
 
 def _retry_after(error: _StatusError) -> float | None:
@@ -371,17 +374,16 @@ class ModelClient:
         finish_reason = pieces.finish(done)
         if not finish_reason:
             raise ProviderError(f"the model stream from {self.settings.base_url} ended without a finish reason")
-        estimated = pieces.usage is None
         usage = pieces.estimated_usage(prompt_chars) if pieces.usage is None else pieces.usage
         content = "".join(pieces.text)
         if native:
             message = Message("assistant", content, tool_calls=pieces.tool_calls(call_id_prefix))
-            return ModelReply(message, usage, finish_reason, usage_estimated=estimated)
+            return ModelReply(message, usage, finish_reason)
         parsed = text_protocol.parse_reply(content, call_id_prefix=call_id_prefix)
         if not live and parsed.prose:
             await forward(parsed.prose)
         message = Message("assistant", content, tool_calls=tuple(parsed.calls))
-        return ModelReply(message, usage, finish_reason, parsed.errors, usage_estimated=estimated)
+        return ModelReply(message, usage, finish_reason, parsed.errors)
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

@@ -95,7 +95,7 @@ class AssembledReply:
     def estimated_usage(self, prompt_chars: int) -> Usage:
         """Tokens by characters, for a server that reported none."""
         completion_chars = sum(map(len, self.text)) + sum(len(s["name"]) + len(s["arguments"]) for s in self._calls)
-        return Usage(_tokens(prompt_chars), _tokens(completion_chars))
+        return Usage(_tokens(prompt_chars), _tokens(completion_chars), estimated_calls=1)
 
 
 def _slot(call: dict[str, Any]) -> dict[str, str]:

@@ -18,6 +18,8 @@ class Usage:
     output_tokens: int = 0
     model_calls: int = 0
     tool_calls: int = 0
+    # Model calls whose tokens are estimated from characters: their server reported no usage.
+    estimated_calls: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -25,6 +27,7 @@ class Usage:
             self.output_tokens + other.output_tokens,
             self.model_calls + other.model_calls,
             self.tool_calls + other.tool_calls,
+            self.estimated_calls + other.estimated_calls,
         )
 
     @property

@@ -42,6 +42,7 @@ _SHOWN_ENTRIES = 8
 _WARNINGS = {
     supervisor_pb2.RUN_WARNING_CODE_NO_DELEGATIONS: "0 sources: the model never searched",
     supervisor_pb2.RUN_WARNING_CODE_NO_SOURCES: "0 sources: no verified finding was cited",
+    supervisor_pb2.RUN_WARNING_CODE_USAGE_ESTIMATED: "tokens estimated: the model server reported no usage",
 }
 # How long a command waits for the supervisor to answer at all before saying it is not running;
 # the calls after that retry for RetryPolicy.total_seconds, which would be a silent half minute.

@@ -533,10 +533,15 @@ class Usage(_message.Message):
     OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     MODEL_CALLS_FIELD_NUMBER: _builtins.int
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_CALLS_FIELD_NUMBER: _builtins.int
     input_tokens: _builtins.int
     output_tokens: _builtins.int
     model_calls: _builtins.int
     tool_calls: _builtins.int
+    estimated_calls: _builtins.int
+    """Model calls whose tokens are estimated (about four characters a token): their model server
+    reported no usage. Token budgets hold on the estimates.
+    """
     def __init__(
         self,
         *,
@@ -544,10 +549,11 @@ class Usage(_message.Message):
         output_tokens: _builtins.int = ...,
         model_calls: _builtins.int = ...,
         tool_calls: _builtins.int = ...,
+        estimated_calls: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_tokens", b"input_tokens", "model_calls", b"model_calls", "output_tokens", b"output_tokens", "tool_calls", b"tool_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimated_calls", b"estimated_calls", "input_tokens", b"input_tokens", "model_calls", b"model_calls", "output_tokens", b"output_tokens", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -120,6 +120,10 @@ class _RunWarningCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunWar
     """Research was delegated, but the report cites no verified source: no worker promoted a
     verified finding, or the report cited none of them.
     """
+    RUN_WARNING_CODE_USAGE_ESTIMATED: _RunWarningCode.ValueType  # 3
+    """The model server reported no token usage for some calls: the run's token counts, and its
+    token budget, rest on estimates (about four characters a token).
+    """
 
 class RunWarningCode(_RunWarningCode, metaclass=_RunWarningCodeEnumTypeWrapper):
     """What a succeeded run's report lacks. Such a run still succeeds and delivers its report: the
@@ -134,6 +138,10 @@ read, and the report cites no source.
 RUN_WARNING_CODE_NO_SOURCES: RunWarningCode.ValueType  # 2
 """Research was delegated, but the report cites no verified source: no worker promoted a
 verified finding, or the report cited none of them.
+"""
+RUN_WARNING_CODE_USAGE_ESTIMATED: RunWarningCode.ValueType  # 3
+"""The model server reported no token usage for some calls: the run's token counts, and its
+token budget, rest on estimates (about four characters a token).
 """
 Global___RunWarningCode: _TypeAlias = RunWarningCode  # noqa: Y015
 

@@ -145,11 +145,13 @@ class ResearchEnd:
     delegations: int = 0  # delegations that went out to a worker
 
 
-def report_warnings(report: Report, end: ResearchEnd) -> tuple[RunWarning, ...]:
-    """Why a report cites no verified source, if it cites none: prose without sources is not research."""
+def report_warnings(report: Report, end: ResearchEnd, usage: Usage) -> tuple[RunWarning, ...]:
+    """Why a report cites no verified source, if it cites none (prose without sources is not research), and
+    whether the run's token counts are estimates."""
+    estimated = (RunWarning.USAGE_ESTIMATED,) if usage.estimated_calls else ()
     if report.citations:
-        return ()
-    return (RunWarning.NO_SOURCES,) if end.delegations else (RunWarning.NO_DELEGATIONS,)
+        return estimated
+    return ((RunWarning.NO_SOURCES,) if end.delegations else (RunWarning.NO_DELEGATIONS,)) + estimated
 
 
 async def write_report(

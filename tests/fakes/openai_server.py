@@ -50,6 +50,8 @@ class Reply:
     chunks: int = 3
     # Seconds to "think" before the first byte.
     delay: float = 0.0
+    # Whether the reply reports its token usage (some servers never do).
+    usage: bool = True
 
 
 @dataclass(frozen=True)
@@ -279,13 +281,8 @@ def _chunks(body: dict[str, Any], step: Reply) -> list[dict[str, Any]]:
         )
         chunks.append(_chunk(body, {"tool_calls": [{"index": index, "function": {"arguments": arguments[half:]}}]}))
     chunks.append(_chunk(body, {}, "tool_calls" if step.calls else "stop"))
-    chunks.append(
-        {
-            **_chunk(body, {}),
-            "choices": [],
-            "usage": _usage(step),
-        }
-    )
+    if step.usage:
+        chunks.append({**_chunk(body, {}), "choices": [], "usage": _usage(step)})
     return chunks
 
 

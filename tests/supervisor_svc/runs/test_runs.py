@@ -120,6 +120,20 @@ async def test_a_run_whose_research_yields_no_cited_source_succeeds_with_a_no_so
     assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED and list(stored.warnings) == list(completed.warnings)
 
 
+async def test_a_run_whose_model_server_reports_no_usage_says_its_tokens_are_estimates(mesh: Mesh) -> None:
+    mesh.script.add(SUPERVISOR, Reply(content="No research needed.", usage=False))
+    mesh.script.add(REPORT, Reply(content="The tower is about 300 metres tall."))
+    run = await mesh.client.start_run("How tall is the Eiffel Tower?")
+    completed = (await mesh.events(run.run_id))[-1].completed
+    codes = [warning.code for warning in completed.warnings]
+    assert codes == [supervisor_pb2.RUN_WARNING_CODE_NO_DELEGATIONS, supervisor_pb2.RUN_WARNING_CODE_USAGE_ESTIMATED]
+    assert "no token usage" in completed.warnings[1].message
+    stored = await mesh.client.get_run(run.run_id)
+    assert list(stored.warnings) == list(completed.warnings)
+    # The estimate is counted, never zero: the supervisor's prompt alone is hundreds of characters.
+    assert stored.usage.supervisor.estimated_calls == 1 and stored.usage.supervisor.input_tokens > 50
+
+
 async def test_a_warning_from_a_later_release_is_left_out_of_the_run_not_an_error(mesh: Mesh) -> None:
     answer_at_once(mesh)
     run = await mesh.client.start_run("Read back by an earlier release?")
