@@ -47,9 +47,11 @@ def test_usage_stored_per_tier_round_trips() -> None:
         "supervisor": {"input_tokens": 10, "output_tokens": 2, "model_calls": 1, "tool_calls": 3},
         "workers": {"input_tokens": 7, "output_tokens": 1, "model_calls": 2, "tool_calls": 0},
     }
-    usage = RunUsage.from_json(stored)
-    assert usage.total.tokens == 20 and usage.total.model_calls == 3
-    assert usage.to_json() == stored
+    usage = RunUsage.from_json(stored)  # as an earlier release stored it, without estimated_calls
+    assert usage.total.tokens == 20 and usage.total.model_calls == 3 and usage.total.estimated_calls == 0
+    written = usage.to_json()
+    assert written == {tier: {**counts, "estimated_calls": 0} for tier, counts in stored.items()}
+    assert RunUsage.from_json(written) == usage
 
 
 def test_options_left_at_their_defaults_keep_the_earlier_digest_and_row() -> None:
