@@ -6,8 +6,8 @@ Each launch starts `echo ready` the way the monitor starts a local job (monitor_
 session, the allowlisted environment, stdin from /dev/null), once as it is and once through
 Sandbox.wrap (bwrap with the monitor's default hidden paths, a writable working tree, a .git inside
 it), and times from just before the exec to the first byte of its output. The two ways alternate
-launch by launch, in `rounds` rounds of `launches` each. Prints p50 and p99 of each way over every
-launch, and the extra p50 (sandboxed minus plain) as the median (range) of the rounds'. Prints figures only.
+launch by launch, in `rounds` rounds of `launches` each. Prints each round's p50 and p99 of each way,
+and the extra p50 (sandboxed minus plain), as the median (range) over rounds. Figures only.
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ async def first_output(argv: tuple[str, ...], environment: dict[str, str], cwd: 
     return seconds
 
 
-def milliseconds(values: list[float]) -> str:
-    return f"p50 {percentile(values, 0.5) * 1000:.1f} ms, p99 {percentile(values, 0.99) * 1000:.1f} ms"
+def spread(values: list[float]) -> str:
+    """Median (range) of per-round figures, in milliseconds."""
+    return f"{statistics.median(values) * 1000:.1f} ms ({min(values) * 1000:.1f}-{max(values) * 1000:.1f})"
 
 
 async def main() -> None:
@@ -68,21 +69,22 @@ async def main() -> None:
             )
             for way in (sandbox, Sandbox("none", True, []))
         )
-        every: dict[str, list[float]] = {"plain": [], "sandboxed": []}
-        extra: list[float] = []
+        # Per round: each way's p50 and p99, and the sandbox's extra p50.
+        figures: dict[str, list[float]] = {name: [] for name in ("plain p50", "plain p99", "sandboxed p50")}
+        figures |= {"sandboxed p99": [], "extra p50": []}
         for _ in range(args.rounds):
             rounds: dict[str, list[float]] = {"plain": [], "sandboxed": []}
             for _ in range(args.launches):
                 rounds["plain"].append(await first_output(bare.argv, bare.environment, str(work)))
                 rounds["sandboxed"].append(await first_output(boxed.argv, boxed.environment, str(work)))
             for way, values in rounds.items():
-                every[way] += values
-            extra.append(percentile(rounds["sandboxed"], 0.5) - percentile(rounds["plain"], 0.5))
+                figures[f"{way} p50"].append(percentile(values, 0.5))
+                figures[f"{way} p99"].append(percentile(values, 0.99))
+            figures["extra p50"].append(figures["sandboxed p50"][-1] - figures["plain p50"][-1])
     print(f"{sandbox.describe()}; {args.rounds} rounds of {args.launches} launches each way, interleaved")
-    print(f"plain      exec to first output: {milliseconds(every['plain'])}")
-    print(f"sandboxed  exec to first output: {milliseconds(every['sandboxed'])}")
-    middle, low, high = statistics.median(extra) * 1000, min(extra) * 1000, max(extra) * 1000
-    print(f"extra p50 per round: {middle:.1f} ms ({low:.1f}-{high:.1f})")
+    print("exec to first output, median (range) over rounds:")
+    for name, values in figures.items():
+        print(f"  {name:<14} {spread(values)}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from quarry.credentials import FILE_SUFFIX, Credential, UnreadableSecret, credentials, read_secret_file
+from quarry.credentials import Credential, UnreadableSecret, secrets_from_files
 
 __all__ = [
     "ConfigurationError",
@@ -101,20 +101,10 @@ class _CredentialFiles(PydanticBaseSettingsSource):
         return None, field_name, False  # unused: __call__ reads every credential at once
 
     def __call__(self) -> dict[str, Any]:
-        prefix = str(self.config.get("env_prefix", ""))
-        values = {}
-        for name in credentials(self.settings_cls):
-            variable = f"{prefix}{name.upper()}"
-            path = os.environ.get(variable + FILE_SUFFIX)
-            if not path:
-                continue
-            if variable in os.environ:
-                raise ConfigurationError(f"both {variable} and {variable}{FILE_SUFFIX} are set: set one of them")
-            try:
-                values[name] = read_secret_file(variable + FILE_SUFFIX, path)
-            except UnreadableSecret as error:
-                raise ConfigurationError(str(error)) from None
-        return values
+        try:
+            return secrets_from_files(self.settings_cls, str(self.config.get("env_prefix", "")))
+        except UnreadableSecret as error:
+            raise ConfigurationError(str(error)) from None
 
 
 class _Settings(BaseSettings):

@@ -17,7 +17,7 @@ from typing import Annotated
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
-__all__ = ["FILE_SUFFIX", "Credential", "UnreadableSecret", "credentials", "read_secret_file"]
+__all__ = ["FILE_SUFFIX", "Credential", "UnreadableSecret", "credentials", "read_secret_file", "secrets_from_files"]
 
 
 class _CredentialMarker:
@@ -64,6 +64,20 @@ def read_secret_file(variable: str, path: str) -> str:
     except UnicodeDecodeError:
         raise UnreadableSecret(f"{variable}={path} is not UTF-8 text") from None
     return text.removesuffix("\n").removesuffix("\r") if text.endswith("\n") else text
+
+
+def secrets_from_files(settings_class: type[BaseSettings], prefix: str) -> dict[str, str]:
+    """Each credential of `settings_class` whose VARIABLE_FILE is set, read from that file."""
+    values = {}
+    for name in credentials(settings_class):
+        variable = f"{prefix}{name.upper()}"
+        path = os.environ.get(variable + FILE_SUFFIX)
+        if not path:
+            continue
+        if variable in os.environ:
+            raise UnreadableSecret(f"both {variable} and {variable}{FILE_SUFFIX} are set: set one of them")
+        values[name] = read_secret_file(variable + FILE_SUFFIX, path)
+    return values
 
 
 def keep_private() -> None:
