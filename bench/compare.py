@@ -1,6 +1,7 @@
 """Side by side: what one agent turn costs beyond the model, in Quarry and in the loops it competes with.
 
-    python3 bench/compare.py [--delegations 60] [--contenders httpx,openai,langgraph,langgraph-sqlite,quarry]
+    python3 bench/compare.py [--delegations 60] [--rounds 5]
+        [--contenders httpx,openai,langgraph,langgraph-sqlite,quarry,quarry-postgresql]
 
 One run, one scripted OpenAI-compatible model (in this process), one scratchpad
 (`quarry serve scratchpad`). Every contender runs the same delegation, in a
@@ -15,7 +16,11 @@ the model server spent answering it, per turn (2 turns).
   - langgraph-sqlite: the same with the durable AsyncSqliteSaver checkpointer;
   - quarry: Delegate calls to `quarry serve worker` (SQLite, mesh tokens), its
     progress streamed back: the worker records the delegation, its conversation
-    and its outcome durably.
+    and its outcome durably;
+  - quarry-postgresql: the same worker on a fresh schema of PostgreSQL
+    (QUARRY_TEST_POSTGRES_URL, default the local `test` database).
+Every contender runs once per round, in an order that rotates between rounds;
+ratios are taken within a round (bench/rounds.py).
 The contenders outside Quarry come with the bench extra: pip install -e '.[bench]'.
 Prints figures only.
 """
@@ -30,10 +35,21 @@ import sys
 import tempfile
 import time
 import warnings
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from harness import arguments, mesh_environment, mesh_token, percentile, running_service
+from harness import (
+    POSTGRES_URL,
+    arguments,
+    mesh_environment,
+    mesh_token,
+    peak_rss_mib,
+    percentile,
+    postgres_schema,
+    running_service,
+)
+from rounds import MIN_ROUNDS, Rounds
 
 from quarry.clients.channels import open_channel
 from quarry.clients.scratchpad import ScratchpadClient
@@ -42,7 +58,7 @@ from quarry.research_plane import ResearchPlane
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
 
-CONTENDERS = ("httpx", "openai", "langgraph", "langgraph-sqlite", "quarry")
+CONTENDERS = ("httpx", "openai", "langgraph", "langgraph-sqlite", "quarry", "quarry-postgresql")
 WARM_UP = 5
 OBJECTIVE = "Read the scratchpad and report."
 READ_TOOL = {
@@ -76,7 +92,8 @@ async def bare_httpx(model_url: str, read: Any, count: int) -> list[float]:
 
     async def complete(client: httpx.AsyncClient, messages: list[dict[str, Any]]) -> dict[str, Any]:
         request = {"model": "scripted", "messages": messages, "tools": [READ_TOOL], "stream": True}
-        text, calls = [], {}
+        text: list[str] = []
+        calls: dict[int, dict[str, str]] = {}
         async with client.stream("POST", url, json=request, headers=headers) as response:
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -104,14 +121,16 @@ async def bare_httpx(model_url: str, read: Any, count: int) -> list[float]:
 async def bare_openai(model_url: str, read: Any, count: int) -> list[float]:
     import openai
 
-    async def complete(client: openai.AsyncOpenAI, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    # Typed loosely: the bench passes plain dicts, as the other loops do.
+    async def complete(client: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:
         stream = await client.chat.completions.create(
             model="scripted",
             messages=messages,
             tools=[READ_TOOL],
-            stream=True,  # type: ignore[list-item]
+            stream=True,
         )
-        text, calls = [], {}
+        text: list[str] = []
+        calls: dict[int, dict[str, str]] = {}
         async for chunk in stream:
             for choice in chunk.choices:
                 text.append(choice.delta.content or "")
@@ -159,6 +178,7 @@ async def langgraph(model_url: str, read: Any, count: int, checkpoints: str) -> 
     from langchain_openai import ChatOpenAI
     from langgraph.graph import END, START, StateGraph
     from langgraph.prebuilt import create_react_agent
+    from pydantic import SecretStr
 
     # Moved to langchain.agents (a package LangGraph does not need); the prebuilt one is the same graph.
     warnings.filterwarnings("ignore", message="create_react_agent has been moved")
@@ -168,7 +188,7 @@ async def langgraph(model_url: str, read: Any, count: int, checkpoints: str) -> 
         """Read the shared research scratchpad."""
         return str(await read())
 
-    chat = ChatOpenAI(model="scripted", base_url=model_url, api_key="unused", streaming=True, max_retries=0)
+    chat = ChatOpenAI(model="scripted", base_url=model_url, api_key=SecretStr("unused"), streaming=True, max_retries=0)
     worker = create_react_agent(chat, [read_scratchpad], prompt="You research.")
 
     class Run(TypedDict, total=False):
@@ -220,15 +240,15 @@ async def contender_main(args: argparse.Namespace) -> None:
 # -- the benchmark ---------------------------------------------------------------------------------
 
 
-async def quarry_worker(worker_address: str, thread_id: str, count: int) -> list[float]:
+async def quarry_worker(worker_address: str, thread_id: str, count: int, round_index: int) -> list[float]:
     async with open_channel(worker_address, token=mesh_token(MeshRole.SUPERVISOR)) as channel:
         stub = worker_pb2_grpc.WorkerServiceStub(channel)
 
         async def delegate(n: int) -> None:
             request = worker_pb2.DelegateRequest(
-                delegation_id=f"compare-{n}",
+                delegation_id=f"compare-{round_index}-{n}",
                 run_id="compare",
-                tool_call_id=f"compare-{n}",
+                tool_call_id=f"compare-{round_index}-{n}",
                 scratchpad_thread_id=thread_id,
                 task=worker_pb2.ResearchTask(objective=OBJECTIVE),
                 role=common_pb2.ROLE_RESEARCHER,
@@ -245,42 +265,62 @@ async def main_async(args: argparse.Namespace) -> None:
     unknown = set(contenders) - set(CONTENDERS)
     if unknown:
         raise SystemExit(f"unknown contenders: {', '.join(sorted(unknown))}")
-    with tempfile.TemporaryDirectory() as workdir_name:
+    rounds = Rounds("compare", args.rounds)
+    with tempfile.TemporaryDirectory() as workdir_name, ExitStack() as services:
         workdir = Path(workdir_name)
         env = {"QUARRY_DATA_DIR": str(workdir), "QUARRY_LOG_LEVEL": "WARNING"}
         async with ScriptedModel() as model:
             model.default = two_turns
-            with (
-                running_service("scratchpad", {**env, **mesh_environment(None)}, workdir) as (_, scratchpad),
-                running_service(
-                    "worker",
-                    {
+            _, scratchpad = services.enter_context(
+                running_service("scratchpad", {**env, **mesh_environment(None)}, workdir)
+            )
+            workers: dict[str, tuple[int, str]] = {}
+            for name in contenders:
+                if name.startswith("quarry"):
+                    database = {}
+                    if name == "quarry-postgresql":
+                        database = {
+                            "QUARRY_WORKER_DATABASE_URL": services.enter_context(postgres_schema(args.postgres_url))
+                        }
+                    worker_env = {
                         **env,
                         **mesh_environment(MeshRole.WORKER),
+                        **database,
                         "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad,
                         "QUARRY_WORKER_MODEL_BASE_URL": model.base_url,
                         "QUARRY_WORKER_MODEL_NAME": "scripted",
-                    },
-                    workdir,
-                ) as (_, worker),
-            ):
-                async with open_channel(scratchpad, token=mesh_token(MeshRole.SUPERVISOR)) as channel:
-                    thread_id = (await ScratchpadClient(channel).create_thread(title="compare")).thread_id
-                figures = {}
-                for name in contenders:
+                    }
+                    process, address = services.enter_context(running_service("worker", worker_env, workdir / name))
+                    workers[name] = (process.pid, address)
+            async with open_channel(scratchpad, token=mesh_token(MeshRole.SUPERVISOR)) as channel:
+                thread_id = (await ScratchpadClient(channel).create_thread(title="compare")).thread_id
+            for index in rounds:
+                for name in rounds.order(contenders, index):
                     model.service_times.clear()
-                    if name == "quarry":
-                        times = await quarry_worker(worker, thread_id, WARM_UP + args.delegations)
+                    if name in workers:
+                        times = await quarry_worker(workers[name][1], thread_id, WARM_UP + args.delegations, index)
                     else:
                         times = await run_contender(name, args, model.base_url, scratchpad, thread_id, workdir)
                     service = model.service_times
                     assert len(service) == 2 * len(times), (name, len(service), len(times))
-                    figures[name] = [
+                    overhead = [
                         (wall - service[2 * n] - service[2 * n + 1]) * 1000 / 2
                         for n, wall in enumerate(times)
                         if n >= WARM_UP
                     ]
-    report(figures, args.delegations)
+                    rounds.record(f"{name} p50", percentile(overhead, 0.5), "ms a turn")
+                    rounds.record(f"{name} p99", percentile(overhead, 0.99), "ms a turn")
+            for name, (pid, _) in workers.items():
+                rounds.record(f"{name} worker peak RSS", peak_rss_mib(pid), "MiB")
+    for name in workers:
+        for base in ("openai", "httpx", "langgraph", "langgraph-sqlite"):
+            if base in contenders:
+                rounds.ratio(f"{name} / {base} at p50", f"{name} p50", f"{base} p50")
+    print(
+        f"overhead per turn beyond the model, {args.delegations} sequential two-turn delegations per contender a round"
+    )
+    print("(goals: quarry <= 1.5x openai and <= 3x httpx at p50)")
+    rounds.report()
 
 
 async def run_contender(
@@ -296,24 +336,13 @@ async def run_contender(
     return times
 
 
-def report(figures: dict[str, list[float]], delegations: int) -> None:
-    print(f"overhead per turn beyond the model, {delegations} sequential two-turn delegations each:")
-    p50 = {name: percentile(values, 0.5) for name, values in figures.items()}
-    for name, values in figures.items():
-        print(f"  {name:<17} p50 {p50[name]:6.2f} ms   p99 {percentile(values, 0.99):6.2f} ms")
-    if "quarry" in p50:
-        for base in ("openai", "httpx", "langgraph", "langgraph-sqlite"):
-            if base in p50:
-                print(f"  quarry / {base}: {p50['quarry'] / p50[base]:.2f}x at p50")
-        if "openai" in p50:
-            print("  (goal: quarry <= 2x openai)")
-
-
 def main() -> None:
     args = arguments(
         __doc__,
         delegations=60,
+        rounds=MIN_ROUNDS,
         contenders=",".join(CONTENDERS),
+        postgres_url=POSTGRES_URL,
         contender="",
         model_url="",
         scratchpad="",

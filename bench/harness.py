@@ -9,9 +9,13 @@ import secrets
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import psycopg
+from sqlalchemy.engine import make_url
 
 from quarry.api_auth import ALL_ROLES, new_api_key, static_key_entry
 from quarry.cli.launcher import serve_command
@@ -66,6 +70,7 @@ def mesh_token(role: MeshRole) -> str:
 @contextmanager
 def running_service(name: str, env: dict[str, str], workdir: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """`quarry serve NAME` on a free port: the process and its address once bound; SIGTERM on the way out."""
+    workdir.mkdir(parents=True, exist_ok=True)
     port_file = workdir / f"{name}.addr"
     process = subprocess.Popen(serve_command(name, port_file, address="127.0.0.1:0"), env={**os.environ, **env})
     for _ in range(600):
@@ -80,3 +85,24 @@ def running_service(name: str, env: dict[str, str], workdir: Path) -> Iterator[t
     finally:
         process.terminate()
         process.wait(30)
+
+
+POSTGRES_URL = os.environ.get("QUARRY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@contextmanager
+def postgres_schema(url: str) -> Iterator[str]:
+    """A fresh schema in the PostgreSQL database at `url`: the URL of a service using it; dropped on the way out."""
+    schema = f"bench_{uuid.uuid4().hex[:10]}"
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as connection:
+        connection.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield (
+            make_url(url)
+            .update_query_dict({"options": f"-csearch_path={schema}"})
+            .render_as_string(hide_password=False)
+        )
+    finally:
+        with psycopg.connect(conninfo, autocommit=True) as connection:
+            connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
