@@ -1,6 +1,6 @@
 """Research-run benchmark: the supervisor's context, parallel delegations, and the delegate hop.
 
-    python3 bench/run.py [--page-kb 200] [--latency 0.3] [--hops 30] [--verification-runs 3]
+    python3 bench/run.py [--page-kb 200] [--latency 0.3] [--hops 30] [--verification 1] [--rounds 5]
 
 Starts the scratchpad, two workers and the supervisor as `quarry serve`
 processes (SQLite); the scripted OpenAI-compatible model and the fixture web
@@ -19,13 +19,12 @@ characters / 4, so token figures scale with what each agent really sends.
      covers the supervisor parsing the reply, recording the "delegated" event,
      the Delegate RPC, and the worker recording the delegation and its
      conversation before calling the model.
-  4. Verification cost: the same scripted research (one researcher, four
-     findings, a four-sentence draft; tests/fakes/evidence.py) `verification_runs`
-     times with verification off and as often on, alternating so the machine's
-     drift hits both alike, `latency` seconds per model call. Prints model calls
-     and tokens per run in each mode, the part spent verifying (the evidence
-     roles, and the supervisor's model revising objected sentences), wall time
-     p50 per mode and its ratio, and what the verification settled.
+  4. Verification cost (unless --verification 0): the same scripted research
+     (one researcher, four findings, a four-sentence draft; tests/fakes/evidence.py)
+     with verification off and on, in an order alternating by round,
+     `latency` seconds per model call: model calls, tokens, the evidence roles'
+     tokens, wall time and the on/off ratios, and what the verification settled.
+All four run once per round (bench/rounds.py); ratios are taken within a round.
 Prints figures only.
 """
 
@@ -35,16 +34,16 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from harness import arguments, percentile
+from rounds import MIN_ROUNDS, Rounds
 
 from quarry.clients.runs import RunsClient
-from quarry.v1 import common_pb2, supervisor_pb2
+from quarry.v1 import supervisor_pb2
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, agent_of, append_finding
 from tests.fakes.evidence import QUESTION, EvidenceScript, add_pages, tower_scenario
 from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
@@ -121,23 +120,32 @@ def fan_out(choreography: Choreography, objectives: list[str], urls: list[str], 
 
 
 async def main_async(args: argparse.Namespace) -> None:
+    rounds = Rounds("run", args.rounds)
     async with ScriptedModel() as model, FixtureWeb() as site:
         urls = [site.add(f"/large-{n}.html", large_page(f"Page {n}", args.page_kb)) for n in range(4)]
+        add_pages(site)
         with tempfile.TemporaryDirectory() as workdir, processes(Path(workdir), model, site) as mesh:
             async with RunsClient.connect(mesh.supervisor.address) as client:
-                await context_share(model, client, urls)
-                await parallel_ratio(model, client, urls, args.latency)
-                values = await delegate_hop(model, client, args.hops)
-                print(
-                    f"delegate hop, {len(values)} sequential delegations: p50 {percentile(values, 0.5):.2f} ms, "
-                    f"p99 {percentile(values, 0.99):.2f} ms (goal p50 <= 1 ms, p99 <= 5 ms)"
-                )
-                if args.verification_runs:
-                    add_pages(site)
-                    await verification_cost(model, site, client, args.verification_runs, args.latency)
+                for index in rounds:
+                    await context_share(rounds, model, client, urls)
+                    await parallel_ratio(rounds, model, client, urls, args.latency, index)
+                    values = await delegate_hop(model, client, args.hops)
+                    rounds.record("delegate hop p50", percentile(values, 0.5), "ms")
+                    rounds.record("delegate hop p99", percentile(values, 0.99), "ms")
+                    if args.verification:
+                        await verification_cost(rounds, model, site, client, args.latency, index)
+    rounds.ratio("delegate hop p99 / p50", "delegate hop p99", "delegate hop p50")
+    rounds.ratio("parallel k=4 / k=1", "delegation phase, k=4", "delegation phase, k=1")
+    rounds.ratio("verification wall on / off", "wall, verification on", "wall, verification off")
+    rounds.ratio("verification tokens on / off", "tokens, verification on", "tokens, verification off")
+    print(
+        f"goals: supervisor's largest prompt <= 10% of the run's tokens; k=4 parallel delegations <= 1.2x one alone "
+        f"({args.latency * 1000:.0f} ms a model turn); delegate hop ({args.hops} sequential) p99 <= 3x p50"
+    )
+    rounds.report()
 
 
-async def context_share(model: ScriptedModel, client: RunsClient, urls: list[str]) -> None:
+async def context_share(rounds: Rounds, model: ScriptedModel, client: RunsClient, urls: list[str]) -> None:
     choreography = Choreography()
     model.default = counting(choreography)
     model.exchanges.clear()
@@ -152,29 +160,25 @@ async def context_share(model: ScriptedModel, client: RunsClient, urls: list[str
     ]
     total = usage.total.input_tokens + usage.total.output_tokens
     largest = max(prompts)
-    print(
-        f"context: supervisor's largest prompt {largest} tokens of {total} used in the run "
-        f"({100 * largest / total:.1f}%; goal <= 10%); workers {usage.workers.input_tokens} in / "
-        f"{usage.workers.output_tokens} out over {usage.workers.model_calls} calls, supervisor "
-        f"{usage.supervisor.input_tokens} in over {usage.supervisor.model_calls} calls"
-    )
+    rounds.record("supervisor's largest prompt / run tokens", 100 * largest / total, "%")
+    rounds.record("run tokens (context run)", total, "tokens")
 
 
-async def parallel_ratio(model: ScriptedModel, client: RunsClient, urls: list[str], latency: float) -> None:
+async def parallel_ratio(
+    rounds: Rounds, model: ScriptedModel, client: RunsClient, urls: list[str], latency: float, index: int
+) -> None:
     phases = {}
     for k in (1, 4):
         choreography = Choreography()
         model.default = counting(choreography)
-        objectives = [f"Parallel {k}-{n}" for n in range(k)]
+        objectives = [f"Parallel {index}-{k}-{n}" for n in range(k)]
         # URLs no worker has read yet (the query makes them new to the page cache): both runs extract pages.
-        fan_out(choreography, objectives, [f"{url}?run={k}" for url in urls[:k]], latency)
+        fan_out(choreography, objectives, [f"{url}?run={index}-{k}" for url in urls[:k]], latency)
         await run_once(client, f"{k} at once?")
         first, second = choreography.arrivals[SUPERVISOR][:2]
         phases[k] = second - first
-    print(
-        f"parallelism: k=4 delegation phase {phases[4]:.2f} s, one alone {phases[1]:.2f} s "
-        f"({phases[4] / phases[1]:.2f}x; goal <= 1.2x; {latency * 1000:.0f} ms per model turn, 5 turns each)"
-    )
+    for k, seconds in phases.items():
+        rounds.record(f"delegation phase, k={k}", seconds, "s")
 
 
 async def delegate_hop(model: ScriptedModel, client: RunsClient, hops: int) -> list[float]:
@@ -204,55 +208,33 @@ class VerifiedSample:
 
 
 async def verification_cost(
-    model: ScriptedModel, site: FixtureWeb, client: RunsClient, runs: int, latency: float
+    rounds: Rounds, model: ScriptedModel, site: FixtureWeb, client: RunsClient, latency: float, index: int
 ) -> None:
+    """One run with verification off and one on (order alternating by round): calls, tokens and wall time."""
     modes = {"off": supervisor_pb2.VERIFICATION_MODE_OFF, "on": supervisor_pb2.VERIFICATION_MODE_ON}
-    samples: dict[str, list[VerifiedSample]] = {mode: [] for mode in modes}
-    for _ in range(runs):
-        for mode, verification in modes.items():
-            script = EvidenceScript(site_url=site.base_url)  # a fresh script: each run consumes its own
-            tower_scenario(script, site)
-            model.default = counting(script, latency)
-            started = time.perf_counter()
-            events = await run_once(client, QUESTION, verification)
-            samples[mode].append(VerifiedSample(time.perf_counter() - started, events[-1].completed))
-            assert script.unanswered == [], script.unanswered
-
-    off, on = samples["off"], samples["on"]
-    off_calls, off_tokens = per_run(off, "total")
-    on_calls, on_tokens = per_run(on, "total")
-    roles_calls, roles_tokens = per_run(on, "verification")
-    # The supervisor's model revising objected sentences: what its part grows by with verification on.
-    on_supervisor, off_supervisor = per_run(on, "supervisor"), per_run(off, "supervisor")
-    revising_calls, revising_tokens = on_supervisor[0] - off_supervisor[0], on_supervisor[1] - off_supervisor[1]
-    walls = {mode: percentile([sample.wall_s for sample in samples[mode]], 0.5) for mode in modes}
-    settled = {
-        (v.supported_claims, v.removed_claims, v.contested_claims, v.revision_rounds)
-        for v in (sample.completed.verification for sample in on)
-    }
-    print(
-        f"verification cost, {runs} runs per mode alternating, {latency * 1000:.0f} ms per model call "
-        f"(medians per run):\n"
-        f"  off: {off_calls:.0f} model calls, {off_tokens:,.0f} tokens; wall p50 {walls['off']:.2f} s\n"
-        f"  on:  {on_calls:.0f} model calls, {on_tokens:,.0f} tokens; wall p50 {walls['on']:.2f} s\n"
-        f"  on - off: +{on_calls - off_calls:.0f} calls, +{on_tokens - off_tokens:,.0f} tokens "
-        f"({on_tokens / off_tokens:.2f}x); evidence roles {roles_calls:.0f} calls / {roles_tokens:,.0f} tokens, "
-        f"supervisor's revising {revising_calls:+.0f} calls / {revising_tokens:+,.0f} tokens; "
-        f"wall on/off {walls['on'] / walls['off']:.2f}x\n"
-        f"  settled per verified run (supported, removed, contested, revision rounds): "
-        f"{', '.join(str(counts) for counts in sorted(settled))}"
-    )
-
-
-def per_run(samples: list[VerifiedSample], part: str) -> tuple[float, float]:
-    """Median model calls and tokens per run of one part of the runs' usage ("total", "supervisor", ...)."""
-    used: list[common_pb2.Usage] = [getattr(sample.completed.usage, part) for sample in samples]
-    calls = statistics.median(usage.model_calls for usage in used)
-    return calls, statistics.median(usage.input_tokens + usage.output_tokens for usage in used)
+    samples: dict[str, VerifiedSample] = {}
+    for mode in rounds.order(list(modes), index):
+        script = EvidenceScript(site_url=site.base_url)  # a fresh script: each run consumes its own
+        tower_scenario(script, site)
+        model.default = counting(script, latency)
+        started = time.perf_counter()
+        events = await run_once(client, QUESTION, modes[mode])
+        samples[mode] = VerifiedSample(time.perf_counter() - started, events[-1].completed)
+        assert script.unanswered == [], script.unanswered
+    for mode, sample in samples.items():
+        total = sample.completed.usage.total
+        rounds.record(f"model calls, verification {mode}", total.model_calls)
+        rounds.record(f"tokens, verification {mode}", total.input_tokens + total.output_tokens, "tokens")
+        rounds.record(f"wall, verification {mode}", sample.wall_s, "s")
+    on = samples["on"].completed
+    rounds.record("evidence roles' tokens", on.usage.verification.input_tokens + on.usage.verification.output_tokens)
+    settled = on.verification
+    rounds.record("supported claims (verification on)", settled.supported_claims)
+    rounds.record("removed claims (verification on)", settled.removed_claims)
 
 
 def main() -> None:
-    asyncio.run(main_async(arguments(__doc__, page_kb=200, latency=0.3, hops=30, verification_runs=3)))
+    asyncio.run(main_async(arguments(__doc__, page_kb=200, latency=0.3, hops=30, verification=1, rounds=MIN_ROUNDS)))
 
 
 if __name__ == "__main__":
