@@ -61,8 +61,8 @@ def documented(text: str) -> dict[str, Figure]:
     for line in text.splitlines():
         match = _ROW.match(line)
         if match:
-            number = {name: float(match[name].replace(",", "")) for name in ("median", "low", "high")}
-            figures[match["key"]] = Figure(**number)
+            median, low, high = (float(match[name].replace(",", "")) for name in ("median", "low", "high"))
+            figures[match["key"]] = Figure(median, low, high)
     return figures
 
 
