@@ -1,6 +1,6 @@
 """Campaign benchmark: what the loop costs around its jobs, and that no model is called while a job runs.
 
-    python3 bench/campaign.py [--job-seconds 5] [--cycles 3] [--latency 0.0] [--rounds 5]
+    python3 bench/campaign.py [--job-seconds 5] [--cycles 4] [--latency 0.0] [--rounds 5]
 
 Starts the scratchpad, the monitor (job submission on, the workspace's root allowed), an engineer worker and the
 supervisor as `quarry serve` processes with mesh tokens; the scripted OpenAI-compatible model runs in this process
@@ -260,7 +260,7 @@ def measure(
 
 
 def main() -> None:
-    asyncio.run(main_async(arguments(__doc__, job_seconds=5, cycles=3, latency=0.0, rounds=MIN_ROUNDS)))
+    asyncio.run(main_async(arguments(__doc__, job_seconds=5, cycles=4, latency=0.0, rounds=MIN_ROUNDS)))
 
 
 if __name__ == "__main__":
