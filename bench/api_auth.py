@@ -5,13 +5,14 @@
 The check: ApiAuthentication's per-call work (read the bearer key, SHA-256 it, look the digest up in
 the key cache, compare the roles with the method's, set the principal), timed call by call over
 `checks` calls split over `rounds` rounds, a static key and a key from the database's cache
-(`stored-keys` keys loaded; the cache fresh, as in the steady state) alternating round by round.
+(`stored-keys` keys loaded; the cache fresh, as in the steady state).
 The round trip: GetRun on a SupervisorService stand-in that answers at once, served on 127.0.0.1 by
-quarry.server.create_server with the supervisor's access table and without any authentication, the
-two servers measured alternately for `rounds` rounds of `calls` sequential calls each, so drift on a
-shared machine hits both alike. Prints the median (range over rounds) of each round's p50 and p99
-of the check, and of each round's median round trip.
-Figures only (target: the check <= 0.1 ms).
+quarry.server.create_server with the supervisor's access table and without any authentication, each
+server taking `calls` sequential calls a round. Every round times both keys and both servers, in an
+order that rotates between rounds (bench/rounds.py), so drift on a shared machine hits all alike;
+the authenticated / open round trip ratio and difference are taken within a round. Prints the median
+(range over rounds) of each round's p50 and p99 of the check, and of each round's median round trip.
+Figures only (target: the check <= 0.1 ms = 100 µs).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 import grpc
 from harness import arguments, percentile
+from rounds import MIN_ROUNDS, Rounds
 
 from quarry.api_auth import ALL_ROLES, ApiAuthentication, ApiKeys, ApiPrincipal, ApiRole, api_key_digest, new_api_key
 from quarry.clients.channels import open_channel
@@ -90,52 +92,54 @@ async def _round_trips(address: str, key: str, calls: int) -> float:
     return statistics.median(values)
 
 
-async def main_async(checks: int, calls: int, rounds: int, stored_keys: int) -> None:
+async def main_async(checks: int, calls: int, count: int, stored_keys: int) -> None:
+    if count < 1 or checks < count:
+        raise SystemExit("--rounds must be at least 1, and --checks at least --rounds")
     key = new_api_key()
     guard, stored_key = _guard(key, stored_keys)
     keys = {"static key": key, f"stored key ({stored_keys + 1} in the cache)": stored_key}
-    p50s: dict[str, list[float]] = {label: [] for label in keys}
-    p99s: dict[str, list[float]] = {label: [] for label in keys}
-    for _ in range(rounds):  # the two keys alternate, round by round
-        for label, presented in keys.items():
-            values = await _check_costs(guard, presented, checks // rounds)
-            p50s[label].append(percentile(values, 0.5))
-            p99s[label].append(percentile(values, 0.99))
-    for label in keys:
-        p50, p99 = p50s[label], p99s[label]
-        print(
-            f"check, {label}: p50 {statistics.median(p50):.4f} ms ({min(p50):.4f}-{max(p50):.4f}), "
-            f"p99 {statistics.median(p99):.4f} ms ({min(p99):.4f}-{max(p99):.4f}) over {rounds} rounds"
-        )
 
     def register(server: grpc.aio.Server) -> None:
-        supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(_Runs(), server)
+        # The generated stubs mark every method abstract; the stand-in answers GetRun alone (the rest: UNIMPLEMENTED).
+        supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(_Runs(), server)  # type: ignore[abstract]
 
     servers = {}
-    for authenticated in (False, True):
-        bound, port = create_server(
-            "127.0.0.1:0", [ServiceRegistration(SERVICE_NAME, register)], api=guard if authenticated else None
-        )
+    for label, api in (("without authentication", None), ("with authentication", guard)):
+        bound, port = create_server("127.0.0.1:0", [ServiceRegistration(SERVICE_NAME, register)], api=api)
         await bound.server.start()
-        servers[authenticated] = (bound, f"127.0.0.1:{port}")
-    medians: dict[bool, list[float]] = {False: [], True: []}
+        servers[label] = (bound, f"127.0.0.1:{port}")
+    rounds = Rounds("api_auth", count)
     try:
-        for _ in range(rounds):
-            for authenticated in (False, True):
-                medians[authenticated].append(await _round_trips(servers[authenticated][1], key, calls))
+        for index in rounds:
+            for label in rounds.order(list(keys), index):
+                values = await _check_costs(guard, keys[label], checks // count)
+                # In microseconds: the table prints two decimals, and the check takes a few thousandths of a ms.
+                rounds.record(f"check p50, {label}", percentile(values, 0.5) * 1000, "µs")
+                rounds.record(f"check p99, {label}", percentile(values, 0.99) * 1000, "µs")
+            trips = {}
+            for label in rounds.order(list(servers), index):
+                trips[label] = await _round_trips(servers[label][1], key, calls)
+            for label, median in trips.items():
+                rounds.record(f"GetRun round trip {label}", median, "ms")
+            rounds.record(
+                "round trip added by authentication",
+                trips["with authentication"] - trips["without authentication"],
+                "ms",
+            )
     finally:
         for bound, _ in servers.values():
             await bound.server.stop(None)
-    for authenticated, label in ((False, "without authentication"), (True, "with authentication")):
-        values = medians[authenticated]
-        print(
-            f"GetRun round trip {label}: median {statistics.median(values):.3f} ms "
-            f"({min(values):.3f}-{max(values):.3f}) over {rounds} rounds of {calls} calls"
-        )
+    rounds.ratio(
+        "round trip with / without authentication",
+        "GetRun round trip with authentication",
+        "GetRun round trip without authentication",
+    )
+    print(f"{checks // count} checks a key and {calls} sequential GetRun calls a server, each round")
+    rounds.report()
 
 
 def main() -> None:
-    args = arguments(__doc__ or "", checks=20000, calls=2000, rounds=5, stored_keys=1000)
+    args = arguments(__doc__ or "", checks=20000, calls=2000, rounds=MIN_ROUNDS, stored_keys=1000)
     asyncio.run(main_async(args.checks, args.calls, args.rounds, args.stored_keys))
 
 

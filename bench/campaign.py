@@ -1,20 +1,24 @@
 """Campaign benchmark: what the loop costs around its jobs, and that no model is called while a job runs.
 
-    python3 bench/campaign.py [--job-seconds 60] [--cycles 4] [--latency 0.0]
+    python3 bench/campaign.py [--job-seconds 5] [--cycles 4] [--latency 0.0] [--rounds 5]
 
 Starts the scratchpad, the monitor (job submission on, the workspace's root allowed), an engineer worker and the
 supervisor as `quarry serve` processes with mesh tokens; the scripted OpenAI-compatible model runs in this process
 and reports tokens as the characters it is sent and sends / 4. The workspace is a temporary git repository with a
-tiny CPU "training" script that sleeps `job_seconds` and prints its validation loss. One campaign of `cycles`
-cycles: two baseline runs, then experiments whose THINK is two leader turns (delegate, hypothesis) and whose
-engineer writes config.json in two turns; each model turn waits `latency` seconds.
+tiny CPU "training" script that sleeps `job_seconds` and prints its validation loss. Each of `rounds` rounds
+(bench/rounds.py) runs one campaign of `cycles` cycles on a fresh copy of the workspace, the services staying up:
+two baseline runs, then experiments whose THINK is two leader turns (delegate, hypothesis) and whose engineer
+writes config.json in two turns; each model turn waits `latency` seconds.
 
-Per cycle, from the campaign's events and the scripted server's request log:
+Per cycle, from the campaign's events and the scripted server's request log (the table, each round):
   - wall time: the ledger row's start to end;
   - model time: the spans of the model requests inside the cycle (arrival to the reply's last byte);
   - job time: the cycle's WAITING phase to its REFLECT phase (launch seen to the job's end seen by the monitor);
   - overhead: wall time minus model time and job time;
   - model calls and tokens, and model calls during the job (between WAITING and REFLECT; must be 0).
+Per round: the cycles' overhead p50 and p99 and its median share of a cycle's wall time, the median wall and
+job time of a cycle, the model time, model calls and tokens of an experiment cycle (mean), and the model calls
+during jobs (sum); each as the median (range) over rounds, with the load average of each round.
 Prints figures only.
 """
 
@@ -24,14 +28,18 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from harness import arguments, mesh_environment, percentile, running_service
+from rounds import MIN_ROUNDS, Rounds
 
 from quarry.clients.campaigns import CampaignsClient
 from quarry.identity import MeshRole
@@ -58,8 +66,7 @@ def git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
 
 
-def make_project(roots: Path, job_seconds: int) -> Path:
-    project = roots / "project"
+def make_project(project: Path, job_seconds: int) -> Path:
     project.mkdir(parents=True)
     (project / "train.py").write_text(TRAIN)
     (project / "config.json").write_text(json.dumps({"lr": 0.01, "steps": 20, "sleep": job_seconds}) + "\n")
@@ -130,62 +137,81 @@ def phase_times(events: list[campaign_pb2.CampaignEvent], phase: int) -> dict[in
     }
 
 
+@contextmanager
+def services(workdir: Path, roots: Path, model: ScriptedModel) -> Iterator[str]:
+    """The scratchpad, the monitor, an engineer worker and the supervisor as processes: the supervisor's address."""
+    common = {"QUARRY_DATA_DIR": str(workdir / "data"), "QUARRY_LOG_LEVEL": "WARNING"}
+    model_env = {"QUARRY_MODEL_BASE_URL": model.base_url, "QUARRY_MODEL_NAME": "scripted"}
+    with ExitStack() as stack:
+        _, scratchpad = stack.enter_context(
+            running_service("scratchpad", {**common, **mesh_environment(None)}, workdir)
+        )
+        monitor_env = {
+            **common,
+            **mesh_environment(None),
+            "QUARRY_MONITOR_ALLOW_JOB_SUBMISSION": "true",
+            "QUARRY_MONITOR_WORKSPACE_ROOTS": json.dumps([str(roots)]),
+        }
+        _, monitor = stack.enter_context(running_service("monitor", monitor_env, workdir))
+        worker_env = {
+            **common,
+            **model_env,
+            **mesh_environment(MeshRole.WORKER),
+            "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{workdir / 'worker.db'}",
+            "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad,
+            "QUARRY_WORKER_MONITOR_ADDRESS": monitor,
+        }
+        _, worker = stack.enter_context(running_service("worker", worker_env, workdir))
+        supervisor_env = {
+            **common,
+            **model_env,
+            **mesh_environment(MeshRole.SUPERVISOR),
+            "QUARRY_SUPERVISOR_DATABASE_URL": f"sqlite:///{workdir / 'supervisor.db'}",
+            "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS": scratchpad,
+            "QUARRY_SUPERVISOR_WORKER_ADDRESSES": worker,
+            "QUARRY_SUPERVISOR_MONITOR_ADDRESS": monitor,
+        }
+        _, supervisor = stack.enter_context(running_service("supervisor", supervisor_env, workdir))
+        yield supervisor
+
+
 async def main_async(args: argparse.Namespace) -> None:
-    script = Script()
-    for n in range(args.cycles - BASELINE_RUNS):
-        script.experiment(n, args.job_seconds, args.latency)
+    if args.cycles <= BASELINE_RUNS:
+        raise SystemExit(f"--cycles must be more than the {BASELINE_RUNS} baseline runs")
+    rounds = Rounds("campaign", args.rounds)
     async with ScriptedModel() as model:
-        model.default = script
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
             roots = (workdir / "roots").resolve()
-            project = make_project(roots, args.job_seconds)
-            common = {"QUARRY_DATA_DIR": str(workdir / "data"), "QUARRY_LOG_LEVEL": "WARNING"}
-            model_env = {"QUARRY_MODEL_BASE_URL": model.base_url, "QUARRY_MODEL_NAME": "scripted"}
-            with running_service("scratchpad", {**common, **mesh_environment(None)}, workdir) as (_, scratchpad):
-                monitor_env = {
-                    **common,
-                    **mesh_environment(None),
-                    "QUARRY_MONITOR_ALLOW_JOB_SUBMISSION": "true",
-                    "QUARRY_MONITOR_WORKSPACE_ROOTS": json.dumps([str(roots)]),
-                }
-                with running_service("monitor", monitor_env, workdir) as (_, monitor):
-                    worker_env = {
-                        **common,
-                        **model_env,
-                        **mesh_environment(MeshRole.WORKER),
-                        "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{workdir / 'worker.db'}",
-                        "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad,
-                        "QUARRY_WORKER_MONITOR_ADDRESS": monitor,
-                    }
-                    with running_service("worker", worker_env, workdir) as (_, worker):
-                        supervisor_env = {
-                            **common,
-                            **model_env,
-                            **mesh_environment(MeshRole.SUPERVISOR),
-                            "QUARRY_SUPERVISOR_DATABASE_URL": f"sqlite:///{workdir / 'supervisor.db'}",
-                            "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS": scratchpad,
-                            "QUARRY_SUPERVISOR_WORKER_ADDRESSES": worker,
-                            "QUARRY_SUPERVISOR_MONITOR_ADDRESS": monitor,
-                        }
-                        with running_service("supervisor", supervisor_env, workdir) as (_, supervisor):
-                            async with CampaignsClient.connect(supervisor) as campaigns:
-                                started = await campaigns.start_campaign(
-                                    spec(project, args.cycles, args.job_seconds), request_id="bench"
-                                )
-                                events = [e async for e in campaigns.stream_campaign(started.campaign_id)]
-    # The server stamps its exchanges on the monotonic clock; the campaign's events carry wall-clock times.
-    offset = time.time() - time.monotonic()
-    spans = [(arrival + offset, end + offset) for arrival, end, _ in model.exchanges]
-    report(args, events, spans, script.tokens)
+            roots.mkdir()
+            with services(workdir, roots, model) as supervisor:
+                async with CampaignsClient.connect(supervisor) as campaigns:
+                    for index in rounds:
+                        script = Script()
+                        for n in range(args.cycles - BASELINE_RUNS):
+                            script.experiment(n, args.job_seconds, args.latency)
+                        model.default = script
+                        model.exchanges.clear()
+                        project = make_project(roots / f"project-{index}", args.job_seconds)
+                        started = await campaigns.start_campaign(
+                            spec(project, args.cycles, args.job_seconds), request_id=f"bench-{index}"
+                        )
+                        events = [e async for e in campaigns.stream_campaign(started.campaign_id)]
+                        # The server stamps its exchanges on the monotonic clock; the events carry wall-clock times.
+                        offset = time.time() - time.monotonic()
+                        spans = [(arrival + offset, end + offset) for arrival, end, _ in model.exchanges]
+                        measure(rounds, events, spans, script.tokens)
+    print(f"{args.cycles} cycles a campaign ({BASELINE_RUNS} baseline runs), {args.job_seconds} s jobs")
+    rounds.report()
 
 
-def report(
-    args: argparse.Namespace,
+def measure(
+    rounds: Rounds,
     events: list[campaign_pb2.CampaignEvent],
     spans: list[tuple[float, float]],
     usage: list[tuple[float, int]],
 ) -> None:
+    """Prints the campaign's cycles and records this round's figures."""
     ended = events[-1].ended
     if ended.state != campaign_pb2.CAMPAIGN_STATE_COMPLETED:
         raise SystemExit(f"campaign ended {campaign_pb2.CampaignState.Name(ended.state)}: {ended.reason}")
@@ -196,7 +222,8 @@ def report(
         f"{'cycle':>5} {'verdict':>8} {'wall s':>8} {'model s':>8} {'job s':>8} {'overhead ms':>12} "
         f"{'calls':>6} {'tokens':>7} {'in job':>7}"
     )
-    overheads, calls, tokens, during = [], [], [], 0
+    overheads, shares, walls, jobs, during = [], [], [], [], 0
+    models, calls, tokens = [], [], []  # experiment cycles only: a baseline cycle calls no model
     for row in rows:
         start = row.start_time.seconds + row.start_time.nanos / 1e9
         end = row.end_time.seconds + row.end_time.nanos / 1e9
@@ -212,20 +239,28 @@ def report(
             f"{overhead * 1000:>12.1f} {len(inside):>6} {used:>7} {in_job:>7}"
         )
         overheads.append(overhead * 1000)
+        shares.append(100 * overhead / (end - start))
+        walls.append(end - start)
+        jobs.append(job_s)
         during += in_job
         if row.verdict != campaign_pb2.LEDGER_VERDICT_BASELINE:
+            models.append(model_s * 1000)
             calls.append(len(inside))
             tokens.append(used)
-    print(
-        f"{len(rows)} cycles, {args.job_seconds} s jobs: overhead p50 {percentile(overheads, 0.5):.1f} ms, "
-        f"p99 {percentile(overheads, 0.99):.1f} ms; per experiment cycle {sum(calls) / max(len(calls), 1):.1f} "
-        f"model calls, {sum(tokens) / max(len(tokens), 1):.0f} tokens; model calls during jobs: {during} "
-        f"(must be 0); {len(spans)} model calls in all"
-    )
+    rounds.record("overhead per cycle p50", percentile(overheads, 0.5), "ms")
+    rounds.record("overhead per cycle p99", percentile(overheads, 0.99), "ms")
+    rounds.record("overhead share of a cycle", statistics.median(shares), "%")
+    rounds.record("wall time per cycle", statistics.median(walls), "s")
+    rounds.record("job time per cycle", statistics.median(jobs), "s")
+    rounds.record("model time per experiment cycle", statistics.mean(models), "ms")
+    rounds.record("model calls per experiment cycle", statistics.mean(calls))
+    rounds.record("tokens per experiment cycle", statistics.mean(tokens), "tokens")
+    rounds.record("model calls during jobs (must be 0)", during)
+    rounds.record("model calls in all", len(spans))
 
 
 def main() -> None:
-    asyncio.run(main_async(arguments(__doc__, job_seconds=60, cycles=4, latency=0.0)))
+    asyncio.run(main_async(arguments(__doc__, job_seconds=5, cycles=4, latency=0.0, rounds=MIN_ROUNDS)))
 
 
 if __name__ == "__main__":

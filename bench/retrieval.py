@@ -1,6 +1,6 @@
 """Corpus retrieval benchmark: indexing time, query latency, recall, and what snippets cost.
 
-    python3 bench/retrieval.py [--pages 600] [--questions 100] [--dimensions 384] [--rounds 3]
+    python3 bench/retrieval.py [--pages 600] [--questions 100] [--dimensions 384] [--batch 64] [--rounds 5]
 
 Writes `pages` synthetic manual pages (Markdown, about 7 KB each): each is about one
 subject and one aspect of it ("Replica latency"), with cross-references to other
@@ -10,15 +10,19 @@ words replaced by another (standby for replica, delay for latency) that only the
 embeddings know to be the same; and with both replaced. The scripted model server
 (tests/fakes) answers /v1/embeddings with hashed bags of words in which those synonyms
 count as the words they stand for: the embeddings are an oracle for this rewording.
-  - Indexing: the pages into a BM25-only index and into a hybrid one (vectors from the
-    scripted server over loopback HTTP), per 1,000 pages.
+  - Indexing: the pages into a fresh BM25-only index and a fresh hybrid one (vectors from
+    the scripted server over loopback HTTP, `batch` passages a request), per 1,000 pages.
   - Queries: each question through `Corpus.retrieve` (5 hits) in both modes: latency
     p50/p99, and recall (the page asked about is first: R@1, in the five: R@5); and
-    the vector ranking alone, for reference. Each runs `rounds` times, taking turns.
+    the vector ranking alone, for reference. Recall is deterministic; it is still
+    reported per round, as a check that every round searched alike.
   - Snippets: the same BM25 queries as the search ran them before (every word of the
     question, FTS5 `snippet()` in the ranking query) and as it runs them now (common
     words left out, ranking, then snippets from the 5 hits' text only), each also as
     the ranking alone.
+Each of `rounds` rounds (bench/rounds.py) builds both indexes, then runs every search
+and every snippet query over that round's indexes, in an order that rotates between
+rounds; ratios (hybrid / BM25, before / now) are taken within a round.
 The embeddings cost what the scripted server costs (hashing words), not what a model
 costs: the hybrid figures are Quarry's share plus one loopback HTTP request per query.
 Prints figures only.
@@ -33,10 +37,12 @@ import sqlite3
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack, closing
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness import arguments, percentile
+from rounds import MIN_ROUNDS, Rounds
 
 from tests.fakes.openai_server import ScriptedModel
 from worker_svc.corpus import Corpus, Embedder, EmbeddingSettings
@@ -204,9 +210,10 @@ def every_word(query: str) -> str:
     return " OR ".join('"{}"'.format(word.replace('"', '""')) for word in query.split())
 
 
-def fts5_query(index: Path, sql: str, expression: Callable[[str], str]) -> Callable[[str], list[str]]:
+def fts5_query(
+    connection: sqlite3.Connection, sql: str, expression: Callable[[str], str]
+) -> Callable[[str], list[str]]:
     """One BM25 query as raw SQL on the index, on one connection (the search opens one per query)."""
-    connection = sqlite3.connect(index, check_same_thread=False)
 
     def run(text: str) -> list[str]:
         return [f"corpus://{row[0]}" for row in connection.execute(sql, (expression(text), 5))]
@@ -214,78 +221,108 @@ def fts5_query(index: Path, sql: str, expression: Callable[[str], str]) -> Calla
     return run
 
 
-def row(label: str, latencies: list[float], recall: tuple[float, float] | None = None) -> str:
-    figures = f"| {label} | {percentile(latencies, 0.5):.2f} | {percentile(latencies, 0.99):.2f} |"
-    return figures + (f" {recall[0]:.2f} | {recall[1]:.2f} |" if recall else "")
+SEARCHES = ("BM25 only", "hybrid (RRF)", "vectors alone (reference)")
+SNIPPETS = (
+    "before: snippet() in the ranking query",
+    "before: ranking alone",
+    "now: ranking, then snippets (Corpus.retrieve)",
+    "now: ranking alone",
+)
+SELECT_SNIPPETS = "SELECT path, title, snippet(documents, 2, '', '', ' … ', 24) FROM documents"
+SELECT_RANKED = "SELECT path FROM documents"
+RANKING = " WHERE documents MATCH ? ORDER BY bm25(documents) LIMIT ?"
+
+
+async def index_both(
+    rounds: Rounds, index: int, pages: Path, workdir: Path, server: ScriptedModel, embedder: Embedder
+) -> tuple[Corpus, Corpus]:
+    """This round's fresh indexes, BM25 only and hybrid, built in turn; their time per 1,000 pages recorded."""
+    corpora = {
+        "BM25 only": Corpus(workdir / f"bm25-{index}.db"),
+        "hybrid": Corpus(workdir / f"hybrid-{index}.db", embedder),
+    }
+    for label in rounds.order(list(corpora), index):
+        server.embedding_requests.clear()
+        started = time.perf_counter()
+        report = await asyncio.to_thread(corpora[label].index_folder, pages)
+        elapsed = time.perf_counter() - started
+        rounds.record(f"indexing, {label}", elapsed * 1000 / len(report.added), "s per 1,000 pages")
+        if report.embedded:
+            rounds.record("passages embedded", sum(len(request["input"]) for request in server.embedding_requests))
+            rounds.record("embedding requests", len(server.embedding_requests))
+    return corpora["BM25 only"], corpora["hybrid"]
+
+
+async def search_round(
+    rounds: Rounds, index: int, searches: dict[str, Callable[[str], list[str]]], questions: dict[str, list[Question]]
+) -> None:
+    for label in rounds.order(list(searches), index):
+        for kind, asked in questions.items():
+            times, at_1, at_5 = await asyncio.to_thread(timed, searches[label], asked)
+            rounds.record(f"{label} [{kind}] p50", percentile(times, 0.5), "ms")
+            rounds.record(f"{label} [{kind}] p99", percentile(times, 0.99), "ms")
+            rounds.record(f"{label} [{kind}] R@1", at_1)
+            rounds.record(f"{label} [{kind}] R@5", at_5)
+
+
+async def snippet_round(rounds: Rounds, index: int, plain: Corpus, database: Path, everything: list[Question]) -> None:
+    with ExitStack() as stack:
+
+        def query(sql: str, expression: Callable[[str], str]) -> Callable[[str], list[str]]:
+            connection = stack.enter_context(closing(sqlite3.connect(database, check_same_thread=False)))
+            return fts5_query(connection, sql, expression)
+
+        queries = dict(
+            zip(
+                SNIPPETS,
+                (
+                    query(SELECT_SNIPPETS + RANKING, every_word),
+                    query(SELECT_RANKED + RANKING, every_word),
+                    search(plain),
+                    query(SELECT_RANKED + RANKING, match_expression),
+                ),
+                strict=True,
+            )
+        )
+        for label in rounds.order(list(queries), index):
+            times, _, _ = await asyncio.to_thread(timed, queries[label], everything)
+            rounds.record(f"snippets, {label} p50", percentile(times, 0.5), "ms")
+            rounds.record(f"snippets, {label} p99", percentile(times, 0.99), "ms")
 
 
 async def main_async(args: argparse.Namespace) -> None:
     rng = random.Random(17)
+    rounds = Rounds("retrieval", args.rounds)
     with tempfile.TemporaryDirectory() as workdir_name:
         workdir = Path(workdir_name)
         pairs = write_pages(workdir / "pages", args.pages, rng)
         questions = questions_for(pairs, args.questions, rng)
+        everything = [question for asked in questions.values() for question in asked]
         async with ScriptedModel(synonyms=SYNONYMS, embedding_dimensions=args.dimensions) as server:
             embedder = Embedder(EmbeddingSettings(server.base_url, "bench-embedder", batch_size=args.batch))
-            plain, hybrid = Corpus(workdir / "bm25.db"), Corpus(workdir / "hybrid.db", embedder)
-            per_thousand = 1000 / args.pages
-            for label, corpus in (("BM25 only", plain), ("BM25 + vectors", hybrid)):
-                started = time.perf_counter()
-                report = await asyncio.to_thread(corpus.index_folder, workdir / "pages")
-                elapsed = time.perf_counter() - started
-                passages = sum(len(request["input"]) for request in server.embedding_requests)
-                print(
-                    f"indexing, {label}: {elapsed:.2f} s for {len(report.added)} pages = "
-                    f"{elapsed * per_thousand:.2f} s per 1,000 pages"
-                    + (f" ({passages} passages, {len(server.embedding_requests)} requests)" if report.embedded else "")
+            for index in rounds:
+                plain, hybrid = await index_both(rounds, index, workdir / "pages", workdir, server, embedder)
+                await asyncio.to_thread(search(hybrid), "warm up")  # reads the vectors into memory
+                searches = dict(
+                    zip(SEARCHES, (search(plain), search(hybrid), vectors_alone(hybrid, embedder)), strict=True)
                 )
-            await asyncio.to_thread(search(hybrid), "warm up")  # reads the vectors into memory
-            print(f"\n{args.questions} pages asked about, in three phrasings; 5 hits each:\n")
-            print("| search | questions | p50 ms | p99 ms | R@1 | R@5 |")
-            print("| --- | --- | ---: | ---: | ---: | ---: |")
-            searches = {
-                "BM25 only": search(plain),
-                "hybrid (RRF)": search(hybrid),
-                "vectors alone (reference)": vectors_alone(hybrid, embedder),
-            }
-            latencies: dict[tuple[str, str], list[float]] = {}
-            recall: dict[tuple[str, str], tuple[float, float]] = {}
-            for _ in range(args.rounds):  # the searches take turns, so that the machine's drift hits all alike
-                for label, run in searches.items():
-                    for kind, asked in questions.items():
-                        times, at_1, at_5 = await asyncio.to_thread(timed, run, asked)
-                        latencies.setdefault((label, kind), []).extend(times)
-                        recall[label, kind] = (at_1, at_5)
-            for label, kind in latencies:
-                print(row(f"{label} | {kind}", latencies[label, kind], recall[label, kind]))
-            everything = [question for asked in questions.values() for question in asked]
-            before = "SELECT path, title, snippet(documents, 2, '', '', ' … ', 24) FROM documents"
-            ranked = "SELECT path FROM documents"
-            clause = " WHERE documents MATCH ? ORDER BY bm25(documents) LIMIT ?"
-            print(f"\nsnippets, the {len(everything)} questions, BM25 only:\n")
-            print("| query | p50 ms | p99 ms |")
-            print("| --- | ---: | ---: |")
-            index = workdir / "bm25.db"
-            queries = {
-                "before: every word, FTS5 snippet() in the ranking query": fts5_query(
-                    index, before + clause, every_word
-                ),
-                "before, ranking alone": fts5_query(index, ranked + clause, every_word),
-                "now: common words left out, ranking, then snippets of the 5 hits (`Corpus.retrieve`)": search(plain),
-                "now, ranking alone": fts5_query(index, ranked + clause, match_expression),
-            }
-            snippet_latencies: dict[str, list[float]] = {}
-            for _ in range(args.rounds):
-                for label, run in queries.items():
-                    times, _, _ = await asyncio.to_thread(timed, run, everything)
-                    snippet_latencies.setdefault(label, []).extend(times)
-            for label, times in snippet_latencies.items():
-                print(row(label, times))
+                await search_round(rounds, index, searches, questions)
+                await snippet_round(rounds, index, plain, workdir / f"bm25-{index}.db", everything)
             embedder.close()
+    rounds.ratio("indexing, hybrid / BM25 only", "indexing, hybrid", "indexing, BM25 only")
+    for kind in questions:
+        rounds.ratio(f"hybrid / BM25 only [{kind}] p50", f"hybrid (RRF) [{kind}] p50", f"BM25 only [{kind}] p50")
+    rounds.ratio("snippets, before / now p50", f"snippets, {SNIPPETS[0]} p50", f"snippets, {SNIPPETS[2]} p50")
+    rounds.ratio("ranking alone, before / now p50", f"snippets, {SNIPPETS[1]} p50", f"snippets, {SNIPPETS[3]} p50")
+    print(
+        f"{args.pages} pages; {len(everything)} questions ({args.questions} pages asked about, in three phrasings), "
+        "5 hits each; the snippet queries over all of them, BM25 only"
+    )
+    rounds.report()
 
 
 def main() -> None:
-    asyncio.run(main_async(arguments(__doc__, pages=600, questions=100, dimensions=384, batch=64, rounds=3)))
+    asyncio.run(main_async(arguments(__doc__, pages=600, questions=100, dimensions=384, batch=64, rounds=MIN_ROUNDS)))
 
 
 if __name__ == "__main__":

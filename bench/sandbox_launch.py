@@ -6,20 +6,22 @@ Each launch starts `echo ready` the way the monitor starts a local job (monitor_
 session, the allowlisted environment, stdin from /dev/null), once as it is and once through
 Sandbox.wrap (bwrap with the monitor's default hidden paths, a writable working tree, a .git inside
 it), and times from just before the exec to the first byte of its output. The two ways alternate
-launch by launch, in `rounds` rounds of `launches` each. Prints each round's p50 and p99 of each way,
-and the extra p50 (sandboxed minus plain), as the median (range) over rounds. Figures only.
+launch by launch, in `rounds` rounds of `launches` each, the way that goes first in each pair
+rotating between rounds (bench/rounds.py). Prints each round's p50 and p99 of each way, the extra p50
+(sandboxed minus plain) and the sandboxed / plain p50 ratio, both taken within a round, as the median
+(range) over rounds with the load average of each round. Figures only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from harness import arguments, percentile
+from rounds import MIN_ROUNDS, Rounds
 
 from monitor_svc.jobs.sandbox import SECRET_DIRECTORIES, Sandbox
 
@@ -47,13 +49,8 @@ async def first_output(argv: tuple[str, ...], environment: dict[str, str], cwd: 
     return seconds
 
 
-def spread(values: list[float]) -> str:
-    """Median (range) of per-round figures, in milliseconds."""
-    return f"{statistics.median(values) * 1000:.1f} ms ({min(values) * 1000:.1f}-{max(values) * 1000:.1f})"
-
-
 async def main() -> None:
-    args = arguments(__doc__ or "", rounds=5, launches=40)
+    args = arguments(__doc__ or "", rounds=MIN_ROUNDS, launches=40)
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         (work := root / "work").mkdir()
@@ -69,22 +66,24 @@ async def main() -> None:
             )
             for way in (sandbox, Sandbox("none", True, []))
         )
-        # Per round: each way's p50 and p99, and the sandbox's extra p50.
-        figures: dict[str, list[float]] = {name: [] for name in ("plain p50", "plain p99", "sandboxed p50")}
-        figures |= {"sandboxed p99": [], "extra p50": []}
-        for _ in range(args.rounds):
-            rounds: dict[str, list[float]] = {"plain": [], "sandboxed": []}
+        ways = {"plain": bare, "sandboxed": boxed}
+        rounds = Rounds("sandbox_launch", args.rounds)
+        for index in rounds:
+            order = rounds.order(list(ways), index)
+            launches: dict[str, list[float]] = {way: [] for way in ways}
             for _ in range(args.launches):
-                rounds["plain"].append(await first_output(bare.argv, bare.environment, str(work)))
-                rounds["sandboxed"].append(await first_output(boxed.argv, boxed.environment, str(work)))
-            for way, values in rounds.items():
-                figures[f"{way} p50"].append(percentile(values, 0.5))
-                figures[f"{way} p99"].append(percentile(values, 0.99))
-            figures["extra p50"].append(figures["sandboxed p50"][-1] - figures["plain p50"][-1])
-    print(f"{sandbox.describe()}; {args.rounds} rounds of {args.launches} launches each way, interleaved")
-    print("exec to first output, median (range) over rounds:")
-    for name, values in figures.items():
-        print(f"  {name:<14} {spread(values)}")
+                for way in order:
+                    launch = ways[way]
+                    launches[way].append(await first_output(launch.argv, launch.environment, str(work)) * 1000)
+            for way, values in launches.items():
+                rounds.record(f"{way} p50", percentile(values, 0.5), "ms")
+                rounds.record(f"{way} p99", percentile(values, 0.99), "ms")
+            rounds.record(
+                "extra p50", percentile(launches["sandboxed"], 0.5) - percentile(launches["plain"], 0.5), "ms"
+            )
+    rounds.ratio("sandboxed / plain p50", "sandboxed p50", "plain p50")
+    print(f"{sandbox.describe()}; {args.launches} launches each way a round, interleaved; exec to first output")
+    rounds.report()
 
 
 if __name__ == "__main__":
