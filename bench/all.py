@@ -38,7 +38,7 @@ BENCHES: dict[str, list[str]] = {
     "api_auth": ["bench/api_auth.py"],
     "sandbox_launch": ["bench/sandbox_launch.py"],
     "retrieval": ["bench/retrieval.py"],
-    "campaign": ["bench/campaign.py", "--job-seconds", "5", "--cycles", "3"],
+    "campaign": ["bench/campaign.py"],
 }
 
 # | `bench/figure` | median (low-high) ... ; the range's dash may be an en dash.
