@@ -13,7 +13,13 @@ Events are read by quarry.agent.sse, the reply is assembled by quarry.agent.repl
 
 It speaks the chat-completions protocol over one keep-alive httpx client: the
 openai SDK's request transforms and per-chunk models cost more than the rest
-of an agent turn together (docs/benchmarks.md).
+of an agent turn together (docs/benchmarks.md). Each stream is read to its end,
+so its connection goes back to the pool: quarry.agent.pool's, which finds an
+idle connection without walking them all (httpcore's own pool does, on every
+request), holds up to 1000 at once, and drops one that expired or that the
+server closed while it was idle. With a proxy set in the environment
+(HTTP_PROXY, HTTPS_PROXY, ALL_PROXY), httpx's own transport and pool route
+instead.
 """
 
 from __future__ import annotations
