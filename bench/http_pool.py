@@ -1,6 +1,6 @@
 """HTTP clients side by side on streamed chat replies: time and client CPU per request, and connections opened.
 
-    python3 bench/http_pool.py [--rounds 5] [--sequential 100] [--concurrent 200] [--requests 400]
+    python3 bench/http_pool.py [--rounds 5] [--sequential 100] [--concurrent 200] [--requests 300]
                                [--delay 0.0] [--clients httpx,httpx2,aiohttp,pool,model-client]
 
 A minimal OpenAI-compatible SSE server runs in a process of its own (aiohttp;
@@ -230,7 +230,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def main() -> None:
     args = arguments(
-        __doc__, rounds=5, sequential=100, concurrent=200, requests=400, delay=0.0, clients=",".join(CLIENTS), serve=0
+        __doc__, rounds=5, sequential=100, concurrent=200, requests=300, delay=0.0, clients=",".join(CLIENTS), serve=0
     )
     asyncio.run(serve(args.delay) if args.serve else main_async(args))
 

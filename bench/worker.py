@@ -126,7 +126,8 @@ async def main_async(args: argparse.Namespace) -> None:
                         "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad_address,
                         "QUARRY_WORKER_MODEL_BASE_URL": model.base_url,
                         "QUARRY_WORKER_MODEL_NAME": "scripted",
-                        "QUARRY_WORKER_MAX_CONCURRENT_DELEGATIONS": str(args.concurrent + 10),
+                        # Room for a round's delegations whose tasks are still ending as the next part starts.
+                        "QUARRY_WORKER_MAX_CONCURRENT_DELEGATIONS": str(2 * args.concurrent + args.delegations),
                     },
                     workdir,
                 ) as (worker, worker_address),
