@@ -215,13 +215,15 @@ async def main_async(args: argparse.Namespace) -> None:
             for name in rounds.order(names, index):
                 await measure(rounds, name, port, 1, args.sequential, "c=1")
                 await measure(rounds, name, port, args.concurrent, args.requests, f"c={args.concurrent}")
+        concurrent = f"c={args.concurrent}"
         for name in names:
-            if name != "pool":
-                rounds.ratio(
-                    f"pool / {name} c={args.concurrent} wall",
-                    f"pool c={args.concurrent} wall/request",
-                    f"{name} c={args.concurrent} wall/request",
-                )
+            if name not in ("pool", "model-client"):  # the model client runs over the pool: no contender
+                for figure in ("wall", "client CPU"):
+                    rounds.ratio(
+                        f"pool / {name} {concurrent} {figure}",
+                        f"pool {concurrent} {figure}/request",
+                        f"{name} {concurrent} {figure}/request",
+                    )
         rounds.report()
     finally:
         server.stdin.close()

@@ -185,7 +185,10 @@ class _ReturningStream:
 
 
 class PooledTransport(httpx.AsyncHTTPTransport):
-    """httpx's transport, its exception mapping and response streams included, over a KeepAlivePool."""
+    """httpx's transport, its exception mapping and response streams included, over a KeepAlivePool.
+
+    Of `limits`, max_connections bounds idle and busy connections together and keepalive_expiry ends idle
+    ones; max_keepalive_connections is not used (idle connections are bounded by max_connections)."""
 
     def __init__(self, limits: httpx.Limits) -> None:
         if limits.max_connections is None:
