@@ -103,8 +103,9 @@ class KeepAlivePool:
             await self._drop(connection)  # expired, or closed by the server while idle
         if len(self._open) >= self._max_connections:
             # A slot is ours, so some connection is idle: one to another origin, the longest unused there.
-            oldest = next(stack for stack in self._idle.values() if stack)
-            await self._drop(oldest.popleft())
+            other = next((idle for idle in self._idle.values() if idle), None)
+            if other is not None:
+                await self._drop(other.popleft())
         connection = httpcore.AsyncHTTPConnection(
             origin, ssl_context=self._ssl_context, keepalive_expiry=self._keepalive_expiry
         )
@@ -122,7 +123,7 @@ class KeepAlivePool:
         stack = self._idle.setdefault(_key(origin), deque())
         stack.append(connection)
         for _ in range(len(stack) - 1):  # close what expired at the bottom, while the top is in use
-            if not stack[0].has_expired():
+            if len(stack) < 2 or not stack[0].has_expired():  # (others may take from it while we close)
                 break
             await self._drop(stack.popleft())
 

@@ -88,6 +88,18 @@ async def test_the_pool_is_bounded_and_requests_beyond_it_wait(server: ReplaySer
     assert server.connections == 2
 
 
+async def test_at_the_bound_an_idle_connection_to_another_origin_makes_room(server: ReplayServer) -> None:
+    server.script(Answer(streams.OPENAI))
+    async with ReplayServer() as other:
+        other.script(Answer(streams.OPENAI))
+        client, pool = pooled(max_connections=1)
+        async with client:
+            assert "[DONE]" in await post(client, server)
+            assert "[DONE]" in await post(client, other)
+            await until(lambda: server.closed == 1)  # closed by us, to stay within the bound
+            assert pool.open_connections == 1 and pool.opened == 2
+
+
 async def test_a_request_waits_no_longer_than_the_pool_timeout(server: ReplayServer) -> None:
     server.script(Answer(streams.OPENAI, pause=1.0), Answer(streams.OPENAI))
     client, _ = pooled(max_connections=1, pool=0.1)
