@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import sys
@@ -84,38 +85,38 @@ def render(entries: list[Any]) -> str:
 # -- the contenders, each in a process of its own -------------------------------------------------
 
 
+async def httpx_turn(client: Any, messages: list[dict[str, Any]], *, url: str) -> dict[str, Any]:
+    """One streamed turn over a bare httpx client, the stream parsed by hand: the assistant's message."""
+    request = {"model": "scripted", "messages": messages, "tools": [READ_TOOL], "stream": True}
+    text: list[str] = []
+    calls: dict[int, dict[str, str]] = {}
+    async with client.stream("POST", url, json=request, headers={"authorization": "Bearer unused"}) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:])["choices"]:
+                delta = choice["delta"]
+                text.append(delta.get("content") or "")
+                for call in delta.get("tool_calls") or ():
+                    slot = calls.setdefault(call["index"], {"id": "", "name": "", "arguments": ""})
+                    slot["id"] = call.get("id") or slot["id"]
+                    slot["name"] += call["function"].get("name") or ""
+                    slot["arguments"] += call["function"].get("arguments") or ""
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+    if calls:
+        message["tool_calls"] = [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for _, c in sorted(calls.items())
+        ]
+    return message
+
+
 async def bare_httpx(model_url: str, read: Any, count: int) -> list[float]:
     import httpx
 
-    url = f"{model_url}/chat/completions"
-    headers = {"authorization": "Bearer unused"}
-
-    async def complete(client: httpx.AsyncClient, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        request = {"model": "scripted", "messages": messages, "tools": [READ_TOOL], "stream": True}
-        text: list[str] = []
-        calls: dict[int, dict[str, str]] = {}
-        async with client.stream("POST", url, json=request, headers=headers) as response:
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                for choice in json.loads(line[6:])["choices"]:
-                    delta = choice["delta"]
-                    text.append(delta.get("content") or "")
-                    for call in delta.get("tool_calls") or ():
-                        slot = calls.setdefault(call["index"], {"id": "", "name": "", "arguments": ""})
-                        slot["id"] = call.get("id") or slot["id"]
-                        slot["name"] += call["function"].get("name") or ""
-                        slot["arguments"] += call["function"].get("arguments") or ""
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
-        if calls:
-            message["tool_calls"] = [
-                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-                for _, c in sorted(calls.items())
-            ]
-        return message
-
+    complete = functools.partial(httpx_turn, url=f"{model_url}/chat/completions")
     async with httpx.AsyncClient(timeout=60) as client:
-        return [await _timed(lambda: _loop(complete, client, read)) for _ in range(count)]
+        return [await _timed(lambda: run_delegation(complete, client, read)) for _ in range(count)]
 
 
 async def bare_openai(model_url: str, read: Any, count: int) -> list[float]:
@@ -148,10 +149,11 @@ async def bare_openai(model_url: str, read: Any, count: int) -> list[float]:
         return message
 
     async with openai.AsyncOpenAI(base_url=model_url, api_key="unused", max_retries=0) as client:
-        return [await _timed(lambda: _loop(complete, client, read)) for _ in range(count)]
+        return [await _timed(lambda: run_delegation(complete, client, read)) for _ in range(count)]
 
 
-async def _loop(complete: Any, client: Any, read: Any) -> None:
+async def run_delegation(complete: Any, client: Any, read: Any) -> None:
+    """One two-turn delegation: `complete(client, messages)` answers each turn, `read()` runs the tool."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You research."},
         {"role": "user", "content": OBJECTIVE},

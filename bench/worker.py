@@ -1,36 +1,51 @@
-"""Worker benchmark: mesh overhead per turn and per delegation, and concurrent delegations per process.
+"""Worker benchmark: mesh overhead per turn, and 200 concurrent delegations against a bare httpx loop.
 
-    python3 bench/worker.py [--delegations 40] [--concurrent 200] [--latency 0.5]
+    python3 bench/worker.py [--rounds 5] [--delegations 20] [--concurrent 200] [--latency 0.5] [--keepalive 20]
 
 Starts `quarry serve scratchpad` and `quarry serve worker` as their own
 processes (SQLite), with the scripted OpenAI-compatible model in this process.
-  - Overhead: sequential delegations of two turns each (read_scratchpad, then
-    the answer) against a model that answers at once. Overhead = the
-    Delegate call's wall time minus the time the model server spent answering,
-    divided per delegation and per turn.
-  - Concurrency: N delegations at once against a model that takes `latency`
-    seconds per turn; reports how many succeeded, the wall time, and the
-    worker's peak RSS.
-Prints figures only.
+Each round runs, in an order that rotates from round to round:
+  - sequential: delegations of two turns each (read_scratchpad, then the
+    answer) one after another against a model that answers at once; overhead
+    = the Delegate call's wall time minus the time the model server spent
+    answering, per turn (p50 of the round);
+  - quarry: `concurrent` delegations at once against a model that takes
+    `latency` seconds per turn (two turns: ideal 2 x latency);
+  - bare httpx: the same two-turn delegations, as many at once, done by a bare
+    loop over one httpx client (bench/compare.py's, stream parsed by hand, the
+    scratchpad read over gRPC) in a process of its own; its client allows
+    `concurrent` connections and keeps `keepalive` of them idle (20: httpx's
+    default).
+Reports each figure as median (range) over the rounds, the ratio quarry / bare
+httpx per round (goal: at most 1.3x), and the worker's peak RSS (VmHWM, since
+it started; goal: at most 150 MiB). Figures only.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import json
+import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from compare import httpx_turn, render, run_delegation
 from harness import arguments, mesh_environment, mesh_token, peak_rss_mib, percentile, running_service
+from rounds import Rounds
 
 from quarry.clients.channels import open_channel
 from quarry.clients.scratchpad import ScratchpadClient
 from quarry.identity import MeshRole
+from quarry.research_plane import ResearchPlane
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
+
+PARTS = ("sequential", "quarry", "bare httpx")
 
 
 def two_turns(latency: float) -> Any:
@@ -61,6 +76,41 @@ async def delegate(
     return result
 
 
+# -- the bare httpx loop, in a process of its own --------------------------------------------------
+
+
+async def bare_httpx_main(args: argparse.Namespace) -> None:
+    import httpx
+
+    async with open_channel(args.scratchpad, token=mesh_token(MeshRole.WORKER)) as channel:
+        plane = ResearchPlane(ScratchpadClient(channel))
+
+        async def read() -> str:
+            return render(await plane.read_all(args.thread))
+
+        complete = functools.partial(httpx_turn, url=f"{args.model_url}/chat/completions")
+        limits = httpx.Limits(max_connections=args.concurrent, max_keepalive_connections=args.keepalive)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+            await run_delegation(complete, client, read)  # warm-up
+            started = time.perf_counter()
+            await asyncio.gather(*(run_delegation(complete, client, read) for _ in range(args.concurrent)))
+            print(json.dumps({"wall": time.perf_counter() - started}))
+
+
+async def bare_httpx(args: argparse.Namespace, model_url: str, scratchpad: str, thread_id: str) -> float:
+    command = [sys.executable, __file__, "--bare-httpx", "1", "--model-url", model_url, "--scratchpad", scratchpad]
+    command += ["--thread", thread_id, "--concurrent", str(args.concurrent), "--keepalive", str(args.keepalive)]
+    process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE)
+    stdout, _ = await process.communicate()
+    if process.returncode != 0:
+        raise SystemExit(f"the bare httpx loop failed (exit {process.returncode})")
+    wall: float = json.loads(stdout.decode().strip().splitlines()[-1])["wall"]
+    return wall
+
+
+# -- the benchmark ---------------------------------------------------------------------------------
+
+
 async def main_async(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as workdir_name:
         workdir = Path(workdir_name)
@@ -76,7 +126,8 @@ async def main_async(args: argparse.Namespace) -> None:
                         "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad_address,
                         "QUARRY_WORKER_MODEL_BASE_URL": model.base_url,
                         "QUARRY_WORKER_MODEL_NAME": "scripted",
-                        "QUARRY_WORKER_MAX_CONCURRENT_DELEGATIONS": str(args.concurrent + 10),
+                        # Room for a round's delegations whose tasks are still ending as the next part starts.
+                        "QUARRY_WORKER_MAX_CONCURRENT_DELEGATIONS": str(2 * args.concurrent + args.delegations),
                     },
                     workdir,
                 ) as (worker, worker_address),
@@ -91,53 +142,86 @@ async def measure(
         open_channel(scratchpad_address, token=mesh_token(MeshRole.SUPERVISOR)) as sp_channel,
         open_channel(worker_address, token=mesh_token(MeshRole.SUPERVISOR)) as channel,
     ):
-        thread = await ScratchpadClient(sp_channel).create_thread(title="bench")
+        thread_id = (await ScratchpadClient(sp_channel).create_thread(title="bench")).thread_id
         stub = worker_pb2_grpc.WorkerServiceStub(channel)
-
         model.default = two_turns(0.0)
-        await delegate(stub, thread.thread_id, "warm-up")
-        per_delegation: list[float] = []
-        for index in range(args.delegations):
-            model.service_times.clear()
-            started = time.perf_counter()
-            result = await delegate(stub, thread.thread_id, f"seq-{index}")
-            elapsed = time.perf_counter() - started
-            assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED, result
-            per_delegation.append((elapsed - sum(model.service_times)) * 1000)
-        per_turn = [value / 2 for value in per_delegation]
-        print(f"mesh overhead, {args.delegations} sequential delegations of 2 turns, zero-latency model:")
-        for label, values in (("per delegation", per_delegation), ("per turn", per_turn)):
-            p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
-            print(f"  {label}: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
-
-        model.default = two_turns(args.latency)
-        started = time.perf_counter()
-        results = await asyncio.gather(
-            *(delegate(stub, thread.thread_id, f"par-{index}") for index in range(args.concurrent)),
-            return_exceptions=True,
+        await delegate(stub, thread_id, "warm-up")
+        rounds = Rounds("worker", count=args.rounds)
+        for index in rounds:
+            for part in rounds.order(PARTS, index):
+                if part == "sequential":
+                    model.default = two_turns(0.0)
+                    rounds.record(
+                        "overhead per turn, sequential p50", await sequential(args, model, stub, thread_id, index), "ms"
+                    )
+                elif part == "quarry":
+                    model.default = two_turns(args.latency)
+                    rounds.record(
+                        f"quarry {args.concurrent} concurrent", await concurrent(args, stub, thread_id, index), "s"
+                    )
+                else:
+                    model.default = two_turns(args.latency)
+                    wall = await bare_httpx(args, model.base_url, scratchpad_address, thread_id)
+                    rounds.record(f"bare httpx {args.concurrent} concurrent", wall, "s")
+            rounds.record("worker peak RSS", peak_rss_mib(worker_pid), "MiB")
+        rounds.ratio(
+            "quarry / bare httpx", f"quarry {args.concurrent} concurrent", f"bare httpx {args.concurrent} concurrent"
         )
-        elapsed = time.perf_counter() - started
-        succeeded = sum(
-            1
-            for r in results
-            if isinstance(r, worker_pb2.DelegationResult) and r.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED
-        )
-        failures = Counter(
-            repr(r) if not isinstance(r, worker_pb2.DelegationResult) else f"{r.error_code}: {r.error_message}"
-            for r in results
-            if not isinstance(r, worker_pb2.DelegationResult) or r.outcome != common_pb2.DELEGATION_OUTCOME_SUCCEEDED
-        )
-        for failure, count in failures.items():
-            print(f"  {count} failed: {failure[:300]}")
         print(
-            f"{args.concurrent} concurrent delegations, {args.latency * 1000:.0f} ms per model turn (2 turns): "
-            f"{succeeded} succeeded in {elapsed:.2f} s (ideal {2 * args.latency:.2f} s); "
-            f"worker peak RSS {peak_rss_mib(worker_pid):.0f} MiB"
+            f"(ideal {2 * args.latency:.2f} s for {args.concurrent} concurrent delegations of 2 turns; goals: "
+            "quarry / bare httpx <= 1.3x, worker peak RSS <= 150 MiB)"
         )
+        rounds.report()
+
+
+async def sequential(
+    args: argparse.Namespace, model: ScriptedModel, stub: worker_pb2_grpc.WorkerServiceStub, thread_id: str, index: int
+) -> float:
+    per_turn = []
+    for n in range(args.delegations):
+        model.service_times.clear()
+        started = time.perf_counter()
+        result = await delegate(stub, thread_id, f"seq-{index}-{n}")
+        elapsed = time.perf_counter() - started
+        assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED, result
+        per_turn.append((elapsed - sum(model.service_times)) * 1000 / 2)
+    return percentile(per_turn, 0.5)
+
+
+async def concurrent(
+    args: argparse.Namespace, stub: worker_pb2_grpc.WorkerServiceStub, thread_id: str, index: int
+) -> float:
+    started = time.perf_counter()
+    results = await asyncio.gather(
+        *(delegate(stub, thread_id, f"par-{index}-{n}") for n in range(args.concurrent)), return_exceptions=True
+    )
+    elapsed = time.perf_counter() - started
+    failures = Counter(
+        repr(r) if not isinstance(r, worker_pb2.DelegationResult) else f"{r.error_code}: {r.error_message}"
+        for r in results
+        if not isinstance(r, worker_pb2.DelegationResult) or r.outcome != common_pb2.DELEGATION_OUTCOME_SUCCEEDED
+    )
+    for failure, count in failures.items():
+        print(f"  {count} failed: {failure[:300]}")
+    if failures:
+        raise SystemExit(f"{sum(failures.values())} of {args.concurrent} concurrent delegations failed")
+    return elapsed
 
 
 def main() -> None:
-    asyncio.run(main_async(arguments(__doc__, delegations=40, concurrent=200, latency=0.5)))
+    args = arguments(
+        __doc__,
+        rounds=5,
+        delegations=20,
+        concurrent=200,
+        latency=0.5,
+        keepalive=20,
+        bare_httpx=0,
+        model_url="",
+        scratchpad="",
+        thread="",
+    )
+    asyncio.run(bare_httpx_main(args) if args.bare_httpx else main_async(args))
 
 
 if __name__ == "__main__":

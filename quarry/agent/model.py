@@ -13,7 +13,13 @@ Events are read by quarry.agent.sse, the reply is assembled by quarry.agent.repl
 
 It speaks the chat-completions protocol over one keep-alive httpx client: the
 openai SDK's request transforms and per-chunk models cost more than the rest
-of an agent turn together (docs/benchmarks.md).
+of an agent turn together (docs/benchmarks.md). Each stream is read to its end,
+so its connection goes back to the pool: quarry.agent.pool's, which finds an
+idle connection without walking them all (httpcore's own pool does, on every
+request), holds up to 1000 at once, and drops one that expired or that the
+server closed while it was idle. With a proxy set in the environment
+(HTTP_PROXY, HTTPS_PROXY, ALL_PROXY), httpx's own transport and pool route
+instead.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from opentelemetry import trace
 
 from quarry.agent import text_protocol
 from quarry.agent.messages import Message
+from quarry.agent.pool import PooledTransport, environment_proxy
 from quarry.agent.reply import AssembledReply
 from quarry.agent.sse import Events, StreamError, error_message, error_text
 from quarry.agent.usage import Usage
@@ -182,11 +189,16 @@ class ModelClient:
         self._server_address = urllib.parse.urlsplit(settings.base_url).hostname or ""
         self._url = f"{settings.base_url.rstrip('/')}/chat/completions"
         # One client for every call: its connections stay open between turns, one per concurrent call
-        # (httpx's default keeps 20, so a busy worker would reconnect on most turns). httpx's timeout bounds
-        # each step (connect, each read, each write): the idle limit; the total deadline is _complete's.
+        # (httpx's default keeps 20, so a busy worker would reconnect on most turns), in a pool that finds
+        # one without walking them all (quarry.agent.pool); behind a proxy, httpx's own transport routes.
+        # httpx's timeout bounds each step (connect, each read, each write): the idle limit; the total
+        # deadline is _complete's.
+        limits = httpx.Limits(max_connections=_MAX_CONNECTIONS, max_keepalive_connections=_MAX_CONNECTIONS)
+        self._transport = None if environment_proxy() else PooledTransport(limits)
         self._client = httpx.AsyncClient(
             timeout=settings.idle_timeout,
-            limits=httpx.Limits(max_connections=_MAX_CONNECTIONS, max_keepalive_connections=_MAX_CONNECTIONS),
+            limits=limits,
+            transport=self._transport,
             headers={"authorization": f"Bearer {settings.api_key}", "accept": "application/json"},
         )
 

@@ -3,7 +3,7 @@
 Raw asyncio rather than aiohttp, so that what goes on the wire is exactly the fixture: each answer is a body
 written in parts (one HTTP chunk each, `pause` seconds apart), or `Drop`: read the request, then close the
 socket without a byte of response, as a restarting server or a load balancer's idle reset does. Connections
-are kept alive between requests, and counted.
+are kept alive between requests (unless an answer closes its own after it), and counted as they open and close.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ class Answer:
     # Seconds between parts.
     pause: float = 0.0
     content_type: str = "text/event-stream"
+    # Close the connection once the answer is sent, without saying so (no `connection: close`): a server
+    # whose keep-alive timeout ran out on an idle connection.
+    close: bool = False
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,9 @@ class Drop:
 class ReplayServer(Served):
     answers: deque[Answer | Drop] = field(default_factory=deque)
     requests: list[dict[str, Any]] = field(default_factory=list)
-    # TCP connections accepted.
+    # TCP connections accepted, and those since closed (by either side).
     connections: int = 0
+    closed: int = 0
     base_url: str = ""
     _server: asyncio.Server | None = None
     _handlers: set[asyncio.Task[None]] = field(default_factory=set)
@@ -72,6 +76,7 @@ class ReplayServer(Served):
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
+            self.closed += 1
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """Answer one request; False when the connection is done."""
@@ -93,4 +98,4 @@ class ReplayServer(Served):
             await writer.drain()
         writer.write(b"0\r\n\r\n")
         await writer.drain()
-        return True
+        return not answer.close
