@@ -197,7 +197,7 @@ async def concurrent(
     )
     elapsed = time.perf_counter() - started
     failures = Counter(
-        repr(r) if not isinstance(r, worker_pb2.DelegationResult) else f"{r.error_code}: {r.error_message}"
+        repr(r) if not isinstance(r, worker_pb2.DelegationResult) else f"{r.error.code}: {r.error.message}"
         for r in results
         if not isinstance(r, worker_pb2.DelegationResult) or r.outcome != common_pb2.DELEGATION_OUTCOME_SUCCEEDED
     )
