@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import grpc
@@ -11,12 +12,13 @@ from quarry.diagnostics import Diagnostics, database_diagnostics
 from quarry.identity import MeshRole
 from quarry.mesh_auth import Access
 from quarry.migrations import open_migrated_database
-from quarry.notify import CommitSignal, listen_for_commits
+from quarry.notify import listen_for_commits
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
+from scratchpad_svc.feed import Payloads
 from scratchpad_svc.scratchpad import Scratchpad
 from scratchpad_svc.servicer import ScratchpadServicer
-from scratchpad_svc.store import NOTIFY_CHANNEL, ScratchpadStore
+from scratchpad_svc.store import NOTIFY_CHANNEL, ScratchpadStore, notify_scope
 from scratchpad_svc.validation import Limits
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -41,15 +43,14 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
     database = await open_migrated_database(
         settings.resolved_database_url(common.data_dir), MIGRATIONS, VERSION_TABLE, inline_writes=True
     )
-    signal = CommitSignal()
+    payloads = Payloads(scope=await notify_scope(database), origin=uuid.uuid4().hex)
     scratchpad = Scratchpad(
-        ScratchpadStore(database),
+        ScratchpadStore(database, payloads),
         Limits(max_content_bytes=settings.max_content_bytes, max_sources=settings.max_sources),
-        signal=signal,
         max_batch=settings.max_batch,
         watch_poll_seconds=settings.watch_poll_seconds,
     )
-    listener = listen_for_commits(database, NOTIFY_CHANNEL, signal)
+    listener = listen_for_commits(database, NOTIFY_CHANNEL, scratchpad.feed)
     database_fact, database_check = database_diagnostics(settings, common, MIGRATIONS, VERSION_TABLE)
 
     def register(server: grpc.aio.Server) -> None:
