@@ -2,6 +2,7 @@
 
     python3 bench/scratchpad.py [--rounds 5] [--appends 1200] [--watch-entries 200]
         [--backends sqlite,postgresql] [--postgres-url postgresql://postgres@127.0.0.1:5432/test]
+        [--baseline /path/to/another/checkout]
 
 It starts `quarry serve scratchpad` once per backend, each as its own process on
 one thread, and drives them over gRPC from 8 client processes started once. Each
@@ -13,6 +14,9 @@ to round:
     which the append rate is divided by within the round;
   - Watch: a watcher streaming the thread while one client appends; latency runs
     from the append being sent to the watcher receiving its entry (commit included).
+With --baseline, each backend also runs from that checkout's code (its services,
+this benchmark's clients), as one more contender in every round; run it from a
+directory outside both checkouts (`python -m` puts the working directory first).
 At the end a gap check reads each thread back: sequence numbers 1..N with none
 missing or repeated, each acknowledged append stored once, and every Watch saw
 a run of consecutive numbers. Prints figures only; it never passes or fails on time.
@@ -50,6 +54,7 @@ CONTENT = "A benchmark finding of ordinary size. " * 8  # ~300 bytes
 AS_WORKER = bearer_metadata(mesh_token(MeshRole.WORKER))
 AS_SUPERVISOR = bearer_metadata(mesh_token(MeshRole.SUPERVISOR))
 CLIENTS = 8
+ROOT = Path(__file__).resolve().parents[1]
 MAX_COMMANDS = 10_000  # a client process's bound; a run sends a few dozen
 
 
@@ -232,7 +237,8 @@ def postgres_schema(url: str) -> Iterator[str]:
             connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
-def start_backend(stack: ExitStack, name: str, postgres_url: str) -> Backend:
+def start_backend(stack: ExitStack, name: str, postgres_url: str, code: str = "") -> Backend:
+    """The scratchpad on backend `name`, run from the checkout at `code` (this one when empty)."""
     workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
     if name == "sqlite":
         database_url = f"sqlite:///{workdir}/scratchpad.db"
@@ -241,11 +247,12 @@ def start_backend(stack: ExitStack, name: str, postgres_url: str) -> Backend:
     else:
         raise SystemExit(f"unknown backend {name!r}; use sqlite and/or postgresql")
     env = {"QUARRY_SCRATCHPAD_DATABASE_URL": database_url, "QUARRY_LOG_LEVEL": "WARNING", **mesh_environment(None)}
+    env["PYTHONPATH"] = code or str(ROOT)
     _, address = stack.enter_context(running_service("scratchpad", env, workdir))
     with grpc.insecure_channel(address) as channel:
         stub = scratchpad_pb2_grpc.ScratchpadServiceStub(channel)
         created = stub.CreateThread(scratchpad_pb2.CreateThreadRequest(title="bench"), metadata=AS_SUPERVISOR)
-    return Backend(name, address, created.thread.thread_id)
+    return Backend(f"{name} (baseline)" if code else name, address, created.thread.thread_id)
 
 
 def main() -> None:
@@ -255,12 +262,18 @@ def main() -> None:
         appends=1200,
         watch_entries=200,
         backends="sqlite,postgresql",
+        baseline="",
         postgres_url=os.environ.get("QUARRY_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
     )
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, grpcio {grpc.__version__}")
     print(f"{args.appends} calls per workload ({args.appends // 2} for 1 sequential client), CLIENTS={CLIENTS}")
     with ExitStack() as stack:
-        backends = [start_backend(stack, name, args.postgres_url) for name in args.backends.split(",")]
+        if args.baseline and (Path.cwd() / "quarry").is_dir():
+            raise SystemExit("with --baseline, run from a directory outside both checkouts")
+        codes = ["", args.baseline] if args.baseline else [""]
+        backends = [
+            start_backend(stack, name, args.postgres_url, code) for name in args.backends.split(",") for code in codes
+        ]
         clients = Clients()
         stack.callback(clients.close)
         rounds = Rounds("scratchpad", count=args.rounds)
