@@ -87,27 +87,55 @@ async def test_watchers_get_every_entry_once_in_order_from_appenders_in_processe
         assert late == stored[joined_after:]
 
 
+class Follower:
+    """A Watch from the start of a thread over a raw stub, its entries queued as they arrive."""
+
+    def __init__(self, channel: grpc.aio.Channel, thread_id: str) -> None:
+        stub = scratchpad_pb2_grpc.ScratchpadServiceStub(channel)
+        self._call = stub.Watch(scratchpad_pb2.WatchRequest(thread_id=thread_id))
+        self.received: asyncio.Queue[scratchpad_pb2.Entry] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._call.initial_metadata()
+        self._task = asyncio.create_task(self._follow())
+
+    async def _follow(self) -> None:
+        async for response in self._call:
+            self.received.put_nowait(response.entry)
+
+    async def next(self, count: int) -> list[scratchpad_pb2.Entry]:
+        return [await asyncio.wait_for(self.received.get(), 10) for _ in range(count)]
+
+    async def stop(self) -> None:
+        self._call.cancel()
+        await asyncio.gather(*([self._task] if self._task else []), return_exceptions=True)
+
+
 @pytest.mark.slow
 async def test_entries_too_large_for_a_payload_reach_a_watcher_on_another_replica(processes: Processes) -> None:
     with postgres_schema() as schema:
         env = {**service_env(schema.url, processes.workdir), **NO_TIMED_READS}
         first, second = await processes.service(env), await processes.service(env)
         async with insecure_channel(first.address) as channel_a, insecure_channel(second.address) as channel_b:
-            watching, writing = ScratchpadClient(channel_a), scratchpad_pb2_grpc.ScratchpadServiceStub(channel_b)
-            thread_id = (await watching.create_thread(title="large")).thread_id
-            opened = asyncio.Event()
-            watcher = asyncio.create_task(watch_until(watching, thread_id, 7, opened))
-            await asyncio.wait_for(opened.wait(), 30)
-            # Through replica B: a small entry (carried whole), then entries of which a payload carries
-            # only the first (3,000 bytes of two-byte characters each), then one too large for any.
-            await writing.Append(finding(thread_id, "small"))
+            writing = scratchpad_pb2_grpc.ScratchpadServiceStub(channel_b)
+            thread_id = (await writing.CreateThread(scratchpad_pb2.CreateThreadRequest(title="large"))).thread.thread_id
+            follower = Follower(channel_a, thread_id)
+            await follower.start()
+            # Each commit goes through replica B to a watcher on replica A that has seen all before it.
+            await writing.Append(finding(thread_id, "small"))  # its payload carries it
+            assert [entry.request_id for entry in await follower.next(1)] == ["small"]
+            await writing.Append(finding(thread_id, "huge", "x" * 9000))  # a payload carries none of it
+            assert [entry.content for entry in await follower.next(1)] == ["x" * 9000]
+            # 3,000 bytes (of two-byte characters) each: a payload carries two; those that queue behind the
+            # first commit together, so the last commit's payload carries only its first entries.
             await asyncio.gather(*(writing.Append(finding(thread_id, f"large-{i}", "é" * 1500)) for i in range(5)))
-            await writing.Append(finding(thread_id, "huge", "x" * 9000))
+            watched = [*await follower.next(5)]
             stored = (await writing.Read(scratchpad_pb2.ReadRequest(thread_id=thread_id))).entries
-            watched = await asyncio.wait_for(watcher, 30)
-            assert_gap_free(watched, 7)
-            assert watched == list(stored)
-            assert watched[-1].request_id == "huge" and watched[-1].content == "x" * 9000
+            assert [entry.sequence_no for entry in watched] == [3, 4, 5, 6, 7]
+            assert watched == list(stored)[2:]
+            await follower.stop()
+            assert follower.received.empty()
 
 
 class Replica:
@@ -148,31 +176,21 @@ async def test_commits_whose_notify_was_lost_reach_the_watcher_when_the_listener
     ):
         writing = scratchpad_pb2_grpc.ScratchpadServiceStub(writer_channel)
         thread_id = (await writing.CreateThread(scratchpad_pb2.CreateThreadRequest(title="lost"))).thread.thread_id
-        call = scratchpad_pb2_grpc.ScratchpadServiceStub(watcher_channel).Watch(
-            scratchpad_pb2.WatchRequest(thread_id=thread_id)
-        )
-        await call.initial_metadata()
-        received: asyncio.Queue[scratchpad_pb2.Entry] = asyncio.Queue()
-
-        async def follow() -> None:
-            async for response in call:
-                received.put_nowait(response.entry)
-
-        follower = asyncio.create_task(follow())
+        follower = Follower(watcher_channel, thread_id)
+        await follower.start()
         await writing.Append(finding(thread_id, "before"))
-        assert (await asyncio.wait_for(received.get(), 10)).request_id == "before"
+        assert [entry.request_id for entry in await follower.next(1)] == ["before"]
 
         await replica.listener.stop()  # the NOTIFYs of the next commits never reach this replica
         for request_id in ("lost-1", "lost-2"):
             await writing.Append(finding(thread_id, request_id))
         await asyncio.sleep(0.5)
-        assert received.empty(), "nothing but the NOTIFY could have told the watcher"
+        assert follower.received.empty(), "nothing but the NOTIFY could have told the watcher"
 
         replica.listener.start()  # reconnected, it has every follower read again
-        assert [(await asyncio.wait_for(received.get(), 10)).request_id for _ in range(2)] == ["lost-1", "lost-2"]
+        assert [entry.request_id for entry in await follower.next(2)] == ["lost-1", "lost-2"]
         await writing.Append(finding(thread_id, "after"))
-        after = await asyncio.wait_for(received.get(), 10)
+        [after] = await follower.next(1)
         assert (after.request_id, after.sequence_no) == ("after", 4)
-        call.cancel()
-        await asyncio.gather(follower, return_exceptions=True)
-        assert received.empty()
+        await follower.stop()
+        assert follower.received.empty()
