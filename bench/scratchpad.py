@@ -13,7 +13,9 @@ to round:
   - a no-op RPC (the health check) from 1 and from 8 clients: the gRPC ceiling,
     which the append rate is divided by within the round;
   - Watch: a watcher streaming the thread while one client appends; latency runs
-    from the append being sent to the watcher receiving its entry (commit included).
+    from the append being sent to the watcher receiving its entry (commit included);
+  - on PostgreSQL, one-row UPDATEs committed one by one: the WAL flush that every
+    append waits for, the floor under its latency.
 With --baseline, each backend also runs from that checkout's code (its services,
 this benchmark's clients), as one more contender in every round; run it from a
 directory outside both checkouts (`python -m` puts the working directory first).
@@ -113,6 +115,10 @@ def client_loop(pipe: Connection) -> None:
         if share is None:
             return
         pipe.send(asyncio.run(_call_many(share)))
+
+
+# (figure, clients, calls, in flight, no-op)
+Workload = tuple[str, int, int, int, bool]
 
 
 @dataclass
@@ -237,6 +243,27 @@ def postgres_schema(url: str) -> Iterator[str]:
             connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
+class CommitProbe:
+    """One-row UPDATEs, each its own transaction, with the server's synchronous_commit: the floor under a
+    PostgreSQL append's latency (a commit waits for its WAL flush), measured beside it in each round."""
+
+    def __init__(self, stack: ExitStack, postgres_url: str) -> None:
+        url = stack.enter_context(postgres_schema(postgres_url))
+        conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self._connection = stack.enter_context(psycopg.connect(conninfo, autocommit=True))
+        self._connection.execute("CREATE TABLE probe (id int PRIMARY KEY, n bigint NOT NULL)")
+        self._connection.execute("INSERT INTO probe VALUES (1, 0)")
+
+    def latencies(self, count: int) -> list[float]:
+        """Milliseconds per commit."""
+        measured = []
+        for _ in range(count):
+            started = time.perf_counter()
+            self._connection.execute("UPDATE probe SET n = n + 1 WHERE id = 1")
+            measured.append((time.perf_counter() - started) * 1000)
+        return measured
+
+
 def start_backend(stack: ExitStack, name: str, postgres_url: str, code: str = "") -> Backend:
     """The scratchpad on backend `name`, run from the checkout at `code` (this one when empty)."""
     workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -277,8 +304,8 @@ def main() -> None:
         clients = Clients()
         stack.callback(clients.close)
         rounds = Rounds("scratchpad", count=args.rounds)
-        # (figure, clients, calls, in flight, no-op); the Watch runs as one more workload.
-        workloads = [
+        # The Watch runs as one more workload.
+        workloads: list[Workload] = [
             ("append 1 client", 1, args.appends // 2, 1, False),
             ("append 8 clients", CLIENTS, args.appends, 1, False),
             ("append 1 client x16 in flight", 1, args.appends, 16, False),
@@ -290,17 +317,27 @@ def main() -> None:
             for scale in ("1 client", "8 clients"):
                 name = backend.name
                 rounds.ratio(f"{name} append/no-op {scale}", f"{name} append {scale}", f"{name} no-op {scale}")
-        jobs = [(backend, workload) for backend in backends for workload in [*workloads, None]]
+        jobs: list[tuple[Backend | None, Workload | None]] = [
+            (backend, workload) for backend in backends for workload in [*workloads, None]
+        ]
+        probe = CommitProbe(stack, args.postgres_url) if "postgresql" in args.backends else None
+        if probe is not None:
+            jobs.append((None, None))
         for index in rounds:
             for backend, workload in Rounds.order(jobs, index):
-                if workload is None:
+                if backend is None:
+                    assert probe is not None
+                    latencies = probe.latencies(args.watch_entries)
+                    rounds.record("postgresql commit p50", percentile(latencies, 0.5), "ms")
+                    rounds.record("postgresql commit p99", percentile(latencies, 0.99), "ms")
+                elif workload is None:
                     latencies = asyncio.run(watch_latency(backend, args.watch_entries))
                     rounds.record(f"{backend.name} Watch p50", percentile(latencies, 0.5), "ms")
                     rounds.record(f"{backend.name} Watch p99", percentile(latencies, 0.99), "ms")
-                    continue
-                figure, count, calls, in_flight, noop = workload
-                rate = clients.calls_per_second(backend, count, calls, in_flight, noop)
-                rounds.record(f"{backend.name} {figure}", rate, "calls/s")
+                else:
+                    figure, count, calls, in_flight, noop = workload
+                    rate = clients.calls_per_second(backend, count, calls, in_flight, noop)
+                    rounds.record(f"{backend.name} {figure}", rate, "calls/s")
         rounds.report()
         for backend in backends:
             print(gap_check(backend))
