@@ -81,7 +81,7 @@ class FeedSubscription(Generic[_T]):
     def __init__(self, backlog: int) -> None:
         self._backlog = backlog
         self._pending: list[_T | None] = []
-        self._ready = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None
 
     def put(self, item: _T | None) -> None:
         if len(self._pending) >= self._backlog:
@@ -89,17 +89,19 @@ class FeedSubscription(Generic[_T]):
             self._pending = [None]
         else:
             self._pending.append(item)
-        self._ready.set()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     async def take(self, seconds: float) -> list[_T | None]:
         """Everything delivered so far, waiting up to `seconds` for the first; [] when none came."""
         if not self._pending:
+            # A bare future: lighter than a task per wait (wait_for), and a delivery is on the hot path.
+            self._waiter = asyncio.get_running_loop().create_future()
             try:
-                await asyncio.wait_for(self._ready.wait(), seconds)
-            except TimeoutError:
-                return []
+                await asyncio.wait((self._waiter,), timeout=seconds)
+            finally:
+                self._waiter = None
         taken, self._pending = self._pending, []
-        self._ready.clear()
         return taken
 
 
