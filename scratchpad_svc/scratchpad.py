@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from quarry import ids
 from quarry.errors import ErrorReason, Internal, QuarryError, Unavailable
 from quarry.identity import MeshRole
-from quarry.notify import CommitSignal
+from quarry.notify import CommitFeed
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import Entry, EntryKind
 from scratchpad_svc.authority import check_may_act_as, check_may_write
+from scratchpad_svc.feed import EntryFeed, continue_watch
 from scratchpad_svc.store import ScratchpadStore
 from scratchpad_svc.threads import AppendCommand, AppendResult, NewThread, Thread
 from scratchpad_svc.validation import (
@@ -62,14 +63,14 @@ class Scratchpad:
         store: ScratchpadStore,
         limits: Limits,
         *,
-        signal: CommitSignal | None = None,
         max_batch: int = 256,
         write_concurrency: int = 4,
         watch_poll_seconds: float = 5.0,
     ) -> None:
         self._store = store
         self._limits = limits
-        self.signal = signal or CommitSignal()
+        # Each commit's entries go to this process's watchers; a listener adds other replicas' commits.
+        self.feed: EntryFeed = CommitFeed(store.payloads.decode)
         self._max_batch = max_batch
         # How long a watcher waits without a wake-up before it reads again anyway:
         # a safety net for a lost notification, not the delivery path.
@@ -142,6 +143,7 @@ class Scratchpad:
             commands = [item.command for item in batch]
             outcome = await self._store.append_batch(thread_id, commands, context=batch[0].context)
         except QuarryError as error:  # the thread is missing, or the database is unavailable
+            self.feed.publish(thread_id)  # it may have committed all the same: watchers read again
             self._fail(batch, error)
             return
         except Exception:
@@ -152,9 +154,12 @@ class Scratchpad:
                     await self._commit(thread_id, [item])
                 return
             log.exception("append to thread %s failed", thread_id)
+            self.feed.publish(thread_id)
             self._fail(batch, Internal("the append could not be committed"))
             return
-        self.signal.publish(thread_id)
+        committed = outcome.committed()
+        if committed is not None:
+            self.feed.publish(thread_id, committed)
         for item, result in zip(batch, outcome.results, strict=True):
             if item.future.done():
                 continue
@@ -202,27 +207,37 @@ class Scratchpad:
         return self._watch(thread_id, cursor.after_sequence_no, kinds)
 
     async def _watch(self, thread_id: str, after: int, kinds: Sequence[EntryKind] | None) -> AsyncIterator[Entry]:
-        while not self._closed:
-            # Subscribe before reading, so a commit between the read and the wait still wakes us.
-            waiter = self.signal.subscribe(thread_id)
-            try:
-                entries, last = await self._store.read(thread_id, after, WATCH_BATCH, kinds)
-                for entry in entries:
-                    yield entry
-                if len(entries) == WATCH_BATCH:
-                    after = entries[-1].sequence_no
-                    continue
-                # A kind filter can skip rows: resume after everything scanned.
-                after = max(after, last)
-                await asyncio.wait({waiter}, timeout=self._watch_poll_seconds)
-            finally:
-                self.signal.unsubscribe(thread_id, waiter)
+        """Read the committed rows, then take each commit as delivered while deliveries continue from the
+        last entry seen; read again when one does not, or when none came for a while."""
+        wanted = None if kinds is None else frozenset(kinds)
+        # Subscribed before the first read, so no commit after it goes undelivered.
+        deliveries = self.feed.subscribe(thread_id)
+        try:
+            read = True
+            while not self._closed:
+                if read:
+                    entries, last = await self._store.read(thread_id, after, WATCH_BATCH, kinds)
+                    for entry in entries:
+                        yield entry
+                    if len(entries) == WATCH_BATCH:
+                        after = entries[-1].sequence_no
+                        continue
+                    # A kind filter can skip rows: resume after everything scanned.
+                    after = max(after, last)
+                batches = await deliveries.take(self._watch_poll_seconds)
+                delivered, after, read = continue_watch(after, batches)
+                for entry in delivered:
+                    if wanted is None or entry.kind in wanted:
+                        yield entry
+                read = read or not batches  # nothing for a whole poll interval: a signal may have been lost
+        finally:
+            self.feed.unsubscribe(thread_id, deliveries)
         raise ScratchpadClosed()
 
     async def close(self) -> None:
         """Stop taking appends, let queued ones commit, and end every Watch."""
         self._closed = True
-        self.signal.publish_all()
+        self.feed.publish_all()
         flushers = list(self._flushers.values())
         if flushers:
             await asyncio.gather(*flushers, return_exceptions=True)

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import grpc
 
 from quarry.config import QuarrySettings, ScratchpadSettings
+from quarry.db import Database
 from quarry.diagnostics import Diagnostics, database_diagnostics
 from quarry.identity import MeshRole
 from quarry.mesh_auth import Access
 from quarry.migrations import open_migrated_database
-from quarry.notify import CommitSignal, listen_for_commits
+from quarry.notify import PostgresCommitListener, listen_for_commits
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import scratchpad_pb2, scratchpad_pb2_grpc
+from scratchpad_svc.feed import Payloads
 from scratchpad_svc.scratchpad import Scratchpad
 from scratchpad_svc.servicer import ScratchpadServicer
-from scratchpad_svc.store import NOTIFY_CHANNEL, ScratchpadStore
+from scratchpad_svc.store import NOTIFY_CHANNEL, ScratchpadStore, notify_scope
 from scratchpad_svc.validation import Limits
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -33,6 +36,21 @@ ACCESS: Access = {
 }
 
 
+async def open_scratchpad(
+    database: Database, settings: ScratchpadSettings
+) -> tuple[Scratchpad, PostgresCommitListener | None]:
+    """The scratchpad over `database`, and on PostgreSQL the started listener that feeds it other replicas'
+    commits (the caller stops it)."""
+    payloads = Payloads(scope=await notify_scope(database), origin=uuid.uuid4().hex)
+    scratchpad = Scratchpad(
+        ScratchpadStore(database, payloads),
+        Limits(max_content_bytes=settings.max_content_bytes, max_sources=settings.max_sources),
+        max_batch=settings.max_batch,
+        watch_poll_seconds=settings.watch_poll_seconds,
+    )
+    return scratchpad, listen_for_commits(database, NOTIFY_CHANNEL, scratchpad.feed)
+
+
 async def build_host(settings: ScratchpadSettings | None = None, common: QuarrySettings | None = None) -> ServiceHost:
     """Upgrade the schema and return a ready-to-start host for the scratchpad."""
     settings = settings or ScratchpadSettings()
@@ -41,15 +59,7 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
     database = await open_migrated_database(
         settings.resolved_database_url(common.data_dir), MIGRATIONS, VERSION_TABLE, inline_writes=True
     )
-    signal = CommitSignal()
-    scratchpad = Scratchpad(
-        ScratchpadStore(database),
-        Limits(max_content_bytes=settings.max_content_bytes, max_sources=settings.max_sources),
-        signal=signal,
-        max_batch=settings.max_batch,
-        watch_poll_seconds=settings.watch_poll_seconds,
-    )
-    listener = listen_for_commits(database, NOTIFY_CHANNEL, signal)
+    scratchpad, listener = await open_scratchpad(database, settings)
     database_fact, database_check = database_diagnostics(settings, common, MIGRATIONS, VERSION_TABLE)
 
     def register(server: grpc.aio.Server) -> None:

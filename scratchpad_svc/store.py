@@ -20,6 +20,7 @@ from quarry.errors import AlreadyExists, ErrorReason, NotFound, QuarryError
 from quarry.identity import Principal, Role
 from quarry.notify import notify_on_commit, pg_notify
 from quarry.vocabulary import Entry, EntryKind, Source
+from scratchpad_svc.feed import Committed, Payloads
 from scratchpad_svc.schema import entries, threads
 from scratchpad_svc.threads import AppendCommand, AppendResult, NewThread, Thread
 
@@ -29,10 +30,18 @@ NOTIFY_CHANNEL = "quarry_scratchpad_commits"
 
 @dataclass(frozen=True)
 class BatchOutcome:
-    """One transaction's results, in request order; an item is an error when its request_id was reused."""
+    """One transaction's results, in request order (an item is an error when its request_id was reused),
+    and the entries it created, numbered on from the thread's previous last."""
 
     results: list[AppendResult | QuarryError]
     last_sequence_no: int
+    created: tuple[Entry, ...]
+
+    def committed(self) -> Committed | None:
+        """What watchers are handed; None when the batch created nothing."""
+        if not self.created:
+            return None
+        return Committed(last=self.last_sequence_no, count=len(self.created), entries=self.created)
 
 
 def _thread(row: sa.Row[Any]) -> Thread:
@@ -85,7 +94,8 @@ def _request_reused(command: AppendCommand, original: Entry) -> AlreadyExists:
 
 
 # One statement, one round trip, one implicit transaction: lock and advance the
-# counter, insert the batch numbered from it, and notify other replicas on commit.
+# counter, insert the batch numbered from it, and notify other replicas on commit
+# with the entries (their numbers follow from the counter, spliced into the payload).
 # The counter row lock orders concurrent writers, so sequence numbers follow
 # commit order with no gaps.
 _COUNTER = (
@@ -119,9 +129,16 @@ _INSERTED = (
 )
 _POSTGRES_APPEND = Prepared(
     sa.select(
-        sa.select(_COUNTER.c.last_sequence_no).scalar_subquery().label("last_sequence_no"),
-        pg_notify(NOTIFY_CHANNEL, sa.bindparam("thread_id", type_=sa.String)),
-    ).add_cte(_COUNTER, _INSERTED)  # in this order: the insert reads the counter
+        _COUNTER.c.last_sequence_no,
+        pg_notify(
+            NOTIFY_CHANNEL,
+            sa.bindparam("notify_head", type_=sa.String)
+            + sa.cast(_COUNTER.c.last_sequence_no, sa.String)
+            + sa.bindparam("notify_tail", type_=sa.String),
+        ),
+    )
+    .select_from(_COUNTER)
+    .add_cte(_COUNTER, _INSERTED)  # in this order: the insert reads the counter
 )
 
 
@@ -195,14 +212,23 @@ def _outcome(
             results.append(_request_reused(command, entry))
         else:
             results.append(AppendResult(entry=entry, replayed=replayed))
-    return BatchOutcome(results=results, last_sequence_no=last)
+    numbered = tuple(entry for _, entry in created.values())  # in sequence order, ending at `last`
+    return BatchOutcome(results=results, last_sequence_no=last, created=numbered)
+
+
+async def notify_scope(database: Database) -> str:
+    """The PostgreSQL schema the scratchpad's tables are in (what its NOTIFYs are about); "" elsewhere."""
+    if not database.is_postgres:
+        return ""
+    return str(await database.read(lambda connection: connection.execute(sa.select(sa.func.current_schema())).scalar()))
 
 
 class ScratchpadStore:
     """Async facade; each method's SQL runs as one transaction in a database thread."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, payloads: Payloads | None = None) -> None:
         self._db = database
+        self.payloads = payloads or Payloads(scope="", origin=uuid.uuid4().hex)
 
     async def create_thread(self, request: NewThread) -> Thread:
         thread = Thread(
@@ -331,15 +357,17 @@ class ScratchpadStore:
         last = first + len(unique) - 1
         return _outcome(commands, created, {}, last)
 
-    @staticmethod
     def _append_new_postgres(
-        connection: Connection, thread_id: str, commands: Sequence[AppendCommand], unique: list[AppendCommand]
+        self, connection: Connection, thread_id: str, commands: Sequence[AppendCommand], unique: list[AppendCommand]
     ) -> BatchOutcome:
         created = _new_entries(thread_id, unique, first_sequence_no=1)  # renumbered below
         rows = [_entry_row(entry, fp) for fp, entry in created.values()]
+        head, tail = self.payloads.parts(thread_id, [entry for _, entry in created.values()])
         result = _POSTGRES_APPEND.execute(
             connection,
             {
+                "notify_head": head,
+                "notify_tail": tail,
                 "thread_id": thread_id,
                 "n": len(rows),
                 "create_time": rows[0]["create_time"],
@@ -353,9 +381,9 @@ class ScratchpadStore:
                 "sources": [json.dumps(row["sources"]) for row in rows],
             },
         ).fetchone()
-        last = result[0] if result is not None else None
-        if last is None:
+        if result is None:  # no counter row, so nothing inserted or notified
             raise NotFound("thread", thread_id, field="thread_id")
+        last = result[0]
         first = last - len(rows) + 1
         renumbered = {
             request_id: (fp, dataclasses.replace(entry, sequence_no=first + index))
@@ -363,8 +391,9 @@ class ScratchpadStore:
         }
         return _outcome(commands, renumbered, {}, last)
 
-    @staticmethod
-    def _append_resolving(connection: Connection, thread_id: str, commands: Sequence[AppendCommand]) -> BatchOutcome:
+    def _append_resolving(
+        self, connection: Connection, thread_id: str, commands: Sequence[AppendCommand]
+    ) -> BatchOutcome:
         last = connection.execute(
             sa.select(threads.c.last_sequence_no).where(threads.c.thread_id == thread_id).with_for_update()
         ).scalar()
@@ -381,5 +410,6 @@ class ScratchpadStore:
             connection.execute(entries.insert(), [_entry_row(entry, fp) for fp, entry in created.values()])
             last += len(created)
             connection.execute(threads.update().where(threads.c.thread_id == thread_id).values(last_sequence_no=last))
-            notify_on_commit(connection, NOTIFY_CHANNEL, thread_id)
+            payload = self.payloads.payload(thread_id, [entry for _, entry in created.values()], last)
+            notify_on_commit(connection, NOTIFY_CHANNEL, payload)
         return _outcome(commands, created, existing, last)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -11,6 +11,7 @@ from quarry.config import QuarrySettings, ScratchpadSettings
 from quarry.server import ServiceHost
 from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
 from scratchpad_svc.service import build_host
+from tests.scratchpad_svc.processes import Processes
 
 MAX_CONTENT_BYTES = 1024
 MAX_SOURCES = 3
@@ -76,3 +77,10 @@ def make_thread(stub: scratchpad_pb2_grpc.ScratchpadServiceStub) -> Callable[...
         return response.thread.thread_id
 
     return create
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    tracked = Processes(tmp_path)
+    yield tracked
+    tracked.close()
