@@ -100,3 +100,17 @@ def test_the_module_table_names_every_hand_written_module() -> None:
     table = module_table((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"))
     named = set(re.findall(r"`([^`]+\.py)`", "\n".join(row.split(" | ", 1)[0] for row in table.splitlines())))
     assert [module for module in hand_written_modules() if module not in named] == []
+
+
+def test_the_benchmarks_doc_states_figures_that_bench_all_reruns() -> None:
+    """Every bench bench/all.py reruns is documented with its command, and every figure the document
+    states belongs to one of them, so that a reader can reproduce each figure."""
+    rerun = runpy.run_path(str(ROOT / "bench" / "all.py"))
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    benches: dict[str, list[str]] = rerun["BENCHES"]
+    undocumented = [name for name, command in benches.items() if f"python3 {' '.join(command)}" not in text]
+    figures = rerun["documented"](text)
+    strays = [key for key in figures if key.split("/")[0] not in benches]
+    assert undocumented == []
+    assert len(figures) >= len(benches)
+    assert strays == []
