@@ -61,13 +61,15 @@ class GroupCommit:
         writers: int,
         begin_options: Mapping[str, Any],
         translate: Callable[[BaseException], BaseException],
+        max_pending: int = MAX_PENDING,
     ) -> None:
-        if writers < 1:
-            raise ValueError(f"writers must be at least 1, not {writers}")
+        if writers < 1 or max_pending < 1:
+            raise ValueError(f"writers and max_pending must be at least 1, not {writers} and {max_pending}")
         self._engine = engine
         self._writers = writers
         self._options = dict(begin_options)
         self._translate = translate
+        self._max_pending = max_pending
         self._queue: deque[_Unit] = deque()
         self._ready = threading.Condition()
         self._closing = False
@@ -82,8 +84,8 @@ class GroupCommit:
         """Run `work` in the next batch's transaction (or, `autocommit`, on a connection of its own); returns
         once it has committed."""
         loop = asyncio.get_running_loop()
-        # Each settled unit wakes one waiter, so a waiter waits for at most MAX_PENDING units ahead of it.
-        while self._pending >= MAX_PENDING and not self._closing:
+        # Each settled unit wakes one waiter, so a waiter waits for at most max_pending units ahead of it.
+        while self._pending >= self._max_pending and not self._closing:
             room = loop.create_future()
             self._room.append(room)
             await room
@@ -172,8 +174,7 @@ class GroupCommit:
     def _settle(self, units: list[_Unit]) -> None:
         for unit in units:
             self._pending -= 1
-            if self._room:
-                self._room.popleft().set_result(None)
+            self._make_room()
             if unit.future.done():  # its caller stopped waiting
                 continue
             if unit.error is None:
@@ -181,15 +182,22 @@ class GroupCommit:
             else:
                 unit.future.set_exception(self._translate(unit.error))
 
+    def _make_room(self) -> None:
+        """Wake one caller waiting for room (one that gave up waiting needs none)."""
+        while self._room:  # bounded: each turn takes one waiter off
+            room = self._room.popleft()
+            if not room.done():
+                room.set_result(None)
+                return
+
     async def close(self) -> None:
         """Commit what is queued, then stop the writers; a write submitted after this is refused."""
         with self._ready:
             self._closing = True
             self._ready.notify_all()
             threads = list(self._threads)
-        for room in self._room:
-            room.set_result(None)
-        self._room.clear()
+        while self._room:  # the waiters find the database closed
+            self._make_room()
         loop = asyncio.get_running_loop()
         for thread in threads:
             # A writer hands its last batch back before it ends, so those callers hear first.
