@@ -140,8 +140,7 @@ class GroupCommit:
                     if units[0].error is not None:
                         raise units[0].error
                 else:
-                    for unit in units:
-                        _savepoint(unit, connection)
+                    _in_savepoints(units, connection)
             return connection
         except BaseException as error:
             # The commit (or a rollback) failed: nothing of the batch is durable.
@@ -211,14 +210,24 @@ def _run(unit: _Unit, connection: Connection) -> None:
         unit.error = error
 
 
-def _savepoint(unit: _Unit, connection: Connection) -> None:
-    """`unit` inside a savepoint: its failure takes back its own statements only. A failure to roll back
-    to the savepoint leaves the transaction in doubt, and fails the batch."""
+# Between two units: the last one's savepoint goes, the next one's comes. PostgreSQL takes both in one
+# round trip (psycopg sends a statement without parameters as a simple query); SQLite runs one at a time.
+_NEXT_UNIT = {"postgresql": ("RELEASE SAVEPOINT quarry_unit; SAVEPOINT quarry_unit",)}
+_NEXT_UNIT_ONE_AT_A_TIME = ("RELEASE SAVEPOINT quarry_unit", "SAVEPOINT quarry_unit")
+
+
+def _in_savepoints(units: list[_Unit], connection: Connection) -> None:
+    """Each unit inside a savepoint: a unit's failure takes back its own statements only. A failure to roll
+    back to the savepoint leaves the transaction in doubt, and fails the batch. The last savepoint is left
+    to the commit."""
     execute_on_driver(connection, "SAVEPOINT quarry_unit")
-    _run(unit, connection)
-    if unit.error is not None:
-        execute_on_driver(connection, "ROLLBACK TO SAVEPOINT quarry_unit")
-    execute_on_driver(connection, "RELEASE SAVEPOINT quarry_unit")
+    for index, unit in enumerate(units):
+        if index:
+            for statement in _NEXT_UNIT.get(connection.dialect.name, _NEXT_UNIT_ONE_AT_A_TIME):
+                execute_on_driver(connection, statement)
+        _run(unit, connection)
+        if unit.error is not None:
+            execute_on_driver(connection, "ROLLBACK TO SAVEPOINT quarry_unit")
 
 
 def execute_on_driver(connection: Connection, sql: str, parameters: Any = None, *, many: bool = False) -> Any:
