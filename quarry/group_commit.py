@@ -204,6 +204,8 @@ class GroupCommit:
 
 
 def _run(unit: _Unit, connection: Connection) -> None:
+    if unit.future.cancelled():  # its caller gave up before it ran (a read of a flag set on the loop)
+        return
     try:
         unit.outcome = unit.context.run(unit.work, connection)
     except Exception as error:

@@ -160,6 +160,18 @@ async def test_close_commits_what_is_queued_then_refuses_writes(database_url: st
         await database.write(insert(100))
 
 
+async def test_a_write_whose_caller_gave_up_before_it_ran_is_not_run(database: Database, other: sa.Engine) -> None:
+    held = Held(database)
+    await asyncio.to_thread(held.started.wait, 30)
+    abandoned = asyncio.ensure_future(database.write(insert(1)))
+    await asyncio.sleep(0)  # queued
+    abandoned.cancel()
+    tasks = await held.queue_behind([database.write(insert(2))])
+    assert await asyncio.gather(*tasks) == [2]
+    assert abandoned.cancelled()
+    assert stored(other) == [2]
+
+
 async def test_a_unit_runs_in_the_context_it_is_given(database: Database) -> None:
     span: contextvars.ContextVar[str] = contextvars.ContextVar("span", default="none")
     context = contextvars.copy_context()
