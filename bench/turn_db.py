@@ -116,8 +116,10 @@ def _database_url(backend: str, postgres_url: str) -> Iterator[str]:
     with psycopg.connect(conninfo, autocommit=True) as connection:
         connection.execute(f'CREATE SCHEMA "{schema}"')
     try:
-        yield make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
-            hide_password=False
+        yield (
+            make_url(postgres_url)
+            .update_query_dict({"options": f"-csearch_path={schema}"})
+            .render_as_string(hide_password=False)
         )
     finally:
         with psycopg.connect(conninfo, autocommit=True) as connection:
