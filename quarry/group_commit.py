@@ -71,7 +71,10 @@ class GroupCommit:
         self._translate = translate
         self._max_pending = max_pending
         self._queue: deque[_Unit] = deque()
-        self._ready = threading.Condition()
+        self._lock = threading.Lock()
+        # Writers waiting for work, the latest last. The latest wakes first: with little to do, one
+        # connection (and its PostgreSQL backend) stays warm, as the pool's one did before.
+        self._idle: list[threading.Lock] = []
         self._closing = False
         self._threads: list[threading.Thread] = []
         # Loop side: units submitted and not yet settled, and the callers waiting for room.
@@ -93,11 +96,12 @@ class GroupCommit:
             raise Unavailable("the database is closed", reason=ErrorReason.DATABASE_UNAVAILABLE)
         unit = _Unit(work, context, loop.create_future(), autocommit)
         self._pending += 1
-        with self._ready:
+        with self._lock:
             if not self._threads:
                 self._start()
             self._queue.append(unit)
-            self._ready.notify()
+            if self._idle:
+                self._idle.pop().release()
         result: _T = await unit.future
         return result
 
@@ -110,13 +114,7 @@ class GroupCommit:
     def _drain(self) -> None:
         connection: Connection | None = None
         try:
-            while True:  # until close() and an empty queue
-                with self._ready:
-                    while not self._queue and not self._closing:
-                        self._ready.wait()
-                    if not self._queue:
-                        return
-                    batch = [self._queue.popleft() for _ in range(min(MAX_BATCH, len(self._queue)))]
+            while (batch := self._next_batch()) is not None:  # until close() and an empty queue
                 for unit in batch:
                     if unit.autocommit:
                         self._autocommit(unit)
@@ -127,6 +125,19 @@ class GroupCommit:
         finally:
             if connection is not None:
                 connection.close()
+
+    def _next_batch(self) -> list[_Unit] | None:
+        """What is queued (up to MAX_BATCH), once there is some; None once closed and drained."""
+        while True:  # each wake-up comes with work (which another writer may have taken) or close()
+            with self._lock:
+                if self._queue:
+                    return [self._queue.popleft() for _ in range(min(MAX_BATCH, len(self._queue)))]
+                if self._closing:
+                    return None
+                wake = threading.Lock()
+                wake.acquire()
+                self._idle.append(wake)
+            wake.acquire()
 
     def _commit(self, units: list[_Unit], connection: Connection | None) -> Connection | None:
         """Run `units` in one transaction on the writer's own connection (checking one out per batch would cost
@@ -191,9 +202,11 @@ class GroupCommit:
 
     async def close(self) -> None:
         """Commit what is queued, then stop the writers; a write submitted after this is refused."""
-        with self._ready:
+        with self._lock:
             self._closing = True
-            self._ready.notify_all()
+            for wake in self._idle:
+                wake.release()
+            self._idle.clear()
             threads = list(self._threads)
         while self._room:  # the waiters find the database closed
             self._make_room()
