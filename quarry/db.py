@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Dialect, make_url
 
 from quarry.errors import ErrorReason, Unavailable
+from quarry.group_commit import GroupCommit, execute_on_driver
 
 __all__ = [
     "Database",
@@ -146,34 +146,10 @@ class Prepared:
     def execute(self, connection: Connection, params: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Any:
         """Run in `connection`'s transaction (one parameter set, or a list for executemany); returns what
         to fetch rows from (fetchone)."""
-        dialect = connection.dialect
-        compiled = self._for(dialect)
-        many = not isinstance(params, Mapping)
-        rows = [params] if isinstance(params, Mapping) else list(params)
-        bound: list[Any] = [compiled.bind(row) for row in rows]
-        if connection.dispatch.before_cursor_execute:
-            # Someone watches statements (tracing's SQLAlchemy instrumentation): they go through SQLAlchemy.
-            return connection.exec_driver_sql(compiled.sql, bound if many else bound[0])
-        raw = connection.connection
-        cursor = raw.cursor()
-        try:
-            if many:
-                cursor.executemany(compiled.sql, bound)
-            else:
-                cursor.execute(compiled.sql, bound[0])
-        except dialect.loaded_dbapi.Error as error:
-            disconnected = dialect.is_disconnect(error, raw.dbapi_connection, cursor)
-            if disconnected:
-                connection.invalidate(error)
-            raise sa.exc.DBAPIError.instance(
-                compiled.sql,
-                bound,
-                error,
-                dialect.loaded_dbapi.Error,
-                connection_invalidated=disconnected,
-                dialect=dialect,
-            ) from error
-        return cursor
+        compiled = self._for(connection.dialect)
+        if isinstance(params, Mapping):
+            return execute_on_driver(connection, compiled.sql, compiled.bind(params))
+        return execute_on_driver(connection, compiled.sql, [compiled.bind(row) for row in params], many=True)
 
 
 @dataclass(frozen=True)
@@ -197,11 +173,11 @@ class _Compiled:
 class Database:
     """A service's database, used from asyncio.
 
-    Each unit of work is a plain function over a SQLAlchemy connection, run in a
-    worker thread as one transaction, so a whole transaction costs one hop off
-    the event loop. (Measured on the 2-core CI machine: SQLAlchemy's asyncio
-    adapters cost one hop per statement, about 4x slower per append.) SQLite
-    gets a single writer thread, since it admits one writer at a time anyway;
+    Each unit of work is a plain function over a SQLAlchemy connection, run off the event loop
+    as one transaction: reads in a thread pool, writes by group commit (quarry.group_commit), so
+    the writes that wait at one moment share one commit and one hop back to the loop. (Measured
+    on the 2-core CI machine: SQLAlchemy's asyncio adapters cost one hop per statement, about 4x
+    slower per append.) SQLite gets a single writer, since it admits one writer at a time anyway;
     PostgreSQL gets several.
     """
 
@@ -211,18 +187,21 @@ class Database:
         sqlite = self.url.get_backend_name() == "sqlite"
         self._inline = inline_writes and sqlite
         self._inline_commits = 0
+        self._inline_connection: Connection | None = None
         self._checkpoint: asyncio.Future[None] | None = None
         writers = writers or (1 if sqlite else 4)
-        # A SQLite writer (a thread, or the loop with inline writes) holds a connection of its own, and
+        # A writer (a thread, or the loop with inline writes) holds a connection of its own, and
         # may check out another (autocommit, a checkpoint).
-        self.engine = create_engine(url, pool_size=readers + (2 * writers if sqlite else writers))
+        self.engine = create_engine(url, pool_size=readers + 2 * writers)
         self.is_postgres = not sqlite
-        self._writer = ThreadPoolExecutor(writers, thread_name_prefix="db-write")
+        self._writes = GroupCommit(
+            self.engine, writers=writers, begin_options=SQLITE_WRITE if sqlite else {}, translate=_unavailable
+        )
         self._reader = ThreadPoolExecutor(readers, thread_name_prefix="db-read")
-        self._held = threading.local()
 
     async def write(self, work: Callable[[Connection], _T], *, context: contextvars.Context | None = None) -> _T:
-        """Run `work` in one write transaction (SQLite takes its write lock up front).
+        """Run `work` in a write transaction (SQLite takes its write lock up front), shared with the
+        writes queued beside it, each in a savepoint of its own; returns once it has committed.
 
         `context` is the one to run it in (whose span its statements belong to), when not the caller's.
         With inline writes the transaction runs here, on the event loop: a short SQLite transaction
@@ -233,21 +212,20 @@ class Database:
         """
         if self._inline:
             return self._inline_write(work, context)
-        return await self._run(self._writer, self._transaction, work, True, context=context)
+        return await self._writes.submit(work, context or contextvars.copy_context())
 
     def _inline_write(self, work: Callable[[Connection], _T], context: contextvars.Context | None) -> _T:
         try:
             result = (context or contextvars.copy_context()).run(self._sqlite_write, work)
-        except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError) as error:
-            log.warning("database unavailable: %s", error)
-            raise Unavailable("the database is unavailable; retry", reason=ErrorReason.DATABASE_UNAVAILABLE) from error
+        except _UNAVAILABLE as error:
+            raise _unavailable(error) from error
         self._inline_commits += 1
         # The loop's connection never checkpoints (its fsync would stall every RPC): a thread does,
         # one at a time, every so many commits. PASSIVE: it never makes a writer wait.
         if self._inline_commits % INLINE_CHECKPOINT_COMMITS == 0 and (
             self._checkpoint is None or self._checkpoint.done()
         ):
-            self._checkpoint = asyncio.get_running_loop().run_in_executor(self._writer, self._checkpoint_wal)
+            self._checkpoint = asyncio.get_running_loop().run_in_executor(self._reader, self._checkpoint_wal)
         return result
 
     def _checkpoint_wal(self) -> None:
@@ -258,48 +236,37 @@ class Database:
         self, work: Callable[[Connection], _T], *, context: contextvars.Context | None = None
     ) -> _T:
         """Run `work` with each statement its own transaction: for single-statement writes."""
-        return await self._run(self._writer, self._autocommit, work, context=context)
+        return await self._writes.submit(work, context or contextvars.copy_context(), autocommit=True)
 
     async def read(self, work: Callable[[Connection], _T]) -> _T:
         """Run `work` in one read transaction."""
-        return await self._run(self._reader, self._transaction, work, False)
+        return await self._read(self._transaction, work)
 
     async def read_statement(self, work: Callable[[Connection], _T]) -> _T:
         """Run a single-statement read without BEGIN/ROLLBACK round trips; one statement sees one snapshot."""
-        return await self._run(self._reader, self._autocommit, work)
+        return await self._read(self._autocommit, work)
 
-    @staticmethod
-    async def _run(
-        executor: ThreadPoolExecutor,
-        function: Callable[..., _T],
-        *args: Any,
-        context: contextvars.Context | None = None,
-    ) -> _T:
+    async def _read(self, function: Callable[[Callable[[Connection], _T]], _T], work: Callable[[Connection], _T]) -> _T:
         try:
             # The caller's context goes along, so a traced statement belongs to the caller's span.
-            context = context or contextvars.copy_context()
-            return await asyncio.get_running_loop().run_in_executor(executor, context.run, function, *args)
-        except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError) as error:
-            # The database is down, restarting, locked or out of reach: worth a retry,
-            # which every Quarry mutation makes safe with its request_id.
-            log.warning("database unavailable: %s", error)
-            raise Unavailable("the database is unavailable; retry", reason=ErrorReason.DATABASE_UNAVAILABLE) from error
+            context = contextvars.copy_context()
+            return await asyncio.get_running_loop().run_in_executor(self._reader, context.run, function, work)
+        except _UNAVAILABLE as error:
+            raise _unavailable(error) from error
 
-    def _transaction(self, work: Callable[[Connection], _T], write: bool) -> _T:
-        if write and not self.is_postgres:
-            return self._sqlite_write(work)
+    def _transaction(self, work: Callable[[Connection], _T]) -> _T:
         with self.engine.connect() as connection, connection.begin():
             return work(connection)
 
     def _sqlite_write(self, work: Callable[[Connection], _T]) -> _T:
-        """A write transaction on the writer thread's own connection: checking one out of the pool and
+        """An inline write transaction on the loop's own connection: checking one out of the pool and
         back cost about as much as a short transaction itself."""
-        connection: Connection | None = getattr(self._held, "connection", None)
+        connection = self._inline_connection
         if connection is None or connection.closed or connection.invalidated:
             connection = self.engine.connect().execution_options(**SQLITE_WRITE)
-            if self._inline:  # on the driver: through SQLAlchemy it would begin a transaction
-                connection.connection.dbapi_connection.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[union-attr]
-            self._held.connection = connection
+            # On the driver: through SQLAlchemy it would begin a transaction.
+            connection.connection.dbapi_connection.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[union-attr]
+            self._inline_connection = connection
         try:
             with connection.begin():
                 return work(connection)
@@ -309,8 +276,7 @@ class Database:
             raise
 
     def _release(self) -> None:
-        connection: Connection | None = getattr(self._held, "connection", None)
-        self._held.connection = None
+        connection, self._inline_connection = self._inline_connection, None
         if connection is not None:
             connection.close()
 
@@ -319,16 +285,29 @@ class Database:
             return work(connection.execution_options(isolation_level="AUTOCOMMIT"))
 
     async def close(self) -> None:
-        loop = asyncio.get_running_loop()
+        """Commit the writes queued, then close; a write after this is refused."""
         if self._inline:
             self._release()
             if self._checkpoint is not None:
                 await asyncio.gather(self._checkpoint, return_exceptions=True)
-        elif not self.is_postgres:
-            await loop.run_in_executor(self._writer, self._release)
-        await loop.run_in_executor(None, self._writer.shutdown)
-        await loop.run_in_executor(None, self._reader.shutdown)
+        await self._writes.close()
+        await asyncio.get_running_loop().run_in_executor(None, self._reader.shutdown)
         self.engine.dispose()
+
+
+# The database is down, restarting, locked or out of reach: worth a retry, which every Quarry
+# mutation makes safe with its request_id.
+_UNAVAILABLE = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError)
+
+
+def _unavailable(error: BaseException) -> BaseException:
+    """What the caller of a unit of work that failed with `error` gets."""
+    if not isinstance(error, _UNAVAILABLE):
+        return error
+    log.warning("database unavailable: %s", error)
+    unavailable = Unavailable("the database is unavailable; retry", reason=ErrorReason.DATABASE_UNAVAILABLE)
+    unavailable.__cause__ = error
+    return unavailable
 
 
 class UTCDateTime(sa.types.TypeDecorator[datetime]):
