@@ -151,6 +151,9 @@ class QuarrySettings(_Settings):
     log_format: Literal["json", "text"] = "json"
     """json: one object per line with trace_id and span_id (for collectors); text: the same, readable.
     Configured API keys and anything after Bearer, Authorization or api_key are masked in both."""
+    trace_sql: bool = False
+    """With tracing on (OTEL_EXPORTER_OTLP_ENDPOINT), also a span per SQL statement. Off: statements cost
+    no spans and take the prepared fast path; a run's trace keeps its RPCs, model calls and tool calls."""
     model_base_url: str = "http://127.0.0.1:8000/v1"
     """The model endpoint of every tier unless the tier names its own: any OpenAI-compatible endpoint
     (vLLM, Ollama, llama.cpp, OpenAI, ...)."""

@@ -4,8 +4,9 @@ Configured from the standard OTEL_* variables: spans and metrics are exported
 over OTLP/gRPC when an endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT, or the
 per-signal ..._TRACES_ENDPOINT / ..._METRICS_ENDPOINT), and nothing is
 exported otherwise; OTEL_SDK_DISABLED=true turns everything off. gRPC (client
-and server, health checks excluded), httpx and SQLAlchemy are instrumented
-with the official packages. Code records its own spans and metrics through
+and server, health checks excluded) and httpx are instrumented with the
+official packages, and SQLAlchemy too when QUARRY_TRACE_SQL asks for a span
+per statement. Code records its own spans and metrics through
 `tracer` and `meter` here; both are no-ops until `setup` installs providers.
 """
 
@@ -77,8 +78,9 @@ class Telemetry:
                 logging.getLogger(__name__).exception("telemetry shutdown failed")
 
 
-def setup(service_name: str, *, prometheus_address: str = "") -> Telemetry:
-    """Install providers and instrumentations for this process, from the OTEL_* environment."""
+def setup(service_name: str, *, prometheus_address: str = "", trace_sql: bool = False) -> Telemetry:
+    """Install providers and instrumentations for this process, from the OTEL_* environment; `trace_sql`
+    adds a span per SQL statement (QUARRY_TRACE_SQL)."""
     global _tracing
     telemetry = Telemetry()
     if _sdk_disabled():
@@ -105,7 +107,7 @@ def setup(service_name: str, *, prometheus_address: str = "") -> Telemetry:
         trace.set_tracer_provider(tracer_provider)
         telemetry.providers.append(tracer_provider)
         _tracing = True
-        _instrument_libraries()
+        _instrument_libraries(trace_sql=trace_sql)
     readers: list[Any] = []
     if _exports("metrics"):
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
@@ -134,7 +136,7 @@ def _disabled_instrumentations() -> set[str]:
     return {name.strip().lower() for name in names.split(",") if name.strip()}
 
 
-def _instrument_libraries() -> None:
+def _instrument_libraries(*, trace_sql: bool) -> None:
     from opentelemetry.metrics import NoOpMeterProvider
 
     disabled = _disabled_instrumentations()
@@ -145,7 +147,9 @@ def _instrument_libraries() -> None:
         from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 
         HTTPXClientInstrumentor().instrument(meter_provider=no_metrics)
-    if "sqlalchemy" not in disabled:
+    # Statement spans are opt-in: they were most of a run's spans and most of tracing's cost (bench/tracing.py),
+    # and an instrumented engine also takes statements off quarry.db.Prepared's fast path.
+    if trace_sql and "sqlalchemy" not in disabled:
         from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
 
         # It declares SQLAlchemy < 2.1; its event hooks work on 2.1 (the trace test shows the statements).
