@@ -1,18 +1,21 @@
-"""Tracing overhead: the delegate hop and whole research runs with OpenTelemetry on and off, in one run.
+"""Tracing overhead: the delegate hop, whole research runs and the mesh's CPU time with OpenTelemetry on and off.
 
-    python3 bench/tracing.py [--rounds 5] [--hops 20] [--runs 5]
+    python3 bench/tracing.py [--rounds 5] [--hops 40] [--runs 10]
 
-Each round starts the mesh (scratchpad, two workers, supervisor; SQLite) once
-with tracing off and once exporting every span over OTLP/gRPC to a receiver,
-in an order that rotates from round to round. The receiver is a process of its
-own (the collector's TraceService from opentelemetry-proto, counting what it
-is sent), so decoding the exports does not slow the scripted model in this
-process. In each mesh the round measures the delegate hop (as bench/run.py
-does) and the wall time of whole scripted runs of two sequential delegations
-whose workers read a page and promote a finding; the median of each, and
-their on/off ratio within the round, are reported as median (range) over the
-rounds (goal: at most 1.10). Settings such as QUARRY_TRACE_SQL=true or
-OTEL_TRACES_SAMPLER in the environment reach the traced mesh only.
+Two meshes (scratchpad, two workers, supervisor; SQLite) run side by side: one
+with tracing off, one exporting every span over OTLP/gRPC to a receiver, a
+process of its own (the collector's TraceService from opentelemetry-proto,
+counting what it is sent), so decoding the exports does not slow the scripted
+model in this process. Each round measures both, in an order that rotates
+from round to round: the delegate hop (as bench/run.py does), the wall time of
+whole scripted runs of two sequential delegations whose workers read a page
+and promote a finding, and the CPU time the mesh's processes spent on them,
+including the traced mesh's exports (after each measurement the bench waits
+until the receiver has had nothing new for longer than the batch processor's
+schedule delay). Prints the median of each per round, and the on/off ratios
+taken within each round, as median (range) over the rounds (goal: at most
+1.10). Settings such as QUARRY_TRACE_SQL=true or OTEL_TRACES_SAMPLER in the
+environment reach the traced mesh only.
 """
 
 from __future__ import annotations
@@ -161,7 +164,7 @@ async def settle(pipe: Connection) -> int:
 
 
 def main() -> None:
-    asyncio.run(main_async(arguments(__doc__, rounds=5, hops=20, runs=5)))
+    asyncio.run(main_async(arguments(__doc__, rounds=5, hops=40, runs=10)))
 
 
 if __name__ == "__main__":
