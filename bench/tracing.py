@@ -14,7 +14,7 @@ including the traced mesh's exports (after each measurement the bench waits
 until the receiver has had nothing new for longer than the batch processor's
 schedule delay). Prints the median of each per round, and the on/off ratios
 taken within each round, as median (range) over the rounds (goal: at most
-1.10). Settings such as QUARRY_TRACE_SQL=true or OTEL_TRACES_SAMPLER in the
+1.10). Settings such as QUARRY_TRACE_SQL=true, QUARRY_TRACE_HTTP=true or OTEL_TRACES_SAMPLER in the
 environment reach the traced mesh only.
 """
 
@@ -43,7 +43,7 @@ from tests.fakes.web_server import FixtureWeb
 from tests.supervisor_svc.conftest import processes
 
 # Settings that belong to the traced mesh only: the untraced one runs without them.
-_TRACING_SETTINGS = ("QUARRY_TRACE_SQL", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_BSP_")
+_TRACING_SETTINGS = ("QUARRY_TRACE_", "OTEL_TRACES_SAMPLER", "OTEL_BSP_")
 # The batch span processor's default schedule delay (OTEL_BSP_SCHEDULE_DELAY).
 _EXPORT_DELAY_S = 5.0
 

@@ -5,9 +5,9 @@ over OTLP/gRPC when an endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT, or the
 per-signal ..._TRACES_ENDPOINT / ..._METRICS_ENDPOINT), and nothing is
 exported otherwise; OTEL_SDK_DISABLED=true turns everything off. gRPC calls
 (client and server, health checks excluded) are traced by Quarry's own
-interceptors through `client_span` and `server_span`; httpx is instrumented
-with the official package, and SQLAlchemy too when QUARRY_TRACE_SQL asks for
-a span per statement. Code records its own spans and metrics through
+interceptors through `client_span` and `server_span`; httpx and SQLAlchemy
+are instrumented with the official packages when QUARRY_TRACE_HTTP and
+QUARRY_TRACE_SQL ask for a span per request and per statement. Code records its own spans and metrics through
 `tracer` and `meter` here; both are no-ops until `setup` installs providers.
 """
 
@@ -81,9 +81,11 @@ class Telemetry:
                 logging.getLogger(__name__).exception("telemetry shutdown failed")
 
 
-def setup(service_name: str, *, prometheus_address: str = "", trace_sql: bool = False) -> Telemetry:
+def setup(
+    service_name: str, *, prometheus_address: str = "", trace_sql: bool = False, trace_http: bool = False
+) -> Telemetry:
     """Install providers and instrumentations for this process, from the OTEL_* environment; `trace_sql`
-    adds a span per SQL statement (QUARRY_TRACE_SQL)."""
+    adds a span per SQL statement (QUARRY_TRACE_SQL), `trace_http` one per HTTP request (QUARRY_TRACE_HTTP)."""
     global _tracing, _traced_rpcs
     telemetry = Telemetry()
     if _sdk_disabled():
@@ -111,7 +113,7 @@ def setup(service_name: str, *, prometheus_address: str = "", trace_sql: bool = 
         telemetry.providers.append(tracer_provider)
         _tracing = True
         _traced_rpcs = "grpc" not in _disabled_instrumentations()
-        _instrument_libraries(trace_sql=trace_sql)
+        _instrument_libraries(trace_sql=trace_sql, trace_http=trace_http)
     readers: list[Any] = []
     if _exports("metrics"):
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
@@ -140,19 +142,21 @@ def _disabled_instrumentations() -> set[str]:
     return {name.strip().lower() for name in names.split(",") if name.strip()}
 
 
-def _instrument_libraries(*, trace_sql: bool) -> None:
+def _instrument_libraries(*, trace_sql: bool, trace_http: bool) -> None:
     from opentelemetry.metrics import NoOpMeterProvider
 
     disabled = _disabled_instrumentations()
     # Spans only: their metrics would be labelled by every host a worker reads (httpx) or drift while
     # housekeeping is untraced (SQLAlchemy's pool counts). Quarry's own metrics cover the rest.
     no_metrics = NoOpMeterProvider()
-    if "httpx" not in disabled:
+    # HTTP and statement spans are opt-in. A POST span under each model call repeats its `chat` span, and
+    # without httpx's instrumentation tracing's CPU overhead fell from about +17% to +6% (bench/tracing.py);
+    # statement spans were most of a run's spans, and an instrumented engine takes statements off
+    # quarry.db.Prepared's fast path.
+    if trace_http and "httpx" not in disabled:
         from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 
         HTTPXClientInstrumentor().instrument(meter_provider=no_metrics)
-    # Statement spans are opt-in: they were most of a run's spans and most of tracing's cost (bench/tracing.py),
-    # and an instrumented engine also takes statements off quarry.db.Prepared's fast path.
     if trace_sql and "sqlalchemy" not in disabled:
         from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
 

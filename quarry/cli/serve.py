@@ -36,7 +36,10 @@ def serve(
         exit_with_parent(parent_pid)
     try:
         observability = telemetry.setup(
-            spec.name, prometheus_address=settings.prometheus_address, trace_sql=common.trace_sql
+            spec.name,
+            prometheus_address=settings.prometheus_address,
+            trace_sql=common.trace_sql,
+            trace_http=common.trace_http,
         )
     except ConfigurationError as error:
         print(f"quarry serve {spec.name}: {error}", file=sys.stderr)

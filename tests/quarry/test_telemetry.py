@@ -83,7 +83,8 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
         "OTEL_METRIC_EXPORT_INTERVAL": "500",
-        "QUARRY_TRACE_SQL": "true",  # statement spans are opt-in
+        "QUARRY_TRACE_SQL": "true",  # statement and HTTP spans are opt-in
+        "QUARRY_TRACE_HTTP": "true",
         "QUARRY_MODEL_API_KEY": SECRET,
         "QUARRY_LOG_LEVEL": "INFO",
     }
@@ -167,6 +168,9 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
         assert seen["gen_ai.operation.name"] == "chat" and seen["gen_ai.request.model"] == "scripted"
         assert seen["gen_ai.usage.input_tokens"] == 10 and seen["gen_ai.usage.output_tokens"] == 5
         assert seen["gen_ai.response.finish_reasons"]
+    # With QUARRY_TRACE_HTTP, each model call's HTTP request is a span under its chat span.
+    requests = [span for _, span in in_run if span.name == "POST"]
+    assert {span.parent_span_id for span in requests} == {chat.span_id for chat in [*chats, broken]}
     tool = next(span for _, span in in_run if span.name == "execute_tool append_scratchpad")
     assert attributes(tool)["gen_ai.tool.call.id"] in ("w-append", "s-note")
     assert attributes(tool)["quarry.tool.outcome"] == "ok"
