@@ -68,33 +68,56 @@ def _record(method: str, started: float, error: BaseException | None) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _observed(context: Context, method: str) -> AsyncIterator[None]:
-    """What every handler, unary or streaming, gets around it: its duration recorded by status, and
-    any error translated to a gRPC status (cancellations and aborts pass through as they are)."""
+async def _observed(context: Context, method: str, traced: bool) -> AsyncIterator[None]:
+    """What every handler, unary or streaming, gets around it: its duration recorded by status, its span
+    when `traced`, and any error translated to a gRPC status (cancellations and aborts pass through)."""
     started, failure = time.perf_counter(), None  # type: tuple[float, BaseException | None]
-    try:
-        yield
-    except (asyncio.CancelledError, grpc.aio.AbortError) as error:
-        failure = error
-        raise
-    except Exception as error:
-        failure = error
-        await _translate_errors(context, error)
-    finally:
-        _record(method, started, failure)
+    with telemetry.server_span(method, context.invocation_metadata()) if traced else _UNTRACED as span:
+        try:
+            yield
+        except (asyncio.CancelledError, grpc.aio.AbortError) as error:
+            failure = error
+            raise
+        except Exception as error:
+            failure = error
+            if span is not None:
+                span.record_exception(error)
+            await _translate_errors(context, error)
+        finally:
+            _record(method, started, failure)
+            if span is not None:
+                telemetry.set_rpc_status(span, _code_of(context, failure), context.details())
+
+
+_UNTRACED = contextlib.nullcontext()
+
+
+def _code_of(context: Context, failure: BaseException | None) -> grpc.StatusCode:
+    """The status the call ends with: what the handler or the error translation set."""
+    if isinstance(failure, asyncio.CancelledError):
+        return grpc.StatusCode.CANCELLED
+    code = context.code()
+    return code if isinstance(code, grpc.StatusCode) else _CODES.get(code, grpc.StatusCode.OK)
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Awaitable[Any]]:
+    traced = telemetry.traces_rpcs(method)
+
     async def wrapper(request: Any, context: Context) -> Any:
-        async with _observed(context, method):
+        async with _observed(context, method, traced):
             return await behavior(request, context)
 
     return wrapper
 
 
 def _wrap_stream(behavior: Callable[..., Any], method: str) -> Callable[..., AsyncIterator[Any]]:
+    traced = telemetry.traces_rpcs(method)
+
     async def wrapper(request: Any, context: Context) -> AsyncIterator[Any]:
-        async with _observed(context, method):
+        async with _observed(context, method, traced):
             responses = behavior(request, context)
             if inspect.isawaitable(responses):
                 # A handler that streams with context.write() instead of yielding.

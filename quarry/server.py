@@ -21,7 +21,6 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from quarry import telemetry
 from quarry.api_auth import ApiAuthentication
 from quarry.config import QuarrySettings, ServiceSettings
 from quarry.convert import diagnostics_report_to_proto
@@ -111,11 +110,10 @@ def create_server(
     """
     limits = limits or ConnectionLimits()
     server = grpc.aio.server(
-        # Tracing first, so a server span covers the handler and the error translation, which in turn
-        # reports the authentication's refusals and undecodable requests; the request is decoded last, so
-        # an unauthenticated caller's body is never parsed.
+        # The error translation first (its span, when tracing, covers the handler), so it reports the
+        # authentication's refusals and undecodable requests; the request is decoded last, so an
+        # unauthenticated caller's body is never parsed.
         interceptors=[
-            *telemetry.server_interceptors(),
             ErrorTranslationInterceptor(),
             *([api] if api else []),
             *([mesh] if mesh else []),

@@ -3,9 +3,11 @@
 Configured from the standard OTEL_* variables: spans and metrics are exported
 over OTLP/gRPC when an endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT, or the
 per-signal ..._TRACES_ENDPOINT / ..._METRICS_ENDPOINT), and nothing is
-exported otherwise; OTEL_SDK_DISABLED=true turns everything off. gRPC (client
-and server, health checks excluded), httpx and SQLAlchemy are instrumented
-with the official packages. Code records its own spans and metrics through
+exported otherwise; OTEL_SDK_DISABLED=true turns everything off. gRPC calls
+(client and server, health checks excluded) are traced by Quarry's own
+interceptors through `client_span` and `server_span`; httpx and SQLAlchemy
+are instrumented with the official packages when QUARRY_TRACE_HTTP and
+QUARRY_TRACE_SQL ask for a span per request and per statement. Code records its own spans and metrics through
 `tracer` and `meter` here; both are no-ops until `setup` installs providers.
 """
 
@@ -16,23 +18,25 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry import metrics, trace
-from opentelemetry.instrumentation.utils import suppress_instrumentation
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled, suppress_instrumentation
 
 __all__ = [
     "JsonFormatter",
     "Telemetry",
-    "client_interceptors",
+    "client_span",
     "meter",
     "quiet",
     "record_failure",
-    "server_interceptors",
+    "server_span",
+    "set_rpc_status",
     "setup",
     "tracer",
+    "traces_rpcs",
     "tracing_enabled",
 ]
 
@@ -77,9 +81,12 @@ class Telemetry:
                 logging.getLogger(__name__).exception("telemetry shutdown failed")
 
 
-def setup(service_name: str, *, prometheus_address: str = "") -> Telemetry:
-    """Install providers and instrumentations for this process, from the OTEL_* environment."""
-    global _tracing
+def setup(
+    service_name: str, *, prometheus_address: str = "", trace_sql: bool = False, trace_http: bool = False
+) -> Telemetry:
+    """Install providers and instrumentations for this process, from the OTEL_* environment; `trace_sql`
+    adds a span per SQL statement (QUARRY_TRACE_SQL), `trace_http` one per HTTP request (QUARRY_TRACE_HTTP)."""
+    global _tracing, _traced_rpcs
     telemetry = Telemetry()
     if _sdk_disabled():
         return telemetry
@@ -105,7 +112,8 @@ def setup(service_name: str, *, prometheus_address: str = "") -> Telemetry:
         trace.set_tracer_provider(tracer_provider)
         telemetry.providers.append(tracer_provider)
         _tracing = True
-        _instrument_libraries()
+        _traced_rpcs = "grpc" not in _disabled_instrumentations()
+        _instrument_libraries(trace_sql=trace_sql, trace_http=trace_http)
     readers: list[Any] = []
     if _exports("metrics"):
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
@@ -134,18 +142,22 @@ def _disabled_instrumentations() -> set[str]:
     return {name.strip().lower() for name in names.split(",") if name.strip()}
 
 
-def _instrument_libraries() -> None:
+def _instrument_libraries(*, trace_sql: bool, trace_http: bool) -> None:
     from opentelemetry.metrics import NoOpMeterProvider
 
     disabled = _disabled_instrumentations()
     # Spans only: their metrics would be labelled by every host a worker reads (httpx) or drift while
     # housekeeping is untraced (SQLAlchemy's pool counts). Quarry's own metrics cover the rest.
     no_metrics = NoOpMeterProvider()
-    if "httpx" not in disabled:
+    # HTTP and statement spans are opt-in. A POST span under each model call repeats its `chat` span, and
+    # without httpx's instrumentation tracing's CPU overhead fell from about +17% to +6% (bench/tracing.py);
+    # statement spans were most of a run's spans, and an instrumented engine takes statements off
+    # quarry.db.Prepared's fast path.
+    if trace_http and "httpx" not in disabled:
         from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 
         HTTPXClientInstrumentor().instrument(meter_provider=no_metrics)
-    if "sqlalchemy" not in disabled:
+    if trace_sql and "sqlalchemy" not in disabled:
         from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
 
         # It declares SQLAlchemy < 2.1; its event hooks work on 2.1 (the trace test shows the statements).
@@ -158,28 +170,55 @@ def _instrument_libraries() -> None:
         unwrap(sqlalchemy.engine.base.Engine, "connect")
 
 
-def _not_health_check() -> Any:
-    from opentelemetry.instrumentation.grpc import filters
-
-    return filters.negate(filters.health_check())
-
-
-def server_interceptors() -> list[Any]:
-    """The gRPC server's tracing interceptor, when tracing is on (health checks are not traced)."""
-    if not _tracing or "grpc" in _disabled_instrumentations():
-        return []
-    from opentelemetry.instrumentation.grpc import aio_server_interceptor
-
-    return [aio_server_interceptor(filter_=_not_health_check())]  # type: ignore[no-untyped-call]
+# Quarry traces its RPCs in the interceptors it runs anyway (quarry.interceptors on servers, the bearer
+# token's on clients): the official gRPC instrumentation's own layer, a handler rebuilt per call and a
+# proxy around every servicer context, cost more than all of Quarry's other spans (bench/tracing.py).
+_HEALTH_CHECKS = "/grpc.health.v1."
+_traced_rpcs = False
 
 
-def client_interceptors() -> Sequence[Any]:
-    """Interceptors that start client spans and carry the trace to the called service."""
-    if not _tracing or "grpc" in _disabled_instrumentations():
-        return []
-    from opentelemetry.instrumentation.grpc import aio_client_interceptors
+def traces_rpcs(method: str) -> bool:
+    """Whether calls of `method` get spans: tracing is on for gRPC, and it is no health check."""
+    return _traced_rpcs and not method.startswith(_HEALTH_CHECKS)
 
-    return list(aio_client_interceptors(filter_=_not_health_check()))  # type: ignore[no-untyped-call]
+
+def _rpc_attributes(method: str) -> dict[str, str]:
+    service, _, name = method.lstrip("/").partition("/")
+    return {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
+
+
+@contextlib.contextmanager
+def server_span(method: str, metadata: Iterable[tuple[str, str | bytes]] | None) -> Iterator[trace.Span]:
+    """The SERVER span of one call, in the trace the caller's metadata carries (W3C traceparent)."""
+    carrier = {key: value for key, value in metadata or () if isinstance(value, str)}
+    with tracer.start_as_current_span(
+        method,
+        context=propagate.extract(carrier),
+        kind=trace.SpanKind.SERVER,
+        attributes=_rpc_attributes(method),
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        yield span
+
+
+def client_span(method: str | bytes) -> tuple[trace.Span, list[tuple[str, str]]] | None:
+    """A CLIENT span for one call and the metadata that carries its trace; None when untraced (quiet())."""
+    if isinstance(method, bytes):  # what grpc.aio hands client interceptors (grpc/grpc#31092)
+        method = method.decode()
+    if not traces_rpcs(method) or not is_instrumentation_enabled():
+        return None
+    span = tracer.start_span(method, kind=trace.SpanKind.CLIENT, attributes=_rpc_attributes(method))
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
+    return span, list(carrier.items())
+
+
+def set_rpc_status(span: trace.Span, code: Any, details: str | None = None) -> None:
+    """An RPC span's grpc.StatusCode (an error status unless OK)."""
+    span.set_attribute("rpc.grpc.status_code", code.value[0])
+    if code.value[0] != 0:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, f"{code.name}: {details or ''}"))
 
 
 @contextlib.contextmanager

@@ -35,7 +35,12 @@ def serve(
     if parent_pid:
         exit_with_parent(parent_pid)
     try:
-        observability = telemetry.setup(spec.name, prometheus_address=settings.prometheus_address)
+        observability = telemetry.setup(
+            spec.name,
+            prometheus_address=settings.prometheus_address,
+            trace_sql=common.trace_sql,
+            trace_http=common.trace_http,
+        )
     except ConfigurationError as error:
         print(f"quarry serve {spec.name}: {error}", file=sys.stderr)
         return 2

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 import grpc
+from opentelemetry import trace
 
 from quarry import telemetry
 from quarry.clients.retry import RetryPolicy
@@ -29,8 +32,7 @@ def open_channel(
     TLS), traced when tracing is on, and carrying a bearer token on every call when `token` is set."""
     options = (limits or ConnectionLimits()).channel_options()
     # grpc files an interceptor under one kind of call only, so each kind gets its own.
-    bearer = [_UnaryBearerToken(token), _StreamBearerToken(token)] if token else []
-    interceptors = [*telemetry.client_interceptors(), *bearer]
+    interceptors: list[Any] = [_UnaryCall(token), _StreamCall(token)] if token or telemetry.tracing_enabled() else []
     if tls is not None:
         return grpc.aio.secure_channel(address, tls.channel_credentials(), options=options, interceptors=interceptors)
     return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
@@ -97,20 +99,61 @@ else:  # grpc's classes are not subscriptable at run time
     _UnaryStream = grpc.aio.UnaryStreamClientInterceptor
 
 
-class _BearerToken:
-    def __init__(self, token: str) -> None:
-        self._metadata = bearer_metadata(token)
+class _CallMetadata:
+    """What every call carries: the bearer token, and the trace it belongs to with a CLIENT span when traced."""
 
-    def _with_token(self, details: Any) -> Any:
-        metadata = grpc.aio.Metadata(*(details.metadata or ()), *self._metadata)
+    def __init__(self, token: str) -> None:
+        self._metadata = bearer_metadata(token) if token else ()
+
+    def _with(self, details: Any, extra: Iterable[tuple[str, str]] = ()) -> Any:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), *self._metadata, *extra)
         return details._replace(metadata=metadata)
 
 
-class _UnaryBearerToken(_BearerToken, _UnaryUnary):
+class _UnaryCall(_CallMetadata, _UnaryUnary):
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._with_token(details), request)
+        traced = telemetry.client_span(details.method)
+        if traced is None:
+            return await continuation(self._with(details), request)
+        span, carrier = traced
+        try:
+            call = await continuation(self._with(details, carrier), request)
+            code = await call.code()  # the span lasts until the answer
+            telemetry.set_rpc_status(span, code, await call.details())
+            return call
+        except asyncio.CancelledError:
+            telemetry.set_rpc_status(span, grpc.StatusCode.CANCELLED)
+            raise
+        finally:
+            span.end()
 
 
-class _StreamBearerToken(_BearerToken, _UnaryStream):
+class _StreamCall(_CallMetadata, _UnaryStream):
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(self._with_token(details), request)
+        traced = telemetry.client_span(details.method)
+        if traced is None:
+            return await continuation(self._with(details), request)
+        span, carrier = traced
+        try:
+            call = await continuation(self._with(details, carrier), request)
+        except BaseException:
+            span.end()
+            raise
+        return _streamed(call, span)
+
+
+async def _streamed(call: Any, span: trace.Span) -> AsyncIterator[Any]:
+    """The responses of a traced stream; its span lasts until the stream ends."""
+    code, details = grpc.StatusCode.OK, None
+    try:
+        async for response in call:
+            yield response
+    except grpc.aio.AioRpcError as error:
+        code, details = error.code(), error.details()
+        raise
+    except (asyncio.CancelledError, GeneratorExit):
+        code = grpc.StatusCode.CANCELLED
+        raise
+    finally:
+        telemetry.set_rpc_status(span, code, details)
+        span.end()

@@ -83,6 +83,8 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
         "OTEL_METRIC_EXPORT_INTERVAL": "500",
+        "QUARRY_TRACE_SQL": "true",  # statement and HTTP spans are opt-in
+        "QUARRY_TRACE_HTTP": "true",
         "QUARRY_MODEL_API_KEY": SECRET,
         "QUARRY_LOG_LEVEL": "INFO",
     }
@@ -146,8 +148,8 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
             assert "delegate" in chain, chain
         elif kind is not None and kind != "seed":
             assert "execute_tool append_scratchpad" in chain, chain
-    statements = [span for _, span in in_run if "db.system" in attributes(span) or "db.system.name" in attributes(span)]
-    assert statements, "SQLAlchemy statements are traced"
+    statements = [span for _, span in in_run if is_statement(span)]
+    assert statements, "SQLAlchemy statements are traced when asked for"
     assert any("scratchpad append" in ancestors(span) for span in statements), "an append's own statements"
     appends = [span for _, span in in_run if span.name == "scratchpad append"]
     kinds = sorted(attributes(s)["quarry.entry.kind"] for s in appends)
@@ -166,6 +168,9 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
         assert seen["gen_ai.operation.name"] == "chat" and seen["gen_ai.request.model"] == "scripted"
         assert seen["gen_ai.usage.input_tokens"] == 10 and seen["gen_ai.usage.output_tokens"] == 5
         assert seen["gen_ai.response.finish_reasons"]
+    # With QUARRY_TRACE_HTTP, each model call's HTTP request is a span under its chat span.
+    requests = [span for _, span in in_run if span.name == "POST"]
+    assert {span.parent_span_id for span in requests} == {chat.span_id for chat in [*chats, broken]}
     tool = next(span for _, span in in_run if span.name == "execute_tool append_scratchpad")
     assert attributes(tool)["gen_ai.tool.call.id"] in ("w-append", "s-note")
     assert attributes(tool)["quarry.tool.outcome"] == "ok"
@@ -196,6 +201,47 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
     exported = b"".join(request.SerializeToString() for request in receiver.traces)
     assert SECRET.encode() not in exported and b"Bearer" not in exported
     assert SECRET not in logs and "Bearer" not in logs
+
+
+def is_statement(span: trace_pb2.Span) -> bool:
+    return any(key in attributes(span) for key in ("db.system", "db.system.name"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trace_sql", [None, "true"])
+async def test_sql_statement_spans_only_when_asked_for(
+    tmp_path: Path, collector: tuple[Collector, str], trace_sql: str | None
+) -> None:
+    receiver, endpoint = collector
+    env = {
+        "QUARRY_DATA_DIR": str(tmp_path),
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        **({"QUARRY_TRACE_SQL": trace_sql} if trace_sql else {}),
+    }
+    service = start_service("scratchpad", env, tmp_path)
+    try:
+        async with insecure_channel(service.address) as channel:
+            client = ScratchpadClient(channel)
+            thread = await client.create_thread(title="statements")
+            await client.append(
+                thread.thread_id,
+                kind=scratchpad_pb2.ENTRY_KIND_NOTE,
+                author=common_pb2.Principal(principal_id="me", role=common_pb2.ROLE_RESEARCHER),
+                content="traced",
+            )
+    finally:
+        stop_service(service)  # flushes the spans
+    spans = [span for _, span in receiver.spans()]
+    [append] = [span for span in spans if span.name == "scratchpad append"]
+    [served] = [span for span in spans if span.name == "/quarry.v1.ScratchpadService/Append"]
+    assert append.parent_span_id == served.span_id and append.trace_id == served.trace_id
+    statements = [span for span in spans if is_statement(span)]
+    if trace_sql:
+        assert any(span.parent_span_id == append.span_id for span in statements), "the append's own statements"
+    else:
+        assert statements == [], [span.name for span in statements]
 
 
 def scrape(url: str) -> str:
