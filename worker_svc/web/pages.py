@@ -34,7 +34,7 @@ MIN_QUOTE_CHARS = 12
 DEFAULT_EXTRACT_SECONDS = 15.0
 DEFAULT_EXTRACT_MEMORY_BYTES = 1024 * 2**20
 DEFAULT_EXTRACT_WORKERS = 2
-# What extraction imports (25 MiB of memory): where it runs, in the extraction processes and
+# What extraction imports (28 MiB of memory): where it runs, in the extraction processes and
 # `quarry corpus index`, not in the worker, which only fetches.
 EXTRACTION_LIBRARIES = ("trafilatura", "pypdf")
 
