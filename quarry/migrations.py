@@ -9,16 +9,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.migration import MigrationContext
-from alembic.runtime.environment import EnvironmentContext
-from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
 from quarry.db import Database, database_url, prepare_sqlite
+
+# Alembic (10 MiB of a process's memory) is imported by the functions that migrate or read revisions:
+# every service imports this module through quarry.diagnostics, and one without tables never migrates.
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.runtime.environment import EnvironmentContext
 
 __all__ = [
     "open_migrated_database",
@@ -34,6 +36,8 @@ def upgrade_schema(url: str, migrations: Path, version_table: str, revision: str
 
     On PostgreSQL an advisory lock serialises replicas that start together.
     """
+    from alembic import command
+
     engine = sa.create_engine(database_url(url), poolclass=sa.pool.NullPool)
     if engine.dialect.name == "sqlite":
         prepare_sqlite(engine, engine.url)
@@ -63,6 +67,9 @@ def schema_revisions(url: str, migrations: Path, version_table: str) -> tuple[st
 
     Reads only: a SQLite file that does not exist is not created.
     """
+    from alembic.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(_alembic_config(migrations)).get_current_head()
     parsed = database_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database and not Path(parsed.database).exists():
@@ -79,6 +86,8 @@ def schema_revisions(url: str, migrations: Path, version_table: str) -> tuple[st
 
 
 def _alembic_config(migrations: Path) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(migrations))
     return config

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from quarry.agent.model import ModelSettings
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
     from quarry.config import QuarrySettings, WorkerSettings
 
-Vectors = npt.NDArray[np.float32]
+# numpy (10 MiB of a worker's memory) is imported by the code that embeds: most workers never do.
+Vectors: TypeAlias = "npt.NDArray[np.float32]"
 
 
 class EmbeddingError(Exception):
@@ -101,6 +102,8 @@ class Embedder:
                 f"{where} answered {sizes[0]}-dimensional vectors, but embedding_dimensions is "
                 f"{self.settings.dimensions}: set it to a size the model gives"
             )
+        import numpy as np
+
         matrix = np.asarray(rows, dtype=np.float32)
         norms = np.linalg.norm(matrix, axis=1, keepdims=True)
         unit: Vectors = (matrix / np.where(norms == 0, 1, norms)).astype(np.float32)

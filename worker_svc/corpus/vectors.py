@@ -11,13 +11,15 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING
 
 from worker_svc.corpus.embeddings import Embedder, EmbeddingError, Vectors
 from worker_svc.corpus.schema import meta, set_meta
 from worker_svc.corpus.text import passages
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,8 @@ class PassageVectors:
                 f"{wanted.model!r} answered a {query_vector.shape[0]}-dimensional vector for the query, but the "
                 f"index holds {dimensions}-dimensional ones; `quarry corpus index --reembed FOLDER` computes them again"
             )
+        import numpy as np  # here, as in embeddings.py: only workers that embed pay for it
+
         matrix = self._load(connection, stored.get("vectors_version", ""), dimensions)
         scores = matrix.vectors @ query_vector
         best = np.maximum.reduceat(scores, matrix.first)  # each document's best passage
@@ -173,6 +177,8 @@ class PassageVectors:
 
     def _load(self, connection: sqlite3.Connection, version: str, dimensions: int) -> _Matrix:
         """The index's vectors, read again only when an indexing has changed them since."""
+        import numpy as np
+
         with self._lock:
             if self._matrix is None or self._matrix.version != version:
                 rows = connection.execute("SELECT doc, start, vector FROM vectors ORDER BY doc, start").fetchall()

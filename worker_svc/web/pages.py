@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
-import trafilatura
-from pypdf import PdfReader
 
 from worker_svc.web.fetch import BodyError, read_body
 from worker_svc.web.isolation import IsolatedPool, IsolationError, MemoryLimitExceeded, PoolClosed, TimeLimitExceeded
@@ -36,6 +34,9 @@ MIN_QUOTE_CHARS = 12
 DEFAULT_EXTRACT_SECONDS = 15.0
 DEFAULT_EXTRACT_MEMORY_BYTES = 1024 * 2**20
 DEFAULT_EXTRACT_WORKERS = 2
+# What extraction imports (28 MiB of memory): where it runs, in the extraction processes and
+# `quarry corpus index`, not in the worker, which only fetches.
+EXTRACTION_LIBRARIES = ("trafilatura", "pypdf")
 
 
 class PageError(Exception):
@@ -184,6 +185,8 @@ def _keep_headings(root: Any) -> None:
 
 
 def _extract_html(url: str, html: str) -> tuple[str, str]:
+    import trafilatura
+
     tree = trafilatura.load_html(html)
     if tree is None:
         raise PageError(f"{url} has no readable text")
@@ -200,6 +203,8 @@ def _extract_html(url: str, html: str) -> tuple[str, str]:
 
 
 def _extract_pdf(url: str, body: bytes) -> tuple[str, str]:
+    from pypdf import PdfReader
+
     try:
         reader = PdfReader(io.BytesIO(body))
         text = "\n\n".join(page.extract_text() or "" for page in reader.pages)
@@ -253,10 +258,10 @@ class PageReader:
         # Extraction runs in a few child processes with a time and a memory limit: a hostile
         # document's process is killed and replaced, so it cannot starve later reads, hold a
         # delegation or keep the worker from stopping. `extractor` is `extract` but for tests
-        # (a picklable module-level function). Its module is imported as each child starts, so the
-        # time limit measures the extraction and not the import.
+        # (a picklable module-level function). Its module and the extraction libraries are imported
+        # as each child starts, so the time limit measures the extraction and not the import.
         self._extractor = extractor
-        preload = tuple(dict.fromkeys((__name__, extractor.__module__)))
+        preload = tuple(dict.fromkeys((__name__, extractor.__module__, *EXTRACTION_LIBRARIES)))
         self._extractors = IsolatedPool(
             extract_workers, seconds=extract_seconds, memory_bytes=extract_memory_bytes, preload=preload
         )
