@@ -334,9 +334,7 @@ class ScratchpadStore:
         unique = _first_per_request_id(commands)
         try:
             if self._db.is_postgres:
-                return await self._db.write_autocommit(
-                    lambda c: self._append_new_postgres(c, thread_id, commands, unique), context=context
-                )
+                return await self._append_new_postgres(thread_id, commands, unique, context)
             return await self._db.write(lambda c: self._append_new(c, thread_id, commands, unique), context=context)
         except IntegrityError:
             return await self._db.write(
@@ -357,14 +355,18 @@ class ScratchpadStore:
         last = first + len(unique) - 1
         return _outcome(commands, created, {}, last)
 
-    def _append_new_postgres(
-        self, connection: Connection, thread_id: str, commands: Sequence[AppendCommand], unique: list[AppendCommand]
+    async def _append_new_postgres(
+        self,
+        thread_id: str,
+        commands: Sequence[AppendCommand],
+        unique: list[AppendCommand],
+        context: contextvars.Context | None,
     ) -> BatchOutcome:
         created = _new_entries(thread_id, unique, first_sequence_no=1)  # renumbered below
         rows = [_entry_row(entry, fp) for fp, entry in created.values()]
         head, tail = self.payloads.parts(thread_id, [entry for _, entry in created.values()])
-        result = _POSTGRES_APPEND.execute(
-            connection,
+        result = await self._db.write_statement(
+            _POSTGRES_APPEND,
             {
                 "notify_head": head,
                 "notify_tail": tail,
@@ -380,7 +382,8 @@ class ScratchpadStore:
                 "contents": [row["content"] for row in rows],
                 "sources": [json.dumps(row["sources"]) for row in rows],
             },
-        ).fetchone()
+            context=context,
+        )
         if result is None:  # no counter row, so nothing inserted or notified
             raise NotFound("thread", thread_id, field="thread_id")
         last = result[0]
