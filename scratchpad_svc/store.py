@@ -114,19 +114,16 @@ _INSERTED = (
         """
         INSERT INTO scratchpad_entries (thread_id, sequence_no, request_id, fingerprint, kind,
                                         author_id, author_role, content, sources, create_time)
-        SELECT :thread_id, counter.last_sequence_no - :n + batch.position, batch.request_id,
-               batch.fingerprint, batch.kind, batch.author_id, batch.author_role, batch.content,
-               CAST(batch.sources AS jsonb), :create_time
-        FROM counter, unnest(
-            CAST(:positions AS bigint[]), CAST(:request_ids AS text[]), CAST(:fingerprints AS text[]),
-            CAST(:kinds AS text[]), CAST(:author_ids AS text[]), CAST(:author_roles AS text[]),
-            CAST(:contents AS text[]), CAST(:sources AS text[])
-        ) AS batch(position, request_id, fingerprint, kind, author_id, author_role, content, sources)
+        SELECT :thread_id, counter.last_sequence_no - :n + batch.position, batch.e->>0, batch.e->>1,
+               batch.e->>2, batch.e->>3, batch.e->>4, batch.e->>5, batch.e->6, :create_time
+        FROM counter, jsonb_array_elements(CAST(:rows AS jsonb)) WITH ORDINALITY AS batch(e, position)
         """
     )
     .columns()
     .cte("inserted")
 )
+# The fields of each row in the append's JSON parameter, in the order the statement reads them (batch.e->>0...).
+_ROW_COLUMNS = ("request_id", "fingerprint", "kind", "author_id", "author_role", "content", "sources")
 _POSTGRES_APPEND = Prepared(
     sa.select(
         _COUNTER.c.last_sequence_no,
@@ -373,14 +370,12 @@ class ScratchpadStore:
                 "thread_id": thread_id,
                 "n": len(rows),
                 "create_time": rows[0]["create_time"],
-                "positions": list(range(1, len(rows) + 1)),
-                "request_ids": [row["request_id"] for row in rows],
-                "fingerprints": [row["fingerprint"] for row in rows],
-                "kinds": [row["kind"] for row in rows],
-                "author_ids": [row["author_id"] for row in rows],
-                "author_roles": [row["author_role"] for row in rows],
-                "contents": [row["content"] for row in rows],
-                "sources": [json.dumps(row["sources"]) for row in rows],
+                # One JSON document, not an array per column: the driver dumps one string instead of
+                # eight arrays, element by element (measured: less CPU per append on the event loop).
+                "rows": json.dumps(
+                    [[row[column] for column in _ROW_COLUMNS] for row in rows],
+                    ensure_ascii=False,
+                ),
             },
             context=context,
         )
