@@ -1,4 +1,5 @@
-"""SQL access for threads and entries: SQLAlchemy Core, each unit of work one transaction in a database thread."""
+"""SQL access for threads and entries: SQLAlchemy Core, each unit of work one transaction (in a database thread, or
+on PostgreSQL an append's single statement on a connection the event loop owns)."""
 
 from __future__ import annotations
 
@@ -221,7 +222,7 @@ async def notify_scope(database: Database) -> str:
 
 
 class ScratchpadStore:
-    """Async facade; each method's SQL runs as one transaction in a database thread."""
+    """Async facade; each method's SQL runs as one transaction (see the module's docstring for where)."""
 
     def __init__(self, database: Database, payloads: Payloads | None = None) -> None:
         self._db = database
