@@ -23,6 +23,7 @@ from sqlalchemy.engine import URL, Connection, Dialect, make_url
 
 from quarry.errors import ErrorReason, Unavailable
 from quarry.group_commit import GroupCommit, execute_on_driver
+from quarry.loop_statements import LoopStatements
 
 __all__ = [
     "Database",
@@ -151,6 +152,11 @@ class Prepared:
             return execute_on_driver(connection, compiled.sql, compiled.bind(params))
         return execute_on_driver(connection, compiled.sql, [compiled.bind(row) for row in params], many=True)
 
+    def for_driver(self, dialect: Dialect, params: Mapping[str, Any]) -> tuple[str, tuple[Any, ...] | dict[str, Any]]:
+        """The SQL and the parameters to hand `dialect`'s driver for one parameter set."""
+        compiled = self._for(dialect)
+        return compiled.sql, compiled.bind(params)
+
 
 @dataclass(frozen=True)
 class _Compiled:
@@ -198,6 +204,11 @@ class Database:
             self.engine, writers=writers, begin_options=SQLITE_WRITE if sqlite else {}, translate=_unavailable
         )
         self._reader = ThreadPoolExecutor(readers, thread_name_prefix="db-read")
+        self._statements = (
+            None
+            if sqlite
+            else LoopStatements(self.url, self.engine.dialect, size=writers, session_setup=POSTGRES_SESSION_LIMITS)
+        )
 
     async def write(self, work: Callable[[Connection], _T], *, context: contextvars.Context | None = None) -> _T:
         """Run `work` in a write transaction (SQLite takes its write lock up front), shared with the
@@ -237,6 +248,21 @@ class Database:
     ) -> _T:
         """Run `work` with each statement its own transaction: for single-statement writes."""
         return await self._writes.submit(work, context or contextvars.copy_context(), autocommit=True)
+
+    async def write_statement(
+        self, statement: Prepared, params: Mapping[str, Any], *, context: contextvars.Context | None = None
+    ) -> tuple[Any, ...] | None:
+        """Run one statement as its own transaction; its first row (None when it returns none), once it has
+        committed. On PostgreSQL it runs on a connection the event loop owns (quarry.loop_statements: no thread
+        hop), unless someone watches statements (SQL tracing), whose hooks are SQLAlchemy's."""
+        if self._statements is None or self.engine.dispatch.before_cursor_execute:
+            return await self.write_autocommit(
+                lambda connection: statement.execute(connection, params).fetchone(), context=context
+            )
+        try:
+            return await self._statements.first_row(*statement.for_driver(self.engine.dialect, params))
+        except _UNAVAILABLE as error:
+            raise _unavailable(error) from error
 
     async def read(self, work: Callable[[Connection], _T]) -> _T:
         """Run `work` in one read transaction."""
@@ -291,6 +317,8 @@ class Database:
             if self._checkpoint is not None:
                 await asyncio.gather(self._checkpoint, return_exceptions=True)
         await self._writes.close()
+        if self._statements is not None:
+            await self._statements.close()
         await asyncio.get_running_loop().run_in_executor(None, self._reader.shutdown)
         self.engine.dispose()
 

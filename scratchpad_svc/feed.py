@@ -14,6 +14,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from quarry.identity import Principal, Role
@@ -69,7 +70,7 @@ class Payloads:
         """The payload of a commit of `entries` (numbered in any way), as the text before and after its last
         sequence number, which the committing statement fills in. Entries that do not fit are left out."""
         head = (
-            f'{{"s":{json.dumps(self.scope)},"o":{json.dumps(self.origin)},"t":{json.dumps(thread_id)},'
+            f'{self._own},"t":{json.dumps(thread_id)},'
             f'"n":{len(entries)},"c":{json.dumps(entries[0].create_time.isoformat() if entries else "")},"l":'
         )
         room = PAYLOAD_LIMIT - len(head.encode()) - len(',"e":[]}')
@@ -86,11 +87,18 @@ class Payloads:
         head, tail = self.parts(thread_id, entries)
         return f"{head}{last}{tail}"
 
+    @cached_property
+    def _own(self) -> str:
+        """How this process's payloads begin."""
+        return f'{{"s":{json.dumps(self.scope)},"o":{json.dumps(self.origin)}'
+
     def decode(self, payload: str) -> tuple[str, Committed | None] | None:
         """Another process's commit as a thread id and a batch; None for this process's own, or another
         scope's. A bare thread id (as a release before payloads sent it) is a wake-up."""
         if not payload.startswith("{"):
             return payload, None
+        if payload.startswith(self._own + ","):  # this process's own (every commit of it): not parsed
+            return None
         try:
             fields = json.loads(payload)
             if fields["s"] != self.scope or fields["o"] == self.origin:

@@ -1,4 +1,5 @@
-"""SQL access for threads and entries: SQLAlchemy Core, each unit of work one transaction in a database thread."""
+"""SQL access for threads and entries: SQLAlchemy Core, each unit of work one transaction (in a database thread, or
+on PostgreSQL an append's single statement on a connection the event loop owns)."""
 
 from __future__ import annotations
 
@@ -114,19 +115,16 @@ _INSERTED = (
         """
         INSERT INTO scratchpad_entries (thread_id, sequence_no, request_id, fingerprint, kind,
                                         author_id, author_role, content, sources, create_time)
-        SELECT :thread_id, counter.last_sequence_no - :n + batch.position, batch.request_id,
-               batch.fingerprint, batch.kind, batch.author_id, batch.author_role, batch.content,
-               CAST(batch.sources AS jsonb), :create_time
-        FROM counter, unnest(
-            CAST(:positions AS bigint[]), CAST(:request_ids AS text[]), CAST(:fingerprints AS text[]),
-            CAST(:kinds AS text[]), CAST(:author_ids AS text[]), CAST(:author_roles AS text[]),
-            CAST(:contents AS text[]), CAST(:sources AS text[])
-        ) AS batch(position, request_id, fingerprint, kind, author_id, author_role, content, sources)
+        SELECT :thread_id, counter.last_sequence_no - :n + batch.position, batch.e->>0, batch.e->>1,
+               batch.e->>2, batch.e->>3, batch.e->>4, batch.e->>5, batch.e->6, :create_time
+        FROM counter, jsonb_array_elements(CAST(:rows AS jsonb)) WITH ORDINALITY AS batch(e, position)
         """
     )
     .columns()
     .cte("inserted")
 )
+# The fields of each row in the append's JSON parameter, in the order the statement reads them (batch.e->>0...).
+_ROW_COLUMNS = ("request_id", "fingerprint", "kind", "author_id", "author_role", "content", "sources")
 _POSTGRES_APPEND = Prepared(
     sa.select(
         _COUNTER.c.last_sequence_no,
@@ -224,7 +222,7 @@ async def notify_scope(database: Database) -> str:
 
 
 class ScratchpadStore:
-    """Async facade; each method's SQL runs as one transaction in a database thread."""
+    """Async facade; each method's SQL runs as one transaction (see the module's docstring for where)."""
 
     def __init__(self, database: Database, payloads: Payloads | None = None) -> None:
         self._db = database
@@ -334,9 +332,7 @@ class ScratchpadStore:
         unique = _first_per_request_id(commands)
         try:
             if self._db.is_postgres:
-                return await self._db.write_autocommit(
-                    lambda c: self._append_new_postgres(c, thread_id, commands, unique), context=context
-                )
+                return await self._append_new_postgres(thread_id, commands, unique, context)
             return await self._db.write(lambda c: self._append_new(c, thread_id, commands, unique), context=context)
         except IntegrityError:
             return await self._db.write(
@@ -357,30 +353,33 @@ class ScratchpadStore:
         last = first + len(unique) - 1
         return _outcome(commands, created, {}, last)
 
-    def _append_new_postgres(
-        self, connection: Connection, thread_id: str, commands: Sequence[AppendCommand], unique: list[AppendCommand]
+    async def _append_new_postgres(
+        self,
+        thread_id: str,
+        commands: Sequence[AppendCommand],
+        unique: list[AppendCommand],
+        context: contextvars.Context | None,
     ) -> BatchOutcome:
         created = _new_entries(thread_id, unique, first_sequence_no=1)  # renumbered below
         rows = [_entry_row(entry, fp) for fp, entry in created.values()]
         head, tail = self.payloads.parts(thread_id, [entry for _, entry in created.values()])
-        result = _POSTGRES_APPEND.execute(
-            connection,
+        result = await self._db.write_statement(
+            _POSTGRES_APPEND,
             {
                 "notify_head": head,
                 "notify_tail": tail,
                 "thread_id": thread_id,
                 "n": len(rows),
                 "create_time": rows[0]["create_time"],
-                "positions": list(range(1, len(rows) + 1)),
-                "request_ids": [row["request_id"] for row in rows],
-                "fingerprints": [row["fingerprint"] for row in rows],
-                "kinds": [row["kind"] for row in rows],
-                "author_ids": [row["author_id"] for row in rows],
-                "author_roles": [row["author_role"] for row in rows],
-                "contents": [row["content"] for row in rows],
-                "sources": [json.dumps(row["sources"]) for row in rows],
+                # One JSON document, not an array per column: the driver dumps one string instead of
+                # eight arrays, element by element (measured: less CPU per append on the event loop).
+                "rows": json.dumps(
+                    [[row[column] for column in _ROW_COLUMNS] for row in rows],
+                    ensure_ascii=False,
+                ),
             },
-        ).fetchone()
+            context=context,
+        )
         if result is None:  # no counter row, so nothing inserted or notified
             raise NotFound("thread", thread_id, field="thread_id")
         last = result[0]
