@@ -33,8 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -42,7 +41,7 @@ from pathlib import Path
 import grpc
 import psycopg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from harness import arguments, mesh_environment, mesh_token, percentile, running_service
+from harness import arguments, mesh_environment, mesh_token, percentile, postgres_schema, running_service
 from rounds import Rounds
 from sqlalchemy.engine import make_url
 
@@ -227,20 +226,6 @@ def gap_check(backend: Backend) -> str:
         f"{len(backend.acknowledged)} acknowledged appends, each stored once: {acknowledged}; "
         f"Watch runs with a gap or repeat: {backend.watch_gaps}: {verdict}"
     )
-
-
-@contextmanager
-def postgres_schema(url: str) -> Iterator[str]:
-    """A URL whose connections use a new schema, dropped afterwards."""
-    schema = f"bench_{uuid.uuid4().hex[:10]}"
-    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(conninfo, autocommit=True) as connection:
-        connection.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield make_url(url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(False)
-    finally:
-        with psycopg.connect(conninfo, autocommit=True) as connection:
-            connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 class CommitProbe:
