@@ -85,6 +85,17 @@ def render(entries: list[Any]) -> str:
 # -- the contenders, each in a process of its own -------------------------------------------------
 
 
+def assistant_message(text: list[str], calls: dict[int, dict[str, str]]) -> dict[str, Any]:
+    """The assistant's message from a stream's text pieces and its tool calls assembled by index."""
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+    if calls:
+        message["tool_calls"] = [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for _, c in sorted(calls.items())
+        ]
+    return message
+
+
 async def httpx_turn(client: Any, messages: list[dict[str, Any]], *, url: str) -> dict[str, Any]:
     """One streamed turn over a bare httpx client, the stream parsed by hand: the assistant's message."""
     request = {"model": "scripted", "messages": messages, "tools": [READ_TOOL], "stream": True}
@@ -102,13 +113,7 @@ async def httpx_turn(client: Any, messages: list[dict[str, Any]], *, url: str) -
                     slot["id"] = call.get("id") or slot["id"]
                     slot["name"] += call["function"].get("name") or ""
                     slot["arguments"] += call["function"].get("arguments") or ""
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
-    if calls:
-        message["tool_calls"] = [
-            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-            for _, c in sorted(calls.items())
-        ]
-    return message
+    return assistant_message(text, calls)
 
 
 async def bare_httpx(model_url: str, read: Any, count: int) -> list[float]:
@@ -140,13 +145,7 @@ async def bare_openai(model_url: str, read: Any, count: int) -> list[float]:
                     slot["id"] = call.id or slot["id"]
                     slot["name"] += (call.function and call.function.name) or ""
                     slot["arguments"] += (call.function and call.function.arguments) or ""
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
-        if calls:
-            message["tool_calls"] = [
-                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-                for _, c in sorted(calls.items())
-            ]
-        return message
+        return assistant_message(text, calls)
 
     async with openai.AsyncOpenAI(base_url=model_url, api_key="unused", max_retries=0) as client:
         return [await _timed(lambda: run_delegation(complete, client, read)) for _ in range(count)]
