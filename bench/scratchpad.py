@@ -14,8 +14,11 @@ to round:
     which the append rate is divided by within the round;
   - Watch: a watcher streaming the thread while one client appends; latency runs
     from the append being sent to the watcher receiving its entry (commit included);
-  - on PostgreSQL, one-row UPDATEs committed one by one: the WAL flush that every
-    append waits for, the floor under its latency.
+  - each backend's bare commit, the floor under an append's latency: on PostgreSQL
+    one-row UPDATEs committed one by one (the WAL flush every append waits for), on
+    SQLite an append's own transaction on the driver, in a file beside the service's;
+    from it and the round's no-op call, the append/no-op ratio an append costing a
+    no-op call plus its bare commit would reach (the "bound" figures).
 With --baseline, each backend also runs from that checkout's code (its services,
 this benchmark's clients), as one more contender in every round; run it from a
 directory outside both checkouts (`python -m` puts the working directory first).
@@ -45,9 +48,11 @@ from harness import arguments, mesh_environment, mesh_token, percentile, postgre
 from rounds import Rounds
 from sqlalchemy.engine import make_url
 
+from quarry.db import create_engine
 from quarry.identity import MeshRole
 from quarry.security import bearer_metadata
 from quarry.v1 import common_pb2, scratchpad_pb2, scratchpad_pb2_grpc
+from scratchpad_svc.schema import metadata
 
 AUTHOR = common_pb2.Principal(principal_id="bench", role=common_pb2.ROLE_RESEARCHER)
 CONTENT = "A benchmark finding of ordinary size. " * 8  # ~300 bytes
@@ -249,6 +254,54 @@ class CommitProbe:
         return measured
 
 
+class SQLiteCommitProbe:
+    """An append's own SQLite transaction, with nothing around it: the scratchpad's tables in a file beside
+    the bench's, the same PRAGMAs, and on the driver BEGIN IMMEDIATE, the counter's UPDATE, the entry's
+    INSERT and COMMIT. The floor under a SQLite append's latency on this disk, measured in each round."""
+
+    def __init__(self, stack: ExitStack) -> None:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        engine = create_engine(f"sqlite:///{workdir}/probe.db")
+        stack.callback(engine.dispose)
+        metadata.create_all(engine)
+        self._connection = stack.enter_context(engine.connect()).connection.dbapi_connection
+        assert self._connection is not None
+        self._connection.execute(
+            "INSERT INTO scratchpad_threads VALUES ('probe', 'probe', '{}', '2026-01-01 00:00:00', 0, NULL)"
+        )
+        self._row = ("probe", "bench", "fingerprint", "finding", "bench", "researcher", CONTENT, "[]", "2026-01-01")
+
+    def latencies(self, count: int) -> list[float]:
+        """Milliseconds per transaction."""
+        execute, measured = self._connection.execute, []
+        for _ in range(count):
+            started = time.perf_counter()
+            execute("BEGIN IMMEDIATE")
+            last = execute(
+                "UPDATE scratchpad_threads SET last_sequence_no = last_sequence_no + 1 "
+                "WHERE thread_id = 'probe' RETURNING last_sequence_no"
+            ).fetchone()[0]
+            thread, request, *rest = self._row
+            execute(
+                "INSERT INTO scratchpad_entries (thread_id, sequence_no, request_id, fingerprint, kind, author_id,"
+                " author_role, content, sources, create_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (thread, last, f"{request}-{last}", *rest),
+            )
+            execute("COMMIT")
+            measured.append((time.perf_counter() - started) * 1000)
+        return measured
+
+
+def commit_bound(rounds: Rounds, backend: str) -> None:
+    """The append/no-op ratio an append would reach if it cost a no-op call plus its bare commit (this
+    round's figures): how close the commit alone lets the ratio come to its goal."""
+    noop = rounds.values.get(f"{backend} no-op 1 client", [])
+    commit = rounds.values.get(f"{backend} commit p50", [])
+    if noop and commit:
+        noop_ms = 1000 / noop[-1]
+        rounds.record(f"{backend} append/no-op bound 1 client", noop_ms / (noop_ms + commit[-1]), "x")
+
+
 def start_backend(stack: ExitStack, name: str, postgres_url: str, code: str = "") -> Backend:
     """The scratchpad on backend `name`, run from the checkout at `code` (this one when empty)."""
     workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -302,19 +355,22 @@ def main() -> None:
             for scale in ("1 client", "8 clients"):
                 name = backend.name
                 rounds.ratio(f"{name} append/no-op {scale}", f"{name} append {scale}", f"{name} no-op {scale}")
-        jobs: list[tuple[Backend | None, Workload | None]] = [
+        # A backend's workload, its Watch (no workload), or a backend's commit probe (its name).
+        jobs: list[tuple[Backend | str, Workload | None]] = [
             (backend, workload) for backend in backends for workload in [*workloads, None]
         ]
-        probe = CommitProbe(stack, args.postgres_url) if "postgresql" in args.backends else None
-        if probe is not None:
-            jobs.append((None, None))
+        probes: dict[str, CommitProbe | SQLiteCommitProbe] = {}
+        if "sqlite" in args.backends:
+            probes["sqlite"] = SQLiteCommitProbe(stack)
+        if "postgresql" in args.backends:
+            probes["postgresql"] = CommitProbe(stack, args.postgres_url)
+        jobs += [(name, None) for name in probes]
         for index in rounds:
             for backend, workload in Rounds.order(jobs, index):
-                if backend is None:
-                    assert probe is not None
-                    latencies = probe.latencies(args.watch_entries)
-                    rounds.record("postgresql commit p50", percentile(latencies, 0.5), "ms")
-                    rounds.record("postgresql commit p99", percentile(latencies, 0.99), "ms")
+                if isinstance(backend, str):
+                    latencies = probes[backend].latencies(args.watch_entries)
+                    rounds.record(f"{backend} commit p50", percentile(latencies, 0.5), "ms")
+                    rounds.record(f"{backend} commit p99", percentile(latencies, 0.99), "ms")
                 elif workload is None:
                     latencies = asyncio.run(watch_latency(backend, args.watch_entries))
                     rounds.record(f"{backend.name} Watch p50", percentile(latencies, 0.5), "ms")
@@ -323,6 +379,8 @@ def main() -> None:
                     figure, count, calls, in_flight, noop = workload
                     rate = clients.calls_per_second(backend, count, calls, in_flight, noop)
                     rounds.record(f"{backend.name} {figure}", rate, "calls/s")
+            for name in probes:
+                commit_bound(rounds, name)
         rounds.report()
         for backend in backends:
             print(gap_check(backend))

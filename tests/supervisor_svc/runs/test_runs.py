@@ -15,7 +15,7 @@ from supervisor_svc.runs.domain import StartRequest
 from supervisor_svc.runs.store import RunStore
 from supervisor_svc.schema import runs
 from tests.fakes.choreography import REPORT, SUPERVISOR, append_finding
-from tests.fakes.openai_server import Call, DropAfter, Reply, Stall
+from tests.fakes.openai_server import Await, Call, DropAfter, Reply, Stall
 from tests.supervisor_svc.conftest import Mesh, answer_at_once, delegation_on, wait_for_phase
 
 
@@ -174,8 +174,22 @@ async def test_a_client_that_reattaches_misses_nothing_and_sees_nothing_twice(me
 
 
 async def test_parallel_delegations_in_one_turn_run_at_once(mesh: Mesh) -> None:
+    # Each worker's model call is held until both have arrived: run one after the other, the first
+    # would be held until the release's bound, and the check below would fail.
+    both_arrived = asyncio.Event()
     for name in ("Task one", "Task two"):
-        mesh.script.add(name, Reply(content="waited", delay=0.5))
+        mesh.script.add(name, Await(both_arrived, Reply(content="waited")))
+
+    async def release_when_both_arrived() -> bool:
+        for _ in range(600):  # bounded: 30 s
+            if all(mesh.script.arrivals.get(name) for name in ("Task one", "Task two")):
+                both_arrived.set()
+                return True
+            await asyncio.sleep(0.05)
+        both_arrived.set()
+        return False
+
+    release = asyncio.create_task(release_when_both_arrived())
     mesh.script.add(
         SUPERVISOR,
         Reply(
@@ -190,9 +204,7 @@ async def test_parallel_delegations_in_one_turn_run_at_once(mesh: Mesh) -> None:
     run = await mesh.client.start_run("Two things at once?")
     events = await mesh.events(run.run_id)
     assert events[-1].WhichOneof("payload") == "completed"
-    # Each worker's reply waits 0.5 s after its request: the second arrived before the first could be answered.
-    one, two = (mesh.script.arrivals[name][0] for name in ("Task one", "Task two"))
-    assert abs(one - two) < 0.5
+    assert await release, "the second delegation's model call did not come while the first one's was held"
     phases = [e.status.phase for e in events if e.HasField("status")]
     delegated = [n for n, p in enumerate(phases) if p == supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED]
     finished = [n for n, p in enumerate(phases) if p == supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED]
