@@ -23,18 +23,21 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
-import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic_settings import BaseSettings
 from sqlalchemy.engine import make_url
 
-from quarry.agent.model import ModelSettings
 from quarry.clients.channels import Dialer
 from quarry.config import ModelTier, QuarrySettings, ServiceSettings
 from quarry.migrations import schema_revisions
+
+if TYPE_CHECKING:
+    import httpx
+
+    from quarry.agent.model import ModelSettings
 
 __all__ = [
     "CHECK_SECONDS",
@@ -228,6 +231,10 @@ def model_diagnostics(
     `fallback` stands in for the settings `tier` leaves unset, as in `ModelSettings.for_tier`; `label`
     tells the tier apart where a service calls more than one (its facts and check end in "(label)").
     """
+    # Imported here: the HTTP stack is for services that call a model, not for every process that
+    # imports diagnostics (the scratchpad, the command line).
+    from quarry.agent.model import ModelSettings
+
     settings = ModelSettings.for_tier(tier, common, fallback=fallback)
     tiers = (tier,) if fallback is None else (tier, fallback)
     base_url, model, api_key = (_either(tiers, common, f) for f in ("model_base_url", "model_name", "model_api_key"))
@@ -244,6 +251,8 @@ def model_diagnostics(
 
 
 async def _model_endpoint(settings: ModelSettings, *, base_url: str, model: str, api_key: str) -> Finding:
+    import httpx
+
     shown = public_url(settings.base_url)
     secrets = [settings.api_key, urllib.parse.urlsplit(settings.base_url).password or ""]
     try:

@@ -10,12 +10,14 @@ import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from quarry.cli.settings import load_settings
 from quarry.config import QuarrySettings, ServiceSettings
 from quarry.identity import MeshRole
-from quarry.server import ServiceHost
+
+if TYPE_CHECKING:  # the gRPC server is for `serve`; other commands need not load it
+    from quarry.server import ServiceHost
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class ServiceSpec:
         return cast(Callable[..., int], resolve(self.commands[name]))
 
     async def build(self, settings: ServiceSettings, common: QuarrySettings) -> ServiceHost:
-        build = cast(Callable[[ServiceSettings, QuarrySettings], Awaitable[ServiceHost]], resolve(self.builder))
+        build = cast("Callable[[ServiceSettings, QuarrySettings], Awaitable[ServiceHost]]", resolve(self.builder))
         return await build(settings, common)
 
 

@@ -36,7 +36,7 @@ async def tail_with_reads(client: ScratchpadClient, thread_id: str, count: int) 
 
 
 async def test_eight_writer_processes_get_one_gap_free_order(database_url: str, processes: Processes) -> None:
-    writers, per_writer = 8, 250
+    writers, per_writer = 8, 100
     total = writers * per_writer
     service = await processes.service(service_env(database_url, processes.workdir))
     async with insecure_channel(service.address) as channel:
@@ -73,7 +73,7 @@ async def test_eight_writer_processes_get_one_gap_free_order(database_url: str, 
 async def test_writers_survive_sigkill_and_restart_without_loss_or_duplicates(
     database_url: str, processes: Processes
 ) -> None:
-    writers, per_writer = 8, 200
+    writers, per_writer = 8, 120
     total = writers * per_writer
     port = reusable_port()
     env = service_env(database_url, processes.workdir)
@@ -128,7 +128,7 @@ def _wait_port_free(port: int) -> bool:
 async def test_two_replicas_on_one_postgres_share_one_order_and_wake_each_others_watchers(
     processes: Processes,
 ) -> None:
-    writers, per_writer = 4, 250
+    writers, per_writer = 4, 100
     total = writers * per_writer
     with postgres_schema() as schema:
         # Watchers never re-read on a timer here: only NOTIFY from the other replica can wake them.
