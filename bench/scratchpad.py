@@ -266,6 +266,8 @@ class SQLiteCommitProbe:
         metadata.create_all(engine)
         self._connection = stack.enter_context(engine.connect()).connection.dbapi_connection
         assert self._connection is not None
+        # As on the service's own write connection: no checkpoint inside a commit (a thread does them there).
+        self._connection.execute("PRAGMA wal_autocheckpoint=0")
         self._connection.execute(
             "INSERT INTO scratchpad_threads VALUES ('probe', 'probe', '{}', '2026-01-01 00:00:00', 0, NULL)"
         )
