@@ -200,6 +200,8 @@ class Database:
         # may check out another (autocommit, a checkpoint).
         self.engine = create_engine(url, pool_size=readers + 2 * writers)
         self.is_postgres = not sqlite
+        # Whether `write` runs its transaction on the event loop, never yielding until it has committed.
+        self.writes_inline = self._inline
         self._writes = GroupCommit(
             self.engine, writers=writers, begin_options=SQLITE_WRITE if sqlite else {}, translate=_unavailable
         )

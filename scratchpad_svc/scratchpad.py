@@ -108,7 +108,13 @@ class Scratchpad:
         if self._closed:
             raise ScratchpadClosed()
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-        self._pending[command.thread_id].append(_Pending(command, future, contextvars.copy_context()))
+        item = _Pending(command, future, contextvars.copy_context())
+        if self._store.commits_without_yielding and command.thread_id not in self._flushers:
+            # Nothing is queued for the thread, and the commit ends before anything else runs: nothing can
+            # queue behind it, so it commits here, without a flusher task and a hand-off back to this one.
+            await self._commit(command.thread_id, [item])
+            return await future
+        self._pending[command.thread_id].append(item)
         if command.thread_id not in self._flushers:
             # A context of its own: the flusher outlives the append that started it.
             self._flushers[command.thread_id] = asyncio.create_task(

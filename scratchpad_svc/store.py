@@ -227,6 +227,8 @@ class ScratchpadStore:
     def __init__(self, database: Database, payloads: Payloads | None = None) -> None:
         self._db = database
         self.payloads = payloads or Payloads(scope="", origin=uuid.uuid4().hex)
+        # append_batch commits before it yields to the event loop (SQLite's inline writes).
+        self.commits_without_yielding = database.writes_inline and not database.is_postgres
 
     async def create_thread(self, request: NewThread) -> Thread:
         thread = Thread(
