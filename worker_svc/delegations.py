@@ -77,3 +77,5 @@ class DelegationRecord:
     workspace_id: str = ""
     question: str = ""
     tier: Tier | None = None  # None for delegations recorded before tiers
+    # Ended from outside (its caller went away, its worker stopped): the same Delegate goes on with it.
+    interrupted: bool = False

@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from opentelemetry import trace
 
@@ -32,7 +33,7 @@ from quarry.agent.loop import (
 )
 from quarry.agent.messages import Message, ToolCall, user
 from quarry.agent.model import ModelClient, ProviderError
-from quarry.agent.tools import ToolOutcome
+from quarry.agent.tools import ToolError, ToolOutcome
 from quarry.agent.usage import Usage
 from quarry.records.research import CitationAudit, ClaimVerdict, InputRefs, ResearchRecord
 from quarry.telemetry import meter, tracer
@@ -128,9 +129,14 @@ class DelegationRunner:
         self._compute = compute
 
     async def execute(
-        self, request: DelegationRequest, conversation_id: str, opening: list[Message], queue: asyncio.Queue[Event]
+        self,
+        request: DelegationRequest,
+        conversation_id: str,
+        opening: list[Message] | None,
+        queue: asyncio.Queue[Event],
     ) -> DelegationResult:
-        """Run an admitted delegation, traced and counted; always its one DelegationResult."""
+        """Run an admitted delegation, traced and counted; always its one DelegationResult. Without `opening`
+        it goes on with an interrupted delegation's recorded conversation."""
         attributes = {
             "quarry.delegation_id": request.delegation_id,
             "quarry.run_id": request.run_id,
@@ -150,7 +156,11 @@ class DelegationRunner:
             _ACTIVE.add(-1)
 
     async def _run(
-        self, request: DelegationRequest, conversation_id: str, opening: list[Message], queue: asyncio.Queue[Event]
+        self,
+        request: DelegationRequest,
+        conversation_id: str,
+        opening: list[Message] | None,
+        queue: asyncio.Queue[Event],
     ) -> DelegationResult:
         """Run the delegation; whatever happens, record and queue exactly one DelegationResult."""
         assert request.role is not None
@@ -214,7 +224,11 @@ class DelegationRunner:
                 agent="worker",
                 finished=gate.finished if gate else None,
             )
-            history = list(opening)
+            if opening is not None:
+                history = list(opening)
+            else:
+                history = await self._conversations.history(conversation_id)
+                await _restore(context, history, request.delegation_id)
             async with deadline:
                 answer = await run.run(context, history=history)
                 if gate is None:
@@ -248,8 +262,8 @@ class DelegationRunner:
         except asyncio.CancelledError:
             cancelled = ended(DelegationErrorCode.CANCELLED, "the delegation was cancelled")
             queue.put_nowait(cancelled)  # a caller still listening (a shutdown) gets its correlated result
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._delegations.finish(cancelled))
+            with contextlib.suppress(Exception):  # interrupted: the same Delegate goes on with it later
+                await asyncio.shield(self._delegations.finish(cancelled, interrupted=True))
             raise
         except Exception as error:
             log.exception("delegation %s failed", request.delegation_id)
@@ -319,6 +333,35 @@ class DelegationRunner:
                 )
                 context.promoted.append(raised.entry.sequence_no)
         return number
+
+
+# The tools whose `url` argument is a page the delegation read (and may cite).
+_PAGE_TOOLS = frozenset({"read_web_page", "search_web_page", "scroll_web_page"})
+
+
+async def _restore(context: DelegationContext, history: Sequence[Message], delegation_id: str) -> None:
+    """What an interrupted delegation's tools had gathered, rebuilt from the record: the entries it promoted
+    (the scratchpad's, by author) and the pages it read (read again, from the page cache where it has them),
+    so that what it goes on to promote may cite them."""
+    entries = await context.scratchpad.read_all(context.scratchpad_thread_id)
+    context.promoted.extend(e.sequence_no for e in entries if e.author.principal_id == delegation_id)
+    urls = dict.fromkeys(
+        url
+        for message in history
+        for call in message.tool_calls
+        if call.name in _PAGE_TOOLS and isinstance(url := _argument(call, "url"), str)
+    )
+    for url in urls:
+        with contextlib.suppress(ToolError):  # a page that cannot be read now is not citable: as if unread
+            await context.page(url)
+
+
+def _argument(call: ToolCall, name: str) -> object:
+    try:
+        arguments = json.loads(call.arguments or "{}")
+    except ValueError:
+        return None
+    return arguments.get(name) if isinstance(arguments, dict) else None
 
 
 def _request_id(delegation_id: str, part: str) -> str:

@@ -48,6 +48,7 @@ def _record(row: sa.Row[Any]) -> DelegationRecord:
         workspace_id=row.task.get("workspace_id", ""),
         question=str(row.task.get("question", "")),
         tier=Tier(row.task["tier"]) if row.task.get("tier") else None,
+        interrupted=bool(row.result is not None and row.result.get("interrupted")),
     )
 
 
@@ -109,11 +110,15 @@ def _result_from_json(
     )
 
 
-def _ended(outcome: DelegationResult) -> dict[str, Any]:
-    """The columns that record a delegation's end."""
+def _ended(outcome: DelegationResult, *, interrupted: bool = False) -> dict[str, Any]:
+    """The columns that record a delegation's end; `interrupted` when it was stopped from outside (its caller
+    went away, its worker stopped), so that the same Delegate later goes on with it."""
+    result = _result_json(outcome)
+    if interrupted:
+        result["interrupted"] = True
     return {
         "state": (DelegationState.SUCCEEDED if outcome.succeeded else DelegationState.FAILED).value,
-        "result": _result_json(outcome),
+        "result": result,
         "last_error": "" if outcome.succeeded else f"{outcome.error_code}: {outcome.error_message}",
         "end_time": datetime.now(UTC),
     }
@@ -178,9 +183,37 @@ class DelegationStore:
                 metadata={"delegation_id": request.delegation_id},
             ) from None
 
-    async def finish(self, outcome: DelegationResult) -> None:
-        ended = {"key": outcome.delegation_id, **_ended(outcome)}
+    async def finish(self, outcome: DelegationResult, *, interrupted: bool = False) -> None:
+        ended = {"key": outcome.delegation_id, **_ended(outcome, interrupted=interrupted)}
         await self._db.write(lambda connection: _END.execute(connection, ended))
+
+    async def reopen(self, delegation_id: str) -> bool:
+        """Take an interrupted delegation up again, as running here; False when it is not (or no longer) one
+        that was interrupted, e.g. because a concurrent Delegate took it first."""
+
+        def work(connection: Connection) -> bool:
+            row = connection.execute(
+                sa.select(delegations.c.result).where(delegations.c.delegation_id == delegation_id)
+            ).first()
+            if row is None or row.result is None or not row.result.get("interrupted"):
+                return False
+            now = datetime.now(UTC)
+            reopened = connection.execute(
+                delegations.update()
+                .where(delegations.c.delegation_id == delegation_id, sa.not_(_RUNNING))
+                .values(
+                    state=DelegationState.RUNNING.value,
+                    result=None,
+                    last_error="",
+                    end_time=None,
+                    owner=self.owner,
+                    heartbeat_time=now,
+                    worker_id=self.worker_id,
+                )
+            )
+            return bool(reopened.rowcount)
+
+        return await self._db.write(work)
 
     # -- leases (quarry.lease.LeaseStore) ----------------------------------------------------------
 
@@ -219,7 +252,8 @@ class DelegationStore:
             )
             # Conditional on the state still being "running": two sweepers end it once.
             still_running = sa.and_(delegations.c.delegation_id == delegation_id, _RUNNING)
-            done = connection.execute(delegations.update().where(still_running).values(_ended(outcome)))
+            ended = _ended(outcome, interrupted=True)
+            done = connection.execute(delegations.update().where(still_running).values(ended))
             return bool(done.rowcount)
 
         return await self._db.write(work)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from quarry import ids
 from quarry.agent.conversation import ConversationStore
-from quarry.agent.messages import system, user
+from quarry.agent.messages import Message, system, user
 from quarry.agent.model import ModelClient
 from quarry.errors import ErrorReason, FailedPrecondition, ResourceExhausted, Unavailable
 from quarry.lease import LeaseKeeper, LeaseTerms
@@ -29,6 +29,10 @@ from worker_svc.tools import DelegationContext
 from worker_svc.validation import check_same_request, validate
 
 log = logging.getLogger(__name__)
+
+# How long a Delegate for a delegation still running here waits for it to stop (its earlier caller went
+# away, so it is being cancelled) before it is refused as running.
+_INTERRUPTION_WAIT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -90,9 +94,20 @@ class Worker:
         """Check the request, then return its event stream; the stream's last event is its DelegationResult."""
         validate(request)
         existing = await self._delegations.get(request.delegation_id)
-        if existing is not None and existing.outcome is not None:
+        if existing is not None and existing.outcome is None and request.delegation_id in self._running:
+            # Running here for a caller that went away (a supervisor that stopped): it is being cancelled.
+            existing = await self._after_interruption(request.delegation_id)
+        if existing is not None:
             check_same_request(existing, request)
-            return _replay(existing)
+            if existing.outcome is not None and not existing.interrupted:
+                return _replay(existing)
+            if existing.outcome is None:
+                raise Unavailable(
+                    f"delegation {request.delegation_id!r} is running on {existing.worker_id or 'another worker'}; "
+                    "once that worker's lease lapses it can be taken up again",
+                    reason=ErrorReason.DELEGATION_RUNNING,
+                    metadata={"delegation_id": request.delegation_id, "worker_id": existing.worker_id},
+                )
         assert request.role is not None
         if ROLES[request.role].needs_monitor and not self._limits.compute:
             raise FailedPrecondition(
@@ -107,14 +122,15 @@ class Worker:
                 f"this worker already runs {self._limits.max_concurrent} delegations; try another worker or later",
                 reason=ErrorReason.TOO_MANY_DELEGATIONS,
             )
-        conversation_id = ids.new_conversation_id()
+        resumed = existing if existing is not None and existing.interrupted else None
+        conversation_id = resumed.conversation_id if resumed is not None else ids.new_conversation_id()
         queue: asyncio.Queue[Event] = asyncio.Queue()
         self._admitting += 1  # holds the slot across the await, so concurrent calls cannot overshoot
         self._admitted.clear()
         try:
             # Shielded: once the row says "running", a task that ends it must exist, even if our caller
             # is cancelled meanwhile (the task then runs to its recorded outcome unobserved).
-            task = await asyncio.shield(self._admit(request, conversation_id, queue))
+            task = await asyncio.shield(self._admit(request, conversation_id, queue, resumed=resumed is not None))
         finally:
             self._admitting -= 1
             if not self._admitting:
@@ -122,12 +138,22 @@ class Worker:
         return self._stream(request, conversation_id, task, queue)
 
     async def _admit(
-        self, request: DelegationRequest, conversation_id: str, queue: asyncio.Queue[Event]
+        self, request: DelegationRequest, conversation_id: str, queue: asyncio.Queue[Event], *, resumed: bool
     ) -> asyncio.Task[DelegationResult]:
         assert request.role is not None
-        opening = [system(ROLES[request.role].instructions), user(task_message(request))]
-        # Refuses a delegation_id already running; creates the conversation in the same transaction.
-        await self._delegations.start(request, conversation_id, opening, tier_of(request))
+        opening: list[Message] | None = None
+        if resumed:  # an interrupted delegation goes on from its recorded conversation
+            if not await self._delegations.reopen(request.delegation_id):
+                raise Unavailable(
+                    f"delegation {request.delegation_id!r} was taken up by another call meanwhile",
+                    reason=ErrorReason.DELEGATION_RUNNING,
+                    metadata={"delegation_id": request.delegation_id},
+                )
+            log.info("delegation %s goes on from its recorded conversation", request.delegation_id)
+        else:
+            opening = [system(ROLES[request.role].instructions), user(task_message(request))]
+            # Refuses a delegation_id already running; creates the conversation in the same transaction.
+            await self._delegations.start(request, conversation_id, opening, tier_of(request))
         task = asyncio.create_task(self._runner.execute(request, conversation_id, opening, queue))
         self._running[request.delegation_id] = task
         task.add_done_callback(lambda _: self._running.pop(request.delegation_id, None))
@@ -165,6 +191,14 @@ class Worker:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(task)
+
+    async def _after_interruption(self, delegation_id: str) -> DelegationRecord | None:
+        """The record of a delegation running here once its task has ended (within a bound)."""
+        task = self._running.get(delegation_id)
+        if task is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(task), _INTERRUPTION_WAIT_SECONDS)
+        return await self._delegations.get(delegation_id)
 
     def _lost(
         self, request: DelegationRequest, conversation_id: str, task: asyncio.Task[DelegationResult]

@@ -109,6 +109,17 @@ class AgentRun(Generic[Context]):
         schemas = self._tools.schemas()
         if history is None:
             history = await self._store.history(self._conversation_id)
+        # A conversation recorded by an earlier process (one that stopped mid-run) goes on where it stopped:
+        # its recorded turns count, and calls it recorded without their results are run now.
+        self.turns = max(self.turns, sum(1 for message in history if message.role == "assistant"))
+        unanswered = unanswered_calls(history)
+        if unanswered:
+            outcomes = await self._run_tools(self.turns, unanswered, context)
+            results = [outcome.message() for outcome in outcomes]
+            await self._store.append(self._conversation_id, results)
+            history.extend(results)
+            if self._finished is not None and self._finished(self.turns):
+                return ""
         while self.turns < self._limits.max_turns:
             self.turns += 1
             turn = self.turns
@@ -136,12 +147,15 @@ class AgentRun(Generic[Context]):
             history.append(reply.message)
             self._check_tokens()
             return reply.message.content
+        # The answer is recorded before its tools run, so a process that stops while they run never asks the
+        # model for it again: the next one runs the recorded calls (their ids make delegations and appends
+        # idempotent). Their results follow in one write, before the model sees them.
+        await self._store.append(self._conversation_id, [reply.message])
+        history.append(reply.message)
         outcomes = await self._run_tools(turn, calls, context)
-        follow_up: list[Message] = [reply.message, *(outcome.message() for outcome in outcomes)]
+        follow_up: list[Message] = [outcome.message() for outcome in outcomes]
         if reply.protocol_errors:
             follow_up.append(user("Some tool_call blocks could not be used: " + "; ".join(reply.protocol_errors)))
-        # The calls and their results are recorded in one transaction, before the model sees the results:
-        # a crash never leaves a result without its call, nor a result the model saw unrecorded.
         await self._store.append(self._conversation_id, follow_up)
         history.extend(follow_up)
         if self._finished is not None and self._finished(turn):
@@ -164,3 +178,14 @@ class AgentRun(Generic[Context]):
         spent = self.usage.tokens
         if self._over_tokens():
             raise TokenBudgetExhausted(f"{spent} tokens used, over the budget of {self._limits.max_tokens}")
+
+
+def unanswered_calls(history: Sequence[Message]) -> tuple[ToolCall, ...]:
+    """The tool calls of the last assistant message when no result follows it: recorded by a process that
+    stopped before its tools ended (results are recorded together, so there are all of them or none)."""
+    for message in reversed(history):
+        if message.role == "tool":
+            return ()
+        if message.role == "assistant":
+            return message.tool_calls
+    return ()

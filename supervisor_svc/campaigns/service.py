@@ -317,7 +317,7 @@ class Campaigns:
         if not self._can_drive():
             return False
         stale_before = datetime.now(UTC) - timedelta(seconds=self._host.limits.lease_seconds)
-        record = await self._store.take_over(campaign_id, self.owner, stale_before)
+        record = await self._store.take_over_record(campaign_id, self.owner, stale_before)
         if record is None:
             return False
         self._launch(record)

@@ -328,21 +328,12 @@ class CampaignStore(HostedStore[CampaignRecord]):
 
     # -- leases --------------------------------------------------------------------------------------------
 
-    async def take_over(self, campaign_id: str, owner: str, stale_before: datetime) -> CampaignRecord | None:
-        """Make `owner` the driver of a live campaign whose lease expired; None when another got it first, or
-        it is no longer live or expired."""
-        now = datetime.now(UTC)
-        c = campaigns.c
-        stale = sa.and_(TABLES.live(campaign_id), c.heartbeat_time < stale_before)
-
-        def work(connection: Connection) -> CampaignRecord | None:
-            taken = connection.execute(campaigns.update().where(stale).values(owner=owner, heartbeat_time=now))
-            if taken.rowcount != 1:
-                return None
-            row = connection.execute(sa.select(campaigns).where(c.campaign_id == campaign_id)).one()
-            return _record(row, now)
-
-        return await self._db.write(work)
+    async def take_over_record(self, campaign_id: str, owner: str, stale_before: datetime) -> CampaignRecord | None:
+        """Make `owner` the driver of a live campaign whose lease expired, and its record; None when another
+        got it first, or it is no longer live or expired."""
+        if not await self.take_over(campaign_id, owner, stale_before):
+            return None
+        return await self.get(campaign_id)
 
     # -- the one way events are written ----------------------------------------------------------------
 

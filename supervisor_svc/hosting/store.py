@@ -176,6 +176,13 @@ class HostedStore(Generic[R]):
 
         return await self._db.read_statement(read)
 
+    async def all_events(self, key: str) -> list[StoredEvent]:
+        """Every event of the work, in order (read a page at a time)."""
+        found: list[StoredEvent] = []
+        while page := await self.events_after(key, found[-1].sequence_no if found else 0):
+            found.extend(page)
+        return found
+
     # -- leases ------------------------------------------------------------------------------------
 
     async def renew(self, owner: str, keys: Sequence[str], now: datetime) -> None:
@@ -198,6 +205,18 @@ class HostedStore(Generic[R]):
             work.c.state.in_(self._tables.live_states), work.c.heartbeat_time < stale_before
         )
         return await self._db.read(lambda connection: [row[0] for row in connection.execute(query)])
+
+    async def take_over(self, key: str, owner: str, stale_before: datetime) -> bool:
+        """Make `owner` the holder of live work whose lease expired before `stale_before`; False when another
+        replica got there first, or it is no longer live or expired."""
+        work = self._tables.work
+        stale = sa.and_(self._tables.live(key), work.c.heartbeat_time < stale_before)
+        now = datetime.now(UTC)
+
+        def write(connection: Connection) -> bool:
+            return bool(connection.execute(work.update().where(stale).values(owner=owner, heartbeat_time=now)).rowcount)
+
+        return await self._db.write(write)
 
     async def release(self, owner: str, keys: Sequence[str]) -> None:
         """Give up the leases of work `owner` stops doing (it shuts down): any replica takes it over at its

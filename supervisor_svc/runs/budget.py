@@ -19,9 +19,17 @@ class RunAccount:
 
     def __init__(self) -> None:
         self._planning: Callable[[], Usage] = Usage
+        self._carried = Usage()  # the supervisor's own usage before this process took the run up
         self.report = Usage()
         self.workers = Usage()
         self.verification = Usage()  # the part of `workers` that claim-verifiers, auditors and adjudicators spent
+
+    def carry(self, supervisor: Usage, workers: Usage, verification: Usage) -> None:
+        """What the run had spent when this process took it up (as the process that began it recorded it):
+        counted before everything spent here."""
+        self._carried = supervisor
+        self.workers += workers
+        self.verification += verification
 
     def count_planning(self, source: Callable[[], Usage]) -> None:
         """Planning usage is read live from the agent loop that spends it."""
@@ -33,7 +41,8 @@ class RunAccount:
             self.verification += usage
 
     def usage(self) -> RunUsage:
-        return RunUsage(supervisor=self._planning() + self.report, workers=self.workers, verification=self.verification)
+        supervisor = self._carried + self._planning() + self.report
+        return RunUsage(supervisor=supervisor, workers=self.workers, verification=self.verification)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -105,7 +105,13 @@ class Delegator:
         budget: TokenBudget,
         publisher: DelegationEvents,
         ledger: RunLedger,
+        reuse: dict[str, str] | None = None,
+        counted: Collection[str] = (),
+        ordered: int = 0,
     ) -> None:
+        """`reuse`, `counted` and `ordered` take up a run another process began (supervisor_svc.runs.resumption):
+        the delegation id to order a key under again, the delegations whose usage the account already holds,
+        and how many delegations were ordered."""
         self._run_id = run_id
         self._thread_id = thread_id
         self._worker_max_turns = max_worker_turns
@@ -118,7 +124,9 @@ class Delegator:
         self._budget = budget
         self._publisher = publisher
         self._ledger = ledger
-        self._ordered = 0
+        self._ordered = ordered
+        self._reuse = dict(reuse or {})
+        self._counted = frozenset(counted)
         self.dispatched = 0  # delegations that went out to a worker (not those the budget refused)
         self._expected: set[str] = set()  # this turn's delegate calls that will run and have not ended
         self._announced = 0  # this turn's calls, of any tool
@@ -166,8 +174,10 @@ class Delegator:
     async def _dispatch(self, contract: Contract, key: str, *, sharing: Callable[[], int]) -> DelegationResult | None:
         if self._budget.spent():
             return None
-        self._ordered += 1
-        delegation_id = f"{self._run_id}.{self._ordered}.{key[:40]}"
+        reused = self._reuse.pop(key[:40], None)
+        if reused is None:
+            self._ordered += 1
+        delegation_id = reused or f"{self._run_id}.{self._ordered}.{key[:40]}"
         attributes = {
             "quarry.delegation_id": delegation_id,
             "quarry.run_id": self._run_id,
@@ -179,7 +189,7 @@ class Delegator:
                     return None
                 self.dispatched += 1
                 ways = min(max(sharing(), 1), self._parallel)
-                order = self._order(contract, key, delegation_id, ways)
+                order = self._order(contract, key, delegation_id, ways, resumed=reused is not None)
                 await self._ledger.assigned(
                     delegation_id, contract.role, contract.objective, contract.criteria, contract.input_refs
                 )
@@ -189,11 +199,14 @@ class Delegator:
             if not result.succeeded:
                 span.set_status(trace.Status(trace.StatusCode.ERROR, result.error_message[:200]))
         _DELEGATIONS.add(1, {"quarry.delegation.outcome": result.outcome_label})
-        self._account.add_worker(result.usage, verification=contract.role is not Role.RESEARCHER)
+        if delegation_id not in self._counted:  # else its usage came with the run from the ledger
+            self._account.add_worker(result.usage, verification=contract.role is not Role.RESEARCHER)
         await self._publisher.delegation_ended(result, self._account.usage())
         return result
 
-    def _order(self, contract: Contract, key: str, delegation_id: str, ways: int) -> DelegationOrder:
+    def _order(
+        self, contract: Contract, key: str, delegation_id: str, ways: int, *, resumed: bool
+    ) -> DelegationOrder:
         left = self._deadline - time.monotonic()
         return DelegationOrder(
             delegation_id=delegation_id,
@@ -208,6 +221,7 @@ class Delegator:
             max_tokens=self._budget.share(ways),
             timeout_seconds=min(left, contract.timeout_seconds) if contract.timeout_seconds else left,
             workspace_id=contract.workspace_id,
+            resumed=resumed,
         )
 
     async def _run(self, order: DelegationOrder) -> DelegationResult:

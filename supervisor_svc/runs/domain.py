@@ -220,6 +220,8 @@ class DelegationOrder:
     max_tokens: int  # 0: no token bound
     timeout_seconds: float
     workspace_id: str = ""  # the monitor's workspace an engineer works in; empty for other roles
+    # Ordered before this process took the run up: the worker that has it replays or goes on with it.
+    resumed: bool = False
 
 
 @dataclass(frozen=True)

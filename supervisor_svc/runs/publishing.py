@@ -33,6 +33,10 @@ class RunEventLog:
         self._run_id = run_id
         self._writer = EventLogWriter(bus, run_id)
 
+    @property
+    def store(self) -> RunStore:
+        return self._store
+
     async def write(self, write: Callable[[], Awaitable[None]]) -> None:
         await self._writer.write(write)
 
@@ -104,6 +108,14 @@ class RunPublisher:
         self.content = TextStream(events.content, self._log.emit)
         self._entries_published = 0
         self._entries_lock = asyncio.Lock()
+
+    @property
+    def store(self) -> RunStore:
+        return self._log.store
+
+    def resume_after(self, entry_sequence_no: int) -> None:
+        """Entries up to this one were reported (by the process that began the run)."""
+        self._entries_published = entry_sequence_no
 
     async def started(self) -> None:
         await self._log.mark_running(events.status(ResearchPhase.STARTED, "research started"))

@@ -21,12 +21,14 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from quarry.agent.conversation import ConversationStore
-from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TurnBudgetExhausted
-from quarry.agent.messages import ToolCall, system, user
+from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TurnBudgetExhausted, unanswered_calls
+from quarry.agent.messages import Message, ToolCall, system, user
 from quarry.agent.model import ModelClient, ProviderError
 from quarry.errors import Unavailable
 from quarry.identity import Principal, Role
@@ -44,15 +46,17 @@ from supervisor_svc.runs.domain import (
     RunErrorCode,
     RunOutcome,
     RunRecord,
+    RunState,
 )
 from supervisor_svc.runs.ledger import RunLedger
 from supervisor_svc.runs.publishing import RunEventLog, RunPublisher
+from supervisor_svc.runs.resumption import PriorDelegations, last_published_entry
 from supervisor_svc.runs.store import RunEnded
 from supervisor_svc.runs.synthesis import ResearchEnd, report_warnings, verified_sources, write_report
 from supervisor_svc.runs.tools import REGISTRY, SupervisorContext
 from supervisor_svc.runs.worker_client import DelegationClient
 from supervisor_svc.verification.claims import verify_claims
-from supervisor_svc.verification.report import with_verification
+from supervisor_svc.verification.report import with_verification, without_verification
 from supervisor_svc.verification.resolutions import approve_open_objections
 from supervisor_svc.verification.review import ReviewDesk, ReviewRequest, ReviewStage, review_report
 from supervisor_svc.verification.state import Verification
@@ -142,6 +146,8 @@ class ResearchRun:
         # store on a lease renewal when another replica took the call).
         self._approval: Approval | None = None
         self._decided = asyncio.Event()
+        # The supervisor's conversation as another process recorded it, when this one took the run up.
+        self._resumed_history: list[Message] = []
 
     def stopping(self, reason: str, end_within: float | None = None) -> None:
         """The run is about to be cancelled for `reason`; with `end_within`, it records its end within that many
@@ -150,34 +156,39 @@ class ResearchRun:
         if end_within is not None:
             self.end_by = time.monotonic() + end_within
 
-    async def execute(self) -> None:
-        """Run to exactly one terminal event (unless the run already ended elsewhere)."""
+    async def execute(self, *, resumed: bool = False) -> None:
+        """Run to exactly one terminal event (unless the run already ended elsewhere). `resumed`: the run was
+        begun by another process, which stopped; it goes on from what that one recorded."""
         attributes = {"quarry.run_id": self.run_id, "quarry.scratchpad_thread_id": self.record.scratchpad_thread_id}
         with tracer.start_as_current_span("research run", attributes=attributes):
-            log.info("run %s started", self.run_id)
-            await self._execute()
+            log.info("run %s %s", self.run_id, "taken up again" if resumed else "started")
+            await self._execute(resumed)
 
-    async def _execute(self) -> None:
-        deadline = time.monotonic() + self._timeout
+    async def _execute(self, resumed: bool) -> None:
+        timeout = self._time_left() if resumed else self._timeout
+        deadline = time.monotonic() + timeout
         watcher: asyncio.Task[None] | None = None
         try:
-            async with asyncio.timeout(self._timeout):
-                await self._publisher.started()
-                await self._seed()
-                watcher = asyncio.create_task(self._publisher.follow_scratchpad())
-                delegator = self._delegator(deadline)
-                end = await self._research(delegator)
-                entries = await self._deps.scratchpad.read_all(self.record.scratchpad_thread_id)
-                verification = await self._verify_claims(entries, delegator) if self._verifies else None
-                await self._publisher.status(ResearchPhase.SYNTHESIZING, _synthesis_reason(end))
-                report, self._account.report = await write_report(
-                    self._deps.model, self.record.question, entries, end, self._publisher.content, verification
-                )
-                if verification is not None:
-                    report, verification = await self._review(report, entries, verification, delegator)
+            awaited = self._awaited_approval() if resumed else None
+            if awaited is not None:  # everything but the decision was done: wait for it again
+                report, verification = awaited
+                end = ResearchEnd()
+            else:
+                async with asyncio.timeout(timeout):
+                    delegator = await self._take_up() if resumed else await self._begin(deadline)
+                    watcher = asyncio.create_task(self._publisher.follow_scratchpad())
+                    end = await self._research(delegator, resumed=resumed)
+                    entries = await self._deps.scratchpad.read_all(self.record.scratchpad_thread_id)
+                    verification = await self._verify_claims(entries, delegator) if self._verifies else None
+                    await self._publisher.status(ResearchPhase.SYNTHESIZING, _synthesis_reason(end))
+                    report, self._account.report = await write_report(
+                        self._deps.model, self.record.question, entries, end, self._publisher.content, verification
+                    )
+                    if verification is not None:
+                        report, verification = await self._review(report, entries, verification, delegator)
             warnings = report_warnings(report, end, self._account.usage().total)
             if self.record.options.require_approval:  # after the run's time limit: a person may take longer
-                verification = await self._await_approval(report, verification)
+                verification = await self._await_approval(report, verification, announce=awaited is None)
             if verification is not None:  # the final report states how each claim was verified
                 report = with_verification(report, verification)
             outcome = RunOutcome.succeeded(report, self._account.usage(), warnings, verification)
@@ -200,6 +211,52 @@ class ResearchRun:
             await asyncio.shield(self._quietly(self._record(outcome)))
             raise
 
+    async def _begin(self, deadline: float) -> Delegator:
+        await self._publisher.started()
+        await self._seed()
+        return self._delegator(deadline)
+
+    async def _take_up(self) -> Delegator:
+        """A run another process began: the account, the delegation ids and the published entries as it left
+        them, read back from the run's row, ledger and events."""
+        store = self._publisher.store
+        entries = await self._deps.scratchpad.read_all(self.record.scratchpad_thread_id)
+        prior = PriorDelegations.from_ledger(self.run_id, entries)
+        workers, verification = prior.usage()
+        self._account.carry(self.record.usage.supervisor, workers, verification)
+        self._publisher.resume_after(last_published_entry(await store.all_events(self.run_id)))
+        await self._publisher.status(
+            ResearchPhase.STARTED,
+            f"taken up again by this supervisor after the one running it stopped; {len(prior.ordered)} "
+            f"delegation(s) were ordered before",
+        )
+        await self._seed()  # idempotent: a run that stopped before its seed gets it now
+        history = await self._deps.conversations.history(_conversation_id(self.run_id))
+        unanswered = {call.id[:40] for call in unanswered_calls(history)}
+        self._resumed_history = history
+        return self._delegator(
+            time.monotonic() + self._time_left(),
+            reuse=prior.ids_to_reuse(unanswered),
+            counted=prior.used.keys(),
+            ordered=prior.last_number,
+        )
+
+    def _time_left(self) -> float:
+        """What is left of the run's time limit, counted from its start (as another process recorded it)."""
+        started = self.record.start_time or self.record.create_time
+        elapsed = (datetime.now(UTC) - started).total_seconds()
+        return max(self._timeout - elapsed, 0.001)
+
+    def _awaited_approval(self) -> tuple[Report, Verification | None] | None:
+        """The report and verification a run taken up in AWAITING_APPROVAL waits with, as they were before
+        the verification sections were added; None when it was not waiting."""
+        record = self.record
+        if record.state is not RunState.AWAITING_APPROVAL or record.report is None:
+            return None
+        verification = record.verification
+        report = record.report if verification is None else without_verification(record.report, verification)
+        return report, verification
+
     async def _seed(self) -> None:
         thread_id = self.record.scratchpad_thread_id
         await self._deps.scratchpad.create_thread(
@@ -213,10 +270,12 @@ class ResearchRun:
             request_id=f"{self.run_id}/seed",
         )
 
-    def _delegator(self, deadline: float) -> Delegator:
-        """The run's one delegation desk: the researchers' delegations and the evidence roles' share it."""
+    def _delegator(self, deadline: float, **taken_up: Any) -> Delegator:
+        """The run's one delegation desk: the researchers' delegations and the evidence roles' share it.
+        `taken_up`: what Delegator needs to go on with a run another process began."""
         options = self.record.options
         return Delegator(
+            **taken_up,
             run_id=self.run_id,
             thread_id=self.record.scratchpad_thread_id,
             max_worker_turns=options.max_worker_turns,
@@ -230,19 +289,21 @@ class ResearchRun:
             ledger=self._ledger,
         )
 
-    async def _research(self, delegator: Delegator) -> ResearchEnd:
-        """The supervisor's loop, until it answers or a bound stops it."""
-        await self._publisher.status(ResearchPhase.PLANNING, "planning the research")
+    async def _research(self, delegator: Delegator, *, resumed: bool) -> ResearchEnd:
+        """The supervisor's loop, until it answers or a bound stops it; taken up, from its recorded turns."""
         options = self.record.options
-        conversation_id = f"sup-{self.run_id}"
-        opening = [
-            system(INSTRUCTIONS),
-            user(
-                f"Research question: {self.record.question}\n\nThe scratchpad holds the seed as entry 1. "
-                "Plan, delegate, and check the findings."
-            ),
-        ]
-        await self._deps.conversations.create(conversation_id, opening)
+        conversation_id = _conversation_id(self.run_id)
+        history = self._resumed_history
+        if not history:
+            await self._publisher.status(ResearchPhase.PLANNING, "planning the research")
+            history = [
+                system(INSTRUCTIONS),
+                user(
+                    f"Research question: {self.record.question}\n\nThe scratchpad holds the seed as entry 1. "
+                    "Plan, delegate, and check the findings."
+                ),
+            ]
+            await self._deps.conversations.create(conversation_id, history)
         context = SupervisorContext(
             delegations=delegator,
             scratchpad=self._deps.scratchpad,
@@ -260,7 +321,7 @@ class ResearchRun:
         self._account.count_planning(lambda: agent.usage)
         end = ResearchEnd()
         try:
-            end = ResearchEnd(notes=await agent.run(context, history=list(opening)))
+            end = ResearchEnd(notes=await _answer_of(agent, context, history))
         except TurnBudgetExhausted:
             end = ResearchEnd(turn_budget_exhausted=True)
         except BudgetSpent:
@@ -321,14 +382,19 @@ class ResearchRun:
             self._approval = approval
             self._decided.set()
 
-    async def _await_approval(self, report: Report, verification: Verification | None) -> Verification | None:
+    async def _await_approval(
+        self, report: Report, verification: Verification | None, *, announce: bool = True
+    ) -> Verification | None:
         """Wait in AWAITING_APPROVAL for a person's decision on the finished run. Approved: the verification
         with the objections still open closed by the approval (their sentences upheld). NotApproved when
         rejected (REJECTED; the objections stay open in the stored state) or when no decision comes in time
         (DEADLINE_EXCEEDED). CancelRun still ends it. GetRun shows the report the person decides on."""
         wait = self._deps.approval_wait_seconds
-        pending = report if verification is None else with_verification(report, verification)
-        await self._publisher.awaiting_approval(_approval_message(verification, wait), pending, verification)
+        if announce:  # else it was announced (and stored) by the process that began the run
+            pending = report if verification is None else with_verification(report, verification)
+            await self._publisher.awaiting_approval(_approval_message(verification, wait), pending, verification)
+        elif self.record.approval is not None:  # decided while no process was running it
+            self.decide(self.record.approval)
         try:
             async with asyncio.timeout(wait):
                 await self._decided.wait()
@@ -404,6 +470,18 @@ class ResearchRun:
 
     def _failed(self, code: RunErrorCode, message: str) -> RunOutcome:
         return RunOutcome.failed(code, message, self._account.usage())
+
+
+def _conversation_id(run_id: str) -> str:
+    return f"sup-{run_id}"
+
+
+async def _answer_of(agent: AgentRun[SupervisorContext], context: SupervisorContext, history: list[Message]) -> str:
+    """The loop's answer; a taken-up run whose recorded last turn already answered is not asked again."""
+    last = history[-1]
+    if last.role == "assistant" and not last.tool_calls:
+        return last.content
+    return await agent.run(context, history=history)
 
 
 def _claims_summary(verification: Verification) -> str:

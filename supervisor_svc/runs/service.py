@@ -3,9 +3,9 @@ the host (supervisor_svc.hosting).
 
 Each run executes as an asyncio task here. Its row carries a lease (owner and
 heartbeat): this process renews its runs' leases, picks up cancellations and
-approval decisions taken by another replica, and ends as failed any run whose owner stopped renewing —
-so a crashed supervisor never leaves a run "running" with streams waiting on it
-forever.
+approval decisions taken by another replica, and takes up any run whose owner stopped renewing,
+going on from what that owner recorded, so a crashed supervisor neither loses a run nor leaves
+it "running" with streams waiting on it forever.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime, timedelta
 
 from quarry import ids
 from quarry.api_auth import current_principal_name
@@ -32,8 +33,6 @@ from supervisor_svc.hosting.store import StoredEvent
 from supervisor_svc.runs.domain import (
     Approval,
     ApprovalDecision,
-    RunErrorCode,
-    RunOutcome,
     RunRecord,
     RunState,
     StartRequest,
@@ -41,7 +40,7 @@ from supervisor_svc.runs.domain import (
 )
 from supervisor_svc.runs.publishing import RunEventLog
 from supervisor_svc.runs.run import ResearchRun, RunDependencies
-from supervisor_svc.runs.store import RunEnded, RunStore
+from supervisor_svc.runs.store import RunStore
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +68,9 @@ class Supervisor:
             at_capacity=lambda most: ResourceExhausted(
                 f"this supervisor already runs {most} research runs; retry later", reason=ErrorReason.TOO_MANY_RUNS
             ),
-            take_over=self._end_as_failed,
+            take_over=self._take_over,
             renewed=self._renewed,
+            taken_over="taken up again here",
         )
         self._host: Host[ResearchRun, RunRecord] = Host(tenant, store, limits, signal)
 
@@ -203,17 +203,21 @@ class Supervisor:
             if running is not None:
                 running.work.decide(approval)
 
-    async def _end_as_failed(self, run_id: str) -> bool:
+    async def _take_over(self, run_id: str) -> bool:
+        """Go on with a run whose supervisor stopped renewing its lease, from what that one recorded: its
+        conversation, its ledger and its events (supervisor_svc.runs.resumption). False when there is no
+        room here, or another replica took it first."""
+        if not self._host.has_room():
+            return False
+        stale_before = datetime.now(UTC) - timedelta(seconds=self._host.limits.lease_seconds)
+        if not await self._store.take_over(run_id, self._host.owner, stale_before):
+            return False
         record = await self._store.get(run_id)
         if record is None or record.state.ended:
             return False
-        message = "the supervisor executing this run stopped before it ended"
-        try:
-            await self._store.finish(run_id, RunOutcome.failed(RunErrorCode.INTERNAL, message, record.usage))
-        except RunEnded:  # another replica got there first
-            return False
-        finally:
-            self._host.bus.publish(run_id)
+        research = ResearchRun(record, RunEventLog(self._store, self._host.bus, run_id), self._deps)
+        # A run still queued had recorded nothing: it starts as new.
+        self._host.launch(run_id, research, research.execute(resumed=record.state is not RunState.QUEUED))
         return True
 
     async def close(self, end_within: float) -> None:

@@ -36,6 +36,12 @@ log = logging.getLogger(__name__)
 
 # How long a delegation waits for a worker that served before to be reachable again.
 RECONNECT_WAIT_SECONDS = 10.0
+# How long a delegation ordered again (its run was taken up by another process) keeps asking the worker
+# that has it while that worker answers UNAVAILABLE: it is restarting, or the delegation still runs for a
+# caller that went away, or under the lease of a worker that died (30 s by default).
+RESUME_WAIT_SECONDS = 60.0
+# How long finding the worker that has a delegation may take, each worker asked at once.
+_LOCATE_SECONDS = 3.0
 
 EventListener = Callable[[worker_pb2.DelegateResponse], Awaitable[None] | None]
 # Told each worker turn as it starts: (turn, max_turns, the id of the worker running it).
@@ -137,9 +143,13 @@ class DelegationClient:
             elif event == "progress" and progress.kind == worker_pb2.PROGRESS_KIND_TURN_STARTED:
                 await on_turn(progress.turn, progress.max_turns, worker_id)
 
-        result = delegation_result_from_proto(
-            await self.delegate(request_for(order), deadline_seconds=deadline_seconds, on_event=progress)
-        )
+        request = request_for(order)
+        holder = await self._locate(order.delegation_id) if order.resumed else None
+        if holder is None:
+            reply = await self.delegate(request, deadline_seconds=deadline_seconds, on_event=progress)
+        else:
+            reply = await self._resume_on(holder, request, deadline_seconds, progress)
+        result = delegation_result_from_proto(reply)
         # A failure made here (the worker died mid-stream) still names the worker that had taken it.
         return result if result.worker_id else dataclasses.replace(result, worker_id=worker_id)
 
@@ -173,6 +183,49 @@ class DelegationClient:
             code = _ERROR_CODES.get(error.code(), common_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE)
             return failed(request, code, f"worker {self._targets[index]}: {error.code().name}: {error.details()}")
         raise AssertionError("unreachable: the second attempt always returns")
+
+    async def _locate(self, delegation_id: str) -> int | None:
+        """The target whose worker has a record of the delegation (GetDelegation on each at once), if any."""
+
+        async def has(index: int) -> bool:
+            stub = self._stubs[index]
+            try:
+                await stub.GetDelegation(
+                    worker_pb2.GetDelegationRequest(delegation_id=delegation_id), timeout=_LOCATE_SECONDS
+                )
+            except grpc.aio.AioRpcError:
+                return False
+            return True
+
+        found = await asyncio.gather(*(has(index) for index in range(len(self._stubs))))
+        return next((index for index, yes in enumerate(found) if yes), None)
+
+    async def _resume_on(
+        self,
+        index: int,
+        request: worker_pb2.DelegateRequest,
+        deadline_seconds: float | None,
+        on_event: EventListener,
+    ) -> worker_pb2.DelegationResult:
+        """The same delegation again, on the worker that has its record: it replays the result or goes on with
+        the recorded conversation. UNAVAILABLE (restarting, still running, leased to a worker that died) is
+        waited out, within RESUME_WAIT_SECONDS and the deadline."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + min(deadline_seconds or math.inf, RESUME_WAIT_SECONDS)
+        delay = 0.5
+        while True:
+            remaining = None if deadline_seconds is None else max(until - loop.time(), 0.001)
+            outcome = await self._attempt(self._stubs[index], request, remaining, on_event)
+            if isinstance(outcome, worker_pb2.DelegationResult):
+                self._served.add(index)
+                return outcome
+            error, events_seen = outcome
+            if error.code() != grpc.StatusCode.UNAVAILABLE or events_seen or loop.time() + delay > until:
+                code = _ERROR_CODES.get(error.code(), common_pb2.DELEGATION_ERROR_CODE_WORKER_UNAVAILABLE)
+                return failed(request, code, f"worker {self._targets[index]}: {error.code().name}: {error.details()}")
+            log.info("worker %s: %s (%s); asking again", self._targets[index], request.delegation_id, error.details())
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     async def _reconnected(self, index: int, deadline_seconds: float | None) -> float:
         """Wait, within bounds, for a worker that served before to be reachable again; the seconds waited."""

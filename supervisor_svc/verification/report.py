@@ -80,6 +80,15 @@ def with_verification(report: Report, verification: Verification) -> Report:
     return replace(report, markdown=f"{body}\n\n{sections}" if body else sections)
 
 
+def without_verification(report: Report, verification: Verification) -> Report:
+    """The reviewed report `with_verification` made this one from (given the same verification)."""
+    sections = verification_sections(verification, report.citations)
+    markdown = report.markdown
+    if sections and markdown.endswith(sections):
+        markdown = markdown[: -len(sections)].rstrip("\n")
+    return replace(report, markdown=markdown)
+
+
 def _number(citation: Citation) -> int:
     return citation.number
 

@@ -149,6 +149,13 @@ class ProcessMesh:
     workers: list[ServiceProcess]
     supervisor: ServiceProcess
     credentials: MeshKeys
+    supervisor_env: dict[str, str]
+    workdir: Path
+
+    def start_supervisor(self) -> ServiceProcess:
+        """Another supervisor process over the same database (once the last one was stopped or killed)."""
+        self.supervisor = start_service("supervisor", self.supervisor_env, self.workdir)
+        return self.supervisor
 
     @property
     def supervisor_token(self) -> str:
@@ -174,6 +181,7 @@ def processes(
     }
     model_env = {"QUARRY_MODEL_BASE_URL": model.base_url, "QUARRY_MODEL_NAME": "scripted"}
     started: list[ServiceProcess] = []
+    mesh: ProcessMesh | None = None
     try:
         scratchpad = start_service("scratchpad", {**common, **credentials.environment(None)}, tmp_path)
         started.append(scratchpad)
@@ -194,20 +202,25 @@ def processes(
             tmp_path,
         )
         started.extend(workers)
-        supervisor = start_service(
-            "supervisor",
-            {
-                **common,
-                **model_env,
-                **credentials.environment(MeshRole.SUPERVISOR),
-                "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS": scratchpad.address,
-                "QUARRY_SUPERVISOR_WORKER_ADDRESSES": ",".join(worker.address for worker in workers),
-            },
+        supervisor_env = {
+            **common,
+            **model_env,
+            **credentials.environment(MeshRole.SUPERVISOR),
+            "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS": scratchpad.address,
+            "QUARRY_SUPERVISOR_WORKER_ADDRESSES": ",".join(worker.address for worker in workers),
+        }
+        mesh = ProcessMesh(
+            scratchpad,
+            workers,
+            start_service("supervisor", supervisor_env, tmp_path),
+            credentials,
+            supervisor_env,
             tmp_path,
         )
-        started.append(supervisor)
-        yield ProcessMesh(scratchpad, workers, supervisor, credentials)
+        yield mesh
     finally:
+        if mesh is not None:
+            started.append(mesh.supervisor)
         for service in reversed(started):
             stop_service(service)
 

@@ -11,7 +11,14 @@ import pytest
 from pydantic import BaseModel
 
 from quarry.agent.conversation import ConversationStore, metadata
-from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TokenBudgetExhausted, TurnBudgetExhausted
+from quarry.agent.loop import (
+    AgentRun,
+    LoopLimits,
+    LoopObserver,
+    TokenBudgetExhausted,
+    TurnBudgetExhausted,
+    unanswered_calls,
+)
 from quarry.agent.messages import ToolCall, system, user
 from quarry.agent.model import ModelClient, ModelSettings, ProviderError
 from quarry.agent.tools import Tool, ToolOutcome, ToolRegistry
@@ -217,25 +224,43 @@ async def test_text_protocol_end_to_end(model: ScriptedModel, store: Conversatio
     assert "tools" not in model.requests[1], "a model without native tools is not sent tool declarations"
 
 
-async def test_a_call_is_recorded_with_its_results_never_without_them(
+async def test_a_run_interrupted_while_its_tools_run_goes_on_from_its_recorded_calls(
     model: ScriptedModel, store: ConversationStore
 ) -> None:
-    """A turn interrupted while its tools run leaves no call in the conversation whose result is missing."""
+    """The answer is recorded before its tools run: a later run of the conversation runs the recorded calls
+    without asking the model again, counts the recorded turn, and goes on."""
     started = asyncio.Event()
+    hanging = True
+    ran: list[str] = []
 
-    async def hang(params: Empty, context: list[str]) -> str:
-        started.set()
-        await asyncio.Event().wait()
-        return "never"
+    async def slow(params: Empty, context: list[str]) -> str:
+        ran.append("slow")
+        if hanging:
+            started.set()
+            await asyncio.Event().wait()
+        return "done at last"
 
-    model.script(Reply(calls=(Call("hang", {}, "c1"),)))
-    await store.create("conv")
+    model.script(Reply(calls=(Call("slow", {}, "c1"),)), Reply(content="The answer."))
+    await store.create("conv", [user("go")])
     client = ModelClient(ModelSettings(base_url=model.base_url, model="scripted", retry_budget=5))
-    tools: ToolRegistry[list[str]] = ToolRegistry([Tool("hang", "hangs", Empty, hang)])
-    run = AgentRun(client, tools, store, "conv", LoopLimits())
-    running = asyncio.create_task(run.run([], history=[user("go")]))
+    tools: ToolRegistry[list[str]] = ToolRegistry([Tool("slow", "slow", Empty, slow)])
+    first = AgentRun(client, tools, store, "conv", LoopLimits(max_turns=2))
+    running = asyncio.create_task(first.run([]))
     await started.wait()
     running.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await running
-    assert await store.history("conv") == []
+    recorded = await store.history("conv")
+    assert [m.role for m in recorded] == ["user", "assistant"] and recorded[-1].tool_calls[0].id == "c1"
+    assert unanswered_calls(recorded) == recorded[-1].tool_calls
+
+    hanging = False
+    second = AgentRun(client, tools, store, "conv", LoopLimits(max_turns=2))
+    assert await second.run([]) == "The answer."
+    assert ran == ["slow", "slow"], "the recorded call runs again, once"
+    assert len(model.requests) == 2, "the recorded answer is not asked for again"
+    assert second.turns == 2, "the recorded turn counts against the bound"
+    history = await store.history("conv")
+    assert [m.role for m in history] == ["user", "assistant", "tool", "assistant"]
+    assert history[2].tool_call_id == "c1" and history[2].content == "done at last"
+    assert unanswered_calls(history) == ()

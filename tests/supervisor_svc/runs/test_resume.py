@@ -1,0 +1,98 @@
+"""A supervisor killed mid-run: another supervisor process takes the run up and finishes it, asking the model
+again for nothing it had answered (real processes, SIGKILL)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from quarry.clients.runs import RunsClient
+from quarry.v1 import common_pb2, supervisor_pb2
+from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, append_finding
+from tests.fakes.openai_server import Await, Call, Reply, ScriptedModel
+from tests.fakes.web_server import FixtureWeb
+from tests.supervisor_svc.conftest import delegation_on, processes
+
+pytestmark = pytest.mark.slow
+
+# Taken up within a few seconds of the kill, not the default 30.
+_LEASE = {"QUARRY_SUPERVISOR_RUN_LEASE_SECONDS": "2"}
+
+
+@pytest.fixture
+def script(model: ScriptedModel) -> Choreography:
+    choreography = Choreography()
+    model.default = choreography
+    return choreography
+
+
+async def _wait_for(condition: object, what: str, seconds: float = 20.0) -> None:
+    assert callable(condition)
+    for _ in range(int(seconds / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_a_supervisor_killed_during_a_delegation_is_taken_up_and_the_run_succeeds(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: Choreography
+) -> None:
+    page = f"{site.base_url}/article.html"
+    held = asyncio.Event()  # never set: the worker's first call is in flight when the supervisor dies
+    script.add(
+        SUPERVISOR,
+        Reply(calls=(Call("delegate_research", {"objective": "Measure the tower"}, "d1"),)),
+        Reply(content="The finding suffices."),
+    )
+    script.add(
+        "Measure the tower",
+        Reply(calls=(Call("read_web_page", {"url": page}, "r1"),)),
+        Await(held, Reply(content="never sent")),
+        # Taken up on the worker from its recorded conversation: the call in flight is asked again, and the
+        # page read before the kill may be cited.
+        Reply(calls=(append_finding("f1", "The tower is 330 m tall.", page, "The tower is 330 metres tall"),)),
+        Reply(content="Measured."),
+    )
+    script.add(REPORT, Reply(content="The tower is 330 m tall [1]."))
+    with processes(tmp_path, model, site, _LEASE) as mesh:
+        async with RunsClient.connect(mesh.supervisor.address) as client:
+            run = await client.start_run("How tall is the tower?")
+            await _wait_for(lambda: len(script.requests.get("Measure the tower", ())) == 2, "the worker's second call")
+            seen = [event async for event in _until_researching(client, run.run_id)]
+        delegation_id = seen[-1].status.delegation_id
+        os.kill(mesh.supervisor.process.pid, signal.SIGKILL)
+        assert mesh.supervisor.process.wait(10) == -signal.SIGKILL
+        mesh.start_supervisor()
+        async with RunsClient.connect(mesh.supervisor.address) as client:
+            # The stream goes on from the last event this client saw, through the takeover.
+            rest = [event async for event in client.stream_run(run.run_id, after_sequence_no=seen[-1].sequence_no)]
+            stored = await client.get_run(run.run_id)
+        records = [await delegation_on(w.address, delegation_id, mesh.supervisor_token) for w in mesh.workers]
+    [delegation] = [record for record in records if record is not None]
+    events = seen + rest
+    assert [e.sequence_no for e in events] == list(range(1, len(events) + 1)), "one gap-free sequence"
+    assert events[-1].WhichOneof("payload") == "completed", events[-1].failed.error.message
+    assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED
+    assert stored.report.markdown.startswith("The tower is 330 m tall [1].")
+    assert [c.url for c in stored.report.citations] == [page]
+    # The supervisor's recorded turn was not asked again; the worker repeated only the call in flight.
+    assert len(script.requests[SUPERVISOR]) == 2
+    assert len(script.requests["Measure the tower"]) == 4
+    assert delegation.result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED
+    taken_up = [e for e in rest if e.status.phase == supervisor_pb2.RESEARCH_PHASE_STARTED]
+    assert len(taken_up) == 1 and "taken up again" in taken_up[0].status.message
+    # The delegation continued under its id: it ran once, on one conversation.
+    delegated = [e for e in events if e.status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED]
+    assert {e.status.delegation_id for e in delegated} == {delegation_id}
+
+
+async def _until_researching(client: RunsClient, run_id: str):  # type: ignore[no-untyped-def]
+    async for event in client.stream_run(run_id):
+        yield event
+        if event.status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_RESEARCHING:
+            return
