@@ -357,8 +357,8 @@ class SupervisorSettings(ModelTier):
     max_active_runs: int = Field(default=32, ge=1, le=10_000)
     """Runs this process executes at once; beyond it StartRun answers RESOURCE_EXHAUSTED."""
     run_lease_seconds: float = Field(default=30.0, ge=1, le=3600)
-    """A run whose supervisor stops renewing its lease this long is ended as failed (by any replica); a
-    campaign is taken over and resumed by another replica."""
+    """A run or campaign whose supervisor stops renewing its lease this long is taken up by any replica,
+    which goes on from what the stopped one recorded."""
     context_tokens: int = Field(default=96_000, ge=1000)
     """The history budget of each supervisor model call: older turns are truncated to fit."""
     auth_token: Credential = ""

@@ -171,8 +171,9 @@ async def build_host(
         also=[ServiceRegistration(CAMPAIGN_SERVICE, register_campaigns)],
         api=guard,
         diagnostics=diagnostics(settings, common, dial),
-        # Campaign loops only stop (their state is durable) and give up their leases, which is quick; runs
-        # record their ends within most of the grace period; the rest is for the lease keepers to stop.
+        # Campaign loops and runs only stop (their state is durable) and give up their leases, so another
+        # replica or the restarted supervisor takes them up at once; a run already ending records its end
+        # within most of the grace period; the rest is for the lease keepers to stop.
         on_drain=[
             lambda: campaigns.close(end_within=common.shutdown_grace_seconds * 0.2),
             lambda: supervisor.close(end_within=common.shutdown_grace_seconds * 0.8),

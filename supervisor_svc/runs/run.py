@@ -139,6 +139,7 @@ class ResearchRun:
         self._ledger = RunLedger(deps.scratchpad, self.run_id, record.scratchpad_thread_id)
         self._author = Principal(self.run_id, Role.SUPERVISOR)
         self.cancel_reason = "cancelled"
+        self._released = False
         # When set (time.monotonic()), the run's end is recorded by then once it is stopped: the grace
         # of a shutdown, or how long CancelRun waits.
         self.end_by: float | None = None
@@ -148,6 +149,11 @@ class ResearchRun:
         self._decided = asyncio.Event()
         # The supervisor's conversation as another process recorded it, when this one took the run up.
         self._resumed_history: list[Message] = []
+
+    def releasing(self) -> None:
+        """The run is about to be cancelled because this process stops: it records no end, and another
+        supervisor process (or this one, restarted) takes it up from what it recorded."""
+        self._released = True
 
     def stopping(self, reason: str, end_within: float | None = None) -> None:
         """The run is about to be cancelled for `reason`; with `end_within`, it records its end within that many
@@ -195,6 +201,10 @@ class ResearchRun:
         except NotApproved as refusal:
             outcome = self._failed(refusal.code, refusal.message)
         except asyncio.CancelledError:
+            if self._released:  # it goes on elsewhere: nothing ends here
+                if watcher is not None:
+                    watcher.cancel()
+                raise
             cancelled = RunOutcome.cancelled(self.cancel_reason, self._account.usage())
             await asyncio.shield(self._quietly(self._end(watcher, cancelled)))
             raise

@@ -221,6 +221,9 @@ class Supervisor:
         return True
 
     async def close(self, end_within: float) -> None:
-        """Cancel every run and end the streams; each run records its cancelled end within `end_within`
-        seconds, whatever the scratchpad does."""
-        await self._host.close(lambda research: research.stopping("the supervisor shut down", end_within), None)
+        """Stop every run here without ending it, and give up their leases: another replica, or this
+        supervisor restarted, takes them up at once from what they recorded. A run already ending records
+        its end within `end_within` seconds. The streams end."""
+        held = await self._host.close(ResearchRun.releasing, end_within)
+        if held:
+            await self._store.release(self._host.owner, held)

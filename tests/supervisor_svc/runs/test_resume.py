@@ -12,6 +12,7 @@ import pytest
 
 from quarry.clients.runs import RunsClient
 from quarry.v1 import common_pb2, supervisor_pb2
+from tests.conftest import stop_service
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, append_finding
 from tests.fakes.openai_server import Await, Call, Reply, ScriptedModel
 from tests.fakes.web_server import FixtureWeb
@@ -96,3 +97,57 @@ async def _until_researching(client: RunsClient, run_id: str):  # type: ignore[n
         yield event
         if event.status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_RESEARCHING:
             return
+
+
+async def test_a_run_awaiting_approval_waits_again_after_a_restart_and_a_crash(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: Choreography
+) -> None:
+    script.add(SUPERVISOR, Reply(content="No research needed."))
+    script.add(REPORT, Reply(content="Nothing needed researching."))
+    options = supervisor_pb2.RunOptions(verification=supervisor_pb2.VERIFICATION_MODE_OFF, require_approval=True)
+    env = {**_LEASE, "QUARRY_SUPERVISOR_ALLOW_SELF_APPROVAL": "true"}
+    with processes(tmp_path, model, site, env) as mesh:
+        async with RunsClient.connect(mesh.supervisor.address) as client:
+            run = await client.start_run("Approve me later?", options=options)
+            async for event in client.stream_run(run.run_id):
+                if event.status.phase == supervisor_pb2.RESEARCH_PHASE_AWAITING_APPROVAL:
+                    break
+        # A graceful restart, then a crash: neither cancels the run.
+        assert stop_service(mesh.supervisor) == 0
+        mesh.start_supervisor()
+        os.kill(mesh.supervisor.process.pid, signal.SIGKILL)
+        mesh.supervisor.process.wait(10)
+        mesh.start_supervisor()
+        async with RunsClient.connect(mesh.supervisor.address) as client:
+            waiting = await client.get_run(run.run_id)
+            approved = await client.approve_run(run.run_id, "Looks right.")
+            events = [event async for event in client.stream_run(run.run_id)]
+    assert waiting.state == supervisor_pb2.RUN_STATE_AWAITING_APPROVAL
+    assert approved.state == supervisor_pb2.RUN_STATE_SUCCEEDED
+    assert approved.report.markdown == "Nothing needed researching."
+    assert [e.sequence_no for e in events] == list(range(1, len(events) + 1))
+    assert events[-1].WhichOneof("payload") == "completed"
+    assert len(script.requests[SUPERVISOR]) == 1 and len(script.requests[REPORT]) == 1, "nothing asked twice"
+
+
+async def test_a_supervisor_killed_while_writing_the_report_is_taken_up_and_writes_it_again(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: Choreography
+) -> None:
+    held = asyncio.Event()  # never set: the report call is in flight when the supervisor dies
+    script.add(SUPERVISOR, Reply(content="No research needed."))
+    script.add(REPORT, Await(held, Reply(content="never sent")), Reply(content="The report, written again."))
+    with processes(tmp_path, model, site, _LEASE) as mesh:
+        async with RunsClient.connect(mesh.supervisor.address) as client:
+            run = await client.start_run("Write it twice?")
+            await _wait_for(lambda: REPORT in script.requests, "the report call")
+        os.kill(mesh.supervisor.process.pid, signal.SIGKILL)
+        mesh.supervisor.process.wait(10)
+        mesh.start_supervisor()
+        async with RunsClient.connect(mesh.supervisor.address) as client:
+            events = [event async for event in client.stream_run(run.run_id)]
+            stored = await client.get_run(run.run_id)
+    assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED
+    assert stored.report.markdown == "The report, written again."
+    assert [e.sequence_no for e in events] == list(range(1, len(events) + 1))
+    # The supervisor's answer was recorded: only the call in flight was asked again.
+    assert len(script.requests[SUPERVISOR]) == 1 and len(script.requests[REPORT]) == 2

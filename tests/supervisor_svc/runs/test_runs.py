@@ -325,7 +325,7 @@ async def test_a_run_whose_supervisor_stopped_before_it_began_is_taken_up_when_i
     assert (await mesh.client.get_run(orphan.run_id)).state == supervisor_pb2.RUN_STATE_SUCCEEDED
 
 
-async def test_a_supervisor_shutting_down_ends_its_runs_as_cancelled(mesh: Mesh) -> None:
+async def test_a_supervisor_shutting_down_leaves_its_runs_active_for_the_next_one(mesh: Mesh) -> None:
     mesh.script.add("Research slowly", Stall(60))
     mesh.script.add(SUPERVISOR, Reply(calls=(Call("delegate_research", {"objective": "Research slowly"}, "d1"),)))
     run = await mesh.client.start_run("Interrupted?")
@@ -336,11 +336,19 @@ async def test_a_supervisor_shutting_down_ends_its_runs_as_cancelled(mesh: Mesh)
         store = RunStore(database)
         record = await store.get(run.run_id)
         stored = await store.events_after(run.run_id, 0)
+        released = await store.expired(datetime.now(UTC) - timedelta(days=1))
     finally:
         await database.close()
-    assert record is not None and record.state.value == "cancelled"
-    assert record.cancel_reason == "the supervisor shut down" and record.end_time is not None
-    assert record.error_code is None and record.last_error == ""
-    last = supervisor_pb2.RunEvent.FromString(stored[-1].payload)
-    assert stored[-1].terminal and last.cancelled.reason == "the supervisor shut down"
+    assert record is not None and record.state.value == "running" and record.end_time is None
+    assert not any(event.terminal for event in stored)
     assert [event.sequence_no for event in stored] == list(range(1, len(stored) + 1))
+    assert released == [run.run_id], "its lease is given up, for the next sweep to take it up at once"
+    # The worker recorded its delegation as interrupted, so the same Delegate goes on with it.
+    [delegation_id] = {
+        event.status.delegation_id
+        for event in map(supervisor_pb2.RunEvent.FromString, (stored_event.payload for stored_event in stored))
+        if event.status.delegation_id
+    }
+    records = [await delegation_on(worker.address, delegation_id) for worker in mesh.workers]
+    [delegation] = [found for found in records if found is not None]
+    assert delegation.result.error.code == common_pb2.DELEGATION_ERROR_CODE_CANCELLED
