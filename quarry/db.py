@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -202,8 +203,9 @@ class Database:
         self.is_postgres = not sqlite
         # Whether `write` runs its transaction on the event loop, never yielding until it has committed.
         self.writes_inline = self._inline
+        self._outage = _Outage(self.url)
         self._writes = GroupCommit(
-            self.engine, writers=writers, begin_options=SQLITE_WRITE if sqlite else {}, translate=_unavailable
+            self.engine, writers=writers, begin_options=SQLITE_WRITE if sqlite else {}, translate=self._outage.failed
         )
         self._reader = ThreadPoolExecutor(readers, thread_name_prefix="db-read")
         self._statements = (
@@ -211,6 +213,10 @@ class Database:
             if sqlite
             else LoopStatements(self.url, self.engine.dialect, size=writers, session_setup=POSTGRES_SESSION_LIMITS)
         )
+
+    def health_problem(self) -> str | None:
+        """Why a service over this database should report NOT_SERVING (its disk is full), or None."""
+        return self._outage.problem()
 
     async def write(self, work: Callable[[Connection], _T], *, context: contextvars.Context | None = None) -> _T:
         """Run `work` in a write transaction (SQLite takes its write lock up front), shared with the
@@ -225,13 +231,16 @@ class Database:
         """
         if self._inline:
             return self._inline_write(work, context)
-        return await self._writes.submit(work, context or contextvars.copy_context())
+        result = await self._writes.submit(work, context or contextvars.copy_context())
+        self._outage.succeeded()
+        return result
 
     def _inline_write(self, work: Callable[[Connection], _T], context: contextvars.Context | None) -> _T:
         try:
             result = (context or contextvars.copy_context()).run(self._sqlite_write, work)
         except _UNAVAILABLE as error:
-            raise _unavailable(error) from error
+            raise self._outage.failed(error) from error
+        self._outage.succeeded()
         self._inline_commits += 1
         # The loop's connection never checkpoints (its fsync would stall every RPC): a thread does,
         # one at a time, every so many commits. PASSIVE: it never makes a writer wait.
@@ -262,9 +271,11 @@ class Database:
                 lambda connection: statement.execute(connection, params).fetchone(), context=context
             )
         try:
-            return await self._statements.first_row(*statement.for_driver(self.engine.dialect, params))
+            row = await self._statements.first_row(*statement.for_driver(self.engine.dialect, params))
         except _UNAVAILABLE as error:
-            raise _unavailable(error) from error
+            raise self._outage.failed(error) from error
+        self._outage.succeeded()
+        return row
 
     async def read(self, work: Callable[[Connection], _T]) -> _T:
         """Run `work` in one read transaction."""
@@ -278,9 +289,11 @@ class Database:
         try:
             # The caller's context goes along, so a traced statement belongs to the caller's span.
             context = contextvars.copy_context()
-            return await asyncio.get_running_loop().run_in_executor(self._reader, context.run, function, work)
+            result = await asyncio.get_running_loop().run_in_executor(self._reader, context.run, function, work)
         except _UNAVAILABLE as error:
-            raise _unavailable(error) from error
+            raise self._outage.failed(error) from error
+        self._outage.succeeded()
+        return result
 
     def _transaction(self, work: Callable[[Connection], _T]) -> _T:
         with self.engine.connect() as connection, connection.begin():
@@ -330,14 +343,61 @@ class Database:
 _UNAVAILABLE = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError)
 
 
-def _unavailable(error: BaseException) -> BaseException:
-    """What the caller of a unit of work that failed with `error` gets."""
-    if not isinstance(error, _UNAVAILABLE):
-        return error
-    log.warning("database unavailable: %s", error)
-    unavailable = Unavailable("the database is unavailable; retry", reason=ErrorReason.DATABASE_UNAVAILABLE)
-    unavailable.__cause__ = error
-    return unavailable
+class _Outage:
+    """Turns a driver's connection errors into Unavailable, and reports an outage once: a line when it
+    begins and one when the database answers again, however many calls fail meanwhile. A full disk is
+    named as such, with where the data lives, and counts as a health problem until a write succeeds."""
+
+    def __init__(self, url: sa.URL) -> None:
+        self._where = f"SQLite file {url.database}" if url.get_backend_name() == "sqlite" else (
+            f"PostgreSQL at {url.host or 'localhost'}:{url.port or 5432}/{url.database or ''}"
+        )
+        self.since: float | None = None  # time.monotonic() of the first failure of this outage
+        self.disk_full = ""  # what the database said when it ran out of space; "" once a write succeeds
+
+    def failed(self, error: BaseException) -> BaseException:
+        """What the caller of a unit of work that failed with `error` gets."""
+        if not isinstance(error, _UNAVAILABLE):
+            return error
+        cause = str(getattr(error, "orig", None) or error).strip().splitlines()[0][:300]
+        if _is_disk_full(error):
+            if not self.disk_full:
+                log.error("the %s ran out of disk space: %s", self._where, cause)
+            self.disk_full = cause
+            unavailable = Unavailable(
+                f"the database ({self._where}) ran out of disk space: {cause}; free space, then retry",
+                reason=ErrorReason.DATABASE_DISK_FULL,
+            )
+        else:
+            if self.since is None:
+                log.warning("the %s is unavailable: %s; retrying until it answers", self._where, cause)
+            unavailable = Unavailable("the database is unavailable; retry", reason=ErrorReason.DATABASE_UNAVAILABLE)
+        if self.since is None:
+            self.since = time.monotonic()
+        unavailable.__cause__ = error
+        return unavailable
+
+    def succeeded(self) -> None:
+        if self.since is not None:
+            log.warning("the %s answers again, after %.1f s", self._where, time.monotonic() - self.since)
+            self.since = None
+            self.disk_full = ""
+
+    def problem(self) -> str | None:
+        """Why the service should not take traffic now, if it should not."""
+        if self.disk_full:
+            return f"the database ({self._where}) ran out of disk space: {self.disk_full}"
+        return None
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    original = getattr(error, "orig", None)
+    text = str(original or error).lower()
+    return (
+        getattr(original, "sqlstate", None) == "53100"  # PostgreSQL's disk_full
+        or "database or disk is full" in text  # SQLite's SQLITE_FULL
+        or "no space left on device" in text
+    )
 
 
 class UTCDateTime(sa.types.TypeDecorator[datetime]):

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from quarry import telemetry
 from quarry.background import BackgroundTask
+from quarry.errors import Unavailable
 
 __all__ = ["LeaseKeeper", "LeaseStore", "LeaseTerms"]
 
@@ -76,12 +77,21 @@ class LeaseKeeper(BackgroundTask):
 
     async def _run(self) -> None:
         """Renew and sweep now, then every interval until stopped."""
+        failing = False  # an outage is reported when it begins and when it ends, not at each retry
         while True:
             try:
                 with telemetry.quiet():  # housekeeping: no spans
                     await self.renew_and_sweep()
+            except Unavailable as error:
+                if not failing:
+                    log.warning("could not renew %s leases: %s; retrying quietly until it works", self._kind, error)
+                failing = True
             except Exception:
                 log.exception("could not renew %s leases; retrying", self._kind)
+            else:
+                if failing:
+                    log.warning("%s leases are renewed again", self._kind)
+                failing = False
             await asyncio.sleep(self._terms.interval_seconds)
 
     async def renew_and_sweep(self) -> None:

@@ -141,6 +141,10 @@ def create_server(
 
 
 Hook = Callable[[], Awaitable[None]]
+# A problem that should take the service out of rotation, described; None while there is none.
+HealthCheck = Callable[[], str | None]
+# How often a host asks its health checks.
+HEALTH_CHECK_SECONDS = 2.0
 
 
 class ServiceHost:
@@ -166,7 +170,12 @@ class ServiceHost:
         mesh: MeshAuthentication | None = None,
         diagnostics: Diagnostics | None = None,
         health_address: str = "",
+        health_checks: Sequence[HealthCheck] = (),
     ) -> None:
+        """`health_checks` are asked every few seconds while serving: when one names a problem (the
+        database's disk is full) health reports NOT_SERVING until none does."""
+        self._health_checks = list(health_checks)
+        self._health_watch: asyncio.Task[None] | None = None
         self._tls = tls
         # A plaintext port with only the health service, for probes that cannot speak TLS (Kubernetes').
         self._health_address = health_address
@@ -213,9 +222,25 @@ class ServiceHost:
                 ) from error
             await self._health_server.start()
         await self._bound.set_serving(True)
+        if self._health_checks:
+            self._health_watch = asyncio.create_task(self._watch_health(self._bound))
         self._started.set()
         log.info("serving %s on %s", ", ".join(self._bound.service_names), self.address)
         return self.port
+
+    async def _watch_health(self, bound: BoundServer) -> None:
+        """Health follows the checks until the host stops (the task is cancelled then)."""
+        serving = True
+        while not self._stopped.is_set():
+            await asyncio.sleep(HEALTH_CHECK_SECONDS)
+            problems = [problem for check in self._health_checks if (problem := check())]
+            if serving == bool(problems) and not self._stopped.is_set():
+                serving = not problems
+                if problems:
+                    log.error("reporting NOT_SERVING: %s", "; ".join(problems))
+                else:
+                    log.warning("serving again: the problem behind NOT_SERVING is gone")
+                await bound.set_serving(serving)
 
     async def wait_started(self) -> None:
         await self._started.wait()
@@ -225,6 +250,8 @@ class ServiceHost:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        if self._health_watch is not None:
+            self._health_watch.cancel()
         if self._bound is not None:
             await self._bound.set_serving(False)
             stopping = asyncio.create_task(self._bound.server.stop(self._grace))
@@ -258,6 +285,7 @@ def service_host(
     api: ApiAuthentication | None = None,
     access: Access | None = None,
     diagnostics: Diagnostics | None = None,
+    health_checks: Sequence[HealthCheck] = (),
 ) -> ServiceHost:
     """The host of one service as configured: its address and health port, TLS, limits and grace.
 
@@ -278,6 +306,7 @@ def service_host(
         mesh=mesh,
         diagnostics=diagnostics,
         health_address=settings.health_address,
+        health_checks=health_checks,
     )
 
 

@@ -76,6 +76,7 @@ async def build_host(settings: ScratchpadSettings | None = None, common: QuarryS
         ServiceRegistration(SERVICE_NAME, register),
         access=ACCESS,
         diagnostics=Diagnostics("scratchpad", facts=[database_fact], checks=[database_check]),
+        health_checks=[database.health_problem],
         on_drain=[scratchpad.close],
         on_stopped=[release],
     )

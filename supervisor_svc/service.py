@@ -171,6 +171,7 @@ async def build_host(
         also=[ServiceRegistration(CAMPAIGN_SERVICE, register_campaigns)],
         api=guard,
         diagnostics=diagnostics(settings, common, dial),
+        health_checks=[database.health_problem],
         # Campaign loops and runs only stop (their state is durable) and give up their leases, so another
         # replica or the restarted supervisor takes them up at once; a run already ending records its end
         # within most of the grace period; the rest is for the lease keepers to stop.

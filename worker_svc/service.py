@@ -157,6 +157,7 @@ async def build_host(
             migrations=MIGRATIONS,
             version_table=VERSION_TABLE,
         ),
+        health_checks=[database.health_problem],
         # Running delegations get most of the grace period to finish; the rest end cancelled, recorded.
         on_drain=[lambda: worker.close(finish_within=common.shutdown_grace_seconds * 0.8)],
         on_stopped=[release],
