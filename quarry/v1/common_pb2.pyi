@@ -227,6 +227,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """
     ERROR_REASON_SELF_APPROVAL_NOT_ALLOWED: _ErrorReason.ValueType  # 47
     """PERMISSION_DENIED: a principal may not approve a run it started itself."""
+    ERROR_REASON_DATABASE_DISK_FULL: _ErrorReason.ValueType  # 48
+    """UNAVAILABLE: the database ran out of disk space; the message names where its data lives. Free
+    space, then retry. The service reports NOT_SERVING until a write succeeds again.
+    """
     ERROR_REASON_KIND_NOT_PERMITTED_FOR_ROLE: _ErrorReason.ValueType  # 60
     """ScratchpadService.
     PERMISSION_DENIED: the author's role may not write this entry kind.
@@ -240,7 +244,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_DELEGATION_ID_REUSED: _ErrorReason.ValueType  # 81
     """FAILED_PRECONDITION: a delegation_id was used before with a different request."""
     ERROR_REASON_DELEGATION_RUNNING: _ErrorReason.ValueType  # 82
-    """FAILED_PRECONDITION: the delegation is still running elsewhere."""
+    """FAILED_PRECONDITION or UNAVAILABLE: the delegation is still running (elsewhere, or here for a
+    caller that went away); UNAVAILABLE means retry: it can be taken up again once it stops, or once
+    the lease of the worker running it lapses.
+    """
     ERROR_REASON_MONITOR_NOT_CONFIGURED: _ErrorReason.ValueType  # 83
     """FAILED_PRECONDITION: the delegation's role needs a monitor this worker is not configured with
     (QUARRY_WORKER_MONITOR_ADDRESS).
@@ -377,6 +384,10 @@ message names the method, the roles that may call it and the caller's roles.
 """
 ERROR_REASON_SELF_APPROVAL_NOT_ALLOWED: ErrorReason.ValueType  # 47
 """PERMISSION_DENIED: a principal may not approve a run it started itself."""
+ERROR_REASON_DATABASE_DISK_FULL: ErrorReason.ValueType  # 48
+"""UNAVAILABLE: the database ran out of disk space; the message names where its data lives. Free
+space, then retry. The service reports NOT_SERVING until a write succeeds again.
+"""
 ERROR_REASON_KIND_NOT_PERMITTED_FOR_ROLE: ErrorReason.ValueType  # 60
 """ScratchpadService.
 PERMISSION_DENIED: the author's role may not write this entry kind.
@@ -390,7 +401,10 @@ RESOURCE_EXHAUSTED: the worker runs as many delegations as it may.
 ERROR_REASON_DELEGATION_ID_REUSED: ErrorReason.ValueType  # 81
 """FAILED_PRECONDITION: a delegation_id was used before with a different request."""
 ERROR_REASON_DELEGATION_RUNNING: ErrorReason.ValueType  # 82
-"""FAILED_PRECONDITION: the delegation is still running elsewhere."""
+"""FAILED_PRECONDITION or UNAVAILABLE: the delegation is still running (elsewhere, or here for a
+caller that went away); UNAVAILABLE means retry: it can be taken up again once it stops, or once
+the lease of the worker running it lapses.
+"""
 ERROR_REASON_MONITOR_NOT_CONFIGURED: ErrorReason.ValueType  # 83
 """FAILED_PRECONDITION: the delegation's role needs a monitor this worker is not configured with
 (QUARRY_WORKER_MONITOR_ADDRESS).

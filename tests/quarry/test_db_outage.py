@@ -21,7 +21,9 @@ from tests.conftest import POSTGRES_URL
 from tests.fakes.tcp_proxy import TcpProxy
 
 metadata = sa.MetaData()
-notes = sa.Table("outage_notes", metadata, sa.Column("note_id", sa.Integer, primary_key=True), sa.Column("text", sa.Text))
+notes = sa.Table(
+    "outage_notes", metadata, sa.Column("note_id", sa.Integer, primary_key=True), sa.Column("text", sa.Text)
+)
 
 
 def _insert(note_id: int, text: str) -> Any:
