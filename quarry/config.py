@@ -385,6 +385,9 @@ class SupervisorSettings(ModelTier):
     approval_wait_seconds: float = Field(default=24 * 3600.0, gt=0, le=30 * 24 * 3600)
     """How long a run started with require_approval waits for ApproveRun or RejectRun; past it the run fails
     with DEADLINE_EXCEEDED. The wait does not count against the run's own time limit."""
+    database_wait_seconds: float = Field(default=600.0, ge=0, le=24 * 3600)
+    """How long a run waits for the supervisor's database when it becomes unreachable, then goes on from
+    what it recorded; past it the run fails with UNAVAILABLE. 0: it fails at once."""
 
     def worker_targets(self) -> list[str]:
         return [target.strip() for target in self.worker_addresses.split(",") if target.strip()]

@@ -28,6 +28,7 @@ from quarry.loop_statements import LoopStatements
 
 __all__ = [
     "Database",
+    "DatabaseUnavailable",
     "Prepared",
     "UTCDateTime",
     "UnsupportedDatabase",
@@ -343,6 +344,10 @@ class Database:
 _UNAVAILABLE = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError)
 
 
+class DatabaseUnavailable(Unavailable):
+    """This process's own database does not answer (as opposed to another service's)."""
+
+
 class _Outage:
     """Turns a driver's connection errors into Unavailable, and reports an outage once: a line when it
     begins and one when the database answers again, however many calls fail meanwhile. A full disk is
@@ -364,14 +369,16 @@ class _Outage:
             if not self.disk_full:
                 log.error("the %s ran out of disk space: %s", self._where, cause)
             self.disk_full = cause
-            unavailable = Unavailable(
+            unavailable: Unavailable = DatabaseUnavailable(
                 f"the database ({self._where}) ran out of disk space: {cause}; free space, then retry",
                 reason=ErrorReason.DATABASE_DISK_FULL,
             )
         else:
             if self.since is None:
                 log.warning("the %s is unavailable: %s; retrying until it answers", self._where, cause)
-            unavailable = Unavailable("the database is unavailable; retry", reason=ErrorReason.DATABASE_UNAVAILABLE)
+            unavailable = DatabaseUnavailable(
+                "the database is unavailable; retry", reason=ErrorReason.DATABASE_UNAVAILABLE
+            )
         if self.since is None:
             self.since = time.monotonic()
         unavailable.__cause__ = error

@@ -113,6 +113,7 @@ async def build_host(
             context_tokens=settings.context_tokens,
             verify_by_default=settings.verify_runs,
             approval_wait_seconds=settings.approval_wait_seconds,
+            database_wait_seconds=settings.database_wait_seconds,
         ),
         HostLimits(
             max_active=settings.max_active_runs,

@@ -94,6 +94,10 @@ class _RunErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunError
     RUN_ERROR_CODE_INTERNAL: _RunErrorCode.ValueType  # 5
     RUN_ERROR_CODE_REJECTED: _RunErrorCode.ValueType  # 6
     """A person rejected the run while it awaited approval (RejectRun); the message is their reason."""
+    RUN_ERROR_CODE_UNAVAILABLE: _RunErrorCode.ValueType  # 7
+    """The supervisor's database stayed unreachable longer than the run waits for it
+    (QUARRY_SUPERVISOR_DATABASE_WAIT_SECONDS); the message says since when. Worth starting again.
+    """
 
 class RunErrorCode(_RunErrorCode, metaclass=_RunErrorCodeEnumTypeWrapper): ...
 
@@ -103,6 +107,10 @@ RUN_ERROR_CODE_DEADLINE_EXCEEDED: RunErrorCode.ValueType  # 3
 RUN_ERROR_CODE_INTERNAL: RunErrorCode.ValueType  # 5
 RUN_ERROR_CODE_REJECTED: RunErrorCode.ValueType  # 6
 """A person rejected the run while it awaited approval (RejectRun); the message is their reason."""
+RUN_ERROR_CODE_UNAVAILABLE: RunErrorCode.ValueType  # 7
+"""The supervisor's database stayed unreachable longer than the run waits for it
+(QUARRY_SUPERVISOR_DATABASE_WAIT_SECONDS); the message says since when. Worth starting again.
+"""
 Global___RunErrorCode: _TypeAlias = RunErrorCode  # noqa: Y015
 
 class _RunWarningCode:

@@ -20,6 +20,9 @@ from supervisor_svc.hosting.store import StoredEvent
 
 _T = TypeVar("_T")
 
+# How long a stream waits out its database's outage before it ends UNAVAILABLE (the client re-attaches).
+OUTAGE_WAIT_SECONDS = 30.0
+
 
 class _State(Protocol):
     @property
@@ -50,9 +53,7 @@ class Follower:
         while True:
             woken = self.signal.subscribe(key)  # before the read, so no commit after it goes unnoticed
             try:
-                with telemetry.quiet():  # a stream's re-reads are not worth a span each
-                    batch = await log.events_after(key, after)
-                    record = None if batch else await log.get(key)
+                batch, record = await self._read(log, key, after)
                 if not batch and record is not None and not record.state.ended:
                     await self._wait(woken)
             finally:
@@ -69,6 +70,23 @@ class Follower:
                 if stored.terminal:
                     return
 
+    async def _read(self, log: EventLog, key: str, after: int) -> tuple[list[StoredEvent], _Record | None]:
+        """The events after `after` (and, when there are none, the record), waiting out a database outage
+        of up to OUTAGE_WAIT_SECONDS; past it UNAVAILABLE, naming the sequence number to re-attach after."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + OUTAGE_WAIT_SECONDS
+        delay = 0.25
+        while True:
+            try:
+                with telemetry.quiet():  # a stream's re-reads are not worth a span each
+                    batch = await log.events_after(key, after)
+                    return batch, None if batch else await log.get(key)
+            except Unavailable as error:
+                if self.closing.is_set() or loop.time() + delay > until:
+                    raise reattach_after(error, after) from error
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
     async def _wait(self, woken: asyncio.Future[None]) -> None:
         """Until a commit wakes the stream, the poll interval passes, or the supervisor shuts down."""
         if self.closing.is_set():
@@ -78,6 +96,15 @@ class Follower:
             await asyncio.wait({closing, woken}, timeout=self.poll_seconds, return_when="FIRST_COMPLETED")
         finally:
             closing.cancel()
+
+
+def reattach_after(error: Unavailable, after: int) -> Unavailable:
+    """`error` for a stream's client, with where to re-attach: the last sequence number it was sent."""
+    return Unavailable(
+        f"{error.message}; re-attach with after_sequence_no={after}",
+        reason=error.reason,
+        metadata={**error.metadata, "after_sequence_no": str(after)},
+    )
 
 
 class EventLogWriter:

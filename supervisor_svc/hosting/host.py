@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 from quarry.errors import ErrorReason, FieldViolation, InvalidArgument, ResourceExhausted, Unavailable
 from quarry.lease import LeaseKeeper, LeaseStore, LeaseTerms
 from quarry.notify import CommitSignal
-from supervisor_svc.hosting.following import Follower
+from supervisor_svc.hosting.following import Follower, reattach_after
 from supervisor_svc.hosting.store import Asked, HostedStore, R, StoredEvent
 
 W = TypeVar("W")
@@ -219,7 +219,10 @@ class Host(Generic[W, R]):
         `get` reads the work's record (NOT_FOUND for an unknown id)."""
         if after_sequence_no < 0:
             raise InvalidArgument([FieldViolation("after_sequence_no", "must not be negative")])
-        record = await get(key)
+        try:
+            record = await get(key)
+        except Unavailable as error:
+            raise reattach_after(error, after_sequence_no) from error
         if after_sequence_no > record.last_sequence_no:
             newest = f"the {self._tenant.kind}'s newest event is {record.last_sequence_no}"
             raise InvalidArgument([FieldViolation("after_sequence_no", newest)])

@@ -206,6 +206,18 @@ class HostedStore(Generic[R]):
         )
         return await self._db.read(lambda connection: [row[0] for row in connection.execute(query)])
 
+    async def reclaim(self, key: str, owner: str) -> bool:
+        """Renew `owner`'s lease on live work it still holds, now; False when another process took it over
+        meanwhile (or it ended). What work that waited out a database outage asks before it goes on."""
+        work = self._tables.work
+        mine = self._tables.held(owner, [key])
+        now = datetime.now(UTC)
+
+        def write(connection: Connection) -> bool:
+            return bool(connection.execute(work.update().where(mine).values(heartbeat_time=now)).rowcount)
+
+        return await self._db.write(write)
+
     async def take_over(self, key: str, owner: str, stale_before: datetime) -> bool:
         """Make `owner` the holder of live work whose lease expired before `stale_before`; False when another
         replica got there first, or it is no longer live or expired."""

@@ -51,6 +51,7 @@ class RunErrorCode(enum.StrEnum):
     DEADLINE_EXCEEDED = "deadline_exceeded"
     INTERNAL = "internal"
     REJECTED = "rejected"  # a person rejected the run while it awaited approval
+    UNAVAILABLE = "unavailable"  # its database stayed away longer than the run waits for it
 
 
 class RunWarning(enum.StrEnum):

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -30,6 +30,7 @@ from quarry.agent.conversation import ConversationStore
 from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TurnBudgetExhausted, unanswered_calls
 from quarry.agent.messages import Message, ToolCall, system, user
 from quarry.agent.model import ModelClient, ProviderError
+from quarry.db import DatabaseUnavailable
 from quarry.errors import Unavailable
 from quarry.identity import Principal, Role
 from quarry.research_plane import ResearchPlane
@@ -75,12 +76,18 @@ INSTRUCTIONS = (
 # How long the end of a run waits out a database that is away: a run left active would only be ended
 # later, as failed, by the lease sweep.
 _END_RETRY_SECONDS = 30
+# How many database outages one run waits out before it gives up.
+_MAX_DATABASE_WAITS = 20
 # How many open objections the awaiting-approval event names (GetRun's verification lists them all).
 _LISTED_OBJECTIONS = 10
 
 
 class BudgetSpent(Exception):
     """The run's token budget is reached: research stops and the report is written."""
+
+
+class DatabaseAway(Exception):
+    """The run's own database stopped answering: the run waits for it, then goes on from what it recorded."""
 
 
 class NotApproved(Exception):
@@ -103,6 +110,9 @@ class RunDependencies:
     context_tokens: int
     verify_by_default: bool = True  # when RunOptions.verification leaves it to the server
     approval_wait_seconds: float = 24 * 3600.0  # how long require_approval waits for a decision
+    database_wait_seconds: float = 600.0  # how long a run waits out its database's outage
+    # Renews the run's lease for this process; False when another process holds the run now.
+    reclaim: Callable[[str], Awaitable[bool]] | None = None
 
 
 class _Observer(LoopObserver):
@@ -168,9 +178,51 @@ class ResearchRun:
         attributes = {"quarry.run_id": self.run_id, "quarry.scratchpad_thread_id": self.record.scratchpad_thread_id}
         with tracer.start_as_current_span("research run", attributes=attributes):
             log.info("run %s %s", self.run_id, "taken up again" if resumed else "started")
-            await self._execute(resumed)
+            note = "taken up again by this supervisor after the one running it stopped"
+            for _ in range(_MAX_DATABASE_WAITS):
+                try:
+                    await self._execute(resumed, note)
+                    return
+                except DatabaseAway:
+                    back = await self._wait_for_database()
+                    if back is None:
+                        return  # ended, or another process holds the run now
+                    resumed, note = True, back
+            await self._record(self._failed(RunErrorCode.UNAVAILABLE, "the database kept going away; giving up"))
 
-    async def _execute(self, resumed: bool) -> None:
+    async def _wait_for_database(self) -> str | None:
+        """Wait for the database (within database_wait_seconds): a note for the run's events once it is back
+        and this process still holds the run, with its record read again; None when the run ended here (it
+        failed, the wait being over) or another process holds it now."""
+        since = datetime.now(UTC)
+        bound = self._deps.database_wait_seconds
+        log.warning("run %s: its database is unreachable; waiting up to %g s for it", self.run_id, bound)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + bound
+        delay = 0.5
+        reclaim = self._deps.reclaim
+        while True:
+            try:
+                # A write, so that a full disk is waited out as well as an unreachable server.
+                held = await reclaim(self.run_id) if reclaim is not None else True
+                record = await self._publisher.store.get(self.run_id)
+                break
+            except Unavailable:
+                if loop.time() + delay > until:
+                    message = f"the database was unreachable from {since:%H:%M:%S} UTC for longer than {bound:g} s"
+                    await self._record(self._failed(RunErrorCode.UNAVAILABLE, message))
+                    return None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        if record is None or record.state.ended or not held:
+            log.warning("run %s: after the outage another process holds it; leaving it to that one", self.run_id)
+            return None
+        self.record = record
+        waited = (datetime.now(UTC) - since).total_seconds()
+        log.warning("run %s: its database answers again after %.1f s; going on", self.run_id, waited)
+        return f"the database was unreachable from {since:%H:%M:%S} UTC for {waited:.0f} s; going on from there"
+
+    async def _execute(self, resumed: bool, note: str) -> None:
         timeout = self._time_left() if resumed else self._timeout
         deadline = time.monotonic() + timeout
         watcher: asyncio.Task[None] | None = None
@@ -181,7 +233,7 @@ class ResearchRun:
                 end = ResearchEnd()
             else:
                 async with asyncio.timeout(timeout):
-                    delegator = await self._take_up() if resumed else await self._begin(deadline)
+                    delegator = await self._take_up(note) if resumed else await self._begin(deadline)
                     watcher = asyncio.create_task(self._publisher.follow_scratchpad())
                     end = await self._research(delegator, resumed=resumed)
                     entries = await self._deps.scratchpad.read_all(self.record.scratchpad_thread_id)
@@ -213,6 +265,10 @@ class ResearchRun:
         except TimeoutError:
             outcome = self._failed(RunErrorCode.DEADLINE_EXCEEDED, f"the run ran past its {self._timeout:g} s limit")
         except Exception as error:
+            if isinstance(error, DatabaseUnavailable) and self._deps.database_wait_seconds:
+                if watcher is not None:
+                    watcher.cancel()
+                raise DatabaseAway from error  # waited out in execute(), then the run goes on
             log.exception("run %s failed", self.run_id)
             outcome = self._failed(RunErrorCode.INTERNAL, f"the supervisor failed: {type(error).__name__}: {error}")
         try:
@@ -226,19 +282,20 @@ class ResearchRun:
         await self._seed()
         return self._delegator(deadline)
 
-    async def _take_up(self) -> Delegator:
-        """A run another process began: the account, the delegation ids and the published entries as it left
-        them, read back from the run's row, ledger and events."""
+    async def _take_up(self, note: str) -> Delegator:
+        """A run another process began (or this one, before its database went away): the account, the
+        delegation ids and the published entries as it left them, read back from the run's row, ledger and
+        events; `note` says why, on the run's events."""
         store = self._publisher.store
+        self._account = RunAccount()
+        self._budget = TokenBudget(self.record.options.max_tokens, self._account)
         entries = await self._deps.scratchpad.read_all(self.record.scratchpad_thread_id)
         prior = PriorDelegations.from_ledger(self.run_id, entries)
         workers, verification = prior.usage()
         self._account.carry(self.record.usage.supervisor, workers, verification)
         self._publisher.resume_after(last_published_entry(await store.all_events(self.run_id)))
         await self._publisher.status(
-            ResearchPhase.STARTED,
-            f"taken up again by this supervisor after the one running it stopped; {len(prior.ordered)} "
-            f"delegation(s) were ordered before",
+            ResearchPhase.STARTED, f"{note}; {len(prior.ordered)} delegation(s) were ordered before"
         )
         await self._seed()  # idempotent: a run that stopped before its seed gets it now
         history = await self._deps.conversations.history(_conversation_id(self.run_id))

@@ -14,6 +14,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from quarry import ids
@@ -59,7 +60,8 @@ class Supervisor:
         allow_self_approval: bool = False,
     ) -> None:
         self._store = store
-        self._deps = deps
+        # A run that waited out a database outage goes on only while this process still holds it.
+        self._deps = replace(deps, reclaim=lambda run_id: store.reclaim(run_id, self._host.owner))
         self._allow_self_approval = allow_self_approval
         tenant = Tenant(
             kind="run",

@@ -9,12 +9,15 @@ import signal
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from quarry.clients.runs import RunsClient
 from quarry.v1 import common_pb2, supervisor_pb2
-from tests.conftest import stop_service
+from tests.conftest import postgres_schema, stop_service
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, append_finding
+from tests.fakes.loopback import served_in_thread
 from tests.fakes.openai_server import Await, Call, Reply, ScriptedModel
+from tests.fakes.tcp_proxy import TcpProxy
 from tests.fakes.web_server import FixtureWeb
 from tests.supervisor_svc.conftest import delegation_on, processes
 
@@ -151,3 +154,51 @@ async def test_a_supervisor_killed_while_writing_the_report_is_taken_up_and_writ
     assert [e.sequence_no for e in events] == list(range(1, len(events) + 1))
     # The supervisor's answer was recorded: only the call in flight was asked again.
     assert len(script.requests[SUPERVISOR]) == 1 and len(script.requests[REPORT]) == 2
+
+
+async def test_a_run_waits_out_a_postgresql_outage_longer_than_its_lease_and_succeeds(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: Choreography
+) -> None:
+    answered = asyncio.Event()
+    script.add(
+        SUPERVISOR,
+        # The answer comes while the database is away: recording it fails, so it is asked again.
+        Await(answered, Reply(content="Nothing to research.")),
+        Reply(content="Nothing to research."),
+    )
+    script.add(REPORT, Reply(content="Nothing was researched."))
+    # The proxy is served from a thread of its own: starting the processes blocks this loop.
+    with (
+        postgres_schema() as schema,
+        served_in_thread(TcpProxy("127.0.0.1", make_url(schema.url).port or 5432)) as proxy,
+    ):
+        proxied = make_url(schema.url).set(host="127.0.0.1", port=proxy.port)
+        env = {**_LEASE, "QUARRY_SUPERVISOR_DATABASE_URL": proxied.render_as_string(hide_password=False)}
+        with processes(tmp_path, model, site, env) as mesh:
+            async with RunsClient.connect(mesh.supervisor.address) as client:
+                run = await client.start_run("Will the database come back?")
+                await _wait_for(lambda: SUPERVISOR in script.requests, "the supervisor's first model call")
+                events = []
+                async with asyncio.TaskGroup() as group:
+                    follow = group.create_task(_collect(client, run.run_id, events))
+                    await _wait_for(lambda: events, "the stream's first event")
+                    proxy.cut()
+                    answered.set()
+                    await asyncio.sleep(6)  # three times the lease
+                    proxy.restore()
+                    await asyncio.wait_for(follow, 60)
+                stored = await client.get_run(run.run_id)
+            log = mesh.supervisor.log()
+    assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED, log
+    assert stored.report.markdown == "Nothing was researched."
+    # The stream lived through the outage: one gap-free sequence, with the wait told.
+    assert [e.sequence_no for e in events] == list(range(1, len(events) + 1))
+    assert events[-1].WhichOneof("payload") == "completed"
+    assert any("the database was unreachable" in e.status.message for e in events)
+    assert len(script.requests[SUPERVISOR]) == 2, "only the answer lost with the database is asked again"
+    assert log.count("Traceback") == 0, log
+
+
+async def _collect(client: RunsClient, run_id: str, events: list[supervisor_pb2.RunEvent]) -> None:
+    async for event in client.stream_run(run_id, max_reconnects=0):
+        events.append(event)
