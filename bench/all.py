@@ -35,6 +35,7 @@ BENCHES: dict[str, list[str]] = {
     "scratchpad": ["bench/scratchpad.py"],
     "run": ["bench/run.py", "--hops", "30"],
     "tracing": ["bench/tracing.py"],
+    "resume": ["bench/resume.py"],
     "api_auth": ["bench/api_auth.py"],
     "sandbox_launch": ["bench/sandbox_launch.py"],
     "retrieval": ["bench/retrieval.py"],
