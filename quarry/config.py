@@ -290,6 +290,9 @@ class WorkerSettings(ModelTier):
     """Delegations this worker runs at once; beyond it Delegate answers RESOURCE_EXHAUSTED."""
     default_timeout_seconds: float = Field(default=600.0, gt=0)
     """A delegation's deadline when the Delegate request sets none."""
+    lease_seconds: float = Field(default=30.0, ge=1, le=3600)
+    """A running delegation whose worker stops renewing its lease this long is ended as interrupted by any
+    worker over the same database; the same Delegate then goes on with it from its recorded conversation."""
     context_tokens: int = Field(default=96_000, ge=1000)
     """The history budget of each worker model call: older turns are truncated to fit."""
     search_backend: Literal["corpus", "searxng", "tavily", "brave", "arxiv", "semantic_scholar"] = "corpus"

@@ -1,15 +1,18 @@
 """Schema migrations shared by every service: each service's Alembic migrations, applied on start.
 
-On PostgreSQL an advisory lock serialises replicas that start together; `quarry doctor` reads the
-revisions without writing.
+On PostgreSQL an advisory lock serialises replicas that start together, on SQLite a file lock beside
+the database; `quarry doctor` reads the revisions without writing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -34,10 +37,38 @@ __all__ = [
 def upgrade_schema(url: str, migrations: Path, version_table: str, revision: str = "head") -> None:
     """Apply a service's Alembic migrations up to head, or to `revision` (blocking; call from a thread).
 
-    On PostgreSQL an advisory lock serialises replicas that start together.
+    On PostgreSQL an advisory lock serialises replicas that start together; on SQLite a lock on a file
+    beside the database does (the workers of `quarry up` share one file).
     """
     from alembic import command
 
+    sqlite_path = _sqlite_file(url)
+    if sqlite_path is not None:
+        with _file_lock(sqlite_path.with_name(sqlite_path.name + ".migrating")):
+            _upgrade(url, migrations, version_table, revision, command)
+        return
+    _upgrade(url, migrations, version_table, revision, command)
+
+
+def _sqlite_file(url: str) -> Path | None:
+    parsed = sa.engine.make_url(database_url(url))
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _upgrade(url: str, migrations: Path, version_table: str, revision: str, command: Any) -> None:
     engine = sa.create_engine(database_url(url), poolclass=sa.pool.NullPool)
     if engine.dialect.name == "sqlite":
         prepare_sqlite(engine, engine.url)

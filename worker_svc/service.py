@@ -121,6 +121,7 @@ async def build_host(
             default_timeout_seconds=settings.default_timeout_seconds,
             context_tokens=settings.context_tokens,
             compute=monitor is not None,
+            lease_seconds=settings.lease_seconds,
         ),
     )
 

@@ -87,9 +87,9 @@ def plan(
     """The processes of a `quarry up`, in start order: each service once, the worker `workers` times.
 
     Workers are named (and identify themselves as) worker-1..N. Worker-1 listens where the worker is
-    configured to; the others on free ports of the same host. Each has its own SQLite database unless
-    one is configured: worker-1 keeps the worker's usual file (what `quarry migrate` and `quarry
-    doctor` look at), the others get worker-2.db, ... beside it.
+    configured to; the others on free ports of the same host. They share the worker's database (the
+    usual SQLite file unless one is configured), as a deployment's replicas do, so that a delegation
+    whose worker died goes on on another from its recorded conversation.
     """
     instances = []
     for spec in specs:
@@ -101,8 +101,6 @@ def plan(
         settings = spec.load_settings(**({"address": address} if address else {}))
         for number in range(1, workers + 1):
             env = {f"{prefix}ID": f"worker-{number}"}
-            if not settings.database_url and number > 1:
-                env[f"{prefix}DATABASE_URL"] = f"sqlite:///{data_dir / f'worker-{number}.db'}"
             own_address = address or (None if number == 1 else f"{settings.address.rpartition(':')[0]}:0")
             instances.append(Instance(f"worker-{number}", spec, env, own_address))
     return instances

@@ -9,7 +9,11 @@ RESOURCE_EXHAUSTED before any event is tried once more on the next worker with
 the same delegation_id (the worker de-duplicates by it). A worker that served
 before and cannot be reached now is most likely restarting (`quarry up`
 restarts a dead one on its address): the second attempt gives it a few
-seconds to come back before the delegation counts it as unavailable.
+seconds to come back before the delegation counts it as unavailable. A
+worker that goes away mid-stream leaves its delegation to another worker over
+the same database, which goes on with it from its recorded conversation once
+the dead one's lease lapses; so does a run taken up by another supervisor,
+which first asks the workers (GetDelegation) which one has the delegation.
 """
 
 from __future__ import annotations
@@ -161,6 +165,8 @@ class DelegationClient:
         on_event: EventListener | None = None,
     ) -> worker_pb2.DelegationResult:
         """Run one delegation on some worker; never raises except when the caller is cancelled."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         for attempt in (1, 2):
             index = next(self._turn)
             # The last chance: a worker that is coming back is worth waiting for (the first attempt fails over).
@@ -172,6 +178,20 @@ class DelegationClient:
             if isinstance(outcome, worker_pb2.DelegationResult):
                 return outcome
             error, events_seen = outcome
+            holder = await self._other_holder(index, request, error) if events_seen else None
+            if holder is not None:
+                # The worker went away mid-delegation, and another over the same database has its record: that
+                # one goes on with it from its recorded conversation, once the dead one's lease lapses. A worker
+                # without the record would run it again from scratch: that never happens silently.
+                log.warning(
+                    "worker %s went away during %s (%s); %s goes on with it",
+                    self._targets[index],
+                    request.delegation_id,
+                    error.details(),
+                    self._targets[holder],
+                )
+                left = None if deadline_seconds is None else deadline_seconds - (loop.time() - started)
+                return await self._resume_on(holder, request, left, on_event)
             if attempt == 1 and not events_seen and error.code() in _TRY_ELSEWHERE:
                 log.warning(
                     "worker %s refused %s (%s); trying another",
@@ -184,7 +204,16 @@ class DelegationClient:
             return failed(request, code, f"worker {self._targets[index]}: {error.code().name}: {error.details()}")
         raise AssertionError("unreachable: the second attempt always returns")
 
-    async def _locate(self, delegation_id: str) -> int | None:
+    async def _other_holder(
+        self, index: int, request: worker_pb2.DelegateRequest, error: grpc.aio.AioRpcError
+    ) -> int | None:
+        """After target `index` went away mid-stream: another target that has the delegation's record (the same
+        one when it is the only target: one name for many workers, which its channel balances over)."""
+        if error.code() != grpc.StatusCode.UNAVAILABLE:
+            return None
+        return await self._locate(request.delegation_id, skip=index if len(self._stubs) > 1 else None)
+
+    async def _locate(self, delegation_id: str, *, skip: int | None = None) -> int | None:
         """The target whose worker has a record of the delegation (GetDelegation on each at once), if any."""
 
         async def has(index: int) -> bool:
@@ -197,15 +226,16 @@ class DelegationClient:
                 return False
             return True
 
-        found = await asyncio.gather(*(has(index) for index in range(len(self._stubs))))
-        return next((index for index, yes in enumerate(found) if yes), None)
+        indexes = [index for index in range(len(self._stubs)) if index != skip]
+        found = await asyncio.gather(*(has(index) for index in indexes))
+        return next((index for index, yes in zip(indexes, found, strict=True) if yes), None)
 
     async def _resume_on(
         self,
         index: int,
         request: worker_pb2.DelegateRequest,
         deadline_seconds: float | None,
-        on_event: EventListener,
+        on_event: EventListener | None,
     ) -> worker_pb2.DelegationResult:
         """The same delegation again, on the worker that has its record: it replays the result or goes on with
         the recorded conversation. UNAVAILABLE (restarting, still running, leased to a worker that died) is

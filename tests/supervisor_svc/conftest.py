@@ -165,11 +165,17 @@ class ProcessMesh:
 
 @contextmanager
 def processes(
-    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, extra_env: dict[str, str] | None = None
+    tmp_path: Path,
+    model: ScriptedModel,
+    site: FixtureWeb,
+    extra_env: dict[str, str] | None = None,
+    *,
+    shared_worker_database: bool = False,
 ) -> Iterator[ProcessMesh]:
     """Scratchpad, two workers and the supervisor as `quarry serve` processes (SQLite), stopped by SIGTERM.
 
-    They authenticate each other with mesh tokens, as a deployment does."""
+    They authenticate each other with mesh tokens, as a deployment does. The workers have a database each,
+    or, with `shared_worker_database`, share one (as `quarry up`'s do)."""
     credentials = MeshKeys.generate()
     common = {
         "QUARRY_DATA_DIR": str(tmp_path),
@@ -196,8 +202,16 @@ def processes(
         }
         workers = start_services(
             [
-                ("worker", {**worker_env, "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{tmp_path / f'worker{n}.db'}"})
-                for n in range(2)
+                (
+                    "worker",
+                    {
+                        **worker_env,
+                        "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{tmp_path / f'worker{database}.db'}",
+                        # Over one database, the records say which worker ran what: worker-1, worker-2.
+                        **({"QUARRY_WORKER_ID": f"worker-{n + 1}"} if shared_worker_database else {}),
+                    },
+                )
+                for n, database in enumerate((0, 0) if shared_worker_database else (0, 1))
             ],
             tmp_path,
         )

@@ -417,7 +417,8 @@ async def test_two_workers_are_told_apart_ask_finds_up_by_its_data_dir_and_calle
     mesh = up("--workers", "2", QUARRY_LOG_LEVEL="INFO", **model_env(model))
     addresses = await asyncio.to_thread(mesh.addresses, NAMES | {"worker-2"})
     assert mesh.state().services["worker"] == [addresses["worker-1"], addresses["worker-2"]]
-    assert (mesh.data_dir / "worker.db").exists() and (mesh.data_dir / "worker-2.db").exists()
+    # The workers share one database, as a deployment's replicas do.
+    assert (mesh.data_dir / "worker.db").exists() and not (mesh.data_dir / "worker-2.db").exists()
     ask = await asyncio.create_subprocess_exec(
         *[sys.executable, "-m", "quarry", "ask", "--json", "--data-dir", str(mesh.data_dir), "Two at once?"],
         stdout=asyncio.subprocess.PIPE,

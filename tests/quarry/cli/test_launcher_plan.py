@@ -15,15 +15,14 @@ def names(stages: Sequence[Sequence[Instance | Child]]) -> list[set[str]]:
     return [{item.name for item in stage} for stage in stages]
 
 
-def test_workers_are_numbered_each_with_its_own_id_database_and_address(tmp_path: Path) -> None:
+def test_workers_are_numbered_each_with_its_own_id_and_address_over_one_database(tmp_path: Path) -> None:
     instances = {instance.name: instance for instance in plan(list(SERVICES.values()), workers=3, data_dir=tmp_path)}
     assert list(instances) == ["scratchpad", "monitor", "worker-1", "worker-2", "worker-3", "supervisor"]
     first, third = instances["worker-1"], instances["worker-3"]
-    assert first.env == {"QUARRY_WORKER_ID": "worker-1"} and first.address is None, "worker-1 keeps worker.db"
-    assert third.env == {
-        "QUARRY_WORKER_ID": "worker-3",
-        "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{tmp_path}/worker-3.db",
-    }
+    assert first.env == {"QUARRY_WORKER_ID": "worker-1"} and first.address is None
+    # No database of its own: every worker uses the worker's usual file, so another can go on with a
+    # delegation whose worker died.
+    assert third.env == {"QUARRY_WORKER_ID": "worker-3"}
     assert third.address == "127.0.0.1:0", "beyond the first, a free port"
 
 

@@ -202,3 +202,57 @@ async def test_a_run_waits_out_a_postgresql_outage_longer_than_its_lease_and_suc
 async def _collect(client: RunsClient, run_id: str, events: list[supervisor_pb2.RunEvent]) -> None:
     async for event in client.stream_run(run_id, max_reconnects=0):
         events.append(event)
+
+
+async def test_a_worker_killed_mid_delegation_is_continued_on_another_worker_over_the_same_database(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: Choreography
+) -> None:
+    page = f"{site.base_url}/article.html"
+    held = asyncio.Event()  # never set: the worker's second call is in flight when it dies
+    script.add(
+        SUPERVISOR,
+        Reply(calls=(Call("delegate_research", {"objective": "Measure the tower"}, "d1"),)),
+        Reply(content="The finding suffices."),
+    )
+    script.add(
+        "Measure the tower",
+        Reply(calls=(Call("read_web_page", {"url": page}, "r1"),)),
+        Await(held, Reply(content="never sent")),
+        # Taken up by the other worker from the recorded conversation: the page read before stays citable.
+        Reply(calls=(append_finding("f1", "The tower is 330 m tall.", page, "The tower is 330 metres tall"),)),
+        Reply(content="Measured."),
+    )
+    script.add(REPORT, Reply(content="The tower is 330 m tall [1]."))
+    env = {"QUARRY_WORKER_LEASE_SECONDS": "2"}
+    with processes(tmp_path, model, site, env, shared_worker_database=True) as mesh:
+        async with RunsClient.connect(mesh.supervisor.address) as client:
+            run = await client.start_run("How tall is the tower?")
+            await _wait_for(lambda: len(script.requests.get("Measure the tower", ())) == 2, "the worker's second call")
+            researching = [event async for event in _until_researching(client, run.run_id)][-1]
+            running = await delegation_on(
+                mesh.workers[0].address, researching.status.delegation_id, mesh.supervisor_token
+            )
+            assert running is not None and running.worker_id in ("worker-1", "worker-2")
+            victim = mesh.workers[int(running.worker_id[-1]) - 1]
+            os.kill(victim.process.pid, signal.SIGKILL)
+            events = [event async for event in client.stream_run(run.run_id)]
+            stored = await client.get_run(run.run_id)
+            ended = await delegation_on(
+                mesh.workers[2 - int(running.worker_id[-1])].address,
+                researching.status.delegation_id,
+                mesh.supervisor_token,
+            )
+    assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED, events[-1]
+    assert [c.url for c in stored.report.citations] == [page]
+    ends = [
+        e.status
+        for e in events
+        if e.status.phase
+        in (supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED, supervisor_pb2.RESEARCH_PHASE_WORKER_FAILED)
+    ]
+    assert len(ends) == 1 and ends[0].phase == supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED, "one correlated end"
+    # The delegation went on from its conversation, on the other worker: only the call in flight was asked again.
+    assert len(script.requests["Measure the tower"]) == 4
+    assert ended is not None and ended.worker_id != running.worker_id
+    assert ended.result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED
+    assert ended.conversation_id == running.conversation_id
