@@ -1,8 +1,10 @@
 """Jobs on this machine: processes the monitor starts as its children, in their own session.
 
 A job the monitor started keeps its real exit status while it is the monitor's child: a crash is
-FAILED with its exit code, never "completed". After a restart it is a process the monitor did not
-start, matched by its pid and start time; its end is then EXITED. Its log is written under the
+FAILED with its exit code, never "completed". Every job runs under a small reaper process
+(reaper.py) that writes its exit status beside its log when it ends, so a monitor restarted while
+the job ran, which follows it by its pid and start time, still learns how it ended; only a job
+whose status file is missing (its group was SIGKILLed) ends EXITED, its status unknown. Its log is written under the
 monitor's job directory or a configured log root, opened as a log is read (never a FIFO, never a
 hard link to a file elsewhere). A job runs in the sandbox (sandbox.py) unless the operator allows none;
 its output reaches the log through a relay process (monitor_svc/log_relay.py) that caps the log and
@@ -15,6 +17,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import shutil
 import signal
 import sys
 import time
@@ -37,6 +40,9 @@ from quarry.errors import ErrorReason, FailedPrecondition, FieldViolation, Inval
 from quarry.vocabulary import JobRef, JobState
 
 NOT_OURS = "its exit status is unknown, as the monitor was restarted while it ran"
+# Beside a job's log: how it ended, as its reaper recorded it (a signal as its negative number).
+EXIT_SUFFIX = ".exit"
+_REAPER = str(Path(__file__).with_name("reaper.py"))
 _RELAY_WAIT_SECONDS = 5.0  # after the job's end, how long its relay gets to write the rest (a child may hold on)
 
 
@@ -66,7 +72,7 @@ class _Follow:
         elif await asyncio.to_thread(processes.is_running, record.pid, record.start_ticks):
             return JobObservation(JobState.RUNNING, detail=f"process {record.pid} is running")
         else:
-            ended = JobObservation(JobState.EXITED, detail=f"process {record.pid} has ended; {NOT_OURS}")
+            ended = await asyncio.to_thread(_recorded_end, record)
         if not ended.state.ended:
             return ended
         # The rest of its output is in the log once the relay has ended.
@@ -86,6 +92,24 @@ class _Follow:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._started.job.wait(), seconds)  # its end is seen at once
+
+
+def _recorded_end(record: JobRecord) -> JobObservation:
+    """How a job that ended while no monitor watched it ended, as its reaper recorded it."""
+    try:
+        recorded = Path(record.log_path + EXIT_SUFFIX).read_text()
+        code = int(recorded)
+    except (OSError, ValueError):
+        return JobObservation(JobState.EXITED, detail=f"process {record.pid} has ended; {NOT_OURS}")
+    observed = exit_observation(code)
+    return JobObservation(observed.state, observed.exit_code, f"{observed.detail} (recorded by its reaper)")
+
+
+def _runnable(program: str, working_directory: str, path: str) -> bool:
+    """Whether exec would find `program` (the reaper execs it, so its absence would only show as status 127)."""
+    if "/" in program:
+        return os.access(os.path.join(working_directory, program), os.X_OK)
+    return shutil.which(program, path=path or None) is not None
 
 
 def _wait_for_relay(record: JobRecord) -> None:
@@ -168,8 +192,21 @@ class LocalExecutor:
                     environment=options.environment,
                     isolate_network=options.isolate_network,
                 )
+                if not _runnable(launch.argv[0], command.working_directory, launch.environment.get("PATH", "")):
+                    raise NotStarted(
+                        FailedPrecondition(
+                            f"cannot start {launch.argv[0]!r}: not found, or not executable",
+                            reason=ErrorReason.JOB_NOT_STARTED,
+                        )
+                    )
+                status_file = str(log_file) + EXIT_SUFFIX
+                await asyncio.to_thread(Path(status_file).unlink, missing_ok=True)  # an earlier job's, same log
                 try:
                     process = await asyncio.create_subprocess_exec(
+                        sys.executable,
+                        "-I",
+                        _REAPER,
+                        status_file,
                         *launch.argv,
                         cwd=command.working_directory or None,
                         env=launch.environment,

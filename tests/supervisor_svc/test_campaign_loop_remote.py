@@ -36,11 +36,12 @@ from tests.supervisor_svc.campaign_lab import (
 )
 
 
-async def test_over_processes_a_sigkilled_supervisor_is_restarted_and_its_campaign_runs_on_without_a_second_launch(
+async def test_over_processes_a_sigkilled_supervisor_and_monitor_restart_and_the_campaign_keeps_the_jobs_result(
     tmp_path: Path, model: ScriptedModel
 ) -> None:
     """Scratchpad, monitor, an engineer worker and the supervisor as `quarry serve` processes with mesh tokens;
-    the supervisor SIGKILLed while cycle 4's experiment runs, then started again on its database."""
+    the supervisor and the monitor SIGKILLed while cycle 4's experiment runs, which ends while they are down;
+    both started again on their databases. The cycle takes the job's real result, with no second launch."""
     script = Script()
     model.default = script
     slow = '{"lr": 0.1, "steps": 20, "sleep": 3}\n'
@@ -92,8 +93,20 @@ async def test_over_processes_a_sigkilled_supervisor_is_restarted_and_its_campai
                 if changed.cycle == 4 and changed.phase == campaign_pb2.CAMPAIGN_PHASE_WAITING:
                     break
         job_id = before[-1].phase_changed.message.removeprefix("job ")
-        supervisor.process.kill()  # SIGKILL: no lease given up, no loop told
-        supervisor.process.wait()
+        for service in (supervisor, monitor):  # SIGKILL: no lease given up, no loop told, no job seen to end
+            service.process.kill()
+            service.process.wait()
+        await asyncio.sleep(4)  # the experiment (3 s) ends while no monitor watches it
+        monitor_port = int(monitor.address.rpartition(":")[2])
+        started.append(
+            await asyncio.to_thread(
+                start_service,
+                "monitor",
+                {**common, **keys.environment(None), **monitor_env},
+                tmp_path,
+                port=monitor_port,
+            )
+        )
 
         again = await asyncio.to_thread(start, "supervisor", supervisor_env, MeshRole.SUPERVISOR)
         async with open_channel(again.address, token=TEST_API_KEY) as channel:

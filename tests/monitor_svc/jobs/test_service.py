@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -21,6 +22,14 @@ from tests.rpc import error_reason, expect_error
 # -- request ids and restarts ------------------------------------------------------------------------
 
 
+async def _wait_for_file(path: Path) -> None:
+    for _ in range(600):
+        if await asyncio.to_thread(path.exists):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{path} never appeared")
+
+
 async def test_a_restarted_monitor_finds_its_jobs_and_never_starts_one_twice(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
@@ -30,6 +39,7 @@ async def test_a_restarted_monitor_finds_its_jobs_and_never_starts_one_twice(tmp
     print("loss=0.3", flush=True)
     wait_for(sys.argv[1])
     print("loss=0.25", flush=True)
+    sys.exit(3 if sys.argv[1].endswith("fails-meanwhile") else 0)
     """
     path = script(work, body)
 
@@ -42,31 +52,67 @@ async def test_a_restarted_monitor_finds_its_jobs_and_never_starts_one_twice(tmp
     async with serving(tmp_path) as before:
         running = await before.SubmitJob(request("running"))
         ends_meanwhile = await before.SubmitJob(request("ends-meanwhile"))
-    (work / "go-ends-meanwhile").touch()
-    await asyncio.to_thread(wait_until_ended, ends_meanwhile.job.local.pid)  # while no monitor runs
+        fails_meanwhile = await before.SubmitJob(request("fails-meanwhile"))
+    for name, submitted in (("ends-meanwhile", ends_meanwhile), ("fails-meanwhile", fails_meanwhile)):
+        (work / f"go-{name}").touch()
+        await asyncio.to_thread(wait_until_ended, submitted.job.local.pid)  # while no monitor runs
 
     async with serving(tmp_path) as after:
         again = await after.SubmitJob(request("running"))
         assert again.job == running.job, "the same job, found in its record"
-        assert (work / "launches.txt").read_text() == "launched\n" * 2, "never started twice"
+        assert (work / "launches.txt").read_text() == "launched\n" * 3, "never started twice"
         other = request("running")
         other.local.argv.append("--more")
         error = await expect_error(after.SubmitJob(other), grpc.StatusCode.ALREADY_EXISTS)
         assert error_reason(error) == "REQUEST_ID_REUSED"
         (work / "go-running").touch()
+        # How each ended is known, though no monitor started it: its reaper recorded it.
         last = (await watch_all(after, again.job))[-1].status
-        assert last.state == monitor_pb2.JOB_STATE_EXITED and "exit status is unknown" in last.detail
+        assert (last.state, last.exit_code) == (monitor_pb2.JOB_STATE_COMPLETED, 0), last
+        assert "recorded by its reaper" in last.detail
         [loss] = last.metrics
         assert (loss.state, loss.value, loss.best, loss.count) == (monitor_pb2.METRIC_STATE_FOUND, 0.25, 0.25, 2)
         by_id = monitor_pb2.JobRef(monitor_job_id=ends_meanwhile.job.monitor_job_id)
         gone = (await watch_all(after, by_id))[-1].status
-        assert gone.state == monitor_pb2.JOB_STATE_EXITED and "exit status is unknown" in gone.detail
-        assert not gone.HasField("exit_code")
+        assert (gone.state, gone.exit_code) == (monitor_pb2.JOB_STATE_COMPLETED, 0), gone
+        failed = monitor_pb2.JobRef(monitor_job_id=fails_meanwhile.job.monitor_job_id)
+        crashed = (await watch_all(after, failed))[-1].status
+        assert (crashed.state, crashed.exit_code) == (monitor_pb2.JOB_STATE_FAILED, 3), crashed
         missing = monitor_pb2.JobRef(monitor_job_id="job-0000000000000000")
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await watch_all(after, missing)
         assert raised.value.code() == grpc.StatusCode.NOT_FOUND and error_reason(raised.value) == "JOB_NOT_FOUND"
-    assert (work / "launches.txt").read_text() == "launched\n" * 2
+    assert (work / "launches.txt").read_text() == "launched\n" * 3
+
+
+async def test_a_job_signalled_while_no_monitor_runs_is_recorded_and_one_sigkilled_whole_is_unknown(
+    tmp_path: Path,
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    path = script(work, "open(sys.argv[1], 'w').close()\nwait_for('never')\n")
+
+    def request(name: str) -> monitor_pb2.SubmitJobRequest:
+        command = monitor_pb2.LocalCommand(argv=[sys.executable, path, f"started-{name}"], working_directory=str(work))
+        return monitor_pb2.SubmitJobRequest(local=command, request_id=name)
+
+    async with serving(tmp_path) as before:
+        stopped = await before.SubmitJob(request("stopped"))
+        killed = await before.SubmitJob(request("killed"))
+    for name in ("stopped", "killed"):  # running: its reaper is in place
+        await _wait_for_file(work / f"started-{name}")
+    # The job's group gets the stop; its reaper outlives the job and records the signal.
+    os.killpg(stopped.job.local.pid, signal.SIGTERM)
+    # SIGKILL to the whole group takes the reaper too: nothing is recorded.
+    os.killpg(killed.job.local.pid, signal.SIGKILL)
+    for submitted in (stopped, killed):
+        await asyncio.to_thread(wait_until_ended, submitted.job.local.pid)
+    async with serving(tmp_path) as after:
+        by_signal = (await watch_all(after, stopped.job))[-1].status
+        unrecorded = (await watch_all(after, killed.job))[-1].status
+    assert (by_signal.state, by_signal.exit_code) == (monitor_pb2.JOB_STATE_FAILED, 128 + signal.SIGTERM), by_signal
+    assert "killed by signal 15" in by_signal.detail
+    assert unrecorded.state == monitor_pb2.JOB_STATE_EXITED and "exit status is unknown" in unrecorded.detail
 
 
 async def test_retries_while_a_job_starts_get_that_job(monitor: Stub, tmp_path: Path) -> None:
