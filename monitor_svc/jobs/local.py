@@ -43,6 +43,8 @@ NOT_OURS = "its exit status is unknown, as the monitor was restarted while it ra
 # Beside a job's log: how it ended, as its reaper recorded it (a signal as its negative number).
 EXIT_SUFFIX = ".exit"
 _REAPER = str(Path(__file__).with_name("reaper.py"))
+# Isolated (no PYTHON* variables, no user site) and without `site`: it needs nothing but os, signal and sys.
+REAPER_FLAGS = ("-I", "-S")
 _RELAY_WAIT_SECONDS = 5.0  # after the job's end, how long its relay gets to write the rest (a child may hold on)
 
 
@@ -204,7 +206,7 @@ class LocalExecutor:
                 try:
                     process = await asyncio.create_subprocess_exec(
                         sys.executable,
-                        "-I",
+                        *REAPER_FLAGS,
                         _REAPER,
                         status_file,
                         *launch.argv,

@@ -1,6 +1,6 @@
 """Runs a local job as its child and records how it ended, for a monitor that was not there to see it.
 
-    python3 -I reaper.py STATUS_FILE ARGV...
+    python3 -I -S reaper.py STATUS_FILE ARGV...
 
 The monitor starts every local job through this script (a file of its own, run without importing
 anything from Quarry, so that it starts in milliseconds). It waits for the job and writes its exit
