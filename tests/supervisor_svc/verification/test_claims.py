@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from quarry.agent.model import ModelClient, ModelSettings
+from quarry.agent.usage import Usage
 from quarry.clients.channels import insecure_channel
 from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import QuarrySettings, ScratchpadSettings
@@ -35,6 +36,7 @@ from supervisor_svc.runs.delegating import Delegator
 from supervisor_svc.runs.domain import StartRequest
 from supervisor_svc.runs.ledger import RunLedger
 from supervisor_svc.runs.publishing import RunEventLog, RunPublisher
+from supervisor_svc.runs.resumption import PriorDelegations
 from supervisor_svc.runs.store import RunStore
 from supervisor_svc.runs.synthesis import (
     VERIFIED_INSTRUCTIONS,
@@ -89,6 +91,7 @@ class Research:
     pages: dict[str, str]
     entries: list[Entry]
     progress: list[str]
+    client: DelegationClient
 
     async def verify(self) -> Verification:
         async def progress(message: str) -> None:
@@ -175,7 +178,7 @@ async def research(tmp_path: Path, model: ScriptedModel, site: FixtureWeb) -> As
                 ledger=RunLedger(plane, RUN_ID, RUN_ID),
             )
             entries = await plane.read_all(RUN_ID)
-            yield Research(script, plane, delegator, account, publisher, writer, pages, entries, [])
+            yield Research(script, plane, delegator, account, publisher, writer, pages, entries, [], client)
             await client.close()
     await writer.close()
     await database.close()
@@ -411,3 +414,53 @@ def test_only_citable_findings_are_numbered_and_shown_and_a_run_without_verifica
     assert [(c.number, c.sequence_no) for c in sources] == [(1, 3)]
     asked = synthesis_messages(QUESTION, entries, sources, "notes", judged)[1].content
     assert "claim 2" not in asked and "- (finding 3, partially supported) claim 3 [1]" in asked
+
+
+async def test_verification_taken_up_by_another_process_replays_the_recorded_verdicts_and_asks_no_model(
+    research: Research,
+) -> None:
+    """A supervisor that stopped after its claim-verifiers ended: the one that takes the run up orders them
+    again under the ids its ledger recorded, and the worker replays each result; no verifier runs twice."""
+    script_verifiers(research)
+    first = await research.verify()
+    asked = sum(len(requests) for requests in research.script.requests.values())
+    prior = PriorDelegations.from_ledger(RUN_ID, await research.thread())
+    assert len(prior.ordered) == 4 and {o.role for o in prior.ordered.values()} == {Role.VERIFIER}
+    account = RunAccount()
+    workers, verification_usage = prior.usage()
+    account.carry(Usage(), workers, verification_usage)
+    taken_up = Delegator(
+        run_id=RUN_ID,
+        thread_id=RUN_ID,
+        max_worker_turns=0,
+        parallel=4,
+        deadline=time.monotonic() + 60,
+        client=research.client,
+        scratchpad=research.plane,
+        account=account,
+        budget=TokenBudget(0, account),
+        publisher=research.publisher,
+        ledger=RunLedger(research.plane, RUN_ID, RUN_ID),
+        reuse=prior.ids_to_reuse(()),
+        counted=prior.used.keys(),
+        ordered=prior.last_number,
+    )
+    async def progress(message: str) -> None:
+        research.progress.append(message)
+
+    again = await verify_claims(QUESTION, research.entries, taken_up, progress)
+    assert sum(len(requests) for requests in research.script.requests.values()) == asked, "no verifier ran again"
+    assert [(c.finding_sequence_no, c.judgement) for c in again.findings] == [
+        (c.finding_sequence_no, c.judgement) for c in first.findings
+    ]
+    # The usage came with the ledger once, not a second time with the replayed results (the ledger records
+    # tokens and model calls; tool calls it does not).
+    before, after = research.account.usage().workers, account.usage().workers
+    assert (after.input_tokens, after.output_tokens, after.model_calls) == (
+        before.input_tokens,
+        before.output_tokens,
+        before.model_calls,
+    )
+    assert after.tokens > 0
+    thread = await research.thread()
+    assert sum(entry.kind is EntryKind.VERDICT for entry in thread) == 3, "no verdict recorded twice"
