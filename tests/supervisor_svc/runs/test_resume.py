@@ -46,23 +46,7 @@ async def _wait_for(condition: object, what: str, seconds: float = 20.0) -> None
 async def test_a_supervisor_killed_during_a_delegation_is_taken_up_and_the_run_succeeds(
     tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: Choreography
 ) -> None:
-    page = f"{site.base_url}/article.html"
-    held = asyncio.Event()  # never set: the worker's first call is in flight when the supervisor dies
-    script.add(
-        SUPERVISOR,
-        Reply(calls=(Call("delegate_research", {"objective": "Measure the tower"}, "d1"),)),
-        Reply(content="The finding suffices."),
-    )
-    script.add(
-        "Measure the tower",
-        Reply(calls=(Call("read_web_page", {"url": page}, "r1"),)),
-        Await(held, Reply(content="never sent")),
-        # Taken up on the worker from its recorded conversation: the call in flight is asked again, and the
-        # page read before the kill may be cited.
-        Reply(calls=(append_finding("f1", "The tower is 330 m tall.", page, "The tower is 330 metres tall"),)),
-        Reply(content="Measured."),
-    )
-    script.add(REPORT, Reply(content="The tower is 330 m tall [1]."))
+    page = _script_an_interrupted_measurement(script, site)
     with processes(tmp_path, model, site, _LEASE) as mesh:
         async with RunsClient.connect(mesh.supervisor.address) as client:
             run = await client.start_run("How tall is the tower?")
@@ -207,22 +191,7 @@ async def _collect(client: RunsClient, run_id: str, events: list[supervisor_pb2.
 async def test_a_worker_killed_mid_delegation_is_continued_on_another_worker_over_the_same_database(
     tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: Choreography
 ) -> None:
-    page = f"{site.base_url}/article.html"
-    held = asyncio.Event()  # never set: the worker's second call is in flight when it dies
-    script.add(
-        SUPERVISOR,
-        Reply(calls=(Call("delegate_research", {"objective": "Measure the tower"}, "d1"),)),
-        Reply(content="The finding suffices."),
-    )
-    script.add(
-        "Measure the tower",
-        Reply(calls=(Call("read_web_page", {"url": page}, "r1"),)),
-        Await(held, Reply(content="never sent")),
-        # Taken up by the other worker from the recorded conversation: the page read before stays citable.
-        Reply(calls=(append_finding("f1", "The tower is 330 m tall.", page, "The tower is 330 metres tall"),)),
-        Reply(content="Measured."),
-    )
-    script.add(REPORT, Reply(content="The tower is 330 m tall [1]."))
+    page = _script_an_interrupted_measurement(script, site)
     env = {"QUARRY_WORKER_LEASE_SECONDS": "2"}
     with processes(tmp_path, model, site, env, shared_worker_database=True) as mesh:
         async with RunsClient.connect(mesh.supervisor.address) as client:
@@ -256,3 +225,24 @@ async def test_a_worker_killed_mid_delegation_is_continued_on_another_worker_ove
     assert ended is not None and ended.worker_id != running.worker_id
     assert ended.result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED
     assert ended.conversation_id == running.conversation_id
+
+
+def _script_an_interrupted_measurement(script: Choreography, site: FixtureWeb) -> str:
+    """One delegation whose worker reads a page, then makes a call that is never answered (the process
+    running it is killed meanwhile); taken up from the recorded conversation, the call is asked again and
+    the page read before may be cited. The page's URL."""
+    page = f"{site.base_url}/article.html"
+    script.add(
+        SUPERVISOR,
+        Reply(calls=(Call("delegate_research", {"objective": "Measure the tower"}, "d1"),)),
+        Reply(content="The finding suffices."),
+    )
+    script.add(
+        "Measure the tower",
+        Reply(calls=(Call("read_web_page", {"url": page}, "r1"),)),
+        Await(asyncio.Event(), Reply(content="never sent")),
+        Reply(calls=(append_finding("f1", "The tower is 330 m tall.", page, "The tower is 330 metres tall"),)),
+        Reply(content="Measured."),
+    )
+    script.add(REPORT, Reply(content="The tower is 330 m tall [1]."))
+    return page
