@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from quarry import ids
 from quarry.api_auth import current_principal_name
+from quarry.db import DatabaseUnavailable
 from quarry.errors import (
     ErrorReason,
     FailedPrecondition,
@@ -292,6 +293,11 @@ class Campaigns:
             await loop.run()
         except CampaignLost:
             return  # paused, stopped or taken over meanwhile: nothing more to do here
+        except DatabaseUnavailable as error:
+            # Its state is durable: left unrenewed, its lease lapses and, once the database answers again, the
+            # next sweep (of any replica, this one too) resumes it from what it recorded.
+            log.warning("campaign %s: its database is unreachable (%s); it resumes once it answers", campaign_id, error)
+            return
         except Exception as error:
             log.exception("campaign %s: the loop failed", campaign_id)
             await self._fail(handle, f"the campaign loop failed: {type(error).__name__}: {error}")

@@ -17,7 +17,7 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
-from quarry.db import Database
+from quarry.db import Database, DatabaseUnavailable
 from quarry.errors import ErrorReason, InvalidArgument, Unimplemented
 from quarry.migrations import open_migrated_database
 from quarry.notify import CommitSignal
@@ -25,7 +25,7 @@ from quarry.records.campaign import TrialRecord, Verdict
 from quarry.records.contract import signals_to_proto
 from quarry.records.signals import read_signals
 from quarry.v1 import campaign_pb2
-from supervisor_svc.campaigns.service import MAX_ACTIVE_CAMPAIGNS, Campaigns
+from supervisor_svc.campaigns.service import MAX_ACTIVE_CAMPAIGNS, CampaignHandle, CampaignLoop, Campaigns
 from supervisor_svc.campaigns.servicer import spec_from_proto, spec_to_proto
 from supervisor_svc.campaigns.spec import validate_spec
 from supervisor_svc.campaigns.state import CampaignState, Phase, Progress
@@ -401,3 +401,37 @@ def test_a_slurm_experiment_needs_a_login_host_a_script_inside_the_workspace_and
     good.experiment.slurm.sbatch_args.append("--partition=gpu")
     kept = spec_to_proto(validate_spec(spec_from_proto(good), datetime.now(UTC)))
     assert kept.experiment.slurm == good.experiment.slurm and not kept.experiment.argv
+
+
+class _LosesItsDatabaseOnce(WaitingLoops):
+    """The first loop finds the database unreachable; the loops after it wait as usual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed_once = False
+
+    def __call__(self, handle: CampaignHandle) -> CampaignLoop:
+        if not self.failed_once:
+            self.failed_once = True
+            return _Unreachable()
+        return super().__call__(handle)
+
+
+class _Unreachable:
+    async def run(self) -> None:
+        raise DatabaseUnavailable("the database is unavailable; retry", reason=ErrorReason.DATABASE_UNAVAILABLE)
+
+
+async def test_a_campaign_whose_database_goes_away_is_resumed_not_failed(database: Database) -> None:
+    loops = _LosesItsDatabaseOnce()
+    campaigns = campaigns_on(database, loops, lease_seconds=1)
+    await campaigns.start()
+    try:
+        record = await campaigns.start_campaign(spec_from_proto(spec()), "")
+        resumed = await loops.next_started(within=15)  # the sweep takes it up once its lease lapses
+        assert resumed.campaign_id == record.campaign_id
+        current = await campaigns.get(record.campaign_id)
+        assert current.state is not CampaignState.FAILED and current.phase is Phase.THINK
+    finally:
+        loops.release.set()
+        await campaigns.close(end_within=1)
