@@ -246,3 +246,37 @@ def _script_an_interrupted_measurement(script: Choreography, site: FixtureWeb) -
     )
     script.add(REPORT, Reply(content="The tower is 330 m tall [1]."))
     return page
+
+
+async def test_a_supervisor_killed_between_delegations_does_not_run_the_first_again(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: Choreography
+) -> None:
+    script.add(
+        SUPERVISOR,
+        Reply(calls=(Call("delegate_research", {"objective": "First task"}, "d1"),)),
+        Await(asyncio.Event(), Reply(content="never sent")),  # in flight when the supervisor dies
+        Reply(calls=(Call("delegate_research", {"objective": "Second task"}, "d2"),)),
+        Reply(content="Enough."),
+    )
+    script.add("First task", Reply(content="First done."))
+    script.add("Second task", Reply(content="Second done."))
+    script.add(REPORT, Reply(content="Both tasks were done."))
+    with processes(tmp_path, model, site, _LEASE) as mesh:
+        async with RunsClient.connect(mesh.supervisor.address) as client:
+            run = await client.start_run("Two tasks, one crash?")
+            await _wait_for(lambda: len(script.requests.get(SUPERVISOR, ())) == 2, "the supervisor's second turn")
+        os.kill(mesh.supervisor.process.pid, signal.SIGKILL)
+        mesh.supervisor.process.wait(10)
+        mesh.start_supervisor()
+        async with RunsClient.connect(mesh.supervisor.address) as client:
+            events = [event async for event in client.stream_run(run.run_id)]
+            stored = await client.get_run(run.run_id)
+    assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED and stored.report.markdown == "Both tasks were done."
+    assert [e.sequence_no for e in events] == list(range(1, len(events) + 1))
+    # The first delegation's result was recorded with its turn: it is neither run nor asked for again.
+    assert len(script.requests["First task"]) == 1 and len(script.requests["Second task"]) == 1
+    assert len(script.requests[SUPERVISOR]) == 4, "only the turn in flight was asked again"
+    # The turn asked again saw the first delegation's result, as recorded.
+    assert any("First done." in result for result in script.tool_results(SUPERVISOR))
+    ended = [e.status.delegation_id for e in events if e.status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED]
+    assert len(ended) == 2 and len(set(ended)) == 2, "two delegations, each ended once"
