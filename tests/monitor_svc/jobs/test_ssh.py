@@ -11,7 +11,7 @@ from pathlib import Path
 
 from quarry.v1 import monitor_pb2, monitor_pb2_grpc
 from tests.monitor_svc.fake_ssh import FakeHost
-from tests.monitor_svc.jobs.helpers import LOSS, Stub, live_members, log_lines, script, watch_all
+from tests.monitor_svc.jobs.helpers import LOSS, Stub, live_members, log_lines, script, serving, watch_all
 
 
 async def test_a_job_on_an_ssh_host_gets_a_free_gpu_its_exit_status_and_its_metrics(
@@ -92,3 +92,34 @@ async def test_a_process_on_a_remote_host_and_its_log(
     assert new_lines == ["epoch 2\rstill epoch 2", "epoch 3 (unfinished)"], "each line once, whole"
     assert responses[-1].status.state == monitor_pb2.JOB_STATE_EXITED
     assert not responses[-1].status.HasField("exit_code"), "another host's process: its status cannot be known"
+
+
+async def test_a_job_on_an_ssh_host_that_ends_while_no_monitor_runs_keeps_its_exit_status(
+    ssh_host: FakeHost, tmp_path: Path
+) -> None:
+    (tmp_path / "logs").mkdir()
+    body = """\
+    print("loss=0.4", flush=True)
+    wait_for("go")
+    raise SystemExit(3)
+    """
+    command = monitor_pb2.RemoteCommand(
+        host="gpu1", argv=[sys.executable, script(tmp_path, body)], working_directory=str(tmp_path)
+    )
+    request = monitor_pb2.SubmitJobRequest(
+        remote=command, request_id="remote-restart", options=monitor_pb2.JobOptions(metrics=[LOSS])
+    )
+    settings = ssh_host.settings(job_poll_seconds=0.2)
+    async with serving(tmp_path, settings) as before:
+        submitted = await before.SubmitJob(request)
+    # No monitor runs: the job ends, and its wrapper leaves the status beside its log.
+    (tmp_path / "go").touch()
+    status_file = Path(submitted.job.log_path + ".exit")
+    for _ in range(400):
+        if await asyncio.to_thread(status_file.exists):
+            break
+        await asyncio.sleep(0.05)
+    async with serving(tmp_path, settings) as after:
+        last = (await watch_all(after, submitted.job))[-1].status
+    assert (last.state, last.exit_code) == (monitor_pb2.JOB_STATE_FAILED, 3), last
+    assert [(m.name, m.value) for m in last.metrics] == [("loss", 0.4)]
