@@ -85,11 +85,20 @@ class PriorDelegations:
         return workers, verification
 
 
-def last_published_entry(events: Iterable[StoredEvent]) -> int:
-    """The newest scratchpad entry the run's stored events reported (each is reported once)."""
-    newest = 0
-    for event in events:
-        decoded = supervisor_pb2.RunEvent.FromString(event.payload)
-        if decoded.WhichOneof("payload") == "scratchpad":
-            newest = max(newest, decoded.scratchpad.scratchpad_sequence_no)
-    return newest
+@dataclass(frozen=True)
+class PublishedSoFar:
+    """What the run's stored events already told its clients."""
+
+    last_entry: int  # the newest scratchpad entry reported (each is reported once)
+    report_streamed: bool  # some of the report's text went out: writing it again sends it anew
+
+    @classmethod
+    def read(cls, events: Iterable[StoredEvent]) -> PublishedSoFar:
+        newest, streamed = 0, False
+        for event in events:
+            decoded = supervisor_pb2.RunEvent.FromString(event.payload)
+            kind = decoded.WhichOneof("payload")
+            if kind == "scratchpad":
+                newest = max(newest, decoded.scratchpad.scratchpad_sequence_no)
+            streamed = streamed or kind == "content"
+        return cls(newest, streamed)

@@ -51,7 +51,7 @@ from supervisor_svc.runs.domain import (
 )
 from supervisor_svc.runs.ledger import RunLedger
 from supervisor_svc.runs.publishing import RunEventLog, RunPublisher
-from supervisor_svc.runs.resumption import PriorDelegations, last_published_entry
+from supervisor_svc.runs.resumption import PriorDelegations, PublishedSoFar
 from supervisor_svc.runs.store import RunEnded
 from supervisor_svc.runs.synthesis import ResearchEnd, report_warnings, verified_sources, write_report
 from supervisor_svc.runs.tools import REGISTRY, SupervisorContext
@@ -159,6 +159,8 @@ class ResearchRun:
         self._decided = asyncio.Event()
         # The supervisor's conversation as another process recorded it, when this one took the run up.
         self._resumed_history: list[Message] = []
+        # Whether the report had begun to stream before this process took the run up.
+        self._report_streamed = False
 
     def releasing(self) -> None:
         """The run is about to be cancelled because this process stops: it records no end, and another
@@ -238,7 +240,10 @@ class ResearchRun:
                     end = await self._research(delegator, resumed=resumed)
                     entries = await self._deps.scratchpad.read_all(self.record.scratchpad_thread_id)
                     verification = await self._verify_claims(entries, delegator) if self._verifies else None
-                    await self._publisher.status(ResearchPhase.SYNTHESIZING, _synthesis_reason(end))
+                    reason = _synthesis_reason(end)
+                    if self._report_streamed:  # a client that joins the text must start over from here
+                        reason += "; written again, it replaces the text streamed before this supervisor took over"
+                    await self._publisher.status(ResearchPhase.SYNTHESIZING, reason)
                     report, self._account.report = await write_report(
                         self._deps.model, self.record.question, entries, end, self._publisher.content, verification
                     )
@@ -293,7 +298,9 @@ class ResearchRun:
         prior = PriorDelegations.from_ledger(self.run_id, entries)
         workers, verification = prior.usage()
         self._account.carry(self.record.usage.supervisor, workers, verification)
-        self._publisher.resume_after(last_published_entry(await store.all_events(self.run_id)))
+        published = PublishedSoFar.read(await store.all_events(self.run_id))
+        self._publisher.resume_after(published.last_entry)
+        self._report_streamed = published.report_streamed
         await self._publisher.status(
             ResearchPhase.STARTED, f"{note}; {len(prior.ordered)} delegation(s) were ordered before"
         )

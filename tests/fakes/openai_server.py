@@ -69,6 +69,14 @@ class Stall:
 
 
 @dataclass(frozen=True)
+class StallAfter:
+    """Stream this text, then say nothing more for this long (the connection stays open)."""
+
+    text: str
+    seconds: float
+
+
+@dataclass(frozen=True)
 class DropAfter:
     """Stream this text, then cut the connection without finishing."""
 
@@ -95,10 +103,10 @@ class Await:
     """Hold the request until the test sets `event` (e.g. once a restarted service serves), then take `then`."""
 
     event: asyncio.Event
-    then: Reply | HttpError | Stall | DropAfter | EndWithout | ErrorEvent
+    then: Reply | HttpError | Stall | StallAfter | DropAfter | EndWithout | ErrorEvent
 
 
-Step = Reply | HttpError | Stall | DropAfter | EndWithout | ErrorEvent | Await
+Step = Reply | HttpError | Stall | StallAfter | DropAfter | EndWithout | ErrorEvent | Await
 
 
 @dataclass
@@ -220,6 +228,11 @@ class ScriptedModel(Served):
         if isinstance(step, ErrorEvent):
             await response.write(_sse({"error": {"message": step.message, "type": "server_error"}}))
             await response.write_eof()
+            return response
+        if isinstance(step, StallAfter):
+            await response.write(_sse(_chunk(body, {"role": "assistant", "content": step.text})))
+            with contextlib.suppress(TimeoutError):  # until the server stops, at the latest
+                await asyncio.wait_for(self._closing.wait(), step.seconds)
             return response
         if isinstance(step, DropAfter):
             await response.write(_sse(_chunk(body, {"role": "assistant", "content": step.text})))

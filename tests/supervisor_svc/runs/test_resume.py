@@ -16,7 +16,7 @@ from quarry.v1 import common_pb2, supervisor_pb2
 from tests.conftest import postgres_schema, stop_service
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, append_finding
 from tests.fakes.loopback import served_in_thread
-from tests.fakes.openai_server import Await, Call, Reply, ScriptedModel
+from tests.fakes.openai_server import Await, Call, Reply, ScriptedModel, StallAfter
 from tests.fakes.tcp_proxy import TcpProxy
 from tests.fakes.web_server import FixtureWeb
 from tests.supervisor_svc.conftest import delegation_on, processes
@@ -120,13 +120,16 @@ async def test_a_run_awaiting_approval_waits_again_after_a_restart_and_a_crash(
 async def test_a_supervisor_killed_while_writing_the_report_is_taken_up_and_writes_it_again(
     tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: Choreography
 ) -> None:
-    held = asyncio.Event()  # never set: the report call is in flight when the supervisor dies
+    begun = "The report begins " + "and goes on " * 20  # over 200 characters: streamed as an event at once
     script.add(SUPERVISOR, Reply(content="No research needed."))
-    script.add(REPORT, Await(held, Reply(content="never sent")), Reply(content="The report, written again."))
+    # The first report call streams its start, then nothing: the supervisor dies with it in flight.
+    script.add(REPORT, StallAfter(begun, 120), Reply(content="The report, written again."))
     with processes(tmp_path, model, site, _LEASE) as mesh:
         async with RunsClient.connect(mesh.supervisor.address) as client:
             run = await client.start_run("Write it twice?")
-            await _wait_for(lambda: REPORT in script.requests, "the report call")
+            async for event in client.stream_run(run.run_id):
+                if event.WhichOneof("payload") == "content":
+                    break
         os.kill(mesh.supervisor.process.pid, signal.SIGKILL)
         mesh.supervisor.process.wait(10)
         mesh.start_supervisor()
@@ -138,6 +141,11 @@ async def test_a_supervisor_killed_while_writing_the_report_is_taken_up_and_writ
     assert [e.sequence_no for e in events] == list(range(1, len(events) + 1))
     # The supervisor's answer was recorded: only the call in flight was asked again.
     assert len(script.requests[SUPERVISOR]) == 1 and len(script.requests[REPORT]) == 2
+    # Clients that join the report's text are told to start over where it is written again.
+    rewriting = [e.sequence_no for e in events if "replaces the text streamed before" in e.status.message]
+    streamed = [e.sequence_no for e in events if e.WhichOneof("payload") == "content"]
+    assert len(rewriting) == 1 and streamed[0] < rewriting[0] < streamed[-1]
+    assert "".join(e.content.delta for e in events if e.sequence_no > rewriting[0]) == "The report, written again."
 
 
 async def test_a_run_waits_out_a_postgresql_outage_longer_than_its_lease_and_succeeds(
