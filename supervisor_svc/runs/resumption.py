@@ -85,20 +85,28 @@ class PriorDelegations:
         return workers, verification
 
 
+# How a run's events say that another process took it up (a STARTED status beginning so).
+TAKEN_UP_NOTE = "taken up again by this supervisor after the one running it stopped"
+
+
 @dataclass(frozen=True)
 class PublishedSoFar:
     """What the run's stored events already told its clients."""
 
     last_entry: int  # the newest scratchpad entry reported (each is reported once)
     report_streamed: bool  # some of the report's text went out: writing it again sends it anew
+    # How often a process took the run up before (each said so: TAKEN_UP_NOTE).
+    takeovers: int = 0
 
     @classmethod
     def read(cls, events: Iterable[StoredEvent]) -> PublishedSoFar:
-        newest, streamed = 0, False
+        newest, streamed, taken_up = 0, False, 0
         for event in events:
             decoded = supervisor_pb2.RunEvent.FromString(event.payload)
             kind = decoded.WhichOneof("payload")
             if kind == "scratchpad":
                 newest = max(newest, decoded.scratchpad.scratchpad_sequence_no)
             streamed = streamed or kind == "content"
-        return cls(newest, streamed)
+            if kind == "status" and decoded.status.phase == supervisor_pb2.RESEARCH_PHASE_STARTED:
+                taken_up += decoded.status.message.startswith(TAKEN_UP_NOTE)
+        return cls(newest, streamed, taken_up)

@@ -51,7 +51,7 @@ from supervisor_svc.runs.domain import (
 )
 from supervisor_svc.runs.ledger import RunLedger
 from supervisor_svc.runs.publishing import RunEventLog, RunPublisher
-from supervisor_svc.runs.resumption import PriorDelegations, PublishedSoFar
+from supervisor_svc.runs.resumption import TAKEN_UP_NOTE, PriorDelegations, PublishedSoFar
 from supervisor_svc.runs.store import RunEnded
 from supervisor_svc.runs.synthesis import ResearchEnd, report_warnings, verified_sources, write_report
 from supervisor_svc.runs.tools import REGISTRY, SupervisorContext
@@ -76,6 +76,8 @@ INSTRUCTIONS = (
 # How long the end of a run waits out a database that is away: a run left active would only be ended
 # later, as failed, by the lease sweep.
 _END_RETRY_SECONDS = 30
+# How often a run is taken up (after its supervisor stopped) before it is failed instead.
+_MAX_TAKEOVERS = 5
 # How many database outages one run waits out before it gives up.
 _MAX_DATABASE_WAITS = 20
 # How many open objections the awaiting-approval event names (GetRun's verification lists them all).
@@ -88,6 +90,10 @@ class BudgetSpent(Exception):
 
 class DatabaseAway(Exception):
     """The run's own database stopped answering: the run waits for it, then goes on from what it recorded."""
+
+
+class TakenUpTooOften(Exception):
+    """Every process that took the run up stopped before it ended: it is failed rather than taken up forever."""
 
 
 class NotApproved(Exception):
@@ -180,7 +186,7 @@ class ResearchRun:
         attributes = {"quarry.run_id": self.run_id, "quarry.scratchpad_thread_id": self.record.scratchpad_thread_id}
         with tracer.start_as_current_span("research run", attributes=attributes):
             log.info("run %s %s", self.run_id, "taken up again" if resumed else "started")
-            note = "taken up again by this supervisor after the one running it stopped"
+            note = TAKEN_UP_NOTE
             for _ in range(_MAX_DATABASE_WAITS):
                 try:
                     await self._execute(resumed, note)
@@ -267,6 +273,8 @@ class ResearchRun:
             raise
         except ProviderError as error:
             outcome = self._failed(RunErrorCode.PROVIDER_ERROR, str(error))
+        except TakenUpTooOften as error:
+            outcome = self._failed(RunErrorCode.INTERNAL, str(error))
         except TimeoutError:
             outcome = self._failed(RunErrorCode.DEADLINE_EXCEEDED, f"the run ran past its {self._timeout:g} s limit")
         except Exception as error:
@@ -292,19 +300,24 @@ class ResearchRun:
         delegation ids and the published entries as it left them, read back from the run's row, ledger and
         events; `note` says why, on the run's events."""
         store = self._publisher.store
+        published = PublishedSoFar.read(await store.all_events(self.run_id))
+        if published.takeovers >= _MAX_TAKEOVERS:
+            raise TakenUpTooOften(
+                f"the run was taken up {published.takeovers} times and each supervisor running it stopped before "
+                "it ended (a run that brings its supervisor down?); it is not taken up again"
+            )
+        self._publisher.resume_after(published.last_entry)
+        self._report_streamed = published.report_streamed
+        await self._seed()  # idempotent: a run that stopped before its seed gets it now
         self._account = RunAccount()
         self._budget = TokenBudget(self.record.options.max_tokens, self._account)
         entries = await self._deps.scratchpad.read_all(self.record.scratchpad_thread_id)
         prior = PriorDelegations.from_ledger(self.run_id, entries)
         workers, verification = prior.usage()
         self._account.carry(self.record.usage.supervisor, workers, verification)
-        published = PublishedSoFar.read(await store.all_events(self.run_id))
-        self._publisher.resume_after(published.last_entry)
-        self._report_streamed = published.report_streamed
         await self._publisher.status(
             ResearchPhase.STARTED, f"{note}; {len(prior.ordered)} delegation(s) were ordered before"
         )
-        await self._seed()  # idempotent: a run that stopped before its seed gets it now
         history = await self._deps.conversations.history(_conversation_id(self.run_id))
         unanswered = {call.id[:40] for call in unanswered_calls(history)}
         self._resumed_history = history

@@ -11,7 +11,9 @@ from quarry.db import Database
 from quarry.identity import Role
 from quarry.records.research import Assignment, RouteDecision, UsageObserved
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
-from supervisor_svc.runs.domain import StartRequest
+from supervisor_svc.runs import events
+from supervisor_svc.runs.domain import ResearchPhase, StartRequest
+from supervisor_svc.runs.resumption import TAKEN_UP_NOTE
 from supervisor_svc.runs.store import RunStore
 from supervisor_svc.schema import runs
 from tests.fakes.choreography import REPORT, SUPERVISOR, append_finding
@@ -323,6 +325,27 @@ async def test_a_run_whose_supervisor_stopped_before_it_began_is_taken_up_when_i
     assert events[0].status.phase == supervisor_pb2.RESEARCH_PHASE_STARTED
     assert events[-1].WhichOneof("payload") == "completed", events[-1].failed.error.message
     assert (await mesh.client.get_run(orphan.run_id)).state == supervisor_pb2.RUN_STATE_SUCCEEDED
+
+
+async def test_a_run_taken_up_too_often_is_failed_not_taken_up_again(mesh: Mesh) -> None:
+    database = Database(mesh.supervisor_database_url)
+    store = RunStore(database)
+    run_id = "run-" + "b" * 32
+    try:
+        await store.create(run_id, StartRequest("Crashes every supervisor?"), scratchpad_thread_id=run_id, owner="gone")
+        await store.mark_running(run_id, events.status(ResearchPhase.STARTED, "research started"))
+        for _ in range(5):  # five processes took it up, and each stopped before it ended
+            await store.append(run_id, [events.status(ResearchPhase.STARTED, f"{TAKEN_UP_NOTE}; 0 delegation(s)")])
+        stale = (
+            runs.update().where(runs.c.run_id == run_id).values(heartbeat_time=datetime.now(UTC) - timedelta(hours=1))
+        )
+        await database.write(lambda connection: connection.execute(stale))
+    finally:
+        await database.close()
+    ended = (await asyncio.wait_for(mesh.events(run_id), 30))[-1]  # the sweep runs every 2 s
+    assert ended.failed.error.code == supervisor_pb2.RUN_ERROR_CODE_INTERNAL
+    assert "taken up 5 times" in ended.failed.error.message
+    assert not mesh.script.requests, "no model was asked"
 
 
 async def test_a_supervisor_shutting_down_leaves_its_runs_active_for_the_next_one(mesh: Mesh) -> None:
