@@ -19,7 +19,7 @@ from tests.fakes.loopback import served_in_thread
 from tests.fakes.openai_server import Await, Call, Reply, ScriptedModel, StallAfter
 from tests.fakes.tcp_proxy import TcpProxy
 from tests.fakes.web_server import FixtureWeb
-from tests.supervisor_svc.conftest import delegation_on, processes
+from tests.supervisor_svc.conftest import ProcessMesh, delegation_on, processes
 
 pytestmark = pytest.mark.slow
 
@@ -53,9 +53,7 @@ async def test_a_supervisor_killed_during_a_delegation_is_taken_up_and_the_run_s
             await _wait_for(lambda: len(script.requests.get("Measure the tower", ())) == 2, "the worker's second call")
             seen = [event async for event in _until_researching(client, run.run_id)]
         delegation_id = seen[-1].status.delegation_id
-        os.kill(mesh.supervisor.process.pid, signal.SIGKILL)
-        assert mesh.supervisor.process.wait(10) == -signal.SIGKILL
-        mesh.start_supervisor()
+        _crash_and_restart_the_supervisor(mesh)
         async with RunsClient.connect(mesh.supervisor.address) as client:
             # The stream goes on from the last event this client saw, through the takeover.
             rest = [event async for event in client.stream_run(run.run_id, after_sequence_no=seen[-1].sequence_no)]
@@ -102,9 +100,7 @@ async def test_a_run_awaiting_approval_waits_again_after_a_restart_and_a_crash(
         # A graceful restart, then a crash: neither cancels the run.
         assert stop_service(mesh.supervisor) == 0
         mesh.start_supervisor()
-        os.kill(mesh.supervisor.process.pid, signal.SIGKILL)
-        mesh.supervisor.process.wait(10)
-        mesh.start_supervisor()
+        _crash_and_restart_the_supervisor(mesh)
         async with RunsClient.connect(mesh.supervisor.address) as client:
             waiting = await client.get_run(run.run_id)
             approved = await client.approve_run(run.run_id, "Looks right.")
@@ -130,9 +126,7 @@ async def test_a_supervisor_killed_while_writing_the_report_is_taken_up_and_writ
             async for event in client.stream_run(run.run_id):
                 if event.WhichOneof("payload") == "content":
                     break
-        os.kill(mesh.supervisor.process.pid, signal.SIGKILL)
-        mesh.supervisor.process.wait(10)
-        mesh.start_supervisor()
+        _crash_and_restart_the_supervisor(mesh)
         async with RunsClient.connect(mesh.supervisor.address) as client:
             events = [event async for event in client.stream_run(run.run_id)]
             stored = await client.get_run(run.run_id)
@@ -273,9 +267,7 @@ async def test_a_supervisor_killed_between_delegations_does_not_run_the_first_ag
         async with RunsClient.connect(mesh.supervisor.address) as client:
             run = await client.start_run("Two tasks, one crash?")
             await _wait_for(lambda: len(script.requests.get(SUPERVISOR, ())) == 2, "the supervisor's second turn")
-        os.kill(mesh.supervisor.process.pid, signal.SIGKILL)
-        mesh.supervisor.process.wait(10)
-        mesh.start_supervisor()
+        _crash_and_restart_the_supervisor(mesh)
         async with RunsClient.connect(mesh.supervisor.address) as client:
             events = [event async for event in client.stream_run(run.run_id)]
             stored = await client.get_run(run.run_id)
@@ -288,3 +280,10 @@ async def test_a_supervisor_killed_between_delegations_does_not_run_the_first_ag
     assert any("First done." in result for result in script.tool_results(SUPERVISOR))
     ended = [e.status.delegation_id for e in events if e.status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED]
     assert len(ended) == 2 and len(set(ended)) == 2, "two delegations, each ended once"
+
+
+def _crash_and_restart_the_supervisor(mesh: ProcessMesh) -> None:
+    """SIGKILL (no lease released, nothing recorded), then another supervisor process over its database."""
+    os.kill(mesh.supervisor.process.pid, signal.SIGKILL)
+    assert mesh.supervisor.process.wait(10) == -signal.SIGKILL
+    mesh.start_supervisor()
