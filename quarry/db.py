@@ -9,8 +9,10 @@ chosen here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -344,6 +346,12 @@ class Database:
 _UNAVAILABLE = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError)
 
 
+# Free space on a SQLite database's filesystem that counts as room again after it was full.
+DISK_ROOM_BYTES = 1 << 20
+# How long a service whose PostgreSQL server ran out of space stays out of rotation before it tries again.
+DISK_FULL_HOLD_SECONDS = 30.0
+
+
 class DatabaseUnavailable(Unavailable):
     """This process's own database does not answer (as opposed to another service's)."""
 
@@ -354,11 +362,15 @@ class _Outage:
     named as such, with where the data lives, and counts as a health problem until a write succeeds."""
 
     def __init__(self, url: sa.URL) -> None:
-        self._where = f"SQLite file {url.database}" if url.get_backend_name() == "sqlite" else (
+        sqlite = url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:")
+        self._where = f"SQLite file {url.database}" if sqlite else (
             f"PostgreSQL at {url.host or 'localhost'}:{url.port or 5432}/{url.database or ''}"
         )
+        # Where free space tells that a full disk has room again (SQLite's directory; PostgreSQL's is not ours).
+        self._directory = os.path.dirname(os.path.abspath(str(url.database))) if sqlite else None
         self.since: float | None = None  # time.monotonic() of the first failure of this outage
         self.disk_full = ""  # what the database said when it ran out of space; "" once a write succeeds
+        self._full_at = 0.0  # time.monotonic() of the last write a full disk refused
 
     def failed(self, error: BaseException) -> BaseException:
         """What the caller of a unit of work that failed with `error` gets."""
@@ -369,6 +381,7 @@ class _Outage:
             if not self.disk_full:
                 log.error("the %s ran out of disk space: %s", self._where, cause)
             self.disk_full = cause
+            self._full_at = time.monotonic()
             unavailable: Unavailable = DatabaseUnavailable(
                 f"the database ({self._where}) ran out of disk space: {cause}; free space, then retry",
                 reason=ErrorReason.DATABASE_DISK_FULL,
@@ -391,10 +404,20 @@ class _Outage:
             self.disk_full = ""
 
     def problem(self) -> str | None:
-        """Why the service should not take traffic now, if it should not."""
-        if self.disk_full:
-            return f"the database ({self._where}) ran out of disk space: {self.disk_full}"
-        return None
+        """Why the service should not take traffic now, if it should not. A full disk is one until there is
+        room again: seen on SQLite's filesystem, or, as PostgreSQL's cannot be seen from here, assumed after
+        DISK_FULL_HOLD_SECONDS, when traffic comes back to try (NOT_SERVING would keep every write away, and
+        only a write that succeeds shows the disk has room)."""
+        if not self.disk_full:
+            return None
+        if self._directory is not None:
+            with contextlib.suppress(OSError):
+                free = os.statvfs(self._directory)
+                if free.f_bavail * free.f_frsize >= DISK_ROOM_BYTES:
+                    return None
+        elif time.monotonic() - self._full_at >= DISK_FULL_HOLD_SECONDS:
+            return None
+        return f"the database ({self._where}) ran out of disk space: {self.disk_full}"
 
 
 def _is_disk_full(error: BaseException) -> bool:
