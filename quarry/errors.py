@@ -19,6 +19,7 @@ from grpc_status import rpc_status
 
 __all__ = [
     "AlreadyExists",
+    "DatabaseUnavailable",
     "DeadlineExceeded",
     "ErrorReason",
     "FailedPrecondition",
@@ -239,6 +240,10 @@ class Unauthenticated(QuarryError):
 
 class Unavailable(QuarryError):
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class DatabaseUnavailable(Unavailable):
+    """This process's own database does not answer, or has no room (as opposed to another service's)."""
 
 
 class DeadlineExceeded(QuarryError):

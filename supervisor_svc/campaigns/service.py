@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 from quarry import ids
 from quarry.api_auth import current_principal_name
-from quarry.db import DatabaseUnavailable
 from quarry.errors import (
+    DatabaseUnavailable,
     ErrorReason,
     FailedPrecondition,
     InvalidArgument,

@@ -30,8 +30,7 @@ from quarry.agent.conversation import ConversationStore
 from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TurnBudgetExhausted, unanswered_calls
 from quarry.agent.messages import Message, ToolCall, system, user
 from quarry.agent.model import ModelClient, ProviderError
-from quarry.db import DatabaseUnavailable
-from quarry.errors import Unavailable
+from quarry.errors import DatabaseUnavailable, Unavailable
 from quarry.identity import Principal, Role
 from quarry.research_plane import ResearchPlane
 from quarry.telemetry import tracer

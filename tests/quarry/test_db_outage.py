@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy.engine import make_url
 
-from quarry import db, server
+from quarry import outages, server
 from quarry.db import Database
 from quarry.errors import ErrorReason, Unavailable
 from quarry.server import ServiceHost
@@ -34,7 +34,7 @@ async def test_a_full_disk_is_named_with_the_file_and_is_a_health_problem_until_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The file is capped below; its filesystem is not full, so no free space would count as room again.
-    monkeypatch.setattr(db, "DISK_ROOM_BYTES", 1 << 62)
+    monkeypatch.setattr(outages, "DISK_ROOM_BYTES", 1 << 62)
     path = tmp_path / "full.db"
     database = Database(f"sqlite:///{path}")
     max_pages = {"value": 1_000_000}

@@ -17,8 +17,8 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
-from quarry.db import Database, DatabaseUnavailable
-from quarry.errors import ErrorReason, InvalidArgument, Unimplemented
+from quarry.db import Database
+from quarry.errors import DatabaseUnavailable, ErrorReason, InvalidArgument, Unimplemented
 from quarry.migrations import open_migrated_database
 from quarry.notify import CommitSignal
 from quarry.records.campaign import TrialRecord, Verdict
