@@ -187,10 +187,14 @@ class HostedStore(Generic[R]):
 
     async def renew(self, owner: str, keys: Sequence[str], now: datetime) -> None:
         """Renew the lease on the live work `owner` still holds (work whose task is gone is left to expire)."""
+        await self._renew(owner, keys, now)
+
+    async def _renew(self, owner: str, keys: Sequence[str], now: datetime) -> int:
+        """How many of the leases it renewed."""
         mine = self._tables.held(owner, keys)
         work = self._tables.work
-        await self._db.write(
-            lambda connection: connection.execute(work.update().where(mine).values(heartbeat_time=now))
+        return await self._db.write(
+            lambda connection: connection.execute(work.update().where(mine).values(heartbeat_time=now)).rowcount
         )
 
     async def held(self, owner: str, keys: Sequence[str]) -> set[str]:
@@ -209,14 +213,7 @@ class HostedStore(Generic[R]):
     async def reclaim(self, key: str, owner: str) -> bool:
         """Renew `owner`'s lease on live work it still holds, now; False when another process took it over
         meanwhile (or it ended). What work that waited out a database outage asks before it goes on."""
-        work = self._tables.work
-        mine = self._tables.held(owner, [key])
-        now = datetime.now(UTC)
-
-        def write(connection: Connection) -> bool:
-            return bool(connection.execute(work.update().where(mine).values(heartbeat_time=now)).rowcount)
-
-        return await self._db.write(write)
+        return await self._renew(owner, [key], datetime.now(UTC)) == 1
 
     async def take_over(self, key: str, owner: str, stale_before: datetime) -> bool:
         """Make `owner` the holder of live work whose lease expired before `stale_before`; False when another

@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from opentelemetry import trace
@@ -90,6 +90,15 @@ class DelegationEvents(Protocol):
     async def delegation_ended(self, result: DelegationResult, usage: RunUsage) -> None: ...
 
 
+@dataclass(frozen=True)
+class EarlierOrders:
+    """What a desk going on with a run another process began starts from."""
+
+    reuse: Mapping[str, str] = field(default_factory=dict)  # the delegation id to order each key under again
+    counted: Collection[str] = ()  # the delegations whose usage the run's account already holds
+    ordered: int = 0  # how many delegations the run had ordered
+
+
 class Delegator:
     def __init__(
         self,
@@ -105,13 +114,9 @@ class Delegator:
         budget: TokenBudget,
         publisher: DelegationEvents,
         ledger: RunLedger,
-        reuse: dict[str, str] | None = None,
-        counted: Collection[str] = (),
-        ordered: int = 0,
+        earlier: EarlierOrders | None = None,
     ) -> None:
-        """`reuse`, `counted` and `ordered` take up a run another process began (supervisor_svc.runs.resumption):
-        the delegation id to order a key under again, the delegations whose usage the account already holds,
-        and how many delegations were ordered."""
+        """`earlier`: the delegations a run another process began had ordered (supervisor_svc.runs.resumption)."""
         self._run_id = run_id
         self._thread_id = thread_id
         self._worker_max_turns = max_worker_turns
@@ -124,9 +129,10 @@ class Delegator:
         self._budget = budget
         self._publisher = publisher
         self._ledger = ledger
-        self._ordered = ordered
-        self._reuse = dict(reuse or {})
-        self._counted = frozenset(counted)
+        earlier = earlier or EarlierOrders()
+        self._ordered = earlier.ordered
+        self._reuse = dict(earlier.reuse)
+        self._counted = frozenset(earlier.counted)
         self.dispatched = 0  # delegations that went out to a worker (not those the budget refused)
         self._expected: set[str] = set()  # this turn's delegate calls that will run and have not ended
         self._announced = 0  # this turn's calls, of any tool

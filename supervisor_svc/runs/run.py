@@ -21,13 +21,11 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
-from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from quarry.agent.conversation import ConversationStore
-from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TurnBudgetExhausted, unanswered_calls
+from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver, TurnBudgetExhausted
 from quarry.agent.messages import Message, ToolCall, system, user
 from quarry.agent.model import ModelClient, ProviderError
 from quarry.errors import DatabaseUnavailable, Unavailable
@@ -46,17 +44,25 @@ from supervisor_svc.runs.domain import (
     RunErrorCode,
     RunOutcome,
     RunRecord,
-    RunState,
 )
 from supervisor_svc.runs.ledger import RunLedger
 from supervisor_svc.runs.publishing import RunEventLog, RunPublisher
-from supervisor_svc.runs.resumption import TAKEN_UP_NOTE, PriorDelegations, PublishedSoFar
+from supervisor_svc.runs.resumption import (
+    TAKEN_UP_NOTE,
+    DatabaseStayedAway,
+    TakenUp,
+    TakenUpTooOften,
+    awaited_approval,
+    read_back,
+    time_left,
+    wait_for_database,
+)
 from supervisor_svc.runs.store import RunEnded
 from supervisor_svc.runs.synthesis import ResearchEnd, report_warnings, verified_sources, write_report
 from supervisor_svc.runs.tools import REGISTRY, SupervisorContext
 from supervisor_svc.runs.worker_client import DelegationClient
 from supervisor_svc.verification.claims import verify_claims
-from supervisor_svc.verification.report import with_verification, without_verification
+from supervisor_svc.verification.report import with_verification
 from supervisor_svc.verification.resolutions import approve_open_objections
 from supervisor_svc.verification.review import ReviewDesk, ReviewRequest, ReviewStage, review_report
 from supervisor_svc.verification.state import Verification
@@ -75,8 +81,6 @@ INSTRUCTIONS = (
 # How long the end of a run waits out a database that is away: a run left active would only be ended
 # later, as failed, by the lease sweep.
 _END_RETRY_SECONDS = 30
-# How often a run is taken up (after its supervisor stopped) before it is failed instead.
-_MAX_TAKEOVERS = 5
 # How many database outages one run waits out before it gives up.
 _MAX_DATABASE_WAITS = 20
 # How many open objections the awaiting-approval event names (GetRun's verification lists them all).
@@ -89,10 +93,6 @@ class BudgetSpent(Exception):
 
 class DatabaseAway(Exception):
     """The run's own database stopped answering: the run waits for it, then goes on from what it recorded."""
-
-
-class TakenUpTooOften(Exception):
-    """Every process that took the run up stopped before it ended: it is failed rather than taken up forever."""
 
 
 class NotApproved(Exception):
@@ -191,50 +191,24 @@ class ResearchRun:
                     await self._execute(resumed, note)
                     return
                 except DatabaseAway:
-                    back = await self._wait_for_database()
-                    if back is None:
+                    try:
+                        record, note = await wait_for_database(
+                            self._publisher.store, self.run_id, self._deps.database_wait_seconds, self._deps.reclaim
+                        )
+                    except DatabaseStayedAway as away:
+                        await self._record(self._failed(RunErrorCode.UNAVAILABLE, str(away)))
+                        return
+                    if record is None:
                         return  # ended, or another process holds the run now
-                    resumed, note = True, back
+                    self.record, resumed = record, True
             await self._record(self._failed(RunErrorCode.UNAVAILABLE, "the database kept going away; giving up"))
 
-    async def _wait_for_database(self) -> str | None:
-        """Wait for the database (within database_wait_seconds): a note for the run's events once it is back
-        and this process still holds the run, with its record read again; None when the run ended here (it
-        failed, the wait being over) or another process holds it now."""
-        since = datetime.now(UTC)
-        bound = self._deps.database_wait_seconds
-        log.warning("run %s: its database is unreachable; waiting up to %g s for it", self.run_id, bound)
-        loop = asyncio.get_running_loop()
-        until = loop.time() + bound
-        delay = 0.5
-        reclaim = self._deps.reclaim
-        while True:
-            try:
-                # A write, so that a full disk is waited out as well as an unreachable server.
-                held = await reclaim(self.run_id) if reclaim is not None else True
-                record = await self._publisher.store.get(self.run_id)
-                break
-            except Unavailable:
-                if loop.time() + delay > until:
-                    message = f"the database was unreachable from {since:%H:%M:%S} UTC for longer than {bound:g} s"
-                    await self._record(self._failed(RunErrorCode.UNAVAILABLE, message))
-                    return None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        if record is None or record.state.ended or not held:
-            log.warning("run %s: after the outage another process holds it; leaving it to that one", self.run_id)
-            return None
-        self.record = record
-        waited = (datetime.now(UTC) - since).total_seconds()
-        log.warning("run %s: its database answers again after %.1f s; going on", self.run_id, waited)
-        return f"the database was unreachable from {since:%H:%M:%S} UTC for {waited:.0f} s; going on from there"
-
     async def _execute(self, resumed: bool, note: str) -> None:
-        timeout = self._time_left() if resumed else self._timeout
+        timeout = time_left(self.record, self._timeout) if resumed else self._timeout
         deadline = time.monotonic() + timeout
         watcher: asyncio.Task[None] | None = None
         try:
-            awaited = self._awaited_approval() if resumed else None
+            awaited = awaited_approval(self.record) if resumed else None
             if awaited is not None:  # everything but the decision was done: wait for it again
                 report, verification = awaited
                 end = ResearchEnd()
@@ -296,52 +270,23 @@ class ResearchRun:
 
     async def _take_up(self, note: str) -> Delegator:
         """A run another process began (or this one, before its database went away): the account, the
-        delegation ids and the published entries as it left them, read back from the run's row, ledger and
-        events; `note` says why, on the run's events."""
-        store = self._publisher.store
-        published = PublishedSoFar.read(await store.all_events(self.run_id))
-        if published.takeovers >= _MAX_TAKEOVERS:
-            raise TakenUpTooOften(
-                f"the run was taken up {published.takeovers} times and each supervisor running it stopped before "
-                "it ended (a run that brings its supervisor down?); it is not taken up again"
-            )
-        self._publisher.resume_after(published.last_entry)
-        self._report_streamed = published.report_streamed
+        delegation ids and the published entries as it left them (supervisor_svc.runs.resumption); `note`
+        says why, on the run's events."""
         await self._seed()  # idempotent: a run that stopped before its seed gets it now
+        conversation_id = _conversation_id(self.run_id)
+        found = await read_back(
+            self.record, self._publisher.store, self._deps.scratchpad, self._deps.conversations, conversation_id
+        )
+        self._publisher.resume_after(found.published.last_entry)
+        self._report_streamed = found.published.report_streamed
+        self._resumed_history = found.history
         self._account = RunAccount()
         self._budget = TokenBudget(self.record.options.max_tokens, self._account)
-        entries = await self._deps.scratchpad.read_all(self.record.scratchpad_thread_id)
-        prior = PriorDelegations.from_ledger(self.run_id, entries)
-        workers, verification = prior.usage()
+        workers, verification = found.prior.usage()
         self._account.carry(self.record.usage.supervisor, workers, verification)
-        await self._publisher.status(
-            ResearchPhase.STARTED, f"{note}; {len(prior.ordered)} delegation(s) were ordered before"
-        )
-        history = await self._deps.conversations.history(_conversation_id(self.run_id))
-        unanswered = {call.id[:40] for call in unanswered_calls(history)}
-        self._resumed_history = history
-        return self._delegator(
-            time.monotonic() + self._time_left(),
-            reuse=prior.ids_to_reuse(unanswered),
-            counted=prior.used.keys(),
-            ordered=prior.last_number,
-        )
-
-    def _time_left(self) -> float:
-        """What is left of the run's time limit, counted from its start (as another process recorded it)."""
-        started = self.record.start_time or self.record.create_time
-        elapsed = (datetime.now(UTC) - started).total_seconds()
-        return max(self._timeout - elapsed, 0.001)
-
-    def _awaited_approval(self) -> tuple[Report, Verification | None] | None:
-        """The report and verification a run taken up in AWAITING_APPROVAL waits with, as they were before
-        the verification sections were added; None when it was not waiting."""
-        record = self.record
-        if record.state is not RunState.AWAITING_APPROVAL or record.report is None:
-            return None
-        verification = record.verification
-        report = record.report if verification is None else without_verification(record.report, verification)
-        return report, verification
+        ordered = len(found.prior.ordered)
+        await self._publisher.status(ResearchPhase.STARTED, f"{note}; {ordered} delegation(s) were ordered before")
+        return self._delegator(time.monotonic() + time_left(self.record, self._timeout), found)
 
     async def _seed(self) -> None:
         thread_id = self.record.scratchpad_thread_id
@@ -356,12 +301,12 @@ class ResearchRun:
             request_id=f"{self.run_id}/seed",
         )
 
-    def _delegator(self, deadline: float, **taken_up: Any) -> Delegator:
-        """The run's one delegation desk: the researchers' delegations and the evidence roles' share it.
-        `taken_up`: what Delegator needs to go on with a run another process began."""
+    def _delegator(self, deadline: float, taken_up: TakenUp | None = None) -> Delegator:
+        """The run's one delegation desk: the researchers' delegations and the evidence roles' share it;
+        `taken_up` goes on with the delegations of a run another process began."""
         options = self.record.options
         return Delegator(
-            **taken_up,
+            earlier=taken_up.earlier_orders() if taken_up is not None else None,
             run_id=self.run_id,
             thread_id=self.record.scratchpad_thread_id,
             max_worker_turns=options.max_worker_turns,

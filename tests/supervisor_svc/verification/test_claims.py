@@ -32,7 +32,7 @@ from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Entry, EntryKind, Source
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.runs.budget import RunAccount, TokenBudget
-from supervisor_svc.runs.delegating import Delegator
+from supervisor_svc.runs.delegating import Delegator, EarlierOrders
 from supervisor_svc.runs.domain import StartRequest
 from supervisor_svc.runs.ledger import RunLedger
 from supervisor_svc.runs.publishing import RunEventLog, RunPublisher
@@ -441,9 +441,7 @@ async def test_verification_taken_up_by_another_process_replays_the_recorded_ver
         budget=TokenBudget(0, account),
         publisher=research.publisher,
         ledger=RunLedger(research.plane, RUN_ID, RUN_ID),
-        reuse=prior.ids_to_reuse(()),
-        counted=prior.used.keys(),
-        ordered=prior.last_number,
+        earlier=EarlierOrders(prior.ids_to_reuse(()), prior.used.keys(), prior.last_number),
     )
     async def progress(message: str) -> None:
         research.progress.append(message)
