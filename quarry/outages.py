@@ -40,8 +40,10 @@ class Outage:
 
     def __init__(self, url: sa.URL) -> None:
         sqlite = url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:")
-        self._where = f"SQLite file {url.database}" if sqlite else (
-            f"PostgreSQL at {url.host or 'localhost'}:{url.port or 5432}/{url.database or ''}"
+        self._where = (
+            f"SQLite file {url.database}"
+            if sqlite
+            else (f"PostgreSQL at {url.host or 'localhost'}:{url.port or 5432}/{url.database or ''}")
         )
         # Where free space tells that a full disk has room again (SQLite's directory; PostgreSQL's is not ours).
         self._directory = os.path.dirname(os.path.abspath(str(url.database))) if sqlite else None

@@ -15,6 +15,8 @@ from quarry.config import QuarrySettings, SupervisorSettings
 from quarry.diagnostics import Diagnostics, Fact, database_diagnostics, model_diagnostics, peer_check, setting_name
 from quarry.migrations import open_migrated_database
 from quarry.notify import CommitSignal, listen_for_commits
+from quarry.recording import Recordings, RecordingStore
+from quarry.replay.qrun import SUPERVISOR_ANSWER_SETTINGS, replayed_settings
 from quarry.research_plane import ResearchPlane
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import campaign_pb2, campaign_pb2_grpc, supervisor_pb2, supervisor_pb2_grpc
@@ -114,6 +116,7 @@ async def build_host(
             verify_by_default=settings.verify_runs,
             approval_wait_seconds=settings.approval_wait_seconds,
             database_wait_seconds=settings.database_wait_seconds,
+            recordings=Recordings(RecordingStore(database), replayed_settings(settings, SUPERVISOR_ANSWER_SETTINGS)),
         ),
         HostLimits(
             max_active=settings.max_active_runs,

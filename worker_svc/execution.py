@@ -35,6 +35,7 @@ from quarry.agent.messages import Message, ToolCall, user
 from quarry.agent.model import ModelClient, ProviderError
 from quarry.agent.tools import ToolError, ToolOutcome
 from quarry.agent.usage import Usage
+from quarry.recording import Recordings, recording
 from quarry.records.research import CitationAudit, ClaimVerdict, InputRefs, ResearchRecord
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Source, Tier
@@ -118,8 +119,11 @@ class DelegationRunner:
         default_timeout_seconds: float,
         context_tokens: int,
         compute: bool,
+        recordings: Recordings | None = None,
     ) -> None:
         self._models = models
+        # Where each delegation's HTTP exchanges are recorded for its run's replay (None: not recorded).
+        self._recordings = recordings
         self._conversations = conversations
         self._delegations = delegations
         self._context_for = context_for
@@ -145,7 +149,10 @@ class DelegationRunner:
         }
         _ACTIVE.add(1)
         try:
-            with tracer.start_as_current_span("worker delegation", attributes=attributes) as span:
+            with (
+                tracer.start_as_current_span("worker delegation", attributes=attributes) as span,
+                recording(request.run_id, request.delegation_id, self._recordings),
+            ):
                 outcome = await self._run(request, conversation_id, opening, queue)
                 log.info("delegation %s %s", request.delegation_id, _outcome_label(outcome))
                 span.set_attribute("quarry.delegation.outcome", _outcome_label(outcome))

@@ -6,8 +6,10 @@ import sqlalchemy as sa
 
 from quarry.agent.conversation import metadata_with_conversations
 from quarry.db import UTCDateTime, json_type
+from quarry.recording import add_recording_tables
 
 metadata = metadata_with_conversations()
+add_recording_tables(metadata)
 
 delegations = sa.Table(
     "worker_delegations",

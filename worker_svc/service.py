@@ -19,6 +19,8 @@ from quarry.config import ModelTier, QuarrySettings, SupervisorSettings, WorkerS
 from quarry.identity import MeshRole, Principal
 from quarry.mesh_auth import Access
 from quarry.migrations import open_migrated_database
+from quarry.recording import Recordings, RecordingStore, RecordingTransport
+from quarry.replay.qrun import WORKER_ANSWER_SETTINGS, replayed_settings
 from quarry.research_plane import ResearchPlane
 from quarry.server import ServiceHost, ServiceRegistration, service_host
 from quarry.v1 import worker_pb2, worker_pb2_grpc
@@ -44,6 +46,7 @@ SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
 ACCESS: Access = {
     "Delegate": frozenset({MeshRole.SUPERVISOR}),
     "GetDelegation": frozenset({MeshRole.SUPERVISOR}),
+    "ExportRecording": frozenset({MeshRole.SUPERVISOR}),
 }
 
 
@@ -77,7 +80,9 @@ async def build_host(
     embedding = EmbeddingSettings.for_worker(settings, common)
     embedder = None if embedding is None else Embedder(embedding)
     corpus = Corpus(Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db", embedder)
-    search_http = httpx.AsyncClient(timeout=settings.search_seconds)
+    search_http = httpx.AsyncClient(
+        timeout=settings.search_seconds, transport=RecordingTransport(httpx.AsyncHTTPTransport())
+    )
     policy = AddressPolicy(allow=tuple(entry.strip() for entry in settings.fetch_allow.split(",") if entry.strip()))
     web = guarded_client(policy)
     # One page cache for the process: pages are public, what each delegation read is tracked per context.
@@ -116,6 +121,7 @@ async def build_host(
         conversations=ConversationStore(database),
         delegations=DelegationStore(database, worker_id=settings.id or default_worker_id()),
         context_for=context_for,
+        recordings=Recordings(RecordingStore(database), replayed_settings(settings, WORKER_ANSWER_SETTINGS)),
         limits=WorkerLimits(
             max_concurrent=settings.max_concurrent_delegations,
             default_timeout_seconds=settings.default_timeout_seconds,

@@ -16,6 +16,7 @@ from quarry.convert import (
     timestamp,
 )
 from quarry.errors import NotFound
+from quarry.replay import qrun
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from quarry.vocabulary import Tier
 from worker_svc.delegations import DelegationRequest, DelegationState, Event, Progress, Started
@@ -95,6 +96,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         events = await self._worker.delegate(request_from_proto(request))
         async for event in events:
             yield event_to_proto(event)
+
+    async def ExportRecording(
+        self, request: worker_pb2.ExportRecordingRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[worker_pb2.ExportRecordingResponse]:
+        async for piece in qrun.chunked_async(self._worker.recording_lines(request.run_id)):
+            yield worker_pb2.ExportRecordingResponse(chunk=piece)
 
     async def GetDelegation(
         self, request: worker_pb2.GetDelegationRequest, context: grpc.aio.ServicerContext[Any, Any]

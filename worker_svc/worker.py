@@ -20,6 +20,8 @@ from quarry.agent.messages import Message, system, user
 from quarry.agent.model import ModelClient
 from quarry.errors import ErrorReason, FailedPrecondition, ResourceExhausted, Unavailable
 from quarry.lease import LeaseKeeper, LeaseTerms
+from quarry.recording import Recordings
+from quarry.replay import qrun
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Tier
 from worker_svc.delegations import DelegationRecord, DelegationRequest, Event, Started
 from worker_svc.execution import DelegationRunner, task_message, tier_of
@@ -55,8 +57,10 @@ class Worker:
         delegations: DelegationStore,
         context_for: Callable[[DelegationRequest], DelegationContext],
         limits: WorkerLimits,
+        recordings: Recordings | None = None,
     ) -> None:
         self._models = models
+        self._recordings = recordings
         self._delegations = delegations
         self._limits = limits
         self._runner = DelegationRunner(
@@ -67,6 +71,7 @@ class Worker:
             default_timeout_seconds=limits.default_timeout_seconds,
             context_tokens=limits.context_tokens,
             compute=limits.compute,
+            recordings=recordings,
         )
         self._running: dict[str, asyncio.Task[DelegationResult]] = {}
         self._admitting = 0
@@ -89,6 +94,17 @@ class Worker:
     async def get(self, delegation_id: str) -> DelegationRecord | None:
         ids.DELEGATION_ID.require("delegation_id", delegation_id)
         return await self._delegations.get(delegation_id)
+
+    async def recording_lines(self, run_id: str) -> AsyncIterator[bytes]:
+        """What this worker recorded for a run's delegations, as .qrun lines: its settings, then the exchanges
+        and their bodies."""
+        ids.RUN_REFERENCE.require("run_id", run_id)
+        if self._recordings is None:
+            return
+        yield qrun.line("worker", settings=dict(self._recordings.settings))
+        exchanges, bodies = await self._recordings.store.read(run_id)
+        for text in qrun.recording_lines(exchanges, bodies):
+            yield text
 
     async def delegate(self, request: DelegationRequest) -> AsyncIterator[Event]:
         """Check the request, then return its event stream; the stream's last event is its DelegationResult."""

@@ -45,6 +45,7 @@ from quarry.agent.pool import PooledTransport, environment_proxy
 from quarry.agent.reply import AssembledReply
 from quarry.agent.sse import Events, StreamError, error_message, error_text
 from quarry.agent.usage import Usage
+from quarry.recording import RecordingTransport
 from quarry.telemetry import meter, tracer
 
 if TYPE_CHECKING:
@@ -194,11 +195,13 @@ class ModelClient:
         # httpx's timeout bounds each step (connect, each read, each write): the idle limit; the total
         # deadline is _complete's.
         limits = httpx.Limits(max_connections=_MAX_CONNECTIONS, max_keepalive_connections=_MAX_CONNECTIONS)
+        # Every call passes the run's recording (quarry.recording); through a proxy from the environment,
+        # httpx's own mounts send it instead, unrecorded.
         self._transport = None if environment_proxy() else PooledTransport(limits)
         self._client = httpx.AsyncClient(
             timeout=settings.idle_timeout,
             limits=limits,
-            transport=self._transport,
+            transport=RecordingTransport(self._transport or httpx.AsyncHTTPTransport(limits=limits)),
             headers={"authorization": f"Bearer {settings.api_key}", "accept": "application/json"},
         )
 

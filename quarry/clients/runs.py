@@ -58,6 +58,12 @@ class RunsClient(ApiClient):
         response: supervisor_pb2.GetRunResponse = await self._retry.call(self._stub.GetRun, request)
         return response.run
 
+    async def export_run(self, run_id: str) -> AsyncIterator[bytes]:
+        """The run's recording, a .qrun file, in pieces to write out in order (see `quarry runs export`)."""
+        call = self._stub.ExportRun(supervisor_pb2.ExportRunRequest(run_id=run_id))
+        async for response in call:
+            yield response.chunk
+
     async def list_runs(
         self,
         *,

@@ -70,6 +70,11 @@ class SupervisorServiceStub:
                 request_serializer=quarry_dot_v1_dot_supervisor__pb2.RejectRunRequest.SerializeToString,
                 response_deserializer=quarry_dot_v1_dot_supervisor__pb2.RejectRunResponse.FromString,
                 _registered_method=True)
+        self.ExportRun = channel.unary_stream(
+                '/quarry.v1.SupervisorService/ExportRun',
+                request_serializer=quarry_dot_v1_dot_supervisor__pb2.ExportRunRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_supervisor__pb2.ExportRunResponse.FromString,
+                _registered_method=True)
 
 
 class SupervisorServiceServicer:
@@ -126,6 +131,17 @@ class SupervisorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportRun(self, request, context):
+        """Writes a run's recording as one portable file, in pieces: what it was asked, its events, how it
+        ended, and every HTTP exchange its agents made (model calls, searches, fetched pages), with each
+        body once by its SHA-256. The pieces, concatenated in order, are a .qrun file (JSON lines, format
+        version 1, documented in docs/replay.md) that `quarry runs replay` re-executes with no model and
+        no network. A run that has not ended is FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SupervisorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +179,11 @@ def add_SupervisorServiceServicer_to_server(servicer, server):
                     servicer.RejectRun,
                     request_deserializer=quarry_dot_v1_dot_supervisor__pb2.RejectRunRequest.FromString,
                     response_serializer=quarry_dot_v1_dot_supervisor__pb2.RejectRunResponse.SerializeToString,
+            ),
+            'ExportRun': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportRun,
+                    request_deserializer=quarry_dot_v1_dot_supervisor__pb2.ExportRunRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_supervisor__pb2.ExportRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -355,6 +376,33 @@ class SupervisorService:
             '/quarry.v1.SupervisorService/RejectRun',
             quarry_dot_v1_dot_supervisor__pb2.RejectRunRequest.SerializeToString,
             quarry_dot_v1_dot_supervisor__pb2.RejectRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/quarry.v1.SupervisorService/ExportRun',
+            quarry_dot_v1_dot_supervisor__pb2.ExportRunRequest.SerializeToString,
+            quarry_dot_v1_dot_supervisor__pb2.ExportRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,13 @@ class SupervisorServiceStub:
     """Rejects a run in RUN_STATE_AWAITING_APPROVAL: it ends failed, with RUN_ERROR_CODE_REJECTED and
     the reason given. Rejecting a run already rejected returns it.
     """
+    ExportRun: _grpc.UnaryStreamMultiCallable[_supervisor_pb2.ExportRunRequest, _supervisor_pb2.ExportRunResponse]
+    """Writes a run's recording as one portable file, in pieces: what it was asked, its events, how it
+    ended, and every HTTP exchange its agents made (model calls, searches, fetched pages), with each
+    body once by its SHA-256. The pieces, concatenated in order, are a .qrun file (JSON lines, format
+    version 1, documented in docs/replay.md) that `quarry runs replay` re-executes with no model and
+    no network. A run that has not ended is FAILED_PRECONDITION.
+    """
 
 @_typing.type_check_only
 class SupervisorServiceAsyncStub(SupervisorServiceStub):
@@ -74,6 +81,13 @@ class SupervisorServiceAsyncStub(SupervisorServiceStub):
     RejectRun: _aio.UnaryUnaryMultiCallable[_supervisor_pb2.RejectRunRequest, _supervisor_pb2.RejectRunResponse]  # type: ignore[assignment]
     """Rejects a run in RUN_STATE_AWAITING_APPROVAL: it ends failed, with RUN_ERROR_CODE_REJECTED and
     the reason given. Rejecting a run already rejected returns it.
+    """
+    ExportRun: _aio.UnaryStreamMultiCallable[_supervisor_pb2.ExportRunRequest, _supervisor_pb2.ExportRunResponse]  # type: ignore[assignment]
+    """Writes a run's recording as one portable file, in pieces: what it was asked, its events, how it
+    ended, and every HTTP exchange its agents made (model calls, searches, fetched pages), with each
+    body once by its SHA-256. The pieces, concatenated in order, are a .qrun file (JSON lines, format
+    version 1, documented in docs/replay.md) that `quarry runs replay` re-executes with no model and
+    no network. A run that has not ended is FAILED_PRECONDITION.
     """
 
 class SupervisorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -137,6 +151,19 @@ class SupervisorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_supervisor_pb2.RejectRunResponse, _abc.Awaitable[_supervisor_pb2.RejectRunResponse]]:
         """Rejects a run in RUN_STATE_AWAITING_APPROVAL: it ends failed, with RUN_ERROR_CODE_REJECTED and
         the reason given. Rejecting a run already rejected returns it.
+        """
+
+    @_abc_1.abstractmethod
+    def ExportRun(
+        self,
+        request: _supervisor_pb2.ExportRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_supervisor_pb2.ExportRunResponse], _abc.AsyncIterator[_supervisor_pb2.ExportRunResponse]]:
+        """Writes a run's recording as one portable file, in pieces: what it was asked, its events, how it
+        ended, and every HTTP exchange its agents made (model calls, searches, fetched pages), with each
+        body once by its SHA-256. The pieces, concatenated in order, are a .qrun file (JSON lines, format
+        version 1, documented in docs/replay.md) that `quarry runs replay` re-executes with no model and
+        no network. A run that has not ended is FAILED_PRECONDITION.
         """
 
 def add_SupervisorServiceServicer_to_server(servicer: SupervisorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

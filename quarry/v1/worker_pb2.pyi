@@ -457,6 +457,45 @@ class Delegation(_message.Message):
 Global___Delegation: _TypeAlias = Delegation  # noqa: Y015
 
 @_typing.final
+class ExportRecordingRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportRecordingRequest: _TypeAlias = ExportRecordingRequest  # noqa: Y015
+
+@_typing.final
+class ExportRecordingResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHUNK_FIELD_NUMBER: _builtins.int
+    chunk: _builtins.bytes
+    """The next piece: whole .qrun lines ("exchange" and "blob" records)."""
+    def __init__(
+        self,
+        *,
+        chunk: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportRecordingResponse: _TypeAlias = ExportRecordingResponse  # noqa: Y015
+
+@_typing.final
 class GetDelegationRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -46,6 +46,11 @@ class WorkerServiceStub:
                 request_serializer=quarry_dot_v1_dot_worker__pb2.GetDelegationRequest.SerializeToString,
                 response_deserializer=quarry_dot_v1_dot_worker__pb2.GetDelegationResponse.FromString,
                 _registered_method=True)
+        self.ExportRecording = channel.unary_stream(
+                '/quarry.v1.WorkerService/ExportRecording',
+                request_serializer=quarry_dot_v1_dot_worker__pb2.ExportRecordingRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_worker__pb2.ExportRecordingResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -70,6 +75,14 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportRecording(self, request, context):
+        """Returns what this worker recorded for a run's delegations (model calls, searches, fetched pages,
+        and their bodies by SHA-256), as .qrun lines for the supervisor's ExportRun, in pieces.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -82,6 +95,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.GetDelegation,
                     request_deserializer=quarry_dot_v1_dot_worker__pb2.GetDelegationRequest.FromString,
                     response_serializer=quarry_dot_v1_dot_worker__pb2.GetDelegationResponse.SerializeToString,
+            ),
+            'ExportRecording': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportRecording,
+                    request_deserializer=quarry_dot_v1_dot_worker__pb2.ExportRecordingRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_worker__pb2.ExportRecordingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -140,6 +158,33 @@ class WorkerService:
             '/quarry.v1.WorkerService/GetDelegation',
             quarry_dot_v1_dot_worker__pb2.GetDelegationRequest.SerializeToString,
             quarry_dot_v1_dot_worker__pb2.GetDelegationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportRecording(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/quarry.v1.WorkerService/ExportRecording',
+            quarry_dot_v1_dot_worker__pb2.ExportRecordingRequest.SerializeToString,
+            quarry_dot_v1_dot_worker__pb2.ExportRecordingResponse.FromString,
             options,
             channel_credentials,
             insecure,

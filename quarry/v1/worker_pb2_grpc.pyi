@@ -43,6 +43,10 @@ class WorkerServiceStub:
     """
     GetDelegation: _grpc.UnaryUnaryMultiCallable[_worker_pb2.GetDelegationRequest, _worker_pb2.GetDelegationResponse]
     """Returns the recorded state of a delegation."""
+    ExportRecording: _grpc.UnaryStreamMultiCallable[_worker_pb2.ExportRecordingRequest, _worker_pb2.ExportRecordingResponse]
+    """Returns what this worker recorded for a run's delegations (model calls, searches, fetched pages,
+    and their bodies by SHA-256), as .qrun lines for the supervisor's ExportRun, in pieces.
+    """
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
@@ -59,6 +63,10 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     """
     GetDelegation: _aio.UnaryUnaryMultiCallable[_worker_pb2.GetDelegationRequest, _worker_pb2.GetDelegationResponse]  # type: ignore[assignment]
     """Returns the recorded state of a delegation."""
+    ExportRecording: _aio.UnaryStreamMultiCallable[_worker_pb2.ExportRecordingRequest, _worker_pb2.ExportRecordingResponse]  # type: ignore[assignment]
+    """Returns what this worker recorded for a run's delegations (model calls, searches, fetched pages,
+    and their bodies by SHA-256), as .qrun lines for the supervisor's ExportRun, in pieces.
+    """
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     """Runs bounded research agents. Each delegation gets a fresh private
@@ -84,5 +92,15 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_worker_pb2.GetDelegationResponse, _abc.Awaitable[_worker_pb2.GetDelegationResponse]]:
         """Returns the recorded state of a delegation."""
+
+    @_abc_1.abstractmethod
+    def ExportRecording(
+        self,
+        request: _worker_pb2.ExportRecordingRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_worker_pb2.ExportRecordingResponse], _abc.AsyncIterator[_worker_pb2.ExportRecordingResponse]]:
+        """Returns what this worker recorded for a run's delegations (model calls, searches, fetched pages,
+        and their bodies by SHA-256), as .qrun lines for the supervisor's ExportRun, in pieces.
+        """
 
 def add_WorkerServiceServicer_to_server(servicer: WorkerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -210,9 +210,7 @@ class Delegator:
         await self._publisher.delegation_ended(result, self._account.usage())
         return result
 
-    def _order(
-        self, contract: Contract, key: str, delegation_id: str, ways: int, *, resumed: bool
-    ) -> DelegationOrder:
+    def _order(self, contract: Contract, key: str, delegation_id: str, ways: int, *, resumed: bool) -> DelegationOrder:
         left = self._deadline - time.monotonic()
         return DelegationOrder(
             delegation_id=delegation_id,

@@ -30,6 +30,7 @@ from quarry.agent.messages import Message, ToolCall, system, user
 from quarry.agent.model import ModelClient, ProviderError
 from quarry.errors import DatabaseUnavailable, Unavailable
 from quarry.identity import Principal, Role
+from quarry.recording import SUPERVISOR_SCOPE, Recordings, recording
 from quarry.research_plane import ResearchPlane
 from quarry.telemetry import tracer
 from quarry.vocabulary import Entry, EntryKind
@@ -118,6 +119,8 @@ class RunDependencies:
     database_wait_seconds: float = 600.0  # how long a run waits out its database's outage
     # Renews the run's lease for this process; False when another process holds the run now.
     reclaim: Callable[[str], Awaitable[bool]] | None = None
+    # Where the run's own HTTP exchanges (its model calls) are recorded for replay; None: not recorded.
+    recordings: Recordings | None = None
 
 
 class _Observer(LoopObserver):
@@ -183,7 +186,10 @@ class ResearchRun:
         """Run to exactly one terminal event (unless the run already ended elsewhere). `resumed`: the run was
         begun by another process, which stopped; it goes on from what that one recorded."""
         attributes = {"quarry.run_id": self.run_id, "quarry.scratchpad_thread_id": self.record.scratchpad_thread_id}
-        with tracer.start_as_current_span("research run", attributes=attributes):
+        with (
+            tracer.start_as_current_span("research run", attributes=attributes),
+            recording(self.run_id, SUPERVISOR_SCOPE, self._deps.recordings),
+        ):
             log.info("run %s %s", self.run_id, "taken up again" if resumed else "started")
             note = TAKEN_UP_NOTE
             for _ in range(_MAX_DATABASE_WAITS):

@@ -14,8 +14,9 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from quarry import ids
 from quarry.api_auth import current_principal_name
@@ -29,6 +30,7 @@ from quarry.errors import (
     ResourceExhausted,
 )
 from quarry.notify import CommitSignal
+from quarry.replay.qrun import first_time, recording_lines
 from supervisor_svc.hosting.host import Host, HostLimits, Tenant
 from supervisor_svc.hosting.store import StoredEvent
 from supervisor_svc.runs.domain import (
@@ -47,6 +49,16 @@ log = logging.getLogger(__name__)
 
 # Bounds on what CancelRun, ApproveRun and RejectRun keep with the run.
 _MAX_NOTE_CHARS = 1000
+
+
+@dataclass(frozen=True)
+class RunExport:
+    record: RunRecord
+    events: list[StoredEvent]
+    # The supervisor's settings that shape a run's answers.
+    settings: dict[str, Any]
+    # The run's recorded exchanges and their bodies, the supervisor's and each worker's, as .qrun lines.
+    recording: AsyncIterator[bytes]
 
 
 class Supervisor:
@@ -105,6 +117,27 @@ class Supervisor:
         if record is None:
             raise NotFound("run", run_id, field="run_id")
         return record
+
+    async def export(self, run_id: str) -> RunExport:
+        """Everything needed to replay an ended run: its record, its events, and what it recorded."""
+        record = await self.get(run_id)
+        if not record.state.ended:
+            raise FailedPrecondition(f"run {run_id} is {record.state.value}: a run is exported once it has ended")
+        events = [stored async for stored in await self.events(run_id, 0)]
+        recordings = self._deps.recordings
+        settings = dict(recordings.settings) if recordings is not None else {}
+        return RunExport(record, events, settings, self._recording_lines(run_id))
+
+    async def _recording_lines(self, run_id: str) -> AsyncIterator[bytes]:
+        seen: set[bytes] = set()
+        if self._deps.recordings is not None:
+            exchanges, bodies = await self._deps.recordings.store.read(run_id)
+            for text in recording_lines(exchanges, bodies):
+                if first_time(seen, text):
+                    yield text
+        async for text in self._deps.delegations.recordings(run_id):
+            if first_time(seen, text):
+                yield text
 
     async def list_runs(self, page_size: int, page_token: str, state: RunState | None) -> tuple[list[RunRecord], str]:
         return await self._store.list_runs(page_size, page_token, state)

@@ -6,8 +6,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from quarry.convert import EnumMap, duration, duration_seconds, timestamp
+from quarry.replay import qrun
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
 from supervisor_svc.runs.domain import VERIFICATION_OFF, VERIFICATION_ON, RunOptions, RunRecord, RunState, StartRequest
 from supervisor_svc.runs.events import (
@@ -119,6 +121,23 @@ class SupervisorServicer(supervisor_pb2_grpc.SupervisorServiceServicer):
         await context.send_initial_metadata(())  # the stream is live: a client may now rely on it
         async for stored in stream:
             yield supervisor_pb2.StreamRunResponse(event=supervisor_pb2.RunEvent.FromString(stored.payload))
+
+    async def ExportRun(
+        self, request: supervisor_pb2.ExportRunRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[supervisor_pb2.ExportRunResponse]:
+        export = await self._supervisor.export(request.run_id)
+        opening = [
+            qrun.header_line(export.record.run_id, export.settings),
+            qrun.line("run", run=json_format.MessageToDict(run_to_proto(export.record))),
+            *(
+                qrun.line("event", event=json_format.MessageToDict(supervisor_pb2.RunEvent.FromString(stored.payload)))
+                for stored in export.events
+            ),
+        ]
+        for piece in qrun.chunked(opening):
+            yield supervisor_pb2.ExportRunResponse(chunk=piece)
+        async for piece in qrun.chunked_async(export.recording):
+            yield supervisor_pb2.ExportRunResponse(chunk=piece)
 
     async def GetRun(
         self, request: supervisor_pb2.GetRunRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -25,13 +25,15 @@ import inspect
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
 
 from quarry.clients.channels import Dialer
 from quarry.convert import ROLES, TIERS, delegation_result_from_proto, duration
+from quarry.errors import Unavailable
+from quarry.replay.qrun import lines_of
 from quarry.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from quarry.vocabulary import DelegationResult, Tier
 from supervisor_svc.runs.domain import DelegationOrder
@@ -46,6 +48,8 @@ RECONNECT_WAIT_SECONDS = 10.0
 RESUME_WAIT_SECONDS = 60.0
 # How long finding the worker that has a delegation may take, each worker asked at once.
 _LOCATE_SECONDS = 3.0
+# How long a worker may take to give its recording of one run.
+_EXPORT_SECONDS = 120.0
 
 EventListener = Callable[[worker_pb2.DelegateResponse], Awaitable[None] | None]
 # Told each worker turn as it starts: (turn, max_turns, the id of the worker running it).
@@ -120,6 +124,20 @@ class DelegationClient:
         self._turn = itertools.cycle(range(len(self._stubs)))
         self._reconnect_wait = reconnect_wait
         self._served: set[int] = set()  # targets that have answered a delegation
+
+    async def recordings(self, run_id: str) -> AsyncIterator[bytes]:
+        """What each worker target recorded for the run's delegations, as .qrun lines. A target that does not
+        answer fails the export (UNAVAILABLE): a recording without its exchanges would not replay."""
+        for target, stub in zip(self._targets, self._stubs, strict=True):
+            try:
+                pieces = stub.ExportRecording(worker_pb2.ExportRecordingRequest(run_id=run_id), timeout=_EXPORT_SECONDS)
+                async for text in lines_of(response.chunk async for response in pieces):
+                    yield text
+            except grpc.aio.AioRpcError as error:
+                raise Unavailable(
+                    f"worker {target} did not give its recording of run {run_id} "
+                    f"({error.code().name}: {error.details()}); export again once it answers"
+                ) from error
 
     async def close(self) -> None:
         for channel in self._channels:

@@ -24,6 +24,8 @@ from typing import Any
 import httpcore
 import httpx
 
+from quarry.recording import RecordingTransport
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
@@ -140,7 +142,8 @@ class GuardedTransport(httpx.AsyncHTTPTransport):
 
 def guarded_client(policy: AddressPolicy, *, timeout: float = 20.0, max_redirects: int = 5) -> httpx.AsyncClient:
     return httpx.AsyncClient(
-        transport=GuardedTransport(policy),
+        # Recorded inside a run's scope, and answered from the recording during a replay (quarry.recording).
+        transport=RecordingTransport(GuardedTransport(policy)),
         follow_redirects=True,
         max_redirects=max_redirects,
         timeout=timeout,
