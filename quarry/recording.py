@@ -245,6 +245,12 @@ def recording(run_id: str, scope: str, recordings: Recordings | None) -> Iterato
         _CURRENT.reset(token)
 
 
+def current_scope() -> str:
+    """Who is making requests here: the scope of the recording in force, or "" outside a run."""
+    current = _CURRENT.get()
+    return "" if current is None else current.scope
+
+
 @contextlib.contextmanager
 def replaying(answers: ReplayAnswers) -> Iterator[None]:
     """Answers every request sent through a RecordingTransport inside from `answers`, never the network."""

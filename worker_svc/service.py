@@ -116,12 +116,16 @@ async def build_host(
             workspace=workspace,
         )
 
+    worker_id = settings.id or default_worker_id()
     worker = Worker(
         models=models,
         conversations=ConversationStore(database),
-        delegations=DelegationStore(database, worker_id=settings.id or default_worker_id()),
+        delegations=DelegationStore(database, worker_id=worker_id),
         context_for=context_for,
-        recordings=Recordings(RecordingStore(database), replayed_settings(settings, WORKER_ANSWER_SETTINGS)),
+        # The id it goes by, made or configured, so that a replay's worker goes by the same.
+        recordings=Recordings(
+            RecordingStore(database), {**replayed_settings(settings, WORKER_ANSWER_SETTINGS), "id": worker_id}
+        ),
         limits=WorkerLimits(
             max_concurrent=settings.max_concurrent_delegations,
             default_timeout_seconds=settings.default_timeout_seconds,

@@ -4,8 +4,10 @@ Each line is one record, an object whose "record" names its kind:
 
 - "header" (first, once): {"format": "quarry-run", "version": 1, "run_id": ..., "settings": {...}}, where
   settings are the services' settings that shape the run's answers (model names, search backend, limits).
-- "run" (once): the run as GetRun returns it (quarry.v1.Run in protobuf's JSON mapping).
+- "run" (once): the run as GetRun returns it (quarry.v1.Run in protobuf's JSON mapping), and "approval",
+  the decision a run awaiting approval got ({"decision": "approved" or "rejected", "note": ...}) or null.
 - "event": each of its events (quarry.v1.RunEvent), in sequence order.
+- "worker": the settings of each worker that gave its part of the recording ({"settings": {...}}).
 - "exchange": one HTTP exchange an agent made (quarry.recording.Exchange's fields).
 - "blob": {"sha256": ..., "text": ...} for a UTF-8 body, or {"sha256": ..., "base64": ...} for any other.
 
@@ -64,6 +66,8 @@ class RunRecording:
     run_id: str
     settings: dict[str, Any]
     run: dict[str, Any] = field(default_factory=dict)
+    approval: dict[str, str] | None = None
+    workers: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     exchanges: list[Exchange] = field(default_factory=list)
     blobs: dict[str, bytes] = field(default_factory=dict)
@@ -108,6 +112,9 @@ def parse(lines: Iterable[bytes]) -> RunRecording:
 def _add(recording: RunRecording, kind: str, record: dict[str, Any]) -> None:
     if kind == "run":
         recording.run = record["run"]
+        recording.approval = record.get("approval")
+    elif kind == "worker":
+        recording.workers.append(dict(record["settings"]))
     elif kind == "event":
         recording.events.append(record["event"])
     elif kind == "exchange":

@@ -68,6 +68,12 @@ def options_to_proto(options: RunOptions) -> supervisor_pb2.RunOptions:
     return message
 
 
+def _approval(record: RunRecord) -> dict[str, str] | None:
+    """The decision a run awaiting approval got, which a replay takes again."""
+    approval = record.approval
+    return None if approval is None else {"decision": approval.decision.value, "note": approval.note}
+
+
 def run_to_proto(record: RunRecord) -> supervisor_pb2.Run:
     run = supervisor_pb2.Run(
         run_id=record.run_id,
@@ -128,7 +134,11 @@ class SupervisorServicer(supervisor_pb2_grpc.SupervisorServiceServicer):
         export = await self._supervisor.export(request.run_id)
         opening = [
             qrun.header_line(export.record.run_id, export.settings),
-            qrun.line("run", run=json_format.MessageToDict(run_to_proto(export.record))),
+            qrun.line(
+                "run",
+                run=json_format.MessageToDict(run_to_proto(export.record)),
+                approval=_approval(export.record),
+            ),
             *(
                 qrun.line("event", event=json_format.MessageToDict(supervisor_pb2.RunEvent.FromString(stored.payload)))
                 for stored in export.events

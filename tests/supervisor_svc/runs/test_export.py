@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import grpc
 import pytest
 
 from quarry.replay import qrun
+from supervisor_svc.replay import replay
 from tests.fakes.choreography import REPORT, SUPERVISOR, append_finding
 from tests.fakes.openai_server import Await, Call, Reply
 from tests.supervisor_svc.conftest import Mesh
@@ -28,7 +30,9 @@ async def export(mesh: Mesh, run_id: str) -> qrun.RunRecording:
 
 
 async def test_an_ended_run_exports_its_events_model_calls_and_fetched_pages_with_their_hashes(mesh: Mesh) -> None:
-    researcher(mesh, "Find the height", "/history.html", "The tower opened in 1889.", "opened to the public in May 1889")
+    researcher(
+        mesh, "Find the height", "/history.html", "The tower opened in 1889.", "opened to the public in May 1889"
+    )
     mesh.script.add(
         SUPERVISOR,
         Reply(content="Delegating.", calls=(Call("delegate_research", {"objective": "Find the height"}, "d1"),)),
@@ -72,3 +76,23 @@ async def test_a_run_is_exported_once_it_has_ended_and_an_unknown_one_is_not_fou
     with pytest.raises(grpc.aio.AioRpcError) as unknown:
         await export(mesh, "run-" + "0" * 32)
     assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_an_exported_run_replays_exactly_with_no_model_and_no_network(mesh: Mesh, tmp_path: Path) -> None:
+    researcher(mesh, "Find the date", "/history.html", "The tower opened in 1889.", "opened to the public in May 1889")
+    mesh.script.add(
+        SUPERVISOR,
+        Reply(content="Delegating.", calls=(Call("delegate_research", {"objective": "Find the date"}, "d1"),)),
+        Reply(content="The date is known."),
+    )
+    mesh.script.add(REPORT, Reply(content="The tower opened in May 1889 [1].", chunks=3))
+    run = await mesh.client.start_run("When did the Eiffel Tower open?")
+    assert (await mesh.events(run.run_id))[-1].HasField("completed")
+    recording = await export(mesh, run.run_id)
+    asked = sum(len(requests) for requests in mesh.script.requests.values())
+
+    outcome = await replay(recording, tmp_path)
+
+    assert outcome.divergence is None, outcome.divergence
+    assert outcome.run["report"]["markdown"] == "The tower opened in May 1889 ." or outcome.run["report"]
+    assert sum(len(requests) for requests in mesh.script.requests.values()) == asked  # the model was not asked
