@@ -30,9 +30,7 @@ async def export(mesh: Mesh, run_id: str) -> qrun.RunRecording:
 
 
 async def test_an_ended_run_exports_its_events_model_calls_and_fetched_pages_with_their_hashes(mesh: Mesh) -> None:
-    researcher(
-        mesh, "Find the height", "/history.html", "The tower opened in 1889.", "opened to the public in May 1889"
-    )
+    researcher(mesh, "Find the height", "/history.html", "The tower opened in 1889.", "to the public in May 1889")
     mesh.script.add(
         SUPERVISOR,
         Reply(content="Delegating.", calls=(Call("delegate_research", {"objective": "Find the height"}, "d1"),)),
