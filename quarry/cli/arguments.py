@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-revision-rounds", type=int, default=0, help="rounds revising sentences objected to (default 2)"
     )
 
-    runs = commands.add_parser("runs", help="list research runs, show one, approve or reject one")
+    runs = commands.add_parser("runs", help="list research runs, show one, approve or reject one, export or replay one")
     runs_commands = runs.add_subparsers(dest="runs_command", required=True)
     runs_list = runs_commands.add_parser("list", parents=[data_dir], help="the newest runs")
     runs_list.add_argument(
@@ -165,6 +165,25 @@ def build_parser() -> argparse.ArgumentParser:
     runs_reject.add_argument("--reason", required=True, help="why: the run's error message")
     runs_reject.add_argument("--json", action="store_true")
     runs_reject.add_argument("--address", help=address_help)
+    runs_export = runs_commands.add_parser(
+        "export",
+        parents=[data_dir],
+        help="write an ended run's recording (a .qrun file) to standard output",
+        description="Writes everything needed to replay an ended run: its question and options, its events, and "
+        "every model call, search and fetched page its agents made, with their bodies by SHA-256. "
+        "Example: quarry runs export RUN_ID > run.qrun",
+    )
+    runs_export.add_argument("run_id")
+    runs_export.add_argument("--address", help=address_help)
+    runs_replay = runs_commands.add_parser(
+        "replay",
+        help="re-execute a recorded run with no model and no network, and report where it first differs",
+        description="Runs the recorded run again in a private mesh in this process, answering every model call, "
+        "search and fetch from the recording, and compares its events, report and verification with the "
+        "recorded ones. Exits 0 when the replay is exact, 1 at its first divergence (named by the recorded "
+        "step, message or event), 2 when the file cannot be read.",
+    )
+    runs_replay.add_argument("file", help="a .qrun file written by `quarry runs export`")
 
     supervisor_address = argparse.ArgumentParser(add_help=False)
     supervisor_address.add_argument("--address", help=address_help)

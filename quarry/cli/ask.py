@@ -303,6 +303,18 @@ async def list_runs(supervisor: Supervisor, state: str, limit: int, *, as_json: 
     return 0
 
 
+async def export_run(supervisor: Supervisor, run_id: str) -> int:
+    """Writes the run's .qrun recording to standard output as it arrives."""
+    if sys.stdout.isatty():
+        print("quarry: a recording is a file: redirect it, e.g. quarry runs export RUN_ID > run.qrun", file=sys.stderr)
+        return EXIT_FAILED
+    async with supervisor.connect() as client:
+        async for piece in client.export_run(run_id):
+            sys.stdout.buffer.write(piece)
+    sys.stdout.buffer.flush()
+    return 0
+
+
 async def show_run(supervisor: Supervisor, run_id: str, *, as_json: bool) -> int:
     async with supervisor.connect() as client:
         run = await client.get_run(run_id)

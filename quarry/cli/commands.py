@@ -137,7 +137,11 @@ def _ask(args: argparse.Namespace, common: QuarrySettings) -> int:
 def _runs(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.cli import ask
 
+    if args.runs_command == "replay":  # no service: the replay brings its own mesh
+        return SERVICES["supervisor"].command("replay")(args)
     supervisor = _supervisor(args, common)
+    if args.runs_command == "export":
+        return ask.run_client_command(ask.export_run(supervisor, args.run_id))
     if args.runs_command == "list":
         return ask.run_client_command(ask.list_runs(supervisor, args.state or "", args.limit, as_json=args.json))
     if args.runs_command == "approve":

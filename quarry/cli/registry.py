@@ -110,7 +110,7 @@ SERVICES: dict[str, ServiceSpec] = {
         },
         migrations=_migrations("supervisor_svc"),
         mesh_role=MeshRole.SUPERVISOR,
-        commands={"keys": "supervisor_svc.access.command:run"},
+        commands={"keys": "supervisor_svc.access.command:run", "replay": "supervisor_svc.replay:run"},
     ),
 }
 

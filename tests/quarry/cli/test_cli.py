@@ -46,7 +46,9 @@ async def finish(process: asyncio.subprocess.Process) -> tuple[int, str]:
     return process.returncode, output.decode()
 
 
-async def test_ask_json_prints_one_event_per_line_and_runs_list_and_show_find_the_run(mesh: Mesh) -> None:
+async def test_ask_json_prints_one_event_per_line_and_runs_list_show_export_and_replay_find_the_run(
+    mesh: Mesh, tmp_path: Path
+) -> None:
     mesh.script.add(SUPERVISOR, Reply(content="Nothing to delegate."))
     mesh.script.add(REPORT, Reply(content="The answer is **42**."))
     code, output = await finish(
@@ -63,6 +65,15 @@ async def test_ask_json_prints_one_event_per_line_and_runs_list_and_show_find_th
     assert code == 0 and "The answer is 42." in shown
     code, missing = await finish(await quarry("runs", "show", "run-" + "0" * 32, "--address", mesh.supervisor.address))
     assert code == 1 and "NOT_FOUND" in missing and "Traceback" not in missing
+    # Exported to a file, the run replays exactly, with no model: the scripted one has nothing left to say.
+    code, exported = await finish(await quarry("runs", "export", run_id, "--address", mesh.supervisor.address))
+    assert code == 0 and exported.startswith('{"record":"header","format":"quarry-run","version":1'), exported[:200]
+    recording = tmp_path / "run.qrun"
+    recording.write_text(exported)
+    code, replayed = await finish(await quarry("runs", "replay", str(recording)))
+    assert code == 0 and f"replayed {run_id} exactly" in replayed, replayed
+    code, unreadable = await finish(await quarry("runs", "replay", str(tmp_path / "missing.qrun")))
+    assert code == 2 and "cannot read" in unreadable and "Traceback" not in unreadable
 
 
 async def test_ask_and_runs_show_say_when_a_report_rests_on_no_source(mesh: Mesh) -> None:
