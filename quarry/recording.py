@@ -208,9 +208,14 @@ def referenced_blobs(exchange: Exchange) -> list[str]:
 
 
 class ReplayAnswers(Protocol):
-    """Where a replay's requests are answered: quarry.replay.ReplaySource."""
+    """Where a replay's requests are answered, and its scratchpad appends ordered: quarry.replay.ReplaySource."""
 
     async def answer(self, request: httpx.Request, body: bytes) -> httpx.Response: ...
+
+    async def before_append(self, author: str, kind: str, content: str) -> None:
+        """Waits (a bounded time) until the entries recorded before this one are in."""
+
+    def appended(self, sequence_no: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -249,6 +254,10 @@ def current_scope() -> str:
     """Who is making requests here: the scope of the recording in force, or "" outside a run."""
     current = _CURRENT.get()
     return "" if current is None else current.scope
+
+
+def replay_in_force() -> ReplayAnswers | None:
+    return _REPLAY.get()
 
 
 @contextlib.contextmanager

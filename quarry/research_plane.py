@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from quarry.clients.scratchpad import ScratchpadClient
 from quarry.convert import ENTRY_KINDS, entry_from_proto, principal_to_proto, source_to_proto
 from quarry.identity import Principal
+from quarry.recording import replay_in_force
 from quarry.v1 import scratchpad_pb2
 from quarry.vocabulary import Entry, EntryKind, Source
 
@@ -59,6 +60,11 @@ class ResearchPlane:
         request_id: str,
         sources: Sequence[Source] = (),
     ) -> Appended:
+        # A replay puts the appends of parallel agents in their recorded order (quarry.replay.source).
+        replay = replay_in_force()
+        if replay is not None:
+            entry_kind = scratchpad_pb2.EntryKind.Name(ENTRY_KINDS.to_proto(kind))
+            await replay.before_append(author.principal_id, entry_kind, content)
         response = await self._client.append(
             thread_id,
             kind=ENTRY_KINDS.to_proto(kind),
@@ -67,6 +73,8 @@ class ResearchPlane:
             sources=[source_to_proto(source) for source in sources],
             request_id=request_id,
         )
+        if replay is not None:
+            replay.appended(response.entry.sequence_no)
         return Appended(entry_from_proto(response.entry), response.replayed)
 
     async def read_all(self, thread_id: str, *, after_sequence_no: int = 0) -> list[Entry]:

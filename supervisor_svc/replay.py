@@ -38,7 +38,8 @@ from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.service import build_host as build_supervisor
 from worker_svc.service import build_host as build_worker
 
-# Where the replay's agents believe their model is: never reached, every request is answered from the recording.
+# Where the replay's agents believe their model is when the recording does not say (the recorded address is
+# used otherwise, since errors quote it): never reached, every request is answered from the recording.
 REPLAY_MODEL_URL = "http://model.replay.invalid/v1"
 # A replay that has not ended by then has hung on something the recording cannot answer.
 REPLAY_SECONDS = 600.0
@@ -105,7 +106,7 @@ async def replay(recording: RunRecording, workdir: Path) -> ReplayOutcome:
                         "address": "127.0.0.1:0",
                         "database_url": f"sqlite:///{workdir}/worker{number}.db",
                         "scratchpad_address": scratchpad.address,
-                        "model_base_url": REPLAY_MODEL_URL,
+                        "model_base_url": recorded.get("model_base_url", REPLAY_MODEL_URL),
                         "corpus_index": str(workdir / "corpus.db"),
                     }
                 )
@@ -118,7 +119,7 @@ async def replay(recording: RunRecording, workdir: Path) -> ReplayOutcome:
                     "database_url": f"sqlite:///{workdir}/supervisor.db",
                     "scratchpad_address": scratchpad.address,
                     "worker_addresses": ",".join(addresses),
-                    "model_base_url": REPLAY_MODEL_URL,
+                    "model_base_url": recording.settings.get("model_base_url", REPLAY_MODEL_URL),
                     "api_keys": api_keys,
                 }
             )

@@ -103,5 +103,6 @@ SCRATCHPAD_TOOLS: list[Tool[Any, ScratchpadAccess]] = [
         "with excerpts quoted exactly from them.",
         AppendParams,
         append_scratchpad,
+        in_order=True,
     ),
 ]

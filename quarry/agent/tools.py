@@ -51,6 +51,10 @@ class Tool(Generic[Params, Context]):
     description: str
     parameters: type[Params]
     run: Callable[[Params, Context], Awaitable[str]]
+    # The calls of one turn to a tool that writes where order shows (a scratchpad append takes the next
+    # sequence number) run one after another, in the order the model gave them, so that a run repeats
+    # exactly; calls to other tools still run beside them.
+    in_order: bool = False
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI function-tool declaration (built once per tool: pydantic's schema generation is slow)."""
@@ -122,12 +126,27 @@ class ToolRegistry(Generic[Context]):
         At most MAX_CALLS_PER_TURN run; the rest are answered with an error, so that
         every call still gets its result and one reply cannot fan out without bound.
         """
-        running = calls[:MAX_CALLS_PER_TURN]
-        outcomes = list(await asyncio.gather(*(self._run_one(call, context) for call in running)))
+        running: list[Awaitable[ToolOutcome]] = []
+        last_in_order: asyncio.Task[ToolOutcome] | None = None
+        for call in calls[:MAX_CALLS_PER_TURN]:
+            tool = self._tools.get(call.name)
+            if tool is not None and tool.in_order:
+                last_in_order = asyncio.ensure_future(self._run_after(last_in_order, call, context))
+                running.append(last_in_order)
+            else:
+                running.append(self._run_one(call, context))
+        outcomes = list(await asyncio.gather(*running))
         for call in calls[MAX_CALLS_PER_TURN:]:
             message = f"error: at most {MAX_CALLS_PER_TURN} tool calls run per turn; repeat this one later"
             outcomes.append(ToolOutcome(call, message, True))
         return outcomes
+
+    async def _run_after(
+        self, before: asyncio.Task[ToolOutcome] | None, call: ToolCall, context: Context
+    ) -> ToolOutcome:
+        if before is not None:
+            await asyncio.wait({before})  # its outcome is its own: this call runs whatever it was
+        return await self._run_one(call, context)
 
     async def _run_one(self, call: ToolCall, context: Context) -> ToolOutcome:
         _current_call.set(call)

@@ -58,23 +58,33 @@ def run_difference(
 ) -> str | None:
     """The first difference between the recorded run and a replay of it: in its events, then in the run.
 
-    A run's events come from two sources, the run itself and the scratchpad it follows, and how the two
-    interleave depends on timing: each source's events are compared in order, and their sequence numbers
-    (which number the interleaving) are not.
+    A run's events come from sources that run side by side: the run itself, each delegation (its status
+    events) and the scratchpad it follows. How they interleave depends on timing, so each source's events
+    are compared in order, and the sequence numbers that number the interleaving are not.
     """
-    for scratchpad in (False, True):
-        was = [event for event in recording.events if ("scratchpad" in event) is scratchpad]
-        now = [event for event in events if ("scratchpad" in event) is scratchpad]
-        source = "scratchpad event" if scratchpad else "event"
-        for number, (recorded, replayed) in enumerate(zip(was, now, strict=False), 1):
-            found = first_difference(_event(recorded, ()), _event(replayed, ids))
+    recorded = _by_source(recording.events, ())
+    replayed = _by_source(events, ids)
+    for source, was in recorded.items():
+        now = replayed.get(source, [])
+        for number, (before, after) in enumerate(zip(was, now, strict=False), 1):
+            found = first_difference(before, after)
             if found:
-                return f"{source} {number} (recorded as sequence number {recorded.get('sequenceNo')}): {found}"
+                return f"{source}, event {number}: {found}"
         if len(was) != len(now):
-            return f"the replay has {len(now)} {source}s where the recording has {len(was)}"
+            return f"{source}: the replay has {len(now)} events where the recording has {len(was)}"
+    extra = [source for source in replayed if source not in recorded]
+    if extra:
+        return f"{extra[0]}: events the recording does not have"
     found = first_difference(normalized(recording.run, ()), normalized(run, ids))
     return None if found is None else f"the run: {found}"
 
 
-def _event(event: dict[str, Any], ids: Sequence[tuple[str, str]]) -> Any:
-    return normalized({key: value for key, value in event.items() if key != "sequenceNo"}, ids)
+def _by_source(events: Sequence[dict[str, Any]], ids: Sequence[tuple[str, str]]) -> dict[str, list[Any]]:
+    """Events by the source that made them, each without its sequence number, in order."""
+    sources: dict[str, list[Any]] = {}
+    for event in events:
+        shown = normalized({key: value for key, value in event.items() if key != "sequenceNo"}, ids)
+        delegation = (shown.get("status") or {}).get("delegationId")
+        source = "the scratchpad" if "scratchpad" in shown else f"delegation {delegation}" if delegation else "the run"
+        sources.setdefault(source, []).append(shown)
+    return sources

@@ -106,6 +106,8 @@ def parse(lines: Iterable[bytes]) -> RunRecording:
             raise RecordingError(f"line {number}: a {kind!r} record that cannot be read ({error!r})") from None
     if recording is None:
         raise RecordingError("the file is empty")
+    # Steps are numbered in the order they were sent, whichever service's part of the file holds them.
+    recording.exchanges.sort(key=lambda exchange: exchange.sent_at)
     return recording
 
 
@@ -137,6 +139,7 @@ def read(path: str) -> RunRecording:
 # The settings of each service that shape a run's answers: a recording carries them, and a replay's mesh
 # is configured with them.
 SUPERVISOR_ANSWER_SETTINGS = (
+    "model_base_url",
     "model_name",
     "model_native_tools",
     "max_parallel_delegations",
@@ -146,6 +149,7 @@ SUPERVISOR_ANSWER_SETTINGS = (
 )
 WORKER_ANSWER_SETTINGS = (
     "id",
+    "model_base_url",
     "model_name",
     "model_native_tools",
     "max_concurrent_delegations",

@@ -12,6 +12,7 @@ recorded step it departs from and the first message that differs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -78,12 +79,23 @@ class ReplaySource:
     _served: list[bool] = field(default_factory=list)
     _passed_over: set[int] = field(default_factory=set)
     _progress: asyncio.Condition | None = None
+    _notifying: set[asyncio.Future[None]] = field(default_factory=set)
+
+    # Each author's recorded entries of each kind, in order, as (sequence number, preview); the newest entry in.
+    _entries: dict[tuple[str, str], list[tuple[int, str]]] = field(default_factory=dict)
+    _last_entry: int = 0
 
     def __post_init__(self) -> None:
         exchanges = self.recording.exchanges
         for index, exchange in enumerate(exchanges):
             self._pending.setdefault(_key(exchange.method, exchange.url, exchange.request), deque()).append(index)
         self._served = [False] * len(exchanges)
+        for event in self.recording.events:
+            entry = event.get("scratchpad")
+            if entry:
+                author = (entry.get("author") or {}).get("principalId", "")
+                planned = (int(entry.get("scratchpadSequenceNo", 0)), str(entry.get("preview", "")).removesuffix("…"))
+                self._entries.setdefault((author, entry.get("kind", "")), []).append(planned)
 
     def learn_id(self, recorded: str, replayed: str) -> None:
         """An id the replay minted where the recording has another (its run id, its scratchpad thread)."""
@@ -132,6 +144,38 @@ class ReplaySource:
         self._served[index] = True
         await self._notify()
         return self._response(self.recording.exchanges[index])
+
+    async def before_append(self, author: str, kind: str, content: str) -> None:
+        """Holds an append until the entries recorded before it are in, so that parallel agents' entries take
+        their recorded numbers; one that never comes holds it for the order wait at most.
+
+        The entry is the author's next recorded one of its kind whose recorded preview its content begins with
+        (the supervisor writes one assignment per delegation, in whatever order they get there), else the
+        author's next one of its kind."""
+        planned = self._entries.get((self._as_recorded(author), kind))
+        if not planned:
+            return  # an entry the recording lacks: the replay differs, and says so where it shows
+        text = self._as_recorded(content)
+        chosen = next((n for n, (_, preview) in enumerate(planned) if text.startswith(preview)), 0)
+        expected, _ = planned.pop(chosen)
+        progress = self._condition()
+        with contextlib.suppress(TimeoutError):
+            async with progress:
+                await asyncio.wait_for(
+                    progress.wait_for(lambda: self._last_entry >= expected - 1), self.order_wait_seconds
+                )
+
+    def appended(self, sequence_no: int) -> None:
+        self._last_entry = max(self._last_entry, sequence_no)
+        progress = self._condition()
+
+        async def notify() -> None:
+            async with progress:
+                progress.notify_all()
+
+        task = asyncio.ensure_future(notify())
+        self._notifying.add(task)
+        task.add_done_callback(self._notifying.discard)
 
     def _response(self, exchange: Exchange) -> httpx.Response:
         headers = [(n, v) for n, v in exchange.headers if n.lower() not in ("content-length", "transfer-encoding")]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,7 +99,21 @@ async def mesh(
     supervisor_overrides: dict[str, object],
 ) -> AsyncIterator[Mesh]:
     """The supervisor's database is SQLite or PostgreSQL (each test runs on both)."""
-    script = Choreography()
+    async with in_process_mesh(tmp_path, model, site, database_url, supervisor_overrides) as built:
+        yield built
+
+
+@asynccontextmanager
+async def in_process_mesh(
+    tmp_path: Path,
+    model: ScriptedModel,
+    site: FixtureWeb,
+    database_url: str,
+    supervisor_overrides: dict[str, object],
+    script: Choreography | None = None,
+) -> AsyncIterator[Mesh]:
+    """The mesh the `mesh` fixture gives, for a caller outside pytest too (tests/replays/record.py)."""
+    script = script or Choreography()
     model.default = script
     site.add("/history.html", HISTORY)
     common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=2)
