@@ -13,10 +13,13 @@ The same transport answers from a recording instead of the network while a repla
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import hashlib
+import itertools
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +31,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from quarry.db import Database, json_type
+from quarry.errors import DatabaseUnavailable
+
+log = logging.getLogger(__name__)
+
+# How long a recorded exchange waits for its database to come back, as long as a run does by default.
+_OUTAGE_WAIT_SECONDS = 600.0
 
 # The scope of the exchanges a supervisor makes for a run; a worker's scope is the delegation's id.
 SUPERVISOR_SCOPE = "supervisor"
@@ -168,10 +177,14 @@ def _insert_blobs(connection: Connection, stored: Mapping[str, bytes]) -> None:
 
 
 class RecordingStore:
-    """The recording tables of one service's database."""
+    """The recording tables of one service's database.
+
+    An exchange is written beside the agent's next step rather than before it (`add_later`); reading a
+    run's recording first waits for the writes this process still has under way for it."""
 
     def __init__(self, database: Database) -> None:
         self._db = database
+        self._writes: dict[str, set[asyncio.Task[None]]] = {}
 
     async def add(self, exchange: Exchange, stored: Mapping[str, bytes]) -> None:
         def work(connection: Connection) -> None:
@@ -180,8 +193,41 @@ class RecordingStore:
 
         await self._db.write(work)
 
+    def add_later(self, exchange: Exchange, stored: Mapping[str, bytes]) -> None:
+        writes = self._writes.setdefault(exchange.run_id, set())
+        task = asyncio.ensure_future(self._add_logged(exchange, stored))
+        writes.add(task)
+
+        def done(finished: asyncio.Task[None]) -> None:
+            writes.discard(finished)
+            if not writes and self._writes.get(exchange.run_id) is writes:
+                del self._writes[exchange.run_id]
+
+        task.add_done_callback(done)
+
+    async def _add_logged(self, exchange: Exchange, stored: Mapping[str, bytes]) -> None:
+        """Stores the exchange, waiting out an outage of the database as the run does (the outage itself is
+        logged once, by the database); what still fails is logged, and the run goes on without it: its
+        replay names the step its recording lacks."""
+        deadline = time.monotonic() + _OUTAGE_WAIT_SECONDS
+        lost = "run %s: an exchange with %s was not recorded"
+        for attempt in itertools.count():
+            try:
+                await self.add(exchange, stored)
+                return
+            except DatabaseUnavailable as error:
+                if time.monotonic() > deadline:
+                    log.warning(lost + ": %s", exchange.run_id, exchange.url, error)
+                    return
+                await asyncio.sleep(min(5.0, 0.1 * 2**attempt))
+            except Exception:
+                log.warning(lost, exchange.run_id, exchange.url, exc_info=True)
+                return
+
     async def read(self, run_id: str) -> tuple[list[Exchange], dict[str, bytes]]:
         """A run's exchanges in the order they were sent, and every blob they refer to."""
+        while self._writes.get(run_id):
+            await asyncio.gather(*self._writes[run_id], return_exceptions=True)
 
         def work(connection: Connection) -> tuple[list[Exchange], dict[str, bytes]]:
             rows = connection.execute(
@@ -189,7 +235,7 @@ class RecordingStore:
                 .where(exchanges.c.run_id == run_id)
                 .order_by(exchanges.c.sent_at, exchanges.c.exchange_id)
             ).mappings()
-            found = [Exchange.from_row(row) for row in rows]
+            found = [Exchange.from_row(dict(row)) for row in rows]
             wanted = sorted({digest for exchange in found for digest in referenced_blobs(exchange)})
             bodies: dict[str, bytes] = {}
             for start in range(0, len(wanted), 500):  # bounded IN lists
@@ -248,6 +294,12 @@ def recording(run_id: str, scope: str, recordings: Recordings | None) -> Iterato
         yield
     finally:
         _CURRENT.reset(token)
+
+
+def current_run() -> str:
+    """The run whose exchanges are recorded here, or "" outside a run."""
+    current = _CURRENT.get()
+    return "" if current is None else current.run_id
 
 
 def current_scope() -> str:
@@ -331,7 +383,7 @@ class RecordingTransport(httpx.AsyncBaseTransport):
                 body_sha256=digest,
                 complete=complete,
             )
-            await current.store.add(exchange, {**stored, digest: answer})
+            current.store.add_later(exchange, {**stored, digest: answer})
 
         assert isinstance(response.stream, httpx.AsyncByteStream)
         return httpx.Response(

@@ -100,7 +100,7 @@ async def replay(recording: RunRecording, workdir: Path) -> ReplayOutcome:
         ):
             addresses = []
             for number, recorded in enumerate(recording.workers or [{}], 1):
-                settings = WorkerSettings(
+                worker_settings = WorkerSettings(
                     **{
                         **recorded,
                         "address": "127.0.0.1:0",
@@ -110,7 +110,7 @@ async def replay(recording: RunRecording, workdir: Path) -> ReplayOutcome:
                         "corpus_index": str(workdir / "corpus.db"),
                     }
                 )
-                worker = await workers.enter_async_context(await build_worker(settings, common(MeshRole.WORKER)))
+                worker = await workers.enter_async_context(await build_worker(worker_settings, common(MeshRole.WORKER)))
                 addresses.append(worker.address)
             settings = SupervisorSettings(
                 **{

@@ -189,9 +189,11 @@ VALID = {
         " role: ROLE_RESEARCHER budget { max_turns: 1 }"
     ),
     "quarry.v1.WorkerService.GetDelegation": 'delegation_id: "d1"',
+    "quarry.v1.WorkerService.ExportRecording": f'run_id: "{RUN_ID}"',
     "quarry.v1.SupervisorService.StartRun": 'question: "q" request_id: "r1"',
     "quarry.v1.SupervisorService.StreamRun": f'run_id: "{RUN_ID}"',
     "quarry.v1.SupervisorService.GetRun": f'run_id: "{RUN_ID}"',
+    "quarry.v1.SupervisorService.ExportRun": f'run_id: "{RUN_ID}"',
     "quarry.v1.SupervisorService.ListRuns": "page_size: 1",
     "quarry.v1.SupervisorService.CancelRun": f'run_id: "{RUN_ID}" reason: "r"',
     "quarry.v1.SupervisorService.ApproveRun": f'run_id: "{RUN_ID}" comment: "c"',

@@ -1,6 +1,6 @@
 """Pages as the research tools see them: extracted text, cut into fixed-size chunks.
 
-A page is fetched once per URL (a bounded LRU cache), its readable text
+A page is fetched once per URL and run (a bounded LRU cache), its readable text
 extracted (trafilatura for HTML, pypdf for PDF, as-is for plain text and
 Markdown), and served a chunk at a time ("page n of m") with in-page search.
 Quotes are checked against the same text, after folding case and whitespace.
@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from quarry.recording import current_run
 from worker_svc.web.fetch import BodyError, read_body
 from worker_svc.web.isolation import IsolatedPool, IsolationError, MemoryLimitExceeded, PoolClosed, TimeLimitExceeded
 
@@ -254,7 +255,7 @@ class PageReader:
         # Bounded by size as well as count: one extracted PDF can hold millions of characters.
         self._cache_chars = cache_chars
         self._cached_chars = 0
-        self._cache: OrderedDict[str, Page] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], Page] = OrderedDict()
         # Extraction runs in a few child processes with a time and a memory limit: a hostile
         # document's process is killed and replaced, so it cannot starve later reads, hold a
         # delegation or keep the worker from stopping. `extractor` is `extract` but for tests
@@ -267,9 +268,12 @@ class PageReader:
         )
 
     async def read(self, url: str) -> Page:
-        page = self._cache.get(url)
+        # Cached per run: each run's recording then holds every page it read (quarry.recording), so that it
+        # replays alone; a run's delegations still share what any of them fetched.
+        key = (current_run(), url)
+        page = self._cache.get(key)
         if page is not None:
-            self._cache.move_to_end(url)
+            self._cache.move_to_end(key)
             return page
         if url.startswith("corpus://"):
             if self._corpus is None:
@@ -280,8 +284,8 @@ class PageReader:
             title, text = await self._extract(url, content_type, body)
         text = text[:MAX_TEXT_CHARS]
         page = Page(url=url, title=title, text=text, chunks=tuple(_chunk(text, self._chunk_chars)))
-        if url not in self._cache:  # two concurrent reads of one URL cache it once
-            self._cache[url] = page
+        if key not in self._cache:  # two concurrent reads of one URL cache it once
+            self._cache[key] = page
             self._cached_chars += len(text)
         while self._cache and (len(self._cache) > self._cache_size or self._cached_chars > self._cache_chars):
             _, evicted = self._cache.popitem(last=False)
