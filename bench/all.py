@@ -36,6 +36,7 @@ BENCHES: dict[str, list[str]] = {
     "run": ["bench/run.py", "--hops", "30"],
     "tracing": ["bench/tracing.py"],
     "resume": ["bench/resume.py"],
+    "replay": ["bench/replay.py"],
     "api_auth": ["bench/api_auth.py"],
     "sandbox_launch": ["bench/sandbox_launch.py"],
     "retrieval": ["bench/retrieval.py"],

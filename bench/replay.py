@@ -1,9 +1,10 @@
 """What recording costs a run: time per model turn, and the storage a run's recording takes.
 
-    python3 bench/replay.py [--rounds 5] [--turns 100] [--history 20]
+    python3 bench/replay.py [--rounds 5] [--turns 100] [--history 20] [--delay 0.0]
 
 Per turn: quarry.agent.model.ModelClient.complete against a minimal OpenAI-compatible SSE server in a
-process of its own (bench/http_pool.py's), with a conversation of `history` messages (400 characters
+process of its own (bench/http_pool.py's, answering after `delay` seconds: 0 shows recording's whole
+cost, a model's latency shows its share of a turn), with a conversation of `history` messages (400 characters
 each, one more per turn, as an agent's grows), inside a run's recording scope (quarry.recording, into a
 migrated worker database on SQLite) and outside one. Each round runs both, in rotating order, `turns`
 turns each; reported: wall ms per turn (median over the turns) each way, and their ratio per round.
@@ -68,8 +69,8 @@ async def stored_bytes(database_url: str) -> int:
         await database.close()
 
 
-async def main_async(rounds_count: int, count: int, history_length: int) -> None:
-    command = [sys.executable, str(ROOT / "bench" / "http_pool.py"), "--serve", "1"]
+async def main_async(rounds_count: int, count: int, history_length: int, delay: float) -> None:
+    command = [sys.executable, str(ROOT / "bench" / "http_pool.py"), "--serve", "1", "--delay", str(delay)]
     server = await asyncio.create_subprocess_exec(
         *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
     )
@@ -93,6 +94,7 @@ async def main_async(rounds_count: int, count: int, history_length: int) -> None
                     label = "recorded" if recorded else "not recorded"
                     rounds.record(f"{label} ms/turn", statistics.median(times), "ms")
                     if recorded:
+                        await recordings.store.read(run_id)  # every write of the run ended
                         rounds.record("stored per turn", (await stored_bytes(url) - before) / count / 1024, "KiB")
                 rounds.ratio("recorded / not recorded", "recorded ms/turn", "not recorded ms/turn")
             await database.close()
@@ -111,8 +113,8 @@ async def main_async(rounds_count: int, count: int, history_length: int) -> None
 
 
 def main() -> None:
-    args = arguments(__doc__, rounds=5, turns=100, history=20)
-    asyncio.run(main_async(args.rounds, args.turns, args.history))
+    args = arguments(__doc__, rounds=5, turns=100, history=20, delay=0.0)
+    asyncio.run(main_async(args.rounds, args.turns, args.history, args.delay))
 
 
 if __name__ == "__main__":

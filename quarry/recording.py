@@ -5,7 +5,7 @@ Recording happens in one place, an httpx transport (`RecordingTransport`) that t
 worker's web clients send through. It records only inside a run's scope (`recording(...)`, set where a run
 or a delegation executes), and tees the response as it streams, so a model's tokens still arrive live.
 Bodies are stored once by their SHA-256 (`recorded_blobs`); a chat request is stored as the hashes of its
-messages and tools, so a conversation's history costs its length, not its length squared, over its turns.
+messages and tools, so a message's text is stored once however many turns send it again.
 
 The same transport answers from a recording instead of the network while a replay is installed
 (`replaying(...)`): see `quarry.replay`.
@@ -21,7 +21,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -193,27 +193,29 @@ class RecordingStore:
 
         await self._db.write(work)
 
-    def add_later(self, exchange: Exchange, stored: Mapping[str, bytes]) -> None:
-        writes = self._writes.setdefault(exchange.run_id, set())
-        task = asyncio.ensure_future(self._add_logged(exchange, stored))
+    def add_later(self, run_id: str, stored: Callable[[], tuple[Exchange, dict[str, bytes]]]) -> None:
+        """Stores what `stored` makes (hashing a request is work too) in a task of its own."""
+        writes = self._writes.setdefault(run_id, set())
+        task = asyncio.ensure_future(self._add_logged(stored))
         writes.add(task)
 
         def done(finished: asyncio.Task[None]) -> None:
             writes.discard(finished)
-            if not writes and self._writes.get(exchange.run_id) is writes:
-                del self._writes[exchange.run_id]
+            if not writes and self._writes.get(run_id) is writes:
+                del self._writes[run_id]
 
         task.add_done_callback(done)
 
-    async def _add_logged(self, exchange: Exchange, stored: Mapping[str, bytes]) -> None:
+    async def _add_logged(self, stored: Callable[[], tuple[Exchange, dict[str, bytes]]]) -> None:
         """Stores the exchange, waiting out an outage of the database as the run does (the outage itself is
         logged once, by the database); what still fails is logged, and the run goes on without it: its
         replay names the step its recording lacks."""
+        exchange, bodies = stored()
         deadline = time.monotonic() + _OUTAGE_WAIT_SECONDS
         lost = "run %s: an exchange with %s was not recorded"
         for attempt in itertools.count():
             try:
-                await self.add(exchange, stored)
+                await self.add(exchange, bodies)
                 return
             except DatabaseUnavailable as error:
                 if time.monotonic() > deadline:
@@ -366,24 +368,27 @@ class RecordingTransport(httpx.AsyncBaseTransport):
             response = await self._inner.handle_async_request(request)
         if current is None:
             return response
-        form, stored = request_form(body)
         status, headers = response.status_code, [[name, value] for name, value in response.headers.multi_items()]
 
         async def finish(answer: bytes, complete: bool) -> None:
-            digest = sha256(answer)
-            exchange = Exchange(
-                run_id=current.run_id,
-                scope=current.scope,
-                sent_at=sent_at,
-                method=request.method,
-                url=str(request.url),
-                request=form,
-                status=status,
-                headers=headers,
-                body_sha256=digest,
-                complete=complete,
-            )
-            current.store.add_later(exchange, {**stored, digest: answer})
+            def stored() -> tuple[Exchange, dict[str, bytes]]:
+                form, bodies = request_form(body)
+                digest = sha256(answer)
+                exchange = Exchange(
+                    run_id=current.run_id,
+                    scope=current.scope,
+                    sent_at=sent_at,
+                    method=request.method,
+                    url=str(request.url),
+                    request=form,
+                    status=status,
+                    headers=headers,
+                    body_sha256=digest,
+                    complete=complete,
+                )
+                return exchange, {**bodies, digest: answer}
+
+            current.store.add_later(current.run_id, stored)
 
         assert isinstance(response.stream, httpx.AsyncByteStream)
         return httpx.Response(
