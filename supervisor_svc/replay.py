@@ -108,6 +108,7 @@ async def replay(recording: RunRecording, workdir: Path) -> ReplayOutcome:
                         "scratchpad_address": scratchpad.address,
                         "model_base_url": recorded.get("model_base_url", REPLAY_MODEL_URL),
                         "corpus_index": str(workdir / "corpus.db"),
+                        "page_extract_workers": 1,  # enough for one run, and its processes start faster
                     }
                 )
                 worker = await workers.enter_async_context(await build_worker(worker_settings, common(MeshRole.WORKER)))

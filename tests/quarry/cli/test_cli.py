@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from monitor_svc.service import build_host as build_monitor
+from quarry.cli import main
 from quarry.config import MonitorSettings, QuarrySettings
 from quarry.v1 import supervisor_pb2
 from tests.conftest import APPROVER_API_KEY, reusable_port
@@ -47,7 +48,7 @@ async def finish(process: asyncio.subprocess.Process) -> tuple[int, str]:
 
 
 async def test_ask_json_prints_one_event_per_line_and_runs_list_show_export_and_replay_find_the_run(
-    mesh: Mesh, tmp_path: Path
+    mesh: Mesh, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     mesh.script.add(SUPERVISOR, Reply(content="Nothing to delegate."))
     mesh.script.add(REPORT, Reply(content="The answer is **42**."))
@@ -70,9 +71,11 @@ async def test_ask_json_prints_one_event_per_line_and_runs_list_show_export_and_
     assert code == 0 and exported.startswith('{"record":"header","format":"quarry-run","version":1'), exported[:200]
     recording = tmp_path / "run.qrun"
     recording.write_text(exported)
-    code, replayed = await finish(await quarry("runs", "replay", str(recording)))
-    assert code == 0 and f"replayed {run_id} exactly" in replayed, replayed
-    code, unreadable = await finish(await quarry("runs", "replay", str(tmp_path / "missing.qrun")))
+    # `quarry runs replay` in this process (a replay is a mesh of its own: a second process adds only its start).
+    code = await asyncio.to_thread(main, ["runs", "replay", str(recording)])
+    assert code == 0 and f"replayed {run_id} exactly" in capsys.readouterr().out
+    code = await asyncio.to_thread(main, ["runs", "replay", str(tmp_path / "missing.qrun")])
+    unreadable = capsys.readouterr().err
     assert code == 2 and "cannot read" in unreadable and "Traceback" not in unreadable
 
 

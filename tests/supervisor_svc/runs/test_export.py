@@ -76,6 +76,7 @@ async def test_a_run_is_exported_once_it_has_ended_and_an_unknown_one_is_not_fou
     assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # exported from PostgreSQL too, above
 async def test_an_exported_run_replays_exactly_with_no_model_and_no_network(mesh: Mesh, tmp_path: Path) -> None:
     researcher(mesh, "Find the date", "/history.html", "The tower opened in 1889.", "opened to the public in May 1889")
     mesh.script.add(
