@@ -1,11 +1,15 @@
 """A supervisor killed mid-run: another supervisor process takes the run up and finishes it, asking the model
-again for nothing it had answered (real processes, SIGKILL)."""
+again for nothing it had answered (real processes, SIGKILL).
+
+The tests that kill only the supervisor share one mesh (each kill leaves the next test a new supervisor);
+a worker killed, and a database cut off, get meshes of their own."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,8 +19,9 @@ from quarry.clients.runs import RunsClient
 from quarry.v1 import common_pb2, supervisor_pb2
 from tests.conftest import postgres_schema, stop_service
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, append_finding
+from tests.fakes.evidence import OPENED, OPENING, S_OPENED, EvidenceScript, add_pages, marked, research, verdict
 from tests.fakes.loopback import served_in_thread
-from tests.fakes.openai_server import Await, Call, Reply, ScriptedModel, StallAfter
+from tests.fakes.openai_server import Await, Call, Reply, ScriptedModel, StallAfter, Step
 from tests.fakes.tcp_proxy import TcpProxy
 from tests.fakes.web_server import FixtureWeb
 from tests.supervisor_svc.conftest import ProcessMesh, delegation_on, processes
@@ -29,8 +34,34 @@ _LEASE = {"QUARRY_SUPERVISOR_RUN_LEASE_SECONDS": "2"}
 
 @pytest.fixture
 def script(model: ScriptedModel) -> Choreography:
+    """The script of a test that starts a mesh of its own."""
     choreography = Choreography()
     model.default = choreography
+    return choreography
+
+
+@pytest.fixture(scope="module")
+def mesh(
+    tmp_path_factory: pytest.TempPathFactory, shared_model: ScriptedModel, shared_site: FixtureWeb
+) -> Iterator[ProcessMesh]:
+    """One mesh for the tests that kill its supervisor: each kill leaves a new supervisor for the next test."""
+    env = {**_LEASE, "QUARRY_SUPERVISOR_ALLOW_SELF_APPROVAL": "true"}
+    with processes(tmp_path_factory.mktemp("mesh"), shared_model, shared_site, env) as shared:
+        yield shared
+
+
+@pytest.fixture
+def site(shared_site: FixtureWeb) -> FixtureWeb:
+    return shared_site
+
+
+@pytest.fixture
+def shared_script(shared_model: ScriptedModel, shared_site: FixtureWeb) -> EvidenceScript:
+    """The script of a test on the shared mesh (an EvidenceScript answers the verification roles too)."""
+    shared_model.forget()
+    choreography = EvidenceScript(site_url=shared_site.base_url)
+    shared_model.default = choreography
+    add_pages(shared_site)
     return choreography
 
 
@@ -44,21 +75,21 @@ async def _wait_for(condition: object, what: str, seconds: float = 20.0) -> None
 
 
 async def test_a_supervisor_killed_during_a_delegation_is_taken_up_and_the_run_succeeds(
-    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: Choreography
+    mesh: ProcessMesh, site: FixtureWeb, shared_script: EvidenceScript
 ) -> None:
+    script = shared_script
     page = _script_an_interrupted_measurement(script, site)
-    with processes(tmp_path, model, site, _LEASE) as mesh:
-        async with RunsClient.connect(mesh.supervisor.address) as client:
-            run = await client.start_run("How tall is the tower?")
-            await _wait_for(lambda: len(script.requests.get("Measure the tower", ())) == 2, "the worker's second call")
-            seen = [event async for event in _until_researching(client, run.run_id)]
-        delegation_id = seen[-1].status.delegation_id
-        _crash_and_restart_the_supervisor(mesh)
-        async with RunsClient.connect(mesh.supervisor.address) as client:
-            # The stream goes on from the last event this client saw, through the takeover.
-            rest = [event async for event in client.stream_run(run.run_id, after_sequence_no=seen[-1].sequence_no)]
-            stored = await client.get_run(run.run_id)
-        records = [await delegation_on(w.address, delegation_id, mesh.supervisor_token) for w in mesh.workers]
+    async with RunsClient.connect(mesh.supervisor.address) as client:
+        run = await client.start_run("How tall is the tower?")
+        await _wait_for(lambda: len(script.requests.get("Measure the tower", ())) == 2, "the worker's second call")
+        seen = [event async for event in _until_researching(client, run.run_id)]
+    delegation_id = seen[-1].status.delegation_id
+    _crash_and_restart_the_supervisor(mesh)
+    async with RunsClient.connect(mesh.supervisor.address) as client:
+        # The stream goes on from the last event this client saw, through the takeover.
+        rest = [event async for event in client.stream_run(run.run_id, after_sequence_no=seen[-1].sequence_no)]
+        stored = await client.get_run(run.run_id)
+    records = [await delegation_on(w.address, delegation_id, mesh.supervisor_token) for w in mesh.workers]
     [delegation] = [record for record in records if record is not None]
     events = seen + rest
     assert [e.sequence_no for e in events] == list(range(1, len(events) + 1)), "one gap-free sequence"
@@ -85,26 +116,25 @@ async def _until_researching(client: RunsClient, run_id: str):  # type: ignore[n
 
 
 async def test_a_run_awaiting_approval_waits_again_after_a_restart_and_a_crash(
-    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: Choreography
+    mesh: ProcessMesh, shared_script: EvidenceScript
 ) -> None:
+    script = shared_script
     script.add(SUPERVISOR, Reply(content="No research needed."))
     script.add(REPORT, Reply(content="Nothing needed researching."))
     options = supervisor_pb2.RunOptions(verification=supervisor_pb2.VERIFICATION_MODE_OFF, require_approval=True)
-    env = {**_LEASE, "QUARRY_SUPERVISOR_ALLOW_SELF_APPROVAL": "true"}
-    with processes(tmp_path, model, site, env) as mesh:
-        async with RunsClient.connect(mesh.supervisor.address) as client:
-            run = await client.start_run("Approve me later?", options=options)
-            async for event in client.stream_run(run.run_id):
-                if event.status.phase == supervisor_pb2.RESEARCH_PHASE_AWAITING_APPROVAL:
-                    break
-        # A graceful restart, then a crash: neither cancels the run.
-        assert stop_service(mesh.supervisor) == 0
-        mesh.start_supervisor()
-        _crash_and_restart_the_supervisor(mesh)
-        async with RunsClient.connect(mesh.supervisor.address) as client:
-            waiting = await client.get_run(run.run_id)
-            approved = await client.approve_run(run.run_id, "Looks right.")
-            events = [event async for event in client.stream_run(run.run_id)]
+    async with RunsClient.connect(mesh.supervisor.address) as client:
+        run = await client.start_run("Approve me later?", options=options)
+        async for event in client.stream_run(run.run_id):
+            if event.status.phase == supervisor_pb2.RESEARCH_PHASE_AWAITING_APPROVAL:
+                break
+    # A graceful restart, then a crash: neither cancels the run.
+    assert stop_service(mesh.supervisor) == 0
+    mesh.start_supervisor()
+    _crash_and_restart_the_supervisor(mesh)
+    async with RunsClient.connect(mesh.supervisor.address) as client:
+        waiting = await client.get_run(run.run_id)
+        approved = await client.approve_run(run.run_id, "Looks right.")
+        events = [event async for event in client.stream_run(run.run_id)]
     assert waiting.state == supervisor_pb2.RUN_STATE_AWAITING_APPROVAL
     assert approved.state == supervisor_pb2.RUN_STATE_SUCCEEDED
     assert approved.report.markdown == "Nothing needed researching."
@@ -114,22 +144,22 @@ async def test_a_run_awaiting_approval_waits_again_after_a_restart_and_a_crash(
 
 
 async def test_a_supervisor_killed_while_writing_the_report_is_taken_up_and_writes_it_again(
-    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: Choreography
+    mesh: ProcessMesh, shared_script: EvidenceScript
 ) -> None:
+    script = shared_script
     begun = "The report begins " + "and goes on " * 20  # over 200 characters: streamed as an event at once
     script.add(SUPERVISOR, Reply(content="No research needed."))
     # The first report call streams its start, then nothing: the supervisor dies with it in flight.
     script.add(REPORT, StallAfter(begun, 120), Reply(content="The report, written again."))
-    with processes(tmp_path, model, site, _LEASE) as mesh:
-        async with RunsClient.connect(mesh.supervisor.address) as client:
-            run = await client.start_run("Write it twice?")
-            async for event in client.stream_run(run.run_id):
-                if event.WhichOneof("payload") == "content":
-                    break
-        _crash_and_restart_the_supervisor(mesh)
-        async with RunsClient.connect(mesh.supervisor.address) as client:
-            events = [event async for event in client.stream_run(run.run_id)]
-            stored = await client.get_run(run.run_id)
+    async with RunsClient.connect(mesh.supervisor.address) as client:
+        run = await client.start_run("Write it twice?")
+        async for event in client.stream_run(run.run_id):
+            if event.WhichOneof("payload") == "content":
+                break
+    _crash_and_restart_the_supervisor(mesh)
+    async with RunsClient.connect(mesh.supervisor.address) as client:
+        events = [event async for event in client.stream_run(run.run_id)]
+        stored = await client.get_run(run.run_id)
     assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED
     assert stored.report.markdown == "The report, written again."
     assert [e.sequence_no for e in events] == list(range(1, len(events) + 1))
@@ -251,8 +281,9 @@ def _script_an_interrupted_measurement(script: Choreography, site: FixtureWeb) -
 
 
 async def test_a_supervisor_killed_between_delegations_does_not_run_the_first_again(
-    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, script: Choreography
+    mesh: ProcessMesh, shared_script: EvidenceScript
 ) -> None:
+    script = shared_script
     script.add(
         SUPERVISOR,
         Reply(calls=(Call("delegate_research", {"objective": "First task"}, "d1"),)),
@@ -263,14 +294,13 @@ async def test_a_supervisor_killed_between_delegations_does_not_run_the_first_ag
     script.add("First task", Reply(content="First done."))
     script.add("Second task", Reply(content="Second done."))
     script.add(REPORT, Reply(content="Both tasks were done."))
-    with processes(tmp_path, model, site, _LEASE) as mesh:
-        async with RunsClient.connect(mesh.supervisor.address) as client:
-            run = await client.start_run("Two tasks, one crash?")
-            await _wait_for(lambda: len(script.requests.get(SUPERVISOR, ())) == 2, "the supervisor's second turn")
-        _crash_and_restart_the_supervisor(mesh)
-        async with RunsClient.connect(mesh.supervisor.address) as client:
-            events = [event async for event in client.stream_run(run.run_id)]
-            stored = await client.get_run(run.run_id)
+    async with RunsClient.connect(mesh.supervisor.address) as client:
+        run = await client.start_run("Two tasks, one crash?")
+        await _wait_for(lambda: len(script.requests.get(SUPERVISOR, ())) == 2, "the supervisor's second turn")
+    _crash_and_restart_the_supervisor(mesh)
+    async with RunsClient.connect(mesh.supervisor.address) as client:
+        events = [event async for event in client.stream_run(run.run_id)]
+        stored = await client.get_run(run.run_id)
     assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED and stored.report.markdown == "Both tasks were done."
     assert [e.sequence_no for e in events] == list(range(1, len(events) + 1))
     # The first delegation's result was recorded with its turn: it is neither run nor asked for again.
@@ -280,6 +310,46 @@ async def test_a_supervisor_killed_between_delegations_does_not_run_the_first_ag
     assert any("First done." in result for result in script.tool_results(SUPERVISOR))
     ended = [e.status.delegation_id for e in events if e.status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_COMPLETED]
     assert len(ended) == 2 and len(set(ended)) == 2, "two delegations, each ended once"
+
+
+async def test_a_supervisor_killed_during_verification_is_taken_up_and_verifies_once(
+    mesh: ProcessMesh, site: FixtureWeb, shared_script: EvidenceScript
+) -> None:
+    script = shared_script
+    research(script, site, OPENED)
+    supported = verdict("supported", OPENED[2], OPENING[0], "the page gives the opening date")
+    verifier_calls = 0
+
+    def held_once(finding: int, site_url: str) -> Step:
+        """The verifier's verdict call is in flight when the supervisor dies; asked again, it is answered."""
+        nonlocal verifier_calls
+        verifier_calls += 1
+        return (
+            Await(asyncio.Event(), Reply(content="never sent")) if verifier_calls == 1 else supported(finding, site_url)
+        )
+
+    script.verdicts = {OPENED[0]: held_once}
+    script.add(REPORT, Reply(content=f"## The tower\n\n{S_OPENED}"))
+    script.audits = {marked(S_OPENED): ("sound", "")}
+    options = supervisor_pb2.RunOptions(verification=supervisor_pb2.VERIFICATION_MODE_ON)
+    async with RunsClient.connect(mesh.supervisor.address) as client:
+        run = await client.start_run("When did the tower open?", options=options)
+        await _wait_for(lambda: verifier_calls == 1, "the verifier's held call")
+    _crash_and_restart_the_supervisor(mesh)
+    async with RunsClient.connect(mesh.supervisor.address) as client:
+        events = [event async for event in client.stream_run(run.run_id)]
+        stored = await client.get_run(run.run_id)
+    assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED, events[-1]
+    assert stored.report.markdown.startswith(f"## The tower\n\n{S_OPENED}")
+    [check] = stored.verification.findings
+    assert check.judgement == supervisor_pb2.CLAIM_JUDGEMENT_SUPPORTED
+    assert [e.sequence_no for e in events] == list(range(1, len(events) + 1))
+    # Nothing recorded was asked again: the research, the supervisor's turns; the verifier repeated only the
+    # call in flight (its read before it was recorded), and the report was written once, after the takeover.
+    [verifier] = [agent for agent in script.requests if agent.startswith("Verify finding ")]
+    assert len(script.requests["Research the tower"]) == 3 and len(script.requests[SUPERVISOR]) == 2
+    assert len(script.requests[verifier]) == 3 and verifier_calls == 2
+    assert len(script.requests[REPORT]) == 1
 
 
 def _crash_and_restart_the_supervisor(mesh: ProcessMesh) -> None:
