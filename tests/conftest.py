@@ -47,9 +47,10 @@ BACKENDS = ["sqlite", "postgresql"]
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: half as many workers again as cores. A quarter of the suite's time is spent waiting on
-    processes it starts (services coming up, jobs, the fake model), which a third worker on two cores fills."""
-    return max(2, (os.cpu_count() or 1) * 3 // 2)
+    """`-n auto`: twice as many workers as cores. Much of the suite's time is spent waiting on processes it
+    starts (services coming up, jobs, the fake model), which the extra workers fill: on two cores, 4 workers
+    ran the suite in 258 s where 3 took 285-302 s."""
+    return max(2, (os.cpu_count() or 1) * 2)
 
 
 def _isolate(patch: pytest.MonkeyPatch) -> None:
