@@ -176,12 +176,17 @@ def chunked(lines: Iterable[bytes], size: int = CHUNK_BYTES) -> Iterator[bytes]:
     """Lines as pieces of at most `size` bytes (a long line spans several): concatenated, they are the lines."""
     pending = bytearray()
     for text in lines:
-        pending += text
-        while len(pending) >= size:
-            yield bytes(pending[:size])
-            del pending[:size]
+        yield from _full_pieces(pending, text, size)
     if pending:
         yield bytes(pending)
+
+
+def _full_pieces(pending: bytearray, text: bytes, size: int) -> Iterator[bytes]:
+    """Adds `text` to what is pending, and takes out every full piece."""
+    pending += text
+    while len(pending) >= size:
+        yield bytes(pending[:size])
+        del pending[:size]
 
 
 async def lines_of(pieces: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
@@ -200,10 +205,8 @@ async def chunked_async(lines: AsyncIterable[bytes], size: int = CHUNK_BYTES) ->
     """`chunked`, for lines that arrive over time."""
     pending = bytearray()
     async for text in lines:
-        pending += text
-        while len(pending) >= size:
-            yield bytes(pending[:size])
-            del pending[:size]
+        for piece in _full_pieces(pending, text, size):
+            yield piece
     if pending:
         yield bytes(pending)
 

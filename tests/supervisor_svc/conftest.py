@@ -21,8 +21,8 @@ from quarry.v1 import supervisor_pb2, worker_pb2, worker_pb2_grpc
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.service import build_host as build_supervisor
 from tests.conftest import APPROVER_API_KEY, ServiceProcess, start_service, start_services, stop_service
-from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
-from tests.fakes.openai_server import Reply, ScriptedModel
+from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, append_finding
+from tests.fakes.openai_server import Call, Reply, ScriptedModel
 from tests.fakes.web_server import FixtureWeb
 from worker_svc.service import build_host as build_worker
 
@@ -251,6 +251,17 @@ def processes(
             started.append(mesh.supervisor)
         for service in reversed(started):
             stop_service(service)
+
+
+def researcher(mesh: Mesh, objective: str, page: str, content: str, excerpt: str) -> None:
+    """A worker that reads `page` of the fixture site and promotes one finding quoting it."""
+    url = f"{mesh.site.base_url}{page}"
+    mesh.script.add(
+        objective,
+        Reply(calls=(Call("read_web_page", {"url": url}, "read"),)),
+        Reply(calls=(append_finding("promote", content, url, excerpt),)),
+        Reply(content=f"Promoted: {content}"),
+    )
 
 
 def answer_at_once(mesh: Mesh, report: str = "Nothing was researched.") -> None:

@@ -10,19 +10,19 @@ import pytest
 
 from quarry.replay import qrun
 from supervisor_svc.replay import replay
-from tests.fakes.choreography import REPORT, SUPERVISOR, append_finding
+from tests.fakes.choreography import REPORT, SUPERVISOR
 from tests.fakes.openai_server import Await, Call, Reply
-from tests.supervisor_svc.conftest import Mesh
+from tests.supervisor_svc.conftest import Mesh, researcher
 
 
-def researcher(mesh: Mesh, objective: str, path: str, content: str, excerpt: str) -> None:
-    url = f"{mesh.site.base_url}{path}"
+def delegated_once(mesh: Mesh, objective: str, report: str) -> None:
+    """The supervisor delegates `objective` (scripted with `researcher`), then has its report written."""
     mesh.script.add(
-        objective,
-        Reply(calls=(Call("read_web_page", {"url": url}, "p1"),)),
-        Reply(calls=(append_finding("a1", content, url, excerpt),)),
-        Reply(content="Promoted one finding."),
+        SUPERVISOR,
+        Reply(content="Delegating.", calls=(Call("delegate_research", {"objective": objective}, "d1"),)),
+        Reply(content="The findings suffice."),
     )
+    mesh.script.add(REPORT, Reply(content=report, chunks=3))
 
 
 async def export(mesh: Mesh, run_id: str) -> qrun.RunRecording:
@@ -31,12 +31,7 @@ async def export(mesh: Mesh, run_id: str) -> qrun.RunRecording:
 
 async def test_an_ended_run_exports_its_events_model_calls_and_fetched_pages_with_their_hashes(mesh: Mesh) -> None:
     researcher(mesh, "Find the height", "/history.html", "The tower opened in 1889.", "to the public in May 1889")
-    mesh.script.add(
-        SUPERVISOR,
-        Reply(content="Delegating.", calls=(Call("delegate_research", {"objective": "Find the height"}, "d1"),)),
-        Reply(content="The height is known."),
-    )
-    mesh.script.add(REPORT, Reply(content="The tower opened in May 1889 [1].", chunks=3))
+    delegated_once(mesh, "Find the height", "The tower opened in May 1889 [1].")
     run = await mesh.client.start_run("How tall is the Eiffel Tower?")
     events = await mesh.events(run.run_id)
     assert events[-1].HasField("completed"), events[-1]
@@ -79,12 +74,7 @@ async def test_a_run_is_exported_once_it_has_ended_and_an_unknown_one_is_not_fou
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # exported from PostgreSQL too, above
 async def test_an_exported_run_replays_exactly_with_no_model_and_no_network(mesh: Mesh, tmp_path: Path) -> None:
     researcher(mesh, "Find the date", "/history.html", "The tower opened in 1889.", "opened to the public in May 1889")
-    mesh.script.add(
-        SUPERVISOR,
-        Reply(content="Delegating.", calls=(Call("delegate_research", {"objective": "Find the date"}, "d1"),)),
-        Reply(content="The date is known."),
-    )
-    mesh.script.add(REPORT, Reply(content="The tower opened in May 1889 [1].", chunks=3))
+    delegated_once(mesh, "Find the date", "The tower opened in May 1889 [1].")
     run = await mesh.client.start_run("When did the Eiffel Tower open?")
     assert (await mesh.events(run.run_id))[-1].HasField("completed")
     recording = await export(mesh, run.run_id)

@@ -16,19 +16,9 @@ from supervisor_svc.runs.domain import ResearchPhase, StartRequest
 from supervisor_svc.runs.resumption import TAKEN_UP_NOTE
 from supervisor_svc.runs.store import RunStore
 from supervisor_svc.schema import runs
-from tests.fakes.choreography import REPORT, SUPERVISOR, append_finding
+from tests.fakes.choreography import REPORT, SUPERVISOR
 from tests.fakes.openai_server import Await, Call, DropAfter, Reply, Stall
-from tests.supervisor_svc.conftest import Mesh, answer_at_once, delegation_on, wait_for_phase
-
-
-def researcher(mesh: Mesh, objective: str, page: str, content: str, excerpt: str) -> None:
-    url = f"{mesh.site.base_url}{page}"
-    mesh.script.add(
-        objective,
-        Reply(calls=(Call("read_web_page", {"url": url}, "read"),)),
-        Reply(calls=(append_finding("promote", content, url, excerpt),)),
-        Reply(content=f"Promoted: {content}"),
-    )
+from tests.supervisor_svc.conftest import Mesh, answer_at_once, delegation_on, researcher, wait_for_phase
 
 
 async def test_a_run_delegates_and_reports_with_verified_citations(mesh: Mesh) -> None:

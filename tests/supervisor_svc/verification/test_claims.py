@@ -443,6 +443,7 @@ async def test_verification_taken_up_by_another_process_replays_the_recorded_ver
         ledger=RunLedger(research.plane, RUN_ID, RUN_ID),
         earlier=EarlierOrders(prior.ids_to_reuse(()), prior.used.keys(), prior.last_number),
     )
+
     async def progress(message: str) -> None:
         research.progress.append(message)
 
