@@ -329,7 +329,8 @@ class _Tee(httpx.AsyncByteStream):
     """The response body as it streams, kept, and recorded once the reader closes it."""
 
     inner: httpx.AsyncByteStream
-    finish: Any  # async (body, complete) -> None
+    # Takes the body as read, and whether it was read to its end.
+    finish: Callable[[bytes, bool], None]
     parts: list[bytes] = field(default_factory=list)
     ended: bool = False
     recorded: bool = False
@@ -346,7 +347,7 @@ class _Tee(httpx.AsyncByteStream):
         finally:
             if not self.recorded:
                 self.recorded = True
-                await self.finish(b"".join(self.parts), self.ended)
+                self.finish(b"".join(self.parts), self.ended)
 
 
 class RecordingTransport(httpx.AsyncBaseTransport):
@@ -370,7 +371,7 @@ class RecordingTransport(httpx.AsyncBaseTransport):
             return response
         status, headers = response.status_code, [[name, value] for name, value in response.headers.multi_items()]
 
-        async def finish(answer: bytes, complete: bool) -> None:
+        def finish(answer: bytes, complete: bool) -> None:
             def stored() -> tuple[Exchange, dict[str, bytes]]:
                 form, bodies = request_form(body)
                 digest = sha256(answer)

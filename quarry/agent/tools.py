@@ -167,7 +167,7 @@ class ToolRegistry(Generic[Context]):
     async def _outcome(self, call: ToolCall, context: Context) -> ToolOutcome:
         tool = self._tools.get(call.name)
         if tool is None:
-            known = ", ".join(self._tools) or "none"
+            known = ", ".join(self._listed) or "none"  # what this role was offered, never an unlisted tool
             return ToolOutcome(call, f"error: there is no tool named {call.name!r}; available: {known}", True)
         try:
             params = tool.parameters.model_validate_json(call.arguments or "{}")

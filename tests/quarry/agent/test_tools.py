@@ -68,6 +68,9 @@ async def test_an_unlisted_tool_answers_calls_without_being_offered() -> None:
     assert [schema["function"]["name"] for schema in registry.schemas()] == ["perform_web_search"]
     [outcome] = await registry.run_calls([ToolCall("c1", "read_web_page", "{}")], [])
     assert outcome.content == "error: the page was not read in this delegation", "its own answer, not 'no such tool'"
+    # A tool it does not have is named with the tools it was offered, never the unlisted ones.
+    [unknown] = await registry.run_calls([ToolCall("c2", "delete_everything", "{}")], [])
+    assert unknown.is_error and unknown.content.endswith("available: perform_web_search")
     with pytest.raises(ValueError, match="two tools"):
         ToolRegistry(CATALOG[:1], unlisted=CATALOG[:1])
 
