@@ -156,6 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     runs_approve.add_argument("run_id")
     runs_approve.add_argument("--comment", default="", help="kept on the run's ledger as the approver's note")
+    runs_approve.add_argument(
+        "--over-objections",
+        action="store_true",
+        help="approve although the review left objections open; needs --comment with the reason, and counts "
+        "none of their sentences as supported",
+    )
     runs_approve.add_argument("--json", action="store_true")
     runs_approve.add_argument("--address", help=address_help)
     runs_reject = runs_commands.add_parser(

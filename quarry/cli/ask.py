@@ -355,10 +355,15 @@ def _print_verification(console: Console, verification: supervisor_pb2.Verificat
             )
 
 
-async def decide(supervisor: Supervisor, run_id: str, *, approve: bool, note: str, as_json: bool) -> int:
+async def decide(
+    supervisor: Supervisor, run_id: str, *, approve: bool, note: str, as_json: bool, over_objections: bool = False
+) -> int:
     """`quarry runs approve` / `reject`: the decision, then the run as it ended."""
     async with supervisor.connect() as client:
-        run = await (client.approve_run(run_id, comment=note) if approve else client.reject_run(run_id, reason=note))
+        if approve:
+            run = await client.approve_run(run_id, comment=note, over_objections=over_objections)
+        else:
+            run = await client.reject_run(run_id, reason=note)
     if as_json:
         print(json.dumps(json_format.MessageToDict(run)))
         return 0

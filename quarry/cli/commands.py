@@ -146,7 +146,14 @@ def _runs(args: argparse.Namespace, common: QuarrySettings) -> int:
         return ask.run_client_command(ask.list_runs(supervisor, args.state or "", args.limit, as_json=args.json))
     if args.runs_command == "approve":
         return ask.run_client_command(
-            ask.decide(supervisor, args.run_id, approve=True, note=args.comment, as_json=args.json)
+            ask.decide(
+                supervisor,
+                args.run_id,
+                approve=True,
+                note=args.comment,
+                as_json=args.json,
+                over_objections=args.over_objections,
+            )
         )
     if args.runs_command == "reject":
         return ask.run_client_command(

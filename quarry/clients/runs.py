@@ -82,9 +82,10 @@ class RunsClient(ApiClient):
         )
         return response.run
 
-    async def approve_run(self, run_id: str, comment: str = "") -> supervisor_pb2.Run:
-        """Approve a run awaiting approval: it completes with its report (a repeat returns it)."""
-        request = supervisor_pb2.ApproveRunRequest(run_id=run_id, comment=comment)
+    async def approve_run(self, run_id: str, comment: str = "", *, over_objections: bool = False) -> supervisor_pb2.Run:
+        """Approve a run awaiting approval: it completes with its report (a repeat returns it). A run whose review
+        left objections open needs `over_objections` and a comment giving the reason."""
+        request = supervisor_pb2.ApproveRunRequest(run_id=run_id, comment=comment, over_objections=over_objections)
         response: supervisor_pb2.ApproveRunResponse = await self._retry.call(
             self._stub.ApproveRun, request, extra_timeout=15
         )

@@ -231,6 +231,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """UNAVAILABLE: the database ran out of disk space; the message names where its data lives. Free
     space, then retry. The service reports NOT_SERVING until a write succeeds again.
     """
+    ERROR_REASON_OBJECTIONS_OPEN: _ErrorReason.ValueType  # 49
+    """FAILED_PRECONDITION: ApproveRun on a run whose review left objections open; the message lists them.
+    Approve over them with ApproveRunRequest.over_objections and a comment giving the reason, or reject.
+    """
     ERROR_REASON_KIND_NOT_PERMITTED_FOR_ROLE: _ErrorReason.ValueType  # 60
     """ScratchpadService.
     PERMISSION_DENIED: the author's role may not write this entry kind.
@@ -387,6 +391,10 @@ ERROR_REASON_SELF_APPROVAL_NOT_ALLOWED: ErrorReason.ValueType  # 47
 ERROR_REASON_DATABASE_DISK_FULL: ErrorReason.ValueType  # 48
 """UNAVAILABLE: the database ran out of disk space; the message names where its data lives. Free
 space, then retry. The service reports NOT_SERVING until a write succeeds again.
+"""
+ERROR_REASON_OBJECTIONS_OPEN: ErrorReason.ValueType  # 49
+"""FAILED_PRECONDITION: ApproveRun on a run whose review left objections open; the message lists them.
+Approve over them with ApproveRunRequest.over_objections and a comment giving the reason, or reject.
 """
 ERROR_REASON_KIND_NOT_PERMITTED_FOR_ROLE: ErrorReason.ValueType  # 60
 """ScratchpadService.

@@ -199,8 +199,8 @@ class _SentenceStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Senten
     SENTENCE_STATUS_REVISED: _SentenceStatus.ValueType  # 2
     """Rewritten after an objection, then audited sound."""
     SENTENCE_STATUS_UPHELD: _SentenceStatus.ValueType  # 3
-    """Kept as written: an adjudicator dismissed the objection against it, or a person approved the run
-    while the objection was still open.
+    """Kept as written: an adjudicator dismissed the objection against it. (In runs approved before
+    SENTENCE_STATUS_APPROVED_OVER_OBJECTION existed, also a sentence a person approved over its objection.)
     """
     SENTENCE_STATUS_REMOVED: _SentenceStatus.ValueType  # 4
     """Removed from the report: an adjudicator rejected it, or its objection could not be resolved."""
@@ -208,6 +208,10 @@ class _SentenceStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Senten
     """No auditor could judge it (it failed, or the budget was spent); it stands, marked unaudited."""
     SENTENCE_STATUS_OBJECTED: _SentenceStatus.ValueType  # 6
     """An objection against it is still open (only while the run awaits approval)."""
+    SENTENCE_STATUS_APPROVED_OVER_OBJECTION: _SentenceStatus.ValueType  # 7
+    """Kept as written with its objection unsettled: a person approved the run over the objection
+    (ApproveRunRequest.over_objections). Not supported by the review.
+    """
 
 class SentenceStatus(_SentenceStatus, metaclass=_SentenceStatusEnumTypeWrapper): ...
 
@@ -217,8 +221,8 @@ SENTENCE_STATUS_SOUND: SentenceStatus.ValueType  # 1
 SENTENCE_STATUS_REVISED: SentenceStatus.ValueType  # 2
 """Rewritten after an objection, then audited sound."""
 SENTENCE_STATUS_UPHELD: SentenceStatus.ValueType  # 3
-"""Kept as written: an adjudicator dismissed the objection against it, or a person approved the run
-while the objection was still open.
+"""Kept as written: an adjudicator dismissed the objection against it. (In runs approved before
+SENTENCE_STATUS_APPROVED_OVER_OBJECTION existed, also a sentence a person approved over its objection.)
 """
 SENTENCE_STATUS_REMOVED: SentenceStatus.ValueType  # 4
 """Removed from the report: an adjudicator rejected it, or its objection could not be resolved."""
@@ -226,6 +230,10 @@ SENTENCE_STATUS_UNAUDITED: SentenceStatus.ValueType  # 5
 """No auditor could judge it (it failed, or the budget was spent); it stands, marked unaudited."""
 SENTENCE_STATUS_OBJECTED: SentenceStatus.ValueType  # 6
 """An objection against it is still open (only while the run awaits approval)."""
+SENTENCE_STATUS_APPROVED_OVER_OBJECTION: SentenceStatus.ValueType  # 7
+"""Kept as written with its objection unsettled: a person approved the run over the objection
+(ApproveRunRequest.over_objections). Not supported by the review.
+"""
 Global___SentenceStatus: _TypeAlias = SentenceStatus  # noqa: Y015
 
 class _ObjectionStatus:
@@ -243,8 +251,8 @@ class _ObjectionStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Objec
     OBJECTION_STATUS_SENTENCE_REMOVED: _ObjectionStatus.ValueType  # 4
     """The sentence was removed."""
     OBJECTION_STATUS_APPROVED_BY_PERSON: _ObjectionStatus.ValueType  # 5
-    """The review could not settle it (the run asked for approval): a person approved the run, and with
-    it the sentence as written.
+    """The review could not settle it (the run asked for approval), and a person approved the run over it
+    (ApproveRunRequest.over_objections): the sentence stays as written, the objection on the record.
     """
 
 class ObjectionStatus(_ObjectionStatus, metaclass=_ObjectionStatusEnumTypeWrapper): ...
@@ -258,8 +266,8 @@ OBJECTION_STATUS_DISMISSED: ObjectionStatus.ValueType  # 3
 OBJECTION_STATUS_SENTENCE_REMOVED: ObjectionStatus.ValueType  # 4
 """The sentence was removed."""
 OBJECTION_STATUS_APPROVED_BY_PERSON: ObjectionStatus.ValueType  # 5
-"""The review could not settle it (the run asked for approval): a person approved the run, and with
-it the sentence as written.
+"""The review could not settle it (the run asked for approval), and a person approved the run over it
+(ApproveRunRequest.over_objections): the sentence stays as written, the objection on the record.
 """
 Global___ObjectionStatus: _TypeAlias = ObjectionStatus  # noqa: Y015
 
@@ -1419,18 +1427,26 @@ class ApproveRunRequest(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     COMMENT_FIELD_NUMBER: _builtins.int
+    OVER_OBJECTIONS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     comment: _builtins.str
     """Kept with the run's ledger as the approver's note."""
+    over_objections: _builtins.bool
+    """Approve although objections the review could not settle are still open. Without it such a run is
+    FAILED_PRECONDITION, and the error lists them. With it the comment is required (the reason), each
+    open objection is resolved "approved over objection" by the caller, and its sentence stays in the
+    report as written, SENTENCE_STATUS_APPROVED_OVER_OBJECTION: never counted as supported.
+    """
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         comment: _builtins.str = ...,
+        over_objections: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["comment", b"comment", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["comment", b"comment", "over_objections", b"over_objections", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

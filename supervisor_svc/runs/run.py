@@ -423,8 +423,9 @@ class ResearchRun:
         self, report: Report, verification: Verification | None, *, announce: bool = True
     ) -> Verification | None:
         """Wait in AWAITING_APPROVAL for a person's decision on the finished run. Approved: the verification
-        with the objections still open closed by the approval (their sentences upheld). NotApproved when
-        rejected (REJECTED; the objections stay open in the stored state) or when no decision comes in time
+        with the objections still open resolved as approved over (ApproveRun allows that only when asked to).
+        NotApproved when rejected (REJECTED; the objections stay open in the stored state) or when no decision
+        comes in time
         (DEADLINE_EXCEEDED). CancelRun still ends it. GetRun shows the report the person decides on."""
         wait = self._deps.approval_wait_seconds
         if announce:  # else it was announced (and stored) by the process that began the run
@@ -443,7 +444,9 @@ class ResearchRun:
         if self._approval.decision is ApprovalDecision.REJECTED:
             raise NotApproved(RunErrorCode.REJECTED, self._approval.note)
         if verification is not None:
-            verification = await approve_open_objections(verification, self._approval.note, self._ledger)
+            verification = await approve_open_objections(
+                verification, self._approval.note, self._approval.decided_by, self._ledger
+            )
         await self._note_approval(self._approval.note, self._approval.decided_by)
         return verification
 

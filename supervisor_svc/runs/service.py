@@ -51,6 +51,27 @@ log = logging.getLogger(__name__)
 _MAX_NOTE_CHARS = 1000
 
 
+def _refuse_over_open_objections(record: RunRecord) -> None:
+    """A plain approval of a run whose review left objections open is refused, naming each one."""
+    verification = record.verification
+    if record.state is not RunState.AWAITING_APPROVAL or verification is None or not verification.open_objections:
+        return
+    still_open = verification.open_objections
+    texts = {sentence.sentence_index: sentence.text for sentence in verification.sentences}
+    listed = "; ".join(
+        f"objection {o.objection_sequence_no} against sentence {o.sentence_index} "
+        f"({texts.get(o.sentence_index, '')[:120]!r}): {o.reason[:200]}"
+        for o in still_open
+    )
+    raise FailedPrecondition(
+        f"run {record.run_id} has {len(still_open)} objection(s) its review left open: {listed}. Approving over "
+        "them counts none of their sentences as supported: repeat with over_objections and a comment giving the "
+        f"reason (quarry runs approve {record.run_id} --over-objections --comment REASON), or reject the run",
+        reason=ErrorReason.OBJECTIONS_OPEN,
+        metadata={"run_id": record.run_id, "objections": ",".join(str(o.objection_sequence_no) for o in still_open)},
+    )
+
+
 @dataclass(frozen=True)
 class RunExport:
     record: RunRecord
@@ -159,26 +180,35 @@ class Supervisor:
             await self._wait_ended(run_id)
         return await self.get(run_id)
 
-    async def approve(self, run_id: str, comment: str) -> RunRecord:
-        """Complete a run awaiting approval with its report; the comment goes on its ledger as a note."""
-        return await self._decide(run_id, ApprovalDecision.APPROVED, comment, "comment")
+    async def approve(self, run_id: str, comment: str, *, over_objections: bool = False) -> RunRecord:
+        """Complete a run awaiting approval with its report; the comment goes on its ledger as a note. Objections
+        the review left open refuse it, unless `over_objections` (and a comment giving the reason)."""
+        return await self._decide(
+            run_id, ApprovalDecision.APPROVED, comment, "comment", over_objections=over_objections
+        )
 
     async def reject(self, run_id: str, reason: str) -> RunRecord:
         """Fail a run awaiting approval with REJECTED and the reason."""
         return await self._decide(run_id, ApprovalDecision.REJECTED, reason, "reason")
 
-    async def _decide(self, run_id: str, decision: ApprovalDecision, note: str, note_field: str) -> RunRecord:
+    async def _decide(
+        self, run_id: str, decision: ApprovalDecision, note: str, note_field: str, *, over_objections: bool = False
+    ) -> RunRecord:
         violations = ids.violations(ids.RUN_ID.check("run_id", run_id))
         if "\x00" in note:  # it is stored with the run, and PostgreSQL text cannot hold NUL
             violations.append(FieldViolation(note_field, "must not contain NUL characters"))
         if len(note) > _MAX_NOTE_CHARS:
             violations.append(FieldViolation(note_field, f"at most {_MAX_NOTE_CHARS} characters"))
+        if over_objections and not note.strip():
+            violations.append(FieldViolation(note_field, "approving over open objections needs the reason, here"))
         if violations:
             raise InvalidArgument(violations)
         note = note.strip()
         if decision is ApprovalDecision.REJECTED:
             note = note or "rejected by the client"
         record = await self.get(run_id)
+        if decision is ApprovalDecision.APPROVED and not over_objections and record.approval is None:
+            _refuse_over_open_objections(record)
         decided_by = current_principal_name()
         if (
             decision is ApprovalDecision.APPROVED

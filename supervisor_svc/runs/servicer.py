@@ -170,7 +170,9 @@ class SupervisorServicer(supervisor_pb2_grpc.SupervisorServiceServicer):
     async def ApproveRun(
         self, request: supervisor_pb2.ApproveRunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> supervisor_pb2.ApproveRunResponse:
-        record = await self._supervisor.approve(request.run_id, request.comment)
+        record = await self._supervisor.approve(
+            request.run_id, request.comment, over_objections=request.over_objections
+        )
         return supervisor_pb2.ApproveRunResponse(run=run_to_proto(record))
 
     async def RejectRun(

@@ -15,7 +15,6 @@ from supervisor_svc.runs.domain import Citation, Report
 from supervisor_svc.verification.sentences import MARKER
 from supervisor_svc.verification.state import (
     ObjectionState,
-    ObjectionStatus,
     SentenceCheck,
     SentenceStatus,
     Verification,
@@ -39,8 +38,10 @@ _STATUSES = {
     SentenceStatus.REMOVED: "removed from the report",
     SentenceStatus.UNAUDITED: "not audited: no auditor could judge it",
     SentenceStatus.OBJECTED: "objected to: the objection is still open",
+    SentenceStatus.APPROVED_OVER_OBJECTION: (
+        "not supported: the review left the objection open, and a person approved the run over it"
+    ),
 }
-_APPROVED_BY_PERSON = "kept as written: the review left the objection open, and a person approved the sentence"
 
 
 def verification_sections(verification: Verification, citations: Sequence[Citation]) -> str:
@@ -119,11 +120,7 @@ def _sentence_line(sentence: SentenceCheck, verification: Verification) -> str:
     numbers = sentence.finding_sequence_nos
     findings = f"finding{'s' if len(numbers) != 1 else ''} {', '.join(map(str, numbers))}"
     objections = [o for o in verification.objections if o.sentence_index == sentence.sentence_index]
-    approved = any(o.status is ObjectionStatus.APPROVED_BY_PERSON for o in objections)
-    status = (
-        _APPROVED_BY_PERSON if sentence.status is SentenceStatus.UPHELD and approved else _STATUSES[sentence.status]
-    )
-    line = f"- {_quoted(sentence.text)} ({findings}): {status}"
+    line = f"- {_quoted(sentence.text)} ({findings}): {_STATUSES[sentence.status]}"
     if sentence.status is not SentenceStatus.SOUND and objections:
         line += "; " + "; ".join(_objection(o) for o in objections)
     return line

@@ -25,14 +25,17 @@ async def record_resolution(ledger: RunLedger, resolution: ObjectionResolution) 
     )
 
 
-async def approve_open_objections(verification: Verification, comment: str, ledger: RunLedger) -> Verification:
-    """A person approved the run: each objection still open is closed by their approval (the comment its
-    reason) and its sentence, already in the report as written, is upheld."""
+async def approve_open_objections(
+    verification: Verification, comment: str, approver: str, ledger: RunLedger
+) -> Verification:
+    """A person approved the run over the objections still open (ApproveRun with over_objections): each is
+    resolved on the ledger as approved over, by whom and why, and its sentence stays in the report as written,
+    APPROVED_OVER_OBJECTION: the review never stood behind it, and the run does not say it did."""
     still_open = verification.open_objections
     if not still_open:
         return verification
     texts = {sentence.sentence_index: sentence.text for sentence in verification.sentences}
-    reason = comment.strip()[:MAX_REASON_CHARS] or "approved by a person without a comment"
+    reason = f"approved over the objection by {approver or 'a person'}: {comment.strip() or 'no reason given'}"
     settled = {}
     for objection in still_open:
         record = ObjectionResolution(
@@ -40,20 +43,20 @@ async def approve_open_objections(verification: Verification, comment: str, ledg
             resolution=Resolution.APPROVED_BY_PERSON,
             sentence_index=objection.sentence_index,
             sentence=texts[objection.sentence_index][:MAX_REASON_CHARS],
-            reason=reason,
+            reason=reason[:MAX_REASON_CHARS],
         )
         settled[objection.objection_sequence_no] = replace(
             objection,
             status=ObjectionStatus.APPROVED_BY_PERSON,
             resolution_sequence_no=await record_resolution(ledger, record),
         )
-    upheld = {objection.sentence_index for objection in still_open}
+    approved_over = {objection.sentence_index for objection in still_open}
     return replace(
         verification,
         objections=tuple(settled.get(o.objection_sequence_no, o) for o in verification.objections),
         sentences=tuple(
-            replace(s, status=SentenceStatus.UPHELD)
-            if s.sentence_index in upheld and s.status is SentenceStatus.OBJECTED
+            replace(s, status=SentenceStatus.APPROVED_OVER_OBJECTION)
+            if s.sentence_index in approved_over and s.status is SentenceStatus.OBJECTED
             else s
             for s in verification.sentences
         ),

@@ -17,10 +17,12 @@ from quarry.records.research import ClaimJudgement
 class SentenceStatus(enum.StrEnum):
     SOUND = "sound"
     REVISED = "revised"
-    UPHELD = "upheld"  # kept as written: an adjudicator dismissed the objection, or a person approved it
+    UPHELD = "upheld"  # kept as written: an adjudicator dismissed the objection
     REMOVED = "removed"
     UNAUDITED = "unaudited"  # no auditor could judge it
     OBJECTED = "objected"  # an objection is still open (only while a run awaits approval)
+    # Kept as written with its objection unsettled: a person approved the run over it. Never supported.
+    APPROVED_OVER_OBJECTION = "approved_over_objection"
 
     @property
     def in_report(self) -> bool:
@@ -37,7 +39,7 @@ class ObjectionStatus(enum.StrEnum):
     REVISED = "revised"
     DISMISSED = "dismissed"
     SENTENCE_REMOVED = "sentence_removed"
-    APPROVED_BY_PERSON = "approved_by_person"  # left open by the review, then approved with the run
+    APPROVED_BY_PERSON = "approved_by_person"  # left open by the review, then approved over by a person
 
 
 # Judgements that let the report cite a finding.

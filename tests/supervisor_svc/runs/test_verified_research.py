@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import pytest
 
 from quarry.clients.channels import open_channel
@@ -309,7 +310,7 @@ async def awaiting_approval(client: RunsClient) -> supervisor_pb2.Run:
     return run
 
 
-async def test_an_objection_the_review_cannot_settle_waits_for_the_person_who_approves_the_run(
+async def test_an_objection_the_review_cannot_settle_blocks_approval_unless_approved_over_with_a_reason(
     mesh: ProcessMesh, site: FixtureWeb, script: EvidenceScript
 ) -> None:
     unsettled_objection(script, site)
@@ -320,7 +321,13 @@ async def test_an_objection_the_review_cannot_settle_waits_for_the_person_who_ap
         RunsClient.connect(mesh.supervisor.address, api_key=APPROVER_API_KEY) as approver,
     ):
         waiting = await awaiting_approval(client)
-        approved = await approver.approve_run(waiting.run_id, comment=comment)
+        # A plain approval is refused, naming the objection; approving over it needs a reason.
+        with pytest.raises(grpc.aio.AioRpcError) as plain:
+            await approver.approve_run(waiting.run_id, comment=comment)
+        with pytest.raises(grpc.aio.AioRpcError) as unexplained:
+            await approver.approve_run(waiting.run_id, over_objections=True)
+        still_waiting = await client.get_run(waiting.run_id)
+        approved = await approver.approve_run(waiting.run_id, comment=comment, over_objections=True)
         events = [event async for event in client.stream_run(waiting.run_id)]
     async with open_channel(mesh.scratchpad.address, token=mesh.supervisor_token) as channel:
         entries = await ScratchpadClient(channel).read_all(waiting.scratchpad_thread_id)
@@ -345,7 +352,15 @@ async def test_an_objection_the_review_cannot_settle_waits_for_the_person_who_ap
     [awaiting] = [e.status for e in events if e.status.phase == supervisor_pb2.RESEARCH_PHASE_AWAITING_APPROVAL]
     assert f"1 objection(s) still open: sentence {sentence.sentence_index}: {OBJECTED}" in awaiting.message
 
-    # Approved: the person's approval closes the objection and upholds the sentence.
+    assert plain.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"objection {objection.objection_sequence_no} against sentence {sentence.sentence_index}" in (
+        plain.value.details() or ""
+    )
+    assert "--over-objections" in (plain.value.details() or "")
+    assert unexplained.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert still_waiting.state == supervisor_pb2.RUN_STATE_AWAITING_APPROVAL
+
+    # Approved over the objection: it is resolved, and its sentence stays as written, never counted as supported.
     assert approved.state == supervisor_pb2.RUN_STATE_SUCCEEDED
     assert events[-1].WhichOneof("payload") == "completed", events[-1]
     completed = events[-1].completed
@@ -356,12 +371,13 @@ async def test_an_objection_the_review_cannot_settle_waits_for_the_person_who_ap
     assert closed.status == supervisor_pb2.OBJECTION_STATUS_APPROVED_BY_PERSON and closed.resolution_sequence_no
     assert [(s.text, s.status) for s in verification.sentences] == [
         (S_OPENED, supervisor_pb2.SENTENCE_STATUS_SOUND),
-        (S_UPHELD, supervisor_pb2.SENTENCE_STATUS_UPHELD),
+        (S_UPHELD, supervisor_pb2.SENTENCE_STATUS_APPROVED_OVER_OBJECTION),
     ]
-    assert (verification.supported_claims, verification.removed_claims) == (2, 0)
+    # The claim only the approved-over sentence states is not counted as supported.
+    assert (verification.supported_claims, verification.removed_claims) == (1, 0)
     body, stated = completed.report.markdown.split("## How each claim was verified")
     assert body.strip() == f"## The tower\n\n{S_OPENED} {S_UPHELD}"
-    assert "the review left the objection open, and a person approved the sentence" in stated
+    assert "not supported: the review left the objection open, and a person approved the run over it" in stated
     assert "still open" not in stated
 
     # The ledger: the resolution, the approver's comment its reason, then the approval's note.
@@ -373,7 +389,7 @@ async def test_an_objection_the_review_cannot_settle_waits_for_the_person_who_ap
     assert (resolution.resolution, resolution.objection_ref, resolution.reason, resolution.sentence) == (
         Resolution.APPROVED_BY_PERSON,
         objection.objection_sequence_no,
-        comment,
+        f"approved over the objection by approver: {comment}",
         S_UPHELD,
     )
     [note] = [e for e in entries if e.content.startswith("Approved by approver")]

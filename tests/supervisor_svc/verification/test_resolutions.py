@@ -34,16 +34,16 @@ class RefusingPlane(RecordingPlane):
         raise Unavailable("the scratchpad is away")
 
 
-async def test_an_approval_closes_each_open_objection_on_the_ledger_it_is_given() -> None:
+async def test_an_approval_over_open_objections_resolves_each_on_the_ledger_and_supports_none() -> None:
     plane = RecordingPlane()
     ledger = RunLedger(plane, RUN_ID, RUN_ID)  # type: ignore[arg-type]
-    approved = await approve_open_objections(VERIFICATION, "  Checked the plaque myself. ", ledger)
+    approved = await approve_open_objections(VERIFICATION, "  Checked the plaque myself. ", "alice", ledger)
     resolution = ObjectionResolution(
         objection_ref=7,
         resolution=Resolution.APPROVED_BY_PERSON,
         sentence_index=1,
         sentence="It opened in 1889 [1].",
-        reason="Checked the plaque myself.",
+        reason="approved over the objection by alice: Checked the plaque myself.",
     )
     # One entry, written as the run's supervisor under a request id that names the run and the objection.
     assert plane.appended == [(EntryKind.RESOLUTION, resolution, f"{RUN_ID}/resolution/7")]
@@ -51,13 +51,15 @@ async def test_an_approval_closes_each_open_objection_on_the_ledger_it_is_given(
         ObjectionState(7, 1, "the finding gives no year", ObjectionStatus.APPROVED_BY_PERSON, resolution_sequence_no=1),
         VERIFICATION.objections[1],
     )
-    assert [s.status for s in approved.sentences] == [SentenceStatus.UPHELD, SentenceStatus.REVISED]
-    assert await approve_open_objections(approved, "again", ledger) is approved  # nothing open: nothing written
+    # The sentence stays as written, never counted as supported.
+    assert [s.status for s in approved.sentences] == [SentenceStatus.APPROVED_OVER_OBJECTION, SentenceStatus.REVISED]
+    assert not approved.sentences[0].status.supported and approved.sentences[0].status.in_report
+    assert await approve_open_objections(approved, "again", "alice", ledger) is approved  # nothing open: no entry
     assert len(plane.appended) == 1
 
 
 async def test_an_approval_the_scratchpad_will_not_take_still_stands() -> None:
     ledger = RunLedger(RefusingPlane(), RUN_ID, RUN_ID)  # type: ignore[arg-type]
-    approved = await approve_open_objections(VERIFICATION, "", ledger)
+    approved = await approve_open_objections(VERIFICATION, "", "", ledger)
     assert approved.objections[0].status is ObjectionStatus.APPROVED_BY_PERSON
     assert approved.objections[0].resolution_sequence_no == 0  # unrecorded, logged

@@ -115,7 +115,7 @@ class Desk:
         )
 
     async def approve(self, verification: Verification, comment: str) -> Verification:
-        return await approve_open_objections(verification, comment, self.ledger)
+        return await approve_open_objections(verification, comment, "alice", self.ledger)
 
     async def resolutions(self) -> list[ObjectionResolution]:
         found = []
@@ -357,8 +357,8 @@ async def test_with_a_person_to_decide_what_the_review_cannot_settle_stays_open_
     assert {c.sentence_index: c.status for c in approved.sentences} == {
         1: SentenceStatus.SOUND,
         2: SentenceStatus.REMOVED,
-        3: SentenceStatus.UPHELD,
-        4: SentenceStatus.UPHELD,
+        3: SentenceStatus.APPROVED_OVER_OBJECTION,
+        4: SentenceStatus.APPROVED_OVER_OBJECTION,
     }
     closed = [o for o in approved.objections if o.sentence_index in (3, 4)]
     assert {o.status for o in closed} == {ObjectionStatus.APPROVED_BY_PERSON} and all(
@@ -369,11 +369,12 @@ async def test_with_a_person_to_decide_what_the_review_cannot_settle_stays_open_
     for objection in closed:
         resolution = resolutions[objection.objection_sequence_no]
         assert resolution.resolution is Resolution.APPROVED_BY_PERSON
-        assert resolution.reason == "I read the page myself." and resolution.adjudication_ref is None
+        assert resolution.reason == "approved over the objection by alice: I read the page myself."
+        assert resolution.adjudication_ref is None
         assert resolution.sentence == statuses[objection.sentence_index][1]
     stated = with_verification(reviewed.report, approved).markdown
-    assert f"\u201c{TALLEST_REVISED[:-5]}.\u201d (finding 4): kept as written: the review left" in stated
-    assert stated.count("a person approved the sentence") == 2
+    assert f"\u201c{TALLEST_REVISED[:-5]}.\u201d (finding 4): not supported: the review left" in stated
+    assert stated.count("a person approved the run over it") == 2
     # Nothing open: nothing to approve, nothing written.
     assert await desk.approve(approved, "again") == approved
     assert len(await desk.resolutions()) == len(resolutions)
