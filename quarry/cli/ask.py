@@ -37,12 +37,18 @@ from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
 
 EXIT_FAILED = 1
 EXIT_CANCELLED = 130
+# The run completed, but its review did not finish: some cited sentences are marked unverified.
+EXIT_UNVERIFIED = 3
 _SHOWN_ENTRIES = 8
 # What a succeeded run's warnings say here; one this build does not know is shown in the server's words.
 _WARNINGS = {
     supervisor_pb2.RUN_WARNING_CODE_NO_DELEGATIONS: "0 sources: the model never searched",
     supervisor_pb2.RUN_WARNING_CODE_NO_SOURCES: "0 sources: no verified finding was cited",
     supervisor_pb2.RUN_WARNING_CODE_USAGE_ESTIMATED: "tokens estimated: the model server reported no usage",
+    supervisor_pb2.RUN_WARNING_CODE_VERIFICATION_INCOMPLETE: (
+        "not fully verified: the review did not finish, and sentences no auditor judged are marked (unverified); "
+        "give the run more --max-tokens or time, or ask with --verification off to skip the review"
+    ),
 }
 # How long a command waits for the supervisor to answer at all before saying it is not running;
 # the calls after that retry for RetryPolicy.total_seconds, which would be a silent half minute.
@@ -232,7 +238,8 @@ def usage_line(usage: supervisor_pb2.RunUsage) -> str:
 
 def exit_code(event: supervisor_pb2.RunEvent | None) -> int:
     if event is not None and event.HasField("completed"):
-        return 0
+        incomplete = supervisor_pb2.RUN_WARNING_CODE_VERIFICATION_INCOMPLETE
+        return EXIT_UNVERIFIED if any(w.code == incomplete for w in event.completed.warnings) else 0
     return EXIT_CANCELLED if event is not None and event.HasField("cancelled") else EXIT_FAILED
 
 

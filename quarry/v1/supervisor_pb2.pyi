@@ -132,6 +132,11 @@ class _RunWarningCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunWar
     """The model server reported no token usage for some calls: the run's token counts, and its
     token budget, rest on estimates (about four characters a token).
     """
+    RUN_WARNING_CODE_VERIFICATION_INCOMPLETE: _RunWarningCode.ValueType  # 4
+    """The review of a verified run did not finish (its budget or time ran out, or its auditors failed):
+    the cited sentences no auditor judged are SENTENCE_STATUS_UNAUDITED, and the report's body marks
+    each "(unverified)". `quarry ask` exits 3.
+    """
 
 class RunWarningCode(_RunWarningCode, metaclass=_RunWarningCodeEnumTypeWrapper):
     """What a succeeded run's report lacks. Such a run still succeeds and delivers its report: the
@@ -150,6 +155,11 @@ verified finding, or the report cited none of them.
 RUN_WARNING_CODE_USAGE_ESTIMATED: RunWarningCode.ValueType  # 3
 """The model server reported no token usage for some calls: the run's token counts, and its
 token budget, rest on estimates (about four characters a token).
+"""
+RUN_WARNING_CODE_VERIFICATION_INCOMPLETE: RunWarningCode.ValueType  # 4
+"""The review of a verified run did not finish (its budget or time ran out, or its auditors failed):
+the cited sentences no auditor judged are SENTENCE_STATUS_UNAUDITED, and the report's body marks
+each "(unverified)". `quarry ask` exits 3.
 """
 Global___RunWarningCode: _TypeAlias = RunWarningCode  # noqa: Y015
 

@@ -55,12 +55,13 @@ class RunErrorCode(enum.StrEnum):
 
 
 class RunWarning(enum.StrEnum):
-    """What a succeeded run's reader should know: its report lacks sources, or its costs are estimates. The run
-    still succeeds: the text is delivered, with the warning."""
+    """What a succeeded run's reader should know: its report lacks sources, its review did not finish, or its costs
+    are estimates. The run still succeeds: the text is delivered, with the warning."""
 
     NO_DELEGATIONS = "no_delegations"
     NO_SOURCES = "no_sources"
     USAGE_ESTIMATED = "usage_estimated"
+    VERIFICATION_INCOMPLETE = "verification_incomplete"
 
     @property
     def message(self) -> str:
@@ -70,6 +71,10 @@ class RunWarning(enum.StrEnum):
 _WARNING_MESSAGES = {
     RunWarning.NO_DELEGATIONS: "the model never delegated research: nothing was searched, the report cites no source",
     RunWarning.NO_SOURCES: "no verified finding was cited: the report rests on no verified source",
+    RunWarning.VERIFICATION_INCOMPLETE: (
+        "the review did not finish: cited sentences no auditor judged stand on no audit, and are marked "
+        "“(unverified)” in the report"
+    ),
     RunWarning.USAGE_ESTIMATED: (
         "the model server reported no token usage for some calls: token counts and the token budget rest on "
         "estimates (about four characters a token)"

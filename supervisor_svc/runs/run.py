@@ -234,7 +234,7 @@ class ResearchRun:
                     )
                     if verification is not None:
                         report, verification = await self._review(report, entries, verification, delegator)
-            warnings = report_warnings(report, end, self._account.usage().total)
+            warnings = report_warnings(report, end, self._account.usage().total, verification)
             if self.record.options.require_approval:  # after the run's time limit: a person may take longer
                 verification = await self._await_approval(report, verification, announce=awaited is None)
             if verification is not None:  # the final report states how each claim was verified

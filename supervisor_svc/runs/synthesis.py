@@ -25,7 +25,7 @@ from quarry.identity import Role
 from quarry.vocabulary import Entry, EntryKind
 from supervisor_svc.runs.domain import Citation, Report, RunWarning
 from supervisor_svc.runs.publishing import TextStream
-from supervisor_svc.verification.state import Contradiction, Verification
+from supervisor_svc.verification.state import Contradiction, SentenceStatus, Verification
 
 # Entries whose sources a worker verified before the scratchpad accepted them: researchers' findings.
 # (A claim-verifier's verdict judges a finding; it is not a source of its own.)
@@ -145,10 +145,14 @@ class ResearchEnd:
     delegations: int = 0  # delegations that went out to a worker
 
 
-def report_warnings(report: Report, end: ResearchEnd, usage: Usage) -> tuple[RunWarning, ...]:
-    """Why a report cites no verified source, if it cites none (prose without sources is not research), and
-    whether the run's token counts are estimates."""
+def report_warnings(
+    report: Report, end: ResearchEnd, usage: Usage, verification: Verification | None = None
+) -> tuple[RunWarning, ...]:
+    """Why a report cites no verified source, if it cites none (prose without sources is not research), whether
+    its review left cited sentences unaudited, and whether the run's token counts are estimates."""
     estimated = (RunWarning.USAGE_ESTIMATED,) if usage.estimated_calls else ()
+    if verification is not None and any(s.status is SentenceStatus.UNAUDITED for s in verification.sentences):
+        estimated = (RunWarning.VERIFICATION_INCOMPLETE, *estimated)
     if report.citations:
         return estimated
     return ((RunWarning.NO_SOURCES,) if end.delegations else (RunWarning.NO_DELEGATIONS,)) + estimated

@@ -68,6 +68,10 @@ class ReviewStage(enum.StrEnum):
 StatusListener = Callable[[ReviewStage, str], Awaitable[None]]
 
 
+# Put before a cited sentence in the report's body when no auditor judged it.
+UNVERIFIED_MARK = "(unverified) "
+
+
 @dataclass(frozen=True)
 class ReviewRequest:
     """What is reviewed, and how far the review may go."""
@@ -340,6 +344,12 @@ class _Review:
         removed = {t.index for t in audited if t.status is SentenceStatus.REMOVED}
         # A revised text stands once revised, upheld, or left open (the text its objection was raised against).
         replaced = {t.index: t.text for t in audited if t.text != t.sentence.text}
+        # A sentence no auditor judged (the review ran out of budget or time, its auditor failed, or it is past the
+        # bound) says so where it stands, not only in the verification section: the review failed closed.
+        for sentence in self._draft.cited():
+            tracked = by_index.get(sentence.index)
+            if tracked is None or tracked.status is SentenceStatus.UNAUDITED:
+                replaced[sentence.index] = UNVERIFIED_MARK + replaced.get(sentence.index, sentence.text)
         markdown = self._draft.rebuild(replaced, removed)
         citations = CitationFilter(self._sources)
         citations.feed(markdown)

@@ -22,6 +22,8 @@ from tests.fakes.web_server import FixtureWeb
 QUESTION = "When did the Eiffel Tower open, and how tall is it?"
 # An adjudicator's "decision" that makes its model call fail: the objection is left undecided.
 UNDECIDED = "undecided"
+# An auditor's "judgement" that makes its model call fail: the sentence is left unaudited.
+AUDIT_FAILS = "fails"
 NOTES = "SUPERVISOR-NOTE: the opening date looks settled; I believe it is the tallest in the world."
 
 
@@ -57,7 +59,8 @@ class EvidenceScript(Choreography):
 
     site_url: str = ""
     verdicts: dict[str, Callable[[int, str], Step]] = field(default_factory=dict)  # by the finding's claim
-    audits: dict[str, tuple[str, str]] = field(default_factory=dict)  # by sentence text: (judgement, objection)
+    # By sentence text: (judgement, objection); AUDIT_FAILS for an auditor whose model call fails.
+    audits: dict[str, tuple[str, str]] = field(default_factory=dict)
     revisions: dict[str, str] = field(default_factory=dict)  # by sentence text: the reviser's answer
     decisions: dict[str, str] = field(default_factory=dict)  # by sentence text: the adjudicator's decision
     unanswered: list[str] = field(default_factory=list)  # requests no script answered
@@ -98,6 +101,8 @@ class EvidenceScript(Choreography):
         task = task_of(body)
         refs = json.loads(re.findall(r"finding_refs (\[[\d, ]+\])", task)[-1])
         judgement, objection = next(audit for text, audit in self.audits.items() if shown(task) == text)
+        if judgement == AUDIT_FAILS:
+            return HttpError(400, message="the auditor's model refused the request")
         audited = {"sentence_index": index, "finding_refs": refs, "judgement": judgement, "objection": objection}
         return Reply(calls=(Call("submit_citation_audit", {"sentences": [audited]}, "audit"),))
 

@@ -33,6 +33,7 @@ from quarry.vocabulary import EntryKind
 from tests.conftest import APPROVER_API_KEY
 from tests.fakes.choreography import REPORT
 from tests.fakes.evidence import (
+    AUDIT_FAILS,
     EARLY,
     GUIDE,
     HEIGHT,
@@ -279,6 +280,32 @@ async def test_in_a_run_a_refused_verifier_leaves_its_finding_uncited_and_a_malf
 
 
 OBJECTED = "stands high is not what the finding says"
+
+
+async def test_a_sentence_no_auditor_judged_is_marked_unverified_in_the_body_and_the_run_warns(
+    mesh: ProcessMesh, site: FixtureWeb, script: EvidenceScript
+) -> None:
+    research(script, site, OPENED, TALL)
+    script.verdicts = {
+        OPENED[0]: verdict("supported", OPENED[2], OPENING[0], "the page gives the opening date"),
+        TALL[0]: verdict("supported", TALL[2], HEIGHT[0], "the page gives the height"),
+    }
+    script.add(REPORT, Reply(content=f"## The tower\n\n{S_OPENED} {S_WRONG_REVISED}"))
+    script.audits = {marked(S_OPENED): ("sound", ""), marked(S_WRONG_REVISED): (AUDIT_FAILS, "")}
+
+    events, stored, _ = await verified_run(mesh)
+
+    assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED, events[-1]
+    statuses = {s.text: s.status for s in stored.verification.sentences}
+    assert statuses == {
+        S_OPENED: supervisor_pb2.SENTENCE_STATUS_SOUND,
+        S_WRONG_REVISED: supervisor_pb2.SENTENCE_STATUS_UNAUDITED,
+    }
+    # Failed closed: the body itself says which sentence stands on no audit, and the run says so too.
+    body = stored.report.markdown.split("## How each claim was verified")[0]
+    assert body.strip() == f"## The tower\n\n{S_OPENED} (unverified) {S_WRONG_REVISED}"
+    codes = [w.code for w in events[-1].completed.warnings]
+    assert codes == [supervisor_pb2.RUN_WARNING_CODE_VERIFICATION_INCOMPLETE] == [w.code for w in stored.warnings]
 
 
 def unsettled_objection(script: EvidenceScript, site: FixtureWeb) -> None:

@@ -285,7 +285,8 @@ async def test_what_is_left_unsettled_leaves_the_report_and_an_unjudged_sentence
 
     reviewed = await desk.review(DRAFT, rounds=1)
 
-    assert reviewed.report.markdown == f"# The Eiffel Tower\n\n{OPENED}\n"
+    # The sentence no auditor judged stays, marked as unverified where it stands.
+    assert reviewed.report.markdown == f"# The Eiffel Tower\n\n(unverified) {OPENED}\n"
     assert reviewed.report.removed_citations == 1  # the revision's [9] names no source
     statuses = {check.sentence_index: check.status for check in reviewed.sentences}
     assert statuses == {
