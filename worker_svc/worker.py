@@ -74,7 +74,9 @@ class Worker:
             recordings=recordings,
         )
         self._running: dict[str, asyncio.Task[DelegationResult]] = {}
-        self._admitting = 0
+        # Delegations being admitted: counted with those running, each once (an admitted one is in both until
+        # its admission returns, a loop iteration after its task was registered).
+        self._admitting: set[str] = set()
         self._leases = LeaseKeeper(
             "delegation",
             delegations.owner,
@@ -133,7 +135,7 @@ class Worker:
             )
         if self._closing:
             raise Unavailable("this worker is shutting down; try another", reason=ErrorReason.SHUTTING_DOWN)
-        if len(self._running) + self._admitting >= self._limits.max_concurrent:
+        if len(self._admitting.union(self._running)) >= self._limits.max_concurrent:
             raise ResourceExhausted(
                 f"this worker already runs {self._limits.max_concurrent} delegations; try another worker or later",
                 reason=ErrorReason.TOO_MANY_DELEGATIONS,
@@ -141,14 +143,14 @@ class Worker:
         resumed = existing if existing is not None and existing.interrupted else None
         conversation_id = resumed.conversation_id if resumed is not None else ids.new_conversation_id()
         queue: asyncio.Queue[Event] = asyncio.Queue()
-        self._admitting += 1  # holds the slot across the await, so concurrent calls cannot overshoot
+        self._admitting.add(request.delegation_id)  # holds the slot across the await: no overshoot
         self._admitted.clear()
         try:
             # Shielded: once the row says "running", a task that ends it must exist, even if our caller
             # is cancelled meanwhile (the task then runs to its recorded outcome unobserved).
             task = await asyncio.shield(self._admit(request, conversation_id, queue, resumed=resumed is not None))
         finally:
-            self._admitting -= 1
+            self._admitting.discard(request.delegation_id)
             if not self._admitting:
                 self._admitted.set()
         return self._stream(request, conversation_id, task, queue)
