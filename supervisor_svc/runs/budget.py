@@ -62,3 +62,15 @@ class TokenBudget:
         """An equal part of what is left for each of `ways` delegations (0: no bound)."""
         left = self.left()
         return 0 if left is None else max(left // max(ways, 1), 1)
+
+    def one_call(self) -> int:
+        """What one model call has cost this run, on average (0 before any call)."""
+        total = self.account.usage().total
+        return total.tokens // total.model_calls if total.model_calls else 0
+
+    def affords(self, ways: int) -> bool:
+        """Whether each of `ways` delegations would get at least one model call's cost: a share smaller than
+        that buys a call that is cut off, so the delegation is not started (its work is left undone, and
+        says so) rather than started to fail on the budget."""
+        share = self.share(ways)
+        return share == 0 or share >= self.one_call()

@@ -163,12 +163,16 @@ class Delegator:
         finally:
             self._expected.discard(call.id)
         if result is None:
-            raise ToolError("the run's token budget is spent: no new delegation starts")
+            raise ToolError(
+                "the run's token budget is spent (or what is left would not pay one model call each): "
+                "no new delegation starts"
+            )
         return render_result(result, await self._promoted_entries(result))
 
     async def assign(self, contract: Contract, key: str, *, sharing: int = 1) -> DelegationResult | None:
         """A contract the run itself orders (a claim-verifier's, an auditor's, an adjudicator's): its
-        result, or None when the token budget was spent before it could start. `key` names the task
+        result, or None when the token budget was spent before it could start, or its share of what is
+        left would not pay for one model call. `key` names the task
         within the run (it becomes the delegation's tool_call_id); `sharing` is how many such tasks
         share the budget left."""
         return await self._dispatch(contract, key, sharing=lambda: sharing)
@@ -193,8 +197,15 @@ class Delegator:
             async with self._slots:
                 if self._budget.spent():
                     return None
-                self.dispatched += 1
                 ways = min(max(sharing(), 1), self._parallel)
+                if not self._budget.affords(ways):
+                    log.info(
+                        "run %s: %s not started: its share of the budget left is under one model call's cost",
+                        self._run_id,
+                        delegation_id,
+                    )
+                    return None
+                self.dispatched += 1
                 order = self._order(contract, key, delegation_id, ways, resumed=reused is not None)
                 await self._ledger.assigned(
                     delegation_id, contract.role, contract.objective, contract.criteria, contract.input_refs

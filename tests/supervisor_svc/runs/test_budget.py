@@ -63,3 +63,15 @@ def test_shares_split_what_is_left_and_never_round_down_to_no_bound() -> None:
     assert TokenBudget(BUDGET, account_at(400)).share(0) == 600  # no one else shares it
     assert TokenBudget(BUDGET, account_at(BUDGET - 1)).share(4) == 1
     assert TokenBudget(BUDGET, account_at(BUDGET)).share(1) == 1
+
+
+def test_a_share_under_one_model_calls_cost_is_not_afforded() -> None:
+    """A role started on less than one call's cost fails on the budget after spending it: it is not started.
+    One call's cost is the run's average so far; before any call there is none, and any share will do."""
+    account = RunAccount()
+    budget = TokenBudget(BUDGET, account)
+    assert budget.one_call() == 0 and budget.affords(10)
+    account.add_worker(Usage(input_tokens=600, output_tokens=100, model_calls=4))  # 175 tokens a call
+    assert budget.one_call() == 175 and budget.left() == 300
+    assert budget.affords(1) and not budget.affords(2)  # 300 pays for one call; 150 does not
+    assert TokenBudget(0, account).affords(100)  # no budget: nothing to run short of

@@ -207,6 +207,17 @@ async def test_a_run_at_its_token_budget_starts_no_delegation(store: RunStore, u
         assert workers.orders == [] and delegator.dispatched == 0
 
 
+async def test_a_role_whose_share_would_not_pay_one_call_is_not_started(store: RunStore) -> None:
+    delegator, workers, account = desk(store, parallel=4, max_tokens=1000)
+    account.add_worker(Usage(input_tokens=700, output_tokens=100, model_calls=4))  # 200 tokens a call, 200 left
+    assert await delegator.assign(Contract(Role.CITATION_AUDITOR, "audit"), "a1", sharing=2) is None  # 100 each
+    assert workers.orders == [] and delegator.dispatched == 0
+    workers.release["a2"] = asyncio.Event()
+    workers.release["a2"].set()
+    result = await delegator.assign(Contract(Role.CITATION_AUDITOR, "audit"), "a2", sharing=1)  # 200: one call
+    assert result is not None and [order.max_tokens for order in workers.orders] == [200]
+
+
 @pytest.mark.parametrize(
     ("arguments", "field"),
     [
