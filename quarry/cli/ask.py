@@ -46,8 +46,9 @@ _WARNINGS = {
     supervisor_pb2.RUN_WARNING_CODE_NO_SOURCES: "0 sources: no verified finding was cited",
     supervisor_pb2.RUN_WARNING_CODE_USAGE_ESTIMATED: "tokens estimated: the model server reported no usage",
     supervisor_pb2.RUN_WARNING_CODE_VERIFICATION_INCOMPLETE: (
-        "not fully verified: the review did not finish, and sentences no auditor judged are marked (unverified); "
-        "give the run more --max-tokens or time, or ask with --verification off to skip the review"
+        "not fully verified: the review did not finish (findings no verifier judged are not cited, sentences no "
+        "auditor judged are marked (unverified)); give the run more --max-tokens or time, or, for a model that "
+        "cannot play the review's roles, ask with --verification off"
     ),
 }
 # How long a command waits for the supervisor to answer at all before saying it is not running;

@@ -133,9 +133,10 @@ class _RunWarningCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunWar
     token budget, rest on estimates (about four characters a token).
     """
     RUN_WARNING_CODE_VERIFICATION_INCOMPLETE: _RunWarningCode.ValueType  # 4
-    """The review of a verified run did not finish (its budget or time ran out, or its auditors failed):
-    the cited sentences no auditor judged are SENTENCE_STATUS_UNAUDITED, and the report's body marks
-    each "(unverified)". `quarry ask` exits 3.
+    """The review of a verified run did not finish (its budget or time ran out, or its roles failed):
+    findings no verifier could judge (CLAIM_JUDGEMENT_UNVERIFIED) are not cited, and cited sentences no
+    auditor judged (SENTENCE_STATUS_UNAUDITED) are marked "(unverified)" in the report's body.
+    `quarry ask` exits 3.
     """
 
 class RunWarningCode(_RunWarningCode, metaclass=_RunWarningCodeEnumTypeWrapper):
@@ -157,9 +158,10 @@ RUN_WARNING_CODE_USAGE_ESTIMATED: RunWarningCode.ValueType  # 3
 token budget, rest on estimates (about four characters a token).
 """
 RUN_WARNING_CODE_VERIFICATION_INCOMPLETE: RunWarningCode.ValueType  # 4
-"""The review of a verified run did not finish (its budget or time ran out, or its auditors failed):
-the cited sentences no auditor judged are SENTENCE_STATUS_UNAUDITED, and the report's body marks
-each "(unverified)". `quarry ask` exits 3.
+"""The review of a verified run did not finish (its budget or time ran out, or its roles failed):
+findings no verifier could judge (CLAIM_JUDGEMENT_UNVERIFIED) are not cited, and cited sentences no
+auditor judged (SENTENCE_STATUS_UNAUDITED) are marked "(unverified)" in the report's body.
+`quarry ask` exits 3.
 """
 Global___RunWarningCode: _TypeAlias = RunWarningCode  # noqa: Y015
 

@@ -72,8 +72,9 @@ _WARNING_MESSAGES = {
     RunWarning.NO_DELEGATIONS: "the model never delegated research: nothing was searched, the report cites no source",
     RunWarning.NO_SOURCES: "no verified finding was cited: the report rests on no verified source",
     RunWarning.VERIFICATION_INCOMPLETE: (
-        "the review did not finish: cited sentences no auditor judged stand on no audit, and are marked "
-        "“(unverified)” in the report"
+        "the review did not finish: findings no verifier could judge are not cited, and cited sentences no "
+        "auditor judged are marked “(unverified)” in the report (the budget or time ran out, or the review's "
+        "roles failed: a model that cannot follow their instructions needs verification off)"
     ),
     RunWarning.USAGE_ESTIMATED: (
         "the model server reported no token usage for some calls: token counts and the token budget rest on "

@@ -151,11 +151,17 @@ def report_warnings(
     """Why a report cites no verified source, if it cites none (prose without sources is not research), whether
     its review left cited sentences unaudited, and whether the run's token counts are estimates."""
     estimated = (RunWarning.USAGE_ESTIMATED,) if usage.estimated_calls else ()
-    if verification is not None and any(s.status is SentenceStatus.UNAUDITED for s in verification.sentences):
+    if verification is not None and _review_unfinished(verification):
         estimated = (RunWarning.VERIFICATION_INCOMPLETE, *estimated)
     if report.citations:
         return estimated
     return ((RunWarning.NO_SOURCES,) if end.delegations else (RunWarning.NO_DELEGATIONS,)) + estimated
+
+
+def _review_unfinished(verification: Verification) -> bool:
+    """Some finding no verifier could judge (it is then not cited), or some cited sentence no auditor judged."""
+    unjudged = any(finding.judgement is None for finding in verification.findings)
+    return unjudged or any(sentence.status is SentenceStatus.UNAUDITED for sentence in verification.sentences)
 
 
 async def write_report(

@@ -277,6 +277,9 @@ async def test_in_a_run_a_refused_verifier_leaves_its_finding_uncited_and_a_malf
         e.kind == scratchpad_pb2.ENTRY_KIND_FINDING and e.author.role == common_pb2.ROLE_VERIFIER for e in entries
     )
     assert stored.verification == completed.verification
+    # The finding no verifier could judge is a review that did not finish: the run says so.
+    incomplete = supervisor_pb2.RUN_WARNING_CODE_VERIFICATION_INCOMPLETE
+    assert [w.code for w in completed.warnings] == [incomplete] == [w.code for w in stored.warnings]
 
 
 OBJECTED = "stands high is not what the finding says"
