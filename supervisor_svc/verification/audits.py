@@ -8,7 +8,7 @@ findings. Their outputs come back as ledger records the review reads here, and n
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple, TypeVar
 
 from quarry.identity import Role
@@ -47,29 +47,51 @@ class SentenceAudit(NamedTuple):
     objection: str
 
 
-def audit_contract(question: str, index: int, cited: str, findings: Sequence[int], revision: int) -> Contract:
-    """Sentence `index` (`cited`: its text with its markers naming findings) for a blind auditor."""
+# What a blind claim-verifier read on a finding's page when it judged the finding: its URL and its quote.
+VerifierQuotes = Mapping[int, tuple[str, str]]
+
+
+def audit_contract(
+    question: str, index: int, cited: str, findings: Sequence[int], revision: int, quotes: VerifierQuotes
+) -> Contract:
+    """Sentence `index` (`cited`: its text with its markers naming findings) for a blind auditor, with what
+    each cited finding's verifier read."""
     heading = f"Audit sentence {index}" + (f" (revision {revision})" if revision else "")
     numbers = ", ".join(map(str, findings))
     objective = (
         f"{heading}\n\nThe research question: {question}\n\n"
         f'Sentence {index} of a draft report: "{cited[:MAX_SENTENCE_CHARS]}"\n\n'
-        f"It cites findings {numbers} (scratchpad entries). Submit your audit of sentence_index {index} "
-        f"with finding_refs [{numbers}]."
+        f"It cites findings {numbers} (scratchpad entries).{_verifier_quotes(findings, quotes)} "
+        f"Submit your audit of sentence_index {index} with finding_refs [{numbers}]."
     )
     return Contract(Role.CITATION_AUDITOR, objective, AUDIT_CRITERIA, tuple(map(str, findings)))
 
 
-def adjudication_contract(question: str, objection: int, index: int, cited: str, findings: Sequence[int]) -> Contract:
-    """Objection `objection`, raised against sentence `index` (`cited`), for a blind adjudicator."""
+def adjudication_contract(
+    question: str, objection: int, index: int, cited: str, findings: Sequence[int], quotes: VerifierQuotes
+) -> Contract:
+    """Objection `objection`, raised against sentence `index` (`cited`), for a blind adjudicator, with what
+    each cited finding's verifier read."""
     objective = (
         f"Adjudicate objection {objection}\n\nThe research question: {question}\n\n"
         f"Objection {objection} was raised against sentence {index} of a draft report: "
         f'"{cited[:MAX_SENTENCE_CHARS]}"\n\n'
+        f"It cites findings {', '.join(map(str, findings))}.{_verifier_quotes(findings, quotes)} "
         f"Decide it with objection_ref {objection}."
     )
     refs = (str(objection), *map(str, findings))
     return Contract(Role.ADJUDICATOR, objective, ADJUDICATION_CRITERIA, refs)
+
+
+def _verifier_quotes(findings: Sequence[int], quotes: VerifierQuotes) -> str:
+    """What the cited findings' verifiers read, as a sentence per finding ("" when none is known): the claim
+    stands on that passage, so a sentence the passage does not bear out is unsound whatever the finding says."""
+    said = [
+        f' Finding {number}\'s claim-verifier read on {quotes[number][0]}: "{quotes[number][1][:MAX_SENTENCE_CHARS]}".'
+        for number in findings
+        if number in quotes and quotes[number][1].strip()
+    ]
+    return "".join(said)
 
 
 def read_audit(result: DelegationResult | None, index: int) -> SentenceAudit | None:

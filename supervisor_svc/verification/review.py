@@ -35,6 +35,7 @@ from supervisor_svc.runs.ledger import RunLedger
 from supervisor_svc.runs.synthesis import CitationFilter
 from supervisor_svc.verification.audits import (
     MAX_FINDINGS_PER_SENTENCE,
+    VerifierQuotes,
     adjudication_contract,
     audit_contract,
     read_adjudication,
@@ -82,6 +83,9 @@ class ReviewRequest:
     sources: Sequence[Citation]
     # Each citable finding's claim, by its sequence number.
     claims: Mapping[int, str]
+    # What each finding's claim-verifier read (URL, quote), by the finding's sequence number: auditors and
+    # adjudicators see it beside the claim.
+    verifier_quotes: VerifierQuotes = field(default_factory=dict)
     max_revision_rounds: int = 2
     max_sentences: int = MAX_AUDITED_SENTENCES
     # A person approves the run: what the review cannot settle stays in, its objection open.
@@ -147,6 +151,7 @@ class _Review:
         self._question = request.question[:_MAX_QUESTION_CHARS]
         self._report = request.draft
         self._sources = {source.number: source for source in request.sources}
+        self._quotes = request.verifier_quotes
         self._desk = desk
         self._leave_unsettled_open = request.leave_unsettled_open
         self._reviser = Reviser(desk.model, desk.budget, self._question, self._sources, request.claims, desk.run_id)
@@ -192,7 +197,7 @@ class _Review:
         open), None when no auditor judged it."""
         index = tracked.index
         cited = cite_findings(tracked.text, self._sources)
-        contract = audit_contract(self._question, index, cited, tracked.findings, revision)
+        contract = audit_contract(self._question, index, cited, tracked.findings, revision, self._quotes)
         result = await self._desk.delegator.assign(contract, f"audit-{index}-r{revision}", sharing=sharing)
         verdict = read_audit(result, index)
         if verdict is None:
@@ -263,7 +268,9 @@ class _Review:
         tracked.contest = False
         tracked.adjudicated.add(objection)
         cited = cite_findings(tracked.text, self._sources)
-        contract = adjudication_contract(self._question, objection, tracked.index, cited, tracked.findings)
+        contract = adjudication_contract(
+            self._question, objection, tracked.index, cited, tracked.findings, self._quotes
+        )
         result = await self._desk.delegator.assign(contract, f"adjudicate-{objection}", sharing=sharing)
         decided = read_adjudication(result, objection)
         if decided is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -183,8 +184,20 @@ async def test_a_verified_run_cites_only_supported_claims_surfaces_disagreement_
         if agent.startswith("Audit sentence"):
             sentences = {marked(s).rstrip(".") for s in (S_OPENED, S_WRONG, S_WRONG_REVISED, S_REJECTED, S_UPHELD)}
             [own] = {shown(task_of(request)).rstrip(".") for request in requests}
-            tasks = "".join(task_of(request) for request in requests)
+            # (What the verifiers read is shown too, and may say what another sentence says: not counted here.)
+            tasks = re.sub(r'claim-verifier read on \S+: ".*?"\.', "", "".join(task_of(r) for r in requests))
             assert own in sentences and not any(other in tasks for other in sentences - {own}), agent
+
+    # Auditors and adjudicators see what each cited finding's verifier read, beside the claim (not its verdict).
+    def tasks(prefix: str) -> list[str]:
+        return [
+            task_of(body) for agent, bodies in script.requests.items() if agent.startswith(prefix) for body in bodies
+        ]
+
+    opened_quote = f'claim-verifier read on {site.base_url}{OPENING[0]}: "{OPENED[2]}"'
+    height_quote = f'claim-verifier read on {site.base_url}{HEIGHT[0]}: "{TALL[2]}"'
+    assert any(opened_quote in task for task in tasks("Audit sentence"))
+    assert tasks("Adjudicate objection") and all(height_quote in task for task in tasks("Adjudicate objection"))
 
     # The ledger: gap-free, each delegation assigned, routed and its usage observed; each objection resolved.
     assert [e.sequence_no for e in entries] == list(range(1, len(entries) + 1))
