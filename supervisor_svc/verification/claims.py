@@ -6,6 +6,9 @@ says otherwise. It re-reads the pages itself and returns a ClaimVerdict, which t
 recorded before the result comes back. The supervisor's notes and other verifiers' verdicts are never
 among its inputs. All verifiers run at once; the Delegator bounds how many run and shares the budget.
 
+A supported verdict whose quote lacks the claim's numbers or dates (`missing_specifics`) is flagged: a
+second blind verifier must find the finding citable too, or it stays unverified.
+
 What comes back is a Verification holding one FindingCheck per finding and a Contradiction per finding a
 source contradicts. Only supported or partially supported findings are citable afterwards; a finding
 whose verifier failed, or that no verifier could take before the budget was spent, stays unverified and
@@ -15,7 +18,9 @@ is not citable either.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 from quarry.identity import Role
 from quarry.records.base import RecordError
@@ -81,6 +86,11 @@ async def verify_claims(
         contract = verifier_contract(question, finding, others)
         result = await delegator.assign(contract, f"verify-{finding.sequence_no}", sharing=len(findings))
         check, contradiction = fold_verdict(finding, result)
+        missing = missing_specifics(finding.content, check.quote_excerpt) if check.citable else []
+        if missing:  # support whose quote lacks the claim's specifics: a second, blind verifier must agree
+            await progress(f"finding {finding.sequence_no}: its verifier's quote lacks {', '.join(missing)}")
+            second = await delegator.assign(contract, f"verify-{finding.sequence_no}-second", sharing=len(findings))
+            check = agreed(check, fold_verdict(finding, second)[0], missing)
         await progress(f"finding {finding.sequence_no}: {_judged(check)}")
         return check, contradiction
 
@@ -94,6 +104,36 @@ async def verify_claims(
         findings=tuple(check for check, _ in folded),
         contradictions=tuple(contradiction for _, contradiction in folded if contradiction is not None),
     )
+
+
+# A number (digits, with separators and decimals), or a month's name: a date's parts.
+_SPECIFIC = re.compile(
+    r"\d[\d,.]*\d|\d|\b(?:January|February|March|April|May|June|July|August|September|October|November|December)\b"
+)
+
+
+def missing_specifics(claim: str, quote: str) -> list[str]:
+    """The claim's numbers and dates (a month's name, a year) that the quote does not contain, as written
+    (case, spacing and thousands separators aside). Proper names are not checked: a page names its subject
+    once and then says "the tower", so a quote without the name is no sign of a claim it does not bear."""
+    said = " ".join(quote.replace(",", "").split()).casefold()
+    found: list[str] = []
+    for match in _SPECIFIC.finditer(claim):
+        word = match.group().rstrip(".,").replace(",", "")
+        if word and word.casefold() not in said and word not in found:
+            found.append(word)
+    return found
+
+
+def agreed(first: FindingCheck, second: FindingCheck, missing: Sequence[str]) -> FindingCheck:
+    """A flagged supported verdict stands only when a second verifier finds the finding citable too."""
+    if second.citable:
+        return first
+    why = (
+        f"not verified: the verifier's quote lacks {', '.join(missing)}, and a second verifier did not "
+        f"agree ({second.rationale or 'it judged it ' + (second.judgement.value if second.judgement else 'not')})"
+    )
+    return replace(first, judgement=None, rationale=why)
 
 
 def fold_verdict(finding: Entry, result: DelegationResult | None) -> tuple[FindingCheck, Contradiction | None]:

@@ -12,7 +12,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -50,7 +50,9 @@ from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
 from supervisor_svc.verification.claims import (
     CRITERIA,
     MAX_INPUT_REFS,
+    agreed,
     fold_verdict,
+    missing_specifics,
     verifier_contract,
     verify_claims,
 )
@@ -347,6 +349,45 @@ def finding(n: int, *urls: str) -> Entry:
     sources = tuple(Source(url, "", f"quote {n}") for url in urls)
     return Entry(
         RUN_ID, n, EntryKind.FINDING, Principal("r", Role.RESEARCHER), f"claim {n}", sources, datetime.now(UTC)
+    )
+
+
+async def test_support_whose_quote_lacks_the_claims_date_needs_a_second_verifier_who_agrees(research: Research) -> None:
+    """The quote is real and on the finding's page, but it lacks the year the claim states: flagged, and a
+    second blind verifier, who finds the year missing, leaves the finding uncitable."""
+    pages, script = research.pages, research.script
+    partial = "The tower opened to the public in May"
+    script_verifiers(research)
+    script.scripts[f"Verify finding {SUPPORTED}"].clear()
+    script.add(
+        f"Verify finding {SUPPORTED}",
+        reads(pages["opening"]),
+        Reply(calls=(verdict(SUPPORTED, "supported", pages["opening"], partial, "The page gives the opening."),)),
+        reads(pages["opening"]),  # the second verifier
+        Reply(calls=(verdict(SUPPORTED, "unsupported", pages["opening"], partial, "No year on the page."),)),
+    )
+
+    verification = await research.verify()
+
+    [check] = [c for c in verification.findings if c.finding_sequence_no == SUPPORTED]
+    assert check.judgement is None and not check.citable
+    assert check.rationale.startswith("not verified: the verifier's quote lacks 1889, and a second verifier did")
+    assert SUPPORTED not in verification.citable_findings()
+    assert f"finding {SUPPORTED}: its verifier's quote lacks 1889" in research.progress
+    assert len(script.requests[f"Verify finding {SUPPORTED}"]) == 4  # two verifiers, two calls each
+
+
+def test_a_flagged_verdict_stands_only_when_the_second_verifier_finds_the_finding_citable() -> None:
+    assert missing_specifics("It opened in May 1889, at 330 m.", "It opened in may 1889") == ["330"]
+    assert missing_specifics("It cost 7,799,401 francs.", "it cost 7799401 francs") == []
+    assert missing_specifics("The Eiffel Tower opened.", "The tower opened.") == []  # names are not checked
+    first = FindingCheck(5, "It opened in 1889.", ClaimJudgement.SUPPORTED, quote_excerpt="It opened.")
+    assert agreed(first, replace(first, judgement=ClaimJudgement.PARTIALLY_SUPPORTED), ["1889"]) is first
+    refused = agreed(first, replace(first, judgement=ClaimJudgement.UNSUPPORTED, rationale="no year"), ["1889"])
+    assert refused.judgement is None and not refused.citable
+    assert (
+        refused.rationale
+        == "not verified: the verifier's quote lacks 1889, and a second verifier did not agree (no year)"
     )
 
 
