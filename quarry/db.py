@@ -231,7 +231,7 @@ class Database:
         if self._inline:
             return self._inline_write(work, context)
         result = await self._writes.submit(work, context or contextvars.copy_context())
-        self._outage.succeeded()
+        self._answered()
         return result
 
     def _inline_write(self, work: Callable[[Connection], _T], context: contextvars.Context | None) -> _T:
@@ -239,7 +239,7 @@ class Database:
             result = (context or contextvars.copy_context()).run(self._sqlite_write, work)
         except DRIVER_UNAVAILABLE as error:
             raise self._outage.failed(error) from error
-        self._outage.succeeded()
+        self._answered()
         self._inline_commits += 1
         # The loop's connection never checkpoints (its fsync would stall every RPC): a thread does,
         # one at a time, every so many commits. PASSIVE: it never makes a writer wait.
@@ -273,7 +273,7 @@ class Database:
             row = await self._statements.first_row(*statement.for_driver(self.engine.dialect, params))
         except DRIVER_UNAVAILABLE as error:
             raise self._outage.failed(error) from error
-        self._outage.succeeded()
+        self._answered()
         return row
 
     async def read(self, work: Callable[[Connection], _T]) -> _T:
@@ -291,8 +291,19 @@ class Database:
             result = await asyncio.get_running_loop().run_in_executor(self._reader, context.run, function, work)
         except DRIVER_UNAVAILABLE as error:
             raise self._outage.failed(error) from error
-        self._outage.succeeded()
+        self._answered()
         return result
+
+    def _answered(self) -> None:
+        """A call succeeded. The first after a PostgreSQL outage drops the connections opened before it (the
+        pool's idle ones, those the group-commit writers hold, the event loop's own): they died with the
+        server's side of them, and each would otherwise fail once more, one caller at a time (a run would then
+        wait out a second outage of a few milliseconds, and ask its model again)."""
+        if self._outage.succeeded() and self.engine.dialect.name == "postgresql":
+            self.engine.dispose()
+            self._writes.renew_connections()
+            if self._statements is not None:
+                self._statements.drop_idle()
 
     def _transaction(self, work: Callable[[Connection], _T]) -> _T:
         with self.engine.connect() as connection, connection.begin():

@@ -45,6 +45,10 @@ class _Unit:
     error: BaseException | None = None
 
 
+# Where a writer's connection records the generation it was opened in (GroupCommit.renew_connections).
+_GENERATION = "quarry.group_commit.generation"
+
+
 class GroupCommit:
     """Write transactions of one database, run by `writers` threads that each hold a connection.
 
@@ -76,6 +80,9 @@ class GroupCommit:
         # connection (and its PostgreSQL backend) stays warm, as the pool's one did before.
         self._idle: list[threading.Lock] = []
         self._closing = False
+        # Bumped when the connections writers hold may have died (a database outage ended): a writer whose
+        # connection is from an earlier generation takes a fresh one for its next batch.
+        self._generation = 0
         self._threads: list[threading.Thread] = []
         # Loop side: units submitted and not yet settled, and the callers waiting for room.
         self._pending = 0
@@ -143,8 +150,15 @@ class GroupCommit:
         """Run `units` in one transaction on the writer's own connection (checking one out per batch would cost
         about as much as a short transaction); returns the connection for the next batch."""
         try:
+            if (
+                connection is not None
+                and not connection.closed
+                and connection.info.get(_GENERATION) != self._generation
+            ):
+                connection.close()  # opened before an outage: most likely dead with the server's side of it
             if connection is None or connection.closed or connection.invalidated:
                 connection = self._engine.connect().execution_options(**self._options)
+                connection.info[_GENERATION] = self._generation
             with connection.begin():
                 if len(units) == 1:  # the transaction is the unit's: no savepoint to pay for
                     _run(units[0], connection)
@@ -199,6 +213,10 @@ class GroupCommit:
             if not room.done():
                 room.set_result(None)
                 return
+
+    def renew_connections(self) -> None:
+        """Each writer takes a fresh connection for its next batch (the ones they hold may be dead)."""
+        self._generation += 1
 
     async def close(self) -> None:
         """Commit what is queued, then stop the writers; a write submitted after this is refused."""

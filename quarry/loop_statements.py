@@ -33,6 +33,7 @@ class LoopStatements:
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._slots = asyncio.Semaphore(size)
         self._closed = False
+        self._closing: set[asyncio.Future[None]] = set()
 
     async def first_row(self, sql: str, parameters: Mapping[str, Any] | tuple[Any, ...]) -> tuple[Any, ...] | None:
         """Run `sql` as its own transaction; its first row (None when it returns none) once it has committed.
@@ -74,6 +75,15 @@ class LoopStatements:
     async def _discard(connection: psycopg.AsyncConnection[Any] | None) -> None:
         if connection is not None:
             await connection.close()
+
+    def drop_idle(self) -> None:
+        """Forget the idle connections (after an outage they are dead): each is closed in the background, and
+        the next statements connect afresh."""
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            task = asyncio.ensure_future(connection.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
         """Close the idle connections; one in use closes when its statement ends."""

@@ -76,11 +76,14 @@ class Outage:
         unavailable.__cause__ = error
         return unavailable
 
-    def succeeded(self) -> None:
-        if self.since is not None:
-            log.warning("the %s answers again, after %.1f s", self._where, time.monotonic() - self.since)
-            self.since = None
-            self.disk_full = ""
+    def succeeded(self) -> bool:
+        """A call succeeded; True when that ends an outage."""
+        if self.since is None:
+            return False
+        log.warning("the %s answers again, after %.1f s", self._where, time.monotonic() - self.since)
+        self.since = None
+        self.disk_full = ""
+        return True
 
     def problem(self) -> str | None:
         """Why the service should not take traffic now, if it should not. A full disk is one until there is

@@ -205,7 +205,7 @@ async def test_a_run_waits_out_a_postgresql_outage_longer_than_its_lease_and_suc
                     await asyncio.wait_for(follow, 60)
                 stored = await client.get_run(run.run_id)
             log = mesh.supervisor.log()
-    assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED, log
+    assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED, f"{stored.error}\n{log}"
     assert stored.report.markdown == "Nothing was researched."
     # The stream lived through the outage: one gap-free sequence, with the wait told.
     assert [e.sequence_no for e in events] == list(range(1, len(events) + 1))
