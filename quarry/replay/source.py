@@ -3,10 +3,10 @@
 A request is matched to a recorded exchange by what it asks: a chat request by its messages and tools
 (whatever the model server's address), any other by its method, URL and body. The ids a replay mints
 afresh (its run id, its scratchpad thread) are read as the recorded ones before matching, and written back
-into what is served. Model calls are answered in the order they were recorded, so that parallel agents
-write to the scratchpad in the recorded order: a call waits (a bounded time) for the calls recorded before
-it. A request the recording lacks is a divergence: it is answered with an error, and described by the
-recorded step it departs from and the first message that differs.
+into what is served. Model calls are answered in the order they were recorded, and each scratchpad append
+waits for the entries recorded before it (`before_append`), so that parallel agents write to the scratchpad
+in the recorded order; every such wait is bounded. A request the recording lacks is a divergence: it is
+answered with an error, and described by the recorded step it departs from and the first message that differs.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ class ReplaySource:
         if _is_chat(url):
             await self._after_earlier_calls(index)
         self._served[index] = True
-        await self._notify()
+        self._wake()
         return self._response(self.recording.exchanges[index])
 
     async def before_append(self, author: str, kind: str, content: str) -> None:
@@ -167,6 +167,10 @@ class ReplaySource:
 
     def appended(self, sequence_no: int) -> None:
         self._last_entry = max(self._last_entry, sequence_no)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Tells whatever waits on the recorded order that it moved on (an answer served, an entry in)."""
         progress = self._condition()
 
         async def notify() -> None:
@@ -183,11 +187,6 @@ class ReplaySource:
         if not any(name.lower() == "content-encoding" for name, _ in headers):
             body = self._as_replayed(body)
         return httpx.Response(exchange.status, headers=headers, stream=_Body(body, exchange.complete))
-
-    async def _notify(self) -> None:
-        progress = self._condition()
-        async with progress:
-            progress.notify_all()
 
     def _condition(self) -> asyncio.Condition:
         if self._progress is None:

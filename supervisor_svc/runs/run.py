@@ -397,11 +397,7 @@ class ResearchRun:
             draft=draft,
             sources=verified_sources(entries, verification),
             claims={entry.sequence_no: entry.content for entry in entries if entry.sequence_no in citable},
-            verifier_quotes={
-                finding.finding_sequence_no: (finding.quote_url, finding.quote_excerpt)
-                for finding in verification.findings
-                if finding.quote_excerpt
-            },
+            verifier_quotes=verification.verifier_quotes(),
             max_revision_rounds=self.record.options.revision_rounds,
             leave_unsettled_open=self.record.options.require_approval,
         )

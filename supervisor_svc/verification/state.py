@@ -120,6 +120,10 @@ class Verification:
     def citable_findings(self) -> frozenset[int]:
         return frozenset(f.finding_sequence_no for f in self.findings if f.citable)
 
+    def verifier_quotes(self) -> dict[int, tuple[str, str]]:
+        """What each finding's claim-verifier read (its URL and quote), by the finding's number."""
+        return {f.finding_sequence_no: (f.quote_url, f.quote_excerpt) for f in self.findings if f.quote_excerpt}
+
     def judgement_of(self, finding_sequence_no: int) -> ClaimJudgement | None:
         for finding in self.findings:
             if finding.finding_sequence_no == finding_sequence_no:
