@@ -385,6 +385,10 @@ class SupervisorSettings(ModelTier):
     verify_runs: bool = True
     """Whether a run verifies its report (blind claim-verifiers, a citation audit, objections revised or
     adjudicated) when its StartRun leaves RunOptions.verification unspecified."""
+    verification_reserve: float = Field(default=0.5, ge=0, le=0.9)
+    """The share of a verified run's token budget (RunOptions.max_tokens) held back from research for claim
+    verification, the report and its review: research ends when only the reserve is left, so the audit
+    always has budget to run."""
     approval_wait_seconds: float = Field(default=24 * 3600.0, gt=0, le=30 * 24 * 3600)
     """How long a run started with require_approval waits for ApproveRun or RejectRun; past it the run fails
     with DEADLINE_EXCEEDED. The wait does not count against the run's own time limit."""

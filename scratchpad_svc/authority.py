@@ -6,6 +6,7 @@ from types import MappingProxyType
 
 from quarry.errors import ErrorReason, PermissionDenied
 from quarry.identity import MeshRole, Role
+from quarry.records.research import Objection, ResearchRecord
 from quarry.vocabulary import EntryKind
 
 WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
@@ -22,6 +23,7 @@ WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
                 EntryKind.ROUTE,
                 EntryKind.USAGE,
                 EntryKind.RESOLUTION,
+                EntryKind.OBJECTION,  # only those its citation checks raise (check_record_author)
                 EntryKind.CAMPAIGN_LEDGER,
                 EntryKind.CAMPAIGN_DEAD_END,
                 EntryKind.CAMPAIGN_INSIGHT,
@@ -78,3 +80,21 @@ def check_may_write(role: Role, kind: EntryKind) -> None:
             reason=ErrorReason.KIND_NOT_PERMITTED_FOR_ROLE,
             metadata={"role": role.value, "kind": kind.value},
         )
+
+
+def check_record_author(role: Role, record: ResearchRecord) -> None:
+    """Refuse a record its author's role may write the kind of but not this one: an objection is an auditor's
+    from its audit, or the supervisor's from a citation check of its code, never the other way round."""
+    if not isinstance(record, Objection):
+        return
+    if role is Role.SUPERVISOR and record.check is None:
+        problem = "ROLE_SUPERVISOR raises objections only from its citation checks (check), never as an audit"
+    elif role is not Role.SUPERVISOR and record.check is not None:
+        problem = f"ROLE_{role.name} raises objections from its audit (audit_ref), never as a citation check"
+    else:
+        return
+    raise PermissionDenied(
+        problem,
+        reason=ErrorReason.KIND_NOT_PERMITTED_FOR_ROLE,
+        metadata={"role": role.value, "kind": EntryKind.OBJECTION.value},
+    )

@@ -15,7 +15,7 @@ from quarry.identity import MeshRole
 from quarry.notify import CommitFeed
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import Entry, EntryKind
-from scratchpad_svc.authority import check_may_act_as, check_may_write
+from scratchpad_svc.authority import check_may_act_as, check_may_write, check_record_author
 from scratchpad_svc.feed import EntryFeed, continue_watch
 from scratchpad_svc.store import ScratchpadStore
 from scratchpad_svc.threads import AppendCommand, AppendResult, NewThread, Thread
@@ -101,10 +101,12 @@ class Scratchpad:
         return result
 
     async def _append(self, command: AppendCommand, caller: MeshRole | None) -> AppendResult:
-        validate_append(command, self._limits)
+        record = validate_append(command, self._limits)
         assert command.role is not None and command.kind is not None
         check_may_act_as(caller, command.role)
         check_may_write(command.role, command.kind)
+        if record is not None:
+            check_record_author(command.role, record)
         if self._closed:
             raise ScratchpadClosed()
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()

@@ -9,7 +9,7 @@ from quarry import ids, paging
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.identity import Role
 from quarry.records.base import RecordError
-from quarry.records.research import RECORD_TYPES, parse_record
+from quarry.records.research import RECORD_TYPES, ResearchRecord, parse_record
 from quarry.vocabulary import EntryKind
 from scratchpad_svc.threads import AppendCommand, NewThread
 
@@ -64,7 +64,9 @@ def validate_new_thread(request: NewThread) -> None:
         raise InvalidArgument(violations)
 
 
-def validate_append(command: AppendCommand, limits: Limits) -> None:
+def validate_append(command: AppendCommand, limits: Limits) -> ResearchRecord | None:
+    """Refuse an invalid append with all its field violations; the research record it holds, if its kind holds one."""
+    record = None
     violations = ids.violations(
         ids.THREAD_ID.check("thread_id", command.thread_id),
         ids.REQUEST_ID.check("request_id", command.request_id, when_missing="required: it makes retries safe"),
@@ -81,10 +83,10 @@ def validate_append(command: AppendCommand, limits: Limits) -> None:
         violations.append(FieldViolation("content", f"{size} bytes exceeds the limit of {limits.max_content_bytes}"))
     elif command.kind in TYPED_KINDS:
         try:
-            parse_record(command.kind, command.content)
+            record = parse_record(command.kind, command.content)
         except RecordError as error:
-            record = RECORD_TYPES[command.kind].__name__
-            violations.append(FieldViolation("content", f"must be the JSON of a {record}: {error}"))
+            expected = RECORD_TYPES[command.kind].__name__
+            violations.append(FieldViolation("content", f"must be the JSON of a {expected}: {error}"))
     if len(command.sources) > limits.max_sources:
         violations.append(FieldViolation("sources", f"at most {limits.max_sources} sources"))
     for index, source in enumerate(command.sources):
@@ -109,6 +111,7 @@ def validate_append(command: AppendCommand, limits: Limits) -> None:
     violations.extend(_nul_violations({"content": command.content, "author.principal_id": command.author_id}))
     if violations:
         raise InvalidArgument(violations)
+    return record
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,7 @@ async def build_host(
             default_parallel=settings.max_parallel_delegations,
             context_tokens=settings.context_tokens,
             verify_by_default=settings.verify_runs,
+            verification_reserve=settings.verification_reserve,
             approval_wait_seconds=settings.approval_wait_seconds,
             database_wait_seconds=settings.database_wait_seconds,
             recordings=Recordings(RecordingStore(database), replayed_settings(settings, SUPERVISOR_ANSWER_SETTINGS)),

@@ -33,6 +33,7 @@ __all__ = [
     "AdjudicationDecision",
     "Assignment",
     "CitationAudit",
+    "CitationCheck",
     "CitationJudgement",
     "ClaimJudgement",
     "ClaimVerdict",
@@ -181,19 +182,41 @@ class SentenceAudit(BaseModel):
         return self
 
 
+class CitationCheck(enum.StrEnum):
+    """A check the supervisor's code makes of a draft's citations, whose failure raises an objection itself:
+    no model judges it, so no adjudicator can dismiss it."""
+
+    # The sentence cited a source number that names no citable finding (the marker was cut from the text).
+    INVALID_MARKER = "invalid_marker"
+    # The sentence cites one side of a contradiction between sources without the other.
+    ONE_SIDED = "one_sided"
+
+
 class Objection(ResearchRecord):
-    """An unsound or needs-revision sentence, raised from an audit: open until revised or adjudicated."""
+    """A sentence that must not stand as written: raised from an audit (an auditor's, judged unsound or
+    needing revision) or by a citation check of the supervisor's code. Open until revised, adjudicated or the
+    sentence is removed."""
 
     entry_kind: ClassVar[EntryKind] = EntryKind.OBJECTION
 
     kind: Literal["objection"] = "objection"
-    audit_ref: EntryRef = Field(description="the audit entry that raised it")
+    audit_ref: EntryRef | None = Field(default=None, description="the audit entry that raised it, if an audit did")
+    check: CitationCheck | None = Field(default=None, description="the supervisor's citation check that raised it")
     sentence_index: SentenceIndex
-    finding_refs: tuple[EntryRef, ...] = Field(min_length=1, max_length=_MAX_REFS)
+    finding_refs: tuple[EntryRef, ...] = Field(default=(), max_length=_MAX_REFS)
     reason: Text
 
+    @model_validator(mode="after")
+    def _raised_by_one(self) -> Objection:
+        if (self.audit_ref is None) == (self.check is None):
+            raise ValueError("an objection is raised by an audit (audit_ref) or by a citation check (check), not both")
+        if self.audit_ref is not None and not self.finding_refs:
+            raise ValueError("an audit's objection names the findings the sentence cites (finding_refs)")
+        return self
+
     def cited_entries(self) -> frozenset[int]:
-        return frozenset({self.audit_ref, *self.finding_refs})
+        audit = {self.audit_ref} if self.audit_ref is not None else set()
+        return frozenset({*audit, *self.finding_refs})
 
 
 class CitationAudit(ResearchRecord):

@@ -145,6 +145,7 @@ SUPERVISOR_ANSWER_SETTINGS = (
     "max_parallel_delegations",
     "context_tokens",
     "verify_runs",
+    "verification_reserve",
     "default_run_timeout_seconds",
 )
 WORKER_ANSWER_SETTINGS = (

@@ -662,6 +662,7 @@ class FindingCheck(_message.Message):
     QUOTE_URL_FIELD_NUMBER: _builtins.int
     QUOTE_EXCERPT_FIELD_NUMBER: _builtins.int
     CITABLE_FIELD_NUMBER: _builtins.int
+    CONTESTED_FIELD_NUMBER: _builtins.int
     finding_sequence_no: _builtins.int
     claim: _builtins.str
     judgement: Global___ClaimJudgement.ValueType
@@ -672,7 +673,13 @@ class FindingCheck(_message.Message):
     """The passage the verifier itself read and quoted, when it quoted one."""
     quote_excerpt: _builtins.str
     citable: _builtins.bool
-    """Whether the report may cite it: supported or partially supported."""
+    """Whether the report may cite it: supported or partially supported, or one side of a contradiction
+    between two findings' sources (then `contested`).
+    """
+    contested: _builtins.bool
+    """One side of a contradiction between sources (see Verification.contradictions): it may be cited only
+    in a sentence that also cites the other side, presenting the disagreement.
+    """
     def __init__(
         self,
         *,
@@ -684,10 +691,11 @@ class FindingCheck(_message.Message):
         quote_url: _builtins.str = ...,
         quote_excerpt: _builtins.str = ...,
         citable: _builtins.bool = ...,
+        contested: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["citable", b"citable", "claim", b"claim", "finding_sequence_no", b"finding_sequence_no", "judgement", b"judgement", "quote_excerpt", b"quote_excerpt", "quote_url", b"quote_url", "rationale", b"rationale", "verdict_sequence_no", b"verdict_sequence_no"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["citable", b"citable", "claim", b"claim", "contested", b"contested", "finding_sequence_no", b"finding_sequence_no", "judgement", b"judgement", "quote_excerpt", b"quote_excerpt", "quote_url", b"quote_url", "rationale", b"rationale", "verdict_sequence_no", b"verdict_sequence_no"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -784,6 +792,7 @@ class Contradiction(_message.Message):
     CONTRADICTING_EXCERPT_FIELD_NUMBER: _builtins.int
     RATIONALE_FIELD_NUMBER: _builtins.int
     VERDICT_SEQUENCE_NO_FIELD_NUMBER: _builtins.int
+    CONTRADICTING_FINDING_SEQUENCE_NOS_FIELD_NUMBER: _builtins.int
     finding_sequence_no: _builtins.int
     claim: _builtins.str
     finding_url: _builtins.str
@@ -794,6 +803,10 @@ class Contradiction(_message.Message):
     contradicting_excerpt: _builtins.str
     rationale: _builtins.str
     verdict_sequence_no: _builtins.int
+    @_builtins.property
+    def contradicting_finding_sequence_nos(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The run's findings that cite the contradicting page: the other side, contested as well."""
+
     def __init__(
         self,
         *,
@@ -805,10 +818,11 @@ class Contradiction(_message.Message):
         contradicting_excerpt: _builtins.str = ...,
         rationale: _builtins.str = ...,
         verdict_sequence_no: _builtins.int = ...,
+        contradicting_finding_sequence_nos: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim", b"claim", "contradicting_excerpt", b"contradicting_excerpt", "contradicting_url", b"contradicting_url", "finding_excerpt", b"finding_excerpt", "finding_sequence_no", b"finding_sequence_no", "finding_url", b"finding_url", "rationale", b"rationale", "verdict_sequence_no", b"verdict_sequence_no"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim", b"claim", "contradicting_excerpt", b"contradicting_excerpt", "contradicting_finding_sequence_nos", b"contradicting_finding_sequence_nos", "contradicting_url", b"contradicting_url", "finding_excerpt", b"finding_excerpt", "finding_sequence_no", b"finding_sequence_no", "finding_url", b"finding_url", "rationale", b"rationale", "verdict_sequence_no", b"verdict_sequence_no"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

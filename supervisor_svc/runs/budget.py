@@ -45,14 +45,24 @@ class RunAccount:
         return RunUsage(supervisor=supervisor, workers=self.workers, verification=self.verification)
 
 
-@dataclass(frozen=True)
+@dataclass
 class TokenBudget:
     max_tokens: int  # 0: unbounded
     account: RunAccount
+    # Tokens held back from the research phase for the report and its review (claim verifiers, the draft,
+    # the citation audit, revisions and adjudication): the research cannot spend them, so a tight budget
+    # never leaves the review without the means to finish. Released when research ends.
+    reserve: int = 0
 
     def left(self) -> int | None:
-        """Tokens left, or None when the run has no token budget."""
-        return None if not self.max_tokens else self.max_tokens - self.account.usage().total.tokens
+        """Tokens left (less what is still reserved), or None when the run has no token budget."""
+        if not self.max_tokens:
+            return None
+        return self.max_tokens - self.reserve - self.account.usage().total.tokens
+
+    def release_reserve(self) -> None:
+        """Research is over: what was held back for the review is now the review's to spend."""
+        self.reserve = 0
 
     def spent(self) -> bool:
         left = self.left()

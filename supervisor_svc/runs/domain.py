@@ -182,10 +182,14 @@ class Report:
     removed_citations: int = 0
     token_budget_exhausted: bool = False
     turn_budget_exhausted: bool = False
+    # Where in the markdown a marker naming no source was cut, for the review of a draft (not stored: a
+    # reviewed report has settled them).
+    invalid_markers: tuple[int, ...] = field(default=(), compare=False)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["citations"] = [citation.to_json() for citation in self.citations]
+        del data["invalid_markers"]
         return data
 
     @classmethod

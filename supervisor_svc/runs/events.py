@@ -92,6 +92,7 @@ def _citation(citation: Citation) -> supervisor_pb2.Citation:
 
 
 def verification_to_proto(verification: Verification) -> supervisor_pb2.Verification:
+    citable, contested = verification.citable_findings(), verification.contested_findings()
     return supervisor_pb2.Verification(
         enabled=verification.enabled,
         findings=[
@@ -106,7 +107,8 @@ def verification_to_proto(verification: Verification) -> supervisor_pb2.Verifica
                 rationale=f.rationale,
                 quote_url=f.quote_url,
                 quote_excerpt=f.quote_excerpt,
-                citable=f.citable,
+                citable=f.finding_sequence_no in citable,
+                contested=f.finding_sequence_no in contested,
             )
             for f in verification.findings
         ],
@@ -141,6 +143,7 @@ def verification_to_proto(verification: Verification) -> supervisor_pb2.Verifica
                 contradicting_excerpt=c.contradicting_excerpt,
                 rationale=c.rationale,
                 verdict_sequence_no=c.verdict_sequence_no,
+                contradicting_finding_sequence_nos=c.contradicting_finding_sequence_nos,
             )
             for c in verification.contradictions
         ],

@@ -62,6 +62,7 @@ from supervisor_svc.runs.store import RunEnded
 from supervisor_svc.runs.synthesis import ResearchEnd, report_warnings, verified_sources, write_report
 from supervisor_svc.runs.tools import REGISTRY, SupervisorContext
 from supervisor_svc.runs.worker_client import DelegationClient
+from supervisor_svc.verification.audits import finding_context
 from supervisor_svc.verification.claims import verify_claims
 from supervisor_svc.verification.report import with_verification
 from supervisor_svc.verification.resolutions import approve_open_objections
@@ -115,6 +116,7 @@ class RunDependencies:
     default_parallel: int
     context_tokens: int
     verify_by_default: bool = True  # when RunOptions.verification leaves it to the server
+    verification_reserve: float = 0.5  # the share of a verified run's token budget research may not spend
     approval_wait_seconds: float = 24 * 3600.0  # how long require_approval waits for a decision
     database_wait_seconds: float = 600.0  # how long a run waits out its database's outage
     # Renews the run's lease for this process; False when another process holds the run now.
@@ -151,7 +153,7 @@ class ResearchRun:
         self._deps = deps
         self._timeout = record.options.timeout_seconds or deps.default_timeout_seconds
         self._account = RunAccount()
-        self._budget = TokenBudget(record.options.max_tokens, self._account)
+        self._budget = self._new_budget()
         self._publisher = RunPublisher(event_log, deps.scratchpad, self.run_id, record.scratchpad_thread_id)
         # The run's one ledger: its delegations, the review's resolutions and a person's approval go there.
         self._ledger = RunLedger(deps.scratchpad, self.run_id, record.scratchpad_thread_id)
@@ -169,6 +171,12 @@ class ResearchRun:
         self._resumed_history: list[Message] = []
         # Whether the report had begun to stream before this process took the run up.
         self._report_streamed = False
+
+    def _new_budget(self) -> TokenBudget:
+        """The run's token budget, with a verified run's reserve for the review held back from research."""
+        max_tokens = self.record.options.max_tokens
+        reserve = int(max_tokens * self._deps.verification_reserve) if self._verifies else 0
+        return TokenBudget(max_tokens, self._account, reserve)
 
     def releasing(self) -> None:
         """The run is about to be cancelled because this process stops: it records no end, and another
@@ -223,6 +231,7 @@ class ResearchRun:
                     delegator = await self._take_up(note) if resumed else await self._begin(deadline)
                     watcher = asyncio.create_task(self._publisher.follow_scratchpad())
                     end = await self._research(delegator, resumed=resumed)
+                    self._budget.release_reserve()
                     entries = await self._deps.scratchpad.read_all(self.record.scratchpad_thread_id)
                     verification = await self._verify_claims(entries, delegator) if self._verifies else None
                     reason = _synthesis_reason(end)
@@ -287,7 +296,7 @@ class ResearchRun:
         self._report_streamed = found.published.report_streamed
         self._resumed_history = found.history
         self._account = RunAccount()
-        self._budget = TokenBudget(self.record.options.max_tokens, self._account)
+        self._budget = self._new_budget()
         workers, verification = found.prior.usage()
         self._account.carry(self.record.usage.supervisor, workers, verification)
         ordered = len(found.prior.ordered)
@@ -397,7 +406,8 @@ class ResearchRun:
             draft=draft,
             sources=verified_sources(entries, verification),
             claims={entry.sequence_no: entry.content for entry in entries if entry.sequence_no in citable},
-            verifier_quotes=verification.verifier_quotes(),
+            context=finding_context(verification),
+            contested=verification.contested(),
             max_revision_rounds=self.record.options.revision_rounds,
             leave_unsettled_open=self.record.options.require_approval,
         )

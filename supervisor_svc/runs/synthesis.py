@@ -47,8 +47,9 @@ INSTRUCTIONS = (
 VERIFIED_INSTRUCTIONS = (
     "An independent verifier re-read the sources of each finding listed; findings it did not support are "
     "left out and cannot be cited. A finding judged partially supported says more than its source: state only "
-    "what its quoted source says. Where sources disagree, present it as a disagreement between the sources, "
-    "saying what each one says; never state either side as fact."
+    "what its quoted source says. Where sources disagree, present it as a disagreement between the sources in "
+    "one sentence, saying what each one says and citing both sides; never state either side as fact. A "
+    "finding marked contested may be cited only in such a sentence."
 )
 
 
@@ -103,6 +104,7 @@ def synthesis_messages(
 ) -> list[Message]:
     verification = _verifying(verification)
     numbers = {(source.url, source.excerpt): source.number for source in sources}
+    contested = verification.contested() if verification is not None else {}
     findings = []
     for entry in _shown_findings(entries, verification):
         cited = sorted({numbers[(s.url, s.excerpt)] for s in entry.sources if (s.url, s.excerpt) in numbers})
@@ -110,6 +112,9 @@ def synthesis_messages(
         judged = ""
         if verification is not None and (judgement := verification.judgement_of(entry.sequence_no)) is not None:
             judged = f", {judgement.value.replace('_', ' ')}"
+        if entry.sequence_no in contested:
+            others = ", ".join(map(str, sorted(contested[entry.sequence_no])))
+            judged += f", contested by {'finding' if len(contested[entry.sequence_no]) == 1 else 'findings'} {others}"
         findings.append(f"- ({entry.kind} {entry.sequence_no}{judged}) {entry.content} {marks}")
     listed = [f'[{s.number}] {s.title or s.url} — {s.url}\n    "{s.excerpt}"' for s in sources]
     parts = [f"Question: {question}"]
@@ -118,8 +123,8 @@ def synthesis_messages(
     if verification is not None and verification.contradictions:
         disagreements = "\n".join(_disagreement(c) for c in verification.contradictions)
         parts.append(
-            "Where sources disagree (not numbered sources: report each as a disagreement between the sources, "
-            f"never as fact):\n{disagreements}"
+            "Where sources disagree (report each as a disagreement between the sources, citing both, never as "
+            f"fact):\n{disagreements}"
         )
     if notes.strip():
         parts.append(f"Notes from the research phase:\n{notes.strip()}")
@@ -199,6 +204,7 @@ async def write_report(
         markdown="".join(text),
         citations=citations.citations(),
         removed_citations=citations.removed,
+        invalid_markers=tuple(citations.invalid_at),
         token_budget_exhausted=end.token_budget_exhausted,
         turn_budget_exhausted=end.turn_budget_exhausted,
     )
@@ -211,12 +217,15 @@ class CitationFilter:
 
     Every number in a marker that names no source is removed and counted; a
     marker too long to be a citation list is removed whole and counted once.
+    `invalid_at` keeps where in the filtered text each such cut was made.
     """
 
     sources: dict[int, Citation]
     removed: int = 0
     cited: set[int] = field(default_factory=set)
+    invalid_at: list[int] = field(default_factory=list)  # offsets in the text let through
     _pending: str = ""
+    _emitted: int = 0  # characters let through so far
 
     def feed(self, text: str) -> str:
         out: list[str] = []
@@ -225,18 +234,18 @@ class CitationFilter:
                 if char == "[":
                     self._pending = char
                 else:
-                    out.append(char)
+                    self._emit(out, char)
                 continue
             if char == "]":
-                out.append(self._resolve(self._pending[1:]))
+                self._emit(out, self._resolve(self._pending[1:]))
                 self._pending = ""
             elif char == "[":
-                out.append(self._pending)  # not a marker after all; a new one may start here
+                self._emit(out, self._pending)  # not a marker after all; a new one may start here
                 self._pending = char
             elif self._pending == _OVERFLOW:
                 if char not in _MARKER_CHARS:  # never closed: the swallowed marker is gone, and counted
-                    self.removed += 1
-                    out.append(char)
+                    self._cut()
+                    self._emit(out, char)
                     self._pending = ""
             elif char in _MARKER_CHARS:
                 if len(self._pending) < _MAX_MARKER:
@@ -244,26 +253,37 @@ class CitationFilter:
                 else:
                     self._pending = _OVERFLOW  # too long to be a citation list: dropped and counted
             else:
-                out.append(self._pending + char)
+                self._emit(out, self._pending + char)
                 self._pending = ""
         return "".join(out)
 
     def finish(self) -> str:
         rest, self._pending = self._pending, ""
         if rest == _OVERFLOW:
-            self.removed += 1
+            self._cut()
             return ""
+        self._emitted += len(rest)
         return rest
+
+    def _emit(self, out: list[str], text: str) -> None:
+        out.append(text)
+        self._emitted += len(text)
+
+    def _cut(self, numbers: int = 1) -> None:
+        self.removed += numbers
+        self.invalid_at.append(self._emitted)
 
     def _resolve(self, inner: str) -> str:
         if inner == _OVERFLOW[1:]:
-            self.removed += 1
+            self._cut()
             return ""
         numbers = _numbers(inner)
         if numbers is None:
             return f"[{inner}]"  # no number in it: not a citation
         valid = [n for n in dict.fromkeys(numbers) if n in self.sources]
-        self.removed += len({n for n in numbers if n not in self.sources})
+        invalid = len({n for n in numbers if n not in self.sources})
+        if invalid:
+            self._cut(invalid)
         self.cited.update(valid)
         return f"[{', '.join(str(n) for n in valid)}]" if valid else ""
 

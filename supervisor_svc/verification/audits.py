@@ -16,6 +16,7 @@ from quarry.records.base import RecordError
 from quarry.records.research import Adjudication, CitationAudit, CitationJudgement, ResearchRecord
 from quarry.vocabulary import DelegationResult
 from supervisor_svc.runs.delegating import Contract
+from supervisor_svc.verification.state import Verification
 
 log = logging.getLogger(__name__)
 
@@ -47,51 +48,65 @@ class SentenceAudit(NamedTuple):
     objection: str
 
 
-# What a blind claim-verifier read on a finding's page when it judged the finding: its URL and its quote.
-VerifierQuotes = Mapping[int, tuple[str, str]]
+# What the blind roles are told about a finding beyond its claim, by its sequence number (finding_context).
+FindingContext = Mapping[int, str]
+
+
+def finding_context(verification: Verification) -> dict[int, str]:
+    """For each finding: what its claim-verifier read (the claim stands on that passage, so a sentence the
+    passage does not bear out is unsound whatever the finding says), and the contradiction it is a side of."""
+    notes: dict[int, str] = {}
+    for f in verification.findings:
+        if f.quote_excerpt.strip():
+            notes[f.finding_sequence_no] = (
+                f" Finding {f.finding_sequence_no}'s claim-verifier read on {f.quote_url}: "
+                f'"{f.quote_excerpt[:MAX_SENTENCE_CHARS]}".'
+            )
+    for c in verification.contradictions:
+        for side in (c.finding_sequence_no, *c.contradicting_finding_sequence_nos):
+            notes[side] = notes.get(side, "") + (
+                f' Finding {side} is contested: {c.finding_url} says "{c.finding_excerpt[:MAX_SENTENCE_CHARS]}", '
+                f'but {c.contradicting_url} says "{c.contradicting_excerpt[:MAX_SENTENCE_CHARS]}". A sentence '
+                "citing it is sound only if it presents this disagreement, citing both sides, and states neither "
+                "as fact."
+            )
+    return notes
 
 
 def audit_contract(
-    question: str, index: int, cited: str, findings: Sequence[int], revision: int, quotes: VerifierQuotes
+    question: str, index: int, cited: str, findings: Sequence[int], revision: int, context: FindingContext
 ) -> Contract:
-    """Sentence `index` (`cited`: its text with its markers naming findings) for a blind auditor, with what
-    each cited finding's verifier read."""
+    """Sentence `index` (`cited`: its text with its markers naming findings) for a blind auditor, with each
+    cited finding's context (what its verifier read, the contradiction it is a side of)."""
     heading = f"Audit sentence {index}" + (f" (revision {revision})" if revision else "")
     numbers = ", ".join(map(str, findings))
     objective = (
         f"{heading}\n\nThe research question: {question}\n\n"
         f'Sentence {index} of a draft report: "{cited[:MAX_SENTENCE_CHARS]}"\n\n'
-        f"It cites findings {numbers} (scratchpad entries).{_verifier_quotes(findings, quotes)} "
+        f"It cites findings {numbers} (scratchpad entries).{_context(findings, context)} "
         f"Submit your audit of sentence_index {index} with finding_refs [{numbers}]."
     )
     return Contract(Role.CITATION_AUDITOR, objective, AUDIT_CRITERIA, tuple(map(str, findings)))
 
 
 def adjudication_contract(
-    question: str, objection: int, index: int, cited: str, findings: Sequence[int], quotes: VerifierQuotes
+    question: str, objection: int, index: int, cited: str, findings: Sequence[int], context: FindingContext
 ) -> Contract:
-    """Objection `objection`, raised against sentence `index` (`cited`), for a blind adjudicator, with what
-    each cited finding's verifier read."""
+    """Objection `objection`, raised against sentence `index` (`cited`), for a blind adjudicator, with each
+    cited finding's context."""
     objective = (
         f"Adjudicate objection {objection}\n\nThe research question: {question}\n\n"
         f"Objection {objection} was raised against sentence {index} of a draft report: "
         f'"{cited[:MAX_SENTENCE_CHARS]}"\n\n'
-        f"It cites findings {', '.join(map(str, findings))}.{_verifier_quotes(findings, quotes)} "
+        f"It cites findings {', '.join(map(str, findings))}.{_context(findings, context)} "
         f"Decide it with objection_ref {objection}."
     )
     refs = (str(objection), *map(str, findings))
     return Contract(Role.ADJUDICATOR, objective, ADJUDICATION_CRITERIA, refs)
 
 
-def _verifier_quotes(findings: Sequence[int], quotes: VerifierQuotes) -> str:
-    """What the cited findings' verifiers read, as a sentence per finding ("" when none is known): the claim
-    stands on that passage, so a sentence the passage does not bear out is unsound whatever the finding says."""
-    said = [
-        f' Finding {number}\'s claim-verifier read on {quotes[number][0]}: "{quotes[number][1][:MAX_SENTENCE_CHARS]}".'
-        for number in findings
-        if number in quotes and quotes[number][1].strip()
-    ]
-    return "".join(said)
+def _context(findings: Sequence[int], context: FindingContext) -> str:
+    return "".join(context[number] for number in findings if number in context)
 
 
 def read_audit(result: DelegationResult | None, index: int) -> SentenceAudit | None:

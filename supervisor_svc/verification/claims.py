@@ -10,9 +10,10 @@ A supported verdict whose quote lacks the claim's numbers or dates (`missing_spe
 second blind verifier must find the finding citable too, or it stays unverified.
 
 What comes back is a Verification holding one FindingCheck per finding and a Contradiction per finding a
-source contradicts. Only supported or partially supported findings are citable afterwards; a finding
-whose verifier failed, or that no verifier could take before the budget was spent, stays unverified and
-is not citable either.
+source contradicts, with the findings on the other side (those quoting that source). Supported or
+partially supported findings are citable afterwards, and both sides of a contradiction are, contested:
+only in a sentence that presents the disagreement. A finding whose verifier failed, or that no verifier
+could take before the budget was spent, stays unverified and is not citable.
 """
 
 from __future__ import annotations
@@ -99,11 +100,23 @@ async def verify_claims(
     folded = [task.result() for task in tasks]
     why = f"not verified: only the first {MAX_VERIFIED_FINDINGS} findings of a run are verified"
     folded += [(FindingCheck(finding.sequence_no, finding.content, None, rationale=why), None) for finding in beyond]
+    contradictions = [contradiction for _, contradiction in folded if contradiction is not None]
     return Verification(
         enabled=True,
         findings=tuple(check for check, _ in folded),
-        contradictions=tuple(contradiction for _, contradiction in folded if contradiction is not None),
+        contradictions=tuple(both_sides(contradiction, findings) for contradiction in contradictions),
     )
+
+
+def both_sides(contradiction: Contradiction, findings: Sequence[Entry]) -> Contradiction:
+    """The contradiction with its other side: the findings that quote the page that says otherwise."""
+    others = tuple(
+        finding.sequence_no
+        for finding in findings
+        if finding.sequence_no != contradiction.finding_sequence_no
+        and any(source.url == contradiction.contradicting_url and source.excerpt for source in finding.sources)
+    )
+    return replace(contradiction, contradicting_finding_sequence_nos=others)
 
 
 # A number (digits, with separators and decimals), or a month's name: a date's parts.

@@ -2,7 +2,10 @@
 
 Every cited sentence gets its own blind citation auditor, all in parallel: the auditor sees the
 question, its one sentence (its markers naming the findings it cites) and those findings, never the
-report's other sentences. An unsound sentence raises an objection, and every open objection blocks
+report's other sentences. A sentence that fails a citation check of the code (checks.py: a marker that
+named no citable source, one side of a contradiction cited alone) is objected to without an audit, and
+only a revision that passes the check and its audit settles that objection. An unsound sentence raises
+an objection, and every open objection blocks
 the report: the supervisor's model rewrites the sentence (one call without tools, within bounded
 rounds, each revision audited again), or contests the objection, or withdraws the sentence. A
 contested objection, and one still open after the rounds, goes to a blind adjudicator: approve keeps
@@ -27,7 +30,13 @@ from typing import Any
 
 from quarry.agent.model import ModelClient
 from quarry.agent.usage import Usage
-from quarry.records.research import AdjudicationDecision, CitationJudgement, ObjectionResolution, Resolution
+from quarry.records.research import (
+    AdjudicationDecision,
+    CitationJudgement,
+    Objection,
+    ObjectionResolution,
+    Resolution,
+)
 from supervisor_svc.runs.budget import TokenBudget
 from supervisor_svc.runs.delegating import Delegator
 from supervisor_svc.runs.domain import Citation, Report
@@ -35,12 +44,13 @@ from supervisor_svc.runs.ledger import RunLedger
 from supervisor_svc.runs.synthesis import CitationFilter
 from supervisor_svc.verification.audits import (
     MAX_FINDINGS_PER_SENTENCE,
-    VerifierQuotes,
+    FindingContext,
     adjudication_contract,
     audit_contract,
     read_adjudication,
     read_audit,
 )
+from supervisor_svc.verification.checks import Contested, Flag, flag_draft, one_sided
 from supervisor_svc.verification.resolutions import MAX_REASON_CHARS, record_resolution
 from supervisor_svc.verification.revision import Reviser, contests, rewrite, withdraws
 from supervisor_svc.verification.sentences import Draft, Sentence, cite_findings, split_report
@@ -83,9 +93,10 @@ class ReviewRequest:
     sources: Sequence[Citation]
     # Each citable finding's claim, by its sequence number.
     claims: Mapping[int, str]
-    # What each finding's claim-verifier read (URL, quote), by the finding's sequence number: auditors and
-    # adjudicators see it beside the claim.
-    verifier_quotes: VerifierQuotes = field(default_factory=dict)
+    # What auditors and adjudicators are told of each finding beside its claim (audits.finding_context).
+    context: FindingContext = field(default_factory=dict)
+    # Both sides of every contradiction: a sentence citing one side without the other fails a citation check.
+    contested: Contested = field(default_factory=dict)
     max_revision_rounds: int = 2
     max_sentences: int = MAX_AUDITED_SENTENCES
     # A person approves the run: what the review cannot settle stays in, its objection open.
@@ -151,23 +162,33 @@ class _Review:
         self._question = request.question[:_MAX_QUESTION_CHARS]
         self._report = request.draft
         self._sources = {source.number: source for source in request.sources}
-        self._quotes = request.verifier_quotes
+        self._context = request.context
+        self._contested = request.contested
         self._desk = desk
         self._leave_unsettled_open = request.leave_unsettled_open
         self._reviser = Reviser(desk.model, desk.budget, self._question, self._sources, request.claims, desk.run_id)
         self._draft: Draft = split_report(request.draft.markdown, request.sources)
         self._objections: dict[int, ObjectionState] = {}
+        self._flags = flag_draft(self._draft, request.draft.invalid_markers, request.contested)
+        self._checked: set[int] = set()  # the objections citation checks raised: no adjudicator dismisses them
         self._removed_citations = 0
 
     async def run(self, max_rounds: int, max_sentences: int) -> ReviewedReport:
+        # Every sentence a citation check flags is reviewed, whatever the bound on audited sentences.
+        chosen = {s.index: s for s in self._draft.cited()[:max_sentences]}
+        chosen.update((s.index, s) for s in self._draft.sentences if s.index in self._flags)
         audited = [
-            _Tracked(s, s.text, s.finding_sequence_nos[:MAX_FINDINGS_PER_SENTENCE])
-            for s in self._draft.cited()[:max_sentences]
+            _Tracked(s, s.text, s.finding_sequence_nos[:MAX_FINDINGS_PER_SENTENCE]) for _, s in sorted(chosen.items())
         ]
         status = self._desk.status
-        if audited:
-            await status(ReviewStage.AUDITING, f"auditing {len(audited)} cited sentences")
-            await _all(self._audit(tracked, revision=0, sharing=len(audited)) for tracked in audited)
+        flagged = [t for t in audited if t.index in self._flags]
+        if flagged:
+            await status(ReviewStage.AUDITING, f"{len(flagged)} sentences fail a citation check")
+            await _all(self._object(t, self._flags[t.index]) for t in flagged)
+        to_audit = [t for t in audited if t.index not in self._flags]
+        if to_audit:
+            await status(ReviewStage.AUDITING, f"auditing {len(to_audit)} cited sentences")
+            await _all(self._audit(tracked, revision=0, sharing=len(to_audit)) for tracked in to_audit)
         rounds = 0
         for round_no in range(1, max_rounds + 1):
             to_revise = [t for t in audited if t.status is SentenceStatus.OBJECTED and not t.contest]
@@ -182,13 +203,36 @@ class _Review:
                 break
         # Still open after the rounds: an adjudicator decides, once per objection; whatever stays open goes.
         still_open = [t for t in audited if t.status is SentenceStatus.OBJECTED]
-        undecided = [t for t in still_open if t.open_objection not in t.adjudicated]
+        undecided = [t for t in still_open if t.open_objection not in t.adjudicated | self._checked]
         if undecided:
             await self._adjudicate_all(undecided, revision_left=False)
         for tracked in audited:
-            if tracked.status is SentenceStatus.OBJECTED:
+            if tracked.status is not SentenceStatus.OBJECTED:
+                continue
+            if tracked.open_objection in self._checked:
+                await self._unsettled(tracked, "no revision passed the citation check")
+            else:
                 await self._unsettled(tracked, "no revision round was left to settle the objection")
         return self._reviewed(audited, rounds)
+
+    # -- citation checks --------------------------------------------------------------------------
+
+    async def _object(self, tracked: _Tracked, flag: Flag) -> None:
+        """The objection a failed citation check raises, on the ledger like an auditor's; a sentence whose
+        objection cannot be recorded leaves the report unreviewed (the review fails closed)."""
+        index = tracked.index
+
+        def objection() -> Objection:
+            return Objection(check=flag.check, sentence_index=index, finding_refs=tracked.findings, reason=flag.reason)
+
+        raised = await self._desk.ledger.record(objection, f"check/{index}", f"the citation check of sentence {index}")
+        if not raised:
+            tracked.status = SentenceStatus.REMOVED
+            return
+        tracked.objections.append(raised)
+        self._objections[raised] = ObjectionState(raised, index, flag.reason)
+        self._checked.add(raised)
+        tracked.status = SentenceStatus.OBJECTED
 
     # -- audits -----------------------------------------------------------------------------------
 
@@ -197,7 +241,7 @@ class _Review:
         open), None when no auditor judged it."""
         index = tracked.index
         cited = cite_findings(tracked.text, self._sources)
-        contract = audit_contract(self._question, index, cited, tracked.findings, revision, self._quotes)
+        contract = audit_contract(self._question, index, cited, tracked.findings, revision, self._context)
         result = await self._desk.delegator.assign(contract, f"audit-{index}-r{revision}", sharing=sharing)
         verdict = read_audit(result, index)
         if verdict is None:
@@ -233,13 +277,17 @@ class _Review:
             await self._remove(tracked, "the supervisor withdrew the sentence")
             return
         if contests(answer):
-            # Contested: an adjudicator decides, unless one already asked for this very objection's revision.
-            tracked.contest = tracked.open_objection not in tracked.adjudicated
+            # Contested: an adjudicator decides, unless one already asked for this very objection's revision;
+            # a citation check's objection is no judgement to contest.
+            tracked.contest = tracked.open_objection not in tracked.adjudicated | self._checked
             return
         revised = rewrite(answer, self._sources)
         self._removed_citations += revised.removed_citations
         if not revised.findings:
             log.info("run %s: revision of sentence %d cites no source", self._desk.run_id, tracked.index)
+            return
+        if revised.removed_citations or one_sided(revised.findings, self._contested):
+            log.info("run %s: revision of sentence %d fails a citation check", self._desk.run_id, tracked.index)
             return
         before = tracked.text, tracked.findings
         tracked.text, tracked.findings = revised.text, revised.findings
@@ -269,7 +317,7 @@ class _Review:
         tracked.adjudicated.add(objection)
         cited = cite_findings(tracked.text, self._sources)
         contract = adjudication_contract(
-            self._question, objection, tracked.index, cited, tracked.findings, self._quotes
+            self._question, objection, tracked.index, cited, tracked.findings, self._context
         )
         result = await self._desk.delegator.assign(contract, f"adjudicate-{objection}", sharing=sharing)
         decided = read_adjudication(result, objection)
@@ -368,7 +416,9 @@ class _Review:
             removed_citations=self._report.removed_citations + self._removed_citations,
         )
         checks = []
-        for sentence in self._draft.cited():
+        for sentence in self._draft.sentences:
+            if not sentence.cited and sentence.index not in by_index:
+                continue  # prose that cites nothing and failed no check
             tracked = by_index.get(sentence.index)
             if tracked is None:  # past the bound on audited sentences
                 checks.append(

@@ -90,6 +90,8 @@ class Contradiction:
     contradicting_excerpt: str
     rationale: str
     verdict_sequence_no: int
+    # The run's other findings that cite the contradicting page: the other side of the disagreement.
+    contradicting_finding_sequence_nos: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,12 +119,31 @@ class Verification:
     def open_objections(self) -> tuple[ObjectionState, ...]:
         return tuple(o for o in self.objections if o.status is ObjectionStatus.OPEN)
 
-    def citable_findings(self) -> frozenset[int]:
-        return frozenset(f.finding_sequence_no for f in self.findings if f.citable)
+    def contested(self) -> dict[int, frozenset[int]]:
+        """Both sides of every contradiction: each contested finding, with the findings on the other side."""
+        sides: dict[int, set[int]] = {}
+        for c in self.contradictions:
+            for other in c.contradicting_finding_sequence_nos:
+                sides.setdefault(c.finding_sequence_no, set()).add(other)
+                sides.setdefault(other, set()).add(c.finding_sequence_no)
+        return {finding: frozenset(others) for finding, others in sides.items()}
 
-    def verifier_quotes(self) -> dict[int, tuple[str, str]]:
-        """What each finding's claim-verifier read (its URL and quote), by the finding's number."""
-        return {f.finding_sequence_no: (f.quote_url, f.quote_excerpt) for f in self.findings if f.quote_excerpt}
+    def citable_findings(self) -> frozenset[int]:
+        """What the report may cite: the supported findings, and both sides of a contradiction whose other side
+        is a finding too (contested: only in a sentence that cites the other side as well, presenting the
+        disagreement). A finding judged contradicted is citable only when a supported finding quotes the page
+        that says otherwise: else no sentence could present both sides."""
+        supported = frozenset(f.finding_sequence_no for f in self.findings if f.citable)
+        contested = self.contested()
+        return supported | frozenset(
+            f.finding_sequence_no
+            for f in self.findings
+            if f.judgement is ClaimJudgement.CONTRADICTED
+            and contested.get(f.finding_sequence_no, frozenset()) & supported
+        )
+
+    def contested_findings(self) -> frozenset[int]:
+        return frozenset(self.contested())
 
     def judgement_of(self, finding_sequence_no: int) -> ClaimJudgement | None:
         for finding in self.findings:
@@ -158,7 +179,15 @@ class Verification:
             objections=tuple(
                 ObjectionState(**{**o, "status": ObjectionStatus(o["status"])}) for o in data.get("objections", [])
             ),
-            contradictions=tuple(Contradiction(**c) for c in data.get("contradictions", [])),
+            contradictions=tuple(
+                Contradiction(
+                    **{
+                        **c,
+                        "contradicting_finding_sequence_nos": tuple(c.get("contradicting_finding_sequence_nos", ())),
+                    }
+                )
+                for c in data.get("contradictions", [])
+            ),
             revision_rounds=int(data.get("revision_rounds", 0)),
         )
 

@@ -12,9 +12,11 @@ from quarry.records.research import (
     AdjudicationDecision,
     Assignment,
     CitationAudit,
+    CitationCheck,
     CitationJudgement,
     ClaimJudgement,
     ClaimVerdict,
+    Objection,
     ResearchRecord,
     RouteDecision,
     SentenceAudit,
@@ -101,6 +103,33 @@ async def test_each_ledger_kind_is_written_only_by_its_role(
             stub.Append(ledger_entry(thread_id, f"x-{kind}-{role}", kind, role, "text")),
             grpc.StatusCode.PERMISSION_DENIED,
         )
+
+
+async def test_an_objection_is_an_auditors_from_its_audit_or_the_supervisors_from_a_citation_check(
+    stub: Stub, make_thread: Callable[[], Awaitable[str]]
+) -> None:
+    """Both may write ENTRY_KIND_OBJECTION, but neither the other's kind of objection (the table above has
+    the supervisor refused an audit's objection)."""
+    thread_id = await make_thread()
+    checked = Objection(
+        check=CitationCheck.INVALID_MARKER, sentence_index=2, reason="it cited a source number that names nothing"
+    ).model_dump_json()
+    kind = scratchpad_pb2.ENTRY_KIND_OBJECTION
+    written = await stub.Append(ledger_entry(thread_id, "by-the-code", kind, S, checked))
+    assert written.entry.author.role == S
+    for role in (A, R, V, J):
+        error = await expect_error(
+            stub.Append(ledger_entry(thread_id, f"not-{role}", kind, role, checked)), grpc.StatusCode.PERMISSION_DENIED
+        )
+        assert error_reason(error) == "KIND_NOT_PERMITTED_FOR_ROLE"
+    # An objection names what raised it: an audit or a check, exactly one.
+    both = checked.replace('"audit_ref":null', '"audit_ref":1')
+    neither = checked.replace('"check":"invalid_marker"', '"check":null')
+    for index, content in enumerate((both, neither)):
+        error = await expect_error(
+            stub.Append(ledger_entry(thread_id, f"bad-{index}", kind, S, content)), grpc.StatusCode.INVALID_ARGUMENT
+        )
+        assert "raised by an audit (audit_ref) or by a citation check (check)" in violations(error)["content"]
 
 
 async def test_ledger_content_must_be_the_record_its_kind_names(

@@ -75,3 +75,14 @@ def test_a_share_under_one_model_calls_cost_is_not_afforded() -> None:
     assert budget.one_call() == 175 and budget.left() == 300
     assert budget.affords(1) and not budget.affords(2)  # 300 pays for one call; 150 does not
     assert TokenBudget(0, account).affords(100)  # no budget: nothing to run short of
+
+
+def test_the_reserve_is_held_back_from_research_until_released() -> None:
+    """A verified run's research stops where only the reserve is left; the review then spends it."""
+    budget = TokenBudget(BUDGET, account_at(600), reserve=400)
+    assert budget.left() == 0
+    assert budget.spent()  # research: no next turn, no new delegation
+    budget.release_reserve()
+    assert budget.left() == 400
+    assert not budget.spent()
+    assert budget.share(4) == 100  # the review's roles share what was held back

@@ -232,7 +232,10 @@ async def test_each_finding_is_judged_blind_and_the_report_cites_only_supported_
         SUPPORTED: ClaimJudgement.SUPPORTED,
         FAILING: None,  # its verifier failed: unverified
     }
-    assert verification.enabled and verification.citable_findings() == {SUPPORTED}
+    # The contradicted finding and the supported one whose page says otherwise are both sides of one
+    # disagreement: both contested, both citable (only together, which the review's citation check enforces).
+    assert verification.enabled and verification.citable_findings() == {SUPPORTED, CONTRADICTED}
+    assert verification.contested() == {CONTRADICTED: {SUPPORTED}, SUPPORTED: {CONTRADICTED}}
     assert checks[FAILING].rationale == "not verified: the verifier failed (provider_error)"
     assert checks[OVERSTATED] == FindingCheck(
         OVERSTATED,
@@ -261,6 +264,7 @@ async def test_each_finding_is_judged_blind_and_the_report_cites_only_supported_
             contradicting_excerpt=OPENING_QUOTE,
             rationale=CONTRADICTED_WHY,
             verdict_sequence_no=checks[CONTRADICTED].verdict_sequence_no,
+            contradicting_finding_sequence_nos=(SUPPORTED,),
         ),
     )
     assert research.progress[0] == "verifying 4 findings"
@@ -275,35 +279,42 @@ async def test_each_finding_is_judged_blind_and_the_report_cites_only_supported_
     # Two calls per verifier that answered, and the failing one's refused call.
     assert usage.verification.model_calls == 7 and usage.verification == usage.workers
 
-    # The report: only the supported finding is a numbered source; the contradiction is a disagreement.
+    # The report: the supported finding and the contradicted one (both sides of one disagreement) are numbered
+    # sources; the unsupported and the unverified ones have no number.
     research.script.add(
         REPORT,
         Reply(
-            content="It opened in May 1889 [1]. It is the tallest structure in the world [2]. It opened in 1887 [3]."
+            content="It is the tallest structure in the world [3]. A guide says it opened in 1887 [1], but the "
+            "opening page says May 1889 [2]."
         ),
     )
     report, _ = await write_report(
         research.writer, QUESTION, research.entries, ResearchEnd(), research.publisher.content, verification
     )
 
-    # The one supported finding's source is [1]; no number names an unsupported, contradicted or unverified one.
-    assert [(c.number, c.url, c.sequence_no) for c in report.citations] == [(1, research.pages["opening"], SUPPORTED)]
-    assert (
-        report.markdown == "It opened in May 1889 [1]. It is the tallest structure in the world . It opened in 1887 ."
-    )
-    assert report.removed_citations == 2
-    assert [c.judgement for c in report.citations] == [
-        ClaimJudgement.SUPPORTED
+    assert [(c.number, c.url, c.sequence_no, c.judgement) for c in report.citations] == [
+        (1, research.pages["rumour"], CONTRADICTED, ClaimJudgement.CONTRADICTED),
+        (2, research.pages["opening"], SUPPORTED, ClaimJudgement.SUPPORTED),
     ]  # each citation says how it was verified
+    assert report.markdown == (
+        "It is the tallest structure in the world . A guide says it opened in 1887 [1], but the opening page says "
+        "May 1889 [2]."
+    )
+    # The number that names no citable finding was cut, and where is kept for the review's citation check.
+    assert report.removed_citations == 1
+    assert report.invalid_markers == (len("It is the tallest structure in the world "),)
 
     system_prompt, asked = (m["content"] for m in research.script.requests[REPORT][0]["messages"])
     assert VERIFIED_INSTRUCTIONS in system_prompt
     findings = asked.split("Verified findings:\n", 1)[1].split("\n\n", 1)[0]
-    assert findings == f"- (finding {SUPPORTED}, supported) {OPENED_1889} [1]"
-    assert "[2]" not in asked and TALLEST not in asked and WORKERS not in asked
-    # The contradicted claim reaches the model only as a disagreement between two quoted sources.
+    assert findings == (
+        f"- (finding {CONTRADICTED}, contradicted, contested by finding {SUPPORTED}) {OPENED_1887} [1]\n"
+        f"- (finding {SUPPORTED}, supported, contested by finding {CONTRADICTED}) {OPENED_1889} [2]"
+    )
+    assert "[3]" not in asked and TALLEST not in asked and WORKERS not in asked
+    # The disagreement is spelled out, to be reported as one, citing both sides.
     disagreement = asked.split("Where sources disagree", 1)[1]
-    assert "never as fact" in disagreement and OPENED_1887 in disagreement
+    assert "never as fact" in disagreement and "citing both" in disagreement and OPENED_1887 in disagreement
     assert f'{research.pages["rumour"]} says: "{RUMOUR_QUOTE}"' in disagreement
     assert f'but {research.pages["opening"]} says: "{OPENING_QUOTE}"' in disagreement
 

@@ -23,7 +23,7 @@ from quarry.db import Database
 from quarry.identity import Principal, Role
 from quarry.migrations import upgrade_schema_async
 from quarry.notify import CommitSignal
-from quarry.records.research import ObjectionResolution, Resolution, parse_record
+from quarry.records.research import CitationCheck, Objection, ObjectionResolution, Resolution, parse_record
 from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import EntryKind, Source
 from supervisor_svc.runs.budget import RunAccount, TokenBudget
@@ -32,9 +32,10 @@ from supervisor_svc.runs.domain import Report, StartRequest
 from supervisor_svc.runs.ledger import RunLedger
 from supervisor_svc.runs.publishing import RunEventLog, RunPublisher
 from supervisor_svc.runs.store import RunStore
-from supervisor_svc.runs.synthesis import verified_sources
+from supervisor_svc.runs.synthesis import CitationFilter, verified_sources
 from supervisor_svc.runs.worker_client import DelegationClient
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
+from supervisor_svc.verification.checks import Contested
 from supervisor_svc.verification.report import with_verification
 from supervisor_svc.verification.resolutions import approve_open_objections
 from supervisor_svc.verification.review import ReviewDesk, ReviewedReport, ReviewRequest, ReviewStage, review_report
@@ -95,18 +96,29 @@ class Desk:
     thread_id: str
     statuses: list[tuple[ReviewStage, str]]
 
-    async def review(self, markdown: str, *, rounds: int = 2, leave_unsettled_open: bool = False) -> ReviewedReport:
+    async def review(
+        self,
+        markdown: str,
+        *,
+        rounds: int = 2,
+        leave_unsettled_open: bool = False,
+        contested: Contested | None = None,
+    ) -> ReviewedReport:
+        """Review `markdown` as the model wrote it: through the citation filter first, as a run's draft is."""
         entries = await self.plane.read_all(self.thread_id)
         sources = verified_sources(entries)
+        citations = CitationFilter({source.number: source for source in sources})
+        draft = citations.feed(markdown) + citations.finish()
 
         async def status(stage: ReviewStage, message: str) -> None:
             self.statuses.append((stage, message))
 
         request = ReviewRequest(
             question=QUESTION,
-            draft=Report(markdown, tuple(sources)),
+            draft=Report(draft, tuple(sources), citations.removed, invalid_markers=tuple(citations.invalid_at)),
             sources=sources,
             claims={e.sequence_no: e.content for e in entries if e.kind is EntryKind.FINDING},
+            contested=contested or {},
             max_revision_rounds=rounds,
             leave_unsettled_open=leave_unsettled_open,
         )
@@ -116,6 +128,16 @@ class Desk:
 
     async def approve(self, verification: Verification, comment: str) -> Verification:
         return await approve_open_objections(verification, comment, "alice", self.ledger)
+
+    async def raised_by_checks(self) -> list[Objection]:
+        """The objections the supervisor's citation checks recorded, in ledger order."""
+        found = []
+        for entry in await self.plane.read_all(self.thread_id):
+            if entry.kind is EntryKind.OBJECTION and entry.author.role is Role.SUPERVISOR:
+                record = parse_record(entry.kind, entry.content)
+                assert isinstance(record, Objection)
+                found.append(record)
+        return found
 
     async def resolutions(self) -> list[ObjectionResolution]:
         found = []
@@ -279,7 +301,7 @@ async def test_what_is_left_unsettled_leaves_the_report_and_an_unjudged_sentence
     script.add("Audit sentence 4", audit(4, [4], "unsound", "Gold is not in finding 4."))
     script.add("Revise sentence 2", Reply(content="REMOVE"))
     script.add("Revise sentence 4", Reply(content=CONTEST))  # and its adjudicator has no decision: it fails
-    script.add("Revise sentence 3", Reply(content="It was the tallest iron structure of its day [3, 9]."))
+    script.add("Revise sentence 3", Reply(content="It was the tallest iron structure of its day [3]."))
     script.add("Audit sentence 3 (revision 1)", audit(3, [4], "needs_revision", "Of its day is not in the finding."))
     script.decisions[3] = "revise"
 
@@ -287,7 +309,6 @@ async def test_what_is_left_unsettled_leaves_the_report_and_an_unjudged_sentence
 
     # The sentence no auditor judged stays, marked as unverified where it stands.
     assert reviewed.report.markdown == f"# The Eiffel Tower\n\n(unverified) {OPENED}\n"
-    assert reviewed.report.removed_citations == 1  # the revision's [9] names no source
     statuses = {check.sentence_index: check.status for check in reviewed.sentences}
     assert statuses == {
         1: SentenceStatus.UNAUDITED,
@@ -379,3 +400,69 @@ async def test_with_a_person_to_decide_what_the_review_cannot_settle_stays_open_
     # Nothing open: nothing to approve, nothing written.
     assert await desk.approve(approved, "again") == approved
     assert len(await desk.resolutions()) == len(resolutions)
+
+
+async def test_a_marker_naming_no_source_raises_an_objection_that_only_a_checked_revision_settles(desk: Desk) -> None:
+    """[9] names no source: the filter cuts it, and its sentence (left with no citation, or with one) is
+    objected to by the code, not audited as if it were sound; a contest does not reach an adjudicator."""
+    script = desk.script
+    uncited = "It was painted gold in 1900 [9]."
+    half = "Some three hundred workers built it [2, 9]."
+    script.add("Audit sentence 1", audit(1, [2]))
+    script.add("Revise sentence 2", Reply(content=CONTEST))
+    script.add("Revise sentence 2 (round 2)", Reply(content="REMOVE"))
+    script.add("Revise sentence 3", Reply(content=WORKERS_REVISED))
+    script.add("Audit sentence 3 (revision 1)", audit(3, [3]))
+
+    reviewed = await desk.review(f"# The Eiffel Tower\n\n{OPENED} {uncited} {half}\n")
+
+    assert reviewed.report.markdown == f"# The Eiffel Tower\n\n{OPENED} {WORKERS_REVISED}\n"
+    statuses = {check.sentence_index: (check.status, check.text) for check in reviewed.sentences}
+    assert statuses == {
+        1: (SentenceStatus.SOUND, OPENED),
+        2: (SentenceStatus.REMOVED, "It was painted gold in 1900 ."),
+        3: (SentenceStatus.REVISED, WORKERS_REVISED),
+    }
+    raised = await desk.raised_by_checks()
+    assert [(o.check, o.sentence_index, o.finding_refs, o.audit_ref) for o in raised] == [
+        (CitationCheck.INVALID_MARKER, 2, (), None),
+        (CitationCheck.INVALID_MARKER, 3, (3,), None),
+    ]
+    assert "left with no citation" in raised[0].reason
+    resolved = {r.sentence_index: (r.resolution, r.reason) for r in await desk.resolutions()}
+    assert resolved == {
+        2: (Resolution.SENTENCE_REMOVED, "the supervisor withdrew the sentence"),  # in round 2, after its contest
+        3: (Resolution.REVISED, ""),
+    }
+    # No auditor judged the flagged draft sentences, and no adjudicator was asked about a check.
+    assert "Audit sentence 2" not in script.requests and "Audit sentence 3" not in script.requests
+    assert not any(agent.startswith("Adjudicate") for agent in script.requests)
+
+
+async def test_one_side_of_a_contradiction_cited_alone_is_objected_to_and_a_revision_must_cite_both(
+    desk: Desk,
+) -> None:
+    """Findings 2 and 4 are both sides of a disagreement: citing [1] alone states one side as fact."""
+    script = desk.script
+    one_sided = "The tower opened to the public in 1889 [1]."
+    still_one_sided = "The tower surely opened in May 1889 [1]."
+    both = "One source says it opened in 1889 [1], and another calls it the tallest of its day [3]."
+    script.add("Revise sentence 0", Reply(content=still_one_sided))
+    script.add("Revise sentence 0 (round 2)", Reply(content=both))
+    script.add("Audit sentence 0 (revision 2)", audit(0, [2, 4]))
+    script.add("Audit sentence 1", audit(1, [3]))
+
+    reviewed = await desk.review(
+        f"{one_sided} {WORKERS_REVISED}\n", contested={2: frozenset({4}), 4: frozenset({2})}
+    )
+
+    assert reviewed.report.markdown == f"{both} {WORKERS_REVISED}\n"
+    assert {c.sentence_index: c.status for c in reviewed.sentences} == {
+        0: SentenceStatus.REVISED,
+        1: SentenceStatus.SOUND,
+    }
+    assert reviewed.revision_rounds == 2  # the first revision was one-sided too: not audited, still open
+    [raised] = await desk.raised_by_checks()
+    assert (raised.check, raised.sentence_index) == (CitationCheck.ONE_SIDED, 0)
+    assert "finding 2" in raised.reason and "finding 4" in raised.reason
+    assert "Audit sentence 0 (revision 1)" not in script.requests and "Audit sentence 0" not in script.requests
