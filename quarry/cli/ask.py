@@ -50,6 +50,10 @@ _WARNINGS = {
         "auditor judged are marked (unverified)); give the run more --max-tokens or time, or, for a model that "
         "cannot play the review's roles, ask with --verification off"
     ),
+    supervisor_pb2.RUN_WARNING_CODE_ROLES_CANNOT_FOLLOW_CONTRACTS: (
+        "the model cannot play the review's roles: most verifiers, auditors and adjudicators ended without a "
+        "valid output; ask again with --verification off (or serve those roles a stronger model)"
+    ),
 }
 # How long a command waits for the supervisor to answer at all before saying it is not running;
 # the calls after that retry for RetryPolicy.total_seconds, which would be a silent half minute.
@@ -239,8 +243,11 @@ def usage_line(usage: supervisor_pb2.RunUsage) -> str:
 
 def exit_code(event: supervisor_pb2.RunEvent | None) -> int:
     if event is not None and event.HasField("completed"):
-        incomplete = supervisor_pb2.RUN_WARNING_CODE_VERIFICATION_INCOMPLETE
-        return EXIT_UNVERIFIED if any(w.code == incomplete for w in event.completed.warnings) else 0
+        unverified = {
+            supervisor_pb2.RUN_WARNING_CODE_VERIFICATION_INCOMPLETE,
+            supervisor_pb2.RUN_WARNING_CODE_ROLES_CANNOT_FOLLOW_CONTRACTS,
+        }
+        return EXIT_UNVERIFIED if any(w.code in unverified for w in event.completed.warnings) else 0
     return EXIT_CANCELLED if event is not None and event.HasField("cancelled") else EXIT_FAILED
 
 

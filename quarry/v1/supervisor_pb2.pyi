@@ -138,6 +138,12 @@ class _RunWarningCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunWar
     auditor judged (SENTENCE_STATUS_UNAUDITED) are marked "(unverified)" in the report's body.
     `quarry ask` exits 3.
     """
+    RUN_WARNING_CODE_ROLES_CANNOT_FOLLOW_CONTRACTS: _RunWarningCode.ValueType  # 5
+    """The model could not follow the review roles' contracts: most claim-verifier, citation-auditor and
+    adjudicator delegations (at least two) ended without a valid output (DELEGATION_ERROR_CODE_OUTPUT_INVALID
+    or _OUTPUT_REFUSED). Comes with RUN_WARNING_CODE_VERIFICATION_INCOMPLETE; such a model needs
+    verification off (RunOptions.verification, `quarry ask --verification off`). `quarry ask` exits 3.
+    """
 
 class RunWarningCode(_RunWarningCode, metaclass=_RunWarningCodeEnumTypeWrapper):
     """What a succeeded run's report lacks. Such a run still succeeds and delivers its report: the
@@ -162,6 +168,12 @@ RUN_WARNING_CODE_VERIFICATION_INCOMPLETE: RunWarningCode.ValueType  # 4
 findings no verifier could judge (CLAIM_JUDGEMENT_UNVERIFIED) are not cited, and cited sentences no
 auditor judged (SENTENCE_STATUS_UNAUDITED) are marked "(unverified)" in the report's body.
 `quarry ask` exits 3.
+"""
+RUN_WARNING_CODE_ROLES_CANNOT_FOLLOW_CONTRACTS: RunWarningCode.ValueType  # 5
+"""The model could not follow the review roles' contracts: most claim-verifier, citation-auditor and
+adjudicator delegations (at least two) ended without a valid output (DELEGATION_ERROR_CODE_OUTPUT_INVALID
+or _OUTPUT_REFUSED). Comes with RUN_WARNING_CODE_VERIFICATION_INCOMPLETE; such a model needs
+verification off (RunOptions.verification, `quarry ask --verification off`). `quarry ask` exits 3.
 """
 Global___RunWarningCode: _TypeAlias = RunWarningCode  # noqa: Y015
 

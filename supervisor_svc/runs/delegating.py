@@ -29,7 +29,7 @@ from quarry.agent.tools import MAX_CALLS_PER_TURN, ToolError
 from quarry.identity import Role
 from quarry.research_plane import ResearchPlane
 from quarry.telemetry import meter, tracer
-from quarry.vocabulary import DelegationResult, Entry
+from quarry.vocabulary import DelegationErrorCode, DelegationResult, Entry
 from supervisor_svc.runs.budget import RunAccount, TokenBudget
 from supervisor_svc.runs.domain import DelegationOrder, ResearchPhase, RunUsage
 from supervisor_svc.runs.ledger import RunLedger
@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 MAX_PROMOTED_CHARS = 8000
 # The supervisor waits this much longer than the worker's own time limit before giving up on it.
 _DEADLINE_GRACE_SECONDS = 5.0
+
+# How a delegation ends when its role's model gave no output its contract accepts, after the repair turn.
+_CONTRACT_FAILURES = frozenset({DelegationErrorCode.OUTPUT_INVALID, DelegationErrorCode.OUTPUT_REFUSED})
 
 _DELEGATIONS = meter.create_counter("quarry.delegations", description="delegations ended, by outcome")
 
@@ -134,6 +137,8 @@ class Delegator:
         self._reuse = dict(earlier.reuse)
         self._counted = frozenset(earlier.counted)
         self.dispatched = 0  # delegations that went out to a worker (not those the budget refused)
+        self._role_results = 0  # evidence roles' delegations that ended
+        self._role_contract_failures = 0  # ...without a valid output: the model did not follow the contract
         self._expected: set[str] = set()  # this turn's delegate calls that will run and have not ended
         self._announced = 0  # this turn's calls, of any tool
 
@@ -177,6 +182,12 @@ class Delegator:
         share the budget left."""
         return await self._dispatch(contract, key, sharing=lambda: sharing)
 
+    def roles_cannot_follow_contracts(self) -> bool:
+        """Whether the model failed the evidence roles' contracts repeatedly: at least two of their delegations,
+        and at least half, ended without a valid output. A model that cannot play the roles at all."""
+        failed = self._role_contract_failures
+        return failed >= 2 and 2 * failed >= self._role_results
+
     def _refuse_if_budget_spent(self) -> None:
         if self._budget.spent():
             raise ToolError("the run's token budget is spent: no new delegation starts")
@@ -216,6 +227,9 @@ class Delegator:
             if not result.succeeded:
                 span.set_status(trace.Status(trace.StatusCode.ERROR, result.error_message[:200]))
         _DELEGATIONS.add(1, {"quarry.delegation.outcome": result.outcome_label})
+        if contract.role is not Role.RESEARCHER:
+            self._role_results += 1
+            self._role_contract_failures += result.error_code in _CONTRACT_FAILURES
         if delegation_id not in self._counted:  # else its usage came with the run from the ledger
             self._account.add_worker(result.usage, verification=contract.role is not Role.RESEARCHER)
         await self._publisher.delegation_ended(result, self._account.usage())

@@ -62,6 +62,7 @@ class RunWarning(enum.StrEnum):
     NO_SOURCES = "no_sources"
     USAGE_ESTIMATED = "usage_estimated"
     VERIFICATION_INCOMPLETE = "verification_incomplete"
+    ROLES_CANNOT_FOLLOW_CONTRACTS = "roles_cannot_follow_contracts"
 
     @property
     def message(self) -> str:
@@ -75,6 +76,11 @@ _WARNING_MESSAGES = {
         "the review did not finish: findings no verifier could judge are not cited, and cited sentences no "
         "auditor judged are marked “(unverified)” in the report (the budget or time ran out, or the review's "
         "roles failed: a model that cannot follow their instructions needs verification off)"
+    ),
+    RunWarning.ROLES_CANNOT_FOLLOW_CONTRACTS: (
+        "the model could not follow the review roles' contracts: most claim-verifier, auditor and adjudicator "
+        "delegations ended without a valid output (output invalid or refused), so their checks were not made; "
+        "this model cannot play those roles: run with verification off (quarry ask --verification off)"
     ),
     RunWarning.USAGE_ESTIMATED: (
         "the model server reported no token usage for some calls: token counts and the token budget rest on "

@@ -223,6 +223,7 @@ class ResearchRun:
         watcher: asyncio.Task[None] | None = None
         try:
             awaited = awaited_approval(self.record) if resumed else None
+            roles_failed = False
             if awaited is not None:  # everything but the decision was done: wait for it again
                 report, verification = awaited
                 end = ResearchEnd()
@@ -243,7 +244,10 @@ class ResearchRun:
                     )
                     if verification is not None:
                         report, verification = await self._review(report, entries, verification, delegator)
-            warnings = report_warnings(report, end, self._account.usage().total, verification)
+                    roles_failed = delegator.roles_cannot_follow_contracts()
+            warnings = report_warnings(
+                report, end, self._account.usage().total, verification, roles_failed=roles_failed
+            )
             if self.record.options.require_approval:  # after the run's time limit: a person may take longer
                 verification = await self._await_approval(report, verification, announce=awaited is None)
             if verification is not None:  # the final report states how each claim was verified

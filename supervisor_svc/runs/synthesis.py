@@ -151,12 +151,20 @@ class ResearchEnd:
 
 
 def report_warnings(
-    report: Report, end: ResearchEnd, usage: Usage, verification: Verification | None = None
+    report: Report,
+    end: ResearchEnd,
+    usage: Usage,
+    verification: Verification | None = None,
+    *,
+    roles_failed: bool = False,
 ) -> tuple[RunWarning, ...]:
     """Why a report cites no verified source, if it cites none (prose without sources is not research), whether
-    its review left cited sentences unaudited, and whether the run's token counts are estimates."""
+    its review left cited sentences unaudited (`roles_failed`: because the model could not follow the review
+    roles' contracts), and whether the run's token counts are estimates."""
     estimated = (RunWarning.USAGE_ESTIMATED,) if usage.estimated_calls else ()
-    if verification is not None and _review_unfinished(verification):
+    if roles_failed:
+        estimated = (RunWarning.ROLES_CANNOT_FOLLOW_CONTRACTS, *estimated)
+    if verification is not None and (roles_failed or _review_unfinished(verification)):
         estimated = (RunWarning.VERIFICATION_INCOMPLETE, *estimated)
     if report.citations:
         return estimated

@@ -3,8 +3,9 @@ from what their own requests carry (the finding they were shown, the sentence th
 the sequence numbers they are addressed by are only known once the run has written them.
 
 `tower_scenario` scripts one whole verified run: four findings (two supported, one overstated, one
-contradicted by another page), a draft of four cited sentences (one sound, one revised, one rejected
-and one upheld by an adjudicator).
+contradicted by another finding's page), a draft of four cited sentences (one presenting the
+disagreement, sound; one citing a side of it alone, objected to by the citation check and revised; one
+rejected and one upheld by an adjudicator).
 """
 
 from __future__ import annotations
@@ -44,13 +45,16 @@ TALLEST = ("The tower is the tallest structure in the world.", HEIGHT, "The towe
 # Disagrees with the opening page.
 EARLY = ("The tower opened in 1887.", GUIDE, "the tower opened in 1887")
 
-# The draft: the citable findings are OPENED [1] and TALL [2]; the unsupported and contradicted ones have no number.
+# A draft on OPENED [1] and TALL [2] alone (EARLY not among the findings).
 S_OPENED = "The tower opened to the public in May 1889 [1]."
-S_WRONG = "It is 330 metres tall [1]."  # cites the opening, not the height: revised
+# The tower scenario's draft: the citable findings are OPENED [1], TALL [2] and EARLY [3] (OPENED and EARLY
+# contested: both sides of one disagreement); the unsupported one has no number.
+S_DISPUTED = "The opening page says it opened to the public in May 1889 [1], while a guide says 1887 [3]."
+S_WRONG = "It is 330 metres tall [1]."  # cites one side of the disagreement, and not the height: revised
 S_WRONG_REVISED = "The tower is 330 metres tall [2]."
 S_REJECTED = "It was the tallest iron tower of its day [2]."  # contested, then rejected by the adjudicator
 S_UPHELD = "It stands 330 metres high [2]."  # objected to, contested, approved by the adjudicator
-DRAFT = f"## The tower\n\n{S_OPENED} {S_WRONG} {S_REJECTED} {S_UPHELD}"
+DRAFT = f"## The tower\n\n{S_DISPUTED} {S_WRONG} {S_REJECTED} {S_UPHELD}"
 
 
 @dataclass
@@ -191,8 +195,7 @@ def tower_scenario(script: EvidenceScript, site: FixtureWeb) -> None:
     }
     script.add(REPORT, Reply(content=DRAFT, chunks=5))
     script.audits = {
-        marked(S_OPENED): ("sound", ""),
-        marked(S_WRONG): ("unsound", "finding cited says nothing about the height"),
+        marked(S_DISPUTED): ("sound", ""),
         marked(S_WRONG_REVISED): ("sound", ""),
         marked(S_REJECTED): ("needs_revision", "the finding gives a height, not a comparison"),
         marked(S_UPHELD): ("unsound", "stands high is not what the finding says"),

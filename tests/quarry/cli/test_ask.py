@@ -19,6 +19,7 @@ def test_a_run_whose_review_did_not_finish_exits_with_its_own_status() -> None:
         supervisor_pb2.RUN_WARNING_CODE_USAGE_ESTIMATED, supervisor_pb2.RUN_WARNING_CODE_VERIFICATION_INCOMPLETE
     )
     assert exit_code(incomplete) == EXIT_UNVERIFIED == 3
+    assert exit_code(completed(supervisor_pb2.RUN_WARNING_CODE_ROLES_CANNOT_FOLLOW_CONTRACTS)) == EXIT_UNVERIFIED
     assert len({0, EXIT_UNVERIFIED, EXIT_FAILED, EXIT_CANCELLED}) == 4
     failed, cancelled = supervisor_pb2.RunEvent(), supervisor_pb2.RunEvent()
     failed.failed.SetInParent()

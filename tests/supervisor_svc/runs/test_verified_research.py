@@ -23,7 +23,9 @@ from quarry.clients.runs import RunsClient
 from quarry.clients.scratchpad import ScratchpadClient
 from quarry.records.research import (
     Assignment,
+    CitationCheck,
     ClaimVerdict,
+    Objection,
     ObjectionResolution,
     Resolution,
     UsageObserved,
@@ -41,6 +43,7 @@ from tests.fakes.evidence import (
     OPENED,
     OPENING,
     QUESTION,
+    S_DISPUTED,
     S_OPENED,
     S_REJECTED,
     S_UPHELD,
@@ -134,20 +137,27 @@ async def test_a_verified_run_cites_only_supported_claims_surfaces_disagreement_
         TALLEST[0]: supervisor_pb2.CLAIM_JUDGEMENT_UNSUPPORTED,
         EARLY[0]: supervisor_pb2.CLAIM_JUDGEMENT_CONTRADICTED,
     }
-    assert {claim for claim, check in judged.items() if check.citable} == {OPENED[0], TALL[0]}
+    # The contradicted finding and the one quoting the page that says otherwise: both contested, both citable.
+    assert {claim for claim, check in judged.items() if check.citable} == {OPENED[0], TALL[0], EARLY[0]}
+    assert {claim for claim, check in judged.items() if check.contested} == {OPENED[0], EARLY[0]}
     cited = {c.scratchpad_sequence_no for c in completed.report.citations}
-    assert cited == {findings[OPENED[0]], findings[TALL[0]]}  # never the overstated or the contradicted finding
-    assert {c.judgement for c in completed.report.citations} == {supervisor_pb2.CLAIM_JUDGEMENT_SUPPORTED}
+    assert cited == {findings[OPENED[0]], findings[TALL[0]], findings[EARLY[0]]}  # never the overstated one
+    assert {c.judgement for c in completed.report.citations} == {
+        supervisor_pb2.CLAIM_JUDGEMENT_SUPPORTED,
+        supervisor_pb2.CLAIM_JUDGEMENT_CONTRADICTED,
+    }
     [contradiction] = verification.contradictions
+    assert list(contradiction.contradicting_finding_sequence_nos) == [findings[OPENED[0]]]
     assert (contradiction.finding_sequence_no, contradiction.claim) == (findings[EARLY[0]], EARLY[0])
     assert contradiction.finding_url == site.base_url + GUIDE[0] and contradiction.finding_excerpt == EARLY[2]
     assert contradiction.contradicting_url == site.base_url + OPENING[0]
     assert contradiction.contradicting_excerpt == OPENED[2]
 
-    # Sentences: one sound, one revised, one removed by the adjudicator, one upheld by it.
+    # Sentences: the disagreement sound; one side cited alone objected to by the code and revised; one
+    # removed by the adjudicator, one upheld by it.
     statuses = [(s.text, s.status) for s in verification.sentences]
     assert statuses == [
-        (S_OPENED, supervisor_pb2.SENTENCE_STATUS_SOUND),
+        (S_DISPUTED, supervisor_pb2.SENTENCE_STATUS_SOUND),
         (S_WRONG_REVISED, supervisor_pb2.SENTENCE_STATUS_REVISED),
         (S_REJECTED, supervisor_pb2.SENTENCE_STATUS_REMOVED),
         (S_UPHELD, supervisor_pb2.SENTENCE_STATUS_UPHELD),
@@ -166,7 +176,7 @@ async def test_a_verified_run_cites_only_supported_claims_surfaces_disagreement_
     # The report: the revision in, the rejected sentence out, the disagreement and the verification stated.
     markdown = completed.report.markdown
     body, stated = markdown.split("## How each claim was verified")
-    assert body.strip() == f"## The tower\n\n{S_OPENED} {S_WRONG_REVISED} {S_UPHELD}"
+    assert body.strip() == f"## The tower\n\n{S_DISPUTED} {S_WRONG_REVISED} {S_UPHELD}"
     assert "## Where sources disagree" in stated and site.base_url + GUIDE[0] in stated
     assert "tallest structure in the world" not in markdown  # the unsupported claim is nowhere
     assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED and stored.verification == verification
@@ -182,7 +192,7 @@ async def test_a_verified_run_cites_only_supported_claims_surfaces_disagreement_
             assert "the page gives" not in seen, agent  # never another verifier's verdict
             assert "ADJUDICATE:" not in seen, agent  # never the supervisor's case against an objection
         if agent.startswith("Audit sentence"):
-            sentences = {marked(s).rstrip(".") for s in (S_OPENED, S_WRONG, S_WRONG_REVISED, S_REJECTED, S_UPHELD)}
+            sentences = {marked(s).rstrip(".") for s in (S_DISPUTED, S_WRONG, S_WRONG_REVISED, S_REJECTED, S_UPHELD)}
             [own] = {shown(task_of(request)).rstrip(".") for request in requests}
             # (What the verifiers read is shown too, and may say what another sentence says: not counted here.)
             tasks = re.sub(r'claim-verifier read on \S+: ".*?"\.', "", "".join(task_of(r) for r in requests))
@@ -198,6 +208,17 @@ async def test_a_verified_run_cites_only_supported_claims_surfaces_disagreement_
     height_quote = f'claim-verifier read on {site.base_url}{HEIGHT[0]}: "{TALL[2]}"'
     assert any(opened_quote in task for task in tasks("Audit sentence"))
     assert tasks("Adjudicate objection") and all(height_quote in task for task in tasks("Adjudicate objection"))
+    # ...and the contradiction a cited finding is a side of.
+    [disputed] = [task for task in tasks("Audit sentence") if "while a guide says 1887" in task]
+    assert f"Finding {findings[OPENED[0]]} is contested" in disputed and "citing both sides" in disputed
+    # The sentence citing one side alone was never audited as written: the supervisor's check objected to it.
+    assert not any(marked(S_WRONG) in task for task in tasks("Audit sentence"))
+    checked = [
+        parse_record(EntryKind.OBJECTION, e.content)
+        for e in entries
+        if e.kind == scratchpad_pb2.ENTRY_KIND_OBJECTION and e.author.role == common_pb2.ROLE_SUPERVISOR
+    ]
+    assert [(o.check, o.sentence_index) for o in checked if isinstance(o, Objection)] == [(CitationCheck.ONE_SIDED, 2)]
 
     # The ledger: gap-free, each delegation assigned, routed and its usage observed; each objection resolved.
     assert [e.sequence_no for e in entries] == list(range(1, len(entries) + 1))
@@ -208,7 +229,7 @@ async def test_a_verified_run_cites_only_supported_claims_surfaces_disagreement_
     assert {a.delegation_id for a in assignments} == {u.delegation_id for u in usages}  # type: ignore[union-attr]
     roles = sorted(a.role.value for a in assignments)  # type: ignore[union-attr]
     assert roles.count("verifier") == 4 and roles.count("adjudicator") == 2 and roles.count("researcher") == 1
-    assert roles.count("citation_auditor") == 5  # four sentences and one revision
+    assert roles.count("citation_auditor") == 4  # three sentences and one revision
     for assignment in assignments:
         first = next(e for e in entries if assignment.delegation_id in e.content)  # type: ignore[union-attr]
         assert first.kind == scratchpad_pb2.ENTRY_KIND_ASSIGNMENT  # written before anything the delegation did
@@ -268,6 +289,7 @@ async def test_in_a_run_a_refused_verifier_leaves_its_finding_uncited_and_a_malf
     script.verdicts = {OPENED[0]: repaired, TALL[0]: oversteps}
     script.add(REPORT, Reply(content=f"{S_OPENED} It is 330 metres tall [2]."))
     script.audits = {marked(S_OPENED): ("sound", "")}
+    script.revisions = {"It is 330 metres tall": "REMOVE"}
 
     events, stored, entries = await verified_run(mesh)
 
@@ -285,7 +307,11 @@ async def test_in_a_run_a_refused_verifier_leaves_its_finding_uncited_and_a_malf
     findings = {e.content: e.sequence_no for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_FINDING}
     assert isinstance(recorded, ClaimVerdict) and recorded.finding_ref == findings[OPENED[0]]
     assert [c.url for c in completed.report.citations] == [site.base_url + OPENING[0]]
-    assert "[2]" not in completed.report.markdown.split("##")[0]
+    # [2] named no citable finding: the code objected to its sentence, which was withdrawn, not left uncited.
+    assert completed.report.markdown.split("##")[0].strip() == S_OPENED
+    [objection] = completed.verification.objections
+    assert objection.status == supervisor_pb2.OBJECTION_STATUS_SENTENCE_REMOVED
+    assert "names no verified finding" in objection.reason
     assert not any(
         e.kind == scratchpad_pb2.ENTRY_KIND_FINDING and e.author.role == common_pb2.ROLE_VERIFIER for e in entries
     )
@@ -293,6 +319,40 @@ async def test_in_a_run_a_refused_verifier_leaves_its_finding_uncited_and_a_malf
     # The finding no verifier could judge is a review that did not finish: the run says so.
     incomplete = supervisor_pb2.RUN_WARNING_CODE_VERIFICATION_INCOMPLETE
     assert [w.code for w in completed.warnings] == [incomplete] == [w.code for w in stored.warnings]
+
+
+async def test_a_model_that_cannot_follow_the_roles_contracts_is_named_with_verification_off(
+    mesh: ProcessMesh, site: FixtureWeb, script: EvidenceScript
+) -> None:
+    """Every verifier answers in prose instead of submitting its verdict, repair turn included: the run says the
+    model cannot play the roles and names verification off, rather than ending with a bare report."""
+
+    def chats(finding: int, site_url: str) -> Step:
+        return Reply(content="Looks right to me.")
+
+    research(script, site, OPENED, TALL)
+    script.verdicts = {OPENED[0]: chats, TALL[0]: chats}
+    script.add(REPORT, Reply(content="## The tower\n\nNothing could be verified."))
+
+    events, stored, _ = await verified_run(mesh)
+
+    completed = events[-1].completed
+    failures = [
+        e.status.delegation_error.code for e in events if e.HasField("status") and e.status.delegation_error.code
+    ]
+    assert failures == [common_pb2.DELEGATION_ERROR_CODE_OUTPUT_INVALID] * 2
+    codes = [w.code for w in completed.warnings]
+    assert (
+        codes
+        == [w.code for w in stored.warnings]
+        == [
+            supervisor_pb2.RUN_WARNING_CODE_NO_SOURCES,
+            supervisor_pb2.RUN_WARNING_CODE_VERIFICATION_INCOMPLETE,
+            supervisor_pb2.RUN_WARNING_CODE_ROLES_CANNOT_FOLLOW_CONTRACTS,
+        ]
+    )
+    [roles] = [w for w in completed.warnings if w.code == codes[-1]]
+    assert "cannot play those roles" in roles.message and "--verification off" in roles.message
 
 
 OBJECTED = "stands high is not what the finding says"

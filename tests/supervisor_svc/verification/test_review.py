@@ -452,9 +452,7 @@ async def test_one_side_of_a_contradiction_cited_alone_is_objected_to_and_a_revi
     script.add("Audit sentence 0 (revision 2)", audit(0, [2, 4]))
     script.add("Audit sentence 1", audit(1, [3]))
 
-    reviewed = await desk.review(
-        f"{one_sided} {WORKERS_REVISED}\n", contested={2: frozenset({4}), 4: frozenset({2})}
-    )
+    reviewed = await desk.review(f"{one_sided} {WORKERS_REVISED}\n", contested={2: frozenset({4}), 4: frozenset({2})})
 
     assert reviewed.report.markdown == f"{both} {WORKERS_REVISED}\n"
     assert {c.sentence_index: c.status for c in reviewed.sentences} == {
