@@ -17,7 +17,9 @@ from quarry.agent.usage import Usage
 from quarry.diagnostics import Report, Status
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.identity import Principal, Role
-from quarry.v1 import common_pb2, diagnostics_pb2, monitor_pb2, scratchpad_pb2, worker_pb2
+from quarry.records.research import ClaimJudgement
+from quarry.records.verification import ObjectionStatus, SentenceStatus, Verification
+from quarry.v1 import common_pb2, diagnostics_pb2, monitor_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from quarry.vocabulary import (
     DelegationErrorCode,
     DelegationResult,
@@ -38,12 +40,15 @@ if TYPE_CHECKING:
     from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
 
 __all__ = [
+    "CLAIM_JUDGEMENTS",
     "DELEGATION_ERROR_CODES",
     "DIAGNOSTIC_STATUSES",
     "ENTRY_KINDS",
     "JOB_STATES",
     "METRIC_DIRECTIONS",
+    "OBJECTION_STATUSES",
     "ROLES",
+    "SENTENCE_STATUSES",
     "TIERS",
     "EnumMap",
     "delegation_result_from_proto",
@@ -68,6 +73,7 @@ __all__ = [
     "timestamp",
     "usage_from_proto",
     "usage_to_proto",
+    "verification_to_proto",
 ]
 
 _Member = TypeVar("_Member", bound=enum.Enum)
@@ -124,6 +130,8 @@ ENTRY_KINDS: EnumMap[EntryKind, scratchpad_pb2.EntryKind.ValueType] = EnumMap(
     {
         EntryKind.SEED: scratchpad_pb2.ENTRY_KIND_SEED,
         EntryKind.FINDING: scratchpad_pb2.ENTRY_KIND_FINDING,
+        EntryKind.REFUSAL: scratchpad_pb2.ENTRY_KIND_REFUSAL,
+        EntryKind.SENTENCE: scratchpad_pb2.ENTRY_KIND_SENTENCE,
         EntryKind.MARKER: scratchpad_pb2.ENTRY_KIND_MARKER,
         EntryKind.ACKNOWLEDGEMENT: scratchpad_pb2.ENTRY_KIND_ACKNOWLEDGEMENT,
         EntryKind.NOTE: scratchpad_pb2.ENTRY_KIND_NOTE,
@@ -436,4 +444,78 @@ def diagnostics_report_to_proto(report: Report) -> diagnostics_pb2.GetDiagnostic
             for name, finding in report.findings
         ],
         check_time=timestamp(report.checked_at),
+    )
+
+
+CLAIM_JUDGEMENTS: EnumMap[ClaimJudgement, supervisor_pb2.ClaimJudgement.ValueType] = EnumMap(
+    {judged: supervisor_pb2.ClaimJudgement.Value(f"CLAIM_JUDGEMENT_{judged.name}") for judged in ClaimJudgement}
+)
+SENTENCE_STATUSES: EnumMap[SentenceStatus, supervisor_pb2.SentenceStatus.ValueType] = EnumMap(
+    {status: supervisor_pb2.SentenceStatus.Value(f"SENTENCE_STATUS_{status.name}") for status in SentenceStatus}
+)
+OBJECTION_STATUSES: EnumMap[ObjectionStatus, supervisor_pb2.ObjectionStatus.ValueType] = EnumMap(
+    {status: supervisor_pb2.ObjectionStatus.Value(f"OBJECTION_STATUS_{status.name}") for status in ObjectionStatus}
+)
+
+
+def verification_to_proto(verification: Verification) -> supervisor_pb2.Verification:
+    citable, contested = verification.citable_findings(), verification.contested_findings()
+    return supervisor_pb2.Verification(
+        enabled=verification.enabled,
+        findings=[
+            supervisor_pb2.FindingCheck(
+                finding_sequence_no=f.finding_sequence_no,
+                claim=f.claim,
+                # No judgement: no verifier could judge it.
+                judgement=CLAIM_JUDGEMENTS.to_proto(f.judgement)
+                if f.judgement is not None
+                else supervisor_pb2.CLAIM_JUDGEMENT_UNVERIFIED,
+                verdict_sequence_no=f.verdict_sequence_no,
+                rationale=f.rationale,
+                quote_url=f.quote_url,
+                quote_excerpt=f.quote_excerpt,
+                citable=f.finding_sequence_no in citable,
+                contested=f.finding_sequence_no in contested,
+            )
+            for f in verification.findings
+        ],
+        sentences=[
+            supervisor_pb2.SentenceCheck(
+                sentence_index=s.sentence_index,
+                text=s.text,
+                finding_sequence_nos=s.finding_sequence_nos,
+                status=SENTENCE_STATUSES.to_proto(s.status),
+                audit_sequence_nos=s.audit_sequence_nos,
+            )
+            for s in verification.sentences
+        ],
+        objections=[
+            supervisor_pb2.ObjectionState(
+                objection_sequence_no=o.objection_sequence_no,
+                sentence_index=o.sentence_index,
+                reason=o.reason,
+                status=OBJECTION_STATUSES.to_proto(o.status),
+                adjudication_sequence_no=o.adjudication_sequence_no,
+                resolution_sequence_no=o.resolution_sequence_no,
+            )
+            for o in verification.objections
+        ],
+        contradictions=[
+            supervisor_pb2.Contradiction(
+                finding_sequence_no=c.finding_sequence_no,
+                claim=c.claim,
+                finding_url=c.finding_url,
+                finding_excerpt=c.finding_excerpt,
+                contradicting_url=c.contradicting_url,
+                contradicting_excerpt=c.contradicting_excerpt,
+                rationale=c.rationale,
+                verdict_sequence_no=c.verdict_sequence_no,
+                contradicting_finding_sequence_nos=c.contradicting_finding_sequence_nos,
+            )
+            for c in verification.contradictions
+        ],
+        supported_claims=verification.supported_claims,
+        removed_claims=verification.removed_claims,
+        contested_claims=verification.contested_claims,
+        revision_rounds=verification.revision_rounds,
     )

@@ -46,6 +46,8 @@ class EntryKind(enum.StrEnum):
     ROUTE = "route"
     USAGE = "usage"
     RESOLUTION = "resolution"
+    REFUSAL = "refusal"
+    SENTENCE = "sentence"
 
     CAMPAIGN_LEDGER = "campaign_ledger"
     CAMPAIGN_DEAD_END = "campaign_dead_end"

@@ -24,6 +24,8 @@ WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
                 EntryKind.USAGE,
                 EntryKind.RESOLUTION,
                 EntryKind.OBJECTION,  # only those its citation checks raise (check_record_author)
+                EntryKind.REFUSAL,
+                EntryKind.SENTENCE,
                 EntryKind.CAMPAIGN_LEDGER,
                 EntryKind.CAMPAIGN_DEAD_END,
                 EntryKind.CAMPAIGN_INSIGHT,

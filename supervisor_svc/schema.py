@@ -30,7 +30,7 @@ runs = sa.Table(
     # Set once the run succeeded: what its report lacks (RunWarning values); NULL means none, and is
     # also what an earlier release writes, since it does not know the column.
     sa.Column("warnings", json_type(), nullable=True),
-    # How its report is verified (supervisor_svc.verification.state.Verification as JSON), kept current
+    # How its report is verified (quarry.records.verification.Verification as JSON), kept current
     # from the moment verification begins; NULL for a run that has not verified (or does not).
     sa.Column("verification", json_type(), nullable=True),
     # The decision ApproveRun or RejectRun took on a run awaiting approval ("approved", "rejected"), and

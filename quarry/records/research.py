@@ -36,7 +36,9 @@ __all__ = [
     "CitationCheck",
     "CitationJudgement",
     "ClaimJudgement",
+    "ClaimRefusal",
     "ClaimVerdict",
+    "DraftSentence",
     "InputRefs",
     "Objection",
     "ObjectionResolution",
@@ -365,6 +367,40 @@ class ObjectionResolution(ResearchRecord):
         return frozenset(ref for ref in refs if ref is not None)
 
 
+class ClaimRefusal(ResearchRecord):
+    """The supervisor did not count a finding as verified, recorded as ENTRY_KIND_REFUSAL: the verdict it
+    refused (support quoted from another page, support a second verifier did not share), or why no verdict
+    came (the verifier failed, the budget was spent, the finding was past the bound). So the ledger says what
+    the run's Verification says."""
+
+    entry_kind: ClassVar[EntryKind] = EntryKind.REFUSAL
+
+    kind: Literal["claim_refusal"] = "claim_refusal"
+    finding_ref: EntryRef = Field(description="the finding left unverified")
+    verdict_ref: EntryRef | None = Field(default=None, description="the verdict refused, if one was recorded")
+    reason: Text
+
+    def cited_entries(self) -> frozenset[int]:
+        refs = {self.finding_ref, self.verdict_ref}
+        return frozenset(ref for ref in refs if ref is not None)
+
+
+class DraftSentence(ResearchRecord):
+    """A sentence of the draft report as the review has it, recorded as ENTRY_KIND_SENTENCE: as drafted
+    (revision 0), or a revision, written before its audit. An audit of the sentence judges its latest one."""
+
+    entry_kind: ClassVar[EntryKind] = EntryKind.SENTENCE
+
+    kind: Literal["draft_sentence"] = "draft_sentence"
+    sentence_index: SentenceIndex
+    revision: int = Field(default=0, ge=0, le=64, description="0: as drafted; n: the revision of round n")
+    text: Text
+    finding_refs: tuple[EntryRef, ...] = Field(default=(), max_length=_MAX_REFS, description="the findings it cites")
+
+    def cited_entries(self) -> frozenset[int]:
+        return frozenset(self.finding_refs)
+
+
 RECORD_TYPES: Mapping[EntryKind, type[ResearchRecord]] = MappingProxyType(
     {
         record.entry_kind: record
@@ -377,6 +413,8 @@ RECORD_TYPES: Mapping[EntryKind, type[ResearchRecord]] = MappingProxyType(
             RouteDecision,
             UsageObserved,
             ObjectionResolution,
+            ClaimRefusal,
+            DraftSentence,
         )
     }
 )

@@ -59,6 +59,12 @@ class _EntryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryKind.V
     """How the supervisor settled an objection: revised, dismissed or the sentence removed
     (ObjectionResolution).
     """
+    ENTRY_KIND_REFUSAL: _EntryKind.ValueType  # 15
+    """The supervisor did not count a finding as verified: the verdict it refused, or why none came
+    (ClaimRefusal).
+    """
+    ENTRY_KIND_SENTENCE: _EntryKind.ValueType  # 16
+    """A sentence of the draft report as the review audits it, or a revision of it (DraftSentence)."""
     ENTRY_KIND_CAMPAIGN_LEDGER: _EntryKind.ValueType  # 20
     """A campaign's records, written by its supervisor as JSON (supervisor_svc/campaigns/records.py).
     One experiment cycle of the ledger.
@@ -107,6 +113,12 @@ ENTRY_KIND_RESOLUTION: EntryKind.ValueType  # 14
 """How the supervisor settled an objection: revised, dismissed or the sentence removed
 (ObjectionResolution).
 """
+ENTRY_KIND_REFUSAL: EntryKind.ValueType  # 15
+"""The supervisor did not count a finding as verified: the verdict it refused, or why none came
+(ClaimRefusal).
+"""
+ENTRY_KIND_SENTENCE: EntryKind.ValueType  # 16
+"""A sentence of the draft report as the review audits it, or a revision of it (DraftSentence)."""
 ENTRY_KIND_CAMPAIGN_LEDGER: EntryKind.ValueType  # 20
 """A campaign's records, written by its supervisor as JSON (supervisor_svc/campaigns/records.py).
 One experiment cycle of the ledger.

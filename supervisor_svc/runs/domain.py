@@ -14,7 +14,7 @@ from quarry.agent.usage import Usage
 from quarry.errors import FieldViolation, InvalidArgument
 from quarry.identity import Role
 from quarry.records.research import ClaimJudgement
-from supervisor_svc.verification.state import Verification
+from quarry.records.verification import Verification
 
 DEFAULT_SUPERVISOR_TURNS = 12
 MAX_TURNS_LIMIT = 64

@@ -10,8 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from quarry.convert import DELEGATION_ERROR_CODES, ENTRY_KINDS, EnumMap, principal_to_proto, usage_to_proto
-from quarry.records.research import ClaimJudgement
+from quarry.convert import (
+    CLAIM_JUDGEMENTS,
+    DELEGATION_ERROR_CODES,
+    ENTRY_KINDS,
+    EnumMap,
+    principal_to_proto,
+    usage_to_proto,
+    verification_to_proto,
+)
 from quarry.v1 import common_pb2, supervisor_pb2
 from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc.runs.domain import (
@@ -24,7 +31,6 @@ from supervisor_svc.runs.domain import (
     RunUsage,
     RunWarning,
 )
-from supervisor_svc.verification.state import ObjectionStatus, SentenceStatus, Verification
 
 _PREVIEW_CHARS = 500
 
@@ -54,15 +60,6 @@ _WARNING_CODES: EnumMap[RunWarning, supervisor_pb2.RunWarningCode.ValueType] = E
 _PHASES: EnumMap[ResearchPhase, supervisor_pb2.ResearchPhase.ValueType] = EnumMap(
     {phase: supervisor_pb2.ResearchPhase.Value(f"RESEARCH_PHASE_{phase.name}") for phase in ResearchPhase}
 )
-_JUDGEMENTS: EnumMap[ClaimJudgement, supervisor_pb2.ClaimJudgement.ValueType] = EnumMap(
-    {judged: supervisor_pb2.ClaimJudgement.Value(f"CLAIM_JUDGEMENT_{judged.name}") for judged in ClaimJudgement}
-)
-_SENTENCE_STATUSES: EnumMap[SentenceStatus, supervisor_pb2.SentenceStatus.ValueType] = EnumMap(
-    {status: supervisor_pb2.SentenceStatus.Value(f"SENTENCE_STATUS_{status.name}") for status in SentenceStatus}
-)
-_OBJECTION_STATUSES: EnumMap[ObjectionStatus, supervisor_pb2.ObjectionStatus.ValueType] = EnumMap(
-    {status: supervisor_pb2.ObjectionStatus.Value(f"OBJECTION_STATUS_{status.name}") for status in ObjectionStatus}
-)
 
 
 def run_usage_to_proto(usage: RunUsage) -> supervisor_pb2.RunUsage:
@@ -87,71 +84,8 @@ def _citation(citation: Citation) -> supervisor_pb2.Citation:
         scratchpad_sequence_no=citation.sequence_no,
     )
     if citation.judgement is not None:
-        message.judgement = _JUDGEMENTS.to_proto(citation.judgement)
+        message.judgement = CLAIM_JUDGEMENTS.to_proto(citation.judgement)
     return message
-
-
-def verification_to_proto(verification: Verification) -> supervisor_pb2.Verification:
-    citable, contested = verification.citable_findings(), verification.contested_findings()
-    return supervisor_pb2.Verification(
-        enabled=verification.enabled,
-        findings=[
-            supervisor_pb2.FindingCheck(
-                finding_sequence_no=f.finding_sequence_no,
-                claim=f.claim,
-                # No judgement: no verifier could judge it.
-                judgement=_JUDGEMENTS.to_proto(f.judgement)
-                if f.judgement is not None
-                else supervisor_pb2.CLAIM_JUDGEMENT_UNVERIFIED,
-                verdict_sequence_no=f.verdict_sequence_no,
-                rationale=f.rationale,
-                quote_url=f.quote_url,
-                quote_excerpt=f.quote_excerpt,
-                citable=f.finding_sequence_no in citable,
-                contested=f.finding_sequence_no in contested,
-            )
-            for f in verification.findings
-        ],
-        sentences=[
-            supervisor_pb2.SentenceCheck(
-                sentence_index=s.sentence_index,
-                text=s.text,
-                finding_sequence_nos=s.finding_sequence_nos,
-                status=_SENTENCE_STATUSES.to_proto(s.status),
-                audit_sequence_nos=s.audit_sequence_nos,
-            )
-            for s in verification.sentences
-        ],
-        objections=[
-            supervisor_pb2.ObjectionState(
-                objection_sequence_no=o.objection_sequence_no,
-                sentence_index=o.sentence_index,
-                reason=o.reason,
-                status=_OBJECTION_STATUSES.to_proto(o.status),
-                adjudication_sequence_no=o.adjudication_sequence_no,
-                resolution_sequence_no=o.resolution_sequence_no,
-            )
-            for o in verification.objections
-        ],
-        contradictions=[
-            supervisor_pb2.Contradiction(
-                finding_sequence_no=c.finding_sequence_no,
-                claim=c.claim,
-                finding_url=c.finding_url,
-                finding_excerpt=c.finding_excerpt,
-                contradicting_url=c.contradicting_url,
-                contradicting_excerpt=c.contradicting_excerpt,
-                rationale=c.rationale,
-                verdict_sequence_no=c.verdict_sequence_no,
-                contradicting_finding_sequence_nos=c.contradicting_finding_sequence_nos,
-            )
-            for c in verification.contradictions
-        ],
-        supported_claims=verification.supported_claims,
-        removed_claims=verification.removed_claims,
-        contested_claims=verification.contested_claims,
-        revision_rounds=verification.revision_rounds,
-    )
 
 
 def error_to_proto(code: RunErrorCode, message: str) -> supervisor_pb2.RunError:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from quarry.notify import CommitSignal
+from quarry.records.verification import Verification
 from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc.hosting.following import EventLogWriter
@@ -20,7 +21,6 @@ from supervisor_svc.runs import events
 from supervisor_svc.runs.domain import Report, ResearchPhase, RunOutcome, RunUsage
 from supervisor_svc.runs.events import PublicEvent
 from supervisor_svc.runs.store import RunStore
-from supervisor_svc.verification.state import Verification
 
 log = logging.getLogger(__name__)
 

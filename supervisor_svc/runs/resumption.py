@@ -25,6 +25,7 @@ from quarry.errors import Unavailable
 from quarry.identity import Role
 from quarry.records.base import RecordError
 from quarry.records.research import Assignment, UsageObserved, parse_record
+from quarry.records.verification import Verification
 from quarry.research_plane import ResearchPlane
 from quarry.v1 import supervisor_pb2
 from quarry.vocabulary import Entry, EntryKind
@@ -33,7 +34,6 @@ from supervisor_svc.runs.delegating import EarlierOrders
 from supervisor_svc.runs.domain import Report, RunRecord, RunState
 from supervisor_svc.runs.store import RunStore
 from supervisor_svc.verification.report import without_verification
-from supervisor_svc.verification.state import Verification
 
 log = logging.getLogger(__name__)
 

@@ -31,6 +31,8 @@ from quarry.agent.model import ModelClient, ProviderError
 from quarry.errors import DatabaseUnavailable, Unavailable
 from quarry.identity import Principal, Role
 from quarry.recording import SUPERVISOR_SCOPE, Recordings, recording
+from quarry.records.fold import fold_ledger
+from quarry.records.verification import Verification
 from quarry.research_plane import ResearchPlane
 from quarry.telemetry import tracer
 from quarry.vocabulary import Entry, EntryKind
@@ -67,7 +69,6 @@ from supervisor_svc.verification.claims import verify_claims
 from supervisor_svc.verification.report import with_verification
 from supervisor_svc.verification.resolutions import approve_open_objections
 from supervisor_svc.verification.review import ReviewDesk, ReviewRequest, ReviewStage, review_report
-from supervisor_svc.verification.state import Verification
 
 log = logging.getLogger(__name__)
 
@@ -391,9 +392,14 @@ class ResearchRun:
         async def progress(message: str) -> None:
             await self._publisher.status(ResearchPhase.VERIFYING_CLAIMS, message)
 
-        verification = await verify_claims(self.record.question, entries, delegator, progress)
+        await verify_claims(self.record.question, entries, delegator, self._ledger, progress)
+        verification = await self._folded()
         await self._publisher.verification(ResearchPhase.VERIFYING_CLAIMS, _claims_summary(verification), verification)
         return verification
+
+    async def _folded(self) -> Verification:
+        """The run's verification as its ledger holds it, which is what GetRun serves (quarry.records.fold)."""
+        return fold_ledger(await self._deps.scratchpad.read_all(self.record.scratchpad_thread_id))
 
     async def _review(
         self, draft: Report, entries: Sequence[Entry], verification: Verification, delegator: Delegator
@@ -417,12 +423,7 @@ class ResearchRun:
         )
         desk = ReviewDesk(self.run_id, delegator, self._ledger, self._deps.model, self._budget, status)
         reviewed = await review_report(request, desk)
-        verification = replace(
-            verification,
-            sentences=reviewed.sentences,
-            objections=reviewed.objections,
-            revision_rounds=reviewed.revision_rounds,
-        )
+        verification = await self._folded()
         await self._publisher.verification(ResearchPhase.AUDITING, _review_summary(verification), verification)
         return reviewed.report, verification
 
@@ -459,9 +460,8 @@ class ResearchRun:
         if self._approval.decision is ApprovalDecision.REJECTED:
             raise NotApproved(RunErrorCode.REJECTED, self._approval.note)
         if verification is not None:
-            verification = await approve_open_objections(
-                verification, self._approval.note, self._approval.decided_by, self._ledger
-            )
+            await approve_open_objections(verification, self._approval.note, self._approval.decided_by, self._ledger)
+            verification = await self._folded()
         await self._note_approval(self._approval.note, self._approval.decided_by)
         return verification
 

@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from quarry.convert import EnumMap, duration, duration_seconds, timestamp
+from quarry.convert import EnumMap, duration, duration_seconds, timestamp, verification_to_proto
 from quarry.replay import qrun
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
 from supervisor_svc.runs.domain import VERIFICATION_OFF, VERIFICATION_ON, RunOptions, RunRecord, RunState, StartRequest
@@ -16,7 +16,6 @@ from supervisor_svc.runs.events import (
     error_to_proto,
     report_to_proto,
     run_usage_to_proto,
-    verification_to_proto,
     warnings_to_proto,
 )
 from supervisor_svc.runs.service import Supervisor

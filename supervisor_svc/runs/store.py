@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from quarry import ids
 from quarry.db import Database, reserve_sequence_numbers
 from quarry.notify import notify_on_commit
+from quarry.records.verification import Verification
 from supervisor_svc.hosting.store import HostedStore, WorkTables
 from supervisor_svc.runs import events
 from supervisor_svc.runs.domain import (
@@ -36,7 +37,6 @@ from supervisor_svc.runs.domain import (
 )
 from supervisor_svc.runs.events import PublicEvent
 from supervisor_svc.schema import run_events, runs
-from supervisor_svc.verification.state import Verification
 
 # On PostgreSQL each event commit NOTIFYs this channel with the run id, so streams served by other
 # replicas wake at once.

@@ -22,10 +22,10 @@ from quarry.agent.messages import Message, system, user
 from quarry.agent.model import ModelClient
 from quarry.agent.usage import Usage
 from quarry.identity import Role
+from quarry.records.verification import Contradiction, SentenceStatus, Verification
 from quarry.vocabulary import Entry, EntryKind
 from supervisor_svc.runs.domain import Citation, Report, RunWarning
 from supervisor_svc.runs.publishing import TextStream
-from supervisor_svc.verification.state import Contradiction, SentenceStatus, Verification
 
 # Entries whose sources a worker verified before the scratchpad accepted them: researchers' findings.
 # (A claim-verifier's verdict judges a finding; it is not a source of its own.)
@@ -55,11 +55,6 @@ VERIFIED_INSTRUCTIONS = (
 
 def _is_finding(entry: Entry) -> bool:
     return entry.kind in _VERIFIED_KINDS and entry.author.role in _WORKER_ROLES
-
-
-def sourced_findings(entries: Sequence[Entry]) -> list[Entry]:
-    """The findings a report may cite: researchers' findings with at least one quoted source."""
-    return [entry for entry in entries if _is_finding(entry) and any(source.excerpt for source in entry.sources)]
 
 
 def _verifying(verification: Verification | None) -> Verification | None:

@@ -14,9 +14,9 @@ from typing import NamedTuple, TypeVar
 from quarry.identity import Role
 from quarry.records.base import RecordError
 from quarry.records.research import Adjudication, CitationAudit, CitationJudgement, ResearchRecord
+from quarry.records.verification import Verification
 from quarry.vocabulary import DelegationResult
 from supervisor_svc.runs.delegating import Contract
-from supervisor_svc.verification.state import Verification
 
 log = logging.getLogger(__name__)
 

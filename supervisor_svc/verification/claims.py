@@ -21,21 +21,26 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
 
 from quarry.identity import Role
 from quarry.records.base import RecordError
-from quarry.records.research import ClaimJudgement, ClaimVerdict
+from quarry.records.fold import (
+    MAX_VERIFIED_FINDINGS,
+    both_sides,
+    check_of,
+    contradiction_of,
+    unverified,
+    verified_findings,
+)
+from quarry.records.research import ClaimRefusal, ClaimVerdict
+from quarry.records.verification import CITABLE, Contradiction, FindingCheck, Verification
 from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc.runs.delegating import Contract, Delegator
-from supervisor_svc.runs.synthesis import sourced_findings
-from supervisor_svc.verification.state import CITABLE, Contradiction, FindingCheck, Verification
+from supervisor_svc.runs.ledger import RunLedger
 
 # Told what verification is doing, in a line (e.g. publishing it as a status event).
 Progress = Callable[[str], Awaitable[None]]
 
-# Findings verified per run, at most (each is a delegation); later ones stay unverified, never cited.
-MAX_VERIFIED_FINDINGS = 50
 # A contract's input refs, at most (the worker refuses more).
 MAX_INPUT_REFS = 20
 # The worker bounds a ref's length; a longer URL could not be a ref, so it is left out.
@@ -70,16 +75,16 @@ def verifier_contract(question: str, finding: Entry, others: Sequence[Entry]) ->
 
 
 async def verify_claims(
-    question: str, entries: Sequence[Entry], delegator: Delegator, progress: Progress
+    question: str, entries: Sequence[Entry], delegator: Delegator, ledger: RunLedger, progress: Progress
 ) -> Verification:
     """One blind claim-verifier per finding the report may cite, all at once; their verdicts folded.
 
-    `entries` are the run's scratchpad entries; `progress` is told when verification starts and as each
-    finding's verdict comes in."""
-    sourced = sourced_findings(entries)
-    if not sourced:
+    `entries` are the run's scratchpad entries; `ledger` gets a ClaimRefusal for each finding left unverified;
+    `progress` is told when verification starts and as each finding's verdict comes in. What comes back is
+    what `quarry.records.fold.fold_ledger` makes of the ledger then."""
+    findings, beyond = verified_findings(entries)
+    if not findings:
         return Verification(enabled=True)
-    findings, beyond = sourced[:MAX_VERIFIED_FINDINGS], sourced[MAX_VERIFIED_FINDINGS:]
     await progress(f"verifying {len(findings)} finding{'s' if len(findings) != 1 else ''}")
 
     async def verify(finding: Entry) -> tuple[FindingCheck, Contradiction | None]:
@@ -92,6 +97,8 @@ async def verify_claims(
             await progress(f"finding {finding.sequence_no}: its verifier's quote lacks {', '.join(missing)}")
             second = await delegator.assign(contract, f"verify-{finding.sequence_no}-second", sharing=len(findings))
             check = agreed(check, fold_verdict(finding, second)[0], missing)
+        if check.judgement is None:
+            await refuse(ledger, check, _recorded_verdict(result))
         await progress(f"finding {finding.sequence_no}: {_judged(check)}")
         return check, contradiction
 
@@ -99,7 +106,10 @@ async def verify_claims(
         tasks = [group.create_task(verify(finding)) for finding in findings]
     folded = [task.result() for task in tasks]
     why = f"not verified: only the first {MAX_VERIFIED_FINDINGS} findings of a run are verified"
-    folded += [(FindingCheck(finding.sequence_no, finding.content, None, rationale=why), None) for finding in beyond]
+    for finding in beyond:
+        check = unverified(finding, why)
+        await refuse(ledger, check, None)
+        folded.append((check, None))
     contradictions = [contradiction for _, contradiction in folded if contradiction is not None]
     return Verification(
         enabled=True,
@@ -108,15 +118,21 @@ async def verify_claims(
     )
 
 
-def both_sides(contradiction: Contradiction, findings: Sequence[Entry]) -> Contradiction:
-    """The contradiction with its other side: the findings that quote the page that says otherwise."""
-    others = tuple(
-        finding.sequence_no
-        for finding in findings
-        if finding.sequence_no != contradiction.finding_sequence_no
-        and any(source.url == contradiction.contradicting_url and source.excerpt for source in finding.sources)
+async def refuse(ledger: RunLedger, check: FindingCheck, verdict: int | None) -> None:
+    """Put on the ledger that the finding stays unverified, and why (`verdict`: the verdict entry refused)."""
+    finding = check.finding_sequence_no
+    await ledger.record(
+        lambda: ClaimRefusal(finding_ref=finding, verdict_ref=verdict, reason=check.rationale or "not verified"),
+        f"refusal/{finding}",
+        f"the refusal of finding {finding}",
     )
-    return replace(contradiction, contradicting_finding_sequence_nos=others)
+
+
+def _recorded_verdict(result: DelegationResult | None) -> int | None:
+    """The verdict entry a verifier recorded, if it recorded one."""
+    if result is None or not result.succeeded or not result.output_sequence_no:
+        return None
+    return result.output_sequence_no
 
 
 # A number (digits, with separators and decimals), or a month's name: a date's parts.
@@ -146,49 +162,25 @@ def agreed(first: FindingCheck, second: FindingCheck, missing: Sequence[str]) ->
         f"not verified: the verifier's quote lacks {', '.join(missing)}, and a second verifier did not "
         f"agree ({second.rationale or 'it judged it ' + (second.judgement.value if second.judgement else 'not')})"
     )
-    return replace(first, judgement=None, rationale=why)
+    return FindingCheck(first.finding_sequence_no, first.claim, None, rationale=why)
 
 
 def fold_verdict(finding: Entry, result: DelegationResult | None) -> tuple[FindingCheck, Contradiction | None]:
     """A verifier's result as the finding's check, and the disagreement between sources it found, if any."""
-    unverified = FindingCheck(finding.sequence_no, finding.content, None, rationale=_why_unverified(result))
     if result is None or not result.succeeded:
-        return unverified, None
+        return unverified(finding, _why_unverified(result)), None
     try:
         verdict = ClaimVerdict.parse(result.output_json)
     except RecordError as error:  # the worker checked it; a result that is no verdict judges nothing
-        return FindingCheck(finding.sequence_no, finding.content, None, rationale=f"not verified: {error}"), None
+        return unverified(finding, f"not verified: {error}"), None
     assert isinstance(verdict, ClaimVerdict)
     own_urls = {source.url for source in finding.sources}
     if verdict.judgement in CITABLE and (verdict.quote is None or verdict.quote.url not in own_urls):
         # Support read on another finding's page does not confirm the source this finding would be cited by.
         why = "not verified: the verifier's supporting quote is not from a page this finding cites"
-        return FindingCheck(finding.sequence_no, finding.content, None, rationale=why), None
-    check = FindingCheck(
-        finding.sequence_no,
-        finding.content,
-        verdict.judgement,
-        verdict_sequence_no=result.output_sequence_no,
-        rationale=verdict.rationale,
-        quote_url=verdict.quote.url if verdict.quote else "",
-        quote_excerpt=verdict.quote.excerpt if verdict.quote else "",
-    )
-    if verdict.judgement is not ClaimJudgement.CONTRADICTED or verdict.quote is None:
-        return check, None
-    quoted = [source for source in finding.sources if source.excerpt]
-    # The finding's side: its source on the page the verifier quoted, if it quoted one of them.
-    own = next((source for source in quoted if source.url == verdict.quote.url), quoted[0])
-    contradiction = Contradiction(
-        finding_sequence_no=finding.sequence_no,
-        claim=finding.content,
-        finding_url=own.url,
-        finding_excerpt=own.excerpt,
-        contradicting_url=verdict.quote.url,
-        contradicting_excerpt=verdict.quote.excerpt,
-        rationale=verdict.rationale,
-        verdict_sequence_no=result.output_sequence_no,
-    )
-    return check, contradiction
+        return unverified(finding, why), None
+    number = result.output_sequence_no
+    return check_of(finding, number, verdict), contradiction_of(finding, number, verdict)
 
 
 def _urls(findings: Sequence[Entry]) -> list[str]:

@@ -11,14 +11,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from quarry.records.research import ClaimJudgement
-from supervisor_svc.runs.domain import Citation, Report
-from supervisor_svc.verification.sentences import MARKER
-from supervisor_svc.verification.state import (
+from quarry.records.verification import (
     ObjectionState,
     SentenceCheck,
     SentenceStatus,
     Verification,
 )
+from supervisor_svc.runs.domain import Citation, Report
+from supervisor_svc.verification.sentences import MARKER
 
 VERIFIED_HEADING = "## How each claim was verified"
 DISAGREEMENT_HEADING = "## Where sources disagree"

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from quarry.records.research import ObjectionResolution, Resolution
+from quarry.records.verification import ObjectionStatus, SentenceStatus, Verification
 from supervisor_svc.runs.ledger import RunLedger
-from supervisor_svc.verification.state import ObjectionStatus, SentenceStatus, Verification
 
 # The most of a reason (or of a sentence, in its resolution) one record or prompt carries.
 MAX_REASON_CHARS = 4000

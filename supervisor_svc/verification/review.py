@@ -33,10 +33,12 @@ from quarry.agent.usage import Usage
 from quarry.records.research import (
     AdjudicationDecision,
     CitationJudgement,
+    DraftSentence,
     Objection,
     ObjectionResolution,
     Resolution,
 )
+from quarry.records.verification import ObjectionState, ObjectionStatus, SentenceCheck, SentenceStatus
 from supervisor_svc.runs.budget import TokenBudget
 from supervisor_svc.runs.delegating import Delegator
 from supervisor_svc.runs.domain import Citation, Report
@@ -54,7 +56,6 @@ from supervisor_svc.verification.checks import Contested, Flag, flag_draft, one_
 from supervisor_svc.verification.resolutions import MAX_REASON_CHARS, record_resolution
 from supervisor_svc.verification.revision import Reviser, contests, rewrite, withdraws
 from supervisor_svc.verification.sentences import Draft, Sentence, cite_findings, split_report
-from supervisor_svc.verification.state import ObjectionState, ObjectionStatus, SentenceCheck, SentenceStatus
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,7 @@ class _Review:
         self._objections: dict[int, ObjectionState] = {}
         self._flags = flag_draft(self._draft, request.draft.invalid_markers, request.contested)
         self._checked: set[int] = set()  # the objections citation checks raised: no adjudicator dismisses them
+        self._rounds = 0  # the last round in which a sentence was rewritten
         self._removed_citations = 0
 
     async def run(self, max_rounds: int, max_sentences: int) -> ReviewedReport:
@@ -180,6 +182,12 @@ class _Review:
         audited = [
             _Tracked(s, s.text, s.finding_sequence_nos[:MAX_FINDINGS_PER_SENTENCE]) for _, s in sorted(chosen.items())
         ]
+        # The ledger gets every sentence the review judges or leaves unjudged, as drafted, before any audit.
+        drafted = [s for s in self._draft.sentences if s.cited or s.index in self._flags]
+        await _all(
+            self._record_version(s.index, 0, s.text, s.finding_sequence_nos[:MAX_FINDINGS_PER_SENTENCE])
+            for s in drafted
+        )
         status = self._desk.status
         flagged = [t for t in audited if t.index in self._flags]
         if flagged:
@@ -189,11 +197,9 @@ class _Review:
         if to_audit:
             await status(ReviewStage.AUDITING, f"auditing {len(to_audit)} cited sentences")
             await _all(self._audit(tracked, revision=0, sharing=len(to_audit)) for tracked in to_audit)
-        rounds = 0
         for round_no in range(1, max_rounds + 1):
             to_revise = [t for t in audited if t.status is SentenceStatus.OBJECTED and not t.contest]
             if to_revise:
-                rounds = round_no
                 await status(ReviewStage.REVISING, f"round {round_no}: revising {len(to_revise)} sentences")
                 await _all(self._revise(t, round_no, sharing=len(to_revise)) for t in to_revise)
             contested = [t for t in audited if t.status is SentenceStatus.OBJECTED and t.contest]
@@ -213,7 +219,7 @@ class _Review:
                 await self._unsettled(tracked, "no revision passed the citation check")
             else:
                 await self._unsettled(tracked, "no revision round was left to settle the objection")
-        return self._reviewed(audited, rounds)
+        return self._reviewed(audited)
 
     # -- citation checks --------------------------------------------------------------------------
 
@@ -291,6 +297,8 @@ class _Review:
             return
         before = tracked.text, tracked.findings
         tracked.text, tracked.findings = revised.text, revised.findings
+        await self._record_version(tracked.index, round_no, tracked.text, tracked.findings)
+        self._rounds = max(self._rounds, round_no)
         audited = await self._audit(tracked, revision=round_no, sharing=sharing)
         if audited is None:  # no auditor judged the revision: the sentence stays as it was, still objected to
             tracked.text, tracked.findings = before
@@ -394,7 +402,17 @@ class _Review:
 
     # -- the result -------------------------------------------------------------------------------
 
-    def _reviewed(self, audited: Sequence[_Tracked], rounds: int) -> ReviewedReport:
+    async def _record_version(self, index: int, revision: int, text: str, findings: tuple[int, ...]) -> None:
+        """Put a sentence on the ledger as it is about to be judged: as drafted (0), or revised in a round."""
+
+        def version() -> DraftSentence:
+            return DraftSentence(
+                sentence_index=index, revision=revision, text=text[:MAX_REASON_CHARS], finding_refs=findings
+            )
+
+        await self._desk.ledger.record(version, f"sentence/{index}/{revision}", f"sentence {index}, version {revision}")
+
+    def _reviewed(self, audited: Sequence[_Tracked]) -> ReviewedReport:
         by_index = {t.index: t for t in audited}
         removed = {t.index for t in audited if t.status is SentenceStatus.REMOVED}
         # A revised text stands once revised, upheld, or left open (the text its objection was raised against).
@@ -421,17 +439,14 @@ class _Review:
                 continue  # prose that cites nothing and failed no check
             tracked = by_index.get(sentence.index)
             if tracked is None:  # past the bound on audited sentences
-                checks.append(
-                    SentenceCheck(
-                        sentence.index, sentence.text, sentence.finding_sequence_nos, SentenceStatus.UNAUDITED
-                    )
-                )
+                findings = sentence.finding_sequence_nos[:MAX_FINDINGS_PER_SENTENCE]
+                checks.append(SentenceCheck(sentence.index, sentence.text, findings, SentenceStatus.UNAUDITED))
                 continue
             checks.append(
                 SentenceCheck(tracked.index, tracked.text, tracked.findings, tracked.status, tuple(tracked.audits))
             )
         objections = tuple(self._objections[n] for n in sorted(self._objections))
-        return ReviewedReport(report, tuple(checks), objections, rounds, self._reviser.usage)
+        return ReviewedReport(report, tuple(checks), objections, self._rounds, self._reviser.usage)
 
 
 async def _all(steps: Iterable[Coroutine[Any, Any, object]]) -> None:

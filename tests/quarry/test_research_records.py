@@ -16,7 +16,9 @@ from quarry.records.research import (
     CitationAudit,
     CitationJudgement,
     ClaimJudgement,
+    ClaimRefusal,
     ClaimVerdict,
+    DraftSentence,
     InputRefs,
     Objection,
     ObjectionResolution,
@@ -63,6 +65,8 @@ EXAMPLES: list[ResearchRecord] = [
         sentence="It is the tallest [2].",
         reason="Checked the source myself.",
     ),
+    ClaimRefusal(finding_ref=2, verdict_ref=6, reason="not verified: the quote is from another page"),
+    DraftSentence(sentence_index=3, revision=1, text="About 330 m [2].", finding_refs=(2,)),
 ]
 
 

@@ -16,6 +16,13 @@ from quarry.config import QuarrySettings, ScratchpadSettings, SupervisorSettings
 from quarry.db import Database
 from quarry.migrations import open_migrated_database
 from quarry.records.research import ClaimJudgement
+from quarry.records.verification import (
+    FindingCheck,
+    ObjectionState,
+    SentenceCheck,
+    SentenceStatus,
+    Verification,
+)
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.runs import events
@@ -33,13 +40,6 @@ from supervisor_svc.runs.domain import (
 from supervisor_svc.runs.store import RunStore
 from supervisor_svc.service import MIGRATIONS, VERSION_TABLE
 from supervisor_svc.service import build_host as build_supervisor
-from supervisor_svc.verification.state import (
-    FindingCheck,
-    ObjectionState,
-    SentenceCheck,
-    SentenceStatus,
-    Verification,
-)
 from tests.conftest import APPROVER_API_KEY, postgres_schema, reusable_port
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography
 from tests.fakes.openai_server import Reply, ScriptedModel

@@ -21,6 +21,8 @@ import pytest
 from quarry.clients.channels import open_channel
 from quarry.clients.runs import RunsClient
 from quarry.clients.scratchpad import ScratchpadClient
+from quarry.convert import entry_from_proto, verification_to_proto
+from quarry.records.fold import fold_ledger
 from quarry.records.research import (
     Assignment,
     CitationCheck,
@@ -111,7 +113,13 @@ async def verified_run(
         stored = await client.get_run(run.run_id)
     async with open_channel(mesh.scratchpad.address, token=mesh.supervisor_token) as channel:
         entries = await ScratchpadClient(channel).read_all(run.scratchpad_thread_id)
+    assert_ledger_folds_to(entries, stored)
     return events, stored, entries
+
+
+def assert_ledger_folds_to(entries: list[scratchpad_pb2.Entry], run: supervisor_pb2.Run) -> None:
+    """The run's ledger, folded as any reader would fold it, is exactly the verification GetRun serves."""
+    assert verification_to_proto(fold_ledger([entry_from_proto(e) for e in entries])) == run.verification
 
 
 async def test_a_verified_run_cites_only_supported_claims_surfaces_disagreement_and_settles_every_objection(
@@ -498,6 +506,10 @@ async def test_an_objection_the_review_cannot_settle_blocks_approval_unless_appr
     [note] = [e for e in entries if e.content.startswith("Approved by approver")]
     assert note.sequence_no > resolution_entry.sequence_no
     assert [e.sequence_no for e in entries] == list(range(1, len(entries) + 1))
+    assert_ledger_folds_to(entries, approved)
+    # While it waited, too: the ledger up to the person's resolution folds to what GetRun served then.
+    before = [e for e in entries if e.sequence_no < resolution_entry.sequence_no]
+    assert_ledger_folds_to(before, waiting)
 
 
 async def test_a_rejected_run_fails_and_leaves_the_objection_open(
@@ -519,3 +531,4 @@ async def test_a_rejected_run_fails_and_leaves_the_objection_open(
     assert objection.status == supervisor_pb2.OBJECTION_STATUS_OPEN and objection.reason == OBJECTED
     assert rejected.verification == waiting.verification
     assert not any(e.kind == scratchpad_pb2.ENTRY_KIND_RESOLUTION for e in entries)
+    assert_ledger_folds_to(entries, rejected)

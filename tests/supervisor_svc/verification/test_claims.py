@@ -27,7 +27,9 @@ from quarry.db import Database
 from quarry.identity import Principal, Role
 from quarry.migrations import upgrade_schema_async
 from quarry.notify import CommitSignal
+from quarry.records.fold import fold_ledger
 from quarry.records.research import ClaimJudgement, ClaimVerdict, VerifiedQuote
+from quarry.records.verification import Contradiction, FindingCheck, Verification
 from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Entry, EntryKind, Source
 from scratchpad_svc.service import build_host as build_scratchpad
@@ -56,7 +58,6 @@ from supervisor_svc.verification.claims import (
     verifier_contract,
     verify_claims,
 )
-from supervisor_svc.verification.state import Contradiction, FindingCheck, Verification
 from tests.fakes.choreography import REPORT, Choreography
 from tests.fakes.openai_server import Await, Call, HttpError, Reply, ScriptedModel
 from tests.fakes.web_server import FixtureWeb
@@ -96,10 +97,16 @@ class Research:
     client: DelegationClient
 
     async def verify(self) -> Verification:
+        """Verify the findings; what comes back is also what the ledger folds to (what GetRun would serve)."""
+
         async def progress(message: str) -> None:
             self.progress.append(message)
 
-        return await verify_claims(QUESTION, self.entries, self.delegator, progress)
+        verified = await verify_claims(
+            QUESTION, self.entries, self.delegator, RunLedger(self.plane, RUN_ID, RUN_ID), progress
+        )
+        assert fold_ledger(await self.thread()) == verified
+        return verified
 
     async def thread(self) -> list[Entry]:
         return await self.plane.read_all(RUN_ID)
@@ -499,7 +506,9 @@ async def test_verification_taken_up_by_another_process_replays_the_recorded_ver
     async def progress(message: str) -> None:
         research.progress.append(message)
 
-    again = await verify_claims(QUESTION, research.entries, taken_up, progress)
+    again = await verify_claims(
+        QUESTION, research.entries, taken_up, RunLedger(research.plane, RUN_ID, RUN_ID), progress
+    )
     assert sum(len(requests) for requests in research.script.requests.values()) == asked, "no verifier ran again"
     assert [(c.finding_sequence_no, c.judgement) for c in again.findings] == [
         (c.finding_sequence_no, c.judgement) for c in first.findings

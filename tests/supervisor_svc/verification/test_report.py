@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from quarry.records.research import ClaimJudgement
-from supervisor_svc.runs.domain import Citation, Report
-from supervisor_svc.verification.report import verification_sections, with_verification
-from supervisor_svc.verification.state import (
+from quarry.records.verification import (
     NOT_VERIFIED,
     Contradiction,
     FindingCheck,
@@ -15,6 +13,8 @@ from supervisor_svc.verification.state import (
     SentenceStatus,
     Verification,
 )
+from supervisor_svc.runs.domain import Citation, Report
+from supervisor_svc.verification.report import verification_sections, with_verification
 
 CITATIONS = (
     Citation(2, "https://b.example", "", "three hundred workers", 13),

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from quarry.errors import Unavailable
 from quarry.records.research import ObjectionResolution, Resolution
-from quarry.vocabulary import EntryKind
-from supervisor_svc.runs.ledger import RunLedger
-from supervisor_svc.verification.resolutions import approve_open_objections
-from supervisor_svc.verification.state import (
+from quarry.records.verification import (
     ObjectionState,
     ObjectionStatus,
     SentenceCheck,
     SentenceStatus,
     Verification,
 )
+from quarry.vocabulary import EntryKind
+from supervisor_svc.runs.ledger import RunLedger
+from supervisor_svc.verification.resolutions import approve_open_objections
 from tests.supervisor_svc.runs.test_delegating import RUN_ID, RecordingPlane
 
 VERIFICATION = Verification(

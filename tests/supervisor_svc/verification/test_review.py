@@ -23,7 +23,9 @@ from quarry.db import Database
 from quarry.identity import Principal, Role
 from quarry.migrations import upgrade_schema_async
 from quarry.notify import CommitSignal
+from quarry.records.fold import fold_ledger
 from quarry.records.research import CitationCheck, Objection, ObjectionResolution, Resolution, parse_record
+from quarry.records.verification import ObjectionState, ObjectionStatus, SentenceStatus, Verification
 from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import EntryKind, Source
 from supervisor_svc.runs.budget import RunAccount, TokenBudget
@@ -40,7 +42,6 @@ from supervisor_svc.verification.report import with_verification
 from supervisor_svc.verification.resolutions import approve_open_objections
 from supervisor_svc.verification.review import ReviewDesk, ReviewedReport, ReviewRequest, ReviewStage, review_report
 from supervisor_svc.verification.revision import REVISER_INSTRUCTIONS
-from supervisor_svc.verification.state import ObjectionState, ObjectionStatus, SentenceStatus, Verification
 from tests.fakes.choreography import Choreography, agent_of
 from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
 from tests.fakes.web_server import FixtureWeb
@@ -122,12 +123,23 @@ class Desk:
             max_revision_rounds=rounds,
             leave_unsettled_open=leave_unsettled_open,
         )
-        return await review_report(
+        reviewed = await review_report(
             request, ReviewDesk(RUN_ID, self.delegator, self.ledger, self.model, self.budget, status)
         )
+        # What the review decided is what its ledger folds to (what GetRun serves).
+        folded = fold_ledger(await self.plane.read_all(self.thread_id))
+        assert (folded.sentences, folded.objections, folded.revision_rounds) == (
+            reviewed.sentences,
+            reviewed.objections,
+            reviewed.revision_rounds,
+        )
+        return reviewed
 
     async def approve(self, verification: Verification, comment: str) -> Verification:
-        return await approve_open_objections(verification, comment, "alice", self.ledger)
+        approved = await approve_open_objections(verification, comment, "alice", self.ledger)
+        folded = fold_ledger(await self.plane.read_all(self.thread_id))
+        assert (folded.sentences, folded.objections) == (approved.sentences, approved.objections)
+        return approved
 
     async def raised_by_checks(self) -> list[Objection]:
         """The objections the supervisor's citation checks recorded, in ledger order."""

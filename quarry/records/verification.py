@@ -1,8 +1,9 @@
 """A run's verification as the client sees it: each finding's verdict, each cited sentence's audit,
 the objections and how they ended, the contradictions between sources, and the counts.
 
-Plain frozen values, free of protos and SQL: the pipeline builds them from the ledger entries it
-writes and reads, the store keeps them as JSON, the servicer turns them into quarry.v1 messages.
+Plain frozen values, free of protos and SQL: `quarry.records.fold` folds them from a run's ledger, the
+supervisor's store keeps them as JSON, and `quarry.convert.verification_to_proto` makes the quarry.v1
+message GetRun serves.
 """
 
 from __future__ import annotations
@@ -12,6 +13,18 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from quarry.records.research import ClaimJudgement
+
+__all__ = [
+    "CITABLE",
+    "NOT_VERIFIED",
+    "Contradiction",
+    "FindingCheck",
+    "ObjectionState",
+    "ObjectionStatus",
+    "SentenceCheck",
+    "SentenceStatus",
+    "Verification",
+]
 
 
 class SentenceStatus(enum.StrEnum):
