@@ -68,6 +68,7 @@ __all__ = [
     "metric_spec_to_proto",
     "principal_from_proto",
     "principal_to_proto",
+    "readable_entries",
     "source_from_proto",
     "source_to_proto",
     "timestamp",
@@ -229,6 +230,18 @@ def entry_from_proto(message: scratchpad_pb2.Entry) -> Entry:
         create_time=message.create_time.ToDatetime(tzinfo=UTC),
         request_id=message.request_id,
     )
+
+
+def readable_entries(messages: Iterable[scratchpad_pb2.Entry]) -> list[Entry]:
+    """The entries this build can read: one of a kind or role a newer scratchpad added is left out (nothing
+    here could act on it), where entry_from_proto would refuse it."""
+    entries = []
+    for message in messages:
+        try:
+            entries.append(entry_from_proto(message))
+        except ValueError:
+            continue
+    return entries
 
 
 def gpu_to_proto(gpu: Gpu) -> monitor_pb2.Gpu:

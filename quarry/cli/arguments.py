@@ -138,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-revision-rounds", type=int, default=0, help="rounds revising sentences objected to (default 2)"
     )
 
-    runs = commands.add_parser("runs", help="list research runs, show one, approve or reject one, export or replay one")
+    runs = commands.add_parser(
+        "runs", help="list research runs, show one, approve or reject one, verify its ledger, export or replay one"
+    )
     runs_commands = runs.add_subparsers(dest="runs_command", required=True)
     runs_list = runs_commands.add_parser("list", parents=[data_dir], help="the newest runs")
     runs_list.add_argument(
@@ -181,6 +183,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     runs_export.add_argument("run_id")
     runs_export.add_argument("--address", help=address_help)
+    runs_verify = runs_commands.add_parser(
+        "verify",
+        parents=[data_dir],
+        help="fold a verified run's ledger again and check it is exactly the verification the run serves",
+        description="Reads the run's research ledger (ListRunLedger), folds it as the supervisor does "
+        "(quarry.records.fold), and compares the result with the run's verification (GetRun). Exits 0 when they "
+        "are the same, 1 when they differ (each difference is listed), 2 when the run was not verified or has not "
+        "finished its review.",
+    )
+    runs_verify.add_argument("run_id")
+    runs_verify.add_argument("--address", help=address_help)
     runs_replay = runs_commands.add_parser(
         "replay",
         help="re-execute a recorded run with no model and no network, and report where it first differs",

@@ -31,8 +31,9 @@ from rich.text import Text
 from quarry.clients.campaigns import CampaignsClient
 from quarry.clients.retry import RetryPolicy
 from quarry.clients.runs import RunsClient, is_terminal
-from quarry.convert import enum_label
+from quarry.convert import enum_label, readable_entries, verification_to_proto
 from quarry.errors import Unavailable
+from quarry.records.fold import fold_ledger
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
 
 EXIT_FAILED = 1
@@ -328,6 +329,59 @@ async def export_run(supervisor: Supervisor, run_id: str) -> int:
             sys.stdout.buffer.write(piece)
     sys.stdout.buffer.flush()
     return 0
+
+
+# `quarry runs verify` found nothing to check: the run was not verified, or its review has not finished.
+EXIT_NOTHING_TO_VERIFY = 2
+_REVIEWED = (
+    supervisor_pb2.RUN_STATE_AWAITING_APPROVAL,
+    supervisor_pb2.RUN_STATE_SUCCEEDED,
+    supervisor_pb2.RUN_STATE_FAILED,
+    supervisor_pb2.RUN_STATE_CANCELLED,
+)
+
+
+async def verify_run(supervisor: Supervisor, run_id: str) -> int:
+    """Fold the run's ledger again and compare the fold with the verification the run serves."""
+    console = Console()
+    async with supervisor.connect() as client:
+        run = await client.get_run(run_id)
+        if not run.verification.enabled or run.state not in _REVIEWED:
+            why = "was not verified" if not run.verification.enabled else "is still running"
+            console.print(f"run {run_id} {why}: there is no finished verification to check", markup=False)
+            return EXIT_NOTHING_TO_VERIFY
+        entries = await client.read_ledger(run_id)
+    folded = verification_to_proto(fold_ledger(readable_entries(entries)))
+    differences = verification_differences(run.verification, folded)
+    if differences:
+        console.print(f"run {run_id}: its ledger does not fold to the verification it serves:", markup=False)
+        for difference in differences:
+            console.print(f"  {difference}", markup=False)
+        return EXIT_FAILED
+    served = run.verification
+    console.print(
+        f"run {run_id}: its ledger ({len(entries)} entries) folds to exactly the verification it serves: "
+        f"{len(served.findings)} findings, {len(served.sentences)} sentences, {len(served.objections)} objections, "
+        f"{len(served.contradictions)} contradictions",
+        markup=False,
+    )
+    return 0
+
+
+def verification_differences(served: supervisor_pb2.Verification, folded: supervisor_pb2.Verification) -> list[str]:
+    """Where the served verification and the ledger's fold differ, one line each (none: they are the same)."""
+    lines = []
+    for name in ("findings", "sentences", "objections", "contradictions"):
+        ours, theirs = getattr(served, name), getattr(folded, name)
+        for index in range(max(len(ours), len(theirs))):
+            left = json_format.MessageToDict(ours[index]) if index < len(ours) else None
+            right = json_format.MessageToDict(theirs[index]) if index < len(theirs) else None
+            if left != right:
+                lines.append(f"{name}[{index}]: served {json.dumps(left)}; the ledger gives {json.dumps(right)}")
+    for name in ("supported_claims", "removed_claims", "contested_claims", "revision_rounds", "enabled"):
+        if getattr(served, name) != getattr(folded, name):
+            lines.append(f"{name}: served {getattr(served, name)}; the ledger gives {getattr(folded, name)}")
+    return lines
 
 
 async def show_run(supervisor: Supervisor, run_id: str, *, as_json: bool) -> int:

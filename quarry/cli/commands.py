@@ -142,6 +142,8 @@ def _runs(args: argparse.Namespace, common: QuarrySettings) -> int:
     supervisor = _supervisor(args, common)
     if args.runs_command == "export":
         return ask.run_client_command(ask.export_run(supervisor, args.run_id))
+    if args.runs_command == "verify":
+        return ask.run_client_command(ask.verify_run(supervisor, args.run_id))
     if args.runs_command == "list":
         return ask.run_client_command(ask.list_runs(supervisor, args.state or "", args.limit, as_json=args.json))
     if args.runs_command == "approve":

@@ -11,7 +11,7 @@ import grpc
 from quarry.clients.channels import ApiClient
 from quarry.clients.retry import RetryPolicy
 from quarry.streams import ResumePolicy, resumable_stream
-from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
+from quarry.v1 import scratchpad_pb2, supervisor_pb2, supervisor_pb2_grpc
 
 __all__ = ["RunsClient", "is_terminal"]
 
@@ -63,6 +63,26 @@ class RunsClient(ApiClient):
         call = self._stub.ExportRun(supervisor_pb2.ExportRunRequest(run_id=run_id))
         async for response in call:
             yield response.chunk
+
+    async def list_run_ledger(
+        self, run_id: str, *, page_size: int = 0, page_token: str = ""
+    ) -> supervisor_pb2.ListRunLedgerResponse:
+        """One page of the run's research ledger (its scratchpad thread's entries, in order)."""
+        request = supervisor_pb2.ListRunLedgerRequest(run_id=run_id, page_size=page_size, page_token=page_token)
+        response: supervisor_pb2.ListRunLedgerResponse = await self._retry.call(self._stub.ListRunLedger, request)
+        return response
+
+    async def read_ledger(self, run_id: str, *, max_pages: int = 1000) -> list[scratchpad_pb2.Entry]:
+        """The run's whole research ledger, page by page (at most `max_pages` of 1000 entries)."""
+        entries: list[scratchpad_pb2.Entry] = []
+        token = ""
+        for _ in range(max_pages):
+            response = await self.list_run_ledger(run_id, page_size=1000, page_token=token)
+            entries.extend(response.entries)
+            token = response.next_page_token
+            if not token:
+                return entries
+        raise RuntimeError(f"run {run_id}'s ledger is longer than {max_pages} pages")
 
     async def list_runs(
         self,

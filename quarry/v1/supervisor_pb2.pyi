@@ -343,6 +343,59 @@ RESEARCH_PHASE_AWAITING_APPROVAL: ResearchPhase.ValueType  # 12
 Global___ResearchPhase: _TypeAlias = ResearchPhase  # noqa: Y015
 
 @_typing.final
+class ListRunLedgerRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    page_size: _builtins.int
+    """At most this many entries (default 100, at most 1000)."""
+    page_token: _builtins.str
+    """A previous response's next_page_token, to go on after its last entry."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunLedgerRequest: _TypeAlias = ListRunLedgerRequest  # noqa: Y015
+
+@_typing.final
+class ListRunLedgerResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty when no entry came after this page's last one when it was read; entries never change, so
+    a later call with it sees the ones appended since.
+    """
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[_scratchpad_pb2.Entry]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[_scratchpad_pb2.Entry] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunLedgerResponse: _TypeAlias = ListRunLedgerResponse  # noqa: Y015
+
+@_typing.final
 class RunOptions(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -75,6 +75,11 @@ class SupervisorServiceStub:
                 request_serializer=quarry_dot_v1_dot_supervisor__pb2.ExportRunRequest.SerializeToString,
                 response_deserializer=quarry_dot_v1_dot_supervisor__pb2.ExportRunResponse.FromString,
                 _registered_method=True)
+        self.ListRunLedger = channel.unary_unary(
+                '/quarry.v1.SupervisorService/ListRunLedger',
+                request_serializer=quarry_dot_v1_dot_supervisor__pb2.ListRunLedgerRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_supervisor__pb2.ListRunLedgerResponse.FromString,
+                _registered_method=True)
 
 
 class SupervisorServiceServicer:
@@ -142,6 +147,17 @@ class SupervisorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRunLedger(self, request, context):
+        """Lists a run's research ledger: every entry of its scratchpad thread in sequence order, paged
+        (findings, verdicts, audits, objections, adjudications, and the supervisor's assignments, routes,
+        usage, refusals, draft sentences and resolutions). A verified run's Run.verification is exactly
+        what folding these entries gives (the fold is the public quarry.records.fold; `quarry runs
+        verify` computes it again and compares).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SupervisorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -184,6 +200,11 @@ def add_SupervisorServiceServicer_to_server(servicer, server):
                     servicer.ExportRun,
                     request_deserializer=quarry_dot_v1_dot_supervisor__pb2.ExportRunRequest.FromString,
                     response_serializer=quarry_dot_v1_dot_supervisor__pb2.ExportRunResponse.SerializeToString,
+            ),
+            'ListRunLedger': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRunLedger,
+                    request_deserializer=quarry_dot_v1_dot_supervisor__pb2.ListRunLedgerRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_supervisor__pb2.ListRunLedgerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -403,6 +424,33 @@ class SupervisorService:
             '/quarry.v1.SupervisorService/ExportRun',
             quarry_dot_v1_dot_supervisor__pb2.ExportRunRequest.SerializeToString,
             quarry_dot_v1_dot_supervisor__pb2.ExportRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRunLedger(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.SupervisorService/ListRunLedger',
+            quarry_dot_v1_dot_supervisor__pb2.ListRunLedgerRequest.SerializeToString,
+            quarry_dot_v1_dot_supervisor__pb2.ListRunLedgerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -58,6 +58,13 @@ class SupervisorServiceStub:
     version 1, documented in docs/replay.md) that `quarry runs replay` re-executes with no model and
     no network. A run that has not ended is FAILED_PRECONDITION.
     """
+    ListRunLedger: _grpc.UnaryUnaryMultiCallable[_supervisor_pb2.ListRunLedgerRequest, _supervisor_pb2.ListRunLedgerResponse]
+    """Lists a run's research ledger: every entry of its scratchpad thread in sequence order, paged
+    (findings, verdicts, audits, objections, adjudications, and the supervisor's assignments, routes,
+    usage, refusals, draft sentences and resolutions). A verified run's Run.verification is exactly
+    what folding these entries gives (the fold is the public quarry.records.fold; `quarry runs
+    verify` computes it again and compares).
+    """
 
 @_typing.type_check_only
 class SupervisorServiceAsyncStub(SupervisorServiceStub):
@@ -88,6 +95,13 @@ class SupervisorServiceAsyncStub(SupervisorServiceStub):
     body once by its SHA-256. The pieces, concatenated in order, are a .qrun file (JSON lines, format
     version 1, documented in docs/replay.md) that `quarry runs replay` re-executes with no model and
     no network. A run that has not ended is FAILED_PRECONDITION.
+    """
+    ListRunLedger: _aio.UnaryUnaryMultiCallable[_supervisor_pb2.ListRunLedgerRequest, _supervisor_pb2.ListRunLedgerResponse]  # type: ignore[assignment]
+    """Lists a run's research ledger: every entry of its scratchpad thread in sequence order, paged
+    (findings, verdicts, audits, objections, adjudications, and the supervisor's assignments, routes,
+    usage, refusals, draft sentences and resolutions). A verified run's Run.verification is exactly
+    what folding these entries gives (the fold is the public quarry.records.fold; `quarry runs
+    verify` computes it again and compares).
     """
 
 class SupervisorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -164,6 +178,19 @@ class SupervisorServiceServicer(metaclass=_abc_1.ABCMeta):
         body once by its SHA-256. The pieces, concatenated in order, are a .qrun file (JSON lines, format
         version 1, documented in docs/replay.md) that `quarry runs replay` re-executes with no model and
         no network. A run that has not ended is FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def ListRunLedger(
+        self,
+        request: _supervisor_pb2.ListRunLedgerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_supervisor_pb2.ListRunLedgerResponse, _abc.Awaitable[_supervisor_pb2.ListRunLedgerResponse]]:
+        """Lists a run's research ledger: every entry of its scratchpad thread in sequence order, paged
+        (findings, verdicts, audits, objections, adjudications, and the supervisor's assignments, routes,
+        usage, refusals, draft sentences and resolutions). A verified run's Run.verification is exactly
+        what folding these entries gives (the fold is the public quarry.records.fold; `quarry runs
+        verify` computes it again and compares).
         """
 
 def add_SupervisorServiceServicer_to_server(servicer: SupervisorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 ANONYMOUS = ApiPrincipal("anonymous", ALL_ROLES)
 
 SUPERVISOR_ACCESS: ApiAccess = access_table(
-    reads=["GetRun", "ListRuns", "StreamRun", "ExportRun"],
+    reads=["GetRun", "ListRuns", "StreamRun", "ExportRun", "ListRunLedger"],
     by_role={ApiRole.RESEARCHER: ["StartRun", "CancelRun"], ApiRole.APPROVER: ["ApproveRun", "RejectRun"]},
 )
 # Starting and directing a campaign runs code on the monitor's host: an operator's.

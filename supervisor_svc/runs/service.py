@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from quarry import ids
+from quarry import ids, paging
 from quarry.api_auth import current_principal_name
 from quarry.errors import (
     ErrorReason,
@@ -31,6 +31,7 @@ from quarry.errors import (
 )
 from quarry.notify import CommitSignal
 from quarry.replay.qrun import first_time, recording_lines
+from quarry.vocabulary import Entry
 from supervisor_svc.hosting.host import Host, HostLimits, Tenant
 from supervisor_svc.hosting.store import StoredEvent
 from supervisor_svc.runs.domain import (
@@ -49,6 +50,9 @@ log = logging.getLogger(__name__)
 
 # Bounds on what CancelRun, ApproveRun and RejectRun keep with the run.
 _MAX_NOTE_CHARS = 1000
+# ListRunLedger's page size: by default, and at most.
+_LEDGER_PAGE = 100
+_MAX_LEDGER_PAGE = 1000
 
 
 def _refuse_over_open_objections(record: RunRecord) -> None:
@@ -159,6 +163,29 @@ class Supervisor:
         async for text in self._deps.delegations.recordings(run_id):
             if first_time(seen, text):
                 yield text
+
+    async def ledger(self, run_id: str, page_size: int, page_token: str) -> tuple[list[Entry], str]:
+        """A page of the run's research ledger (its scratchpad thread) in sequence order, and the token of
+        the next one ("" once the page reaches the end of what is written)."""
+        violations = ids.violations(ids.RUN_ID.check("run_id", run_id))
+        if page_size < 0:
+            violations.append(FieldViolation("page_size", "must not be negative"))
+        after = 0
+        if page_token:
+            cursor = paging.decode_token(page_token)
+            run, _, number = (cursor or "").rpartition(":")
+            if run != run_id or not number.isdecimal():
+                violations.append(FieldViolation("page_token", "not a token from a ListRunLedger of this run"))
+            else:
+                after = int(number)
+        if violations:
+            raise InvalidArgument(violations)
+        record = await self.get(run_id)
+        limit = min(page_size or _LEDGER_PAGE, _MAX_LEDGER_PAGE)
+        entries = await self._deps.scratchpad.read_all(record.scratchpad_thread_id, after_sequence_no=after)
+        page = entries[:limit]
+        more = len(entries) > limit
+        return page, paging.encode_token(f"{run_id}:{page[-1].sequence_no}") if more else ""
 
     async def list_runs(self, page_size: int, page_token: str, state: RunState | None) -> tuple[list[RunRecord], str]:
         return await self._store.list_runs(page_size, page_token, state)

@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from quarry.convert import EnumMap, duration, duration_seconds, timestamp, verification_to_proto
+from quarry.convert import EnumMap, duration, duration_seconds, entry_to_proto, timestamp, verification_to_proto
 from quarry.replay import qrun
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
 from supervisor_svc.runs.domain import VERIFICATION_OFF, VERIFICATION_ON, RunOptions, RunRecord, RunState, StartRequest
@@ -152,6 +152,12 @@ class SupervisorServicer(supervisor_pb2_grpc.SupervisorServiceServicer):
         self, request: supervisor_pb2.GetRunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> supervisor_pb2.GetRunResponse:
         return supervisor_pb2.GetRunResponse(run=run_to_proto(await self._supervisor.get(request.run_id)))
+
+    async def ListRunLedger(
+        self, request: supervisor_pb2.ListRunLedgerRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> supervisor_pb2.ListRunLedgerResponse:
+        entries, token = await self._supervisor.ledger(request.run_id, request.page_size, request.page_token)
+        return supervisor_pb2.ListRunLedgerResponse(entries=[entry_to_proto(e) for e in entries], next_page_token=token)
 
     async def ListRuns(
         self, request: supervisor_pb2.ListRunsRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -194,6 +194,7 @@ VALID = {
     "quarry.v1.SupervisorService.StreamRun": f'run_id: "{RUN_ID}"',
     "quarry.v1.SupervisorService.GetRun": f'run_id: "{RUN_ID}"',
     "quarry.v1.SupervisorService.ExportRun": f'run_id: "{RUN_ID}"',
+    "quarry.v1.SupervisorService.ListRunLedger": f'run_id: "{RUN_ID}" page_size: 2',
     "quarry.v1.SupervisorService.ListRuns": "page_size: 1",
     "quarry.v1.SupervisorService.CancelRun": f'run_id: "{RUN_ID}" reason: "r"',
     "quarry.v1.SupervisorService.ApproveRun": f'run_id: "{RUN_ID}" comment: "c"',

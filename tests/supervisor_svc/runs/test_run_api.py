@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from quarry import paging
-from quarry.v1 import supervisor_pb2
+from quarry.v1 import scratchpad_pb2, supervisor_pb2
 from tests.fakes.choreography import SUPERVISOR
 from tests.fakes.openai_server import Call, Reply, Stall
 from tests.rpc import error_reason, expect_error, violations
@@ -183,3 +183,37 @@ async def test_reattaching_at_or_past_the_end(mesh: Mesh) -> None:
 async def test_list_runs_refuses_an_unknown_state(mesh: Mesh) -> None:
     error = await expect_error(mesh.client.list_runs(state=99), grpc.StatusCode.INVALID_ARGUMENT)  # type: ignore[arg-type]
     assert "state" in violations(error)
+
+
+async def test_a_runs_ledger_is_read_in_pages_that_go_on_where_the_last_one_ended(mesh: Mesh) -> None:
+    mesh.script.add("Look it up", Reply(content="Found nothing."))
+    mesh.script.add(
+        SUPERVISOR,
+        Reply(calls=(Call("delegate_research", {"objective": "Look it up"}, "d1"),)),
+        Reply(content="Write it up."),
+    )
+    run = await mesh.client.start_run("What is the question?")
+    await mesh.events(run.run_id)
+    whole = await mesh.client.read_ledger(run.run_id)
+    # The seed, then the delegation's assignment, route and usage: the thread as the scratchpad holds it.
+    assert [e.sequence_no for e in whole] == list(range(1, len(whole) + 1)) and len(whole) >= 4
+    assert whole[0].kind == scratchpad_pb2.ENTRY_KIND_SEED
+    assert scratchpad_pb2.ENTRY_KIND_ASSIGNMENT in {e.kind for e in whole}
+    paged, token = [], ""
+    for _ in range(len(whole)):
+        page = await mesh.client.list_run_ledger(run.run_id, page_size=1, page_token=token)
+        paged.extend(page.entries)
+        token = page.next_page_token
+        if not token:
+            break
+    assert paged == whole
+    # A token names its run and its place; another run's, a forged one and a missing run are refused.
+    other = await mesh.client.start_run("Another question?", request_id="other")
+    first = await mesh.client.list_run_ledger(run.run_id, page_size=1)
+    for token in (first.next_page_token, paging.encode_token(f"{other.run_id}:x")):
+        error = await expect_error(
+            mesh.client.list_run_ledger(other.run_id, page_token=token), grpc.StatusCode.INVALID_ARGUMENT
+        )
+        assert "page_token" in violations(error)
+    await expect_error(mesh.client.list_run_ledger("run-" + "0" * 32), grpc.StatusCode.NOT_FOUND)
+    await mesh.events(other.run_id)

@@ -65,6 +65,7 @@ from tests.fakes.evidence import (
 )
 from tests.fakes.openai_server import Call, Reply, ScriptedModel, Step
 from tests.fakes.web_server import FixtureWeb
+from tests.quarry.cli.test_cli import finish, quarry
 from tests.supervisor_svc.conftest import ProcessMesh, processes
 
 pytestmark = pytest.mark.slow
@@ -249,6 +250,13 @@ async def test_a_verified_run_cites_only_supported_claims_surfaces_disagreement_
     # Every way the review settles an objection (a person's approval is the last test's).
     settled = {r.resolution for r in resolutions if isinstance(r, ObjectionResolution)}
     assert settled == set(Resolution) - {Resolution.APPROVED_BY_PERSON}
+
+    # Anyone who may read the run can fold its ledger again and find what GetRun serves.
+    code, said = await finish(await quarry("runs", "verify", stored.run_id, "--address", mesh.supervisor.address))
+    assert code == 0, said
+    assert "folds to exactly the verification it serves: 4 findings, 4 sentences, 3 objections" in " ".join(
+        said.split()
+    )
 
     # Every event still passes the client-boundary rules.
     phases = {e.status.phase for e in events if e.HasField("status")}
