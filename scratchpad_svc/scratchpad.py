@@ -17,6 +17,7 @@ from quarry.telemetry import meter, tracer
 from quarry.vocabulary import Entry, EntryKind
 from scratchpad_svc.authority import check_may_act_as, check_may_write, check_record_author
 from scratchpad_svc.feed import EntryFeed, continue_watch
+from scratchpad_svc.ledger import check_ledger_record
 from scratchpad_svc.store import ScratchpadStore
 from scratchpad_svc.threads import AppendCommand, AppendResult, NewThread, Thread
 from scratchpad_svc.validation import (
@@ -107,6 +108,7 @@ class Scratchpad:
         check_may_write(command.role, command.kind)
         if record is not None:
             check_record_author(command.role, record)
+            await check_ledger_record(self._store, command, record)
         if self._closed:
             raise ScratchpadClosed()
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()

@@ -7,8 +7,8 @@ import contextvars
 import dataclasses
 import json
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,6 +43,20 @@ class BatchOutcome:
         if not self.created:
             return None
         return Committed(last=self.last_sequence_no, count=len(self.created), entries=self.created)
+
+
+# The related entries a ledger check reads, at most: a thread's resolutions (one per objection) or the
+# assignments whose content names a delegation.
+_MAX_RELATED = 1000
+
+
+@dataclass(frozen=True)
+class LedgerView:
+    """A thread as a ledger record's checks see it (ScratchpadStore.ledger_view)."""
+
+    retry: bool = False
+    kinds: dict[int, EntryKind] = field(default_factory=dict)
+    related: list[tuple[int, str]] = field(default_factory=list)  # (sequence number, content)
 
 
 def _thread(row: sa.Row[Any]) -> Thread:
@@ -321,6 +335,44 @@ class ScratchpadStore:
             return [_entry(row) for row in rows if row.sequence_no is not None], rows[0].thread_last_sequence_no
 
         return await self._db.read_statement(work)
+
+    async def ledger_view(
+        self, thread_id: str, request_id: str, numbers: Collection[int], kind: EntryKind | None, containing: str
+    ) -> LedgerView:
+        """What checking a ledger record against its thread needs, in one snapshot: whether `request_id` was
+        taken already (a retry, which the append answers from the store), the kinds of the entries `numbers`,
+        and the content of the entries of `kind` whose content contains `containing`."""
+
+        def work(connection: Connection) -> LedgerView:
+            if connection.execute(
+                sa.select(entries.c.sequence_no).where(
+                    entries.c.thread_id == thread_id, entries.c.request_id == request_id
+                )
+            ).first():
+                return LedgerView(retry=True)
+            found = connection.execute(
+                sa.select(entries.c.sequence_no, entries.c.kind).where(
+                    entries.c.thread_id == thread_id, entries.c.sequence_no.in_(sorted(numbers))
+                )
+            ).all()
+            related: list[tuple[int, str]] = []
+            if kind is not None:
+                related = [
+                    (int(row.sequence_no), str(row.content))
+                    for row in connection.execute(
+                        sa.select(entries.c.sequence_no, entries.c.content)
+                        .where(
+                            entries.c.thread_id == thread_id,
+                            entries.c.kind == kind.value,
+                            entries.c.content.contains(containing, autoescape=True),
+                        )
+                        .order_by(entries.c.sequence_no)
+                        .limit(_MAX_RELATED)
+                    )
+                ]
+            return LedgerView(kinds={int(row.sequence_no): EntryKind(row.kind) for row in found}, related=related)
+
+        return await self._db.read(work)
 
     async def append_batch(
         self, thread_id: str, commands: Sequence[AppendCommand], *, context: contextvars.Context | None = None

@@ -81,12 +81,13 @@ def validate_append(command: AppendCommand, limits: Limits) -> ResearchRecord | 
         violations.append(FieldViolation("content", "must not be empty"))
     elif (size := len(command.content.encode())) > limits.max_content_bytes:
         violations.append(FieldViolation("content", f"{size} bytes exceeds the limit of {limits.max_content_bytes}"))
-    elif command.kind in TYPED_KINDS:
+    elif command.kind in RECORD_TYPES:
         try:
             record = parse_record(command.kind, command.content)
         except RecordError as error:
-            expected = RECORD_TYPES[command.kind].__name__
-            violations.append(FieldViolation("content", f"must be the JSON of a {expected}: {error}"))
+            if command.kind in TYPED_KINDS:  # a prose verdict is still a verdict, and holds no record to check
+                expected = RECORD_TYPES[command.kind].__name__
+                violations.append(FieldViolation("content", f"must be the JSON of a {expected}: {error}"))
     if len(command.sources) > limits.max_sources:
         violations.append(FieldViolation("sources", f"at most {limits.max_sources} sources"))
     for index, source in enumerate(command.sources):

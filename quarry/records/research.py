@@ -96,9 +96,14 @@ class ResearchRecord(Record):
         assert isinstance(kind, str)
         return kind
 
+    def referenced_kinds(self) -> dict[int, EntryKind]:
+        """The scratchpad entries this record refers to, each with the kind it must be (the scratchpad refuses a
+        record whose references name no entry, or an entry of another kind)."""
+        return {}
+
     def cited_entries(self) -> frozenset[int]:
         """The scratchpad entries this record refers to."""
-        return frozenset()
+        return frozenset(self.referenced_kinds())
 
     def cited_urls(self) -> frozenset[str]:
         """The pages this record refers to."""
@@ -145,8 +150,8 @@ class ClaimVerdict(ResearchRecord):
             raise ValueError(f"a {self.judgement.value} verdict quotes the passage it rests on (quote)")
         return self
 
-    def cited_entries(self) -> frozenset[int]:
-        return frozenset({self.finding_ref})
+    def referenced_kinds(self) -> dict[int, EntryKind]:
+        return {self.finding_ref: EntryKind.FINDING}
 
     def cited_urls(self) -> frozenset[str]:
         return frozenset({self.quote.url}) if self.quote else frozenset()
@@ -216,9 +221,9 @@ class Objection(ResearchRecord):
             raise ValueError("an audit's objection names the findings the sentence cites (finding_refs)")
         return self
 
-    def cited_entries(self) -> frozenset[int]:
-        audit = {self.audit_ref} if self.audit_ref is not None else set()
-        return frozenset({*audit, *self.finding_refs})
+    def referenced_kinds(self) -> dict[int, EntryKind]:
+        audit = {self.audit_ref: EntryKind.AUDIT} if self.audit_ref is not None else {}
+        return {**_findings(self.finding_refs), **audit}
 
 
 class CitationAudit(ResearchRecord):
@@ -236,8 +241,8 @@ class CitationAudit(ResearchRecord):
             raise ValueError("each sentence_index is audited once")
         return self
 
-    def cited_entries(self) -> frozenset[int]:
-        return frozenset(ref for sentence in self.sentences for ref in sentence.finding_refs)
+    def referenced_kinds(self) -> dict[int, EntryKind]:
+        return _findings(ref for sentence in self.sentences for ref in sentence.finding_refs)
 
     def objections(self, audit_ref: int) -> tuple[Objection, ...]:
         """The objections this audit raises once recorded as entry `audit_ref`: one per sentence not sound."""
@@ -272,8 +277,8 @@ class Adjudication(ResearchRecord):
     decision: AdjudicationDecision
     rationale: Text
 
-    def cited_entries(self) -> frozenset[int]:
-        return frozenset({self.objection_ref})
+    def referenced_kinds(self) -> dict[int, EntryKind]:
+        return {self.objection_ref: EntryKind.OBJECTION}
 
 
 # -- what the supervisor logs ----------------------------------------------------------------------------
@@ -362,9 +367,13 @@ class ObjectionResolution(ResearchRecord):
             raise ValueError("reason must not contain NUL characters")
         return self
 
-    def cited_entries(self) -> frozenset[int]:
-        refs = {self.objection_ref, self.adjudication_ref, self.audit_ref}
-        return frozenset(ref for ref in refs if ref is not None)
+    def referenced_kinds(self) -> dict[int, EntryKind]:
+        refs = {
+            self.objection_ref: EntryKind.OBJECTION,
+            self.adjudication_ref: EntryKind.ADJUDICATION,
+            self.audit_ref: EntryKind.AUDIT,
+        }
+        return {ref: kind for ref, kind in refs.items() if ref is not None}
 
 
 class ClaimRefusal(ResearchRecord):
@@ -380,9 +389,9 @@ class ClaimRefusal(ResearchRecord):
     verdict_ref: EntryRef | None = Field(default=None, description="the verdict refused, if one was recorded")
     reason: Text
 
-    def cited_entries(self) -> frozenset[int]:
-        refs = {self.finding_ref, self.verdict_ref}
-        return frozenset(ref for ref in refs if ref is not None)
+    def referenced_kinds(self) -> dict[int, EntryKind]:
+        verdict = {self.verdict_ref: EntryKind.VERDICT} if self.verdict_ref is not None else {}
+        return {self.finding_ref: EntryKind.FINDING, **verdict}
 
 
 class DraftSentence(ResearchRecord):
@@ -397,8 +406,12 @@ class DraftSentence(ResearchRecord):
     text: Text
     finding_refs: tuple[EntryRef, ...] = Field(default=(), max_length=_MAX_REFS, description="the findings it cites")
 
-    def cited_entries(self) -> frozenset[int]:
-        return frozenset(self.finding_refs)
+    def referenced_kinds(self) -> dict[int, EntryKind]:
+        return _findings(self.finding_refs)
+
+
+def _findings(refs: Iterable[int]) -> dict[int, EntryKind]:
+    return dict.fromkeys(refs, EntryKind.FINDING)
 
 
 RECORD_TYPES: Mapping[EntryKind, type[ResearchRecord]] = MappingProxyType(

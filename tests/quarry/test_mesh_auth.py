@@ -123,7 +123,7 @@ async def test_the_author_role_a_request_claims_must_be_one_its_caller_holds(ser
         (MeshRole.SUPERVISOR, scratchpad_pb2.ENTRY_KIND_NOTE, common_pb2.ROLE_SUPERVISOR, {}),
         (MeshRole.SUPERVISOR, scratchpad_pb2.ENTRY_KIND_NOTE, common_pb2.ROLE_ENGINEER, {}),
         (MeshRole.WORKER, scratchpad_pb2.ENTRY_KIND_NOTE, common_pb2.ROLE_ENGINEER, {}),
-        (MeshRole.WORKER, scratchpad_pb2.ENTRY_KIND_ADJUDICATION, common_pb2.ROLE_ADJUDICATOR, decided),
+        (MeshRole.WORKER, scratchpad_pb2.ENTRY_KIND_VERDICT, common_pb2.ROLE_VERIFIER, {}),
     ]
     answers = []
     for caller, kind, role, extra in cases:

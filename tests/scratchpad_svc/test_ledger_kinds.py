@@ -17,7 +17,9 @@ from quarry.records.research import (
     ClaimJudgement,
     ClaimVerdict,
     Objection,
+    ObjectionResolution,
     ResearchRecord,
+    Resolution,
     RouteDecision,
     SentenceAudit,
     UsageObserved,
@@ -77,10 +79,21 @@ def ledger_entry(thread_id: str, request_id: str, kind: int, role: int, content:
     return finding(thread_id, request_id, content, kind=kind, author=author, sources=[])
 
 
+async def ledger_thread(stub: Stub, make_thread: Callable[[], Awaitable[str]]) -> str:
+    """A thread holding what RECORDS refer to: finding 1, audit 2 of it, and objection 3 from that audit."""
+    thread_id = await make_thread()
+    await stub.Append(finding(thread_id, "finding-1"))
+    kind = scratchpad_pb2.ENTRY_KIND_AUDIT
+    await stub.Append(ledger_entry(thread_id, "audit-2", kind, A, AUDIT.model_dump_json()))
+    kind = scratchpad_pb2.ENTRY_KIND_OBJECTION
+    await stub.Append(ledger_entry(thread_id, "objection-3", kind, A, AUDIT.objections(2)[0].model_dump_json()))
+    return thread_id
+
+
 async def test_each_ledger_kind_is_written_only_by_its_role(
     stub: Stub, make_thread: Callable[[], Awaitable[str]]
 ) -> None:
-    thread_id = await make_thread()
+    thread_id = await ledger_thread(stub, make_thread)
     written, denied = [], []
     for kind, record in RECORDS.items():
         for role in (S, R, V, A, J):
@@ -155,3 +168,58 @@ async def test_ledger_content_must_be_the_record_its_kind_names(
     # A verdict may still be prose: verifiers wrote them so before records existed.
     prose = await stub.Append(ledger_entry(thread_id, "prose", scratchpad_pb2.ENTRY_KIND_VERDICT, V, "Supported."))
     assert prose.entry.sequence_no == 1
+
+
+async def test_the_ledger_refuses_references_to_nothing_a_second_resolution_and_an_unassigned_route(
+    stub: Stub, make_thread: Callable[[], Awaitable[str]]
+) -> None:
+    """What would make the ledger fold to something no run decided: each is refused, and nothing is written."""
+    thread_id = await ledger_thread(stub, make_thread)
+    dangling = [
+        (
+            scratchpad_pb2.ENTRY_KIND_VERDICT,
+            V,
+            ClaimVerdict(finding_ref=9, judgement=ClaimJudgement.UNSUPPORTED, rationale="no page"),
+            "entry 9 does not exist",
+        ),
+        (
+            scratchpad_pb2.ENTRY_KIND_VERDICT,
+            V,
+            ClaimVerdict(finding_ref=2, judgement=ClaimJudgement.UNSUPPORTED, rationale="no page"),
+            "entry 2 is ENTRY_KIND_AUDIT, not ENTRY_KIND_FINDING",
+        ),
+        (
+            scratchpad_pb2.ENTRY_KIND_ADJUDICATION,
+            J,
+            Adjudication(objection_ref=1, decision=AdjudicationDecision.REJECT, rationale="no"),
+            "entry 1 is ENTRY_KIND_FINDING",
+        ),
+    ]
+    for index, (kind, role, record, problem) in enumerate(dangling):
+        error = await expect_error(
+            stub.Append(ledger_entry(thread_id, f"dangling-{index}", kind, role, record.model_dump_json())),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        )
+        assert problem in violations(error)["content"]
+
+    resolution = ObjectionResolution(
+        objection_ref=3, resolution=Resolution.SENTENCE_REMOVED, sentence_index=0, sentence="Gone.", reason="no round"
+    ).model_dump_json()
+    kind = scratchpad_pb2.ENTRY_KIND_RESOLUTION
+    first = await stub.Append(ledger_entry(thread_id, "resolution", kind, S, resolution))
+    again = await stub.Append(ledger_entry(thread_id, "resolution", kind, S, resolution))  # a retry: answered
+    assert again.replayed and again.entry.sequence_no == first.entry.sequence_no
+    error = await expect_error(
+        stub.Append(ledger_entry(thread_id, "resolution-2", kind, S, resolution.replace("Gone.", "Kept."))),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    )
+    assert f"objection 3 is already settled, by entry {first.entry.sequence_no}" in (error.details() or "")
+
+    route = RouteDecision(delegation_id="run-1:never-assigned", worker_id="w", tier=Tier.WORKER, model="m")
+    error = await expect_error(
+        stub.Append(ledger_entry(thread_id, "route", scratchpad_pb2.ENTRY_KIND_ROUTE, S, route.model_dump_json())),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    )
+    assert "delegation run-1:never-assigned has no assignment" in (error.details() or "")
+    page = await stub.Read(scratchpad_pb2.ReadRequest(thread_id=thread_id))
+    assert page.last_sequence_no == first.entry.sequence_no == 4
