@@ -23,7 +23,9 @@ characters / 4, so token figures scale with what each agent really sends.
      (one researcher, four findings, a four-sentence draft; tests/fakes/evidence.py)
      with verification off and on, in an order alternating by round,
      `latency` seconds per model call: model calls, tokens, the evidence roles'
-     tokens, wall time and the on/off ratios, and what the verification settled.
+     tokens, wall time and the on/off ratios, and what the verification settled; then verification on
+     again with a token budget of 2.5x the unverified run's (half of it the review's reserve): what it
+     used of the budget, and what it left unverified or unaudited (and said so).
 All four run once per round (bench/rounds.py); ratios are taken within a round.
 Prints figures only.
 """
@@ -98,8 +100,9 @@ async def run_once(
     client: RunsClient,
     question: str,
     verification: supervisor_pb2.VerificationMode.ValueType = supervisor_pb2.VERIFICATION_MODE_OFF,
+    max_tokens: int = 0,
 ) -> list[supervisor_pb2.RunEvent]:
-    options = supervisor_pb2.RunOptions(max_supervisor_turns=64, verification=verification)
+    options = supervisor_pb2.RunOptions(max_supervisor_turns=64, verification=verification, max_tokens=max_tokens)
     run = await client.start_run(question, options=options)
     events = [event async for event in client.stream_run(run.run_id)]
     assert events[-1].HasField("completed"), events[-1]
@@ -231,6 +234,21 @@ async def verification_cost(
     settled = on.verification
     rounds.record("supported claims (verification on)", settled.supported_claims)
     rounds.record("removed claims (verification on)", settled.removed_claims)
+    # The goal's budget: 2.5x the unverified run's tokens, half of it held back for the review (the reserve).
+    off = samples["off"].completed.usage.total
+    script = EvidenceScript(site_url=site.base_url)
+    tower_scenario(script, site)
+    model.default = counting(script, latency)
+    budget = int(2.5 * (off.input_tokens + off.output_tokens))
+    tight = (await run_once(client, QUESTION, supervisor_pb2.VERIFICATION_MODE_ON, max_tokens=budget))[-1].completed
+    used = tight.usage.total.input_tokens + tight.usage.total.output_tokens
+    rounds.record("budget 2.5x off: tokens used / budget", 100 * used / budget, "%")
+    unverified = sum(f.judgement == supervisor_pb2.CLAIM_JUDGEMENT_UNVERIFIED for f in tight.verification.findings)
+    unaudited = sum(s.status == supervisor_pb2.SENTENCE_STATUS_UNAUDITED for s in tight.verification.sentences)
+    rounds.record("budget 2.5x off: findings unverified", unverified)
+    rounds.record("budget 2.5x off: sentences unaudited", unaudited)
+    incomplete = supervisor_pb2.RUN_WARNING_CODE_VERIFICATION_INCOMPLETE
+    rounds.record("budget 2.5x off: warned incomplete", int(any(w.code == incomplete for w in tight.warnings)))
 
 
 def main() -> None:

@@ -81,7 +81,7 @@ def validate_append(command: AppendCommand, limits: Limits) -> ResearchRecord | 
         violations.append(FieldViolation("content", "must not be empty"))
     elif (size := len(command.content.encode())) > limits.max_content_bytes:
         violations.append(FieldViolation("content", f"{size} bytes exceeds the limit of {limits.max_content_bytes}"))
-    elif command.kind in RECORD_TYPES:
+    elif command.kind is not None and command.kind in RECORD_TYPES:
         try:
             record = parse_record(command.kind, command.content)
         except RecordError as error:

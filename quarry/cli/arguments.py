@@ -137,6 +137,15 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument(
         "--max-revision-rounds", type=int, default=0, help="rounds revising sentences objected to (default 2)"
     )
+    ask.add_argument(
+        "--route",
+        action="append",
+        default=[],
+        metavar="ROLE=TIER",
+        type=_role_route,
+        help="run a delegated role on a model tier in this run, e.g. verifier=supervisor (repeatable; roles: "
+        "researcher, verifier, citation_auditor, adjudicator, engineer; tiers: worker, supervisor)",
+    )
 
     runs = commands.add_parser(
         "runs", help="list research runs, show one, approve or reject one, verify its ledger, export or replay one"
@@ -264,6 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("--address", help=address_help)
     return parser
+
+
+def _role_route(text: str) -> tuple[str, str]:
+    role, equals, tier = text.partition("=")
+    if not equals or not role.strip() or not tier.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not ROLE=TIER (e.g. verifier=supervisor)")
+    return role.strip().upper(), tier.strip().upper()
 
 
 def _lab_arguments(lab: argparse.ArgumentParser, parents: list[argparse.ArgumentParser]) -> None:

@@ -20,6 +20,7 @@ from quarry.db import UnsupportedDatabase
 
 if TYPE_CHECKING:
     from quarry.cli.ask import Supervisor
+    from quarry.v1 import supervisor_pb2
 
 
 def _serve(args: argparse.Namespace, common: QuarrySettings) -> int:
@@ -128,10 +129,25 @@ def _ask(args: argparse.Namespace, common: QuarrySettings) -> int:
         else supervisor_pb2.VERIFICATION_MODE_UNSPECIFIED,
         require_approval=args.require_approval,
         max_revision_rounds=args.max_revision_rounds,
+        role_routes=[_role_route(role, tier) for role, tier in args.route],
     )
     if args.timeout:
         options.timeout.FromNanoseconds(int(args.timeout * 1e9))
     return ask.run_client_command(ask.ask(supervisor, args.question, options, as_json=args.json))
+
+
+def _role_route(role: str, tier: str) -> supervisor_pb2.RoleRoute:
+    """--route ROLE=TIER as the API has it; names it does not know reach the server unspecified, to be refused
+    with the field named."""
+    from quarry.v1 import common_pb2, supervisor_pb2
+
+    roles, tiers = common_pb2.Role.keys(), common_pb2.ModelTier.keys()
+    return supervisor_pb2.RoleRoute(
+        role=common_pb2.Role.Value(f"ROLE_{role}") if f"ROLE_{role}" in roles else common_pb2.ROLE_UNSPECIFIED,
+        tier=common_pb2.ModelTier.Value(f"MODEL_TIER_{tier}")
+        if f"MODEL_TIER_{tier}" in tiers
+        else common_pb2.MODEL_TIER_UNSPECIFIED,
+    )
 
 
 def _runs(args: argparse.Namespace, common: QuarrySettings) -> int:

@@ -407,6 +407,7 @@ class RunOptions(_message.Message):
     VERIFICATION_FIELD_NUMBER: _builtins.int
     REQUIRE_APPROVAL_FIELD_NUMBER: _builtins.int
     MAX_REVISION_ROUNDS_FIELD_NUMBER: _builtins.int
+    ROLE_ROUTES_FIELD_NUMBER: _builtins.int
     max_supervisor_turns: _builtins.int
     """Bound on supervisor turns; 0 means the default (12)."""
     max_worker_turns: _builtins.int
@@ -432,6 +433,15 @@ class RunOptions(_message.Message):
     def timeout(self) -> _duration_pb2.Duration:
         """Wall-clock limit for the whole run; unset means the server default."""
 
+    @_builtins.property
+    def role_routes(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoleRoute]:
+        """The model tier a delegated role runs on in this run, instead of its default (the supervisor tier
+        for citation auditors and adjudicators, the worker tier for the others): for example
+        {role: ROLE_VERIFIER, tier: MODEL_TIER_SUPERVISOR} has the strong model verify claims. Each role
+        at most once; ROLE_SUPERVISOR is not delegated. The ledger's route entries record the tier each
+        delegation ran on.
+        """
+
     def __init__(
         self,
         *,
@@ -443,14 +453,37 @@ class RunOptions(_message.Message):
         verification: Global___VerificationMode.ValueType = ...,
         require_approval: _builtins.bool = ...,
         max_revision_rounds: _builtins.int = ...,
+        role_routes: _abc.Iterable[Global___RoleRoute] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_parallel_delegations", b"max_parallel_delegations", "max_revision_rounds", b"max_revision_rounds", "max_supervisor_turns", b"max_supervisor_turns", "max_tokens", b"max_tokens", "max_worker_turns", b"max_worker_turns", "require_approval", b"require_approval", "timeout", b"timeout", "verification", b"verification"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_parallel_delegations", b"max_parallel_delegations", "max_revision_rounds", b"max_revision_rounds", "max_supervisor_turns", b"max_supervisor_turns", "max_tokens", b"max_tokens", "max_worker_turns", b"max_worker_turns", "require_approval", b"require_approval", "role_routes", b"role_routes", "timeout", b"timeout", "verification", b"verification"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunOptions: _TypeAlias = RunOptions  # noqa: Y015
+
+@_typing.final
+class RoleRoute(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    TIER_FIELD_NUMBER: _builtins.int
+    role: _common_pb2.Role.ValueType
+    tier: _common_pb2.ModelTier.ValueType
+    def __init__(
+        self,
+        *,
+        role: _common_pb2.Role.ValueType = ...,
+        tier: _common_pb2.ModelTier.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["role", b"role", "tier", b"tier"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RoleRoute: _TypeAlias = RoleRoute  # noqa: Y015
 
 @_typing.final
 class RunUsage(_message.Message):

@@ -29,7 +29,7 @@ from quarry.agent.tools import MAX_CALLS_PER_TURN, ToolError
 from quarry.identity import Role
 from quarry.research_plane import ResearchPlane
 from quarry.telemetry import meter, tracer
-from quarry.vocabulary import DelegationErrorCode, DelegationResult, Entry
+from quarry.vocabulary import DelegationErrorCode, DelegationResult, Entry, Tier
 from supervisor_svc.runs.budget import RunAccount, TokenBudget
 from supervisor_svc.runs.domain import DelegationOrder, ResearchPhase, RunUsage
 from supervisor_svc.runs.ledger import RunLedger
@@ -118,6 +118,7 @@ class Delegator:
         publisher: DelegationEvents,
         ledger: RunLedger,
         earlier: EarlierOrders | None = None,
+        tiers: Mapping[Role, Tier] | None = None,
     ) -> None:
         """`earlier`: the delegations a run another process began had ordered (supervisor_svc.runs.resumption)."""
         self._run_id = run_id
@@ -132,6 +133,7 @@ class Delegator:
         self._budget = budget
         self._publisher = publisher
         self._ledger = ledger
+        self._tiers = dict(tiers or {})  # the tier the run routes each named role to
         earlier = earlier or EarlierOrders()
         self._ordered = earlier.ordered
         self._reuse = dict(earlier.reuse)
@@ -250,6 +252,7 @@ class Delegator:
             max_tokens=self._budget.share(ways),
             timeout_seconds=min(left, contract.timeout_seconds) if contract.timeout_seconds else left,
             workspace_id=contract.workspace_id,
+            tier=self._tiers.get(contract.role),
             resumed=resumed,
         )
 

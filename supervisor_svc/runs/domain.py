@@ -15,6 +15,7 @@ from quarry.errors import FieldViolation, InvalidArgument
 from quarry.identity import Role
 from quarry.records.research import ClaimJudgement
 from quarry.records.verification import Verification
+from quarry.vocabulary import Tier
 
 DEFAULT_SUPERVISOR_TURNS = 12
 MAX_TURNS_LIMIT = 64
@@ -99,13 +100,17 @@ class RunOptions:
     verification: str = ""  # "on", "off"; "": the server's default
     require_approval: bool = False  # once verified, wait for ApproveRun or RejectRun
     max_revision_rounds: int = 0  # 0: DEFAULT_REVISION_ROUNDS
+    # (role, tier) pairs, as Role and Tier values: the tier each named role runs on in this run.
+    role_tiers: tuple[tuple[str, str], ...] = ()
 
     # Stored (and hashed into a StartRun's request digest) under the field's first name, so that a
     # request_id retried across an upgrade still finds its run and every release reads every row.
     _STORED_NAMES: ClassVar[dict[str, str]] = {"max_worker_turns": "worker_max_turns"}
     # Options added later are stored (and hashed) only when set: a request that leaves them at their
     # defaults keeps the digest an earlier release computed, and its row reads as before.
-    _LATER_OPTIONS: ClassVar[frozenset[str]] = frozenset({"verification", "require_approval", "max_revision_rounds"})
+    _LATER_OPTIONS: ClassVar[frozenset[str]] = frozenset(
+        {"verification", "require_approval", "max_revision_rounds", "role_tiers"}
+    )
 
     def to_json(self) -> dict[str, Any]:
         defaults = RunOptions()
@@ -123,10 +128,17 @@ class RunOptions:
     def revision_rounds(self) -> int:
         return self.max_revision_rounds or DEFAULT_REVISION_ROUNDS
 
+    def tier_for(self, role: Role) -> Tier | None:
+        """The tier the run routes `role` to; None: the role's default."""
+        return next((Tier(tier) for named, tier in self.role_tiers if named == role.value), None)
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunOptions:
         names = {stored: name for name, stored in cls._STORED_NAMES.items()}
-        return cls(**{names.get(key, key): value for key, value in data.items()})
+        options = {names.get(key, key): value for key, value in data.items()}
+        if "role_tiers" in options:
+            options["role_tiers"] = tuple((role, tier) for role, tier in options["role_tiers"])
+        return cls(**options)
 
 
 VERIFICATION_ON = "on"
@@ -237,6 +249,7 @@ class DelegationOrder:
     max_tokens: int  # 0: no token bound
     timeout_seconds: float
     workspace_id: str = ""  # the monitor's workspace an engineer works in; empty for other roles
+    tier: Tier | None = None  # the model tier the run routes its role to; None: the role's default
     # Ordered before this process took the run up: the worker that has it replays or goes on with it.
     resumed: bool = False
 
@@ -322,6 +335,23 @@ class RunRecord:
     created_by: str = ""  # the principal who started it (empty: before principals were recorded)
 
 
+def _role_tier_violations(role_tiers: tuple[tuple[str, str], ...]) -> list[FieldViolation]:
+    delegated = {role.value for role in Role if role is not Role.SUPERVISOR}
+    tiers = {tier.value for tier in Tier}
+    violations, seen = [], set()
+    for index, (role, tier) in enumerate(role_tiers):
+        field = f"options.role_routes[{index}]"
+        if role not in delegated:
+            names = ", ".join(sorted(f"ROLE_{r.upper()}" for r in delegated))
+            violations.append(FieldViolation(f"{field}.role", f"a delegated role: {names}"))
+        elif role in seen:
+            violations.append(FieldViolation(f"{field}.role", "each role is routed at most once"))
+        if tier not in tiers:
+            violations.append(FieldViolation(f"{field}.tier", "MODEL_TIER_WORKER or MODEL_TIER_SUPERVISOR"))
+        seen.add(role)
+    return violations
+
+
 def validate_start(request: StartRequest) -> None:
     """Every problem with a StartRun request at once, as field violations."""
     violations: list[FieldViolation] = []
@@ -356,6 +386,7 @@ def validate_start(request: StartRequest) -> None:
                 f"between 1 and {MAX_REVISION_ROUNDS} (0: default {DEFAULT_REVISION_ROUNDS})",
             )
         )
+    violations.extend(_role_tier_violations(options.role_tiers))
     if len(request.labels) > MAX_LABELS:
         violations.append(FieldViolation("labels", f"at most {MAX_LABELS} labels"))
     for key, value in request.labels.items():

@@ -338,6 +338,7 @@ class ResearchRun:
             budget=self._budget,
             publisher=self._publisher,
             ledger=self._ledger,
+            tiers={role: tier for role in Role if (tier := options.tier_for(role)) is not None},
         )
 
     async def _research(self, delegator: Delegator, *, resumed: bool) -> ResearchEnd:

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 from google.protobuf import json_format
 
-from quarry.convert import EnumMap, duration, duration_seconds, entry_to_proto, timestamp, verification_to_proto
+from quarry.convert import (
+    ROLES,
+    TIERS,
+    EnumMap,
+    duration,
+    duration_seconds,
+    entry_to_proto,
+    timestamp,
+    verification_to_proto,
+)
+from quarry.identity import Role
 from quarry.replay import qrun
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
+from quarry.vocabulary import Tier
 from supervisor_svc.runs.domain import VERIFICATION_OFF, VERIFICATION_ON, RunOptions, RunRecord, RunState, StartRequest
 from supervisor_svc.runs.events import (
     error_to_proto,
@@ -49,7 +61,16 @@ def options_from_proto(options: supervisor_pb2.RunOptions) -> RunOptions:
         verification=_VERIFICATION_MODES.get(options.verification, f"unknown:{options.verification}"),
         require_approval=options.require_approval,
         max_revision_rounds=options.max_revision_rounds,
+        # A role or tier this build does not know (or none) stays unknown, for validation to name.
+        role_tiers=tuple(
+            (_known(ROLES.from_proto(route.role), route.role), _known(TIERS.from_proto(route.tier), route.tier))
+            for route in options.role_routes
+        ),
     )
+
+
+def _known(member: enum.Enum | None, number: int) -> str:
+    return str(member.value) if member is not None else f"unknown:{number}"
 
 
 def options_to_proto(options: RunOptions) -> supervisor_pb2.RunOptions:
@@ -61,6 +82,10 @@ def options_to_proto(options: RunOptions) -> supervisor_pb2.RunOptions:
         verification=_VERIFICATION_NUMBERS[options.verification],
         require_approval=options.require_approval,
         max_revision_rounds=options.max_revision_rounds,
+        role_routes=[
+            supervisor_pb2.RoleRoute(role=ROLES.to_proto(Role(role)), tier=TIERS.to_proto(Tier(tier)))
+            for role, tier in options.role_tiers
+        ],
     )
     if options.timeout_seconds:
         message.timeout.CopyFrom(duration(options.timeout_seconds))

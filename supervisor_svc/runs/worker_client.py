@@ -93,6 +93,7 @@ def request_for(order: DelegationOrder) -> worker_pb2.DelegateRequest:
             workspace_id=order.workspace_id,
         ),
         role=ROLES.to_proto(order.role),
+        tier=TIERS.to_proto(order.tier) if order.tier is not None else common_pb2.MODEL_TIER_UNSPECIFIED,
         budget=worker_pb2.DelegationBudget(
             max_turns=order.max_turns,
             max_tokens=order.max_tokens,

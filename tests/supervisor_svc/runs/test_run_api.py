@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from quarry import paging
-from quarry.v1 import scratchpad_pb2, supervisor_pb2
+from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2
 from tests.fakes.choreography import SUPERVISOR
 from tests.fakes.openai_server import Call, Reply, Stall
 from tests.rpc import error_reason, expect_error, violations
@@ -130,6 +130,14 @@ async def test_concurrent_start_runs_with_one_request_id_but_different_questions
 async def test_bad_requests_name_their_fields(mesh: Mesh) -> None:
     options = supervisor_pb2.RunOptions(max_supervisor_turns=-1, max_worker_turns=65, max_parallel_delegations=99)
     options.timeout.FromSeconds(10**9)
+    options.role_routes.extend(
+        [
+            supervisor_pb2.RoleRoute(role=common_pb2.ROLE_SUPERVISOR, tier=common_pb2.MODEL_TIER_WORKER),
+            supervisor_pb2.RoleRoute(role=common_pb2.ROLE_VERIFIER, tier=common_pb2.MODEL_TIER_SUPERVISOR),
+            supervisor_pb2.RoleRoute(role=common_pb2.ROLE_VERIFIER, tier=common_pb2.MODEL_TIER_WORKER),
+            supervisor_pb2.RoleRoute(role=common_pb2.ROLE_ADJUDICATOR),
+        ]
+    )
     error = await expect_error(
         mesh.client.start_run(" ", options=options, labels={"Bad Key": "x"}), grpc.StatusCode.INVALID_ARGUMENT
     )
@@ -139,6 +147,9 @@ async def test_bad_requests_name_their_fields(mesh: Mesh) -> None:
         "options.max_worker_turns",
         "options.max_parallel_delegations",
         "options.timeout",
+        "options.role_routes[0].role",  # the supervisor is not delegated
+        "options.role_routes[2].role",  # a role routed twice
+        "options.role_routes[3].tier",  # no tier
         "labels['Bad Key']",
     }
     error = await expect_error(mesh.client.get_run("nope"), grpc.StatusCode.INVALID_ARGUMENT)

@@ -30,6 +30,7 @@ from quarry.records.research import (
     Objection,
     ObjectionResolution,
     Resolution,
+    RouteDecision,
     UsageObserved,
     parse_record,
 )
@@ -105,10 +106,10 @@ def script(shared_model: ScriptedModel, site: FixtureWeb) -> EvidenceScript:
 
 
 async def verified_run(
-    mesh: ProcessMesh,
+    mesh: ProcessMesh, *routes: supervisor_pb2.RoleRoute
 ) -> tuple[list[supervisor_pb2.RunEvent], supervisor_pb2.Run, list[scratchpad_pb2.Entry]]:
     async with RunsClient.connect(mesh.supervisor.address) as client:
-        options = supervisor_pb2.RunOptions(verification=supervisor_pb2.VERIFICATION_MODE_ON)
+        options = supervisor_pb2.RunOptions(verification=supervisor_pb2.VERIFICATION_MODE_ON, role_routes=routes)
         run = await client.start_run(QUESTION, options=options)
         events = [event async for event in client.stream_run(run.run_id)]
         stored = await client.get_run(run.run_id)
@@ -369,6 +370,38 @@ async def test_a_model_that_cannot_follow_the_roles_contracts_is_named_with_veri
     )
     [roles] = [w for w in completed.warnings if w.code == codes[-1]]
     assert "cannot play those roles" in roles.message and "--verification off" in roles.message
+
+
+async def test_a_run_routes_its_claim_verifiers_to_the_strong_tier_and_the_ledger_records_it(
+    mesh: ProcessMesh, site: FixtureWeb, script: EvidenceScript
+) -> None:
+    research(script, site, OPENED, TALL)
+    script.verdicts = {
+        OPENED[0]: verdict("supported", OPENED[2], OPENING[0], "the page gives the opening date"),
+        TALL[0]: verdict("supported", TALL[2], HEIGHT[0], "the page gives the height"),
+    }
+    script.add(REPORT, Reply(content=f"## The tower\n\n{S_OPENED}"))
+    script.audits = {marked(S_OPENED): ("sound", "")}
+    strong = supervisor_pb2.RoleRoute(role=common_pb2.ROLE_VERIFIER, tier=common_pb2.MODEL_TIER_SUPERVISOR)
+
+    _, stored, entries = await verified_run(mesh, strong)
+
+    assert stored.state == supervisor_pb2.RUN_STATE_SUCCEEDED
+    assert list(stored.options.role_routes) == [strong]
+    roles = {}
+    for entry in entries:
+        if entry.kind == scratchpad_pb2.ENTRY_KIND_ASSIGNMENT:
+            assigned = Assignment.parse(entry.content)
+            assert isinstance(assigned, Assignment)
+            roles[assigned.delegation_id] = assigned.role.value
+    tiers = {}
+    for entry in entries:
+        if entry.kind == scratchpad_pb2.ENTRY_KIND_ROUTE:
+            route = parse_record(EntryKind.ROUTE, entry.content)
+            assert isinstance(route, RouteDecision)
+            tiers.setdefault(roles[route.delegation_id], set()).add(route.tier.value)
+    # The verifiers ran on the supervisor tier, as the run asked; the others on their defaults.
+    assert tiers == {"researcher": {"worker"}, "verifier": {"supervisor"}, "citation_auditor": {"supervisor"}}
 
 
 OBJECTED = "stands high is not what the finding says"
