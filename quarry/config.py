@@ -267,6 +267,9 @@ class ModelTier(ServiceSettings):
     """Seconds this tier's model endpoint may send nothing within a request; unset: QUARRY_MODEL_IDLE_TIMEOUT."""
 
 
+LITERATURE_CATALOGUES = ("arxiv", "semantic_scholar")
+
+
 class WorkerSettings(ModelTier):
     model_config = SettingsConfigDict(env_prefix="QUARRY_WORKER_", extra="ignore")
     config_table: ClassVar[str] = "worker"
@@ -303,9 +306,21 @@ class WorkerSettings(ModelTier):
     search_api_key: Credential = ""
     """The API key of the tavily or brave backend; Semantic Scholar's optional one (a higher rate limit)."""
     arxiv_url: str = "https://export.arxiv.org"
-    """arXiv's API, for the arxiv backend."""
+    """arXiv's API, for the arxiv backend and bibliographic verifiers."""
     semantic_scholar_url: str = "https://api.semanticscholar.org"
-    """Semantic Scholar's API, for the semantic_scholar backend."""
+    """Semantic Scholar's API, for the semantic_scholar backend and bibliographic verifiers."""
+    literature_catalogues: str = "arxiv,semantic_scholar"
+    """The catalogues a bibliographic verifier looks papers up in, asked in this order, comma-separated (arxiv,
+    semantic_scholar), whatever `search_backend` is; empty: none (the role then finds no paper)."""
+
+    @field_validator("literature_catalogues")
+    @classmethod
+    def _known_catalogues(cls, value: str) -> str:
+        unknown = [name.strip() for name in value.split(",") if name.strip() not in ("", *LITERATURE_CATALOGUES)]
+        if unknown:
+            raise ValueError(f"unknown catalogue(s) {', '.join(unknown)}; known: {', '.join(LITERATURE_CATALOGUES)}")
+        return value
+
     search_seconds: float = Field(default=30.0, gt=0, le=600)
     """All one search may take (connecting, the whole answer); past it the search is an error for the model."""
     corpus_index: str = ""
@@ -389,6 +404,12 @@ class SupervisorSettings(ModelTier):
     """The share of a verified run's token budget (RunOptions.max_tokens) held back from research for claim
     verification, the report and its review: research ends when only the reserve is left, so the audit
     always has budget to run."""
+    paper_hosts: str = (
+        "arxiv.org,export.arxiv.org,doi.org,dx.doi.org,www.semanticscholar.org,api.semanticscholar.org,"
+        "openreview.net,aclanthology.org,dl.acm.org,link.springer.com,ieeexplore.ieee.org,pubmed.ncbi.nlm.nih.gov"
+    )
+    """Hosts whose pages are papers, comma-separated: in a verified run, a finding citing one is citable only once a
+    bibliographic verifier has found the paper in the literature catalogues as its source names it."""
     approval_wait_seconds: float = Field(default=24 * 3600.0, gt=0, le=30 * 24 * 3600)
     """How long a run started with require_approval waits for ApproveRun or RejectRun; past it the run fails
     with DEADLINE_EXCEEDED. The wait does not count against the run's own time limit."""
@@ -398,6 +419,9 @@ class SupervisorSettings(ModelTier):
 
     def worker_targets(self) -> list[str]:
         return [target.strip() for target in self.worker_addresses.split(",") if target.strip()]
+
+    def paper_host_names(self) -> frozenset[str]:
+        return frozenset(host.strip().lower() for host in self.paper_hosts.split(",") if host.strip())
 
 
 class SshHost(BaseModel):

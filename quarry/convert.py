@@ -120,6 +120,7 @@ ROLES: EnumMap[Role, common_pb2.Role.ValueType] = EnumMap(
         Role.ENGINEER: common_pb2.ROLE_ENGINEER,
         Role.CITATION_AUDITOR: common_pb2.ROLE_CITATION_AUDITOR,
         Role.ADJUDICATOR: common_pb2.ROLE_ADJUDICATOR,
+        Role.BIBLIOGRAPHIC_VERIFIER: common_pb2.ROLE_BIBLIOGRAPHIC_VERIFIER,
     }
 )
 
@@ -133,6 +134,7 @@ ENTRY_KINDS: EnumMap[EntryKind, scratchpad_pb2.EntryKind.ValueType] = EnumMap(
         EntryKind.FINDING: scratchpad_pb2.ENTRY_KIND_FINDING,
         EntryKind.REFUSAL: scratchpad_pb2.ENTRY_KIND_REFUSAL,
         EntryKind.SENTENCE: scratchpad_pb2.ENTRY_KIND_SENTENCE,
+        EntryKind.BIBLIOGRAPHIC_VERDICT: scratchpad_pb2.ENTRY_KIND_BIBLIOGRAPHIC_VERDICT,
         EntryKind.MARKER: scratchpad_pb2.ENTRY_KIND_MARKER,
         EntryKind.ACKNOWLEDGEMENT: scratchpad_pb2.ENTRY_KIND_ACKNOWLEDGEMENT,
         EntryKind.NOTE: scratchpad_pb2.ENTRY_KIND_NOTE,

@@ -14,6 +14,8 @@ class Role(enum.StrEnum):
     ENGINEER = "engineer"
     CITATION_AUDITOR = "citation_auditor"
     ADJUDICATOR = "adjudicator"
+    # Checks that a cited paper exists and is what the finding's source says, blind.
+    BIBLIOGRAPHIC_VERIFIER = "bibliographic_verifier"
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ class EntryKind(enum.StrEnum):
     RESOLUTION = "resolution"
     REFUSAL = "refusal"
     SENTENCE = "sentence"
+    BIBLIOGRAPHIC_VERDICT = "bibliographic_verdict"
 
     CAMPAIGN_LEDGER = "campaign_ledger"
     CAMPAIGN_DEAD_END = "campaign_dead_end"

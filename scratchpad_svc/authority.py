@@ -43,6 +43,8 @@ WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
         Role.CITATION_AUDITOR: frozenset({EntryKind.AUDIT, EntryKind.OBJECTION}),
         # Adjudicators decide objections; nothing else.
         Role.ADJUDICATOR: frozenset({EntryKind.ADJUDICATION}),
+        # Bibliographic verifiers judge the papers findings cite; nothing else.
+        Role.BIBLIOGRAPHIC_VERIFIER: frozenset({EntryKind.BIBLIOGRAPHIC_VERDICT}),
     }
 )
 
@@ -53,7 +55,14 @@ ROLES_OF_CALLER: MappingProxyType[MeshRole, frozenset[Role]] = MappingProxyType(
         MeshRole.SUPERVISOR: frozenset({Role.SUPERVISOR}),
         # A worker runs every delegated role.
         MeshRole.WORKER: frozenset(
-            {Role.RESEARCHER, Role.VERIFIER, Role.ENGINEER, Role.CITATION_AUDITOR, Role.ADJUDICATOR}
+            {
+                Role.RESEARCHER,
+                Role.VERIFIER,
+                Role.ENGINEER,
+                Role.CITATION_AUDITOR,
+                Role.ADJUDICATOR,
+                Role.BIBLIOGRAPHIC_VERIFIER,
+            }
         ),
     }
 )

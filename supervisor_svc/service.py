@@ -115,6 +115,7 @@ async def build_host(
             context_tokens=settings.context_tokens,
             verify_by_default=settings.verify_runs,
             verification_reserve=settings.verification_reserve,
+            paper_hosts=settings.paper_host_names(),
             approval_wait_seconds=settings.approval_wait_seconds,
             database_wait_seconds=settings.database_wait_seconds,
             recordings=Recordings(RecordingStore(database), replayed_settings(settings, SUPERVISOR_ANSWER_SETTINGS)),

@@ -14,6 +14,8 @@ class Capability(enum.StrEnum):
     READ_PAGES = "read_pages"
     SCRATCHPAD = "scratchpad"
     READ_SCRATCHPAD = "read_scratchpad"
+    # Looking papers up in the literature catalogues (arXiv, Semantic Scholar), whatever the search backend.
+    LITERATURE = "literature"
     # The monitor's GPU and job status.
     COMPUTE = "compute"
     # An engineer's, bound to its delegation's workspace (worker_svc/workspace_tools.py).

@@ -212,7 +212,9 @@ class DelegationRunner:
             context = self._context_for(request)
             if spec.output is not None:  # blind, and ends with its record
                 context.inputs = InputRefs.parse(request.input_refs)
-                context.gate = gate = OutputGate(request.role, spec.output, context.inputs, context.read)
+                context.gate = gate = OutputGate(
+                    request.role, spec.output, context.inputs, context.read, context.catalogued
+                )
             observer = _Progress(request.delegation_id, context, queue)
             limits = LoopLimits(
                 max_turns=request.max_turns or DEFAULT_MAX_TURNS,

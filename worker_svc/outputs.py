@@ -30,6 +30,7 @@ from quarry.records.base import RecordError
 from quarry.records.research import (
     RECORD_TYPES,
     Adjudication,
+    BibliographicVerdict,
     CitationAudit,
     CitationJudgement,
     ClaimVerdict,
@@ -38,6 +39,7 @@ from quarry.records.research import (
 )
 from quarry.vocabulary import DelegationErrorCode, EntryKind
 from worker_svc.web.pages import Page
+from worker_svc.web.search import SearchResult
 
 SUBMIT_PREFIX = "submit_"
 
@@ -95,13 +97,19 @@ class OutputGate:
     """Takes one structured role's output for one delegation: checks each attempt, allows one repair."""
 
     def __init__(
-        self, role: Role, record: type[ResearchRecord], inputs: InputRefs, pages_read: Mapping[str, Page]
+        self,
+        role: Role,
+        record: type[ResearchRecord],
+        inputs: InputRefs,
+        pages_read: Mapping[str, Page],
+        catalogued: Mapping[str, SearchResult] | None = None,
     ) -> None:
         self._role = role
         self._record = record
         self.kind = record.record_kind()
         self._inputs = inputs
         self._pages = pages_read  # the delegation's own, filled as its tools read
+        self._catalogued = catalogued if catalogued is not None else {}  # papers its look-ups listed
         self._turn = 0
         self._seen: set[str] = set()  # tool call ids the gate answered
         self._first_rejected_turn: int | None = None
@@ -206,7 +214,7 @@ class OutputGate:
             record = self._record.parse(arguments or "{}")
         except RecordError as error:
             return Rejection(DelegationErrorCode.OUTPUT_INVALID, error.problems)
-        problems = [*self._inputs.outside(record), *self._quote_problems(record)]
+        problems = [*self._inputs.outside(record), *self._quote_problems(record), *self._catalogue_problems(record)]
         if problems:
             return Rejection(DelegationErrorCode.OUTPUT_REFUSED, tuple(problems))
         self.accepted = record
@@ -222,6 +230,26 @@ class OutputGate:
         if not page.contains(record.quote.excerpt):
             return [f"quote.excerpt does not occur in {record.quote.url}; quote the page exactly"]
         return []
+
+    def _catalogue_problems(self, record: ResearchRecord) -> list[str]:
+        """A bibliographic verifier copies the catalogue's record it looked up, word for word."""
+        if not isinstance(record, BibliographicVerdict) or record.record is None:
+            return []
+        listed = self._catalogued.get(record.record.url)
+        if listed is None:
+            return [f"record.url: {record.record.url} was not listed by look_up_paper in this task; look it up first"]
+        problems = []
+        if _plain(record.record.title) != _plain(listed.title):
+            problems.append(f"record.title is not the catalogue's: {listed.title!r}")
+        if tuple(map(_plain, record.record.authors)) != tuple(map(_plain, listed.authors)):
+            problems.append(f"record.authors are not the catalogue's: {list(listed.authors)}")
+        if record.record.year != listed.year:
+            problems.append(f"record.year is not the catalogue's: {listed.year}")
+        return problems
+
+
+def _plain(text: str) -> str:
+    return " ".join(text.split()).casefold()
 
 
 def _json_answer(text: str) -> dict[str, Any] | None:
@@ -245,4 +273,6 @@ def describe(record: ResearchRecord) -> str:
         return f"{len(record.sentences)} sentence(s) audited, {raised} objection(s) raised"
     if isinstance(record, Adjudication):
         return f"objection {record.objection_ref}: {record.decision.value}"
+    if isinstance(record, BibliographicVerdict):
+        return f"finding {record.finding_ref}'s paper: {record.judgement.value}"
     return record.record_kind()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from quarry.identity import Role
-from quarry.records.research import Adjudication, CitationAudit, ClaimVerdict, ResearchRecord
+from quarry.records.research import Adjudication, BibliographicVerdict, CitationAudit, ClaimVerdict, ResearchRecord
 from quarry.vocabulary import Tier
 from worker_svc.capabilities import MONITOR_CAPABILITIES, Capability
 
@@ -98,6 +98,19 @@ ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
             capabilities=(Capability.READ_SCRATCHPAD,),
             output=Adjudication,
             tier=Tier.SUPERVISOR,
+        ),
+        Role.BIBLIOGRAPHIC_VERIFIER: RoleSpec(
+            instructions=(
+                "You are a bibliographic verifier. Your task names one finding (a scratchpad entry number) and "
+                "the paper it cites: its URL and what the finding's source says of it. Read the finding with "
+                "read_scratchpad, then look the paper up with look_up_paper (by its title, its arXiv id or DOI, "
+                "an author). Judge: verified (a catalogue lists this paper, with the title, authors and year the "
+                "source gives), mismatch (the catalogue lists a different paper there), or not_found (no catalogue "
+                "lists it). Copy the catalogue's record exactly as look_up_paper listed it. End by calling "
+                "submit_bibliographic_verdict."
+            ),
+            capabilities=(Capability.LITERATURE, Capability.READ_SCRATCHPAD),
+            output=BibliographicVerdict,
         ),
         # Works in the one workspace its delegation names (the tools are bound to it): reads and edits
         # its code, smoke-tests it, launches experiments. Never offered to researchers or verifiers.

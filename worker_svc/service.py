@@ -35,7 +35,7 @@ from worker_svc.store import DelegationStore
 from worker_svc.tools import DelegationContext
 from worker_svc.web.fetch import AddressPolicy, guarded_client
 from worker_svc.web.pages import PageReader
-from worker_svc.web.search import SearchBackend, http_backend
+from worker_svc.web.search import SearchBackend, http_backend, literature_catalogues
 from worker_svc.worker import Worker, WorkerLimits
 from worker_svc.workspace_tools import WorkspaceSession
 
@@ -96,6 +96,7 @@ async def build_host(
         extract_workers=settings.page_extract_workers,
     )
     search: SearchBackend = http_backend(settings, search_http) or corpus
+    literature = literature_catalogues(settings, search_http)
     if embedder is not None and search is not corpus and settings.embedding_rerank_web:
         search = RerankedSearch(search, embedder)
 
@@ -112,6 +113,7 @@ async def build_host(
             author=Principal(request.delegation_id, request.role),
             search=search,
             pages=pages,
+            literature=literature,
             monitor=monitor,
             workspace=workspace,
         )

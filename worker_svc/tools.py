@@ -41,6 +41,7 @@ CAPABILITIES: dict[Capability, list[str]] = {
     Capability.READ_PAGES: ["read_web_page", "search_web_page", "scroll_web_page"],
     Capability.SCRATCHPAD: ["read_scratchpad", "append_scratchpad"],
     Capability.READ_SCRATCHPAD: ["read_scratchpad"],
+    Capability.LITERATURE: ["look_up_paper"],
     Capability.COMPUTE: ["gpu_status", "job_status"],
     Capability.WORKSPACE: [
         "list_tree",
@@ -69,6 +70,9 @@ class DelegationContext:
     # An engineer's workspace; None for every other role.
     workspace: WorkspaceSession | None = None
     read: dict[str, Page] = field(default_factory=dict)  # pages read in this delegation, by URL
+    # The literature catalogues look_up_paper asks, and the papers they listed in this delegation, by URL.
+    literature: Sequence[SearchBackend] = ()
+    catalogued: dict[str, SearchResult] = field(default_factory=dict)
     promoted: list[int] = field(default_factory=list)
     # A blind role's whole view: the entries and pages its contract names (None: the whole thread and web).
     inputs: InputRefs | None = None
@@ -164,6 +168,44 @@ async def scroll_web_page(params: ScrollParams, context: DelegationContext) -> s
         return page.view(params.page)
     except PageError as error:
         raise ToolError(str(error)) from error
+
+
+class LookUpParams(BaseModel):
+    query: str = Field(min_length=1, description="the paper's title, or its arXiv id or DOI, with an author's name")
+    limit: int = Field(default=5, ge=1, le=10)
+
+
+async def look_up_paper(params: LookUpParams, context: DelegationContext) -> str:
+    """Every catalogue the worker has, asked in turn; what each lists is kept for the output gate to check."""
+    if not context.literature:
+        raise ToolError("this worker has no literature catalogue to look papers up in")
+    lines, failures = [], []
+    for catalogue in context.literature:
+        try:
+            results = await catalogue.search(params.query, params.limit)
+        except SearchError as error:
+            failures.append(str(error))
+            continue
+        for result in results:
+            context.catalogued[result.url] = result
+            authors = "; ".join(result.authors) or "no authors listed"
+            year = result.year if result.year is not None else "no year listed"
+            lines.append(f"- {result.title}\n  authors: {authors}\n  year: {year}\n  url: {result.url}")
+    if not lines and failures:
+        raise ToolError("; ".join(failures))
+    found = "\n".join(lines) if lines else f"No catalogue lists a paper for {params.query!r}."
+    return found + "".join(f"\n(one catalogue failed: {failure})" for failure in failures)
+
+
+LITERATURE_TOOLS: list[Tool[Any, DelegationContext]] = [
+    Tool(
+        "look_up_paper",
+        "Look a paper up in the literature catalogues (arXiv, Semantic Scholar): each match's title, authors, "
+        "year and catalogue URL, exactly as listed.",
+        LookUpParams,
+        look_up_paper,
+    )
+]
 
 
 WEB_TOOLS: list[Tool[Any, DelegationContext]] = [
@@ -275,6 +317,7 @@ READ_SCRATCHPAD: Tool[ReadParams, DelegationContext] = Tool(
 )
 _CATALOG: list[Tool[Any, DelegationContext]] = [
     *WEB_TOOLS,
+    *LITERATURE_TOOLS,
     READ_SCRATCHPAD,
     *(tool for tool in SCRATCHPAD_TOOLS if tool.name != READ_SCRATCHPAD.name),
     *COMPUTE_TOOLS,

@@ -32,6 +32,9 @@ __all__ = [
     "Adjudication",
     "AdjudicationDecision",
     "Assignment",
+    "BibliographicJudgement",
+    "BibliographicVerdict",
+    "CatalogRecord",
     "CitationAudit",
     "CitationCheck",
     "CitationJudgement",
@@ -410,6 +413,55 @@ class DraftSentence(ResearchRecord):
         return _findings(self.finding_refs)
 
 
+class BibliographicJudgement(enum.StrEnum):
+    # The catalogue has the paper, and its title, authors and year are what the finding's source says.
+    VERIFIED = "verified"
+    # The catalogue has a paper at that place, but not the one the source says (another title, authors, year).
+    MISMATCH = "mismatch"
+    # No catalogue has it.
+    NOT_FOUND = "not_found"
+
+
+class CatalogRecord(BaseModel):
+    """A paper as a literature catalogue lists it, copied from what the verifier looked up."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    url: Url = Field(description="the catalogue's page for the paper, exactly as look_up_paper listed it")
+    title: Text
+    authors: tuple[Annotated[str, StringConstraints(min_length=1, max_length=500)], ...] = Field(
+        default=(), max_length=100
+    )
+    year: int | None = Field(default=None, ge=1000, le=3000)
+
+
+class BibliographicVerdict(ResearchRecord):
+    """A bibliographic verifier's judgement of the paper a finding cites, as ENTRY_KIND_BIBLIOGRAPHIC_VERDICT."""
+
+    entry_kind: ClassVar[EntryKind] = EntryKind.BIBLIOGRAPHIC_VERDICT
+
+    kind: Literal["bibliographic_verdict"] = "bibliographic_verdict"
+    finding_ref: EntryRef = Field(description="the finding whose cited paper is judged")
+    cited_url: Url = Field(description="the source of the finding that is judged, as the finding cites it")
+    judgement: BibliographicJudgement
+    record: CatalogRecord | None = Field(
+        default=None, description="the catalogue's record the judgement rests on; required unless not_found"
+    )
+    rationale: Text
+
+    @model_validator(mode="after")
+    def _record_backs_the_judgement(self) -> BibliographicVerdict:
+        if self.record is None and self.judgement is not BibliographicJudgement.NOT_FOUND:
+            raise ValueError(f"a {self.judgement.value} verdict names the catalogue's record it rests on (record)")
+        return self
+
+    def referenced_kinds(self) -> dict[int, EntryKind]:
+        return {self.finding_ref: EntryKind.FINDING}
+
+    def cited_urls(self) -> frozenset[str]:
+        return frozenset({self.cited_url})
+
+
 def _findings(refs: Iterable[int]) -> dict[int, EntryKind]:
     return dict.fromkeys(refs, EntryKind.FINDING)
 
@@ -428,6 +480,7 @@ RECORD_TYPES: Mapping[EntryKind, type[ResearchRecord]] = MappingProxyType(
             ObjectionResolution,
             ClaimRefusal,
             DraftSentence,
+            BibliographicVerdict,
         )
     }
 )

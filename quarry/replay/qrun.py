@@ -146,6 +146,7 @@ SUPERVISOR_ANSWER_SETTINGS = (
     "context_tokens",
     "verify_runs",
     "verification_reserve",
+    "paper_hosts",
     "default_run_timeout_seconds",
 )
 WORKER_ANSWER_SETTINGS = (

@@ -40,6 +40,11 @@ class _RoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Role.ValueType],
     """
     ROLE_ADJUDICATOR: _Role.ValueType  # 6
     """Decides open objections: approve, revise or reject."""
+    ROLE_BIBLIOGRAPHIC_VERIFIER: _Role.ValueType  # 7
+    """Checks that a paper a finding cites exists in the literature catalogues (arXiv, Semantic
+    Scholar) and that its title, authors and year are what the finding's source says; records a
+    BibliographicVerdict. A paper that fails is never cited.
+    """
 
 class Role(_Role, metaclass=_RoleEnumTypeWrapper):
     """The role a principal acts in. The scratchpad enforces which roles may write
@@ -63,6 +68,11 @@ each unsound sentence raises an objection.
 """
 ROLE_ADJUDICATOR: Role.ValueType  # 6
 """Decides open objections: approve, revise or reject."""
+ROLE_BIBLIOGRAPHIC_VERIFIER: Role.ValueType  # 7
+"""Checks that a paper a finding cites exists in the literature catalogues (arXiv, Semantic
+Scholar) and that its title, authors and year are what the finding's source says; records a
+BibliographicVerdict. A paper that fails is never cited.
+"""
 Global___Role: _TypeAlias = Role  # noqa: Y015
 
 class _ModelTier:

@@ -65,6 +65,8 @@ class _EntryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryKind.V
     """
     ENTRY_KIND_SENTENCE: _EntryKind.ValueType  # 16
     """A sentence of the draft report as the review audits it, or a revision of it (DraftSentence)."""
+    ENTRY_KIND_BIBLIOGRAPHIC_VERDICT: _EntryKind.ValueType  # 17
+    """A bibliographic verifier's judgement of the paper a finding cites (BibliographicVerdict)."""
     ENTRY_KIND_CAMPAIGN_LEDGER: _EntryKind.ValueType  # 20
     """A campaign's records, written by its supervisor as JSON (supervisor_svc/campaigns/records.py).
     One experiment cycle of the ledger.
@@ -119,6 +121,8 @@ ENTRY_KIND_REFUSAL: EntryKind.ValueType  # 15
 """
 ENTRY_KIND_SENTENCE: EntryKind.ValueType  # 16
 """A sentence of the draft report as the review audits it, or a revision of it (DraftSentence)."""
+ENTRY_KIND_BIBLIOGRAPHIC_VERDICT: EntryKind.ValueType  # 17
+"""A bibliographic verifier's judgement of the paper a finding cites (BibliographicVerdict)."""
 ENTRY_KIND_CAMPAIGN_LEDGER: EntryKind.ValueType  # 20
 """A campaign's records, written by its supervisor as JSON (supervisor_svc/campaigns/records.py).
 One experiment cycle of the ledger.

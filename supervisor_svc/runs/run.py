@@ -118,6 +118,7 @@ class RunDependencies:
     context_tokens: int
     verify_by_default: bool = True  # when RunOptions.verification leaves it to the server
     verification_reserve: float = 0.5  # the share of a verified run's token budget research may not spend
+    paper_hosts: frozenset[str] = frozenset()  # hosts whose pages are papers, checked by bibliographic verifiers
     approval_wait_seconds: float = 24 * 3600.0  # how long require_approval waits for a decision
     database_wait_seconds: float = 600.0  # how long a run waits out its database's outage
     # Renews the run's lease for this process; False when another process holds the run now.
@@ -393,7 +394,9 @@ class ResearchRun:
         async def progress(message: str) -> None:
             await self._publisher.status(ResearchPhase.VERIFYING_CLAIMS, message)
 
-        await verify_claims(self.record.question, entries, delegator, self._ledger, progress)
+        await verify_claims(
+            self.record.question, entries, delegator, self._ledger, progress, paper_hosts=self._deps.paper_hosts
+        )
         verification = await self._folded()
         await self._publisher.verification(ResearchPhase.VERIFYING_CLAIMS, _claims_summary(verification), verification)
         return verification

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from quarry.identity import Role
 from quarry.records.base import RecordError
@@ -37,6 +37,7 @@ from quarry.records.verification import CITABLE, Contradiction, FindingCheck, Ve
 from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc.runs.delegating import Contract, Delegator
 from supervisor_svc.runs.ledger import RunLedger
+from supervisor_svc.verification.bibliography import bibliographic_contract, paper_refusal, paper_sources
 
 # Told what verification is doing, in a line (e.g. publishing it as a status event).
 Progress = Callable[[str], Awaitable[None]]
@@ -75,9 +76,16 @@ def verifier_contract(question: str, finding: Entry, others: Sequence[Entry]) ->
 
 
 async def verify_claims(
-    question: str, entries: Sequence[Entry], delegator: Delegator, ledger: RunLedger, progress: Progress
+    question: str,
+    entries: Sequence[Entry],
+    delegator: Delegator,
+    ledger: RunLedger,
+    progress: Progress,
+    paper_hosts: Collection[str] = (),
 ) -> Verification:
-    """One blind claim-verifier per finding the report may cite, all at once; their verdicts folded.
+    """One blind claim-verifier per finding the report may cite, all at once; their verdicts folded. Beside it,
+    a blind bibliographic verifier per paper the finding cites (a source on one of `paper_hosts`): a paper it
+    does not verify leaves the finding unverified (bibliography.py).
 
     `entries` are the run's scratchpad entries; `ledger` gets a ClaimRefusal for each finding left unverified;
     `progress` is told when verification starts and as each finding's verdict comes in. What comes back is
@@ -87,7 +95,7 @@ async def verify_claims(
         return Verification(enabled=True)
     await progress(f"verifying {len(findings)} finding{'s' if len(findings) != 1 else ''}")
 
-    async def verify(finding: Entry) -> tuple[FindingCheck, Contradiction | None]:
+    async def judge(finding: Entry) -> tuple[FindingCheck, Contradiction | None, DelegationResult | None]:
         others = [other for other in findings if other is not finding]
         contract = verifier_contract(question, finding, others)
         result = await delegator.assign(contract, f"verify-{finding.sequence_no}", sharing=len(findings))
@@ -97,6 +105,29 @@ async def verify_claims(
             await progress(f"finding {finding.sequence_no}: its verifier's quote lacks {', '.join(missing)}")
             second = await delegator.assign(contract, f"verify-{finding.sequence_no}-second", sharing=len(findings))
             check = agreed(check, fold_verdict(finding, second)[0], missing)
+        return check, contradiction, result
+
+    async def check_papers(finding: Entry) -> str:
+        """Why a paper the finding cites does not stand ("" when each does, or it cites none)."""
+        papers = paper_sources(finding, paper_hosts)
+        results = await asyncio.gather(
+            *(
+                delegator.assign(
+                    bibliographic_contract(question, finding, paper),
+                    f"cite-{finding.sequence_no}-{index}",
+                    sharing=len(findings),
+                )
+                for index, paper in enumerate(papers)
+            )
+        )
+        return next(
+            (why for paper, result in zip(papers, results, strict=True) if (why := paper_refusal(paper, result))), ""
+        )
+
+    async def verify(finding: Entry) -> tuple[FindingCheck, Contradiction | None]:
+        (check, contradiction, result), paper_problem = await asyncio.gather(judge(finding), check_papers(finding))
+        if paper_problem:  # a paper that does not stand is never cited, whatever its claim-verifier said
+            check, contradiction = unverified(finding, paper_problem), None
         if check.judgement is None:
             await refuse(ledger, check, _recorded_verdict(result))
         await progress(f"finding {finding.sequence_no}: {_judged(check)}")

@@ -7,6 +7,7 @@ the delegation as OUTPUT_REFUSED or OUTPUT_INVALID with nothing written.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ from quarry.clients.scratchpad import ScratchpadClient
 from quarry.records.research import (
     Adjudication,
     AdjudicationDecision,
+    BibliographicJudgement,
+    BibliographicVerdict,
+    CatalogRecord,
     CitationAudit,
     ClaimJudgement,
     ClaimVerdict,
@@ -27,6 +31,7 @@ from quarry.records.research import (
     VerifiedQuote,
 )
 from quarry.v1 import common_pb2, scratchpad_pb2, worker_pb2, worker_pb2_grpc
+from tests.fakes.literature_server import Literature
 from tests.fakes.openai_server import Call, Reply, ScriptedModel
 from tests.fakes.web_server import FixtureWeb
 from tests.worker_svc.test_delegate import in_process
@@ -85,11 +90,20 @@ def principal(role: common_pb2.Role.ValueType, name: str) -> common_pb2.Principa
 
 
 @pytest.fixture
+async def literature() -> AsyncIterator[Literature]:
+    async with Literature() as served:
+        yield served
+
+
+@pytest.fixture
 async def ledger(
-    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, literature: Literature, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Ledger]:
     # The supervisor tier as a deployment names it; the worker reads it from the supervisor's settings.
     monkeypatch.setenv("QUARRY_SUPERVISOR_MODEL_NAME", STRONG)
+    # A bibliographic verifier's catalogue: arXiv's API, answered by the literature fake.
+    monkeypatch.setenv("QUARRY_WORKER_ARXIV_URL", literature.base_url)
+    monkeypatch.setenv("QUARRY_WORKER_LITERATURE_CATALOGUES", "arxiv")
     article = f"{site.base_url}/article.html"
     elsewhere = site.add("/elsewhere.html", "<html><body><p>Nothing about towers.</p></body></html>")
     async with (
@@ -408,3 +422,80 @@ async def test_an_output_still_malformed_after_its_repair_fails_invalid_recordin
     assert problem in result.error.message
     assert len(requests) == 2 and result.summary == "" and result.output_json == ""
     assert len(await ledger.entries()) == LAST, "nothing was recorded"
+
+
+PAPER = "http://arxiv.org/abs/1901.00001v2"
+WIND = CatalogRecord(
+    url=PAPER,
+    title="Wind Load on Wrought-Iron Lattice Towers",
+    authors=("Ada Girder", "Ben Rivet", "Cleo Truss", "Dan Strut", "Eve Gusset", "Finn Purlin", "Gail Spandrel"),
+    year=2019,
+)
+
+
+def bibliographic_arguments(article: str, record: CatalogRecord | None, judgement: str = "verified") -> dict[str, Any]:
+    arguments: dict[str, Any] = {
+        "finding_ref": 2,
+        "cited_url": article,
+        "judgement": judgement,
+        "rationale": "the catalogue lists it as the source names it",
+    }
+    if record is not None:
+        arguments["record"] = record.model_dump(mode="json")
+    return arguments
+
+
+async def test_a_bibliographic_verifier_looks_the_paper_up_and_copies_the_catalogues_record(ledger: Ledger) -> None:
+    ledger.model.script(
+        Reply(calls=(Call("read_scratchpad", {}, "inputs"), Call("look_up_paper", {"query": "wind load"}, "look"))),
+        Reply(calls=(Call("submit_bibliographic_verdict", bibliographic_arguments(ledger.article, WIND), "submit"),)),
+    )
+    _, result, requests = await ledger.delegate(
+        common_pb2.ROLE_BIBLIOGRAPHIC_VERIFIER, ["2", ledger.article], "Verify the paper finding 2 cites."
+    )
+
+    assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED, result.error
+    recorded = BibliographicVerdict.parse(result.output_json)
+    assert isinstance(recorded, BibliographicVerdict)
+    assert (recorded.judgement, recorded.record) == (BibliographicJudgement.VERIFIED, WIND)
+    assert result.summary == "finding 2's paper: verified"
+    entry = (await ledger.entries())[-1]
+    assert (entry.kind, entry.author.role) == (
+        scratchpad_pb2.ENTRY_KIND_BIBLIOGRAPHIC_VERDICT,
+        common_pb2.ROLE_BIBLIOGRAPHIC_VERIFIER,
+    )
+    # Its tools: the catalogues and its inputs; no web, no search of the open web, no append.
+    assert offered(requests[0]) == ["look_up_paper", "read_scratchpad", "submit_bibliographic_verdict"]
+    listed = tool_results(requests[1])["look"]
+    assert "Wind Load on Wrought-Iron Lattice Towers" in listed and PAPER in listed and "year: 2019" in listed
+
+
+@pytest.mark.parametrize("case", ["never-looked-up", "another-title", "made-up-url"])
+async def test_a_bibliographic_verdict_must_copy_a_record_its_look_ups_listed(ledger: Ledger, case: str) -> None:
+    """A record it did not look up, or one it altered, is refused, repair turn included: nothing is recorded."""
+    altered = {
+        "never-looked-up": WIND,
+        "another-title": WIND.model_copy(update={"title": "Wind Load on Lattice Towers, Revisited"}),
+        "made-up-url": WIND.model_copy(update={"url": "http://arxiv.org/abs/9999.99999"}),
+    }[case]
+    look = () if case == "never-looked-up" else (Call("look_up_paper", {"query": "wind load"}, "look"),)
+    submit = Call("submit_bibliographic_verdict", bibliographic_arguments(ledger.article, altered), "submit")
+    ledger.model.script(
+        Reply(calls=(Call("read_scratchpad", {}, "inputs"), *look)),
+        Reply(calls=(submit,)),
+        Reply(calls=(dataclasses.replace(submit, id="again"),)),
+    )
+    before = len(await ledger.entries())
+    _, result, requests = await ledger.delegate(
+        common_pb2.ROLE_BIBLIOGRAPHIC_VERIFIER, ["2", ledger.article], "Verify the paper finding 2 cites."
+    )
+    assert result.outcome == common_pb2.DELEGATION_OUTCOME_FAILED
+    assert result.error.code == common_pb2.DELEGATION_ERROR_CODE_OUTPUT_REFUSED
+    said = tool_results(requests[2])["submit"]
+    expected = {
+        "never-looked-up": "was not listed by look_up_paper in this task",
+        "another-title": "record.title is not the catalogue's",
+        "made-up-url": "was not listed by look_up_paper in this task",
+    }[case]
+    assert expected in said
+    assert len(await ledger.entries()) == before

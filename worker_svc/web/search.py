@@ -332,6 +332,20 @@ def _paper(paper: Any) -> SearchResult | None:
     )
 
 
+def literature_catalogues(settings: WorkerSettings, client: httpx.AsyncClient) -> list[SearchBackend]:
+    """The catalogues `literature_catalogues` names, in its order (the settings refuse an unknown name)."""
+    seconds = settings.search_seconds
+    named = [name.strip() for name in settings.literature_catalogues.split(",") if name.strip()]
+    catalogues: list[SearchBackend] = []
+    for name in named:
+        if name == "arxiv":
+            catalogues.append(ArxivBackend(client, settings.arxiv_url, seconds))
+        elif name == "semantic_scholar":
+            key = settings.search_api_key if settings.search_backend == "semantic_scholar" else ""
+            catalogues.append(SemanticScholarBackend(client, key, settings.semantic_scholar_url, seconds))
+    return catalogues
+
+
 def http_backend(settings: WorkerSettings, client: httpx.AsyncClient) -> SearchBackend | None:
     """The web or literature service the settings name; None for the local corpus."""
     seconds = settings.search_seconds

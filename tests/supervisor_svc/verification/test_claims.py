@@ -28,7 +28,15 @@ from quarry.identity import Principal, Role
 from quarry.migrations import upgrade_schema_async
 from quarry.notify import CommitSignal
 from quarry.records.fold import fold_ledger
-from quarry.records.research import ClaimJudgement, ClaimVerdict, VerifiedQuote
+from quarry.records.research import (
+    BibliographicJudgement,
+    BibliographicVerdict,
+    ClaimJudgement,
+    ClaimRefusal,
+    ClaimVerdict,
+    VerifiedQuote,
+    parse_record,
+)
 from quarry.records.verification import Contradiction, FindingCheck, Verification
 from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Entry, EntryKind, Source
@@ -59,6 +67,7 @@ from supervisor_svc.verification.claims import (
     verify_claims,
 )
 from tests.fakes.choreography import REPORT, Choreography
+from tests.fakes.literature_server import Literature
 from tests.fakes.openai_server import Await, Call, HttpError, Reply, ScriptedModel
 from tests.fakes.web_server import FixtureWeb
 from tests.supervisor_svc.conftest import worker_settings
@@ -129,6 +138,14 @@ def page(text: str) -> str:
 
 @pytest.fixture
 async def research(tmp_path: Path, model: ScriptedModel, site: FixtureWeb) -> AsyncIterator[Research]:
+    async with Literature() as literature:
+        async for research in _research(tmp_path, model, site, literature):
+            yield research
+
+
+async def _research(
+    tmp_path: Path, model: ScriptedModel, site: FixtureWeb, literature: Literature
+) -> AsyncIterator[Research]:
     script = Choreography()
     model.default = script
     pages = {
@@ -146,6 +163,8 @@ async def research(tmp_path: Path, model: ScriptedModel, site: FixtureWeb) -> As
     writer = ModelClient(ModelSettings(base_url=model.base_url, model="scripted"))
     async with await build_scratchpad(ScratchpadSettings(address="127.0.0.1:0"), common) as scratchpad:
         settings = worker_settings("127.0.0.1:0", tmp_path / "worker.db", scratchpad.address, model, site)
+        # Its bibliographic verifiers look papers up in arXiv's API, answered by the literature fake.
+        settings = settings.model_copy(update={"arxiv_url": literature.base_url, "literature_catalogues": "arxiv"})
         async with await build_worker(settings, common) as worker, insecure_channel(scratchpad.address) as channel:
             plane = ResearchPlane(ScratchpadClient(channel))
             await plane.create_thread(RUN_ID, title=QUESTION, request_id=f"{RUN_ID}/thread")
@@ -524,3 +543,148 @@ async def test_verification_taken_up_by_another_process_replays_the_recorded_ver
     assert after.tokens > 0
     thread = await research.thread()
     assert sum(entry.kind is EntryKind.VERDICT for entry in thread) == 3, "no verdict recorded twice"
+
+
+WIND_TITLE = "Wind Load on Wrought-Iron Lattice Towers"
+WIND_CLAIM = "Open lattices shed most of the wind load on wrought-iron towers."
+WIND_QUOTE = "open lattices shed most of the wind load"
+MADE_UP_TITLE = "Lattice Towers of Unbounded Height"
+MADE_UP_CLAIM = "A wrought-iron lattice tower can be built to any height."
+MADE_UP_QUOTE = "can be built to any height"
+# The paper as the arXiv fake lists it (tests/fakes/literature_server.py).
+WIND = {
+    "url": "http://arxiv.org/abs/1901.00001v2",
+    "title": WIND_TITLE,
+    "authors": ["Ada Girder", "Ben Rivet", "Cleo Truss", "Dan Strut", "Eve Gusset", "Finn Purlin", "Gail Spandrel"],
+    "year": 2019,
+}
+
+
+def paper_page(title: str, text: str) -> str:
+    return (
+        f"<!doctype html><html><head><title>{title}</title></head><body><article><p>{text}</p></article></body></html>"
+    )
+
+
+async def test_a_cited_paper_the_catalogues_do_not_list_as_its_source_names_it_is_never_cited(
+    research: Research, site: FixtureWeb
+) -> None:
+    """Two findings citing papers (their pages' host is a paper host here): the real paper's bibliographic
+    verifier finds it; the made-up one's claims the real paper's record, which the code refuses, so the
+    finding stays unverified however supported its claim-verifier found it, and the ledger says why."""
+    wind = site.add("/wind.html", paper_page(WIND_TITLE, f"We find that {WIND_QUOTE}."))
+    made_up = site.add("/made-up.html", paper_page(MADE_UP_TITLE, f"Such a tower {MADE_UP_QUOTE}."))
+    papers = []
+    for n, (claim, url, title, quote) in enumerate(
+        [(WIND_CLAIM, wind, WIND_TITLE, WIND_QUOTE), (MADE_UP_CLAIM, made_up, MADE_UP_TITLE, MADE_UP_QUOTE)]
+    ):
+        appended = await research.plane.append(
+            RUN_ID,
+            kind=EntryKind.FINDING,
+            author=Principal(f"scholar-{n}", Role.RESEARCHER),
+            content=claim,
+            sources=(Source(url, title, quote),),
+            request_id=f"paper-{n}",
+        )
+        papers.append(appended.entry)
+    real, fake = (paper.sequence_no for paper in papers)
+    script = research.script
+    for finding, url, quote in ((real, wind, WIND_QUOTE), (fake, made_up, MADE_UP_QUOTE)):
+        script.add(
+            f"Verify finding {finding}",
+            reads(url),
+            Reply(calls=(verdict(finding, "supported", url, quote, "the page says it"),)),
+        )
+        submitted = {
+            "finding_ref": finding,
+            "cited_url": url,
+            "judgement": "verified",
+            "record": WIND,  # the made-up paper's verifier passes the real paper's record off as its own
+            "rationale": "arXiv lists it",
+        }
+        script.add(
+            f"Verify the paper finding {finding} cites",
+            Reply(calls=(Call("look_up_paper", {"query": "lattice towers"}, "look"),)),
+            Reply(calls=(Call("submit_bibliographic_verdict", submitted, "submit"),)),
+        )
+
+    async def progress(message: str) -> None:
+        research.progress.append(message)
+
+    ledger = RunLedger(research.plane, RUN_ID, RUN_ID)
+    verification = await verify_claims(
+        QUESTION, papers, research.delegator, ledger, progress, paper_hosts={"127.0.0.1"}
+    )
+
+    checks = {check.finding_sequence_no: check for check in verification.findings}
+    assert checks[real].judgement is ClaimJudgement.SUPPORTED and checks[real].citable
+    assert checks[fake].judgement is None and not checks[fake].citable
+    assert checks[fake].rationale == (
+        f"not verified: the catalogue's title of {made_up} ({WIND_TITLE!r}) is not the one its source gives "
+        f"({MADE_UP_TITLE!r})"
+    )
+    # The ledger: both bibliographic verdicts as their verifiers recorded them, and the supervisor's refusal of
+    # the made-up paper's finding, naming the claim verdict it does not let stand.
+    thread = await research.thread()
+    bibliographic = [parse_record(e.kind, e.content) for e in thread if e.kind is EntryKind.BIBLIOGRAPHIC_VERDICT]
+    assert {(b.finding_ref, b.judgement) for b in bibliographic if isinstance(b, BibliographicVerdict)} == {
+        (real, BibliographicJudgement.VERIFIED),
+        (fake, BibliographicJudgement.VERIFIED),
+    }
+    assert all(
+        e.author.role is Role.BIBLIOGRAPHIC_VERIFIER for e in thread if e.kind is EntryKind.BIBLIOGRAPHIC_VERDICT
+    )
+    [refusal] = [parse_record(e.kind, e.content) for e in thread if e.kind is EntryKind.REFUSAL]
+    assert (
+        isinstance(refusal, ClaimRefusal) and refusal.finding_ref == fake and refusal.reason == checks[fake].rationale
+    )
+    claimed = {
+        parse_record(e.kind, e.content).finding_ref: e.sequence_no for e in thread if e.kind is EntryKind.VERDICT
+    }  # type: ignore[attr-defined]
+    assert refusal.verdict_ref == claimed[fake]
+    # What any reader folds from the ledger agrees (the fold reads the whole thread: these two findings' checks).
+    folded = {check.finding_sequence_no: check for check in fold_ledger(thread).findings}
+    assert (folded[real], folded[fake]) == (checks[real], checks[fake])
+
+
+async def test_a_paper_no_catalogue_lists_is_not_found_and_its_finding_stays_unverified(
+    research: Research, site: FixtureWeb
+) -> None:
+    made_up = site.add("/made-up.html", paper_page(MADE_UP_TITLE, f"Such a tower {MADE_UP_QUOTE}."))
+    appended = await research.plane.append(
+        RUN_ID,
+        kind=EntryKind.FINDING,
+        author=Principal("scholar", Role.RESEARCHER),
+        content=MADE_UP_CLAIM,
+        sources=(Source(made_up, MADE_UP_TITLE, MADE_UP_QUOTE),),
+        request_id="paper",
+    )
+    finding = appended.entry.sequence_no
+    research.script.add(
+        f"Verify finding {finding}",
+        reads(made_up),
+        Reply(calls=(verdict(finding, "supported", made_up, MADE_UP_QUOTE, "the page says it"),)),
+    )
+    research.script.add(
+        f"Verify the paper finding {finding} cites",
+        Reply(calls=(Call("look_up_paper", {"query": MADE_UP_TITLE}, "look"),)),
+        Reply(
+            calls=(
+                Call(
+                    "submit_bibliographic_verdict",
+                    {"finding_ref": finding, "cited_url": made_up, "judgement": "not_found", "rationale": "no match"},
+                    "submit",
+                ),
+            )
+        ),
+    )
+
+    async def progress(message: str) -> None:
+        research.progress.append(message)
+
+    ledger = RunLedger(research.plane, RUN_ID, RUN_ID)
+    verification = await verify_claims(
+        QUESTION, [appended.entry], research.delegator, ledger, progress, paper_hosts={"127.0.0.1"}
+    )
+    [check] = verification.findings
+    assert check.judgement is None and check.rationale == f"not verified: its paper {made_up} is not found (no match)"
