@@ -13,6 +13,9 @@ from quarry.records.research import (
     Adjudication,
     AdjudicationDecision,
     Assignment,
+    BibliographicJudgement,
+    BibliographicVerdict,
+    CatalogRecord,
     CitationAudit,
     CitationJudgement,
     ClaimJudgement,
@@ -67,6 +70,13 @@ EXAMPLES: list[ResearchRecord] = [
     ),
     ClaimRefusal(finding_ref=2, verdict_ref=6, reason="not verified: the quote is from another page"),
     DraftSentence(sentence_index=3, revision=1, text="About 330 m [2].", finding_refs=(2,)),
+    BibliographicVerdict(
+        finding_ref=2,
+        cited_url="https://arxiv.org/abs/1901.00001",
+        judgement=BibliographicJudgement.VERIFIED,
+        record=CatalogRecord(url="http://arxiv.org/abs/1901.00001v2", title="Wind Load", authors=("A. G.",), year=2019),
+        rationale="arXiv lists it",
+    ),
 ]
 
 

@@ -13,6 +13,7 @@ def test_capabilities_keep_their_names_and_each_has_tools() -> None:
         "read_pages",
         "scratchpad",
         "read_scratchpad",
+        "literature",
         "compute",
         "workspace",
     }
