@@ -9,6 +9,8 @@ each objection's resolution once, under one request id, so its retries are answe
 
 from __future__ import annotations
 
+import json
+
 from quarry.errors import FailedPrecondition, FieldViolation, InvalidArgument
 from quarry.records.base import RecordError
 from quarry.records.research import ObjectionResolution, ResearchRecord, RouteDecision, UsageObserved, parse_record
@@ -52,11 +54,11 @@ async def check_ledger_record(store: ScratchpadStore, command: AppendCommand, re
 
 def _related(record: ResearchRecord) -> tuple[EntryKind | None, str]:
     """The kind of earlier entry the record is checked against, and a piece of text such an entry's content holds
-    (a prefilter: each candidate is parsed and compared)."""
+    as the supervisor writes it (compact JSON): a prefilter, each candidate is parsed and compared."""
     if isinstance(record, ObjectionResolution):
-        return EntryKind.RESOLUTION, "objection_ref"
+        return EntryKind.RESOLUTION, f'"objection_ref":{record.objection_ref}'
     if isinstance(record, (RouteDecision, UsageObserved)):
-        return EntryKind.ASSIGNMENT, record.delegation_id
+        return EntryKind.ASSIGNMENT, json.dumps(record.delegation_id, ensure_ascii=False)
     return None, ""
 
 

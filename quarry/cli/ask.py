@@ -52,8 +52,8 @@ _WARNINGS = {
         "cannot play the review's roles, ask with --verification off"
     ),
     supervisor_pb2.RUN_WARNING_CODE_ROLES_CANNOT_FOLLOW_CONTRACTS: (
-        "the model cannot play the review's roles: most verifiers, auditors and adjudicators ended without a "
-        "valid output; ask again with --verification off (or serve those roles a stronger model)"
+        "the model cannot play the review's roles: half or more of its verifiers, auditors and adjudicators "
+        "ended without a valid output; ask again with --verification off (or serve those roles a stronger model)"
     ),
 }
 # How long a command waits for the supervisor to answer at all before saying it is not running;
@@ -333,12 +333,13 @@ async def export_run(supervisor: Supervisor, run_id: str) -> int:
 
 # `quarry runs verify` found nothing to check: the run was not verified, or its review has not finished.
 EXIT_NOTHING_TO_VERIFY = 2
-_REVIEWED = (
-    supervisor_pb2.RUN_STATE_AWAITING_APPROVAL,
-    supervisor_pb2.RUN_STATE_SUCCEEDED,
-    supervisor_pb2.RUN_STATE_FAILED,
-    supervisor_pb2.RUN_STATE_CANCELLED,
-)
+
+
+def _review_finished(run: supervisor_pb2.Run) -> bool:
+    """Whether the run's review ran to its end: it succeeded, awaits a person, or a person rejected it (a run
+    that failed or was cancelled during its review serves the verification of an earlier step)."""
+    rejected = run.state == supervisor_pb2.RUN_STATE_FAILED and run.error.code == supervisor_pb2.RUN_ERROR_CODE_REJECTED
+    return rejected or run.state in (supervisor_pb2.RUN_STATE_SUCCEEDED, supervisor_pb2.RUN_STATE_AWAITING_APPROVAL)
 
 
 async def verify_run(supervisor: Supervisor, run_id: str) -> int:
@@ -346,8 +347,8 @@ async def verify_run(supervisor: Supervisor, run_id: str) -> int:
     console = Console()
     async with supervisor.connect() as client:
         run = await client.get_run(run_id)
-        if not run.verification.enabled or run.state not in _REVIEWED:
-            why = "was not verified" if not run.verification.enabled else "is still running"
+        if not run.verification.enabled or not _review_finished(run):
+            why = "was not verified" if not run.verification.enabled else "has not finished its review"
             console.print(f"run {run_id} {why}: there is no finished verification to check", markup=False)
             return EXIT_NOTHING_TO_VERIFY
         entries = await client.read_ledger(run_id)

@@ -11,9 +11,10 @@ What each part is folded from:
   run does not.
 - Contradictions: each contradicted verdict that quotes a page, beside the finding's own quoted source,
   with the findings on the other side (those that quote that page).
-- Sentences: each DraftSentence the review recorded. A sentence's text is its latest version an audit
-  judged (or as drafted); its status comes from its last objection's resolution, else from whether an audit
-  judged it sound.
+- Sentences: each DraftSentence the review of the latest draft recorded (a run taken up during its review
+  writes its report again, and reviews it again). A sentence's text is its latest version an audit judged
+  (or as drafted); its status comes from its last objection's resolution, else from whether an audit judged
+  it sound. Audits and objections count from the latest draft's first sentence on.
 - Objections: every objection, with its last adjudication and its resolution.
 - Revision rounds: the highest revision recorded.
 """
@@ -187,9 +188,15 @@ class _Ledger:
     def read(cls, entries: Sequence[Entry]) -> _Ledger:
         ledger = cls()
         latest: dict[int, DraftSentence] = {}  # each sentence's latest version, judged or not
+        draft: str | None = None  # the draft under review: a new one starts the review over
         for entry in entries:
             record = _record(entry)
             number = entry.sequence_no
+            if isinstance(record, DraftSentence) and entry.author.role is Role.SUPERVISOR and record.draft != draft:
+                if draft is not None:  # the report was written again: what the earlier draft's review did is void
+                    ledger.drafts, ledger.current, ledger.audits, ledger.raised = [], {}, {}, {}
+                    latest = {}
+                draft = record.draft
             if isinstance(record, ClaimVerdict) and entry.author.role is Role.VERIFIER:
                 ledger.verdicts.setdefault(record.finding_ref, (number, record))
             elif isinstance(record, ClaimRefusal) and entry.author.role is Role.SUPERVISOR:

@@ -29,6 +29,7 @@ from quarry.vocabulary import EntryKind, Tier
 
 __all__ = [
     "RECORD_TYPES",
+    "SENTENCE_REF",
     "Adjudication",
     "AdjudicationDecision",
     "Assignment",
@@ -54,6 +55,8 @@ __all__ = [
     "parse_record",
 ]
 
+# How a contract names a report sentence among its input refs: "sentence:3".
+SENTENCE_REF = "sentence:"
 # Bounds keep one record well inside the scratchpad's content limit (64 KiB by default).
 _MAX_TEXT = 4000
 _MAX_EXCERPT = 2000
@@ -110,6 +113,10 @@ class ResearchRecord(Record):
 
     def cited_urls(self) -> frozenset[str]:
         """The pages this record refers to."""
+        return frozenset()
+
+    def judged_sentences(self) -> frozenset[int]:
+        """The report sentences this record judges, by index."""
         return frozenset()
 
 
@@ -246,6 +253,9 @@ class CitationAudit(ResearchRecord):
 
     def referenced_kinds(self) -> dict[int, EntryKind]:
         return _findings(ref for sentence in self.sentences for ref in sentence.finding_refs)
+
+    def judged_sentences(self) -> frozenset[int]:
+        return frozenset(sentence.sentence_index for sentence in self.sentences)
 
     def objections(self, audit_ref: int) -> tuple[Objection, ...]:
         """The objections this audit raises once recorded as entry `audit_ref`: one per sentence not sound."""
@@ -404,6 +414,9 @@ class DraftSentence(ResearchRecord):
     entry_kind: ClassVar[EntryKind] = EntryKind.SENTENCE
 
     kind: Literal["draft_sentence"] = "draft_sentence"
+    # Which draft it belongs to (a digest of the draft's text): a run taken up during its review writes its
+    # report again, and only the latest draft's sentences, audits and objections count.
+    draft: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{0,64}$")] = ""
     sentence_index: SentenceIndex
     revision: int = Field(default=0, ge=0, le=64, description="0: as drafted; n: the revision of round n")
     text: Text
@@ -496,29 +509,40 @@ def parse_record(kind: EntryKind, content: str | bytes) -> ResearchRecord:
 
 @dataclass(frozen=True)
 class InputRefs:
-    """A contract's input refs, read: the scratchpad entries and the pages it names (anything else is ignored)."""
+    """A contract's input refs, read: the scratchpad entries, the pages and the report sentences it names
+    (anything else is ignored)."""
 
     entries: frozenset[int] = frozenset()
     urls: frozenset[str] = frozenset()
+    # Report sentences by index ("sentence:3"): an audit under a contract naming any judges only those.
+    sentences: frozenset[int] = frozenset()
 
     @classmethod
     def parse(cls, refs: Iterable[str]) -> InputRefs:
-        entries, urls = set(), set()
+        entries, urls, sentences = set(), set(), set()
         for ref in (ref.strip() for ref in refs):
+            index = ref.removeprefix(SENTENCE_REF)
             if ref.isascii() and ref.isdecimal() and int(ref) > 0:
                 entries.add(int(ref))
             elif ref.startswith(_URL_SCHEMES):
                 urls.add(ref)
-        return cls(frozenset(entries), frozenset(urls))
+            elif index != ref and index.isascii() and index.isdecimal():
+                sentences.add(int(index))
+        return cls(frozenset(entries), frozenset(urls), frozenset(sentences))
 
     def outside(self, record: ResearchRecord) -> list[str]:
         """What `record` cites that is not among these refs, one line each (empty: all inside)."""
         entries = sorted(record.cited_entries() - self.entries)
         urls = sorted(record.cited_urls() - self.urls)
-        return [f"scratchpad entry {n} is not among your inputs" for n in entries] + [
-            f"{url} is not among your inputs" for url in urls
-        ]
+        sentences = sorted(record.judged_sentences() - self.sentences) if self.sentences else []
+        return (
+            [f"scratchpad entry {n} is not among your inputs" for n in entries]
+            + [f"{url} is not among your inputs" for url in urls]
+            + [f"sentence {n} is not among your inputs: judge only the sentence your task gives" for n in sentences]
+        )
 
     def as_refs(self) -> tuple[str, ...]:
-        """The refs written as a contract carries them: entries in decimal, in order, then the URLs."""
-        return (*map(str, sorted(self.entries)), *sorted(self.urls))
+        """The refs written as a contract carries them: entries in decimal, in order, then the URLs, then the
+        sentences."""
+        sentences = (f"{SENTENCE_REF}{n}" for n in sorted(self.sentences))
+        return (*map(str, sorted(self.entries)), *sorted(self.urls), *sentences)

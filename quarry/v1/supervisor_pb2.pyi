@@ -139,8 +139,8 @@ class _RunWarningCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunWar
     `quarry ask` exits 3.
     """
     RUN_WARNING_CODE_ROLES_CANNOT_FOLLOW_CONTRACTS: _RunWarningCode.ValueType  # 5
-    """The model could not follow the review roles' contracts: most claim-verifier, citation-auditor and
-    adjudicator delegations (at least two) ended without a valid output (DELEGATION_ERROR_CODE_OUTPUT_INVALID
+    """The model could not follow the review roles' contracts: half or more of the evidence roles'
+    delegations (at least two) ended without a valid output (DELEGATION_ERROR_CODE_OUTPUT_INVALID
     or _OUTPUT_REFUSED). Comes with RUN_WARNING_CODE_VERIFICATION_INCOMPLETE; such a model needs
     verification off (RunOptions.verification, `quarry ask --verification off`). `quarry ask` exits 3.
     """
@@ -170,8 +170,8 @@ auditor judged (SENTENCE_STATUS_UNAUDITED) are marked "(unverified)" in the repo
 `quarry ask` exits 3.
 """
 RUN_WARNING_CODE_ROLES_CANNOT_FOLLOW_CONTRACTS: RunWarningCode.ValueType  # 5
-"""The model could not follow the review roles' contracts: most claim-verifier, citation-auditor and
-adjudicator delegations (at least two) ended without a valid output (DELEGATION_ERROR_CODE_OUTPUT_INVALID
+"""The model could not follow the review roles' contracts: half or more of the evidence roles'
+delegations (at least two) ended without a valid output (DELEGATION_ERROR_CODE_OUTPUT_INVALID
 or _OUTPUT_REFUSED). Comes with RUN_WARNING_CODE_VERIFICATION_INCOMPLETE; such a model needs
 verification off (RunOptions.verification, `quarry ask --verification off`). `quarry ask` exits 3.
 """

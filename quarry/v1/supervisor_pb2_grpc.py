@@ -148,7 +148,8 @@ class SupervisorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListRunLedger(self, request, context):
-        """Lists a run's research ledger: every entry of its scratchpad thread in sequence order, paged
+        """Lists a run's research ledger: every entry of its scratchpad thread in sequence order, paged (an
+        entry of a kind or role this server does not know, written by a newer release, is left out)
         (findings, verdicts, audits, objections, adjudications, and the supervisor's assignments, routes,
         usage, refusals, draft sentences and resolutions). A verified run's Run.verification is exactly
         what folding these entries gives (the fold is the public quarry.records.fold; `quarry runs

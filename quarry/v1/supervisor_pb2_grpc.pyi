@@ -59,7 +59,8 @@ class SupervisorServiceStub:
     no network. A run that has not ended is FAILED_PRECONDITION.
     """
     ListRunLedger: _grpc.UnaryUnaryMultiCallable[_supervisor_pb2.ListRunLedgerRequest, _supervisor_pb2.ListRunLedgerResponse]
-    """Lists a run's research ledger: every entry of its scratchpad thread in sequence order, paged
+    """Lists a run's research ledger: every entry of its scratchpad thread in sequence order, paged (an
+    entry of a kind or role this server does not know, written by a newer release, is left out)
     (findings, verdicts, audits, objections, adjudications, and the supervisor's assignments, routes,
     usage, refusals, draft sentences and resolutions). A verified run's Run.verification is exactly
     what folding these entries gives (the fold is the public quarry.records.fold; `quarry runs
@@ -97,7 +98,8 @@ class SupervisorServiceAsyncStub(SupervisorServiceStub):
     no network. A run that has not ended is FAILED_PRECONDITION.
     """
     ListRunLedger: _aio.UnaryUnaryMultiCallable[_supervisor_pb2.ListRunLedgerRequest, _supervisor_pb2.ListRunLedgerResponse]  # type: ignore[assignment]
-    """Lists a run's research ledger: every entry of its scratchpad thread in sequence order, paged
+    """Lists a run's research ledger: every entry of its scratchpad thread in sequence order, paged (an
+    entry of a kind or role this server does not know, written by a newer release, is left out)
     (findings, verdicts, audits, objections, adjudications, and the supervisor's assignments, routes,
     usage, refusals, draft sentences and resolutions). A verified run's Run.verification is exactly
     what folding these entries gives (the fold is the public quarry.records.fold; `quarry runs
@@ -186,7 +188,8 @@ class SupervisorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _supervisor_pb2.ListRunLedgerRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_supervisor_pb2.ListRunLedgerResponse, _abc.Awaitable[_supervisor_pb2.ListRunLedgerResponse]]:
-        """Lists a run's research ledger: every entry of its scratchpad thread in sequence order, paged
+        """Lists a run's research ledger: every entry of its scratchpad thread in sequence order, paged (an
+        entry of a kind or role this server does not know, written by a newer release, is left out)
         (findings, verdicts, audits, objections, adjudications, and the supervisor's assignments, routes,
         usage, refusals, draft sentences and resolutions). A verified run's Run.verification is exactly
         what folding these entries gives (the fold is the public quarry.records.fold; `quarry runs

@@ -79,8 +79,9 @@ _WARNING_MESSAGES = {
         "roles failed: a model that cannot follow their instructions needs verification off)"
     ),
     RunWarning.ROLES_CANNOT_FOLLOW_CONTRACTS: (
-        "the model could not follow the review roles' contracts: most claim-verifier, auditor and adjudicator "
-        "delegations ended without a valid output (output invalid or refused), so their checks were not made; "
+        "the model could not follow the review roles' contracts: half or more of the verifier, auditor and "
+        "adjudicator delegations ended without a valid output (output invalid or refused), so their checks were "
+        "not made; "
         "this model cannot play those roles: run with verification off (quarry ask --verification off)"
     ),
     RunWarning.USAGE_ESTIMATED: (

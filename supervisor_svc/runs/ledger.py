@@ -29,6 +29,11 @@ from quarry.vocabulary import DelegationResult, Tier
 log = logging.getLogger(__name__)
 
 
+class LedgerUnwritable(Exception):
+    """An entry the run's verification depends on could not be written: the run fails rather than let its
+    ledger say more than it decided."""
+
+
 class RunLedger:
     def __init__(self, scratchpad: ResearchPlane, run_id: str, thread_id: str) -> None:
         self._scratchpad = scratchpad
@@ -72,6 +77,14 @@ class RunLedger:
     async def _write(self, delegation_id: str, part: str, record: Callable[[], ResearchRecord]) -> None:
         digest = hashlib.sha256(delegation_id.encode()).hexdigest()[:32]
         await self.record(record, f"ledger/{digest}/{part}", f"the {part} of delegation {delegation_id}")
+
+    async def require(self, record: Callable[[], ResearchRecord], key: str, what: str) -> int:
+        """`record`, for an entry the run cannot go on without (its Verification would otherwise fold to more
+        than the run decided): LedgerUnwritable when it could not be written."""
+        written = await self.record(record, key, what)
+        if not written:
+            raise LedgerUnwritable(f"could not record {what} on the run's ledger; the run cannot stand behind it")
+        return written
 
     async def record(self, record: Callable[[], ResearchRecord], key: str, what: str) -> int:
         """Append the record `record` builds as the run's supervisor, under the request id `<run>/<key>`; its

@@ -48,7 +48,7 @@ from supervisor_svc.runs.domain import (
     RunOutcome,
     RunRecord,
 )
-from supervisor_svc.runs.ledger import RunLedger
+from supervisor_svc.runs.ledger import LedgerUnwritable, RunLedger
 from supervisor_svc.runs.publishing import RunEventLog, RunPublisher
 from supervisor_svc.runs.resumption import (
     TAKEN_UP_NOTE,
@@ -234,10 +234,11 @@ class ResearchRun:
                     delegator = await self._take_up(note) if resumed else await self._begin(deadline)
                     watcher = asyncio.create_task(self._publisher.follow_scratchpad())
                     end = await self._research(delegator, resumed=resumed)
+                    held = self._budget.reserve
                     self._budget.release_reserve()
                     entries = await self._deps.scratchpad.read_all(self.record.scratchpad_thread_id)
                     verification = await self._verify_claims(entries, delegator) if self._verifies else None
-                    reason = _synthesis_reason(end)
+                    reason = _synthesis_reason(end, held)
                     if self._report_streamed:  # a client that joins the text must start over from here
                         reason += "; written again, it replaces the text streamed before this supervisor took over"
                     await self._publisher.status(ResearchPhase.SYNTHESIZING, reason)
@@ -267,6 +268,8 @@ class ResearchRun:
             raise
         except ProviderError as error:
             outcome = self._failed(RunErrorCode.PROVIDER_ERROR, str(error))
+        except LedgerUnwritable as error:  # the scratchpad would not take what the verification rests on
+            outcome = self._failed(RunErrorCode.UNAVAILABLE, str(error))
         except TakenUpTooOften as error:
             outcome = self._failed(RunErrorCode.INTERNAL, str(error))
         except TimeoutError:
@@ -566,7 +569,12 @@ def _approval_message(verification: Verification | None, wait_seconds: float) ->
     return f"{opening}; {len(still_open)} objection(s) still open: {listed}{more}"
 
 
-def _synthesis_reason(end: ResearchEnd) -> str:
+def _synthesis_reason(end: ResearchEnd, held: int) -> str:
+    if end.token_budget_exhausted and held:
+        return (
+            f"research's share of the token budget is spent ({held} tokens are held back for verification); "
+            "writing the report from what exists"
+        )
     if end.token_budget_exhausted:
         return "the token budget is spent; writing the report from what exists"
     if end.turn_budget_exhausted:

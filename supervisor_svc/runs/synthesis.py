@@ -243,7 +243,10 @@ class CitationFilter:
                 self._emit(out, self._resolve(self._pending[1:]))
                 self._pending = ""
             elif char == "[":
-                self._emit(out, self._pending)  # not a marker after all; a new one may start here
+                if self._pending == _OVERFLOW:  # a marker too long to be one, never closed: gone, and counted
+                    self._cut()
+                else:
+                    self._emit(out, self._pending)  # not a marker after all; a new one may start here
                 self._pending = char
             elif self._pending == _OVERFLOW:
                 if char not in _MARKER_CHARS:  # never closed: the swallowed marker is gone, and counted

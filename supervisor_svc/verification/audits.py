@@ -13,7 +13,7 @@ from typing import NamedTuple, TypeVar
 
 from quarry.identity import Role
 from quarry.records.base import RecordError
-from quarry.records.research import Adjudication, CitationAudit, CitationJudgement, ResearchRecord
+from quarry.records.research import SENTENCE_REF, Adjudication, CitationAudit, CitationJudgement, ResearchRecord
 from quarry.records.verification import Verification
 from quarry.vocabulary import DelegationResult
 from supervisor_svc.runs.delegating import Contract
@@ -86,7 +86,7 @@ def audit_contract(
         f"It cites findings {numbers} (scratchpad entries).{_context(findings, context)} "
         f"Submit your audit of sentence_index {index} with finding_refs [{numbers}]."
     )
-    return Contract(Role.CITATION_AUDITOR, objective, AUDIT_CRITERIA, tuple(map(str, findings)))
+    return Contract(Role.CITATION_AUDITOR, objective, AUDIT_CRITERIA, (*map(str, findings), f"{SENTENCE_REF}{index}"))
 
 
 def adjudication_contract(

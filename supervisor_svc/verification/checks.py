@@ -59,17 +59,18 @@ def one_sided(findings: Sequence[int], contested: Contested) -> str:
 
 def _sentence_at(sentences: Sequence[Sentence], markdown: str, offset: int) -> Sentence | None:
     """The sentence a cut marker at `offset` belonged to: the one it sits in, else the one it followed on the
-    same line (markers come after their sentence), else the one right after it."""
-    before = None
+    same line (markers come after their sentence), else the one right after it on the same line. None when no
+    sentence shares its line (a cut in a code block, or on a line of its own)."""
+    before = after = None
     for sentence in sentences:
         if sentence.start <= offset <= sentence.end:
             return sentence
         if sentence.end < offset:
             before = sentence
-        elif sentence.start > offset:
-            if before is not None and not markdown[before.end : offset].strip(" \t"):
-                return before
-            if not markdown[offset : sentence.start].strip(" \t"):
-                return sentence
-            return before
-    return before
+        elif after is None:
+            after = sentence
+    if before is not None and not markdown[before.end : offset].strip(" \t"):
+        return before
+    if after is not None and not markdown[offset : after.start].strip(" \t"):
+        return after
+    return None

@@ -42,6 +42,8 @@ from supervisor_svc.verification.bibliography import bibliographic_contract, pap
 # Told what verification is doing, in a line (e.g. publishing it as a status event).
 Progress = Callable[[str], Awaitable[None]]
 
+# The most of a refusal's reason the ledger keeps (a record's text bound).
+MAX_REFUSAL_CHARS = 4000
 # A contract's input refs, at most (the worker refuses more).
 MAX_INPUT_REFS = 20
 # The worker bounds a ref's length; a longer URL could not be a ref, so it is left out.
@@ -150,10 +152,13 @@ async def verify_claims(
 
 
 async def refuse(ledger: RunLedger, check: FindingCheck, verdict: int | None) -> None:
-    """Put on the ledger that the finding stays unverified, and why (`verdict`: the verdict entry refused)."""
+    """Put on the ledger that the finding stays unverified, and why (`verdict`: the verdict entry refused). A
+    refusal that cannot be written fails the run (LedgerUnwritable): without it the ledger would fold to a
+    verified finding."""
     finding = check.finding_sequence_no
-    await ledger.record(
-        lambda: ClaimRefusal(finding_ref=finding, verdict_ref=verdict, reason=check.rationale or "not verified"),
+    reason = (check.rationale or "not verified")[:MAX_REFUSAL_CHARS]
+    await ledger.require(
+        lambda: ClaimRefusal(finding_ref=finding, verdict_ref=verdict, reason=reason),
         f"refusal/{finding}",
         f"the refusal of finding {finding}",
     )

@@ -56,7 +56,8 @@ def verification_sections(verification: Verification, citations: Sequence[Citati
         )
     if verification.sentences:
         parts.append(
-            "Each cited sentence was judged by a blind citation auditor against the findings it cites:\n\n"
+            "Each sentence the review checked, by a blind citation auditor against the findings it cites or by "
+            "the citation checks of the code:\n\n"
             + "\n".join(_sentence_line(sentence, verification) for sentence in verification.sentences)
         )
     if verification.contradictions:

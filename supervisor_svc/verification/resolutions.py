@@ -42,7 +42,7 @@ async def approve_open_objections(
             objection_ref=objection.objection_sequence_no,
             resolution=Resolution.APPROVED_BY_PERSON,
             sentence_index=objection.sentence_index,
-            sentence=texts[objection.sentence_index][:MAX_REASON_CHARS],
+            sentence=texts.get(objection.sentence_index, f"sentence {objection.sentence_index}")[:MAX_REASON_CHARS],
             reason=reason[:MAX_REASON_CHARS],
         )
         settled[objection.objection_sequence_no] = replace(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -169,6 +170,8 @@ class _Review:
         self._leave_unsettled_open = request.leave_unsettled_open
         self._reviser = Reviser(desk.model, desk.budget, self._question, self._sources, request.claims, desk.run_id)
         self._draft: Draft = split_report(request.draft.markdown, request.sources)
+        # Names this draft's entries on the ledger: a draft written again (a run taken up) gets entries of its own.
+        self._draft_id = hashlib.sha256(request.draft.markdown.encode()).hexdigest()[:16]
         self._objections: dict[int, ObjectionState] = {}
         self._flags = flag_draft(self._draft, request.draft.invalid_markers, request.contested)
         self._checked: set[int] = set()  # the objections citation checks raised: no adjudicator dismisses them
@@ -231,7 +234,9 @@ class _Review:
         def objection() -> Objection:
             return Objection(check=flag.check, sentence_index=index, finding_refs=tracked.findings, reason=flag.reason)
 
-        raised = await self._desk.ledger.record(objection, f"check/{index}", f"the citation check of sentence {index}")
+        raised = await self._desk.ledger.record(
+            objection, f"check/{self._draft_id}/{index}", f"the citation check of sentence {index}"
+        )
         if not raised:
             tracked.status = SentenceStatus.REMOVED
             return
@@ -407,10 +412,15 @@ class _Review:
 
         def version() -> DraftSentence:
             return DraftSentence(
-                sentence_index=index, revision=revision, text=text[:MAX_REASON_CHARS], finding_refs=findings
+                draft=self._draft_id,
+                sentence_index=index,
+                revision=revision,
+                text=text[:MAX_REASON_CHARS],
+                finding_refs=findings,
             )
 
-        await self._desk.ledger.record(version, f"sentence/{index}/{revision}", f"sentence {index}, version {revision}")
+        key = f"sentence/{self._draft_id}/{index}/{revision}"
+        await self._desk.ledger.record(version, key, f"sentence {index}, version {revision}")
 
     def _reviewed(self, audited: Sequence[_Tracked]) -> ReviewedReport:
         by_index = {t.index: t for t in audited}

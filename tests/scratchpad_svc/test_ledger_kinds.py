@@ -11,11 +11,15 @@ from quarry.records.research import (
     Adjudication,
     AdjudicationDecision,
     Assignment,
+    BibliographicJudgement,
+    BibliographicVerdict,
     CitationAudit,
     CitationCheck,
     CitationJudgement,
     ClaimJudgement,
+    ClaimRefusal,
     ClaimVerdict,
+    DraftSentence,
     Objection,
     ObjectionResolution,
     ResearchRecord,
@@ -54,13 +58,25 @@ RECORDS: dict[int, ResearchRecord] = {
     scratchpad_pb2.ENTRY_KIND_USAGE: UsageObserved(
         delegation_id="run-1:call-1", input_tokens=120, output_tokens=30, model_calls=2
     ),
+    scratchpad_pb2.ENTRY_KIND_REFUSAL: ClaimRefusal(finding_ref=1, reason="not verified: the verifier failed"),
+    scratchpad_pb2.ENTRY_KIND_SENTENCE: DraftSentence(sentence_index=0, text="It is tall [1].", finding_refs=(1,)),
+    scratchpad_pb2.ENTRY_KIND_RESOLUTION: ObjectionResolution(
+        objection_ref=3, resolution=Resolution.SENTENCE_REMOVED, sentence_index=0, sentence="Gone.", reason="no round"
+    ),
+    scratchpad_pb2.ENTRY_KIND_BIBLIOGRAPHIC_VERDICT: BibliographicVerdict(
+        finding_ref=1,
+        cited_url="https://example.org/a",
+        judgement=BibliographicJudgement.NOT_FOUND,
+        rationale="no catalogue lists it",
+    ),
 }
-S, R, V, A, J = (
+S, R, V, A, J, B = (
     common_pb2.ROLE_SUPERVISOR,
     common_pb2.ROLE_RESEARCHER,
     common_pb2.ROLE_VERIFIER,
     common_pb2.ROLE_CITATION_AUDITOR,
     common_pb2.ROLE_ADJUDICATOR,
+    common_pb2.ROLE_BIBLIOGRAPHIC_VERIFIER,
 )
 # The ledger's authority, written out (not derived from the table it checks).
 WRITERS: dict[int, set[int]] = {
@@ -71,6 +87,10 @@ WRITERS: dict[int, set[int]] = {
     scratchpad_pb2.ENTRY_KIND_ASSIGNMENT: {S},
     scratchpad_pb2.ENTRY_KIND_ROUTE: {S},
     scratchpad_pb2.ENTRY_KIND_USAGE: {S},
+    scratchpad_pb2.ENTRY_KIND_REFUSAL: {S},
+    scratchpad_pb2.ENTRY_KIND_SENTENCE: {S},
+    scratchpad_pb2.ENTRY_KIND_RESOLUTION: {S},
+    scratchpad_pb2.ENTRY_KIND_BIBLIOGRAPHIC_VERDICT: {B},
 }
 
 
@@ -96,7 +116,7 @@ async def test_each_ledger_kind_is_written_only_by_its_role(
     thread_id = await ledger_thread(stub, make_thread)
     written, denied = [], []
     for kind, record in RECORDS.items():
-        for role in (S, R, V, A, J):
+        for role in (S, R, V, A, J, B):
             request = ledger_entry(thread_id, f"r-{kind}-{role}", kind, role, record.model_dump_json())
             if role in WRITERS[kind]:
                 response = await stub.Append(request)
@@ -105,7 +125,7 @@ async def test_each_ledger_kind_is_written_only_by_its_role(
                 error = await expect_error(stub.Append(request), grpc.StatusCode.PERMISSION_DENIED)
                 denied.append(error_reason(error))
     assert written == [(kind, record.model_dump_json()) for kind, record in RECORDS.items()]
-    assert denied == ["KIND_NOT_PERMITTED_FOR_ROLE"] * (len(RECORDS) * 5 - len(RECORDS))
+    assert denied == ["KIND_NOT_PERMITTED_FOR_ROLE"] * (len(RECORDS) * 6 - len(RECORDS))
     # An auditor does not write verdicts, findings or notes; an adjudicator not even an acknowledgement.
     for kind, role in [
         (scratchpad_pb2.ENTRY_KIND_FINDING, A),

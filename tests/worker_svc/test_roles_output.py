@@ -499,3 +499,25 @@ async def test_a_bibliographic_verdict_must_copy_a_record_its_look_ups_listed(le
     }[case]
     assert expected in said
     assert len(await ledger.entries()) == before
+
+
+async def test_an_auditor_given_one_sentence_may_judge_only_that_one(ledger: Ledger) -> None:
+    """Its contract names sentence 1: an audit that also judges sentence 7 would raise an objection against a
+    sentence it was never shown; it is refused, repair turn included, and nothing is recorded."""
+    judged = [
+        {"sentence_index": 1, "finding_refs": [3], "judgement": "sound"},
+        {"sentence_index": 7, "finding_refs": [3], "judgement": "unsound", "objection": "not shown to me"},
+    ]
+    audit = Call("submit_citation_audit", {"sentences": judged}, "audit")
+    ledger.model.script(
+        Reply(calls=(Call("read_scratchpad", {}, "inputs"),)),
+        Reply(calls=(audit,)),
+        Reply(calls=(dataclasses.replace(audit, id="again"),)),
+    )
+    before = len(await ledger.entries())
+    _, result, requests = await ledger.delegate(
+        common_pb2.ROLE_CITATION_AUDITOR, ["3", "sentence:1"], 'Audit sentence 1, "It was finished in 1889 [3]."'
+    )
+    assert result.error.code == common_pb2.DELEGATION_ERROR_CODE_OUTPUT_REFUSED
+    assert "sentence 7 is not among your inputs" in tool_results(requests[2])["audit"]
+    assert len(await ledger.entries()) == before

@@ -120,8 +120,20 @@ async def verified_run(
 
 
 def assert_ledger_folds_to(entries: list[scratchpad_pb2.Entry], run: supervisor_pb2.Run) -> None:
-    """The run's ledger, folded as any reader would fold it, is exactly the verification GetRun serves."""
+    """The run's ledger, folded as any reader would fold it, is exactly the verification GetRun serves, and the
+    report's body says what that verification says of each sentence (the body is built from what the review
+    decided, the verification from the ledger)."""
     assert verification_to_proto(fold_ledger([entry_from_proto(e) for e in entries])) == run.verification
+    if not run.HasField("report"):
+        return
+    body = run.report.markdown.split("## How each claim was verified")[0]
+    for sentence in run.verification.sentences:
+        if sentence.status == supervisor_pb2.SENTENCE_STATUS_REMOVED:
+            assert sentence.text not in body, sentence
+        elif sentence.status == supervisor_pb2.SENTENCE_STATUS_UNAUDITED:
+            assert f"(unverified) {sentence.text}" in body, sentence
+        else:
+            assert sentence.text in body and f"(unverified) {sentence.text}" not in body, sentence
 
 
 async def test_a_verified_run_cites_only_supported_claims_surfaces_disagreement_and_settles_every_objection(

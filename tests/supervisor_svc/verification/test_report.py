@@ -80,7 +80,8 @@ EXPECTED = "\n".join(
         " the verifier read \u201copened in May 1889\u201d (The page says so.)",
         "- [2] https://b.example (finding 13): not verified",
         "",
-        "Each cited sentence was judged by a blind citation auditor against the findings it cites:",
+        "Each sentence the review checked, by a blind citation auditor against the findings it cites or by the "
+        "citation checks of the code:",
         "",
         "- \u201cIt opened in 1889.\u201d (finding 12): audited sound",
         "- \u201cThree hundred workers built it.\u201d (finding 13): revised after an objection, then audited sound"

@@ -7,7 +7,10 @@ import time
 
 import pytest
 
+from quarry.records.research import CitationCheck
 from supervisor_svc.runs.domain import Citation
+from supervisor_svc.runs.synthesis import CitationFilter
+from supervisor_svc.verification.checks import flag_draft
 from supervisor_svc.verification.sentences import cite_findings, split_report
 
 # Sources [1] and [2] come from finding 12, [3] from finding 14.
@@ -135,3 +138,33 @@ def test_splitting_is_linear_in_the_report() -> None:
         large_times.append(_split_seconds(large))
     ratio = min(large_times) / min(small_times)
     assert ratio < 8, f"4x the text took {ratio:.1f}x the time"
+
+
+@pytest.mark.parametrize(
+    ("markdown", "cut", "flagged"),
+    [
+        ("It is tall [9]. It is old [1].", "[9]", 0),  # inside its sentence
+        ("It is tall. [9] It is old [1].", "[9]", 0),  # after its stop, on its line
+        ("[9] It is tall.", "[9]", 0),  # before the sentence, on its line
+        ("The tower is tall [1].\n\n```\nx = a[9]\n```", "[9]", None),  # in a code block: no sentence
+        ("The tower is tall [1].\n\n---\n[9]\n", "[9]", None),  # on a line of its own
+    ],
+    ids=["inside", "after", "before", "code-block", "own-line"],
+)
+def test_a_cut_marker_belongs_to_the_sentence_on_its_line_or_to_none(
+    markdown: str, cut: str, flagged: int | None
+) -> None:
+    sources = [Citation(1, "https://a.example/", "A", "a", 2)]
+    citations = CitationFilter({source.number: source for source in sources})
+    text = citations.feed(markdown) + citations.finish()
+    assert citations.invalid_at == [markdown.index(cut)]
+    flags = flag_draft(split_report(text, sources), citations.invalid_at, {})
+    assert list(flags) == ([] if flagged is None else [flagged])
+    assert all(flag.check is CitationCheck.INVALID_MARKER for flag in flags.values())
+
+
+def test_a_marker_too_long_to_be_one_is_cut_and_kept_where_even_before_another_bracket() -> None:
+    citations = CitationFilter({})
+    text = citations.feed("Claim [" + "1," * 150 + "[ more.") + citations.finish()
+    assert text == "Claim [ more." and "\x00" not in text
+    assert (citations.removed, citations.invalid_at) == (1, [len("Claim ")])
