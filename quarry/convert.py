@@ -121,6 +121,8 @@ ROLES: EnumMap[Role, common_pb2.Role.ValueType] = EnumMap(
         Role.CITATION_AUDITOR: common_pb2.ROLE_CITATION_AUDITOR,
         Role.ADJUDICATOR: common_pb2.ROLE_ADJUDICATOR,
         Role.BIBLIOGRAPHIC_VERIFIER: common_pb2.ROLE_BIBLIOGRAPHIC_VERIFIER,
+        Role.SCOUT: common_pb2.ROLE_SCOUT,
+        Role.EXTRACTOR: common_pb2.ROLE_EXTRACTOR,
     }
 )
 
@@ -135,6 +137,8 @@ ENTRY_KINDS: EnumMap[EntryKind, scratchpad_pb2.EntryKind.ValueType] = EnumMap(
         EntryKind.REFUSAL: scratchpad_pb2.ENTRY_KIND_REFUSAL,
         EntryKind.SENTENCE: scratchpad_pb2.ENTRY_KIND_SENTENCE,
         EntryKind.BIBLIOGRAPHIC_VERDICT: scratchpad_pb2.ENTRY_KIND_BIBLIOGRAPHIC_VERDICT,
+        EntryKind.CANDIDATES: scratchpad_pb2.ENTRY_KIND_CANDIDATES,
+        EntryKind.EVIDENCE: scratchpad_pb2.ENTRY_KIND_EVIDENCE,
         EntryKind.MARKER: scratchpad_pb2.ENTRY_KIND_MARKER,
         EntryKind.ACKNOWLEDGEMENT: scratchpad_pb2.ENTRY_KIND_ACKNOWLEDGEMENT,
         EntryKind.NOTE: scratchpad_pb2.ENTRY_KIND_NOTE,

@@ -16,6 +16,10 @@ class Role(enum.StrEnum):
     ADJUDICATOR = "adjudicator"
     # Checks that a cited paper exists and is what the finding's source says, blind.
     BIBLIOGRAPHIC_VERIFIER = "bibliographic_verifier"
+    # Screens the literature: candidate sources, each with why it is relevant.
+    SCOUT = "scout"
+    # Takes claim or experiment records out of one source, each quoted with its location.
+    EXTRACTOR = "extractor"
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ class EntryKind(enum.StrEnum):
     REFUSAL = "refusal"
     SENTENCE = "sentence"
     BIBLIOGRAPHIC_VERDICT = "bibliographic_verdict"
+    CANDIDATES = "candidates"
+    EVIDENCE = "evidence"
 
     CAMPAIGN_LEDGER = "campaign_ledger"
     CAMPAIGN_DEAD_END = "campaign_dead_end"

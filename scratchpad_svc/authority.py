@@ -45,6 +45,9 @@ WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
         Role.ADJUDICATOR: frozenset({EntryKind.ADJUDICATION}),
         # Bibliographic verifiers judge the papers findings cite; nothing else.
         Role.BIBLIOGRAPHIC_VERIFIER: frozenset({EntryKind.BIBLIOGRAPHIC_VERDICT}),
+        # Scouts record candidate sources, extractors the records they take out of one source; nothing else.
+        Role.SCOUT: frozenset({EntryKind.CANDIDATES}),
+        Role.EXTRACTOR: frozenset({EntryKind.EVIDENCE}),
     }
 )
 
@@ -62,6 +65,8 @@ ROLES_OF_CALLER: MappingProxyType[MeshRole, frozenset[Role]] = MappingProxyType(
                 Role.CITATION_AUDITOR,
                 Role.ADJUDICATOR,
                 Role.BIBLIOGRAPHIC_VERIFIER,
+                Role.SCOUT,
+                Role.EXTRACTOR,
             }
         ),
     }

@@ -213,7 +213,7 @@ class DelegationRunner:
             if spec.output is not None:  # blind, and ends with its record
                 context.inputs = InputRefs.parse(request.input_refs)
                 context.gate = gate = OutputGate(
-                    request.role, spec.output, context.inputs, context.read, context.catalogued
+                    request.role, spec.output, context.inputs, context.read, context.listed
                 )
             observer = _Progress(request.delegation_id, context, queue)
             limits = LoopLimits(

@@ -31,9 +31,11 @@ from quarry.records.research import (
     RECORD_TYPES,
     Adjudication,
     BibliographicVerdict,
+    CandidateSources,
     CitationAudit,
     CitationJudgement,
     ClaimVerdict,
+    ExtractedEvidence,
     InputRefs,
     ResearchRecord,
 )
@@ -102,14 +104,14 @@ class OutputGate:
         record: type[ResearchRecord],
         inputs: InputRefs,
         pages_read: Mapping[str, Page],
-        catalogued: Mapping[str, SearchResult] | None = None,
+        listed: Mapping[str, SearchResult] | None = None,
     ) -> None:
         self._role = role
         self._record = record
         self.kind = record.record_kind()
         self._inputs = inputs
         self._pages = pages_read  # the delegation's own, filled as its tools read
-        self._catalogued = catalogued if catalogued is not None else {}  # papers its look-ups listed
+        self._listed = listed if listed is not None else {}  # what its searches and look-ups listed
         self._turn = 0
         self._seen: set[str] = set()  # tool call ids the gate answered
         self._first_rejected_turn: int | None = None
@@ -214,7 +216,13 @@ class OutputGate:
             record = self._record.parse(arguments or "{}")
         except RecordError as error:
             return Rejection(DelegationErrorCode.OUTPUT_INVALID, error.problems)
-        problems = [*self._inputs.outside(record), *self._quote_problems(record), *self._catalogue_problems(record)]
+        problems = [
+            *self._inputs.outside(record),
+            *self._quote_problems(record),
+            *self._catalogue_problems(record),
+            *self._candidate_problems(record),
+            *self._extract_problems(record),
+        ]
         if problems:
             return Rejection(DelegationErrorCode.OUTPUT_REFUSED, tuple(problems))
         self.accepted = record
@@ -235,7 +243,7 @@ class OutputGate:
         """A bibliographic verifier copies the catalogue's record it looked up, word for word."""
         if not isinstance(record, BibliographicVerdict) or record.record is None:
             return []
-        listed = self._catalogued.get(record.record.url)
+        listed = self._listed.get(record.record.url)
         if listed is None:
             return [f"record.url: {record.record.url} was not listed by look_up_paper in this task; look it up first"]
         problems = []
@@ -246,6 +254,29 @@ class OutputGate:
         if record.record.year != listed.year:
             problems.append(f"record.year is not the catalogue's: {listed.year}")
         return problems
+
+    def _candidate_problems(self, record: ResearchRecord) -> list[str]:
+        """A scout names only sources its searches and look-ups listed in this task."""
+        if not isinstance(record, CandidateSources):
+            return []
+        return [
+            f"candidates[{index}].url: {candidate.url} was not listed by a search in this task; search for it first"
+            for index, candidate in enumerate(record.candidates)
+            if candidate.url not in self._listed
+        ]
+
+    def _extract_problems(self, record: ResearchRecord) -> list[str]:
+        """An extractor quotes the one source it read, word for word."""
+        if not isinstance(record, ExtractedEvidence):
+            return []
+        page = self._pages.get(record.source_url)
+        if page is None:
+            return [f"source_url: {record.source_url} was not read in this task; read it before extracting from it"]
+        return [
+            f"records[{index}].quote does not occur in {record.source_url}; quote the source exactly"
+            for index, extract in enumerate(record.records)
+            if not page.contains(extract.quote)
+        ]
 
 
 def _plain(text: str) -> str:
@@ -275,4 +306,8 @@ def describe(record: ResearchRecord) -> str:
         return f"objection {record.objection_ref}: {record.decision.value}"
     if isinstance(record, BibliographicVerdict):
         return f"finding {record.finding_ref}'s paper: {record.judgement.value}"
+    if isinstance(record, CandidateSources):
+        return f"{len(record.candidates)} candidate source(s)"
+    if isinstance(record, ExtractedEvidence):
+        return f"{len(record.records)} record(s) from {record.source_url}"
     return record.record_kind()

@@ -9,14 +9,31 @@ The scratchpad enforces the same authority on its side (scratchpad_svc/authority
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from quarry.identity import Role
-from quarry.records.research import Adjudication, BibliographicVerdict, CitationAudit, ClaimVerdict, ResearchRecord
+from quarry.records.research import (
+    Adjudication,
+    BibliographicVerdict,
+    CandidateSources,
+    CitationAudit,
+    ClaimVerdict,
+    ExtractedEvidence,
+    ResearchRecord,
+)
 from quarry.vocabulary import Tier
 from worker_svc.capabilities import MONITOR_CAPABILITIES, Capability
+
+
+class Needs(enum.Enum):
+    """What a blind role's task must name among its input refs."""
+
+    NOTHING = "nothing"
+    ENTRIES = "entries"  # the scratchpad entries it judges
+    ONE_URL = "one_url"  # the one source it reads
 
 
 @dataclass(frozen=True)
@@ -30,10 +47,12 @@ class RoleSpec:
     output: type[ResearchRecord] | None = None
     # The model tier it runs on unless the request names one.
     tier: Tier = Tier.WORKER
+    # What its task must name among its input refs (a blind role's inputs are all it may see).
+    needs: Needs = Needs.NOTHING
 
     @property
     def blind(self) -> bool:
-        """Sees only its contract and its input refs: every role that judges others' work."""
+        """Sees only its contract and its input refs: every role that ends with a record."""
         return self.output is not None
 
     def capabilities_given(self, available: frozenset[Capability]) -> list[Capability]:
@@ -74,6 +93,7 @@ ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
             ),
             capabilities=(Capability.READ_PAGES, Capability.READ_SCRATCHPAD),
             output=ClaimVerdict,
+            needs=Needs.ENTRIES,
         ),
         Role.CITATION_AUDITOR: RoleSpec(
             instructions=(
@@ -85,6 +105,7 @@ ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
             ),
             capabilities=(Capability.READ_SCRATCHPAD,),
             output=CitationAudit,
+            needs=Needs.ENTRIES,
             tier=Tier.SUPERVISOR,
         ),
         Role.ADJUDICATOR: RoleSpec(
@@ -97,7 +118,31 @@ ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
             ),
             capabilities=(Capability.READ_SCRATCHPAD,),
             output=Adjudication,
+            needs=Needs.ENTRIES,
             tier=Tier.SUPERVISOR,
+        ),
+        Role.SCOUT: RoleSpec(
+            instructions=(
+                "You are a scout screening the literature for a research question. Search the web "
+                "(perform_web_search) and the literature catalogues (look_up_paper) for sources that bear on "
+                "the task, and name the best of them: each with its URL and title exactly as a search listed "
+                "it, and why it is relevant. You read no page and cite nothing: others read what you find. End "
+                "by calling submit_candidate_sources."
+            ),
+            capabilities=(Capability.SEARCH, Capability.LITERATURE, Capability.READ_SCRATCHPAD),
+            output=CandidateSources,
+        ),
+        Role.EXTRACTOR: RoleSpec(
+            instructions=(
+                "You are an extractor. Your task names one source (a URL). Read it (read_web_page, "
+                "search_web_page, scroll_web_page) and take out the claims and experiments that bear on the "
+                "task: for each, a one-sentence statement, the source's own words it rests on quoted exactly, "
+                "and where in the source they are (a section, a table, a page). End by calling "
+                "submit_extracted_evidence."
+            ),
+            capabilities=(Capability.READ_PAGES, Capability.READ_SCRATCHPAD),
+            output=ExtractedEvidence,
+            needs=Needs.ONE_URL,
         ),
         Role.BIBLIOGRAPHIC_VERIFIER: RoleSpec(
             instructions=(
@@ -111,6 +156,7 @@ ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
             ),
             capabilities=(Capability.LITERATURE, Capability.READ_SCRATCHPAD),
             output=BibliographicVerdict,
+            needs=Needs.ENTRIES,
         ),
         # Works in the one workspace its delegation names (the tools are bound to it): reads and edits
         # its code, smoke-tests it, launches experiments. Never offered to researchers or verifiers.

@@ -42,6 +42,7 @@ CAPABILITIES: dict[Capability, list[str]] = {
     Capability.SCRATCHPAD: ["read_scratchpad", "append_scratchpad"],
     Capability.READ_SCRATCHPAD: ["read_scratchpad"],
     Capability.LITERATURE: ["look_up_paper"],
+    Capability.SEARCH: ["perform_web_search"],
     Capability.COMPUTE: ["gpu_status", "job_status"],
     Capability.WORKSPACE: [
         "list_tree",
@@ -70,9 +71,9 @@ class DelegationContext:
     # An engineer's workspace; None for every other role.
     workspace: WorkspaceSession | None = None
     read: dict[str, Page] = field(default_factory=dict)  # pages read in this delegation, by URL
-    # The literature catalogues look_up_paper asks, and the papers they listed in this delegation, by URL.
+    # The literature catalogues look_up_paper asks; what it and perform_web_search listed here, by URL.
     literature: Sequence[SearchBackend] = ()
-    catalogued: dict[str, SearchResult] = field(default_factory=dict)
+    listed: dict[str, SearchResult] = field(default_factory=dict)
     promoted: list[int] = field(default_factory=list)
     # A blind role's whole view: the entries and pages its contract names (None: the whole thread and web).
     inputs: InputRefs | None = None
@@ -135,6 +136,7 @@ async def perform_web_search(params: SearchParams, context: DelegationContext) -
     notice = f"{results.notice}\n" if isinstance(results, SearchResults) and results.notice else ""
     if not results:
         return f"{notice}No results for {params.query!r}."
+    context.listed.update((result.url, result) for result in results)
     return notice + "\n".join(
         f"{n}. {r.title}\n" + (f"   {byline}\n" if (byline := _byline(r)) else "") + f"   {r.url}\n   {r.snippet}"
         for n, r in enumerate(results, start=1)
@@ -187,7 +189,7 @@ async def look_up_paper(params: LookUpParams, context: DelegationContext) -> str
             failures.append(str(error))
             continue
         for result in results:
-            context.catalogued[result.url] = result
+            context.listed[result.url] = result
             authors = "; ".join(result.authors) or "no authors listed"
             year = result.year if result.year is not None else "no year listed"
             lines.append(f"- {result.title}\n  authors: {authors}\n  year: {year}\n  url: {result.url}")

@@ -7,9 +7,10 @@ import re
 
 from quarry import ids
 from quarry.errors import ErrorReason, FailedPrecondition, FieldViolation, InvalidArgument
+from quarry.identity import Role
 from quarry.records.research import InputRefs
 from worker_svc.delegations import DelegationRecord, DelegationRequest
-from worker_svc.roles import ROLES
+from worker_svc.roles import ROLES, Needs
 
 MAX_TURNS_LIMIT = 64
 MAX_OBJECTIVE_CHARS = 16_000
@@ -46,14 +47,8 @@ def validate(request: DelegationRequest) -> None:
     if request.role is None or request.role not in ROLES:
         roles = ", ".join(f"ROLE_{role.name}" for role in ROLES)
         violations.append(FieldViolation("role", f"a worker runs one of: {roles}"))
-    elif ROLES[request.role].blind and not InputRefs.parse(request.input_refs).entries:
-        # Its inputs are all it may see: without an entry to judge it could only spend tokens.
-        violations.append(
-            FieldViolation(
-                "task.input_refs",
-                f'a ROLE_{request.role.name} task names the scratchpad entries it judges (sequence numbers, e.g. "12")',
-            )
-        )
+    else:
+        violations.extend(_input_violations(request.role, InputRefs.parse(request.input_refs)))
     violations.extend(_workspace_violations(request))
     if not 0 <= request.max_turns <= MAX_TURNS_LIMIT:
         violations.append(FieldViolation("budget.max_turns", f"between 1 and {MAX_TURNS_LIMIT} (0: default)"))
@@ -63,6 +58,21 @@ def validate(request: DelegationRequest) -> None:
         violations.append(FieldViolation("budget.max_tokens", "must not be negative"))
     if violations:
         raise InvalidArgument(violations)
+
+
+def _input_violations(role: Role, inputs: InputRefs) -> list[FieldViolation]:
+    """A blind role's inputs are all it may see: without what its task works on it could only spend tokens."""
+    needs = ROLES[role].needs
+    if needs is Needs.ENTRIES and not inputs.entries:
+        return [
+            FieldViolation(
+                "task.input_refs",
+                f'a ROLE_{role.name} task names the scratchpad entries it judges (sequence numbers, e.g. "12")',
+            )
+        ]
+    if needs is Needs.ONE_URL and len(inputs.urls) != 1:
+        return [FieldViolation("task.input_refs", f"a ROLE_{role.name} task names the one source it reads (a URL)")]
+    return []
 
 
 def _workspace_violations(request: DelegationRequest) -> list[FieldViolation]:

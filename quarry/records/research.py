@@ -30,11 +30,14 @@ from quarry.vocabulary import EntryKind, Tier
 __all__ = [
     "RECORD_TYPES",
     "SENTENCE_REF",
+    "TASK_KINDS",
     "Adjudication",
     "AdjudicationDecision",
     "Assignment",
     "BibliographicJudgement",
     "BibliographicVerdict",
+    "Candidate",
+    "CandidateSources",
     "CatalogRecord",
     "CitationAudit",
     "CitationCheck",
@@ -43,6 +46,9 @@ __all__ = [
     "ClaimRefusal",
     "ClaimVerdict",
     "DraftSentence",
+    "EvidenceKind",
+    "Extract",
+    "ExtractedEvidence",
     "InputRefs",
     "Objection",
     "ObjectionResolution",
@@ -50,6 +56,7 @@ __all__ = [
     "Resolution",
     "RouteDecision",
     "SentenceAudit",
+    "TaskKind",
     "UsageObserved",
     "VerifiedQuote",
     "parse_record",
@@ -305,6 +312,8 @@ class Assignment(ResearchRecord):
     kind: Literal["assignment"] = "assignment"
     delegation_id: Identifier
     role: Role
+    # What the delegation is for, as the role's task kind (TASK_KINDS); unset in assignments written before.
+    task_kind: TaskKind | None = None
     objective: Annotated[str, StringConstraints(min_length=1, max_length=16_000), AfterValidator(_text)]
     criteria: tuple[Text, ...] = Field(default=(), max_length=10)
     input_refs: tuple[Annotated[str, StringConstraints(min_length=1, max_length=_MAX_URL)], ...] = Field(
@@ -475,6 +484,84 @@ class BibliographicVerdict(ResearchRecord):
         return frozenset({self.cited_url})
 
 
+class Candidate(BaseModel):
+    """One source a scout found, as its search or look-up listed it, and why it bears on the question."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    url: Url = Field(description="the source, exactly as a search or look-up in this task listed it")
+    title: Text
+    why: Text = Field(description="why it is relevant to the question")
+
+
+class CandidateSources(ResearchRecord):
+    """A scout's screening of the literature for a question, recorded as ENTRY_KIND_CANDIDATES: sources to read,
+    never citations."""
+
+    entry_kind: ClassVar[EntryKind] = EntryKind.CANDIDATES
+
+    kind: Literal["candidate_sources"] = "candidate_sources"
+    candidates: tuple[Candidate, ...] = Field(min_length=1, max_length=_MAX_REFS)
+
+
+class EvidenceKind(enum.StrEnum):
+    CLAIM = "claim"
+    EXPERIMENT = "experiment"
+
+
+class Extract(BaseModel):
+    """One claim or experiment taken out of a source: what it says, the words it says it in, and where."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    kind: EvidenceKind
+    statement: Text = Field(description="the claim, or the experiment and its result, in one sentence")
+    quote: Excerpt = Field(description="the source's words it rests on, quoted verbatim")
+    location: Annotated[str, StringConstraints(min_length=1, max_length=200)] = Field(
+        description="where in the source: a section, a table, a page"
+    )
+
+
+class ExtractedEvidence(ResearchRecord):
+    """An extractor's records from one source, recorded as ENTRY_KIND_EVIDENCE."""
+
+    entry_kind: ClassVar[EntryKind] = EntryKind.EVIDENCE
+
+    kind: Literal["extracted_evidence"] = "extracted_evidence"
+    source_url: Url = Field(description="the one source read, as the task names it")
+    records: tuple[Extract, ...] = Field(min_length=1, max_length=_MAX_REFS)
+
+    def cited_urls(self) -> frozenset[str]:
+        return frozenset({self.source_url})
+
+
+class TaskKind(enum.StrEnum):
+    """What a delegation is for: each role does one kind of task (TASK_KINDS)."""
+
+    RESEARCH = "research"
+    LITERATURE_SCREENING = "literature_screening"
+    EVIDENCE_EXTRACTION = "evidence_extraction"
+    CLAIM_VERIFICATION = "claim_verification"
+    BIBLIOGRAPHIC_VERIFICATION = "bibliographic_verification"
+    CITATION_AUDIT = "citation_audit"
+    ADJUDICATION = "adjudication"
+    ENGINEERING = "engineering"
+
+
+TASK_KINDS: Mapping[Role, TaskKind] = MappingProxyType(
+    {
+        Role.RESEARCHER: TaskKind.RESEARCH,
+        Role.SCOUT: TaskKind.LITERATURE_SCREENING,
+        Role.EXTRACTOR: TaskKind.EVIDENCE_EXTRACTION,
+        Role.VERIFIER: TaskKind.CLAIM_VERIFICATION,
+        Role.BIBLIOGRAPHIC_VERIFIER: TaskKind.BIBLIOGRAPHIC_VERIFICATION,
+        Role.CITATION_AUDITOR: TaskKind.CITATION_AUDIT,
+        Role.ADJUDICATOR: TaskKind.ADJUDICATION,
+        Role.ENGINEER: TaskKind.ENGINEERING,
+    }
+)
+
+
 def _findings(refs: Iterable[int]) -> dict[int, EntryKind]:
     return dict.fromkeys(refs, EntryKind.FINDING)
 
@@ -494,6 +581,8 @@ RECORD_TYPES: Mapping[EntryKind, type[ResearchRecord]] = MappingProxyType(
             ClaimRefusal,
             DraftSentence,
             BibliographicVerdict,
+            CandidateSources,
+            ExtractedEvidence,
         )
     }
 )

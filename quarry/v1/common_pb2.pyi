@@ -45,6 +45,14 @@ class _RoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Role.ValueType],
     Scholar) and that its title, authors and year are what the finding's source says; records a
     BibliographicVerdict. A paper that fails is never cited.
     """
+    ROLE_SCOUT: _Role.ValueType  # 8
+    """Screens the literature for a question: searches the web and the literature catalogues and
+    records candidate sources, each with why it is relevant (CandidateSources). Cites nothing.
+    """
+    ROLE_EXTRACTOR: _Role.ValueType  # 9
+    """Takes claim or experiment records out of one source it reads, each quoted with where in the
+    source it is (ExtractedEvidence).
+    """
 
 class Role(_Role, metaclass=_RoleEnumTypeWrapper):
     """The role a principal acts in. The scratchpad enforces which roles may write
@@ -72,6 +80,14 @@ ROLE_BIBLIOGRAPHIC_VERIFIER: Role.ValueType  # 7
 """Checks that a paper a finding cites exists in the literature catalogues (arXiv, Semantic
 Scholar) and that its title, authors and year are what the finding's source says; records a
 BibliographicVerdict. A paper that fails is never cited.
+"""
+ROLE_SCOUT: Role.ValueType  # 8
+"""Screens the literature for a question: searches the web and the literature catalogues and
+records candidate sources, each with why it is relevant (CandidateSources). Cites nothing.
+"""
+ROLE_EXTRACTOR: Role.ValueType  # 9
+"""Takes claim or experiment records out of one source it reads, each quoted with where in the
+source it is (ExtractedEvidence).
 """
 Global___Role: _TypeAlias = Role  # noqa: Y015
 

@@ -67,6 +67,10 @@ class _EntryKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EntryKind.V
     """A sentence of the draft report as the review audits it, or a revision of it (DraftSentence)."""
     ENTRY_KIND_BIBLIOGRAPHIC_VERDICT: _EntryKind.ValueType  # 17
     """A bibliographic verifier's judgement of the paper a finding cites (BibliographicVerdict)."""
+    ENTRY_KIND_CANDIDATES: _EntryKind.ValueType  # 18
+    """A scout's candidate sources for the question (CandidateSources)."""
+    ENTRY_KIND_EVIDENCE: _EntryKind.ValueType  # 19
+    """An extractor's claim or experiment records from one source (ExtractedEvidence)."""
     ENTRY_KIND_CAMPAIGN_LEDGER: _EntryKind.ValueType  # 20
     """A campaign's records, written by its supervisor as JSON (supervisor_svc/campaigns/records.py).
     One experiment cycle of the ledger.
@@ -123,6 +127,10 @@ ENTRY_KIND_SENTENCE: EntryKind.ValueType  # 16
 """A sentence of the draft report as the review audits it, or a revision of it (DraftSentence)."""
 ENTRY_KIND_BIBLIOGRAPHIC_VERDICT: EntryKind.ValueType  # 17
 """A bibliographic verifier's judgement of the paper a finding cites (BibliographicVerdict)."""
+ENTRY_KIND_CANDIDATES: EntryKind.ValueType  # 18
+"""A scout's candidate sources for the question (CandidateSources)."""
+ENTRY_KIND_EVIDENCE: EntryKind.ValueType  # 19
+"""An extractor's claim or experiment records from one source (ExtractedEvidence)."""
 ENTRY_KIND_CAMPAIGN_LEDGER: EntryKind.ValueType  # 20
 """A campaign's records, written by its supervisor as JSON (supervisor_svc/campaigns/records.py).
 One experiment cycle of the ledger.

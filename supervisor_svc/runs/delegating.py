@@ -31,7 +31,7 @@ from quarry.research_plane import ResearchPlane
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Entry, Tier
 from supervisor_svc.runs.budget import RunAccount, TokenBudget
-from supervisor_svc.runs.domain import DelegationOrder, ResearchPhase, RunUsage
+from supervisor_svc.runs.domain import REVIEW_ROLES, DelegationOrder, ResearchPhase, RunUsage
 from supervisor_svc.runs.ledger import RunLedger
 from supervisor_svc.runs.tools import DELEGATE_TOOL, DelegateParams
 from supervisor_svc.runs.worker_client import DelegationClient
@@ -164,8 +164,10 @@ class Delegator:
         """The model's delegate_research call: a researcher's task, its result as the model reads it."""
         self._refuse_if_budget_spent()
         try:
-            # The model delegates research only: evidence roles judge its work blind, so it never directs them.
-            contract = Contract(Role.RESEARCHER, params.objective, tuple(params.criteria), tuple(params.input_refs))
+            # The model delegates research, screening and extraction only: the roles that judge its work do so
+            # blind, so it never directs them.
+            role = Role(params.role)
+            contract = Contract(role, params.objective, tuple(params.criteria), tuple(params.input_refs))
             result = await self._dispatch(contract, call.id, sharing=lambda: len(self._expected))
         finally:
             self._expected.discard(call.id)
@@ -229,11 +231,11 @@ class Delegator:
             if not result.succeeded:
                 span.set_status(trace.Status(trace.StatusCode.ERROR, result.error_message[:200]))
         _DELEGATIONS.add(1, {"quarry.delegation.outcome": result.outcome_label})
-        if contract.role is not Role.RESEARCHER:
+        if contract.role in REVIEW_ROLES:
             self._role_results += 1
             self._role_contract_failures += result.error_code in _CONTRACT_FAILURES
         if delegation_id not in self._counted:  # else its usage came with the run from the ledger
-            self._account.add_worker(result.usage, verification=contract.role is not Role.RESEARCHER)
+            self._account.add_worker(result.usage, verification=contract.role in REVIEW_ROLES)
         await self._publisher.delegation_ended(result, self._account.usage())
         return result
 

@@ -91,6 +91,11 @@ _WARNING_MESSAGES = {
 }
 
 
+# The roles that verify the research (their usage is RunUsage.verification): the run orders them, never the
+# model, under keys of its own (verify-12, audit-3-r0).
+REVIEW_ROLES = frozenset({Role.VERIFIER, Role.BIBLIOGRAPHIC_VERIFIER, Role.CITATION_AUDITOR, Role.ADJUDICATOR})
+
+
 @dataclass(frozen=True)
 class RunOptions:
     max_supervisor_turns: int = 0  # 0: DEFAULT_SUPERVISOR_TURNS

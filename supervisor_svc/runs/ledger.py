@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from quarry.errors import QuarryError
 from quarry.identity import Principal, Role
-from quarry.records.research import Assignment, ResearchRecord, RouteDecision, UsageObserved
+from quarry.records.research import TASK_KINDS, Assignment, ResearchRecord, RouteDecision, UsageObserved
 from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import DelegationResult, Tier
 
@@ -48,7 +48,12 @@ class RunLedger:
             delegation_id,
             "assignment",
             lambda: Assignment(
-                delegation_id=delegation_id, role=role, objective=objective, criteria=criteria, input_refs=input_refs
+                delegation_id=delegation_id,
+                role=role,
+                task_kind=TASK_KINDS.get(role),
+                objective=objective,
+                criteria=criteria,
+                input_refs=input_refs,
             ),
         )
 

@@ -31,7 +31,7 @@ from quarry.v1 import supervisor_pb2
 from quarry.vocabulary import Entry, EntryKind
 from supervisor_svc.hosting.store import StoredEvent
 from supervisor_svc.runs.delegating import EarlierOrders
-from supervisor_svc.runs.domain import Report, RunRecord, RunState
+from supervisor_svc.runs.domain import REVIEW_ROLES, Report, RunRecord, RunState
 from supervisor_svc.runs.store import RunStore
 from supervisor_svc.verification.report import without_verification
 
@@ -84,12 +84,13 @@ class PriorDelegations:
         return max((ordered.number for ordered in self.ordered.values()), default=0)
 
     def ids_to_reuse(self, unanswered: Collection[str]) -> dict[str, str]:
-        """The delegation id to order each key under again: the latest one ordered under it. A researcher's
-        key is a model's tool call id, which a model may reuse from turn to turn: only those of the calls the
-        stopped turn left unanswered are taken. The run's own keys (verify-12, audit-3-r0) are unique."""
+        """The delegation id to order each key under again: the latest one ordered under it. A delegation the
+        model asked for (a researcher's, a scout's, an extractor's) is keyed by its tool call id, which a model
+        may reuse from turn to turn: only those of the calls the stopped turn left unanswered are taken. The
+        run's own keys (verify-12, audit-3-r0) are unique."""
         reuse: dict[str, str] = {}
         for delegation_id, ordered in self.ordered.items():
-            if ordered.role is not Role.RESEARCHER or ordered.key in unanswered:
+            if ordered.role in REVIEW_ROLES or ordered.key in unanswered:
                 reuse[ordered.key] = delegation_id
         return reuse
 
@@ -99,7 +100,7 @@ class PriorDelegations:
         for delegation_id, usage in self.used.items():
             workers += usage
             ordered = self.ordered.get(delegation_id)
-            if ordered is not None and ordered.role is not Role.RESEARCHER:
+            if ordered is not None and ordered.role in REVIEW_ROLES:
                 verification += usage
         return workers, verification
 

@@ -75,11 +75,13 @@ log = logging.getLogger(__name__)
 INSTRUCTIONS = (
     "You are the supervisor of a research team. The question is in the scratchpad's seed. Split it into "
     "bounded research tasks and give each to a worker with delegate_research; several calls in one reply run "
-    "in parallel. Workers search, read and verify sources, and promote verified findings to the shared "
-    "scratchpad. After delegations, read_scratchpad to see what was promoted, then decide whether more research "
-    "is needed. You may add notes or markers with append_scratchpad. When the findings suffice, or further "
-    "research would not help, reply without calling a tool: a few lines on what the report should cover. The "
-    "report is then written from the scratchpad's verified findings."
+    "in parallel. For a question that needs the literature, a scout can first list candidate sources, and an "
+    "extractor can take the claims and experiments out of one source; researchers search, read and verify "
+    "sources, and promote verified findings to the shared scratchpad. After delegations, read_scratchpad to "
+    "see what was promoted, then decide whether more research is needed. You may add notes or markers with "
+    "append_scratchpad. When the findings suffice, or further research would not help, reply without calling a "
+    "tool: a few lines on what the report should cover. The report is then written from the scratchpad's "
+    "verified findings."
 )
 # How long the end of a run waits out a database that is away: a run left active would only be ended
 # later, as failed, by the lease sweep.

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from quarry.agent.messages import ToolCall
 from quarry.agent.scratchpad_tools import SCRATCHPAD_TOOLS, SourceParam
@@ -30,6 +30,12 @@ InputRef = Annotated[str, Field(max_length=2048)]
 
 class DelegateParams(BaseModel):
     objective: str = Field(min_length=1, max_length=4000, description="the research task, self-contained")
+    role: Literal["researcher", "scout", "extractor"] = Field(
+        default="researcher",
+        description="researcher: search, read and promote verified findings; scout: screen the literature and "
+        "list candidate sources (reads nothing, cites nothing); extractor: take claim and experiment records out "
+        "of the one source URL among input_refs",
+    )
     criteria: list[Criterion] = Field(default_factory=list, max_length=10, description="what a good answer must show")
     input_refs: list[InputRef] = Field(
         default_factory=list, max_length=20, description="scratchpad entries or URLs to start from"
@@ -41,6 +47,13 @@ class DelegateParams(BaseModel):
         if any("\x00" in text for text in ([value] if isinstance(value, str) else value)):
             raise ValueError("must not contain NUL characters")
         return value
+
+    @model_validator(mode="after")
+    def _an_extractor_reads_one_source(self) -> DelegateParams:
+        urls = [ref for ref in self.input_refs if ref.startswith(("http://", "https://", "corpus://"))]
+        if self.role == "extractor" and len(urls) != 1:
+            raise ValueError("an extractor's input_refs name the one source URL it reads")
+        return self
 
 
 class DelegationDesk(Protocol):
@@ -70,8 +83,9 @@ async def delegate_research(params: DelegateParams, context: SupervisorContext) 
 SUPERVISOR_TOOLS: list[Tool[Any, SupervisorContext]] = [
     Tool(
         DELEGATE_TOOL,
-        "Give one bounded research task to a worker; returns its result once it ends. The worker reads the "
-        "scratchpad itself and promotes verified findings there.",
+        "Give one bounded task to a worker; returns its result once it ends. A researcher reads the scratchpad "
+        "itself and promotes verified findings there; a scout lists candidate sources; an extractor records the "
+        "claims and experiments of one source. Only researchers' findings are cited in the report.",
         DelegateParams,
         delegate_research,
     ),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from quarry.clients.channels import insecure_channel
@@ -23,10 +24,13 @@ from quarry.records.research import (
     AdjudicationDecision,
     BibliographicJudgement,
     BibliographicVerdict,
+    CandidateSources,
     CatalogRecord,
     CitationAudit,
     ClaimJudgement,
     ClaimVerdict,
+    EvidenceKind,
+    ExtractedEvidence,
     Objection,
     VerifiedQuote,
 )
@@ -34,6 +38,7 @@ from quarry.v1 import common_pb2, scratchpad_pb2, worker_pb2, worker_pb2_grpc
 from tests.fakes.literature_server import Literature
 from tests.fakes.openai_server import Call, Reply, ScriptedModel
 from tests.fakes.web_server import FixtureWeb
+from tests.rpc import violations
 from tests.worker_svc.test_delegate import in_process
 
 STRONG = "scripted-strong"  # the supervisor tier's model; the worker's is "scripted"
@@ -521,3 +526,91 @@ async def test_an_auditor_given_one_sentence_may_judge_only_that_one(ledger: Led
     assert result.error.code == common_pb2.DELEGATION_ERROR_CODE_OUTPUT_REFUSED
     assert "sentence 7 is not among your inputs" in tool_results(requests[2])["audit"]
     assert len(await ledger.entries()) == before
+
+
+async def test_a_scout_lists_only_sources_its_searches_listed(ledger: Ledger) -> None:
+    """It searches the web and the catalogues and names candidates; one it made up is refused, and once it
+    names only what it was listed, its screening is recorded."""
+    made_up = {"url": "https://nowhere.example/tower", "title": "Towers", "why": "sounds right"}
+    listed = {"url": ledger.article, "title": "article.html", "why": "gives the tower's height and builder"}
+    paper = {"url": "http://arxiv.org/abs/1901.00001v2", "title": "Wind Load", "why": "on lattice towers"}
+    ledger.model.script(
+        Reply(
+            calls=(
+                Call("perform_web_search", {"query": "eiffel tower"}, "search"),
+                Call("look_up_paper", {"query": "wind load"}, "look"),
+            )
+        ),
+        Reply(calls=(Call("submit_candidate_sources", {"candidates": [listed, made_up]}, "first"),)),
+        Reply(calls=(Call("submit_candidate_sources", {"candidates": [listed, paper]}, "second"),)),
+    )
+    _, result, requests = await ledger.delegate(
+        common_pb2.ROLE_SCOUT, [], "Screen the literature on the Eiffel Tower's height."
+    )
+    assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED, result.error
+    assert f"candidates[1].url: {made_up['url']} was not listed by a search" in tool_results(requests[2])["first"]
+    screened = CandidateSources.parse(result.output_json)
+    assert isinstance(screened, CandidateSources) and [c.url for c in screened.candidates] == [
+        ledger.article,
+        paper["url"],
+    ]
+    assert result.summary == "2 candidate source(s)"
+    entry = (await ledger.entries())[-1]
+    assert (entry.kind, entry.author.role) == (scratchpad_pb2.ENTRY_KIND_CANDIDATES, common_pb2.ROLE_SCOUT)
+    # It searches and looks up; it reads no page and appends nothing.
+    assert offered(requests[0]) == [
+        "perform_web_search",
+        "look_up_paper",
+        "read_scratchpad",
+        "submit_candidate_sources",
+    ]
+
+
+async def test_an_extractor_quotes_the_one_source_it_read(ledger: Ledger) -> None:
+    height = {
+        "kind": "claim",
+        "statement": "The tower is 330 m tall.",
+        "quote": "The tower is 330 metres tall",
+        "location": "second paragraph",
+    }
+    invented = {**height, "quote": "The tower is 400 metres tall"}
+    ledger.model.script(
+        Reply(calls=(Call("read_web_page", {"url": ledger.article}, "read"),)),
+        Reply(
+            calls=(
+                Call(
+                    "submit_extracted_evidence",
+                    {"source_url": ledger.article, "records": [height, invented]},
+                    "first",
+                ),
+            )
+        ),
+        Reply(
+            calls=(Call("submit_extracted_evidence", {"source_url": ledger.article, "records": [height]}, "second"),)
+        ),
+    )
+    _, result, requests = await ledger.delegate(
+        common_pb2.ROLE_EXTRACTOR, [ledger.article], "Extract the tower's dimensions from the article."
+    )
+    assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED, result.error
+    assert "records[1].quote does not occur in" in tool_results(requests[2])["first"]
+    extracted = ExtractedEvidence.parse(result.output_json)
+    assert isinstance(extracted, ExtractedEvidence)
+    assert [(r.kind, r.quote, r.location) for r in extracted.records] == [
+        (EvidenceKind.CLAIM, "The tower is 330 metres tall", "second paragraph")
+    ]
+    entry = (await ledger.entries())[-1]
+    assert (entry.kind, entry.author.role) == (scratchpad_pb2.ENTRY_KIND_EVIDENCE, common_pb2.ROLE_EXTRACTOR)
+    # Its task names the one source it reads: none, or two, is refused before anything runs.
+    request = worker_pb2.DelegateRequest(
+        delegation_id="run-1:call-2",
+        run_id="run-1",
+        tool_call_id="call-2",
+        scratchpad_thread_id=ledger.thread_id,
+        task=worker_pb2.ResearchTask(objective="Extract.", input_refs=[ledger.article, ledger.elsewhere]),
+        role=common_pb2.ROLE_EXTRACTOR,
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        [event async for event in ledger.worker.Delegate(request, timeout=30)]
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert violations(refused.value)["task.input_refs"] == "a ROLE_EXTRACTOR task names the one source it reads (a URL)"
