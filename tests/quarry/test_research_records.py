@@ -15,6 +15,8 @@ from quarry.records.research import (
     Assignment,
     BibliographicJudgement,
     BibliographicVerdict,
+    Candidate,
+    CandidateSources,
     CatalogRecord,
     CitationAudit,
     CitationJudgement,
@@ -22,6 +24,9 @@ from quarry.records.research import (
     ClaimRefusal,
     ClaimVerdict,
     DraftSentence,
+    EvidenceKind,
+    Extract,
+    ExtractedEvidence,
     InputRefs,
     Objection,
     ObjectionResolution,
@@ -76,6 +81,11 @@ EXAMPLES: list[ResearchRecord] = [
         judgement=BibliographicJudgement.VERIFIED,
         record=CatalogRecord(url="http://arxiv.org/abs/1901.00001v2", title="Wind Load", authors=("A. G.",), year=2019),
         rationale="arXiv lists it",
+    ),
+    CandidateSources(candidates=(Candidate(url="https://a.example/", title="A", why="it measures the tower"),)),
+    ExtractedEvidence(
+        source_url="https://a.example/",
+        records=(Extract(kind=EvidenceKind.EXPERIMENT, statement="Wind tests.", quote="we tested", location="§2"),),
     ),
 ]
 

@@ -9,7 +9,7 @@ import pytest
 
 from quarry.db import Database
 from quarry.identity import Role
-from quarry.records.research import Assignment, RouteDecision, UsageObserved
+from quarry.records.research import Assignment, RouteDecision, TaskKind, UsageObserved
 from quarry.v1 import common_pb2, scratchpad_pb2, supervisor_pb2, worker_pb2
 from supervisor_svc.runs import events
 from supervisor_svc.runs.domain import ResearchPhase, StartRequest
@@ -365,3 +365,58 @@ async def test_a_supervisor_shutting_down_leaves_its_runs_active_for_the_next_on
     records = [await delegation_on(worker.address, delegation_id) for worker in mesh.workers]
     [delegation] = [found for found in records if found is not None]
     assert delegation.result.error.code == common_pb2.DELEGATION_ERROR_CODE_CANCELLED
+
+
+async def test_the_model_may_delegate_a_scout_and_an_extractor_and_the_ledger_names_each_task_kind(mesh: Mesh) -> None:
+    """Literature roles the supervisor's model may order: a scout lists candidate sources from its searches, an
+    extractor records claims from the one source it is given. Their records are on the ledger, not findings: the
+    report cites only what researchers promote."""
+    article = f"{mesh.site.base_url}/article.html"
+    candidate = {"url": article, "title": "article.html", "why": "it gives the tower's height"}
+    mesh.script.add(
+        "Screen the sources",
+        Reply(calls=(Call("perform_web_search", {"query": "eiffel tower"}, "search"),)),
+        Reply(calls=(Call("submit_candidate_sources", {"candidates": [candidate]}, "submit"),)),
+    )
+    extract = {
+        "kind": "claim",
+        "statement": "It is 330 m tall.",
+        "quote": "330 metres tall",
+        "location": "2nd paragraph",
+    }
+    mesh.script.add(
+        "Extract the height",
+        Reply(calls=(Call("read_web_page", {"url": article}, "read"),)),
+        Reply(calls=(Call("submit_extracted_evidence", {"source_url": article, "records": [extract]}, "submit"),)),
+    )
+    scout = {"objective": "Screen the sources", "role": "scout"}
+    extractor = {"objective": "Extract the height", "role": "extractor", "input_refs": [article]}
+    mesh.script.add(
+        SUPERVISOR,
+        Reply(calls=(Call("delegate_research", scout, "d1"),)),
+        Reply(calls=(Call("delegate_research", {**extractor, "input_refs": []}, "bad"),)),  # no source: refused
+        Reply(calls=(Call("delegate_research", extractor, "d2"),)),
+        Reply(content="Enough."),
+    )
+    mesh.script.add(REPORT, Reply(content="Nothing was promoted."))
+    run = await mesh.client.start_run("How tall is the Eiffel Tower?")
+    events = await mesh.events(run.run_id)
+    assert events[-1].HasField("completed"), events[-1]
+    refused = mesh.script.requests[SUPERVISOR][2]["messages"][-1]["content"]
+    assert "an extractor's input_refs name the one source URL it reads" in refused
+
+    entries = await mesh.scratchpad.read_all(run.scratchpad_thread_id)
+    assignments = [Assignment.parse(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_ASSIGNMENT]
+    assert [(a.role, a.task_kind) for a in assignments if isinstance(a, Assignment)] == [
+        (Role.SCOUT, TaskKind.LITERATURE_SCREENING),
+        (Role.EXTRACTOR, TaskKind.EVIDENCE_EXTRACTION),
+    ]
+    kinds = {e.kind: e for e in entries}
+    assert kinds[scratchpad_pb2.ENTRY_KIND_CANDIDATES].author.role == common_pb2.ROLE_SCOUT
+    assert kinds[scratchpad_pb2.ENTRY_KIND_EVIDENCE].author.role == common_pb2.ROLE_EXTRACTOR
+    assert scratchpad_pb2.ENTRY_KIND_FINDING not in kinds
+    # What the supervisor's model read back: each delegation's record, re-read from the scratchpad.
+    told = mesh.script.requests[SUPERVISOR][1]["messages"][-1]["content"]
+    assert "candidate_sources" in told and "it gives the tower's height" in told
+    # Neither is the review's: their tokens are the workers', not verification's.
+    assert events[-1].completed.usage.verification.model_calls == 0
