@@ -19,7 +19,7 @@ from quarry.db import Database
 from quarry.identity import Principal, Role
 from quarry.migrations import upgrade_schema_async
 from quarry.notify import CommitSignal
-from quarry.records.research import Assignment, ResearchRecord, RouteDecision, UsageObserved, parse_record
+from quarry.records.research import Assignment, ResearchRecord, RouteDecision, TaskKind, UsageObserved, parse_record
 from quarry.research_plane import Appended
 from quarry.vocabulary import DelegationResult, Entry, EntryKind, Tier
 from supervisor_svc.runs.budget import RunAccount, TokenBudget
@@ -143,6 +143,7 @@ async def test_every_delegation_is_assigned_routed_and_its_usage_observed_in_the
     assert records[0] == Assignment(
         delegation_id=result.delegation_id,
         role=Role.VERIFIER,
+        task_kind=TaskKind.CLAIM_VERIFICATION,
         objective="Verify finding 3",
         criteria=("quote exactly",),
         input_refs=("3", "https://a.example/p"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from pydantic import ValidationError
 
 from quarry.identity import Principal, Role
 from quarry.vocabulary import Entry, EntryKind, Source
@@ -65,5 +66,9 @@ def test_only_researchers_findings_are_citable_sources() -> None:
     ]
 
 
-def test_the_model_delegates_research_and_never_chooses_an_evidence_role() -> None:
-    assert "role" not in DelegateParams.model_json_schema()["properties"]
+def test_the_model_delegates_research_and_never_chooses_a_role_that_reviews_it() -> None:
+    """It may order researchers, scouts and extractors; the roles that judge its work are the run's to order."""
+    role = DelegateParams.model_json_schema()["properties"]["role"]
+    assert role["enum"] == ["researcher", "scout", "extractor"] and role["default"] == "researcher"
+    with pytest.raises(ValidationError):
+        DelegateParams.model_validate({"objective": "Judge finding 3", "role": "verifier"})
