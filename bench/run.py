@@ -55,6 +55,15 @@ from tests.supervisor_svc.conftest import processes
 WORDS = "The lattice tower of wrought iron stands on the Champ de Mars in Paris and draws crowds every day. "
 
 
+# The review's roles, by the first line of their tasks (tests/fakes/evidence.py answers them by it).
+REVIEW_AGENTS = {
+    "claim verifiers": "Verify finding ",
+    "citation auditors": "Audit sentence ",
+    "adjudicators": "Adjudicate objection ",
+    "reviser": "Revise sentence ",
+}
+
+
 def large_page(title: str, kilobytes: int) -> str:
     body = "".join(f"<p>{WORDS * 4} Paragraph {n} of {title}.</p>\n" for n in range(kilobytes * 1024 // 420))
     return f"<!doctype html><html><head><title>{title}</title></head><body><article>{body}</article></body></html>"
@@ -224,6 +233,15 @@ async def verification_cost(
         events = await run_once(client, QUESTION, modes[mode])
         samples[mode] = VerifiedSample(time.perf_counter() - started, events[-1].completed)
         assert script.unanswered == [], script.unanswered
+        if mode == "on":  # where the review's tokens go: each role's requests, as the model counts them
+            for role, prefix in REVIEW_AGENTS.items():
+                sent = [
+                    body for agent, bodies in script.requests.items() if agent.startswith(prefix) for body in bodies
+                ]
+                rounds.record(f"{role}: calls", len(sent))
+                rounds.record(f"{role}: prompt tokens", sum(len(json.dumps(b["messages"])) // 4 for b in sent))
+                tools = sum(len(json.dumps(b.get("tools", []))) // 4 for b in sent)
+                rounds.record(f"{role}: tool-schema tokens (not counted above)", tools)
     for mode, sample in samples.items():
         total = sample.completed.usage.total
         rounds.record(f"model calls, verification {mode}", total.model_calls)
