@@ -24,10 +24,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.markdown import Markdown
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from quarry.cli.terminal import clean, safe_markup, shown
 from quarry.clients.campaigns import CampaignsClient
 from quarry.clients.retry import RetryPolicy
 from quarry.clients.runs import RunsClient, is_terminal
@@ -153,7 +153,7 @@ class RunView:
         elif payload == "scratchpad":
             entry = event.scratchpad
             kind = name_of(scratchpad_pb2.EntryKind, entry.kind)
-            self.entries.append(f"[{entry.scratchpad_sequence_no}] {kind}: {entry.preview}")
+            self.entries.append(f"[{entry.scratchpad_sequence_no}] {kind}: {clean(entry.preview)}")
         elif payload == "content":
             self.report += event.content.delta
 
@@ -162,23 +162,23 @@ class RunView:
         return Counter(delegation.error for delegation in self.delegations.values() if delegation.error)
 
     def render(self) -> RenderableType:
-        parts: list[RenderableType] = [Text.from_markup(f"[bold]{self.question}[/]  [dim]{self.phase}[/]")]
+        parts: list[RenderableType] = [Text.assemble(shown(self.question, "bold"), "  ", (self.phase, "dim"))]
         if self.delegations:
             table = Table("delegation", "task", "worker", "progress", "outcome", expand=True)
             for delegation_id, delegation in self.delegations.items():
                 table.add_row(
-                    delegation_id.rsplit(".", 2)[-2],
-                    delegation.objective[:80],
-                    delegation.worker,
-                    delegation.progress,
-                    delegation.outcome,
+                    shown(delegation_id.rsplit(".", 2)[-2]),
+                    shown(delegation.objective, limit=80),
+                    shown(delegation.worker),
+                    shown(delegation.progress),
+                    Text.from_markup(delegation.outcome),  # written here, from the outcome's name
                 )
             parts.append(table)
         if self.entries:
-            shown = [Text(line[:160]) for line in self.entries[-_SHOWN_ENTRIES:]]
-            parts.append(Group(Text("scratchpad", style="bold"), *shown))
+            latest = [Text(line[:160]) for line in self.entries[-_SHOWN_ENTRIES:]]
+            parts.append(Group(Text("scratchpad", style="bold"), *latest))
         if self.report:
-            parts.append(Markdown(self.report))
+            parts.append(Markdown(clean(self.report)))
         if self.awaiting_approval:
             parts.append(Text.from_markup(approval_hint(self.run_id, self.awaiting_approval)))
         return Group(*parts)
@@ -186,28 +186,28 @@ class RunView:
 
 def approval_hint(run_id: str, message: str) -> str:
     return (
-        f"[bold yellow]{escape(message)}[/]\n"
+        f"[bold yellow]{safe_markup(message)}[/]\n"
         f"  quarry runs approve {run_id} [--comment TEXT]   or   quarry runs reject {run_id} --reason TEXT"
     )
 
 
 def _print_warnings(console: Console, warnings: Iterable[supervisor_pb2.RunWarning]) -> None:
     for warning in warnings:
-        console.print(Text(_WARNINGS.get(warning.code, warning.message), style="bold yellow"))
+        console.print(shown(_WARNINGS.get(warning.code, warning.message), "bold yellow"))
 
 
 def _summary(console: Console, event: supervisor_pb2.RunEvent) -> None:
     payload = event.WhichOneof("payload")
     if payload == "completed":
         completed = event.completed
-        console.print(Markdown(completed.report.markdown))
+        console.print(Markdown(clean(completed.report.markdown)))
         if completed.report.citations:
             table = Table("#", "source", "quote", "entry", title="citations")
             for citation in completed.report.citations:
                 table.add_row(
                     str(citation.number),
-                    citation.title or citation.url,
-                    citation.excerpt[:100],
+                    shown(citation.title or citation.url),
+                    shown(citation.excerpt, limit=100),
                     str(citation.scratchpad_sequence_no),
                 )
             console.print(table)
@@ -225,10 +225,10 @@ def _summary(console: Console, event: supervisor_pb2.RunEvent) -> None:
     elif payload == "failed":
         error = event.failed.error
         code = name_of(supervisor_pb2.RunErrorCode, error.code)
-        console.print(f"[red]run failed[/] ({code}): {escape(error.message)}")
+        console.print(f"[red]run failed[/] ({code}): {safe_markup(error.message)}")
         usage = event.failed.usage
     else:
-        console.print(f"[yellow]run cancelled[/]: {escape(event.cancelled.reason)}")
+        console.print(f"[yellow]run cancelled[/]: {safe_markup(event.cancelled.reason)}")
         usage = event.cancelled.usage
     console.print(Text(usage_line(usage), style="dim"))
 
@@ -291,7 +291,7 @@ async def ask(supervisor: Supervisor, question: str, options: supervisor_pb2.Run
         return EXIT_FAILED
     if not as_json:
         for reason, count in view.failures().items():
-            console.print(f"[yellow]{count} delegation(s) failed[/]: {escape(reason)}")
+            console.print(f"[yellow]{count} delegation(s) failed[/]: {safe_markup(reason)}")
         _summary(console, last)
     return exit_code(last)
 
@@ -312,7 +312,7 @@ async def list_runs(supervisor: Supervisor, state: str, limit: int, *, as_json: 
         table.add_row(
             name_of(supervisor_pb2.RunState, run.state),
             run.create_time.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"),
-            run.question[:70],
+            shown(run.question, limit=70),
             run.run_id,
         )
     Console().print(table)
@@ -392,21 +392,21 @@ async def show_run(supervisor: Supervisor, run_id: str, *, as_json: bool) -> int
         print(json.dumps(json_format.MessageToDict(run)))
         return 0
     console = Console()
-    console.print(f"[bold]{run.question}[/]")
-    console.print(f"{run.run_id}: {name_of(supervisor_pb2.RunState, run.state)}{_who(run)}", markup=False)
+    console.print(shown(run.question, "bold"))
+    console.print(shown(f"{run.run_id}: {name_of(supervisor_pb2.RunState, run.state)}{_who(run)}"))
     if run.HasField("error"):
-        console.print(f"[red]{escape(run.error.message)}[/]")
+        console.print(shown(run.error.message, "red"))
     if run.cancel_reason:
-        console.print(f"[yellow]run cancelled[/]: {escape(run.cancel_reason)}")
+        console.print(f"[yellow]run cancelled[/]: {safe_markup(run.cancel_reason)}")
     if run.state == supervisor_pb2.RUN_STATE_AWAITING_APPROVAL:
         console.print(approval_hint(run.run_id, "awaiting approval"))
     if run.HasField("verification"):
         _print_verification(console, run.verification)
     if run.HasField("report"):
-        console.print(Markdown(run.report.markdown))
+        console.print(Markdown(clean(run.report.markdown)))
         for citation in run.report.citations:
             console.print(
-                f'[{citation.number}] {citation.title or citation.url} <{citation.url}>: "{citation.excerpt}"'
+                shown(f'[{citation.number}] {citation.title or citation.url} <{citation.url}>: "{citation.excerpt}"')
             )
     _print_warnings(console, run.warnings)
     console.print(Text(usage_line(run.usage), style="dim"))
@@ -421,7 +421,7 @@ def _print_verification(console: Console, verification: supervisor_pb2.Verificat
     for objection in verification.objections:
         if objection.status == supervisor_pb2.OBJECTION_STATUS_OPEN:
             console.print(
-                f"[yellow]open objection[/] on sentence {objection.sentence_index}: {escape(objection.reason)}"
+                f"[yellow]open objection[/] on sentence {objection.sentence_index}: {safe_markup(objection.reason)}"
             )
 
 
@@ -437,7 +437,7 @@ async def decide(
     if as_json:
         print(json.dumps(json_format.MessageToDict(run)))
         return 0
-    Console().print(f"{run.run_id}: {name_of(supervisor_pb2.RunState, run.state)}{_who(run)}", markup=False)
+    Console().print(shown(f"{run.run_id}: {name_of(supervisor_pb2.RunState, run.state)}{_who(run)}"))
     return 0
 
 
@@ -456,8 +456,8 @@ def run_client_command(command: Coroutine[Any, Any, int]) -> int:
     try:
         return asyncio.run(command)
     except grpc.aio.AioRpcError as error:
-        print(f"quarry: {describe_rpc_error(error)}", file=sys.stderr)
+        print(f"quarry: {clean(describe_rpc_error(error))}", file=sys.stderr)
         return EXIT_FAILED
     except Unavailable as error:
-        print(f"quarry: {error}", file=sys.stderr)
+        print(f"quarry: {clean(str(error))}", file=sys.stderr)
         return EXIT_FAILED

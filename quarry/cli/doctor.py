@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
-from rich.markup import escape
 
 from quarry.cli.credentials import Credential
 from quarry.cli.registry import SERVICES
+from quarry.cli.terminal import safe_markup, shown
 from quarry.clients.channels import open_channel
 from quarry.config import CONFIG_FILE_ENV, ConfigurationError, QuarrySettings
 from quarry.security import Tls
@@ -145,9 +145,10 @@ async def diagnose(
 def print_verdict(console: Console) -> Callable[[Verdict], None]:
     def report(verdict: Verdict) -> None:
         mark = "[yellow]warn[/]" if verdict.warning else "[green] ok [/]" if verdict.ok else "[red]FAIL[/]"
-        console.print(f"{mark}  {escape(verdict.check)}: {escape(verdict.detail)}", highlight=False, soft_wrap=True)
+        check, detail = safe_markup(verdict.check), safe_markup(verdict.detail)
+        console.print(f"{mark}  {check}: {detail}", highlight=False, soft_wrap=True)
         for note in verdict.notes:
-            console.print(f"        {note}", style="dim", markup=False, highlight=False, soft_wrap=True)
+            console.print(shown(f"        {note}", "dim"), highlight=False, soft_wrap=True)
 
     return report
 

@@ -11,13 +11,12 @@ from pathlib import Path
 
 from google.protobuf import json_format
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
-from rich.text import Text
 
 from quarry.cli.ask import Supervisor, name_of
 from quarry.cli.lab.spec import SpecError, load_settings, settings_from_flags, spec_from_settings
 from quarry.cli.lab.view import ledger_table, number, watch
+from quarry.cli.terminal import safe_markup, shown
 from quarry.clients.campaigns import CampaignsClient
 from quarry.v1 import campaign_pb2, monitor_pb2
 
@@ -29,7 +28,7 @@ async def run(args: argparse.Namespace, supervisor: Supervisor) -> int:
             settings = load_settings(args.file, settings_from_flags(args))
             spec = spec_from_settings(settings)
         except SpecError as error:
-            Console(stderr=True).print(f"quarry lab start: {escape(str(error))}", highlight=False)
+            Console(stderr=True).print(f"quarry lab start: {safe_markup(str(error))}", highlight=False)
             return 2
         return await start(supervisor, spec, request_id=args.request_id, as_json=args.json)
     async with supervisor.campaigns() as client:
@@ -99,7 +98,7 @@ async def _list(client: CampaignsClient, state: str, limit: int, *, as_json: boo
             str(campaign.cycle),
             number(campaign.best_value) if campaign.HasField("best_value") else "",
             campaign.create_time.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"),
-            (campaign.spec.title or campaign.spec.brief.goal)[:60],
+            shown(campaign.spec.title or campaign.spec.brief.goal, limit=60),
             campaign.campaign_id,
         )
     Console().print(table)
@@ -118,7 +117,7 @@ def _experiment(experiment: campaign_pb2.CampaignExperiment) -> str:
 
 def _show(console: Console, campaign: campaign_pb2.Campaign) -> None:
     spec = campaign.spec
-    console.print(Text(spec.title or spec.brief.goal, style="bold"))
+    console.print(shown(spec.title or spec.brief.goal, "bold"))
     state = name_of(campaign_pb2.CampaignState, campaign.state)
     phase = name_of(campaign_pb2.CampaignPhase, campaign.phase)
     lines = [
@@ -150,7 +149,7 @@ def _show(console: Console, campaign: campaign_pb2.Campaign) -> None:
     if campaign.end_reason:
         lines.append(f"{state}: {campaign.end_reason}")
     for line in lines:
-        console.print(Text(line))
+        console.print(shown(line))
 
 
 def _standing(signals: campaign_pb2.CampaignSignals) -> str:

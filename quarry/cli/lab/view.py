@@ -13,11 +13,11 @@ from typing import Any
 from google.protobuf import json_format
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from quarry.cli.ask import name_of
+from quarry.cli.terminal import safe_markup, shown
 from quarry.clients.campaigns import CampaignsClient
 from quarry.records import signals as defaults
 from quarry.records.contract import ledger_record
@@ -48,10 +48,10 @@ def ledger_table(rows: Sequence[campaign_pb2.LedgerRow], metric: str) -> Table:
             name_of(campaign_pb2.LedgerVerdict, row.verdict),
             _metric(row, metric),
             name_of(monitor_pb2.JobState, row.job_state) if row.job_state else "-",
-            row.commit[:10] or "-",
+            shown(row.commit or "-", limit=10),
             str(row.tokens_used),
-            row.hypothesis[:60],
-            row.conclusion[:60],
+            shown(row.hypothesis, limit=60),
+            shown(row.conclusion, limit=60),
         )
     return table
 
@@ -141,19 +141,19 @@ class CampaignView:
         phase = name_of(campaign_pb2.CampaignPhase, campaign.phase)
         title = campaign.spec.title or campaign.spec.brief.goal
         parts: list[RenderableType] = [
-            Text.from_markup(f"[bold]{escape(title)}[/]  [dim]{campaign.campaign_id}[/]"),
-            Text(f"cycle {campaign.cycle}, {phase} ({state}){': ' + self.status if self.status else ''}"),
-            Text(f"best {campaign.spec.metric.name}: {self.best()}"),
+            Text.from_markup(f"[bold]{safe_markup(title)}[/]  [dim]{campaign.campaign_id}[/]"),
+            shown(f"cycle {campaign.cycle}, {phase} ({state}){': ' + self.status if self.status else ''}"),
+            shown(f"best {campaign.spec.metric.name}: {self.best()}"),
         ]
         if self.job is not None:
             job = self.job
             gpus = ", ".join(map(str, job.gpu_indices)) or "none"
             where = job.job.monitor_job_id or json_format.MessageToJson(job.job, indent=None)
-            parts.append(Text(f"job {where}: {name_of(monitor_pb2.JobState, job.state)}, GPUs {gpus}"))
-            parts.extend(Text(f"  {line[:150]}", style="dim") for line in self.log)
+            parts.append(shown(f"job {where}: {name_of(monitor_pb2.JobState, job.state)}, GPUs {gpus}"))
+            parts.extend(shown(f"  {line}", "dim", limit=152) for line in self.log)
         if self.rows:
             parts.append(ledger_table(self.rows[-_SHOWN_ROWS:], campaign.spec.metric.name))
-        parts.extend(Text(note[:160], style="yellow") for note in self.notes)
+        parts.extend(shown(note, "yellow", limit=160) for note in self.notes)
         return Group(*parts)
 
 

@@ -275,3 +275,21 @@ async def test_a_run_awaiting_approval_is_shown_and_approved_from_the_command_li
     assert code == 0 and json.loads(output.splitlines()[-1])["completed"]["report"]["markdown"] == "Approved answer."
     code, refused = await finish(await quarry("runs", "reject", run.run_id, "--reason", "late", *address))
     assert code == 1 and "FAILED_PRECONDITION" in refused
+
+
+async def test_ask_and_runs_show_and_list_print_what_a_model_wrote_literally(mesh: Mesh) -> None:
+    """The question and the report come from a person and a model: markup in them is text, escape sequences
+    never reach the terminal, and nothing crashes on a stray "[/]"."""
+    hostile = "[bold]b[/] [/] [link=https://e.x]l[/link] \x1b[38;5;196mred\x1b[0m\x1b]0;title\x07 end"
+    mesh.script.add(SUPERVISOR, Reply(content="Nothing to delegate."))
+    mesh.script.add(REPORT, Reply(content=f"The report says {hostile}"))
+    address = ("--address", mesh.supervisor.address)
+    code, asked = await finish(await quarry("ask", f"Is {hostile}?", *address))
+    [run] = (await mesh.client.list_runs()).runs
+    code_show, shown_run = await finish(await quarry("runs", "show", run.run_id, *address))
+    code_list, listed = await finish(await quarry("runs", "list", *address))
+    for status, output in ((code, asked), (code_show, shown_run), (code_list, listed)):
+        assert status == 0 and "Traceback" not in output, output
+        assert "[bold]b[/] [/]" in output, output
+        assert not any(sequence in output for sequence in ("\x1b[38;5;196m", "\x1b]0;", "\x07")), repr(output)
+    assert "[link=https://e.x]l[/link]" in asked and "red" in shown_run
