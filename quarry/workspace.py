@@ -23,6 +23,7 @@ from quarry.v1 import monitor_pb2
 from quarry.vocabulary import JobRef, MetricDirection
 
 __all__ = [
+    "Committed",
     "Experiment",
     "FileText",
     "GitState",
@@ -139,6 +140,12 @@ class GitState:
 
 
 @dataclass(frozen=True)
+class Committed:
+    commit: str  # the new commit; the unchanged HEAD when there was nothing to commit
+    changed: bool  # whether the workspace held a change (as git status has it) to commit
+
+
+@dataclass(frozen=True)
 class Launched:
     job: JobRef
     gpus: tuple[int, ...]
@@ -213,10 +220,11 @@ class WorkspaceView:
             await self._ask(self._client.create_workspace_branch(self.workspace_id, name, request_id=request_id))
         )
 
-    async def commit(self, message: str, *, request_id: str) -> str:
-        """Commit every change in the workspace; the new commit."""
+    async def commit(self, message: str, *, request_id: str) -> Committed:
+        """Commit every change in the workspace, however it was made (file writes, commands): the new commit,
+        or HEAD and `changed` false when git sees nothing to commit."""
         committed = await self._ask(self._client.commit_workspace(self.workspace_id, message, request_id=request_id))
-        return committed.commit
+        return Committed(committed.commit, committed.committed)
 
     async def reset(self, commit: str, *, remove_untracked: bool = False) -> GitState:
         """Put the workspace back at `commit`, files and HEAD (untracked files too, if asked)."""

@@ -208,18 +208,21 @@ class CampaignLoop:
         thought = await self._thinker.think(cycle, attempt, briefing, self._lab.workspace_id)
         await handle.record_usage(thought.tokens)
         action = "; ".join(thought.changes) or "no change"
-        commit = ""
-        if not thought.failure:
+        commit, failure = "", thought.failure
+        if not failure:
             await handle.set_phase(Phase.EXECUTE, cycle, thought.hypothesis[:200])
             message = f"campaign cycle {cycle}: {thought.hypothesis[:200]}"
-            commit = await self._lab.commit(message, request_id=f"{attempt}/commit")
+            committed = await self._lab.commit(message, request_id=f"{attempt}/commit")
+            # The workspace's own state says whether anything changed, however it was changed: nothing to
+            # commit is nothing to run, and no job is launched to judge the kept commit against itself.
+            commit, failure = (committed.commit, "") if committed.changed else ("", NO_CHANGE)
         decision = Decision(
             cycle=cycle, text=thought.hypothesis, commit=commit, action=action, tokens_used=thought.tokens
         )
         await self._thread.write(decision, f"c{cycle}/decision")
         trial = Trial(cycle, thought.hypothesis, action, commit, started, thought.tokens)
-        if thought.failure:
-            await self._reflect(signals, trials, replace(trial, failed=True), JobEnd.not_run(thought.failure))
+        if failure:
+            await self._reflect(signals, trials, replace(trial, failed=True), JobEnd.not_run(failure))
             return
         end = await self._run_job(cycle)
         await self._reflect(signals, trials, replace(trial, changed=thought.files), end)
@@ -272,6 +275,8 @@ class CampaignLoop:
                 log.warning("campaign %s: %s not exported: %s", self._id, path, _describe(error))
 
 
+# Why a cycle whose THINK left the workspace as it was ran no job (its next THINK reads it on the ledger).
+NO_CHANGE = "no change: the workspace was left as it was (git status: nothing to commit), so nothing was run"
 # A service unreachable or busy: the step is redone; any other refusal needs a human.
 _TRANSIENT_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}

@@ -15,7 +15,7 @@ from quarry.clients.monitor import MonitorClient
 from quarry.compute import JobReport
 from quarry.records.campaign import TrialRecord
 from quarry.vocabulary import JobRef
-from quarry.workspace import Experiment, GitState, Launched, WorkspaceView, Written
+from quarry.workspace import Committed, Experiment, GitState, Launched, WorkspaceView, Written
 from supervisor_svc.campaigns.events import Event
 from supervisor_svc.campaigns.state import CampaignRecord, CampaignState, DirectiveRecord, Phase, Progress
 
@@ -27,7 +27,7 @@ class Lab(Protocol):
 
     async def branch(self, name: str, *, request_id: str) -> GitState: ...
 
-    async def commit(self, message: str, *, request_id: str) -> str: ...
+    async def commit(self, message: str, *, request_id: str) -> Committed: ...
 
     async def reset(self, commit: str, *, remove_untracked: bool = False) -> GitState: ...
 

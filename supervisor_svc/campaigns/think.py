@@ -192,8 +192,6 @@ class Thinker:
             hypothesis = (await agent.run(session, history=list(opening))).strip()
         except Exception as error:  # the model failed: the cycle failed, the limiter backs off
             failure = f"THINK failed: {error}"
-        if not failure and not session.files:
-            failure = "no file was changed: nothing to run"
         return Thought(
             hypothesis=hypothesis or "(no hypothesis stated)",
             changes=tuple(session.changes),

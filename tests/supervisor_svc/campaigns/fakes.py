@@ -34,7 +34,7 @@ from quarry.vocabulary import (
     Source,
     Tier,
 )
-from quarry.workspace import Experiment, GitState, Launched, Written
+from quarry.workspace import Committed, Experiment, GitState, Launched, Written
 from supervisor_svc.campaigns.events import Event
 from supervisor_svc.campaigns.memory import ThinkBriefing
 from supervisor_svc.campaigns.spec import Brief, Budgets, CampaignSpec, Metric, Rules, Workspace
@@ -118,12 +118,15 @@ class FakeLab:
         self.branch_name = name
         return await self.git()
 
-    async def commit(self, message: str, *, request_id: str) -> str:
+    async def commit(self, message: str, *, request_id: str) -> Committed:
+        """Nothing to commit when the files are as HEAD has them (as git status would say)."""
         if request_id not in self.commits:
+            if self.files == self.snapshots.get(self.head):
+                return Committed(self.head, changed=False)
             commit = f"c{len(self.snapshots)}"
             self.snapshots[commit] = dict(self.files)
             self.commits[request_id] = self.head = commit
-        return self.commits[request_id]
+        return Committed(self.commits[request_id], changed=True)
 
     async def reset(self, commit: str, *, remove_untracked: bool = False) -> GitState:
         self.resets.append((commit, remove_untracked))
@@ -335,8 +338,9 @@ class ScriptedThinking:
         self.attempts.append(attempt)
         change = self._changes.popleft()
         self._lab.files.update(change.files)
-        failure = change.failure or ("" if change.files else "no file was changed: nothing to run")
-        return Thought(change.hypothesis, (change.hypothesis,), tuple(sorted(change.files)), change.tokens, failure)
+        return Thought(
+            change.hypothesis, (change.hypothesis,), tuple(sorted(change.files)), change.tokens, change.failure
+        )
 
 
 # -- the workers --------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 from quarry.compute import MonitorError
 from quarry.v1 import campaign_pb2
 from quarry.vocabulary import EntryKind, JobState
-from supervisor_svc.campaigns.loop import CampaignLoop, LoopSettings
+from supervisor_svc.campaigns.loop import NO_CHANGE, CampaignLoop, LoopSettings
 from supervisor_svc.campaigns.spec import Budgets
 from supervisor_svc.campaigns.state import CampaignState, Phase
 from supervisor_svc.campaigns.store import CampaignLost
@@ -125,13 +125,20 @@ async def test_failures_in_a_row_up_to_the_bound_pause_the_campaign() -> None:
     assert [(d["cycle"], d["approach"]) for d in dead_ends] == [(3, BROKEN.hypothesis)]
 
 
-async def test_a_think_that_changes_nothing_fails_its_cycle_without_a_job() -> None:
+@pytest.mark.parametrize(
+    "change",
+    [Change("Nothing to do."), Change("Write the config as it is.", files={CONFIG: "base"})],
+    ids=["no-edit", "an-edit-that-changes-nothing"],
+)
+async def test_a_think_that_leaves_the_workspace_as_it_was_runs_no_job(change: Change) -> None:
+    """Whether anything changed is the workspace's to say (git status), not which tools were used: a file
+    written back as it was is no change, and no job judges the kept commit against itself."""
     workspace, handle = lab(), FakeHandle(spec(budgets=Budgets(max_cycles=3)))
-    scratchpad = await run(handle, workspace, Change("Nothing to do."))
+    scratchpad = await run(handle, workspace, change)
 
     assert handle.verdicts == ["baseline", "baseline", "failed"]
     failed = handle.rows[2]
-    assert (failed.commit, failed.job_id, failed.conclusion) == ("", "", "no file was changed: nothing to run")
+    assert (failed.commit, failed.job_id, failed.conclusion) == ("", "", NO_CHANGE)
     assert len(workspace.launched) == 2
     decisions = records(scratchpad, EntryKind.CAMPAIGN_DECISION)
     assert [(d["cycle"], d["commit"]) for d in decisions] == [(3, "")]
