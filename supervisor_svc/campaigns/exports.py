@@ -1,7 +1,10 @@
 """The files a human reads in the workspace, rendered from the campaign's records.
 
 They are copies, regenerated whole from the thread after each cycle: never read back, never
-the source of truth, so an edit to one is simply overwritten.
+the source of truth, so an edit to one is simply overwritten. They live in the workspace's
+EXPORTS_DIR, whose own .gitignore ignores everything in it, itself included: git never sees them,
+so no commit takes them along, no reset to a kept commit reverts them, and a cycle that changed
+nothing else still has nothing to commit.
 """
 
 from __future__ import annotations
@@ -10,16 +13,21 @@ from collections.abc import Sequence
 
 from quarry.records.campaign import CampaignRecord, DeadEnd, Insight, TrialRecord
 
-EXPERIMENTS_FILE = "experiments.jsonl"
-DEAD_ENDS_FILE = "DEAD_ENDS.md"
-INSIGHTS_FILE = "INSIGHTS.md"
+EXPORTS_DIR = ".campaign"
+IGNORE_FILE = f"{EXPORTS_DIR}/.gitignore"
+EXPERIMENTS_FILE = f"{EXPORTS_DIR}/experiments.jsonl"
+DEAD_ENDS_FILE = f"{EXPORTS_DIR}/DEAD_ENDS.md"
+INSIGHTS_FILE = f"{EXPORTS_DIR}/INSIGHTS.md"
+# Ignores the folder's every file, this one too: nothing in it is ever staged.
+_IGNORE_ALL = "# Written by the campaign: its journals, regenerated after each cycle and never committed.\n*\n"
 
 _GENERATED = "Generated from the campaign's records after each cycle; edits here are overwritten."
 
 
 def workspace_exports(records: Sequence[CampaignRecord]) -> dict[str, str]:
-    """Each exported file's content by its path in the workspace."""
+    """Each exported file's content by its path in the workspace, the folder's .gitignore first."""
     return {
+        IGNORE_FILE: _IGNORE_ALL,
         EXPERIMENTS_FILE: experiments_jsonl(records),
         DEAD_ENDS_FILE: dead_ends_markdown(records),
         INSIGHTS_FILE: insights_markdown(records),

@@ -86,8 +86,14 @@ async def test_a_campaign_measures_keeps_discards_and_fails_by_code_with_no_mode
     assert [(d["cycle"], d["approach"]) for d in dead_ends] == [(6, "Fewer steps save time.")]
     ledger = [json.loads(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_CAMPAIGN_LEDGER]
     assert [record["cycle"] for record in ledger] == [1, 2, 3, 4, 5, 6]
-    assert "Fewer steps save time." in (project / "DEAD_ENDS.md").read_text()
-    assert len((project / "experiments.jsonl").read_text().splitlines()) == 6
+    # The journals, current after the campaign stopped (kept and discarded cycles reset the workspace between):
+    # every dead end, and one line per ledger record, in a folder git never sees, so nothing committed them.
+    journals = project / ".campaign"
+    assert "Fewer steps save time." in (journals / "DEAD_ENDS.md").read_text()
+    lines = (journals / "experiments.jsonl").read_text().splitlines()
+    assert [json.loads(line)["cycle"] for line in lines] == [1, 2, 3, 4, 5, 6]
+    assert git(project, "status", "--porcelain") == ""
+    assert git(project, "log", "--all", "--oneline", "--", ".campaign") == ""
 
     # The directive reached the first THINK only, and was consumed once.
     first_think, later_thinks = script.leader_requests[0], script.leader_requests[2:]

@@ -92,7 +92,7 @@ async def test_the_baseline_sets_the_noise_floor_then_an_improvement_is_kept_and
     assert handle.progress[-1].best_value == 0.5
     # Each row once on the thread and in the store; the experiments exported; THINK only after the baseline.
     assert [r["cycle"] for r in records(scratchpad, EntryKind.CAMPAIGN_LEDGER)] == [1, 2, 3, 4]
-    assert len(workspace.exported["experiments.jsonl"].splitlines()) == 4
+    assert len(workspace.exported[".campaign/experiments.jsonl"].splitlines()) == 4
     assert [cycle for phase, cycle, _ in handle.phases if phase is Phase.THINK] == [3, 4]
     assert handle.tokens == 200
     # Each step read the thread once: four cycles, then the step that found the budget spent.

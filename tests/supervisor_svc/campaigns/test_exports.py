@@ -61,11 +61,15 @@ def test_empty_journals_say_so() -> None:
     assert insights_markdown([]).endswith("overwritten.\n\nNone recorded yet.\n")
 
 
-def test_the_exports_are_the_three_files_regenerated_whole() -> None:
+def test_the_exports_are_the_three_files_regenerated_whole_in_a_folder_git_ignores() -> None:
     exports = workspace_exports(RECORDS)
+    ignore = exports.pop(".campaign/.gitignore")
     assert exports == {
-        "experiments.jsonl": experiments_jsonl(RECORDS),
-        "DEAD_ENDS.md": dead_ends_markdown(RECORDS),
-        "INSIGHTS.md": insights_markdown(RECORDS),
+        ".campaign/experiments.jsonl": experiments_jsonl(RECORDS),
+        ".campaign/DEAD_ENDS.md": dead_ends_markdown(RECORDS),
+        ".campaign/INSIGHTS.md": insights_markdown(RECORDS),
     }
-    assert workspace_exports(RECORDS) == exports
+    # Everything in the folder, its own .gitignore too: no commit ever stages a journal.
+    assert [line for line in ignore.splitlines() if not line.startswith("#")] == ["*"]
+    assert list(workspace_exports(RECORDS))[0] == ".campaign/.gitignore"  # written before the journals
+    assert workspace_exports(RECORDS) == {".campaign/.gitignore": ignore, **exports}
