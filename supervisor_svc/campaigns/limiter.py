@@ -125,6 +125,18 @@ def admit(
     return longest
 
 
+def tokens_left(history: Sequence[CycleCost], now: datetime, limits: Limits) -> int | None:
+    """What the next cycle may spend before it crosses the token budget or the hour's token limit (None: no
+    bound). The cycle stops before a model call that would cross it."""
+    bounds = []
+    if limits.max_tokens:
+        bounds.append(limits.max_tokens - sum(cost.tokens for cost in history))
+    if limits.tokens_per_hour:
+        recent = sum(cost.tokens for cost in history if cost.ended_at > now - WINDOW)
+        bounds.append(limits.tokens_per_hour - recent)
+    return max(min(bounds), 0) if bounds else None
+
+
 def consecutive_failures(history: Sequence[CycleCost], *, since: datetime | None = None) -> tuple[CycleCost, ...]:
     """The failed cycles at the end of `history`, oldest first; cycles started before `since` do not count."""
     streak: list[CycleCost] = []

@@ -205,7 +205,10 @@ class CampaignLoop:
         # The directives this THINK consumed (the store is their source, not the thread).
         briefing = replace(briefing, directives=directives)
         attempt = _attempt(self._id, cycle, started)
-        thought = await self._thinker.think(cycle, attempt, briefing, self._lab.workspace_id)
+        left = limiter.tokens_left(
+            [limiter.CycleCost.of(record) for record in trials], datetime.now(UTC), self._spec.limits()
+        )
+        thought = await self._thinker.think(cycle, attempt, briefing, self._lab.workspace_id, tokens_left=left)
         await handle.record_usage(thought.tokens)
         action = "; ".join(thought.changes) or "no change"
         commit, failure = "", thought.failure

@@ -96,7 +96,8 @@ class ThinkSession:
     cycle: int
     workspace_id: str
     desk: Delegator  # this THINK's: a THINK redone after a restart delegates under new ids
-    account: RunAccount  # its delegations' usage
+    account: RunAccount  # the cycle's usage: THINK's model calls and its delegations'
+    budget: TokenBudget  # what the cycle may spend (max_tokens 0: no bound)
     changes: list[str] = field(default_factory=list)
     files: set[str] = field(default_factory=set)
 
@@ -143,8 +144,32 @@ THINK_TOOLS: ToolRegistry[ThinkSession] = ToolRegistry(
 )
 
 
+class CycleBudgetSpent(Exception):
+    """The next model call would cross what the cycle may spend: THINK stops before making it."""
+
+
+class _CycleBudget(LoopObserver):
+    """Before each THINK turn: stop when the cycle's tokens so far, plus what one call has cost on average,
+    would cross what the cycle may spend (its delegations' tokens count too)."""
+
+    def __init__(self, budget: TokenBudget) -> None:
+        self._budget = budget
+
+    async def turn_started(self, turn: int, max_turns: int) -> None:
+        left = self._budget.left()
+        if left is not None and left - self._budget.one_call() < 0:
+            spent = self._budget.account.usage().total.tokens
+            raise CycleBudgetSpent(
+                f"stopped before a model call that would cross the campaign's token budget: {spent} of the "
+                f"{self._budget.max_tokens} tokens this cycle could spend are used, and a call costs about "
+                f"{self._budget.one_call()}"
+            )
+
+
 class Thinking(Protocol):
-    async def think(self, cycle: int, attempt: str, briefing: ThinkBriefing, workspace_id: str) -> Thought:
+    async def think(
+        self, cycle: int, attempt: str, briefing: ThinkBriefing, workspace_id: str, tokens_left: int | None = None
+    ) -> Thought:
         """One THINK of `cycle`, `attempt` its conversation's id; the engineer edits the workspace `workspace_id`."""
         ...
 
@@ -173,8 +198,12 @@ class Thinker:
         self._delegations = delegations
         self._settings = settings
 
-    async def think(self, cycle: int, attempt: str, briefing: ThinkBriefing, workspace_id: str) -> Thought:
-        session = self.session(cycle, attempt, workspace_id)
+    async def think(
+        self, cycle: int, attempt: str, briefing: ThinkBriefing, workspace_id: str, tokens_left: int | None = None
+    ) -> Thought:
+        """One THINK; `tokens_left`: what the cycle may spend (its model calls and its delegations'), None for no
+        bound. It stops before a call that would cross it, and its delegations share what is left."""
+        session = self.session(cycle, attempt, workspace_id, tokens_left or 0)
         opening = [system(INSTRUCTIONS), user(briefing.render())]
         await self._conversations.create(attempt, opening)
         agent = AgentRun(
@@ -183,28 +212,32 @@ class Thinker:
             self._conversations,
             attempt,
             LoopLimits(max_turns=self._settings.think_turns),
-            LoopObserver(),
+            _CycleBudget(session.budget),
             agent="campaign",
         )
+        session.account.count_planning(lambda: agent.usage)
         failure = ""
         hypothesis = ""
         try:
             hypothesis = (await agent.run(session, history=list(opening))).strip()
+        except CycleBudgetSpent as spent:
+            failure = str(spent)
         except Exception as error:  # the model failed: the cycle failed, the limiter backs off
             failure = f"THINK failed: {error}"
         return Thought(
             hypothesis=hypothesis or "(no hypothesis stated)",
             changes=tuple(session.changes),
             files=tuple(sorted(session.files)),
-            tokens=agent.usage.tokens + session.account.workers.tokens,
+            tokens=session.account.usage().total.tokens,
             failure=failure,
         )
 
-    def session(self, cycle: int, attempt: str, workspace_id: str) -> ThinkSession:
-        """A THINK's state, with its own delegation desk and the account of its delegations' usage (their
-        tokens count in the cycle's, which the limiter bounds by the campaign's budgets: the desk's own
-        budget is unbounded)."""
+    def session(self, cycle: int, attempt: str, workspace_id: str, max_tokens: int = 0) -> ThinkSession:
+        """A THINK's state, with its own delegation desk and the account of the cycle's usage (THINK's model
+        calls and its delegations'): `max_tokens` bounds them together (0: no bound), and each delegation gets a
+        share of what is left."""
         account = RunAccount()
+        budget = TokenBudget(max_tokens, account)
         desk = Delegator(
             run_id=attempt,
             thread_id=self.thread.thread_id,
@@ -214,11 +247,11 @@ class Thinker:
             client=self._delegations,
             scratchpad=self._scratchpad,
             account=account,
-            budget=TokenBudget(0, account),
+            budget=budget,
             publisher=_UNANNOUNCED,
             ledger=RunLedger(self._scratchpad, self._campaign_id, self.thread.thread_id),
         )
-        return ThinkSession(self, cycle, workspace_id, desk, account)
+        return ThinkSession(self, cycle, workspace_id, desk, account, budget)
 
     async def engineer(self, change: str, session: ThinkSession) -> str:
         """One engineer delegation in the campaign's workspace; what it did, for the leader."""

@@ -332,9 +332,13 @@ class ScriptedThinking:
         self._changes = deque(changes)
         self.briefings: list[ThinkBriefing] = []
         self.attempts: list[str] = []
+        self.tokens_left: list[int | None] = []  # what each THINK was told the cycle may spend
 
-    async def think(self, cycle: int, attempt: str, briefing: ThinkBriefing, workspace_id: str) -> Thought:
+    async def think(
+        self, cycle: int, attempt: str, briefing: ThinkBriefing, workspace_id: str, tokens_left: int | None = None
+    ) -> Thought:
         self.briefings.append(briefing)
+        self.tokens_left.append(tokens_left)
         self.attempts.append(attempt)
         change = self._changes.popleft()
         self._lab.files.update(change.files)

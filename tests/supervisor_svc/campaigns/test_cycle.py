@@ -146,10 +146,13 @@ async def test_a_think_that_leaves_the_workspace_as_it_was_runs_no_job(change: C
 
 async def test_the_token_budget_ends_the_campaign_once_spent() -> None:
     workspace, handle = lab(), FakeHandle(spec(budgets=Budgets(max_tokens=150)))
-    await run(handle, workspace, BETTER, WORSE)
+    thinking = ScriptedThinking(workspace, BETTER, WORSE)
+    await campaign_loop(handle, workspace, thinking, FakeScratchpad()).run()
 
     assert handle.verdicts == ["baseline", "baseline", "keep", "discard"]
     assert handle.ended == (CampaignState.COMPLETED, "200 of 150 tokens used")
+    # Each THINK is told what its cycle may spend (THINK then stops before a call that would cross it).
+    assert thinking.tokens_left == [150, 50]
 
 
 async def test_the_thinks_are_briefed_with_the_directive_once() -> None:

@@ -71,5 +71,5 @@ def test_the_exports_are_the_three_files_regenerated_whole_in_a_folder_git_ignor
     }
     # Everything in the folder, its own .gitignore too: no commit ever stages a journal.
     assert [line for line in ignore.splitlines() if not line.startswith("#")] == ["*"]
-    assert list(workspace_exports(RECORDS))[0] == ".campaign/.gitignore"  # written before the journals
+    assert next(iter(workspace_exports(RECORDS))) == ".campaign/.gitignore"  # written before the journals
     assert workspace_exports(RECORDS) == {".campaign/.gitignore": ignore, **exports}

@@ -18,6 +18,7 @@ from supervisor_svc.campaigns.limiter import (
     admit,
     backoff_seconds,
     consecutive_failures,
+    tokens_left,
 )
 from tests.supervisor_svc.campaigns.ledger import START, run
 
@@ -211,3 +212,13 @@ def test_after_sleeping_as_told_the_rates_let_the_next_cycle_run(
     if admission.step is Step.SLEEP:
         assert 0 < admission.sleep_seconds <= 3600
         assert admit(history, now + timedelta(seconds=admission.sleep_seconds), limits) == RUN
+
+
+def test_a_cycle_may_spend_what_is_left_of_the_budget_and_of_the_hour_whichever_is_less() -> None:
+    history = [cycle(0, tokens=400), cycle(70, tokens=250), cycle(100, tokens=100)]
+    now = START + 110 * MINUTE  # the first cycle ended more than an hour ago
+    assert tokens_left(history, now, Limits()) is None
+    assert tokens_left(history, now, Limits(max_tokens=1000)) == 250
+    assert tokens_left(history, now, Limits(tokens_per_hour=500)) == 150  # 350 in the last hour
+    assert tokens_left(history, now, Limits(max_tokens=1000, tokens_per_hour=500)) == 150
+    assert tokens_left(history, now, Limits(max_tokens=700)) == 0  # already over: nothing, never negative

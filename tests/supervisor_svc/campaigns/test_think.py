@@ -4,12 +4,19 @@ are recorded like a run's (assignment, route, usage) and bounded in parallel."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+from quarry.agent.conversation import ConversationStore, metadata
 from quarry.agent.messages import ToolCall
+from quarry.agent.model import ModelClient, ModelSettings
+from quarry.db import Database
 from quarry.identity import Role
-from quarry.vocabulary import EntryKind
+from quarry.records.signals import MetricGoal, SignalRules, read_signals
+from quarry.vocabulary import EntryKind, MetricDirection
+from supervisor_svc.campaigns.memory import think_briefing
 from supervisor_svc.campaigns.think import THINK_TOOLS, Thinker, ThinkSession, ThinkSettings
 from supervisor_svc.campaigns.thread import CampaignThread
+from tests.fakes.openai_server import Call, Reply, ScriptedModel
 from tests.supervisor_svc.campaigns.fakes import CAMPAIGN_ID, CONFIG, FakeDelegations, FakeScratchpad
 
 ATTEMPT = f"{CAMPAIGN_ID}-c3-120000000000"
@@ -83,3 +90,36 @@ async def test_a_think_redone_after_a_restart_delegates_under_new_ids() -> None:
     ids = [order.delegation_id for order in delegations.orders]
     assert len(set(ids)) == 2
     assert scratchpad.kinds(CAMPAIGN_ID).count(EntryKind.ASSIGNMENT) == 2
+
+
+async def test_a_think_stops_before_a_model_call_that_would_cross_what_the_cycle_may_spend(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    """Each call costs 40 tokens and the cycle may spend 100: after two calls (80) a third would cross it, so
+    THINK stops before asking, and says why (the ledger row's conclusion)."""
+    database = Database(f"sqlite:///{tmp_path / 'think.db'}")
+    metadata.create_all(database.engine)
+    client = ModelClient(ModelSettings(base_url=model.base_url, model="scripted"))
+    delegations, scratchpad = FakeDelegations(), FakeScratchpad()
+    thread = CampaignThread(scratchpad, CAMPAIGN_ID, CAMPAIGN_ID)
+    thinker = Thinker(
+        CAMPAIGN_ID, thread, scratchpad, client, ConversationStore(database), delegations, ThinkSettings()
+    )
+    insights = (
+        Reply(calls=(Call("record_insight", {"text": f"note {n}"}, f"i{n}"),), input_tokens=35, output_tokens=5)
+        for n in range(3)
+    )
+    model.script(*insights, Reply(content="Raise the learning rate."))
+    loss = MetricGoal("val_loss", MetricDirection.MINIMIZE)
+    briefing = think_briefing("Lower val_loss.", [], read_signals([], loss, SignalRules()))
+    try:
+        thought = await thinker.think(3, ATTEMPT, briefing, "ws-fake", tokens_left=100)
+    finally:
+        await client.close()
+        await database.close()
+
+    assert thought.failure == (
+        "stopped before a model call that would cross the campaign's token budget: 80 of the 100 tokens this "
+        "cycle could spend are used, and a call costs about 40"
+    )
+    assert len(model.requests) == 2 and thought.tokens == 80
