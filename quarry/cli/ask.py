@@ -67,6 +67,11 @@ class Supervisor:
 
     address: str
     open_channel: Callable[[], grpc.aio.Channel]
+    # Where the supervisor is now: the address found again (a `quarry up` restarted on new ports). None: here.
+    find_again: Callable[[], Supervisor] | None = None
+
+    def current(self) -> Supervisor:
+        return self.find_again() if self.find_again is not None else self
 
     @contextlib.asynccontextmanager
     async def connect(self) -> AsyncIterator[RunsClient]:

@@ -111,7 +111,11 @@ def _supervisor(args: argparse.Namespace, common: QuarrySettings) -> Supervisor:
     key = api_credential(common, load_settings(SupervisorSettings).auth_token).key
     [address] = service_addresses("supervisor", common, args.address)
     tls, limits = Tls.from_settings(common), ConnectionLimits.from_settings(common)
-    return Supervisor(address, lambda: open_channel(address, tls=tls, limits=limits, token=key))
+    return Supervisor(
+        address,
+        lambda: open_channel(address, tls=tls, limits=limits, token=key),
+        find_again=lambda: _supervisor(args, common),
+    )
 
 
 def _ask(args: argparse.Namespace, common: QuarrySettings) -> int:

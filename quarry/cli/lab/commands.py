@@ -61,7 +61,7 @@ async def run(args: argparse.Namespace, supervisor: Supervisor) -> int:
             _print_ledger(rows, await client.get_campaign(args.campaign_id), as_jsonl=args.jsonl)
             return 0
         if command == "watch":
-            return await watch(client, args.campaign_id)
+            return await watch(supervisor, args.campaign_id)
         output = args.output or Path(f"{args.campaign_id}.png")
         campaign = await client.get_campaign(args.campaign_id)
         plot(campaign, await client.ledger(args.campaign_id), output)
@@ -171,7 +171,8 @@ def _print_ledger(rows: Sequence[campaign_pb2.LedgerRow], campaign: campaign_pb2
         for row in rows:
             print(json.dumps(json_format.MessageToDict(row)))
         return
-    Console().print(ledger_table(rows, campaign.spec.metric.name))
+    console = Console()
+    console.print(ledger_table(rows, campaign.spec.metric.name, console.width))
 
 
 def plot(campaign: campaign_pb2.Campaign, rows: Sequence[campaign_pb2.LedgerRow], output: Path) -> None:

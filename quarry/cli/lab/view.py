@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC
 from typing import Any
 
+import grpc
 from google.protobuf import json_format
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from quarry.cli.ask import name_of
+from quarry.cli.ask import Supervisor, name_of
 from quarry.cli.terminal import safe_markup, shown
-from quarry.clients.campaigns import CampaignsClient
+from quarry.errors import Unavailable
 from quarry.records import signals as defaults
 from quarry.records.contract import ledger_record
 from quarry.records.signals import MetricGoal, SignalRules, read_signals
@@ -27,6 +29,10 @@ from quarry.vocabulary import MetricDirection
 
 _SHOWN_ROWS = 8
 _SHOWN_LOG_LINES = 10
+# How long `quarry lab watch` waits for a supervisor that went away before it gives up.
+AWAY_SECONDS = 600.0
+# Narrower than this, the ledger drops its job, commit and token columns and cuts its text shorter.
+WIDE_COLUMNS = 110
 
 
 def number(value: float) -> str:
@@ -40,7 +46,18 @@ def _metric(row: campaign_pb2.LedgerRow, name: str) -> str:
     return "-"
 
 
-def ledger_table(rows: Sequence[campaign_pb2.LedgerRow], metric: str) -> Table:
+def ledger_table(rows: Sequence[campaign_pb2.LedgerRow], metric: str, width: int | None = None) -> Table:
+    """The ledger's rows; on a terminal narrower than WIDE_COLUMNS, only what a person reads first."""
+    if width is not None and width < WIDE_COLUMNS:
+        narrow = Table("cycle", "verdict", metric, "hypothesis", expand=True)
+        for row in rows:
+            narrow.add_row(
+                str(row.cycle),
+                name_of(campaign_pb2.LedgerVerdict, row.verdict),
+                _metric(row, metric),
+                shown(row.hypothesis, limit=max(width - 40, 20)),
+            )
+        return narrow
     table = Table("cycle", "verdict", metric, "job", "commit", "tokens", "hypothesis", "conclusion")
     for row in rows:
         table.add_row(
@@ -86,6 +103,7 @@ class CampaignView:
     log: list[str] = field(default_factory=list)
     rows: list[campaign_pb2.LedgerRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    away: str = ""  # said while the supervisor is away
 
     def apply(self, event: campaign_pb2.CampaignEvent) -> None:
         payload = event.WhichOneof("payload")
@@ -135,7 +153,7 @@ class CampaignView:
         floor = f" (noise floor {number(signals.noise.floor)})" if signals.noise is not None else ""
         return number(signals.best) + floor
 
-    def render(self) -> RenderableType:
+    def render(self, width: int | None = None) -> RenderableType:
         campaign = self.campaign
         state = name_of(campaign_pb2.CampaignState, campaign.state)
         phase = name_of(campaign_pb2.CampaignPhase, campaign.phase)
@@ -152,25 +170,63 @@ class CampaignView:
             parts.append(shown(f"job {where}: {name_of(monitor_pb2.JobState, job.state)}, GPUs {gpus}"))
             parts.extend(shown(f"  {line}", "dim", limit=152) for line in self.log)
         if self.rows:
-            parts.append(ledger_table(self.rows[-_SHOWN_ROWS:], campaign.spec.metric.name))
+            parts.append(ledger_table(self.rows[-_SHOWN_ROWS:], campaign.spec.metric.name, width))
         parts.extend(shown(note, "yellow", limit=160) for note in self.notes)
+        if self.away:
+            parts.append(Text(self.away, style="bold yellow"))
         return Group(*parts)
 
 
-async def watch(client: CampaignsClient, campaign_id: str) -> int:
-    """Follow the campaign until it ends; Ctrl-C leaves the view (the campaign goes on)."""
-    view = CampaignView(await client.get_campaign(campaign_id))
+async def watch(
+    supervisor: Supervisor,
+    campaign_id: str,
+    *,
+    console: Console | None = None,
+    away_seconds: float = AWAY_SECONDS,
+    retry_seconds: float = 2.0,
+) -> int:
+    """Follow the campaign until it ends; Ctrl-C leaves the view (the campaign goes on). When the supervisor
+    goes away, the view says so and waits for it, finding it again where it now is (a restarted `quarry up`
+    may listen on new ports), and goes on after the last event it showed: nothing missed, nothing twice.
+    After `away_seconds` without it, the command ends with the way to go on watching."""
+    console = console or Console()
+    async with supervisor.campaigns() as client:
+        view = CampaignView(await client.get_campaign(campaign_id))
+
+    def shown_now() -> RenderableType:
+        return view.render(console.width)
 
     async def follow(live: Live) -> None:
-        async for event in client.stream_campaign(campaign_id):
-            view.apply(event)
-            live.update(view.render(), refresh=True)
+        last, away_since = 0, None
+        while True:
+            try:
+                async with supervisor.current().campaigns() as client:
+                    # One re-attach on this address; past it the supervisor is looked for again.
+                    events = client.stream_campaign(campaign_id, after_sequence_no=last, max_reconnects=1)
+                    async for event in events:
+                        view.away, away_since = "", None
+                        view.apply(event)
+                        last = event.sequence_no
+                        live.update(shown_now(), refresh=True)
+                return
+            except (Unavailable, grpc.aio.AioRpcError) as error:
+                if isinstance(error, grpc.aio.AioRpcError) and error.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                away_since = away_since if away_since is not None else time.monotonic()
+                if time.monotonic() - away_since > away_seconds:
+                    raise Unavailable(
+                        f"the supervisor stayed away for {away_seconds:g} s; go on watching with "
+                        f"quarry lab watch {campaign_id}"
+                    ) from None
+                view.away = "the supervisor went away; waiting for it (Ctrl-C to stop)"
+                live.update(shown_now(), refresh=True)
+                await asyncio.sleep(retry_seconds)
 
     interrupted = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, interrupted.set)
     try:
-        with Live(view.render(), console=Console(), auto_refresh=False) as live:
+        with Live(shown_now(), console=console, auto_refresh=False) as live:
             following = asyncio.create_task(follow(live))
             leaving = asyncio.create_task(interrupted.wait())
             await asyncio.wait({following, leaving}, return_when=asyncio.FIRST_COMPLETED)
