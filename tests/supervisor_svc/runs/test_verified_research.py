@@ -136,6 +136,15 @@ def assert_ledger_folds_to(entries: list[scratchpad_pb2.Entry], run: supervisor_
             assert sentence.text in body and f"(unverified) {sentence.text}" not in body, sentence
 
 
+def two_supported_findings(script: EvidenceScript, site: FixtureWeb) -> None:
+    """A researcher promotes OPENED and TALL, and each one's verifier judges it supported."""
+    research(script, site, OPENED, TALL)
+    script.verdicts = {
+        OPENED[0]: verdict("supported", OPENED[2], OPENING[0], "the page gives the opening date"),
+        TALL[0]: verdict("supported", TALL[2], HEIGHT[0], "the page gives the height"),
+    }
+
+
 async def test_a_verified_run_cites_only_supported_claims_surfaces_disagreement_and_settles_every_objection(
     mesh: ProcessMesh, site: FixtureWeb, script: EvidenceScript
 ) -> None:
@@ -387,11 +396,7 @@ async def test_a_model_that_cannot_follow_the_roles_contracts_is_named_with_veri
 async def test_a_run_routes_its_claim_verifiers_to_the_strong_tier_and_the_ledger_records_it(
     mesh: ProcessMesh, site: FixtureWeb, script: EvidenceScript
 ) -> None:
-    research(script, site, OPENED, TALL)
-    script.verdicts = {
-        OPENED[0]: verdict("supported", OPENED[2], OPENING[0], "the page gives the opening date"),
-        TALL[0]: verdict("supported", TALL[2], HEIGHT[0], "the page gives the height"),
-    }
+    two_supported_findings(script, site)
     script.add(REPORT, Reply(content=f"## The tower\n\n{S_OPENED}"))
     script.audits = {marked(S_OPENED): ("sound", "")}
     strong = supervisor_pb2.RoleRoute(role=common_pb2.ROLE_VERIFIER, tier=common_pb2.MODEL_TIER_SUPERVISOR)
@@ -422,11 +427,7 @@ OBJECTED = "stands high is not what the finding says"
 async def test_a_sentence_no_auditor_judged_is_marked_unverified_in_the_body_and_the_run_warns(
     mesh: ProcessMesh, site: FixtureWeb, script: EvidenceScript
 ) -> None:
-    research(script, site, OPENED, TALL)
-    script.verdicts = {
-        OPENED[0]: verdict("supported", OPENED[2], OPENING[0], "the page gives the opening date"),
-        TALL[0]: verdict("supported", TALL[2], HEIGHT[0], "the page gives the height"),
-    }
+    two_supported_findings(script, site)
     script.add(REPORT, Reply(content=f"## The tower\n\n{S_OPENED} {S_WRONG_REVISED}"))
     script.audits = {marked(S_OPENED): ("sound", ""), marked(S_WRONG_REVISED): (AUDIT_FAILS, "")}
 
@@ -448,11 +449,7 @@ async def test_a_sentence_no_auditor_judged_is_marked_unverified_in_the_body_and
 def unsettled_objection(script: EvidenceScript, site: FixtureWeb) -> None:
     """Two supported findings, a draft of two sentences: one sound, one objected to, contested, and left
     undecided by an adjudicator whose model call fails."""
-    research(script, site, OPENED, TALL)
-    script.verdicts = {
-        OPENED[0]: verdict("supported", OPENED[2], OPENING[0], "the page gives the opening date"),
-        TALL[0]: verdict("supported", TALL[2], HEIGHT[0], "the page gives the height"),
-    }
+    two_supported_findings(script, site)
     script.add(REPORT, Reply(content=f"## The tower\n\n{S_OPENED} {S_UPHELD}"))
     script.audits = {marked(S_OPENED): ("sound", ""), marked(S_UPHELD): ("unsound", OBJECTED)}
     script.revisions = {S_UPHELD: "ADJUDICATE: standing 330 metres high is being 330 metres tall"}
