@@ -15,7 +15,17 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Annotated, Literal, Self
 
-from pydantic import AfterValidator, AwareDatetime, Field, FiniteFloat, PlainSerializer, TypeAdapter, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    PlainSerializer,
+    TypeAdapter,
+    model_validator,
+)
 
 from quarry.errors import Internal
 from quarry.records.base import SCHEMA_VERSION, Record, RecordError, read_stored
@@ -29,6 +39,7 @@ __all__ = [
     "Directive",
     "DirectiveConsumed",
     "Insight",
+    "InsightSource",
     "Metrics",
     "TrialRecord",
     "UtcDatetime",
@@ -115,12 +126,24 @@ class DeadEnd(Record):
     reason: str
 
 
+class InsightSource(BaseModel):
+    """A finding an insight rests on: its entry on the campaign's thread and the page it quotes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    finding_ref: int = Field(ge=1)
+    url: str
+    excerpt: str
+
+
 class Insight(Record):
-    """A durable observation worth keeping beyond the rolling memory."""
+    """A durable observation worth keeping beyond the rolling memory, with the findings it rests on (the
+    literature research of its cycle promoted them)."""
 
     kind: Literal["insight"] = "insight"
     cycle: int = Field(ge=1)
     text: str
+    sources: tuple[InsightSource, ...] = ()
 
 
 class Directive(Record):

@@ -49,10 +49,15 @@ def dead_ends_markdown(records: Sequence[CampaignRecord]) -> str:
 
 
 def insights_markdown(records: Sequence[CampaignRecord]) -> str:
-    sections = [
-        f"## Cycle {record.cycle}\n\n{record.text.strip()}\n" for record in records if isinstance(record, Insight)
-    ]
+    sections = [_insight(record) for record in records if isinstance(record, Insight)]
     return _document("Insights", "Durable observations the campaign made.", sections)
+
+
+def _insight(insight: Insight) -> str:
+    cited = "".join(
+        f'\n- finding {source.finding_ref}: {source.url}, "{source.excerpt.strip()}"' for source in insight.sources
+    )
+    return f"## Cycle {insight.cycle}\n\n{insight.text.strip()}\n" + (f"\n**Sources:**\n{cited}\n" if cited else "")
 
 
 def _document(title: str, summary: str, sections: Sequence[str]) -> str:

@@ -21,11 +21,11 @@ from quarry.agent.conversation import ConversationStore
 from quarry.agent.loop import AgentRun, LoopLimits, LoopObserver
 from quarry.agent.messages import system, user
 from quarry.agent.model import ModelClient
-from quarry.agent.tools import Tool, ToolRegistry, current_call
+from quarry.agent.tools import Tool, ToolError, ToolRegistry, current_call
 from quarry.identity import Role
-from quarry.records.campaign import DeadEnd, Insight
+from quarry.records.campaign import DeadEnd, Insight, InsightSource
 from quarry.research_plane import ResearchPlane
-from quarry.vocabulary import DelegationResult
+from quarry.vocabulary import DelegationResult, Entry, EntryKind
 from supervisor_svc.campaigns.memory import ThinkBriefing
 from supervisor_svc.campaigns.thread import CampaignThread
 from supervisor_svc.runs.budget import RunAccount, TokenBudget
@@ -83,6 +83,16 @@ class NoteParams(BaseModel):
     text: str = Field(min_length=1, max_length=1000)
 
 
+class InsightParams(BaseModel):
+    text: str = Field(min_length=1, max_length=1000)
+    cites: list[int] = Field(
+        default_factory=list,
+        max_length=20,
+        description="the findings (scratchpad entry numbers) this cycle's literature research promoted that the "
+        "insight rests on",
+    )
+
+
 class DeadEndParams(BaseModel):
     approach: str = Field(min_length=1, max_length=1000)
     reason: str = Field(min_length=1, max_length=1000)
@@ -100,6 +110,7 @@ class ThinkSession:
     budget: TokenBudget  # what the cycle may spend (max_tokens 0: no bound)
     changes: list[str] = field(default_factory=list)
     files: set[str] = field(default_factory=set)
+    promoted: set[int] = field(default_factory=set)  # the entries its research delegations promoted
 
 
 async def delegate_engineer(params: EngineerParams, session: ThinkSession) -> str:
@@ -110,9 +121,26 @@ async def delegate_research(params: ResearchParams, session: ThinkSession) -> st
     return await session.thinker.research(params.objective, tuple(params.criteria), session)
 
 
-async def record_insight(params: NoteParams, session: ThinkSession) -> str:
-    await session.thinker.thread.write(Insight(cycle=session.cycle, text=params.text), f"insight/{current_call().id}")
-    return "recorded"
+async def record_insight(params: InsightParams, session: ThinkSession) -> str:
+    """An insight, with the findings it cites copied in (their pages and quotes): only findings this THINK's
+    research promoted, each a finding on the campaign's thread."""
+    unknown = sorted(set(params.cites) - session.promoted)
+    if unknown:
+        promoted = ", ".join(map(str, sorted(session.promoted))) or "none"
+        raise ToolError(
+            f"cite only findings this cycle's research promoted ({promoted}); not {', '.join(map(str, unknown))}"
+        )
+    findings = await session.thinker.findings(set(params.cites))
+    sources = tuple(
+        InsightSource(finding_ref=n, url=source.url, excerpt=source.excerpt)
+        for n in params.cites
+        if n in findings
+        for source in findings[n].sources[:1]
+    )
+    await session.thinker.thread.write(
+        Insight(cycle=session.cycle, text=params.text, sources=sources), f"insight/{current_call().id}"
+    )
+    return f"recorded, citing {len(sources)} finding(s)" if sources else "recorded"
 
 
 async def record_dead_end(params: DeadEndParams, session: ThinkSession) -> str:
@@ -136,7 +164,13 @@ THINK_TOOLS: ToolRegistry[ThinkSession] = ToolRegistry(
             ResearchParams,
             delegate_research,
         ),
-        Tool("record_insight", "Keep a durable observation in the campaign's insights.", NoteParams, record_insight),
+        Tool(
+            "record_insight",
+            "Keep a durable observation in the campaign's insights, citing the findings of this cycle's research "
+            "it rests on.",
+            InsightParams,
+            record_insight,
+        ),
         Tool(
             "record_dead_end", "Record an approach that failed, so it is never retried.", DeadEndParams, record_dead_end
         ),
@@ -272,6 +306,13 @@ class Thinker:
         files = ", ".join(result.files_changed) or "none"
         return f"done; files changed: {files}\n{result.summary}"
 
+    async def findings(self, numbers: set[int]) -> dict[int, Entry]:
+        """The findings among entries `numbers` of the campaign's thread, by number."""
+        if not numbers:
+            return {}
+        entries = await self._scratchpad.read_all(self.thread.thread_id, after_sequence_no=min(numbers) - 1)
+        return {e.sequence_no: e for e in entries if e.sequence_no in numbers and e.kind is EntryKind.FINDING}
+
     async def research(self, objective: str, criteria: tuple[str, ...], session: ThinkSession) -> str:
         """One literature research delegation (its findings promoted to the campaign's thread); its summary."""
         settings = self._settings
@@ -283,6 +324,7 @@ class Thinker:
             timeout_seconds=settings.research_timeout_seconds,
         )
         result = await _delegate(session, contract)
+        session.promoted.update(result.promoted)
         if not result.succeeded:
             return f"the researcher failed: {result.error_message}"
         return f"done; findings promoted: {len(result.promoted)}\n{result.summary}"

@@ -10,9 +10,10 @@ from quarry.agent.conversation import ConversationStore, metadata
 from quarry.agent.messages import ToolCall
 from quarry.agent.model import ModelClient, ModelSettings
 from quarry.db import Database
-from quarry.identity import Role
+from quarry.identity import Principal, Role
 from quarry.records.signals import MetricGoal, SignalRules, read_signals
-from quarry.vocabulary import EntryKind, MetricDirection
+from quarry.vocabulary import EntryKind, MetricDirection, Source
+from supervisor_svc.campaigns.exports import insights_markdown
 from supervisor_svc.campaigns.memory import think_briefing
 from supervisor_svc.campaigns.think import THINK_TOOLS, Thinker, ThinkSession, ThinkSettings
 from supervisor_svc.campaigns.thread import CampaignThread
@@ -123,3 +124,40 @@ async def test_a_think_stops_before_a_model_call_that_would_cross_what_the_cycle
         "cycle could spend are used, and a call costs about 40"
     )
     assert len(model.requests) == 2 and thought.tokens == 80
+
+
+async def test_an_insight_cites_the_findings_its_cycles_research_promoted_and_only_those() -> None:
+    scratchpad = FakeScratchpad()
+    found = await scratchpad.append(
+        CAMPAIGN_ID,
+        kind=EntryKind.FINDING,
+        author=Principal("researcher-1", Role.RESEARCHER),
+        content="Warmup helps large learning rates.",
+        sources=(Source("https://papers.example/warmup", "Warmup", "warmup stabilises training"),),
+        request_id="finding-1",
+    )
+    finding = found.entry.sequence_no
+    delegations = FakeDelegations(promoted=(finding,))
+    thinking = session(delegations, scratchpad, ThinkSettings())
+
+    refused = await THINK_TOOLS.run_calls(
+        [call("call-0", "record_insight", text="Use warmup.", cites=[finding])], thinking
+    )
+    research = [call("call-1", "delegate_research", objective="Does warmup help?", criteria=[])]
+    await THINK_TOOLS.run_calls(research, thinking)
+    (outcome,) = await THINK_TOOLS.run_calls(
+        [call("call-2", "record_insight", text="Use warmup with the larger rate.", cites=[finding])], thinking
+    )
+
+    # Before any research of its cycle promoted it, the finding cannot be cited.
+    assert refused[0].is_error and "cite only findings this cycle's research promoted (none)" in refused[0].content
+    assert not outcome.is_error and outcome.content == "recorded, citing 1 finding(s)"
+    [insight] = [json.loads(e.content) for e in scratchpad.threads[CAMPAIGN_ID] if e.kind is EntryKind.CAMPAIGN_INSIGHT]
+    assert insight["sources"] == [
+        {"finding_ref": finding, "url": "https://papers.example/warmup", "excerpt": "warmup stabilises training"}
+    ]
+    # The exported journal shows where it rests.
+    records = await CampaignThread(scratchpad, CAMPAIGN_ID, CAMPAIGN_ID).read()
+    journal = insights_markdown(records)
+    assert "Use warmup with the larger rate." in journal
+    assert f'finding {finding}: https://papers.example/warmup, "warmup stabilises training"' in journal
