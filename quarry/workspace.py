@@ -143,6 +143,7 @@ class GitState:
 class Committed:
     commit: str  # the new commit; the unchanged HEAD when there was nothing to commit
     changed: bool  # whether the workspace held a change (as git status has it) to commit
+    paths: tuple[str, ...] = ()  # what the commit changed, however it was changed (a command's edits too)
 
 
 @dataclass(frozen=True)
@@ -224,7 +225,7 @@ class WorkspaceView:
         """Commit every change in the workspace, however it was made (file writes, commands): the new commit,
         or HEAD and `changed` false when git sees nothing to commit."""
         committed = await self._ask(self._client.commit_workspace(self.workspace_id, message, request_id=request_id))
-        return Committed(committed.commit, committed.committed)
+        return Committed(committed.commit, committed.committed, tuple(committed.changed_paths))
 
     async def reset(self, commit: str, *, remove_untracked: bool = False) -> GitState:
         """Put the workspace back at `commit`, files and HEAD (untracked files too, if asked)."""

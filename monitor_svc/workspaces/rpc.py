@@ -145,7 +145,12 @@ class WorkspaceServicer(monitor_pb2_grpc.MonitorServiceServicer):
         self, request: monitor_pb2.CommitWorkspaceRequest, context: Context
     ) -> monitor_pb2.CommitWorkspaceResponse:
         commit = await self._workspaces.commit(request.workspace_id, request.message, request.request_id)
-        return monitor_pb2.CommitWorkspaceResponse(commit=commit.commit, committed=commit.committed)
+        return monitor_pb2.CommitWorkspaceResponse(
+            commit=commit.commit,
+            committed=commit.committed,
+            changed_paths=commit.changed_paths,
+            changed_paths_truncated=commit.changed_paths_truncated,
+        )
 
     async def ResetWorkspace(
         self, request: monitor_pb2.ResetWorkspaceRequest, context: Context

@@ -115,6 +115,8 @@ class Diff:
 class Commit:
     commit: str
     committed: bool
+    changed_paths: tuple[str, ...] = ()  # what the commit changed, relative to the root
+    changed_paths_truncated: bool = False
 
 
 @dataclass(frozen=True)

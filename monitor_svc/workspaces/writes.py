@@ -67,6 +67,10 @@ def _relative(value: str, field: str) -> str:
         raise InvalidArgument(violations, reason=error.reason) from None
 
 
+# The paths a commit reports changed, at most.
+MAX_CHANGED_PATHS = 10_000
+
+
 class WorkspaceWrites(WorkspaceAccess):
     async def open(self, host: str, root: str, protected: Sequence[str], request_id: str) -> Workspace:
         refuse_nul({"host": host, "root": root, **{f"protected_paths[{i}]": p for i, p in enumerate(protected)}})
@@ -313,6 +317,7 @@ class WorkspaceWrites(WorkspaceAccess):
         return await self._replies.once(request_id, ("branch", workspace_id, branch, start_point), create)
 
     async def commit(self, workspace_id: str, message: str, request_id: str) -> Commit:
+        """Commit every change under the root (`git add -A`), however it was made; what it changed."""
         git.check_message(message)
         check_request_id(request_id)
         record, backend = await self._workspace(workspace_id)
@@ -328,8 +333,17 @@ class WorkspaceWrites(WorkspaceAccess):
                 )
                 if staged.status == 0:
                     return Commit(state.head_commit, committed=False)
+                listed = await self._git(
+                    record, backend, "diff", *git.QUIET_DIFF_OPTIONS, "--cached", "--name-only", "--no-renames", "-z"
+                )
+                paths = [path.decode(errors="replace") for path in listed.stdout.split(b"\0") if path]
                 await self._git(record, backend, "commit", "-q", "-m", message, options=git.IDENTITY)
-                return Commit(await self._commit_of(record, backend, "HEAD", "HEAD"), committed=True)
+                return Commit(
+                    await self._commit_of(record, backend, "HEAD", "HEAD"),
+                    committed=True,
+                    changed_paths=tuple(paths[:MAX_CHANGED_PATHS]),
+                    changed_paths_truncated=listed.truncated or len(paths) > MAX_CHANGED_PATHS,
+                )
 
         return await self._replies.once(request_id, ("commit", workspace_id, message), commit)
 

@@ -1640,19 +1640,31 @@ class CommitWorkspaceResponse(_message.Message):
 
     COMMIT_FIELD_NUMBER: _builtins.int
     COMMITTED_FIELD_NUMBER: _builtins.int
+    CHANGED_PATHS_FIELD_NUMBER: _builtins.int
+    CHANGED_PATHS_TRUNCATED_FIELD_NUMBER: _builtins.int
     commit: _builtins.str
     """The new commit; HEAD when there was nothing to commit."""
     committed: _builtins.bool
     """False when the working tree had no changes."""
+    changed_paths_truncated: _builtins.bool
+    @_builtins.property
+    def changed_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The paths the commit changed (added, modified, deleted, renamed: both names), relative to the
+        workspace root, however they were changed (a write, a patch, a command); empty when nothing was
+        committed. At most 10,000; `changed_paths_truncated` says when there were more.
+        """
+
     def __init__(
         self,
         *,
         commit: _builtins.str = ...,
         committed: _builtins.bool = ...,
+        changed_paths: _abc.Iterable[_builtins.str] | None = ...,
+        changed_paths_truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "committed", b"committed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed_paths", b"changed_paths", "changed_paths_truncated", b"changed_paths_truncated", "commit", b"commit", "committed", b"committed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -211,7 +211,7 @@ class CampaignLoop:
         thought = await self._thinker.think(cycle, attempt, briefing, self._lab.workspace_id, tokens_left=left)
         await handle.record_usage(thought.tokens)
         action = "; ".join(thought.changes) or "no change"
-        commit, failure = "", thought.failure
+        commit, failure, changed = "", thought.failure, thought.files
         if not failure:
             await handle.set_phase(Phase.EXECUTE, cycle, thought.hypothesis[:200])
             message = f"campaign cycle {cycle}: {thought.hypothesis[:200]}"
@@ -219,6 +219,7 @@ class CampaignLoop:
             # The workspace's own state says whether anything changed, however it was changed: nothing to
             # commit is nothing to run, and no job is launched to judge the kept commit against itself.
             commit, failure = (committed.commit, "") if committed.changed else ("", NO_CHANGE)
+            changed = committed.paths
         decision = Decision(
             cycle=cycle, text=thought.hypothesis, commit=commit, action=action, tokens_used=thought.tokens
         )
@@ -228,7 +229,8 @@ class CampaignLoop:
             await self._reflect(signals, trials, replace(trial, failed=True), JobEnd.not_run(failure))
             return
         end = await self._run_job(cycle)
-        await self._reflect(signals, trials, replace(trial, changed=thought.files), end)
+        # What the commit changed, as git says (a command's edits included), is what the violation scan checks.
+        await self._reflect(signals, trials, replace(trial, changed=changed or thought.files), end)
 
     async def _consume_directives(self, cycle: int) -> tuple[Directive, ...]:
         pending = await self._handle.pending_directives()

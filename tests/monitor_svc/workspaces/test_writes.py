@@ -243,12 +243,18 @@ async def test_git_branch_commit_diff_and_reset(env: Env, ws: str) -> None:
     assert not (env.tmp_path / "hook-ran").exists(), "git hooks never run"
     assert commit.committed and commit.commit == git(env.project, "rev-parse", "HEAD") != initial
     assert git(env.project, "log", "-1", "--format=%s %an") == "Try lr 0.2 Quarry"
+    assert list(commit.changed_paths) == ["sweep.py", "train.py"] and not commit.changed_paths_truncated
     nothing = await env.stub.CommitWorkspace(monitor_pb2.CommitWorkspaceRequest(workspace_id=ws, message="again"))
-    assert not nothing.committed and nothing.commit == commit.commit
+    assert not nothing.committed and nothing.commit == commit.commit and list(nothing.changed_paths) == []
+    # A change made outside the workspace API (a command, a job) is committed, and named, all the same.
+    (env.project / "sweep.py").unlink()
+    by_hand = await env.stub.CommitWorkspace(monitor_pb2.CommitWorkspaceRequest(workspace_id=ws, message="rm"))
+    assert by_hand.committed and list(by_hand.changed_paths) == ["sweep.py"]
+    commit = by_hand
     between = await env.stub.DiffWorkspace(
         monitor_pb2.DiffWorkspaceRequest(workspace_id=ws, base=initial, target="exp/lr-0.2")
     )
-    assert "+LRS = [0.1, 0.2]" in between.diff and between.target_commit == commit.commit
+    assert "+LR = 0.2" in between.diff and between.target_commit == commit.commit
     capped = await env.stub.DiffWorkspace(monitor_pb2.DiffWorkspaceRequest(workspace_id=ws, base=initial, max_bytes=40))
     assert capped.truncated and len(capped.diff.encode()) <= 40
     state = await env.stub.GetWorkspace(monitor_pb2.GetWorkspaceRequest(workspace_id=ws))

@@ -98,6 +98,7 @@ class FakeLab:
         self.commits: dict[str, str] = {}  # by request_id
         self.resets: list[tuple[str, bool]] = []
         self.exported: dict[str, str] = {}
+        self.changed: dict[str, tuple[str, ...]] = {}  # what each commit changed
         self.launches: dict[str, tuple[Launched, Outcome]] = {}  # by request_id
         self.launched: list[Experiment] = []
         self.refusal: BaseException | None = None  # raised by the next open
@@ -119,14 +120,20 @@ class FakeLab:
         return await self.git()
 
     async def commit(self, message: str, *, request_id: str) -> Committed:
-        """Nothing to commit when the files are as HEAD has them (as git status would say)."""
+        """Nothing to commit when the files are as HEAD has them (as git status would say); else the paths
+        that differ, however they came to."""
         if request_id not in self.commits:
-            if self.files == self.snapshots.get(self.head):
+            before = self.snapshots.get(self.head, {})
+            if self.files == before:
                 return Committed(self.head, changed=False)
             commit = f"c{len(self.snapshots)}"
             self.snapshots[commit] = dict(self.files)
             self.commits[request_id] = self.head = commit
-        return Committed(self.commits[request_id], changed=True)
+            self.changed[commit] = tuple(
+                sorted(path for path in {*before, *self.files} if before.get(path) != self.files.get(path))
+            )
+        commit = self.commits[request_id]
+        return Committed(commit, changed=True, paths=self.changed[commit])
 
     async def reset(self, commit: str, *, remove_untracked: bool = False) -> GitState:
         self.resets.append((commit, remove_untracked))
@@ -322,6 +329,7 @@ class Change:
     files: Mapping[str, str] = field(default_factory=dict)
     tokens: int = 100
     failure: str = ""  # the model failed
+    by_command: bool = False  # the engineer changed the files through run_command: it reports no file written
 
 
 class ScriptedThinking:
@@ -342,9 +350,8 @@ class ScriptedThinking:
         self.attempts.append(attempt)
         change = self._changes.popleft()
         self._lab.files.update(change.files)
-        return Thought(
-            change.hypothesis, (change.hypothesis,), tuple(sorted(change.files)), change.tokens, change.failure
-        )
+        written = () if change.by_command else tuple(sorted(change.files))
+        return Thought(change.hypothesis, (change.hypothesis,), written, change.tokens, change.failure)
 
 
 # -- the workers --------------------------------------------------------------------------------------

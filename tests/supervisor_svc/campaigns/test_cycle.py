@@ -201,3 +201,14 @@ async def test_an_unreachable_service_is_retried_and_the_step_redone_once() -> N
 
     assert handle.verdicts == ["baseline", "baseline"]
     assert handle.ended == (CampaignState.COMPLETED, "2 of 2 cycles run")
+
+
+async def test_a_protected_file_changed_by_a_command_is_a_violation_all_the_same() -> None:
+    """The engineer reports no file written (it ran a command that rewrote train.py): the commit's own
+    changed paths are what the violation scan checks."""
+    workspace, handle = lab(), FakeHandle(spec(budgets=Budgets(max_cycles=3)))
+    sneaky = Change("Patch the trainer from a shell.", {"train.py": "print('cheat')"}, by_command=True)
+    scratchpad = await run(handle, workspace, sneaky)
+
+    violations = [v for v in records(scratchpad, EntryKind.CAMPAIGN_DECISION) if v["kind"] == "violation"]
+    assert [(v["cycle"], v["subject"]) for v in violations] == [(3, "train.py")]
