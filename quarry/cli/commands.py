@@ -155,20 +155,20 @@ def _role_route(role: str, tier: str) -> supervisor_pb2.RoleRoute:
 
 
 def _runs(args: argparse.Namespace, common: QuarrySettings) -> int:
-    from quarry.cli import ask
+    from quarry.cli import ask, runs
 
     if args.runs_command == "replay":  # no service: the replay brings its own mesh
         return SERVICES["supervisor"].command("replay")(args)
     supervisor = _supervisor(args, common)
     if args.runs_command == "export":
-        return ask.run_client_command(ask.export_run(supervisor, args.run_id))
+        return ask.run_client_command(runs.export_run(supervisor, args.run_id))
     if args.runs_command == "verify":
-        return ask.run_client_command(ask.verify_run(supervisor, args.run_id))
+        return ask.run_client_command(runs.verify_run(supervisor, args.run_id))
     if args.runs_command == "list":
-        return ask.run_client_command(ask.list_runs(supervisor, args.state or "", args.limit, as_json=args.json))
+        return ask.run_client_command(runs.list_runs(supervisor, args.state or "", args.limit, as_json=args.json))
     if args.runs_command == "approve":
         return ask.run_client_command(
-            ask.decide(
+            runs.decide(
                 supervisor,
                 args.run_id,
                 approve=True,
@@ -179,9 +179,9 @@ def _runs(args: argparse.Namespace, common: QuarrySettings) -> int:
         )
     if args.runs_command == "reject":
         return ask.run_client_command(
-            ask.decide(supervisor, args.run_id, approve=False, note=args.reason, as_json=args.json)
+            runs.decide(supervisor, args.run_id, approve=False, note=args.reason, as_json=args.json)
         )
-    return ask.run_client_command(ask.show_run(supervisor, args.run_id, as_json=args.json))
+    return ask.run_client_command(runs.show_run(supervisor, args.run_id, as_json=args.json))
 
 
 def _lab(args: argparse.Namespace, common: QuarrySettings) -> int:

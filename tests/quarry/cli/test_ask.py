@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from quarry.cli.ask import EXIT_CANCELLED, EXIT_FAILED, EXIT_UNVERIFIED, exit_code, verification_differences
+from quarry.cli.ask import EXIT_CANCELLED, EXIT_FAILED, EXIT_UNVERIFIED, exit_code
+from quarry.cli.runs import verification_differences
 from quarry.v1 import supervisor_pb2
 
 
