@@ -265,13 +265,28 @@ class ServiceError(QuarryError):
     The client's side of the tree: a port that calls a service raises this, so its callers handle one
     error tree whether a failure was raised here or answered over the wire."""
 
-    def __init__(self, message: str, *, code: grpc.StatusCode = grpc.StatusCode.INTERNAL) -> None:
+    def __init__(
+        self, message: str, *, code: grpc.StatusCode = grpc.StatusCode.INTERNAL, reason: ErrorReason | None = None
+    ) -> None:
         self.code = code
-        super().__init__(message, reason=ErrorReason.__members__.get(code.name, ErrorReason.INTERNAL))
+        super().__init__(message, reason=reason or ErrorReason.__members__.get(code.name, ErrorReason.INTERNAL))
 
     @classmethod
     def of(cls, error: grpc.aio.AioRpcError) -> Self:
-        return cls(error.details() or error.code().name, code=error.code())
+        """The error as answered, with the reason its ErrorInfo names (GPUS_BUSY, say) where it names one."""
+        return cls(error.details() or error.code().name, code=error.code(), reason=_answered_reason(error))
+
+
+def _answered_reason(error: grpc.aio.AioRpcError) -> ErrorReason | None:
+    try:
+        status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    except ValueError:  # a status whose code or message disagrees with the call's
+        return None
+    for detail in status.details if status is not None else ():
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return ErrorReason.__members__.get(info.reason)
+    return None
 
 
 # Statuses travel in trailers, which clients cap (8 KiB by default, over which the caller sees

@@ -7,10 +7,13 @@ becomes a job-progress event; its end gives the metric the monitor parsed.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from dataclasses import dataclass
 
+from quarry.errors import ErrorReason, FailedPrecondition, QuarryError
 from quarry.vocabulary import JobLook, JobState
-from quarry.workspace import Experiment, MetricWanted, SlurmScript
+from quarry.workspace import Experiment, Launched, MetricWanted, SlurmScript
 from supervisor_svc.campaigns import events
 from supervisor_svc.campaigns.ports import DrivenCampaign, Lab
 from supervisor_svc.campaigns.reflect import JobEnd
@@ -41,11 +44,21 @@ def experiment_of(spec: CampaignSpec) -> Experiment:
     )
 
 
-async def run_experiment(lab: Lab, handle: DrivenCampaign, cycle: int, poll_seconds: int) -> JobEnd:
+@dataclass(frozen=True)
+class GpuWait:
+    """How a cycle waits for GPUs other jobs hold: asking again this often, for at most this long."""
+
+    poll_seconds: float = 1.0
+    limit_seconds: float = 24 * 3600.0
+
+
+async def run_experiment(
+    lab: Lab, handle: DrivenCampaign, cycle: int, poll_seconds: int, gpu_wait: GpuWait = GpuWait()
+) -> JobEnd:
     """Launch the cycle's experiment (or find it again after a restart) and wait for its end: no model call."""
     spec = handle.record.spec
     began = time.monotonic()
-    launched = await lab.launch(experiment_of(spec), request_id=f"{handle.campaign_id}/c{cycle}/job")
+    launched = await _launch(lab, handle, cycle, experiment_of(spec), gpu_wait)
     job = launched.job
     await handle.set_phase(Phase.WAITING, cycle, f"job {job.monitor_job_id}")
     last: JobLook | None = None
@@ -70,3 +83,27 @@ async def run_experiment(lab: Lab, handle: DrivenCampaign, cycle: int, poll_seco
             if metric.name == spec.metric.name and metric.value is not None:
                 value = metric.value
     return JobEnd(job.monitor_job_id, last.state, last.exit_code, value, last.detail, seconds)
+
+
+async def _launch(lab: Lab, handle: DrivenCampaign, cycle: int, experiment: Experiment, wait: GpuWait) -> Launched:
+    """The job launched; while the GPUs it asks for are all held by other jobs (another campaign's, say), the
+    campaign waits, saying so, and asks the monitor again until one frees. The monitor decides: its reservations
+    are durable, so two jobs never share a GPU, across restarts too."""
+    request_id = f"{handle.campaign_id}/c{cycle}/job"
+    deadline = time.monotonic() + wait.limit_seconds
+    said = ""
+    while True:
+        try:
+            return await lab.launch(experiment, request_id=request_id)
+        except QuarryError as error:
+            if error.reason is not ErrorReason.GPUS_BUSY:
+                raise
+            if time.monotonic() >= deadline:
+                hours = wait.limit_seconds / 3600
+                raise FailedPrecondition(
+                    f"no GPU freed for the experiment in {hours:g} h: {error.message}", reason=ErrorReason.GPUS_BUSY
+                ) from error
+            if error.message != said:  # once per reason, not once per poll
+                said = error.message
+                await handle.set_phase(Phase.WAITING, cycle, f"waiting for a GPU: {error.message}")
+        await asyncio.sleep(wait.poll_seconds)

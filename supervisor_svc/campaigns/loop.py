@@ -25,7 +25,7 @@ from quarry.records.campaign import CampaignRecord, Decision, Directive, Directi
 from quarry.records.signals import Signals, read_signals
 from quarry.research_plane import ResearchPlane
 from supervisor_svc.campaigns import exports, limiter, memory
-from supervisor_svc.campaigns.experiment import run_experiment
+from supervisor_svc.campaigns.experiment import GpuWait, run_experiment
 from supervisor_svc.campaigns.ports import DrivenCampaign, Lab, LabOpener, monitor_lab
 from supervisor_svc.campaigns.reflect import JobEnd, ReflectInput, Reflection, Trial, reflect
 from supervisor_svc.campaigns.service import CampaignHandle, CampaignLoopFactory
@@ -45,6 +45,8 @@ class LoopSettings:
     watch_poll_seconds: int = 2
     # After a failed step (the monitor unreachable), wait this long before the cycle is tried again.
     retry_seconds: float = 5.0
+    # While other jobs hold every GPU the experiment asks for.
+    gpu_wait: GpuWait = field(default_factory=GpuWait)
 
 
 @dataclass(frozen=True)
@@ -246,7 +248,8 @@ class CampaignLoop:
         return tuple(Directive(text=d.text, request_id=d.request_id) for d in consumed)
 
     async def _run_job(self, cycle: int) -> JobEnd:
-        return await run_experiment(self._lab, self._handle, cycle, self._settings.watch_poll_seconds)
+        settings = self._settings
+        return await run_experiment(self._lab, self._handle, cycle, settings.watch_poll_seconds, settings.gpu_wait)
 
     async def _reflect(self, signals: Signals, trials: Sequence[TrialRecord], trial: Trial, end: JobEnd) -> None:
         """REFLECT: its conclusions, written once."""

@@ -152,3 +152,26 @@ async def test_jobs_get_different_free_gpus_and_one_too_many_is_refused(nvml: ty
         (tmp_path / "done-c").touch()
         for job in (second.job, third.job):
             assert (await watch_all(stub, job))[-1].status.state == monitor_pb2.JOB_STATE_COMPLETED
+
+
+async def test_a_gpu_reservation_outlives_a_monitor_restart(nvml: types.ModuleType, tmp_path: Path) -> None:
+    path = script(tmp_path, "wait_for(sys.argv[1])\n")
+
+    def submit(stub: Stub, name: str) -> Any:
+        command = monitor_pb2.LocalCommand(argv=[sys.executable, path, f"done-{name}"], working_directory=str(tmp_path))
+        options = monitor_pb2.JobOptions(gpus=monitor_pb2.GpuRequest(count=2))
+        return stub.SubmitJob(monitor_pb2.SubmitJobRequest(local=command, request_id=name, options=options))
+
+    async with serving(tmp_path) as stub:
+        first = await submit(stub, "a")
+        assert list(first.gpu_indices) == [0, 1]
+    # Another monitor on the same records: the job runs on, and its GPUs are still its own.
+    async with serving(tmp_path) as stub:
+        busy = await expect_error(submit(stub, "b"), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        assert error_reason(busy) == "GPUS_BUSY"
+        (tmp_path / "done-a").touch()
+        assert (await watch_all(stub, first.job))[-1].status.state == monitor_pb2.JOB_STATE_COMPLETED
+        second = await submit(stub, "b")
+        assert list(second.gpu_indices) == [0, 1]
+        (tmp_path / "done-b").touch()
+        assert (await watch_all(stub, second.job))[-1].status.state == monitor_pb2.JOB_STATE_COMPLETED
