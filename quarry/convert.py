@@ -123,6 +123,7 @@ ROLES: EnumMap[Role, common_pb2.Role.ValueType] = EnumMap(
         Role.BIBLIOGRAPHIC_VERIFIER: common_pb2.ROLE_BIBLIOGRAPHIC_VERIFIER,
         Role.SCOUT: common_pb2.ROLE_SCOUT,
         Role.EXTRACTOR: common_pb2.ROLE_EXTRACTOR,
+        Role.WRITER: common_pb2.ROLE_WRITER,
     }
 )
 

@@ -20,6 +20,8 @@ class Role(enum.StrEnum):
     SCOUT = "scout"
     # Takes claim or experiment records out of one source, each quoted with its location.
     EXTRACTOR = "extractor"
+    # Writes a campaign's report from its ledger; every figure it writes is checked against the ledger.
+    WRITER = "writer"
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,8 @@ WRITABLE_KINDS: MappingProxyType[Role, frozenset[EntryKind]] = MappingProxyType(
         # Scouts record candidate sources, extractors the records they take out of one source; nothing else.
         Role.SCOUT: frozenset({EntryKind.CANDIDATES}),
         Role.EXTRACTOR: frozenset({EntryKind.EVIDENCE}),
+        # Writers answer with their report: they write no entry.
+        Role.WRITER: frozenset(),
     }
 )
 
@@ -67,6 +69,7 @@ ROLES_OF_CALLER: MappingProxyType[MeshRole, frozenset[Role]] = MappingProxyType(
                 Role.BIBLIOGRAPHIC_VERIFIER,
                 Role.SCOUT,
                 Role.EXTRACTOR,
+                Role.WRITER,
             }
         ),
     }

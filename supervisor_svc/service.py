@@ -23,6 +23,7 @@ from quarry.v1 import campaign_pb2, campaign_pb2_grpc, supervisor_pb2, superviso
 from supervisor_svc.access.guard import CAMPAIGN_ACCESS, SUPERVISOR_ACCESS, api_guard
 from supervisor_svc.access.keys import active_keys
 from supervisor_svc.campaigns.loop import LoopDependencies, LoopSettings, loop_factory
+from supervisor_svc.campaigns.report import CampaignReports, Reports
 from supervisor_svc.campaigns.service import MAX_ACTIVE_CAMPAIGNS, CampaignLoopFactory, Campaigns
 from supervisor_svc.campaigns.servicer import CampaignServicer
 from supervisor_svc.campaigns.store import CAMPAIGN_EVENTS_CHANNEL, CampaignStore
@@ -152,12 +153,14 @@ async def build_host(
         ),
         campaign_signal,
     )
+    # The writer's reports, of any campaign in the store (the loop writes one at the end through its own).
+    reports = CampaignReports(campaigns, Reports(ResearchPlane(ScratchpadClient(channel)), delegations))
 
     def register(server: grpc.aio.Server) -> None:
         supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(SupervisorServicer(supervisor), server)
 
     def register_campaigns(server: grpc.aio.Server) -> None:
-        campaign_pb2_grpc.add_CampaignServiceServicer_to_server(CampaignServicer(campaigns), server)
+        campaign_pb2_grpc.add_CampaignServiceServicer_to_server(CampaignServicer(campaigns, reports), server)
 
     async def release() -> None:
         for commits in (listener, campaign_listener):

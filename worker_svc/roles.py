@@ -158,6 +158,21 @@ ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
             output=BibliographicVerdict,
             needs=Needs.ENTRIES,
         ),
+        # Its task is all it sees: the campaign's brief and ledger, as facts with their citations. It has no
+        # tool; code checks every figure it writes against the ledger (supervisor_svc/campaigns/report.py).
+        Role.WRITER: RoleSpec(
+            instructions=(
+                "You are a writer. Your task gives an experiment campaign's brief and its ledger as facts, each "
+                "figure with its citation: 'c14: val_loss 0.231' is cycle 14's result, 'baseline: ...' the mean "
+                "of the unchanged runs, 'noise: ...' the noise floor. Write the campaign's report in Markdown, "
+                "with the sections: Brief, What was tried, What was kept and why, Dead ends, Best result "
+                "against the baseline. Write every figure exactly as a citation from the task ('c14: val_loss "
+                "0.231'), and no figure the task does not give: no differences, ratios or percentages of your "
+                "own. Do not repeat the ledger table or add a plot: both are added to your text. Answer with "
+                "the Markdown only."
+            ),
+            capabilities=(),
+        ),
         # Works in the one workspace its delegation names (the tools are bound to it): reads and edits
         # its code, smoke-tests it, launches experiments. Never offered to researchers or verifiers.
         Role.ENGINEER: RoleSpec(

@@ -34,6 +34,7 @@ from quarry.vocabulary import JobState
 __all__ = [
     "SCHEMA_VERSION",
     "CampaignRecord",
+    "CampaignReport",
     "DeadEnd",
     "Decision",
     "Directive",
@@ -185,8 +186,22 @@ class Violation(Record):
     detail: str
 
 
+class CampaignReport(Record):
+    """A report the writer wrote of the campaign (WriteCampaignReport), from the ledger's first `cycles` rows:
+    Markdown whose prose passed the figure check (`checked`), or without the prose and with the `problems`."""
+
+    kind: Literal["report"] = "report"
+    request_id: str = Field(min_length=1)
+    markdown: str
+    cycles: int = Field(ge=0)
+    checked: bool
+    problems: tuple[str, ...] = ()
+    tokens_used: int = Field(default=0, ge=0)
+    written_at: UtcDatetime
+
+
 CampaignRecord = Annotated[
-    TrialRecord | DeadEnd | Insight | Directive | DirectiveConsumed | Decision | Violation,
+    TrialRecord | DeadEnd | Insight | Directive | DirectiveConsumed | Decision | Violation | CampaignReport,
     Field(discriminator="kind"),
 ]
 

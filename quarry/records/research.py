@@ -546,6 +546,7 @@ class TaskKind(enum.StrEnum):
     CITATION_AUDIT = "citation_audit"
     ADJUDICATION = "adjudication"
     ENGINEERING = "engineering"
+    REPORT_WRITING = "report_writing"
 
 
 TASK_KINDS: Mapping[Role, TaskKind] = MappingProxyType(
@@ -558,6 +559,7 @@ TASK_KINDS: Mapping[Role, TaskKind] = MappingProxyType(
         Role.CITATION_AUDITOR: TaskKind.CITATION_AUDIT,
         Role.ADJUDICATOR: TaskKind.ADJUDICATION,
         Role.ENGINEER: TaskKind.ENGINEERING,
+        Role.WRITER: TaskKind.REPORT_WRITING,
     }
 )
 

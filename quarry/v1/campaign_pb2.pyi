@@ -478,8 +478,13 @@ class CampaignSpec(_message.Message):
     EXPERIMENT_FIELD_NUMBER: _builtins.int
     BUDGETS_FIELD_NUMBER: _builtins.int
     SIGNALS_FIELD_NUMBER: _builtins.int
+    WRITE_REPORT_AT_END_FIELD_NUMBER: _builtins.int
     title: _builtins.str
     """A short name for people; at most 200 characters."""
+    write_report_at_end: _builtins.bool
+    """When the loop ends the campaign (a budget spent, the phase gate cleared), the writer writes
+    its report first (GetCampaignReport). A campaign stopped by a human gets one on request.
+    """
     @_builtins.property
     def brief(self) -> Global___CampaignBrief: ...
     @_builtins.property
@@ -504,10 +509,11 @@ class CampaignSpec(_message.Message):
         experiment: Global___CampaignExperiment | None = ...,
         budgets: Global___CampaignBudgets | None = ...,
         signals: Global___CampaignSignalRules | None = ...,
+        write_report_at_end: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["brief", b"brief", "budgets", b"budgets", "experiment", b"experiment", "metric", b"metric", "signals", b"signals", "workspace", b"workspace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["brief", b"brief", "budgets", b"budgets", "experiment", b"experiment", "metric", b"metric", "signals", b"signals", "title", b"title", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["brief", b"brief", "budgets", b"budgets", "experiment", b"experiment", "metric", b"metric", "signals", b"signals", "title", b"title", "workspace", b"workspace", "write_report_at_end", b"write_report_at_end"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1615,3 +1621,130 @@ class ListLedgerRowsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListLedgerRowsResponse: _TypeAlias = ListLedgerRowsResponse  # noqa: Y015
+
+@_typing.final
+class CampaignReport(_message.Message):
+    """A campaign's written report, in Markdown. The ledger table is code's; the prose is the writer's."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
+    MARKDOWN_FIELD_NUMBER: _builtins.int
+    CYCLES_FIELD_NUMBER: _builtins.int
+    CHECKED_FIELD_NUMBER: _builtins.int
+    PROBLEMS_FIELD_NUMBER: _builtins.int
+    TOKENS_USED_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    campaign_id: _builtins.str
+    markdown: _builtins.str
+    cycles: _builtins.int
+    """The ledger rows it was written from (cycles 1 to this)."""
+    checked: _builtins.bool
+    """True when the writer's prose passed the figure check (first try or after its repair)."""
+    tokens_used: _builtins.int
+    """The writer's tokens, its repair included."""
+    @_builtins.property
+    def problems(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Why the prose was left out: figures that do not match the ledger, or the writer's failure."""
+
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        campaign_id: _builtins.str = ...,
+        markdown: _builtins.str = ...,
+        cycles: _builtins.int = ...,
+        checked: _builtins.bool = ...,
+        problems: _abc.Iterable[_builtins.str] | None = ...,
+        tokens_used: _builtins.int = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id", "checked", b"checked", "create_time", b"create_time", "cycles", b"cycles", "markdown", b"markdown", "problems", b"problems", "tokens_used", b"tokens_used"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CampaignReport: _TypeAlias = CampaignReport  # noqa: Y015
+
+@_typing.final
+class WriteCampaignReportRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    campaign_id: _builtins.str
+    request_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        campaign_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteCampaignReportRequest: _TypeAlias = WriteCampaignReportRequest  # noqa: Y015
+
+@_typing.final
+class WriteCampaignReportResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPORT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def report(self) -> Global___CampaignReport: ...
+    def __init__(
+        self,
+        *,
+        report: Global___CampaignReport | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["report", b"report"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["report", b"report"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteCampaignReportResponse: _TypeAlias = WriteCampaignReportResponse  # noqa: Y015
+
+@_typing.final
+class GetCampaignReportRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAMPAIGN_ID_FIELD_NUMBER: _builtins.int
+    campaign_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        campaign_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["campaign_id", b"campaign_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCampaignReportRequest: _TypeAlias = GetCampaignReportRequest  # noqa: Y015
+
+@_typing.final
+class GetCampaignReportResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPORT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def report(self) -> Global___CampaignReport: ...
+    def __init__(
+        self,
+        *,
+        report: Global___CampaignReport | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["report", b"report"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["report", b"report"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCampaignReportResponse: _TypeAlias = GetCampaignReportResponse  # noqa: Y015

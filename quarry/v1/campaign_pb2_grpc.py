@@ -82,6 +82,16 @@ class CampaignServiceStub:
                 request_serializer=quarry_dot_v1_dot_campaign__pb2.ListLedgerRowsRequest.SerializeToString,
                 response_deserializer=quarry_dot_v1_dot_campaign__pb2.ListLedgerRowsResponse.FromString,
                 _registered_method=True)
+        self.WriteCampaignReport = channel.unary_unary(
+                '/quarry.v1.CampaignService/WriteCampaignReport',
+                request_serializer=quarry_dot_v1_dot_campaign__pb2.WriteCampaignReportRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_campaign__pb2.WriteCampaignReportResponse.FromString,
+                _registered_method=True)
+        self.GetCampaignReport = channel.unary_unary(
+                '/quarry.v1.CampaignService/GetCampaignReport',
+                request_serializer=quarry_dot_v1_dot_campaign__pb2.GetCampaignReportRequest.SerializeToString,
+                response_deserializer=quarry_dot_v1_dot_campaign__pb2.GetCampaignReportResponse.FromString,
+                _registered_method=True)
 
 
 class CampaignServiceServicer:
@@ -157,6 +167,24 @@ class CampaignServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteCampaignReport(self, request, context):
+        """Has the writer (a ROLE_WRITER worker) write the campaign's report from its ledger: what was
+        tried, kept and why, the dead ends, the best result against the baseline and its noise. Every
+        figure cites its cycle ("c14: val_loss 0.231") and is checked against the ledger by code; a
+        draft that does not match gets one repair, then its prose is left out (CampaignReport.problems).
+        Idempotent by request_id: a repeat returns the report that request wrote.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCampaignReport(self, request, context):
+        """The campaign's latest report; NOT_FOUND before one was written.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CampaignServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -204,6 +232,16 @@ def add_CampaignServiceServicer_to_server(servicer, server):
                     servicer.ListLedgerRows,
                     request_deserializer=quarry_dot_v1_dot_campaign__pb2.ListLedgerRowsRequest.FromString,
                     response_serializer=quarry_dot_v1_dot_campaign__pb2.ListLedgerRowsResponse.SerializeToString,
+            ),
+            'WriteCampaignReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteCampaignReport,
+                    request_deserializer=quarry_dot_v1_dot_campaign__pb2.WriteCampaignReportRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_campaign__pb2.WriteCampaignReportResponse.SerializeToString,
+            ),
+            'GetCampaignReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCampaignReport,
+                    request_deserializer=quarry_dot_v1_dot_campaign__pb2.GetCampaignReportRequest.FromString,
+                    response_serializer=quarry_dot_v1_dot_campaign__pb2.GetCampaignReportResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -452,6 +490,60 @@ class CampaignService:
             '/quarry.v1.CampaignService/ListLedgerRows',
             quarry_dot_v1_dot_campaign__pb2.ListLedgerRowsRequest.SerializeToString,
             quarry_dot_v1_dot_campaign__pb2.ListLedgerRowsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteCampaignReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.CampaignService/WriteCampaignReport',
+            quarry_dot_v1_dot_campaign__pb2.WriteCampaignReportRequest.SerializeToString,
+            quarry_dot_v1_dot_campaign__pb2.WriteCampaignReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCampaignReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quarry.v1.CampaignService/GetCampaignReport',
+            quarry_dot_v1_dot_campaign__pb2.GetCampaignReportRequest.SerializeToString,
+            quarry_dot_v1_dot_campaign__pb2.GetCampaignReportResponse.FromString,
             options,
             channel_credentials,
             insecure,

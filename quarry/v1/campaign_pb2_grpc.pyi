@@ -64,6 +64,15 @@ class CampaignServiceStub:
     """Lists the campaign's ledger, one row per cycle in cycle order, each with the
     signals the campaign computed after it.
     """
+    WriteCampaignReport: _grpc.UnaryUnaryMultiCallable[_campaign_pb2.WriteCampaignReportRequest, _campaign_pb2.WriteCampaignReportResponse]
+    """Has the writer (a ROLE_WRITER worker) write the campaign's report from its ledger: what was
+    tried, kept and why, the dead ends, the best result against the baseline and its noise. Every
+    figure cites its cycle ("c14: val_loss 0.231") and is checked against the ledger by code; a
+    draft that does not match gets one repair, then its prose is left out (CampaignReport.problems).
+    Idempotent by request_id: a repeat returns the report that request wrote.
+    """
+    GetCampaignReport: _grpc.UnaryUnaryMultiCallable[_campaign_pb2.GetCampaignReportRequest, _campaign_pb2.GetCampaignReportResponse]
+    """The campaign's latest report; NOT_FOUND before one was written."""
 
 @_typing.type_check_only
 class CampaignServiceAsyncStub(CampaignServiceStub):
@@ -101,6 +110,15 @@ class CampaignServiceAsyncStub(CampaignServiceStub):
     """Lists the campaign's ledger, one row per cycle in cycle order, each with the
     signals the campaign computed after it.
     """
+    WriteCampaignReport: _aio.UnaryUnaryMultiCallable[_campaign_pb2.WriteCampaignReportRequest, _campaign_pb2.WriteCampaignReportResponse]  # type: ignore[assignment]
+    """Has the writer (a ROLE_WRITER worker) write the campaign's report from its ledger: what was
+    tried, kept and why, the dead ends, the best result against the baseline and its noise. Every
+    figure cites its cycle ("c14: val_loss 0.231") and is checked against the ledger by code; a
+    draft that does not match gets one repair, then its prose is left out (CampaignReport.problems).
+    Idempotent by request_id: a repeat returns the report that request wrote.
+    """
+    GetCampaignReport: _aio.UnaryUnaryMultiCallable[_campaign_pb2.GetCampaignReportRequest, _campaign_pb2.GetCampaignReportResponse]  # type: ignore[assignment]
+    """The campaign's latest report; NOT_FOUND before one was written."""
 
 class CampaignServiceServicer(metaclass=_abc_1.ABCMeta):
     """Campaigns: autonomous THINK -> EXECUTE -> REFLECT experiment loops over a code
@@ -189,5 +207,26 @@ class CampaignServiceServicer(metaclass=_abc_1.ABCMeta):
         """Lists the campaign's ledger, one row per cycle in cycle order, each with the
         signals the campaign computed after it.
         """
+
+    @_abc_1.abstractmethod
+    def WriteCampaignReport(
+        self,
+        request: _campaign_pb2.WriteCampaignReportRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_campaign_pb2.WriteCampaignReportResponse, _abc.Awaitable[_campaign_pb2.WriteCampaignReportResponse]]:
+        """Has the writer (a ROLE_WRITER worker) write the campaign's report from its ledger: what was
+        tried, kept and why, the dead ends, the best result against the baseline and its noise. Every
+        figure cites its cycle ("c14: val_loss 0.231") and is checked against the ledger by code; a
+        draft that does not match gets one repair, then its prose is left out (CampaignReport.problems).
+        Idempotent by request_id: a repeat returns the report that request wrote.
+        """
+
+    @_abc_1.abstractmethod
+    def GetCampaignReport(
+        self,
+        request: _campaign_pb2.GetCampaignReportRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_campaign_pb2.GetCampaignReportResponse, _abc.Awaitable[_campaign_pb2.GetCampaignReportResponse]]:
+        """The campaign's latest report; NOT_FOUND before one was written."""
 
 def add_CampaignServiceServicer_to_server(servicer: CampaignServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -53,6 +53,8 @@ class _RoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Role.ValueType],
     """Takes claim or experiment records out of one source it reads, each quoted with where in the
     source it is (ExtractedEvidence).
     """
+    ROLE_WRITER: _Role.ValueType  # 10
+    """Writes a campaign's report from its ledger, every figure cited by cycle and checked by code."""
 
 class Role(_Role, metaclass=_RoleEnumTypeWrapper):
     """The role a principal acts in. The scratchpad enforces which roles may write
@@ -89,6 +91,8 @@ ROLE_EXTRACTOR: Role.ValueType  # 9
 """Takes claim or experiment records out of one source it reads, each quoted with where in the
 source it is (ExtractedEvidence).
 """
+ROLE_WRITER: Role.ValueType  # 10
+"""Writes a campaign's report from its ledger, every figure cited by cycle and checked by code."""
 Global___Role: _TypeAlias = Role  # noqa: Y015
 
 class _ModelTier:

@@ -34,8 +34,18 @@ SUPERVISOR_ACCESS: ApiAccess = access_table(
 )
 # Starting and directing a campaign runs code on the monitor's host: an operator's.
 CAMPAIGN_ACCESS: ApiAccess = access_table(
-    reads=["GetCampaign", "ListCampaigns", "StreamCampaign", "ListLedgerRows"],
-    by_role={ApiRole.OPERATOR: ["StartCampaign", "PauseCampaign", "ResumeCampaign", "StopCampaign", "SendDirective"]},
+    reads=["GetCampaign", "ListCampaigns", "StreamCampaign", "ListLedgerRows", "GetCampaignReport"],
+    by_role={
+        ApiRole.OPERATOR: [
+            "StartCampaign",
+            "PauseCampaign",
+            "ResumeCampaign",
+            "StopCampaign",
+            "SendDirective",
+            # The writer's model calls are the operator's to spend.
+            "WriteCampaignReport",
+        ]
+    },
 )
 
 

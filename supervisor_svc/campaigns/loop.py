@@ -28,6 +28,7 @@ from supervisor_svc.campaigns import exports, limiter, memory
 from supervisor_svc.campaigns.experiment import GpuWait, run_experiment
 from supervisor_svc.campaigns.ports import DrivenCampaign, Lab, LabOpener, monitor_lab
 from supervisor_svc.campaigns.reflect import JobEnd, ReflectInput, Reflection, Trial, reflect
+from supervisor_svc.campaigns.report import Reports
 from supervisor_svc.campaigns.service import CampaignHandle, CampaignLoopFactory
 from supervisor_svc.campaigns.spec import CampaignSpec
 from supervisor_svc.campaigns.state import CampaignState, Phase, branch_name
@@ -61,6 +62,7 @@ class LoopDependencies:
 
 def loop_factory(deps: LoopDependencies) -> CampaignLoopFactory:
     open_lab = monitor_lab(deps.monitor)
+    reports = Reports(deps.scratchpad, deps.delegations)
 
     def make(handle: CampaignHandle) -> CampaignLoop:
         campaign_id = handle.campaign_id
@@ -68,7 +70,7 @@ def loop_factory(deps: LoopDependencies) -> CampaignLoopFactory:
         thinker = Thinker(
             campaign_id, thread, deps.scratchpad, deps.model, deps.conversations, deps.delegations, deps.settings.think
         )
-        return CampaignLoop(handle, open_lab, thread, thinker, deps.settings)
+        return CampaignLoop(handle, open_lab, thread, thinker, deps.settings, reports)
 
     return make
 
@@ -81,8 +83,10 @@ class CampaignLoop:
         thread: CampaignThread,
         thinker: Thinking,
         settings: LoopSettings,
+        reports: Reports | None = None,
     ) -> None:
         self._handle = handle
+        self._reports = reports
         self._open_lab = open_lab
         self._thread = thread
         self._thinker = thinker
@@ -144,13 +148,13 @@ class CampaignLoop:
         trials = _trials(await self._thread.read())
         signals = read_signals(trials, spec.metric.goal, spec.signal_rules())
         if signals.phase_gate_cleared and spec.rules.stop_at_phase_gate:
-            await handle.finish(CampaignState.COMPLETED, f"the phase gate is cleared: {signals.best:.6g}")
+            await self._complete(f"the phase gate is cleared: {signals.best:.6g}")
             return True
         history = [limiter.CycleCost.of(record) for record in trials]
         now = datetime.now(UTC)
         admission = limiter.admit(history, now, spec.limits(), failures_since=current.resume_time)
         if admission.step is limiter.Step.DONE:
-            await handle.finish(CampaignState.COMPLETED, admission.reason)
+            await self._complete(admission.reason)
             return True
         if admission.step is limiter.Step.PAUSE:
             await handle.pause(admission.reason)
@@ -168,6 +172,16 @@ class CampaignLoop:
         else:
             await self._experiment(cycle, signals, trials)
         return False
+
+    async def _complete(self, reason: str) -> None:
+        """End the campaign, its report written first when the spec asks for one."""
+        if self._spec.write_report_at_end and self._reports is not None:
+            current = await self._handle.current()
+            await self._handle.set_phase(Phase.REFLECT, current.cycle, "writing the campaign's report")
+            report, written = await self._reports.write(self._id, self._spec, self._thread, f"{self._id}/at-end")
+            if written:
+                await self._handle.record_usage(report.tokens_used)
+        await self._handle.finish(CampaignState.COMPLETED, reason)
 
     async def _measure(
         self,

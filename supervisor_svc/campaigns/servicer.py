@@ -11,6 +11,7 @@ from google.protobuf import timestamp_pb2
 
 from quarry.convert import METRIC_DIRECTIONS, duration, duration_seconds, metric_spec_to_proto, timestamp
 from quarry.errors import FieldViolation, InvalidArgument
+from quarry.records.campaign import CampaignReport
 from quarry.records.contract import signals_to_proto
 from quarry.records.signals import (
     DEFAULT_BASELINE_RUNS,
@@ -23,6 +24,7 @@ from quarry.v1 import campaign_pb2, campaign_pb2_grpc, monitor_pb2
 from supervisor_svc.campaigns.events import DIRECTIVE_STATES, PHASES, STATES
 from supervisor_svc.campaigns.ledger_reads import ledger_page, standing
 from supervisor_svc.campaigns.limiter import DEFAULT_MAX_CONSECUTIVE_FAILURES
+from supervisor_svc.campaigns.report import CampaignReports
 from supervisor_svc.campaigns.service import Campaigns
 from supervisor_svc.campaigns.spec import Brief, Budgets, CampaignSpec, Experiment, Metric, Rules, SlurmBatch, Workspace
 from supervisor_svc.campaigns.state import CampaignRecord, DirectiveRecord
@@ -94,6 +96,7 @@ def spec_from_proto(message: campaign_pb2.CampaignSpec) -> CampaignSpec:
             phase_gate=rules.phase_gate if rules.HasField("phase_gate") else None,
             stop_at_phase_gate=rules.stop_at_phase_gate,
         ),
+        write_report_at_end=message.write_report_at_end,
     )
 
 
@@ -152,6 +155,7 @@ def spec_to_proto(spec: CampaignSpec) -> campaign_pb2.CampaignSpec:
         experiment=experiment,
         budgets=budgets,
         signals=signals,
+        write_report_at_end=spec.write_report_at_end,
     )
 
 
@@ -199,9 +203,22 @@ def directive_to_proto(record: DirectiveRecord) -> campaign_pb2.CampaignDirectiv
     )
 
 
+def report_to_proto(campaign_id: str, report: CampaignReport) -> campaign_pb2.CampaignReport:
+    return campaign_pb2.CampaignReport(
+        campaign_id=campaign_id,
+        markdown=report.markdown,
+        cycles=report.cycles,
+        checked=report.checked,
+        problems=report.problems,
+        tokens_used=report.tokens_used,
+        create_time=timestamp(report.written_at),
+    )
+
+
 class CampaignServicer(campaign_pb2_grpc.CampaignServiceServicer):
-    def __init__(self, campaigns: Campaigns) -> None:
+    def __init__(self, campaigns: Campaigns, reports: CampaignReports) -> None:
         self._campaigns = campaigns
+        self._reports = reports
 
     async def StartCampaign(
         self, request: campaign_pb2.StartCampaignRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -265,3 +282,15 @@ class CampaignServicer(campaign_pb2_grpc.CampaignServiceServicer):
     ) -> campaign_pb2.ListLedgerRowsResponse:
         rows, token = await ledger_page(self._campaigns, request.campaign_id, request.page_size, request.page_token)
         return campaign_pb2.ListLedgerRowsResponse(rows=rows, next_page_token=token)
+
+    async def WriteCampaignReport(
+        self, request: campaign_pb2.WriteCampaignReportRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> campaign_pb2.WriteCampaignReportResponse:
+        report = await self._reports.write(request.campaign_id, request.request_id)
+        return campaign_pb2.WriteCampaignReportResponse(report=report_to_proto(request.campaign_id, report))
+
+    async def GetCampaignReport(
+        self, request: campaign_pb2.GetCampaignReportRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> campaign_pb2.GetCampaignReportResponse:
+        report = await self._reports.latest(request.campaign_id)
+        return campaign_pb2.GetCampaignReportResponse(report=report_to_proto(request.campaign_id, report))

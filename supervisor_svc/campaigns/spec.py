@@ -111,6 +111,7 @@ class CampaignSpec:
     title: str = ""
     budgets: Budgets = field(default_factory=Budgets)
     rules: Rules = field(default_factory=Rules)
+    write_report_at_end: bool = False  # the writer's report before the loop completes the campaign
 
     def to_json(self) -> dict[str, Any]:
         json_value: dict[str, Any] = _SPEC.dump_python(self, mode="json")

@@ -272,18 +272,12 @@ class Thinker:
         share of what is left."""
         account = RunAccount()
         budget = TokenBudget(max_tokens, account)
-        desk = Delegator(
-            run_id=attempt,
-            thread_id=self.thread.thread_id,
-            max_worker_turns=0,  # each contract says
-            parallel=self._settings.parallel_delegations,
-            deadline=math.inf,  # each contract has its own time limit
-            client=self._delegations,
-            scratchpad=self._scratchpad,
-            account=account,
-            budget=budget,
-            publisher=_UNANNOUNCED,
-            ledger=RunLedger(self._scratchpad, self._campaign_id, self.thread.thread_id),
+        desk = campaign_desk(
+            CampaignDesk(self._campaign_id, self.thread.thread_id, self._scratchpad, self._delegations),
+            attempt,
+            self._settings.parallel_delegations,
+            account,
+            budget,
         )
         return ThinkSession(self, cycle, workspace_id, desk, account, budget)
 
@@ -336,6 +330,35 @@ async def _delegate(session: ThinkSession, contract: Contract) -> DelegationResu
     if result is None:  # the desk's budget is unbounded: it never refuses
         raise AssertionError("a campaign's delegation desk refused a delegation")
     return result
+
+
+@dataclass(frozen=True)
+class CampaignDesk:
+    """Where a campaign's delegations go: its thread (their entries and their ledger), the workers."""
+
+    campaign_id: str
+    thread_id: str
+    scratchpad: ResearchPlane
+    delegations: DelegationClient
+
+
+def campaign_desk(
+    where: CampaignDesk, run_id: str, parallel: int, account: RunAccount, budget: TokenBudget
+) -> Delegator:
+    """A delegation desk on the campaign's thread, for one THINK or one report (`run_id` names it)."""
+    return Delegator(
+        run_id=run_id,
+        thread_id=where.thread_id,
+        max_worker_turns=0,  # each contract says
+        parallel=parallel,
+        deadline=math.inf,  # each contract has its own time limit
+        client=where.delegations,
+        scratchpad=where.scratchpad,
+        account=account,
+        budget=budget,
+        publisher=_UNANNOUNCED,
+        ledger=RunLedger(where.scratchpad, where.campaign_id, where.thread_id),
+    )
 
 
 class _Unannounced:

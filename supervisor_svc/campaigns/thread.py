@@ -17,6 +17,7 @@ from quarry.errors import ServiceError
 from quarry.identity import Principal, Role
 from quarry.records.campaign import (
     CampaignRecord,
+    CampaignReport,
     DeadEnd,
     Decision,
     Directive,
@@ -37,6 +38,7 @@ _KINDS: dict[type[Any], EntryKind] = {
     DirectiveConsumed: EntryKind.CAMPAIGN_DIRECTIVE,
     Decision: EntryKind.CAMPAIGN_DECISION,
     Violation: EntryKind.CAMPAIGN_DECISION,
+    CampaignReport: EntryKind.CAMPAIGN_DECISION,
 }
 _RECORD_KINDS = frozenset(_KINDS.values())
 
