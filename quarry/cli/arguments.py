@@ -320,6 +320,9 @@ def _lab_arguments(lab: argparse.ArgumentParser, parents: list[argparse.Argument
     start.add_argument("--baseline-runs", type=int, help="runs of the unchanged state per baseline (default 3)")
     start.add_argument("--phase-gate", type=float, help="the metric value whose clearing is reported")
     start.add_argument("--stop-at-gate", action="store_true", help="complete the campaign at the phase gate")
+    start.add_argument(
+        "--report-at-end", action="store_true", help="have the writer write the report before the campaign completes"
+    )
     start.add_argument("--request-id", default="", help="retry safely with the same id (default: a new one)")
     start.add_argument("--json", action="store_true", help="print the campaign as JSON")
 
@@ -345,6 +348,18 @@ def _lab_arguments(lab: argparse.ArgumentParser, parents: list[argparse.Argument
     ledger.add_argument("--jsonl", action="store_true", help="one JSON object per row")
     watch = commands.add_parser("watch", parents=parents, help="follow a campaign live (Ctrl-C leaves it running)")
     watch.add_argument("campaign_id")
+    report = commands.add_parser(
+        "report", parents=parents, help="the campaign's written report (Markdown, or HTML with -o report.html)"
+    )
+    report.add_argument("campaign_id")
+    report.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        help="write it here: .html is self-contained; .md gets its plot as a .svg beside it",
+    )
+    report.add_argument("--new", action="store_true", help="have the writer write a new one from the ledger now")
+    report.add_argument("--request-id", default="", help="retry a --new safely with the same id")
     plot = commands.add_parser("plot", parents=parents, help="a PNG of the metric over the experiments")
     plot.add_argument("campaign_id")
     plot.add_argument("-o", "--output", type=Path, help="the PNG to write (default: <campaign id>.png)")

@@ -15,6 +15,9 @@ from quarry.v1 import campaign_pb2, campaign_pb2_grpc
 
 __all__ = ["CampaignsClient"]
 
+# A report is two writer delegations at most (a draft and its repair), each bounded at ten minutes.
+_WRITER_SECONDS = 1260.0
+
 
 class CampaignsClient(ApiClient):
     """The campaign API: start campaigns, follow their events, pause, resume, stop and direct them.
@@ -88,6 +91,23 @@ class CampaignsClient(ApiClient):
         )
         response: campaign_pb2.ListLedgerRowsResponse = await self._retry.call(self._stub.ListLedgerRows, request)
         return response
+
+    async def write_campaign_report(self, campaign_id: str, *, request_id: str = "") -> campaign_pb2.CampaignReport:
+        """Have the writer write the campaign's report now (minutes: a model writes it); retries reuse the
+        request_id, so they get the report the first call wrote."""
+        request = campaign_pb2.WriteCampaignReportRequest(
+            campaign_id=campaign_id, request_id=request_id or str(uuid.uuid4())
+        )
+        response: campaign_pb2.WriteCampaignReportResponse = await self._retry.call(
+            self._stub.WriteCampaignReport, request, extra_timeout=_WRITER_SECONDS
+        )
+        return response.report
+
+    async def get_campaign_report(self, campaign_id: str) -> campaign_pb2.CampaignReport:
+        """The campaign's latest report; NOT_FOUND before one was written."""
+        request = campaign_pb2.GetCampaignReportRequest(campaign_id=campaign_id)
+        response: campaign_pb2.GetCampaignReportResponse = await self._retry.call(self._stub.GetCampaignReport, request)
+        return response.report
 
     async def ledger(self, campaign_id: str) -> list[campaign_pb2.LedgerRow]:
         """The campaign's whole ledger so far, following pages to the end."""

@@ -208,6 +208,8 @@ VALID = {
     "quarry.v1.CampaignService.StopCampaign": f'campaign_id: "{CAMPAIGN_ID}" reason: "r"',
     "quarry.v1.CampaignService.SendDirective": f'campaign_id: "{CAMPAIGN_ID}" text: "try" request_id: "d1"',
     "quarry.v1.CampaignService.ListLedgerRows": f'campaign_id: "{CAMPAIGN_ID}" page_size: 2',
+    "quarry.v1.CampaignService.WriteCampaignReport": f'campaign_id: "{CAMPAIGN_ID}" request_id: "w1"',
+    "quarry.v1.CampaignService.GetCampaignReport": f'campaign_id: "{CAMPAIGN_ID}"',
     "quarry.v1.MonitorService.ListGpus": "",
     "quarry.v1.MonitorService.WatchGpus": "interval { seconds: 1 }",
     "quarry.v1.MonitorService.SubmitJob": (

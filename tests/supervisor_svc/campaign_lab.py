@@ -22,6 +22,7 @@ from quarry.clients.campaigns import CampaignsClient
 from quarry.clients.channels import open_channel
 from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import MonitorSettings, QuarrySettings, ScratchpadSettings, SupervisorSettings, WorkerSettings
+from quarry.identity import Role
 from quarry.v1 import campaign_pb2, monitor_pb2
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.campaigns.think import INSTRUCTIONS
@@ -30,6 +31,7 @@ from tests.conftest import TEST_API_KEY, reusable_port
 from tests.fakes.choreography import Choreography, agent_of
 from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
 from tests.monitor_svc.fake_ssh import FakeHost, fake_ssh_host
+from worker_svc.roles import ROLES
 from worker_svc.service import build_host as build_worker
 
 TRAIN = """\
@@ -48,6 +50,9 @@ WORSE_CONFIG = '{"lr": 0.001, "steps": 20}\n'  # about 8.6
 BROKEN_CONFIG = '{"lr": 0.1, "steps": \n'  # the script crashes reading it
 DIRECTIVE = "Try a larger learning rate first."
 LEADER = INSTRUCTIONS.split("\n", 1)[0]
+WRITER = ROLES[Role.WRITER].instructions[:80]
+# A writer's turn: a reply, or one made from the request (its task holds the ledger's figures).
+WriterStep = Step | Callable[[dict[str, Any]], Step]
 
 
 def git(repo: Path, *args: str) -> str:
@@ -73,6 +78,8 @@ class Script:
 
     leader: deque[Step] = field(default_factory=deque)
     engineer: deque[Step] = field(default_factory=deque)
+    writer: deque[WriterStep] = field(default_factory=deque)
+    writer_requests: list[dict[str, Any]] = field(default_factory=list)
     researchers: Choreography = field(default_factory=Choreography)
     leader_requests: list[dict[str, Any]] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
@@ -84,6 +91,12 @@ class Script:
             queue = self.leader
         elif agent_of(body) in self.researchers.scripts:
             return self.researchers(body)
+        elif WRITER in (body["messages"][0].get("content") or ""):
+            self.writer_requests.append(body)
+            if not self.writer:
+                return HttpError(400, message="no writer script left")
+            step = self.writer.popleft()
+            return step(body) if callable(step) else step
         else:
             queue = self.engineer
         return queue.popleft() if queue else HttpError(400, message="no script left")

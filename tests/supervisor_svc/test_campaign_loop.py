@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from quarry.cli.lab.report import report as lab_report
 from quarry.config import MonitorSettings
 from quarry.v1 import campaign_pb2, monitor_pb2, scratchpad_pb2
 from tests.fakes.openai_server import Await, Call, Reply, ScriptedModel
@@ -280,6 +283,62 @@ async def test_stagnation_is_signalled_and_the_phase_gate_completes_the_campaign
     ]
     ended = stream[-1].ended
     assert ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED and "phase gate" in ended.reason
+
+
+def _task(body: dict[str, Any]) -> str:
+    return "\n".join(m.get("content") or "" for m in body["messages"] if m["role"] == "user")
+
+
+def _kept_figure(body: dict[str, Any]) -> str:
+    """The kept cycle's citation, as the writer's task gives it."""
+    found = re.search(r"- (c\d+: val_loss [0-9.e-]+); keep;", _task(body))
+    assert found, _task(body)
+    return found.group(1)
+
+
+async def test_the_phase_gate_completes_the_campaign_with_its_report_whose_figures_match_the_ledger(
+    lab: Lab, tmp_path: Path
+) -> None:
+    lab.script.cycle("Set lr to 0.1 in config.json.", BETTER_CONFIG, "A larger learning rate converges faster.")
+    # The writer's first draft misquotes the kept result; its repair cites it as the ledger says.
+    lab.script.writer.extend(
+        [
+            Reply(content="## What was kept and why\nThe larger step reached c3: val_loss 0.5, a 99.9% gain."),
+            lambda body: Reply(content=f"## What was kept and why\nThe larger step reached {_kept_figure(body)}."),
+        ]
+    )
+    message = spec(lab.project, cycles=10)
+    message.signals.CopyFrom(
+        campaign_pb2.CampaignSignalRules(baseline_runs=2, phase_gate=0.01, stop_at_phase_gate=True)
+    )
+    message.write_report_at_end = True
+    campaign = await lab.campaigns.start_campaign(message, request_id="lab-gate-report")
+    stream = [event async for event in lab.campaigns.stream_campaign(campaign.campaign_id)]
+
+    ended = stream[-1].ended
+    assert ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED and "phase gate" in ended.reason
+    rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
+    assert [row.verdict for row in rows] == [BASELINE, BASELINE, KEEP]
+    phases = [event.phase_changed.message for event in stream if event.HasField("phase_changed")]
+    assert phases[-1] == "writing the campaign's report"
+    # The repair turn was told what was wrong, and the report holds its text and code's ledger table.
+    repair = _task(lab.script.writer_requests[1])
+    assert "'c3: val_loss 0.5': the ledger says c3: val_loss" in repair and "'99.9'" in repair
+    report = await lab.campaigns.get_campaign_report(campaign.campaign_id)
+    kept = f"c3: val_loss {rows[2].metrics[0].value:.6g}"
+    assert report.checked and list(report.problems) == [] and report.cycles == 3
+    assert f"The larger step reached {kept}." in report.markdown
+    assert (
+        f"| c3 | keep | {rows[2].metrics[0].value:.6g} | A larger learning rate converges faster. |" in report.markdown
+    )
+    assert report.tokens_used > 0
+    # Written once: its usage is on the campaign, and `quarry lab report` serves it (HTML, with the plot inline).
+    assert (await lab.campaigns.get_campaign(campaign.campaign_id)).usage.tokens >= report.tokens_used
+    page = tmp_path / "report.html"
+    assert await lab_report(lab.campaigns, campaign.campaign_id, page, new=False, request_id="") == 0
+    html = page.read_text()
+    assert f"The larger step reached {kept}." in html and "<svg" in html and "<script" not in html
+    assert len(lab.script.writer_requests) == 2
 
 
 async def test_the_limiter_makes_the_campaign_sleep_and_say_why(lab: Lab) -> None:

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from quarry.cli.ask import Supervisor, name_of
+from quarry.cli.lab.report import report
 from quarry.cli.lab.spec import SpecError, load_settings, settings_from_flags, spec_from_settings
 from quarry.cli.lab.view import ledger_table, number, watch
 from quarry.cli.terminal import safe_markup, shown
@@ -62,6 +63,8 @@ async def run(args: argparse.Namespace, supervisor: Supervisor) -> int:
             return 0
         if command == "watch":
             return await watch(supervisor, args.campaign_id)
+        if command == "report":
+            return await report(client, args.campaign_id, args.output, new=args.new, request_id=args.request_id)
         output = args.output or Path(f"{args.campaign_id}.png")
         campaign = await client.get_campaign(args.campaign_id)
         plot(campaign, await client.ledger(args.campaign_id), output)

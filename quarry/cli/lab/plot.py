@@ -1,4 +1,5 @@
-"""`quarry lab plot`: a campaign's metric over its experiments, as a PNG (matplotlib, Agg: no display needed).
+"""`quarry lab plot`: a campaign's metric over its experiments, as a PNG or an SVG (matplotlib, Agg: no display
+needed); the campaign report embeds the SVG.
 
 Each cycle is a point, marked by its verdict (baseline, kept, discarded, retest; a failed cycle has no
 value and is a tick on the axis). The running best and the noise band around it are the signals the
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -34,9 +36,15 @@ def _value(row: campaign_pb2.LedgerRow, name: str) -> float | None:
 
 
 def plot_ledger(
-    rows: Sequence[campaign_pb2.LedgerRow], metric: monitor_pb2.MetricSpec, path: Path, *, title: str
+    rows: Sequence[campaign_pb2.LedgerRow],
+    metric: monitor_pb2.MetricSpec,
+    path: Path | IO[bytes],
+    *,
+    title: str,
+    image_format: str = "png",
 ) -> None:
-    """Write the plot of the ledger's `rows` (in cycle order, each with its signals) to `path` as a PNG."""
+    """Write the plot of the ledger's `rows` (in cycle order, each with its signals) to `path`, as a PNG or
+    (`image_format="svg"`) an SVG."""
     figure = Figure(figsize=(10, 5.5), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
@@ -81,4 +89,4 @@ def plot_ledger(
     axes.grid(alpha=0.3)
     if rows:
         axes.legend(loc="best")
-    figure.savefig(path, format="png", dpi=120)
+    figure.savefig(path, format=image_format, dpi=120)

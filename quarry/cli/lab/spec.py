@@ -4,6 +4,7 @@ A campaign is started from a TOML file, from flags, or both (flags win). The fil
 of the campaign spec (docs/architecture.md, "Campaigns"):
 
     title = "tiny regression"
+    write_report_at_end = true        # the writer's report before the campaign completes (quarry lab report)
     [brief]
     goal = "Lower the validation loss."
     constraints = ["Keep the model under 1M parameters."]
@@ -52,7 +53,7 @@ class SpecError(ValueError):
 
 # section -> key -> kind; "" is the top level.
 _SCHEMA: dict[str, dict[str, str]] = {
-    "": {"title": "str"},
+    "": {"title": "str", "write_report_at_end": "bool"},
     "brief": {"goal": "str", "constraints": "strs", "editable_paths": "strs", "protected_paths": "strs"},
     "workspace": {"host": "str", "root": "str"},
     "metric": {"name": "str", "direction": "str", "log_regex": "str", "jsonl_path": "str", "jsonl_key": "str"},
@@ -137,6 +138,7 @@ def spec_from_settings(data: Mapping[str, Any]) -> campaign_pb2.CampaignSpec:
     experiment, budgets, signals = sections["experiment"], sections["budgets"], sections["signals"]
     spec = campaign_pb2.CampaignSpec(
         title=sections[""].get("title", ""),
+        write_report_at_end=sections[""].get("write_report_at_end", False),
         brief=campaign_pb2.CampaignBrief(
             goal=brief.get("goal", ""),
             constraints=brief.get("constraints", []),
@@ -179,7 +181,7 @@ def spec_from_settings(data: Mapping[str, Any]) -> campaign_pb2.CampaignSpec:
 def settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The campaign file's shape for the flags given (None: not given), to lay over the file."""
     flags = {
-        "": {"title": args.title},
+        "": {"title": args.title, "write_report_at_end": True if args.report_at_end else None},
         "brief": {
             "goal": args.goal,
             "constraints": args.constraint,

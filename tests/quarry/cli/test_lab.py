@@ -197,7 +197,7 @@ def test_flags_alone_make_a_spec_and_lay_over_a_file_section_by_section(tmp_path
         "--goal", "Raise accuracy.", "--root", "/srv/w", "--metric", "acc", "--direction", "maximize",
         "--jsonl-path", "metrics.jsonl", "--jsonl-key", "acc", "--command", "./run.sh", "--experiment-seconds", "90",
         "--protected", "eval.py", "--protected", "data/", "--stop-time", "2099-01-01T00:00:00+01:00", "--stop-at-gate",
-        "--phase-gate", "0.9",
+        "--phase-gate", "0.9", "--report-at-end",
     )  # fmt: skip
     spec = spec_from_settings(load_settings(None, settings_from_flags(args)))
     assert spec.brief.goal == "Raise accuracy." and list(spec.brief.protected_paths) == ["eval.py", "data/"]
@@ -206,6 +206,8 @@ def test_flags_alone_make_a_spec_and_lay_over_a_file_section_by_section(tmp_path
     assert spec.experiment.command_line == "./run.sh" and spec.experiment.wall_clock_limit.seconds == 90
     assert spec.budgets.stop_time.ToDatetime(tzinfo=UTC) == datetime(2098, 12, 31, 23, tzinfo=UTC)
     assert spec.signals.stop_at_phase_gate and spec.signals.phase_gate == 0.9
+    assert spec.write_report_at_end
+    assert spec_from_settings({"write_report_at_end": True}).write_report_at_end
     path = tmp_path / "campaign.toml"
     path.write_text(CAMPAIGN_FILE)
     merged = spec_from_settings(load_settings(path, settings_from_flags(_flags("--goal", "Other goal."))))
@@ -257,3 +259,15 @@ def test_a_campaign_file_or_a_flag_isolates_the_experiments_network() -> None:
     assert not spec_from_settings(load_settings(None, settings_from_flags(_flags()))).experiment.isolate_network
     with pytest.raises(SpecError, match=r"experiment\.isolate_network: must be a bool"):
         spec_from_settings({"experiment": {"isolate_network": "yes"}})
+
+
+def test_the_html_report_shows_a_models_markup_as_text_and_needs_nothing_outside_the_file() -> None:
+    from quarry.cli.lab.report import to_html
+
+    markdown = "# Report\n\n<script>alert(1)</script> and <img src=x onerror=alert(2)>\n\n"
+    markdown += "| a | b |\n|---|---|\n| 1 | 2 |\n"
+    page = to_html(markdown, '<svg xmlns="http://www.w3.org/2000/svg"></svg>', title="<b>t</b>")
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<img" not in page and "<title>&lt;b&gt;t&lt;/b&gt;</title>" in page
+    assert "<table>" in page and '<svg xmlns="http://www.w3.org/2000/svg"></svg>' in page
+    assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # no remote resource

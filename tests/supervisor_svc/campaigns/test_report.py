@@ -40,7 +40,9 @@ def test_a_figure_the_ledger_does_not_back_is_named_with_what_the_ledger_says() 
         "'c5: val_loss 1.0': the ledger has no val_loss for c5",
         "'c9: val_loss 2.0': the ledger has no val_loss for c9",
     ]
-    assert check_figures("c3: accuracy 0.23149", facts()) == ["'c3: accuracy 0.23149': the campaign's metric is val_loss"]
+    assert check_figures("c3: accuracy 0.23149", facts()) == [
+        "'c3: accuracy 0.23149': the campaign's metric is val_loss"
+    ]
 
 
 def test_a_figure_of_the_writers_own_is_refused_unless_the_ledger_says_it() -> None:
