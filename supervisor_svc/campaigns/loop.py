@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 import grpc
+from opentelemetry import context as otel_context
 
 from quarry.agent.conversation import ConversationStore
 from quarry.agent.model import ModelClient
@@ -24,6 +25,7 @@ from quarry.errors import QuarryError, ServiceError
 from quarry.records.campaign import CampaignRecord, Decision, Directive, DirectiveConsumed, TrialRecord
 from quarry.records.signals import Signals, read_signals
 from quarry.research_plane import ResearchPlane
+from quarry.telemetry import tracer
 from supervisor_svc.campaigns import exports, limiter, memory
 from supervisor_svc.campaigns.experiment import GpuWait, run_experiment
 from supervisor_svc.campaigns.ports import DrivenCampaign, Lab, LabOpener, monitor_lab
@@ -164,13 +166,23 @@ class CampaignLoop:
             await asyncio.sleep(admission.sleep_seconds)
             return False
         cycle = len(trials) + 1
-        if signals.baseline_runs_needed:
-            await self._measure(cycle, signals, trials, Phase.BASELINE, "baseline", "run the unchanged kept state", "")
-        elif signals.retest is not None:
-            commit = signals.retest.commit
-            await self._measure(cycle, signals, trials, Phase.EXECUTE, "retest", f"run {commit[:12]} again", commit)
-        else:
-            await self._experiment(cycle, signals, trials)
+        kind = "baseline" if signals.baseline_runs_needed else "retest" if signals.retest is not None else "experiment"
+        # One trace per cycle, whatever context the loop's task was started in (a StartCampaign call's, say).
+        attributes: dict[str, str | int] = {
+            "quarry.campaign_id": self._id,
+            "quarry.cycle": cycle,
+            "quarry.cycle.kind": kind,
+        }
+        with tracer.start_as_current_span("campaign cycle", context=otel_context.Context(), attributes=attributes):
+            if signals.baseline_runs_needed:
+                action = "run the unchanged kept state"
+                await self._measure(cycle, signals, trials, Phase.BASELINE, "baseline", action, "")
+            elif signals.retest is not None:
+                commit = signals.retest.commit
+                action = f"run {commit[:12]} again"
+                await self._measure(cycle, signals, trials, Phase.EXECUTE, "retest", action, commit)
+            else:
+                await self._experiment(cycle, signals, trials)
         return False
 
     async def _complete(self, reason: str) -> None:
@@ -178,7 +190,9 @@ class CampaignLoop:
         if self._spec.write_report_at_end and self._reports is not None:
             current = await self._handle.current()
             await self._handle.set_phase(Phase.REFLECT, current.cycle, "writing the campaign's report")
-            report, written = await self._reports.write(self._id, self._spec, self._thread, f"{self._id}/at-end")
+            attributes = {"quarry.campaign_id": self._id}
+            with tracer.start_as_current_span("campaign report", context=otel_context.Context(), attributes=attributes):
+                report, written = await self._reports.write(self._id, self._spec, self._thread, f"{self._id}/at-end")
             if written:
                 await self._handle.record_usage(report.tokens_used)
         await self._handle.finish(CampaignState.COMPLETED, reason)
@@ -224,7 +238,8 @@ class CampaignLoop:
         left = limiter.tokens_left(
             [limiter.CycleCost.of(record) for record in trials], datetime.now(UTC), self._spec.limits()
         )
-        thought = await self._thinker.think(cycle, attempt, briefing, self._lab.workspace_id, tokens_left=left)
+        with tracer.start_as_current_span("campaign think", attributes={"quarry.conversation_id": attempt}):
+            thought = await self._thinker.think(cycle, attempt, briefing, self._lab.workspace_id, tokens_left=left)
         await handle.record_usage(thought.tokens)
         action = "; ".join(thought.changes) or "no change"
         commit, failure, changed = "", thought.failure, thought.files
@@ -263,14 +278,19 @@ class CampaignLoop:
 
     async def _run_job(self, cycle: int) -> JobEnd:
         settings = self._settings
-        return await run_experiment(self._lab, self._handle, cycle, settings.watch_poll_seconds, settings.gpu_wait)
+        with tracer.start_as_current_span("campaign experiment") as span:
+            end = await run_experiment(self._lab, self._handle, cycle, settings.watch_poll_seconds, settings.gpu_wait)
+            span.set_attributes({"quarry.job_id": end.job_id, "quarry.job.state": end.state.value})
+            return end
 
     async def _reflect(self, signals: Signals, trials: Sequence[TrialRecord], trial: Trial, end: JobEnd) -> None:
         """REFLECT: its conclusions, written once."""
-        await self._handle.set_phase(Phase.REFLECT, trial.cycle, f"job {end.job_id} {end.state.value}")
-        now = datetime.now(UTC)
-        reflection = reflect(ReflectInput(self._spec, signals, trials, trial, end, now))
-        await self._write(reflection)
+        with tracer.start_as_current_span("campaign reflect") as span:
+            await self._handle.set_phase(Phase.REFLECT, trial.cycle, f"job {end.job_id} {end.state.value}")
+            now = datetime.now(UTC)
+            reflection = reflect(ReflectInput(self._spec, signals, trials, trial, end, now))
+            span.set_attribute("quarry.verdict", reflection.row.verdict.value)
+            await self._write(reflection)
 
     async def _write(self, reflection: Reflection) -> None:
         handle, row = self._handle, reflection.row

@@ -6,7 +6,9 @@ in config.json, printing its validation loss with a little noise. Also on an SSH
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import re
 import subprocess
 import sys
@@ -22,12 +24,13 @@ from quarry.clients.campaigns import CampaignsClient
 from quarry.clients.channels import open_channel
 from quarry.clients.scratchpad import ScratchpadClient
 from quarry.config import MonitorSettings, QuarrySettings, ScratchpadSettings, SupervisorSettings, WorkerSettings
-from quarry.identity import Role
+from quarry.identity import MeshRole, Role
+from quarry.mesh import MeshKeys
 from quarry.v1 import campaign_pb2, monitor_pb2
 from scratchpad_svc.service import build_host as build_scratchpad
 from supervisor_svc.campaigns.think import INSTRUCTIONS
 from supervisor_svc.service import build_host as build_supervisor
-from tests.conftest import TEST_API_KEY, reusable_port
+from tests.conftest import TEST_API_KEY, ServiceProcess, reusable_port, start_service, stop_service
 from tests.fakes.choreography import Choreography, agent_of
 from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
 from tests.monitor_svc.fake_ssh import FakeHost, fake_ssh_host
@@ -272,3 +275,73 @@ def assert_each_metric_is_the_monitors_reading_of_the_jobs_log(ran: Ran, log_roo
     for row in ran.rows:
         printed = re.findall(r"val_loss=([0-9.]+)", (log_root / f"{row.job_id}.log").read_text())
         assert [float(value) for value in printed] == [row.metrics[0].value], row.cycle
+
+
+# -- the lab as `quarry serve` processes ---------------------------------------------------------------
+
+
+@dataclass
+class ProcessLab:
+    """Scratchpad, monitor, an engineer worker and the supervisor as `quarry serve` processes with mesh tokens;
+    `start` starts one again (on its database) with the environment it had."""
+
+    tmp_path: Path
+    keys: MeshKeys
+    environments: dict[str, tuple[dict[str, str], MeshRole | None]] = field(default_factory=dict)
+    started: list[ServiceProcess] = field(default_factory=list)
+    services: dict[str, ServiceProcess] = field(default_factory=dict)
+
+    def start(self, name: str, *, port: int = 0) -> ServiceProcess:
+        env, role = self.environments[name]
+        service = start_service(name, {**env, **self.keys.environment(role)}, self.tmp_path, port=port)
+        self.started.append(service)
+        self.services[name] = service
+        return service
+
+
+@contextlib.asynccontextmanager
+async def process_lab(
+    tmp_path: Path, model: ScriptedModel, roots: Path, extra: dict[str, str] | None = None
+) -> AsyncIterator[ProcessLab]:
+    """The four services started in order, each told the addresses of those before it; all stopped (SIGTERM)
+    on the way out."""
+    lab = ProcessLab(tmp_path, MeshKeys.generate())
+    common = {"QUARRY_DATA_DIR": str(tmp_path / "data"), "QUARRY_LOG_LEVEL": "WARNING", **(extra or {})}
+    model_env = {"QUARRY_MODEL_BASE_URL": model.base_url, "QUARRY_MODEL_NAME": "scripted"}
+    try:
+        lab.environments["scratchpad"] = (common, None)
+        scratchpad = await asyncio.to_thread(lab.start, "scratchpad")
+        monitor_env = {
+            **common,
+            "QUARRY_MONITOR_ALLOW_JOB_SUBMISSION": "true",
+            "QUARRY_MONITOR_WORKSPACE_ROOTS": json.dumps([str(roots)]),
+            "QUARRY_MONITOR_JOB_POLL_SECONDS": "0.2",
+        }
+        lab.environments["monitor"] = (monitor_env, None)
+        monitor = await asyncio.to_thread(lab.start, "monitor")
+        worker_env = {
+            **common,
+            **model_env,
+            "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{tmp_path / 'worker.db'}",
+            "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad.address,
+            "QUARRY_WORKER_MONITOR_ADDRESS": monitor.address,
+        }
+        lab.environments["worker"] = (worker_env, MeshRole.WORKER)
+        worker = await asyncio.to_thread(lab.start, "worker")
+        lab.environments["supervisor"] = (
+            {
+                **common,
+                **model_env,
+                "QUARRY_SUPERVISOR_DATABASE_URL": f"sqlite:///{tmp_path / 'supervisor.db'}",
+                "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS": scratchpad.address,
+                "QUARRY_SUPERVISOR_WORKER_ADDRESSES": worker.address,
+                "QUARRY_SUPERVISOR_MONITOR_ADDRESS": monitor.address,
+                "QUARRY_SUPERVISOR_RUN_LEASE_SECONDS": "2",
+            },
+            MeshRole.SUPERVISOR,
+        )
+        await asyncio.to_thread(lab.start, "supervisor")
+        yield lab
+    finally:
+        for service in reversed(lab.started):
+            stop_service(service)

@@ -6,16 +6,13 @@ the happy path with the workspace on an SSH host, and through Slurm.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from pathlib import Path
 
 from quarry.clients.campaigns import CampaignsClient
 from quarry.clients.channels import open_channel
-from quarry.identity import MeshRole
-from quarry.mesh import MeshKeys
 from quarry.v1 import campaign_pb2
-from tests.conftest import TEST_API_KEY, ServiceProcess, start_service, stop_service
+from tests.conftest import TEST_API_KEY
 from tests.fakes.openai_server import ScriptedModel
 from tests.supervisor_svc.campaign_lab import (
     BASELINE,
@@ -29,6 +26,7 @@ from tests.supervisor_svc.campaign_lab import (
     jobs_by_cycle,
     make_project,
     on_the_host,
+    process_lab,
     remote_lab,
     run_campaign,
     script_keep_then_discard,
@@ -49,40 +47,8 @@ async def test_over_processes_a_sigkilled_supervisor_and_monitor_restart_and_the
     script.cycle("Set lr to 0.001 in config.json.", WORSE_CONFIG, "A smaller learning rate is more stable.")
     roots = (tmp_path / "roots").resolve()
     project = make_project(roots)
-    keys = MeshKeys.generate()
-    common = {"QUARRY_DATA_DIR": str(tmp_path / "data"), "QUARRY_LOG_LEVEL": "WARNING"}
-    started: list[ServiceProcess] = []
-
-    def start(name: str, env: dict[str, str], role: MeshRole | None) -> ServiceProcess:
-        started.append(start_service(name, {**common, **keys.environment(role), **env}, tmp_path))
-        return started[-1]
-
-    try:
-        scratchpad = await asyncio.to_thread(start, "scratchpad", {}, None)
-        monitor_env = {
-            "QUARRY_MONITOR_ALLOW_JOB_SUBMISSION": "true",
-            "QUARRY_MONITOR_WORKSPACE_ROOTS": json.dumps([str(roots)]),
-            "QUARRY_MONITOR_JOB_POLL_SECONDS": "0.2",
-        }
-        monitor = await asyncio.to_thread(start, "monitor", monitor_env, None)
-        model_env = {"QUARRY_MODEL_BASE_URL": model.base_url, "QUARRY_MODEL_NAME": "scripted"}
-        worker_env = {
-            **model_env,
-            "QUARRY_WORKER_DATABASE_URL": f"sqlite:///{tmp_path / 'worker.db'}",
-            "QUARRY_WORKER_SCRATCHPAD_ADDRESS": scratchpad.address,
-            "QUARRY_WORKER_MONITOR_ADDRESS": monitor.address,
-        }
-        worker = await asyncio.to_thread(start, "worker", worker_env, MeshRole.WORKER)
-        supervisor_env = {
-            **model_env,
-            "QUARRY_SUPERVISOR_DATABASE_URL": f"sqlite:///{tmp_path / 'supervisor.db'}",
-            "QUARRY_SUPERVISOR_SCRATCHPAD_ADDRESS": scratchpad.address,
-            "QUARRY_SUPERVISOR_WORKER_ADDRESSES": worker.address,
-            "QUARRY_SUPERVISOR_MONITOR_ADDRESS": monitor.address,
-            "QUARRY_SUPERVISOR_RUN_LEASE_SECONDS": "2",
-        }
-        supervisor = await asyncio.to_thread(start, "supervisor", supervisor_env, MeshRole.SUPERVISOR)
-
+    async with process_lab(tmp_path, model, roots) as lab:
+        supervisor, monitor = lab.services["supervisor"], lab.services["monitor"]
         async with open_channel(supervisor.address, token=TEST_API_KEY) as channel:
             campaigns = CampaignsClient(channel)
             campaign = await campaigns.start_campaign(spec(project, cycles=5), request_id="lab-processes")
@@ -98,17 +64,8 @@ async def test_over_processes_a_sigkilled_supervisor_and_monitor_restart_and_the
             service.process.wait()
         await asyncio.sleep(4)  # the experiment (3 s) ends while no monitor watches it
         monitor_port = int(monitor.address.rpartition(":")[2])
-        started.append(
-            await asyncio.to_thread(
-                start_service,
-                "monitor",
-                {**common, **keys.environment(None), **monitor_env},
-                tmp_path,
-                port=monitor_port,
-            )
-        )
-
-        again = await asyncio.to_thread(start, "supervisor", supervisor_env, MeshRole.SUPERVISOR)
+        await asyncio.to_thread(lab.start, "monitor", port=monitor_port)
+        again = await asyncio.to_thread(lab.start, "supervisor")
         async with open_channel(again.address, token=TEST_API_KEY) as channel:
             campaigns = CampaignsClient(channel)
             after = [
@@ -117,9 +74,6 @@ async def test_over_processes_a_sigkilled_supervisor_and_monitor_restart_and_the
                     campaign.campaign_id, after_sequence_no=before[-1].sequence_no
                 )
             ]
-    finally:
-        for service in reversed(started):
-            stop_service(service)
 
     assert after[-1].ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED, after[-1].ended.reason
     rows = [event.ledger_recorded for event in [*before, *after] if event.HasField("ledger_recorded")]
