@@ -61,7 +61,7 @@ def _isolate(patch: pytest.MonkeyPatch) -> None:
     everywhere, with the test keys above.
     """
     for name in list(os.environ):
-        if name.startswith("QUARRY_") and name != "QUARRY_TEST_POSTGRES_URL":
+        if name.startswith("QUARRY_") and not name.startswith("QUARRY_TEST_"):  # the test settings stay
             patch.delenv(name)
     patch.setenv("QUARRY_MESH_INSECURE", "true")
     patch.setenv("QUARRY_SUPERVISOR_API_KEYS", TEST_API_KEYS)

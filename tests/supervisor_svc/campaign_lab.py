@@ -33,7 +33,8 @@ from supervisor_svc.service import build_host as build_supervisor
 from tests.conftest import TEST_API_KEY, ServiceProcess, reusable_port, start_service, stop_service
 from tests.fakes.choreography import Choreography, agent_of
 from tests.fakes.openai_server import Call, HttpError, Reply, ScriptedModel, Step
-from tests.monitor_svc.fake_ssh import FakeHost, fake_ssh_host
+from tests.hosts.openssh import openssh_host
+from tests.hosts.slurm import SlurmCluster, slurm_cluster
 from worker_svc.roles import ROLES
 from worker_svc.service import build_host as build_worker
 
@@ -67,7 +68,7 @@ def make_project(roots: Path) -> Path:
     project.mkdir(parents=True)
     (project / "train.py").write_text(TRAIN)
     (project / "config.json").write_text(BASELINE_CONFIG)
-    (project / "train.sh").write_text(f"exec {sys.executable} train.py\n")  # what a campaign through Slurm submits
+    (project / "train.sh").write_text(f"#!/bin/sh\nexec {sys.executable} train.py\n")  # what Slurm runs
     git(project, "init", "-q", "-b", "main")
     git(project, "-c", "user.name=T", "-c", "user.email=t@example.com", "add", "-A")
     git(project, "-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "-q", "-m", "initial")
@@ -126,6 +127,7 @@ class Lab:
     scratchpad: ScratchpadClient
     script: Script
     restart: Callable[[], Awaitable[None]]
+    monitor_address: str = ""
 
 
 @contextlib.asynccontextmanager
@@ -176,7 +178,14 @@ async def open_lab(
                     open_channel(settings.address, token=TEST_API_KEY) as channel,
                     open_channel(scratchpad.address) as scratchpad_channel,
                 ):
-                    yield Lab(project, CampaignsClient(channel), ScratchpadClient(scratchpad_channel), script, restart)
+                    yield Lab(
+                        project,
+                        CampaignsClient(channel),
+                        ScratchpadClient(scratchpad_channel),
+                        script,
+                        restart,
+                        monitor.address,
+                    )
             finally:
                 await supervisor.__aexit__(None, None, None)
 
@@ -216,7 +225,11 @@ async def run_campaign(lab: Lab, message: campaign_pb2.CampaignSpec, request_id:
     campaign = await lab.campaigns.start_campaign(message, request_id=request_id)
     for index, directive in enumerate(directives, 1):
         await lab.campaigns.send_directive(campaign.campaign_id, directive, request_id=f"directive-{index}")
-    stream = [event async for event in lab.campaigns.stream_campaign(campaign.campaign_id)]
+    stream: list[campaign_pb2.CampaignEvent] = []
+    async for event in lab.campaigns.stream_campaign(campaign.campaign_id):
+        stream.append(event)
+        # A paused campaign's stream goes on until someone resumes it: here that is a failure, said at once.
+        assert not event.HasField("paused"), event.paused.reason
     assert stream[-1].ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED, stream[-1].ended.reason
     rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
     return Ran(campaign.campaign_id, stream, rows)
@@ -249,15 +262,22 @@ def assert_measured_kept_and_discarded(project: Path, ran: Ran, initial: str) ->
 
 
 @contextlib.asynccontextmanager
-async def remote_lab(tmp_path: Path, model: ScriptedModel) -> AsyncIterator[tuple[Lab, FakeHost]]:
-    """The lab with its workspace on the SSH host gpu1 (tests/monitor_svc/fake_ssh.py, on loopback): the monitor
-    opens and edits it over SSH and runs its jobs there, their logs under the host's log root."""
+async def remote_lab(
+    tmp_path: Path, model: ScriptedModel, *, slurm: bool = False
+) -> AsyncIterator[tuple[Lab, SlurmCluster | None]]:
+    """The lab with its workspace on the SSH host gpu1, a real OpenSSH server on loopback (tests/hosts): the
+    monitor opens and edits it over SSH and runs its jobs there, their logs under the host's log root; with
+    `slurm`, the host is the login node of a real single-node Slurm cluster."""
     project = make_project(tmp_path / "roots")
     (tmp_path / "logs").mkdir()  # the host's log root
-    async with fake_ssh_host(tmp_path) as host:
-        settings = host.settings(workspace_roots=[str(project.parent)], job_poll_seconds=0.2)
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(slurm_cluster(tmp_path / "slurm")) if slurm else None
+        ssh = stack.enter_context(openssh_host(tmp_path / "ssh", cluster.environment if cluster else None))
+        settings = ssh.settings(
+            log_roots=[str(tmp_path / "logs")], workspace_roots=[str(project.parent)], job_poll_seconds=0.2
+        )
         async with open_lab(tmp_path, model, project, settings) as opened:
-            yield opened, host
+            yield opened, cluster
 
 
 def on_the_host(project: Path) -> campaign_pb2.CampaignSpec:
@@ -301,10 +321,14 @@ class ProcessLab:
 
 @contextlib.asynccontextmanager
 async def process_lab(
-    tmp_path: Path, model: ScriptedModel, roots: Path, extra: dict[str, str] | None = None
+    tmp_path: Path,
+    model: ScriptedModel,
+    roots: Path,
+    extra: dict[str, str] | None = None,
+    monitor_extra: dict[str, str] | None = None,
 ) -> AsyncIterator[ProcessLab]:
     """The four services started in order, each told the addresses of those before it; all stopped (SIGTERM)
-    on the way out."""
+    on the way out. `extra` is every service's environment, `monitor_extra` the monitor's (its SSH hosts)."""
     lab = ProcessLab(tmp_path, MeshKeys.generate())
     common = {"QUARRY_DATA_DIR": str(tmp_path / "data"), "QUARRY_LOG_LEVEL": "WARNING", **(extra or {})}
     model_env = {"QUARRY_MODEL_BASE_URL": model.base_url, "QUARRY_MODEL_NAME": "scripted"}
@@ -316,6 +340,7 @@ async def process_lab(
             "QUARRY_MONITOR_ALLOW_JOB_SUBMISSION": "true",
             "QUARRY_MONITOR_WORKSPACE_ROOTS": json.dumps([str(roots)]),
             "QUARRY_MONITOR_JOB_POLL_SECONDS": "0.2",
+            **(monitor_extra or {}),
         }
         lab.environments["monitor"] = (monitor_env, None)
         monitor = await asyncio.to_thread(lab.start, "monitor")

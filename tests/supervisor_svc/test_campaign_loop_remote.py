@@ -1,19 +1,25 @@
 """The campaign loop end to end over processes and remote hosts, on the lab of
-tests/supervisor_svc/campaign_lab.py: a supervisor SIGKILLed among `quarry serve` processes finds its job again;
-the happy path with the workspace on an SSH host, and through Slurm.
+tests/supervisor_svc/campaign_lab.py: a supervisor and a monitor SIGKILLed among `quarry serve` processes find
+their job again, here and on an SSH host; the happy path with the workspace on an SSH host, and through Slurm.
+The SSH host is a real OpenSSH server and the cluster a real Slurm (tests/hosts), never fakes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
+import contextlib
+import json
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from quarry.clients.campaigns import CampaignsClient
-from quarry.clients.channels import open_channel
-from quarry.v1 import campaign_pb2
+from quarry.clients.channels import insecure_channel, open_channel
+from quarry.v1 import campaign_pb2, monitor_pb2, monitor_pb2_grpc
 from tests.conftest import TEST_API_KEY
 from tests.fakes.openai_server import ScriptedModel
+from tests.hosts.openssh import openssh_host
 from tests.supervisor_svc.campaign_lab import (
     BASELINE,
     DISCARD,
@@ -34,12 +40,15 @@ from tests.supervisor_svc.campaign_lab import (
 )
 
 
+@pytest.mark.parametrize("where", ["here", "over_ssh"])
 async def test_over_processes_a_sigkilled_supervisor_and_monitor_restart_and_the_campaign_keeps_the_jobs_result(
-    tmp_path: Path, model: ScriptedModel
+    tmp_path: Path, model: ScriptedModel, where: str
 ) -> None:
     """Scratchpad, monitor, an engineer worker and the supervisor as `quarry serve` processes with mesh tokens;
     the supervisor and the monitor SIGKILLed while cycle 4's experiment runs, which ends while they are down;
-    both started again on their databases. The cycle takes the job's real result, with no second launch."""
+    both started again on their databases. The cycle takes the job's real result, with no second launch. Over
+    SSH, the workspace and the job are on a real OpenSSH server's host, which the restarted monitor reconnects
+    to."""
     script = Script()
     model.default = script
     slow = '{"lr": 0.1, "steps": 20, "sleep": 3}\n'
@@ -47,11 +56,43 @@ async def test_over_processes_a_sigkilled_supervisor_and_monitor_restart_and_the
     script.cycle("Set lr to 0.001 in config.json.", WORSE_CONFIG, "A smaller learning rate is more stable.")
     roots = (tmp_path / "roots").resolve()
     project = make_project(roots)
-    async with process_lab(tmp_path, model, roots) as lab:
+    message, monitor_env = spec(project, cycles=5), {}
+    stack = contextlib.ExitStack()
+    if where == "over_ssh":
+        (tmp_path / "logs").mkdir()
+        ssh = stack.enter_context(openssh_host(tmp_path / "ssh"))
+        host = ssh.ssh_host(log_roots=[str(tmp_path / "logs")], workspace_roots=[str(roots)])
+        monitor_env = {"QUARRY_MONITOR_HOSTS": json.dumps({"gpu1": host.model_dump()})}
+        message.workspace.host = "gpu1"
+    with stack:
+        after, before, job_id = await _sigkilled_mid_experiment(tmp_path, model, roots, message, monitor_env)
+
+    assert after[-1].ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED, after[-1].ended.reason
+    rows = [event.ledger_recorded for event in [*before, *after] if event.HasField("ledger_recorded")]
+    assert [row.cycle for row in rows] == [1, 2, 3, 4, 5]
+    assert [row.verdict for row in rows] == [BASELINE, BASELINE, BASELINE, KEEP, DISCARD]
+    assert rows[3].job_id == job_id
+    # Cycle 4 was neither thought out nor launched again: two THINKs of two turns in all, one job for cycle 4.
+    assert len(script.leader_requests) == 4
+    waits = [e.phase_changed for e in after if e.phase_changed.phase == campaign_pb2.CAMPAIGN_PHASE_WAITING]
+    assert (waits[0].cycle, waits[0].message) == (4, f"job {job_id}")
+    assert git(project, "rev-parse", "HEAD") == rows[3].commit
+    assert (project / "config.json").read_text() == slow
+    if where == "over_ssh":
+        jobs = [event.job_progress.job for event in [*before, *after] if event.HasField("job_progress")]
+        assert {job.WhichOneof("target") for job in jobs} == {"remote"}
+
+
+async def _sigkilled_mid_experiment(
+    tmp_path: Path, model: ScriptedModel, roots: Path, message: campaign_pb2.CampaignSpec, monitor_env: dict[str, str]
+) -> tuple[list[campaign_pb2.CampaignEvent], list[campaign_pb2.CampaignEvent], str]:
+    """Cycle 4's experiment launched, the supervisor and the monitor SIGKILLed, started again: (the events
+    after the restart, those before it, cycle 4's job)."""
+    async with process_lab(tmp_path, model, roots, monitor_extra=monitor_env) as lab:
         supervisor, monitor = lab.services["supervisor"], lab.services["monitor"]
         async with open_channel(supervisor.address, token=TEST_API_KEY) as channel:
             campaigns = CampaignsClient(channel)
-            campaign = await campaigns.start_campaign(spec(project, cycles=5), request_id="lab-processes")
+            campaign = await campaigns.start_campaign(message, request_id="lab-processes")
             before: list[campaign_pb2.CampaignEvent] = []
             async for event in campaigns.stream_campaign(campaign.campaign_id):
                 before.append(event)
@@ -74,22 +115,11 @@ async def test_over_processes_a_sigkilled_supervisor_and_monitor_restart_and_the
                     campaign.campaign_id, after_sequence_no=before[-1].sequence_no
                 )
             ]
-
-    assert after[-1].ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED, after[-1].ended.reason
-    rows = [event.ledger_recorded for event in [*before, *after] if event.HasField("ledger_recorded")]
-    assert [row.cycle for row in rows] == [1, 2, 3, 4, 5]
-    assert [row.verdict for row in rows] == [BASELINE, BASELINE, BASELINE, KEEP, DISCARD]
-    assert rows[3].job_id == job_id
-    # Cycle 4 was neither thought out nor launched again: two THINKs of two turns in all, one job for cycle 4.
-    assert len(script.leader_requests) == 4
-    waits = [e.phase_changed for e in after if e.phase_changed.phase == campaign_pb2.CAMPAIGN_PHASE_WAITING]
-    assert (waits[0].cycle, waits[0].message) == (4, f"job {job_id}")
-    assert git(project, "rev-parse", "HEAD") == rows[3].commit
-    assert (project / "config.json").read_text() == slow
+    return after, before, job_id
 
 
 async def test_the_happy_path_with_the_workspace_on_an_ssh_host(tmp_path: Path, model: ScriptedModel) -> None:
-    async with remote_lab(tmp_path, model) as (lab, host):
+    async with remote_lab(tmp_path, model) as (lab, _):
         script_keep_then_discard(lab.script)
         initial = git(lab.project, "rev-parse", "HEAD")
         ran = await run_campaign(lab, on_the_host(lab.project), "lab-ssh")
@@ -98,30 +128,78 @@ async def test_the_happy_path_with_the_workspace_on_an_ssh_host(tmp_path: Path, 
     jobs = jobs_by_cycle(ran)
     assert sorted(jobs) == [1, 2, 3, 4, 5]
     assert all(job.WhichOneof("target") == "remote" and job.remote.host == "gpu1" for job in jobs.values()), jobs
-    launches = [command for command in host.commands if sys.executable in command and "train.py" in command]
-    assert len(launches) == 5, "each experiment started over SSH, once"
+    assert len({job.remote.pid for job in jobs.values()}) == 5, "each experiment started over SSH, once"
     assert_each_metric_is_the_monitors_reading_of_the_jobs_log(ran, tmp_path / "logs")
 
 
-async def test_the_happy_path_through_slurm(tmp_path: Path, model: ScriptedModel) -> None:
-    async with remote_lab(tmp_path, model) as (lab, host):
-        host.run_batch_jobs()
+async def test_through_real_slurm_a_campaigns_experiments_a_job_over_its_time_and_one_scancelled_from_outside(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    """The workspace's host is the login node of a real single-node Slurm cluster. While the campaign runs its
+    five experiments through sbatch (sacct the authority), two jobs are submitted to the same monitor: one over
+    its --time, which Slurm itself stops (it counts whole minutes and checks about every 30 s, so within about
+    90 s), and one cancelled with scancel by someone else; each is recorded as what Slurm says it was."""
+    async with remote_lab(tmp_path, model, slurm=True) as (lab, cluster):
+        assert cluster is not None
         script_keep_then_discard(lab.script)
         initial = git(lab.project, "rev-parse", "HEAD")
-        message = on_the_host(lab.project)
-        message.experiment.ClearField("argv")
-        message.experiment.slurm.script_path = "train.sh"
-        message.experiment.slurm.sbatch_args.append("--partition=cpu")
-        ran = await run_campaign(lab, message, "lab-slurm")
+        endless = tmp_path / "roots" / "endless.sh"
+        endless.write_text("#!/bin/sh\necho started\nsleep 600\n")
+        async with insecure_channel(lab.monitor_address) as channel:
+            monitor = monitor_pb2_grpc.MonitorServiceStub(channel)
+            over = await monitor.SubmitJob(batch_job(endless, "over-time", seconds=20))
+            cancelled = await monitor.SubmitJob(batch_job(endless, "cancelled", seconds=600))
+            message = on_the_host(lab.project)
+            message.experiment.ClearField("argv")
+            message.experiment.slurm.script_path = "train.sh"
+            message.experiment.slurm.sbatch_args.append("--partition=debug")
+            ran, timed, stopped = await asyncio.gather(
+                run_campaign(lab, message, "lab-slurm"),
+                watch_job(monitor, over.job),
+                watch_job(
+                    monitor, cancelled.job, when_running=lambda: cluster.run("scancel", cancelled.job.slurm.job_id)
+                ),
+            )
+        jobs = jobs_by_cycle(ran)
+        assert sorted(jobs) == [1, 2, 3, 4, 5] and all(job.slurm.host == "gpu1" for job in jobs.values())
+        ids = ",".join(job.slurm.job_id for _, job in sorted(jobs.items()))
+        fields = "--format=JobID,State,Timelimit,Partition,WorkDir"
+        accounted = cluster.run("sacct", "-j", ids, "-X", "-n", "--parsable2", fields)
+        over_time = cluster.run(
+            "sacct", "-j", over.job.slurm.job_id, "-X", "-n", "--parsable2", "--format=State,Timelimit"
+        )
 
     assert_measured_kept_and_discarded(lab.project, ran, initial)
-    jobs = jobs_by_cycle(ran)
-    assert [(job.slurm.host, job.slurm.job_id) for _, job in sorted(jobs.items())] == [
-        ("gpu1", str(job_id)) for job_id in range(101, 106)
+    # Slurm's own accounting: each experiment submitted once, with the campaign's --time, in the workspace.
+    assert [line.split("|") for line in accounted.split()] == [
+        [job.slurm.job_id, "COMPLETED", "00:01:00", "debug", str(lab.project)] for _, job in sorted(jobs.items())
     ]
-    submissions = host.batch_submissions()
-    assert len(submissions) == 5, "each experiment submitted once"
-    for arguments in submissions:
-        assert arguments[:2] == ["--parsable", "--partition=cpu"] and arguments[-1] == f"{lab.project}/train.sh"
-        assert f"--chdir={lab.project}" in arguments and "--time=0-00:01:00" in arguments
     assert_each_metric_is_the_monitors_reading_of_the_jobs_log(ran, tmp_path / "logs")
+    assert timed[-1].status.state == monitor_pb2.JOB_STATE_TIMED_OUT, timed[-1]
+    assert over_time.strip() == "TIMEOUT|00:01:00"  # Slurm itself stopped it at its --time
+    assert "started" in (tmp_path / "logs" / f"{over.job.monitor_job_id}.log").read_text()
+    assert stopped[-1].status.state == monitor_pb2.JOB_STATE_CANCELLED, stopped[-1]
+
+
+def batch_job(script: Path, request_id: str, *, seconds: int) -> monitor_pb2.SubmitJobRequest:
+    return monitor_pb2.SubmitJobRequest(
+        slurm=monitor_pb2.SlurmSubmission(host="gpu1", script_path=str(script)),
+        request_id=request_id,
+        options=monitor_pb2.JobOptions(wall_clock_limit={"seconds": seconds}),
+    )
+
+
+async def watch_job(
+    monitor: monitor_pb2_grpc.MonitorServiceStub,
+    job: monitor_pb2.JobRef,
+    when_running: Callable[[], object] | None = None,
+) -> list[monitor_pb2.WatchJobResponse]:
+    """The job's reports until it ends; `when_running` is called (in a thread) once it is seen running."""
+    seen: list[monitor_pb2.WatchJobResponse] = []
+    request = monitor_pb2.WatchJobRequest(job=job, poll_interval={"seconds": 1})
+    async for response in monitor.WatchJob(request, timeout=240):
+        seen.append(response)
+        if when_running is not None and response.status.state == monitor_pb2.JOB_STATE_RUNNING:
+            await asyncio.to_thread(when_running)
+            when_running = None
+    return seen

@@ -52,7 +52,8 @@ async def test_each_cycle_is_one_trace_from_think_through_the_monitors_job_to_re
         "OTEL_BSP_SCHEDULE_DELAY": "100",
     }
     async with process_lab(tmp_path, model, roots, otel) as lab:
-        async with open_channel(lab.services["supervisor"].address, token=TEST_API_KEY) as channel:
+        address = lab.services["supervisor"].address
+        async with open_channel(address, token=TEST_API_KEY) as channel:
             campaigns = CampaignsClient(channel)
             message = spec(project, cycles=3)
             message.signals.CopyFrom(campaign_pb2.CampaignSignalRules(baseline_runs=2))
