@@ -138,8 +138,11 @@ def phase_times(events: list[campaign_pb2.CampaignEvent], phase: int) -> dict[in
 
 
 @contextmanager
-def services(workdir: Path, roots: Path, model: ScriptedModel) -> Iterator[str]:
-    """The scratchpad, the monitor, an engineer worker and the supervisor as processes: the supervisor's address."""
+def services(
+    workdir: Path, roots: Path, model: ScriptedModel, monitor_extra: dict[str, str] | None = None
+) -> Iterator[str]:
+    """The scratchpad, the monitor (with `monitor_extra` in its environment), an engineer worker and the supervisor
+    as processes: the supervisor's address."""
     common = {"QUARRY_DATA_DIR": str(workdir / "data"), "QUARRY_LOG_LEVEL": "WARNING"}
     model_env = {"QUARRY_MODEL_BASE_URL": model.base_url, "QUARRY_MODEL_NAME": "scripted"}
     with ExitStack() as stack:
@@ -151,6 +154,7 @@ def services(workdir: Path, roots: Path, model: ScriptedModel) -> Iterator[str]:
             **mesh_environment(None),
             "QUARRY_MONITOR_ALLOW_JOB_SUBMISSION": "true",
             "QUARRY_MONITOR_WORKSPACE_ROOTS": json.dumps([str(roots)]),
+            **(monitor_extra or {}),
         }
         _, monitor = stack.enter_context(running_service("monitor", monitor_env, workdir))
         worker_env = {

@@ -46,6 +46,12 @@ POSTGRES_URL = os.environ.get("QUARRY_TEST_POSTGRES_URL", "postgresql://postgres
 BACKENDS = ["sqlite", "postgresql"]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that mostly wait on a clock outside them (Slurm's time limit, say) first, in their own order: each
+    worker starts with its share of them, so they overlap the rest of the suite instead of ending it."""
+    items.sort(key=lambda item: item.get_closest_marker("long_wait") is None)
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: twice as many workers as cores. Much of the suite's time is spent waiting on processes it
     starts (services coming up, jobs, the fake model), which the extra workers fill: on two cores, 4 workers
