@@ -70,10 +70,18 @@ class ThinkBriefing:
         )
 
 
-def memory_view(brief: str, records: Sequence[CampaignRecord], goal: MetricGoal) -> MemoryView:
+def memory_view(
+    brief: str, records: Sequence[CampaignRecord], goal: MetricGoal, *, before_cycle: int | None = None
+) -> MemoryView:
+    """The brief and the log; `before_cycle`: only decisions of earlier cycles (THINK reads the later ones among
+    its recent experiments, each with its result: the log goes further back instead of repeating them)."""
     trials = _trials(records)
     milestones = _section(_MILESTONES, _milestones(trials, goal), MILESTONES_CAP, "milestones")
-    decisions = [f"cycle {record.cycle}: {record.text}" for record in records if isinstance(record, Decision)]
+    decisions = [
+        f"cycle {record.cycle}: {record.text}"
+        for record in records
+        if isinstance(record, Decision) and (before_cycle is None or record.cycle < before_cycle)
+    ]
     room = LOG_CAP - len(milestones) - 2  # the blank line between the sections
     latest = _section(_DECISIONS, decisions[-DECISIONS_KEPT:], room, "decisions", total=len(decisions))
     return MemoryView(brief, f"{milestones}\n\n{latest}")
@@ -84,10 +92,13 @@ def think_briefing(brief: str, records: Sequence[CampaignRecord], signals: Signa
     recent = [_experiment_line(record) for record in trials]
     dead_ends = [f"cycle {r.cycle}: {r.approach} -- {r.reason}" for r in records if isinstance(r, DeadEnd)]
     insights = [f"cycle {record.cycle}: {record.text}" for record in records if isinstance(record, Insight)]
+    experiments = _bounded(recent[-RECENT_EXPERIMENTS:], RECENT_EXPERIMENTS_CAP, "experiments", len(recent))
+    shown = sum(1 for line in experiments.splitlines() if line.startswith("cycle "))
+    first_shown = trials[-shown].cycle if shown else None
     return ThinkBriefing(
-        memory=memory_view(brief, records, signals.goal),
+        memory=memory_view(brief, records, signals.goal, before_cycle=first_shown),
         signals=signals.describe(),
-        recent_experiments=_bounded(recent[-RECENT_EXPERIMENTS:], RECENT_EXPERIMENTS_CAP, "experiments", len(recent)),
+        recent_experiments=experiments,
         dead_ends=_bounded(dead_ends, DEAD_ENDS_CAP, "dead ends"),
         insights=_bounded(insights, INSIGHTS_CAP, "insights"),
         directives=pending_directives(records),

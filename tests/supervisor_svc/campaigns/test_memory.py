@@ -147,7 +147,24 @@ def test_think_sees_the_latest_experiments_and_all_it_must_not_retry() -> None:
     assert context.dead_ends == "cycle 4: a learning rate of 1.0 -- diverged"
     assert context.insights == "cycle 5: the loss is flat after 300 steps"
     assert "noise floor" in context.signals
-    assert context.memory == memory_view(BRIEF, records, LOSS)
+    assert context.memory == memory_view(BRIEF, records, LOSS, before_cycle=5)
+
+
+def test_the_log_gives_the_decisions_before_the_recent_experiments_instead_of_repeating_them() -> None:
+    ledger = [*BASELINE]
+    records: list[CampaignRecord] = [*BASELINE]
+    for cycle in range(4, 31):
+        records.append(Decision(cycle=cycle, text=f"decision {cycle}"))
+        trial = run(cycle, Verdict.DISCARD, 0.52, hypothesis=f"decision {cycle}")
+        ledger.append(trial)
+        records.append(trial)
+    context = think_briefing(BRIEF, records, read_signals(ledger, LOSS, SignalRules()))
+    _, decisions = sections(context.memory.log)
+    shown = [line for line in context.recent_experiments.splitlines() if line.startswith("cycle ")]
+    first_recent = int(shown[0].split()[1])
+    assert shown[-1].startswith("cycle 30 ")
+    assert decisions.splitlines()[-1] == f"cycle {first_recent - 1}: decision {first_recent - 1}"
+    assert not any(f"decision {cycle}" in decisions for cycle in range(first_recent, 31))
 
 
 def test_the_oldest_dead_ends_are_left_out_first_and_counted() -> None:
