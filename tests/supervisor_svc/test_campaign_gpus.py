@@ -27,7 +27,7 @@ from tests.supervisor_svc.campaign_lab import BASELINE, Lab, git, make_project, 
 pytestmark = pytest.mark.slow
 
 CAMPAIGNS = 3
-SLOW_BASELINE = '{"lr": 0.01, "steps": 20, "sleep": 1.5}\n'
+SLOW_BASELINE = '{"lr": 0.01, "steps": 20, "sleep": 1.0}\n'
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ async def shared_lab(tmp_path: Path, model: ScriptedModel, two_gpus: types.Modul
     roots = tmp_path / "roots"
     for index in range(CAMPAIGNS):
         project = make_project(roots / f"p{index}")
-        (project / "config.json").write_text(SLOW_BASELINE)  # each job holds its GPU 1.5 s
+        (project / "config.json").write_text(SLOW_BASELINE)  # each job holds its GPU a second
         git(project, "-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "-qam", "slower")
     settings = MonitorSettings(
         address="127.0.0.1:0",

@@ -1,13 +1,12 @@
 """The campaign loop end to end over processes and remote hosts, on the lab of
 tests/supervisor_svc/campaign_lab.py: a supervisor and a monitor SIGKILLed among `quarry serve` processes find
-their job again, here and on an SSH host; and through Slurm, its experiments, a job over its time and one
+their job again on an SSH host; and through Slurm, its experiments, a job over its time and one
 cancelled from outside. The SSH host is a real OpenSSH server and the cluster a real Slurm (tests/hosts), never fakes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -37,19 +36,18 @@ from tests.supervisor_svc.campaign_lab import (
     remote_lab,
     run_campaign,
     script_keep_then_discard,
-    spec,
 )
 
 
-@pytest.mark.parametrize("where", ["here", pytest.param("over_ssh", marks=pytest.mark.long_wait)])
-async def test_over_processes_a_sigkilled_supervisor_and_monitor_restart_and_the_campaign_keeps_the_jobs_result(
-    tmp_path: Path, model: ScriptedModel, where: str
+@pytest.mark.long_wait
+async def test_over_processes_and_ssh_a_sigkilled_supervisor_and_monitor_restart_and_the_campaign_keeps_the_result(
+    tmp_path: Path, model: ScriptedModel
 ) -> None:
     """Scratchpad, monitor, an engineer worker and the supervisor as `quarry serve` processes with mesh tokens;
-    the supervisor and the monitor SIGKILLed while cycle 4's experiment runs, which ends while they are down;
-    both started again on their databases. The cycle takes the job's real result, with no second launch. Over
-    SSH, the workspace and the job are on a real OpenSSH server's host, which the restarted monitor reconnects
-    to."""
+    the workspace and its jobs on the SSH host gpu1, a real OpenSSH server. The supervisor and the monitor are
+    SIGKILLed while cycle 4's experiment runs, which ends while they are down; both started again on their
+    databases, the monitor reconnects to the host and the cycle takes the job's real result, with no second
+    launch. (A restarted monitor finding its local jobs is tests/monitor_svc/jobs/test_service.py's.)"""
     script = Script()
     model.default = script
     slow = '{"lr": 0.1, "steps": 20, "sleep": 3}\n'
@@ -57,16 +55,13 @@ async def test_over_processes_a_sigkilled_supervisor_and_monitor_restart_and_the
     script.cycle("Set lr to 0.001 in config.json.", WORSE_CONFIG, "A smaller learning rate is more stable.")
     roots = (tmp_path / "roots").resolve()
     project = make_project(roots)
-    message, monitor_env = spec(project, cycles=5), {}
-    stack = contextlib.ExitStack()
-    if where == "over_ssh":
-        (tmp_path / "logs").mkdir()
-        ssh = stack.enter_context(openssh_host(tmp_path / "ssh"))
+    (tmp_path / "logs").mkdir()
+    with openssh_host(tmp_path / "ssh") as ssh:
         host = ssh.ssh_host(log_roots=[str(tmp_path / "logs")], workspace_roots=[str(roots)])
         monitor_env = {"QUARRY_MONITOR_HOSTS": json.dumps({"gpu1": host.model_dump()})}
-        message.workspace.host = "gpu1"
-    with stack:
-        after, before, job_id = await _sigkilled_mid_experiment(tmp_path, model, roots, message, monitor_env)
+        after, before, job_id = await _sigkilled_mid_experiment(
+            tmp_path, model, roots, on_the_host(project), monitor_env
+        )
 
     assert after[-1].ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED, after[-1].ended.reason
     rows = [event.ledger_recorded for event in [*before, *after] if event.HasField("ledger_recorded")]
@@ -79,12 +74,12 @@ async def test_over_processes_a_sigkilled_supervisor_and_monitor_restart_and_the
     assert (waits[0].cycle, waits[0].message) == (4, f"job {job_id}")
     assert git(project, "rev-parse", "HEAD") == rows[3].commit
     assert (project / "config.json").read_text() == slow
-    if where == "over_ssh":  # each experiment started over SSH once, its value read from its log on the host
-        ran = Ran(after[-1].campaign_id, [*before, *after], rows)
-        jobs = jobs_by_cycle(ran)
-        assert all(job.WhichOneof("target") == "remote" and job.remote.host == "gpu1" for job in jobs.values())
-        assert len({job.remote.pid for job in jobs.values()}) == 5
-        assert_each_metric_is_the_monitors_reading_of_the_jobs_log(ran, tmp_path / "logs")
+    # Each experiment started over SSH once, its value read from its log on the host.
+    ran = Ran(after[-1].campaign_id, [*before, *after], rows)
+    jobs = jobs_by_cycle(ran)
+    assert all(job.WhichOneof("target") == "remote" and job.remote.host == "gpu1" for job in jobs.values())
+    assert len({job.remote.pid for job in jobs.values()}) == 5
+    assert_each_metric_is_the_monitors_reading_of_the_jobs_log(ran, tmp_path / "logs")
 
 
 async def _sigkilled_mid_experiment(
