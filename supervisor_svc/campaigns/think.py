@@ -321,7 +321,8 @@ class Thinker:
         session.promoted.update(result.promoted)
         if not result.succeeded:
             return f"the researcher failed: {result.error_message}"
-        return f"done; findings promoted: {len(result.promoted)}\n{result.summary}"
+        entries = f" (entries {', '.join(map(str, sorted(result.promoted)))}; record_insight cites the findings)"
+        return f"done; findings promoted: {len(result.promoted)}{entries if result.promoted else ''}\n{result.summary}"
 
 
 async def _delegate(session: ThinkSession, contract: Contract) -> DelegationResult:

@@ -55,8 +55,8 @@ BROKEN_CONFIG = '{"lr": 0.1, "steps": \n'  # the script crashes reading it
 DIRECTIVE = "Try a larger learning rate first."
 LEADER = INSTRUCTIONS.split("\n", 1)[0]
 WRITER = ROLES[Role.WRITER].instructions[:80]
-# A writer's turn: a reply, or one made from the request (its task holds the ledger's figures).
-WriterStep = Step | Callable[[dict[str, Any]], Step]
+# A scripted turn: a reply, or one made from the request (what a tool answered, the ledger's figures).
+ScriptStep = Step | Callable[[dict[str, Any]], Step]
 
 
 def git(repo: Path, *args: str) -> str:
@@ -80,9 +80,9 @@ class Script:
     """The leader's and the engineer's turns, told apart by the leader's instructions, and any researcher's, by its
     task's objective; each request's time."""
 
-    leader: deque[Step] = field(default_factory=deque)
-    engineer: deque[Step] = field(default_factory=deque)
-    writer: deque[WriterStep] = field(default_factory=deque)
+    leader: deque[ScriptStep] = field(default_factory=deque)
+    engineer: deque[ScriptStep] = field(default_factory=deque)
+    writer: deque[ScriptStep] = field(default_factory=deque)
     writer_requests: list[dict[str, Any]] = field(default_factory=list)
     researchers: Choreography = field(default_factory=Choreography)
     leader_requests: list[dict[str, Any]] = field(default_factory=list)
@@ -97,13 +97,13 @@ class Script:
             return self.researchers(body)
         elif WRITER in (body["messages"][0].get("content") or ""):
             self.writer_requests.append(body)
-            if not self.writer:
-                return HttpError(400, message="no writer script left")
-            step = self.writer.popleft()
-            return step(body) if callable(step) else step
+            queue = self.writer
         else:
             queue = self.engineer
-        return queue.popleft() if queue else HttpError(400, message="no script left")
+        if not queue:
+            return HttpError(400, message="no script left")
+        step = queue.popleft()
+        return step(body) if callable(step) else step
 
     def cycle(self, change: str, config: str, hypothesis: str) -> None:
         self.leader.extend(
@@ -132,10 +132,10 @@ class Lab:
 
 @contextlib.asynccontextmanager
 async def open_lab(
-    tmp_path: Path, model: ScriptedModel, project: Path, monitor_settings: MonitorSettings
+    tmp_path: Path, model: ScriptedModel, project: Path, monitor_settings: MonitorSettings, web: str = ""
 ) -> AsyncIterator[Lab]:
     """Scratchpad, a monitor with these settings, an engineer worker and the supervisor, for a campaign on
-    `project`."""
+    `project`; `web`: the loopback HOST:PORT the worker may read pages from (a fixture web)."""
     script = Script()
     model.default = script
     common = QuarrySettings(data_dir=tmp_path, shutdown_grace_seconds=1)
@@ -151,6 +151,7 @@ async def open_lab(
                 monitor_address=monitor.address,
                 model_base_url=model.base_url,
                 model_name="scripted",
+                fetch_allow=web,
             ),
             common,
         )

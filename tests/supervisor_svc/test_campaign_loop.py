@@ -24,7 +24,9 @@ import pytest
 from quarry.cli.lab.report import report as lab_report
 from quarry.config import MonitorSettings
 from quarry.v1 import campaign_pb2, monitor_pb2, scratchpad_pb2
+from tests.fakes.choreography import append_finding
 from tests.fakes.openai_server import Await, Call, Reply, ScriptedModel
+from tests.fakes.web_server import FixtureWeb
 from tests.supervisor_svc.campaign_lab import (
     BASELINE,
     BASELINE_CONFIG,
@@ -48,13 +50,13 @@ from tests.supervisor_svc.campaign_lab import (
 
 
 @pytest.fixture
-async def lab(tmp_path: Path, model: ScriptedModel) -> AsyncIterator[Lab]:
+async def lab(tmp_path: Path, model: ScriptedModel, site: FixtureWeb) -> AsyncIterator[Lab]:
     roots = tmp_path / "roots"
     project = make_project(roots)
     monitor_settings = MonitorSettings(
         address="127.0.0.1:0", allow_job_submission=True, workspace_roots=[str(roots.resolve())]
     )
-    async with open_lab(tmp_path, model, project, monitor_settings) as opened:
+    async with open_lab(tmp_path, model, project, monitor_settings, web=f"127.0.0.1:{site.port}") as opened:
         yield opened
 
 
@@ -208,20 +210,40 @@ RESEARCH = "Which learning rates converge fastest for gradient descent on a quad
 RESEARCH_SUMMARY = "A larger step converges faster, up to 1/L."
 
 
-async def test_a_leader_has_the_literature_researched_then_the_engineer_makes_the_change_and_it_is_run(
-    lab: Lab,
+def _cite_what_research_promoted(body: dict[str, Any]) -> Reply:
+    """The leader's insight, citing the entries its research's result named."""
+    result = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "tool")
+    found = re.search(r"\(entries ([0-9, ]+);", result)
+    assert found, result
+    cites = [int(n) for n in found.group(1).split(", ")]
+    return Reply(calls=(Call("record_insight", {"text": INSIGHT, "cites": cites}, "i"),))
+
+
+INSIGHT = "Steps up to 1/L converge fastest on this quadratic."
+STEP_SIZES = (
+    "<html><head><title>Step sizes</title></head>"
+    "<body><p>Gradient descent converges for step sizes up to 1/L.</p></body></html>"
+)
+STEP_QUOTE = "Gradient descent converges for step sizes up to 1/L"
+
+
+async def test_a_leader_has_the_literature_researched_records_the_insight_with_its_source_and_the_change_is_run(
+    lab: Lab, site: FixtureWeb
 ) -> None:
     script = lab.script
+    page = site.add("/step-sizes.html", STEP_SIZES)
     script.leader.extend(
         [
             Reply(calls=(Call("delegate_research", {"objective": RESEARCH, "criteria": ["cite a step size"]}, "r"),)),
+            _cite_what_research_promoted,
             Reply(calls=(Call("delegate_engineer", {"change": "Set lr to 0.1 in config.json."}, "e"),)),
             Reply(content="A larger learning rate converges faster."),
         ]
     )
     script.researchers.add(
         RESEARCH,
-        Reply(calls=(Call("append_scratchpad", {"kind": "note", "content": "step sizes up to 1/L converge"}, "n"),)),
+        Reply(calls=(Call("read_web_page", {"url": page}, "p"),)),
+        Reply(calls=(append_finding("f", "Step sizes up to 1/L converge.", page, STEP_QUOTE),)),
         Reply(content=RESEARCH_SUMMARY, input_tokens=1000, output_tokens=500),
     )
     script.engineer.extend(
@@ -242,16 +264,20 @@ async def test_a_leader_has_the_literature_researched_then_the_engineer_makes_th
     assert task.startswith(f"Task: {RESEARCH}") and "- cite a step size" in task
     # The leader saw its summary and the findings it promoted before it delegated the change.
     seen = [m.get("content") or "" for m in script.leader_requests[1]["messages"] if m["role"] == "tool"]
-    assert len(seen) == 1 and RESEARCH_SUMMARY in seen[0] and "findings promoted: 1" in seen[0]
+    assert len(seen) == 1 and RESEARCH_SUMMARY in seen[0] and "findings promoted: 1 (entries" in seen[0]
     # Then the cycle went on as usual: the engineer's change committed, run and kept.
     rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
     assert [row.verdict for row in rows] == [BASELINE, BASELINE, KEEP]
     assert git(lab.project, "show", f"{rows[2].commit}:config.json") + "\n" == BETTER_CONFIG
-    # The research's usage counts in the cycle's tokens; its note is on the campaign's thread.
+    # The research's usage counts in the cycle's tokens; its finding is on the campaign's thread, and the
+    # leader's insight cites it with the page and the quote the researcher read.
     assert rows[2].tokens_used >= 1500
     entries = await lab.scratchpad.read_all(campaign.campaign_id)
-    notes = [e.content for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_NOTE]
-    assert notes == ["step sizes up to 1/L converge"]
+    [finding] = [e for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_FINDING]
+    [insight] = [json.loads(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_CAMPAIGN_INSIGHT]
+    assert insight["text"] == INSIGHT and insight["cycle"] == 3
+    assert insight["sources"] == [{"finding_ref": finding.sequence_no, "url": page, "excerpt": STEP_QUOTE}]
+    assert STEP_QUOTE in (lab.project / ".campaign" / "INSIGHTS.md").read_text()
     # Both delegations went through the run's delegation desk: each assigned, routed and its usage recorded.
     assigned = [json.loads(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_ASSIGNMENT]
     assert [(a["role"], a["objective"]) for a in assigned] == [

@@ -67,7 +67,9 @@ async def test_research_delegations_of_one_turn_run_within_the_parallel_bound_ea
 
     outcomes = await THINK_TOOLS.run_calls(calls, thinking)
 
-    assert [o.content.splitlines()[0] for o in outcomes] == ["done; findings promoted: 1"] * 2
+    # The leader is told which entries were promoted, so an insight can cite them.
+    promoted = "done; findings promoted: 1 (entries 7; record_insight cites the findings)"
+    assert [o.content.splitlines()[0] for o in outcomes] == [promoted] * 2
     assert delegations.most_at_once == 1
     assert [(o.role, o.workspace_id, o.criteria) for o in delegations.orders] == [
         (Role.RESEARCHER, "", ("cite a source",))
