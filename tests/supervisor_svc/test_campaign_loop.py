@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -404,6 +405,54 @@ async def test_a_job_stopped_at_its_time_limit_is_a_failed_cycle_and_a_recorded_
     entries = await lab.scratchpad.read_all(campaign.campaign_id)
     decisions = [json.loads(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_CAMPAIGN_DECISION]
     assert [d["rule"] for d in decisions if d["kind"] == "violation"] == ["job_over_budget"]
+
+
+async def test_a_protected_file_a_command_made_is_a_recorded_violation(lab: Lab) -> None:
+    """The engineer writes no file itself: it runs commands. The sandbox keeps the protected files that exist
+    read-only, so rewriting train.py fails; but a new file under a protected glob cannot be bound read-only
+    before it exists. What git says the commit changed is what the scan checks, so it is flagged all the same."""
+    rewrite = "import pathlib; p = pathlib.Path('train.py'); p.write_text('print(0)')"
+    create = "import pathlib; pathlib.Path('labels.csv').write_text('x,y')"
+    seen: list[str] = []
+
+    def engineer_reads_its_results(body: dict[str, Any]) -> Reply:
+        seen.extend(m["content"] for m in body["messages"] if m["role"] == "tool")
+        return Reply(content="labels.csv is there; train.py is read-only.")
+
+    lab.script.leader.extend(
+        [
+            Reply(calls=(Call("delegate_engineer", {"change": "Cache the labels."}, "e"),)),
+            Reply(content="Cached labels speed up training."),
+        ]
+    )
+    lab.script.engineer.extend(
+        [
+            Reply(
+                calls=(
+                    Call("run_command", {"command": f'{sys.executable} -c "{rewrite}"'}, "c1"),
+                    Call("run_command", {"command": f'{sys.executable} -c "{create}"'}, "c2"),
+                )
+            ),
+            engineer_reads_its_results,
+        ]
+    )
+    message = spec(lab.project, cycles=3)
+    message.brief.protected_paths.append("*.csv")
+    message.signals.CopyFrom(campaign_pb2.CampaignSignalRules(baseline_runs=2))
+    campaign = await lab.campaigns.start_campaign(message, request_id="lab-command-violation")
+    stream = [event async for event in lab.campaigns.stream_campaign(campaign.campaign_id)]
+
+    assert "Read-only file system: 'train.py'" in seen[0] and seen[1].startswith("completed"), seen
+    rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
+    assert len(rows) == 3 and rows[2].commit, rows
+    assert git(lab.project, "show", f"{rows[2].commit}:labels.csv") == "x,y"
+    found = [event.violation for event in stream if event.HasField("violation")]
+    assert [(v.cycle, v.rule, v.subject) for v in found] == [
+        (3, campaign_pb2.VIOLATION_RULE_PROTECTED_PATH_TOUCHED, "labels.csv")
+    ]
+    entries = await lab.scratchpad.read_all(campaign.campaign_id)
+    decisions = [json.loads(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_CAMPAIGN_DECISION]
+    assert [d["rule"] for d in decisions if d["kind"] == "violation"] == ["protected_path_touched"]
 
 
 async def test_a_workspace_the_monitor_refuses_pauses_the_campaign_with_the_reason(lab: Lab, tmp_path: Path) -> None:
