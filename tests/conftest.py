@@ -29,6 +29,7 @@ from quarry.db import create_engine
 from quarry.migrations import upgrade_schema
 from tests.fakes.loopback import served_in_thread
 from tests.fakes.openai_server import ScriptedModel
+from tests.fakes.otlp import Collector, serving_collector
 from tests.fakes.web_server import FixtureWeb
 
 # The public API's keys in every test: the supervisors started here accept them (QUARRY_SUPERVISOR_API_KEYS),
@@ -99,6 +100,13 @@ async def site() -> AsyncIterator[FixtureWeb]:
     """The fixture web on 127.0.0.1."""
     async with FixtureWeb() as fixture:
         yield fixture
+
+
+@pytest.fixture
+def collector() -> Iterator[tuple[Collector, str]]:
+    """An OTLP/gRPC receiver on 127.0.0.1 and its endpoint (tests/fakes/otlp.py)."""
+    with serving_collector() as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

@@ -59,6 +59,11 @@ def attribute_value(value: Any) -> Any:
     return getattr(value, value.WhichOneof("value")) if value.WhichOneof("value") else None
 
 
+def span_attributes(span: Any) -> dict[str, Any]:
+    """A received span's attributes, by key."""
+    return {a.key: attribute_value(a.value) for a in span.attributes}
+
+
 @contextmanager
 def serving_collector() -> Iterator[tuple[Collector, str]]:
     """The receiver and its OTLP endpoint. On threads of its own: it must answer while the caller blocks

@@ -10,31 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
+import pwd
 import socket
 import subprocess
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import asyncssh
-import pytest
 
 from quarry.config import MonitorSettings, SshHost
 from tests.conftest import reusable_port
+from tests.hosts import tail, unavailable, wait_until
 
 SSHD = "/usr/sbin/sshd"
-# Set in .ci/run: there the system services must be there, so a missing one fails instead of skipping.
-REQUIRED = os.environ.get("QUARRY_TEST_SYSTEM_SERVICES", "") == "required"
-
-
-def unavailable(reason: str) -> None:
-    """Skip the test (one line saying why), or fail it where the system services are required."""
-    if REQUIRED:
-        pytest.fail(f"{reason} (QUARRY_TEST_SYSTEM_SERVICES=required)")
-    pytest.skip(reason)
 
 
 @dataclass(frozen=True)
@@ -104,7 +94,14 @@ def openssh_host(directory: Path, environment: Mapping[str, str] | None = None) 
     with open(log, "wb") as output:
         process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=output, stderr=subprocess.STDOUT)
     try:
-        _wait_for_port(port, process, log)
+
+        def listening() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"sshd exited with status {process.returncode}: {tail(log)}")
+            with socket.socket() as probe:
+                return probe.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_until(listening, "sshd", log, 20.0)
         known_hosts = directory / "known_hosts"
         known_hosts.write_text(f"[127.0.0.1]:{port} {host_key.export_public_key().decode().strip()}\n")
         yield OpenSshHost(port, known_hosts, directory / "client_key", log, user=_user())
@@ -118,22 +115,4 @@ def openssh_host(directory: Path, environment: Mapping[str, str] | None = None) 
 
 
 def _user() -> str:
-    import pwd
-
     return pwd.getpwuid(os.geteuid()).pw_name
-
-
-def _wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"sshd exited with status {process.returncode}: {log.read_text(errors='replace')}")
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"sshd did not listen on {port} within {timeout} s: {log.read_text(errors='replace')}")
-
-
-def which(name: str) -> str | None:
-    return shutil.which(name, path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")

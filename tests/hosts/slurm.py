@@ -14,14 +14,13 @@ import fcntl
 import os
 import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import reusable_port
-from tests.hosts.openssh import unavailable, which
+from tests.hosts import tail, unavailable, wait_until, which
 
 PROGRAMS = ("munged", "mungekey", "munge", "slurmdbd", "slurmctld", "slurmd", "sbatch", "sacct", "scancel", "mariadb")
 PACKAGES = "munge slurmdbd slurmctld slurmd slurm-client mariadb-client"
@@ -160,13 +159,13 @@ def _munged(directory: Path) -> Iterator[None]:
         capture_output=True,
     )
     try:
-        _wait(_munge_answers, "munged", directory / "munged.log")
+        wait_until(_munge_answers, "munged", directory / "munged.log")
         yield
     finally:
         with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
             pid = int(pid_file.read_text().strip())
             os.kill(pid, 15)
-            _wait(lambda: not _running(pid), "munged to stop", directory / "munged.log", 10)
+            wait_until(lambda: not _running(pid), "munged to stop", directory / "munged.log", 10)
 
 
 def _running(pid: int) -> bool:
@@ -211,12 +210,12 @@ def _daemon(argv: list[str], environment: dict[str, str], log: Path, port: int) 
 
     def listening() -> bool:
         if process.poll() is not None:
-            raise RuntimeError(f"{argv[0]} exited with status {process.returncode}: {_tail(log)}")
+            raise RuntimeError(f"{argv[0]} exited with status {process.returncode}: {tail(log)}")
         with socket.socket() as probe:
             return probe.connect_ex(("127.0.0.1", port)) == 0
 
     try:
-        _wait(listening, argv[0], log)
+        wait_until(listening, argv[0], log)
         yield
     finally:
         process.terminate()
@@ -242,21 +241,4 @@ def _wait_until_idle(cluster: SlurmCluster) -> None:
         )  # fmt: skip
         return any(line.split("|")[1:2] not in ([], ["0"], [""]) for line in clusters.stdout.splitlines())
 
-    _wait(idle, "the Slurm node", cluster.directory / "slurmctld.log")
-
-
-def _wait(ready: object, what: str, log: Path, timeout: float = 60.0) -> None:
-    assert callable(ready)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if ready():
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"{what} was not ready within {timeout} s: {_tail(log)}")
-
-
-def _tail(log: Path) -> str:
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-20:])
-    except FileNotFoundError:
-        return "(no log)"
+    wait_until(idle, "the Slurm node", cluster.directory / "slurmctld.log")

@@ -12,9 +12,7 @@ import asyncio
 import json
 import logging
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from opentelemetry.proto.trace.v1 import trace_pb2
@@ -27,21 +25,11 @@ from quarry.v1 import common_pb2, scratchpad_pb2
 from tests.conftest import reusable_port, start_service, stop_service
 from tests.fakes.choreography import REPORT, SUPERVISOR, Choreography, append_finding
 from tests.fakes.openai_server import Call, DropAfter, Reply, ScriptedModel
-from tests.fakes.otlp import Collector, attribute_value, serving_collector
+from tests.fakes.otlp import Collector, span_attributes
 from tests.fakes.web_server import FixtureWeb
 from tests.supervisor_svc.conftest import processes
 
 SECRET = "sk-quarry-test-secret-7f3a9c"
-
-
-@pytest.fixture
-def collector() -> Iterator[tuple[Collector, str]]:
-    with serving_collector() as served:
-        yield served
-
-
-def attributes(span: trace_pb2.Span) -> dict[str, Any]:
-    return {a.key: attribute_value(a.value) for a in span.attributes}
 
 
 @pytest.mark.slow
@@ -143,7 +131,7 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
             assert "worker delegation" in chain and "delegate" in chain, chain
         if span.name.startswith(("execute_tool", "chat")) and "worker delegation" in chain:
             assert chain[0] == "worker turn", (span.name, chain)
-        kind = attributes(span).get("quarry.entry.kind") if span.name == "scratchpad append" else None
+        kind = span_attributes(span).get("quarry.entry.kind") if span.name == "scratchpad append" else None
         if kind in ("assignment", "route", "usage"):  # the supervisor's ledger of the delegation
             assert "delegate" in chain, chain
         elif kind is not None and kind != "seed":
@@ -152,11 +140,11 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
     assert statements, "SQLAlchemy statements are traced when asked for"
     assert any("scratchpad append" in ancestors(span) for span in statements), "an append's own statements"
     appends = [span for _, span in in_run if span.name == "scratchpad append"]
-    kinds = sorted(attributes(s)["quarry.entry.kind"] for s in appends)
+    kinds = sorted(span_attributes(s)["quarry.entry.kind"] for s in appends)
     assert set(kinds) == {"seed", "assignment", "route", "finding", "usage", "note"}, kinds
     assert kinds.count("assignment") == kinds.count("route") == kinds.count("usage"), kinds
-    assert sorted(attributes(s)["quarry.sequence_no"] for s in appends) == list(range(1, len(appends) + 1))
-    assert all(attributes(s)["quarry.thread_id"] == run.scratchpad_thread_id for s in appends)
+    assert sorted(span_attributes(s)["quarry.sequence_no"] for s in appends) == list(range(1, len(appends) + 1))
+    assert all(span_attributes(s)["quarry.thread_id"] == run.scratchpad_thread_id for s in appends)
 
     chats = [span for _, span in in_run if span.name == "chat scripted"]
     assert len(chats) == 9  # four supervisor turns, three + one worker turns, the report
@@ -164,7 +152,7 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
     assert "ProviderError" in broken.status.message and [e.name for e in broken.events] == ["exception"]
     chats.remove(broken)
     for chat in chats:
-        seen = attributes(chat)
+        seen = span_attributes(chat)
         assert seen["gen_ai.operation.name"] == "chat" and seen["gen_ai.request.model"] == "scripted"
         assert seen["gen_ai.usage.input_tokens"] == 10 and seen["gen_ai.usage.output_tokens"] == 5
         assert seen["gen_ai.response.finish_reasons"]
@@ -172,15 +160,15 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
     requests = [span for _, span in in_run if span.name == "POST"]
     assert {span.parent_span_id for span in requests} == {chat.span_id for chat in [*chats, broken]}
     tool = next(span for _, span in in_run if span.name == "execute_tool append_scratchpad")
-    assert attributes(tool)["gen_ai.tool.call.id"] in ("w-append", "s-note")
-    assert attributes(tool)["quarry.tool.outcome"] == "ok"
-    delegations = {attributes(s)["quarry.delegation.outcome"]: s for _, s in in_run if s.name == "delegate"}
+    assert span_attributes(tool)["gen_ai.tool.call.id"] in ("w-append", "s-note")
+    assert span_attributes(tool)["quarry.tool.outcome"] == "ok"
+    delegations = {span_attributes(s)["quarry.delegation.outcome"]: s for _, s in in_run if s.name == "delegate"}
     assert set(delegations) == {"succeeded", "provider_error"}
     assert delegations["provider_error"].status.code == trace_pb2.Status.STATUS_CODE_ERROR
     assert delegations["succeeded"].status.code != trace_pb2.Status.STATUS_CODE_ERROR
-    [refused] = [s for _, s in in_run if attributes(s).get("gen_ai.tool.call.id") == "w-refused"]
+    [refused] = [s for _, s in in_run if span_attributes(s).get("gen_ai.tool.call.id") == "w-refused"]
     assert refused.status.code == trace_pb2.Status.STATUS_CODE_ERROR
-    assert attributes(refused)["quarry.tool.outcome"] == "error"
+    assert span_attributes(refused)["quarry.tool.outcome"] == "error"
 
     points = receiver.metric_points()
     assert any(p["rpc.method"] == "/quarry.v1.SupervisorService/StartRun" for p in points["rpc.server.duration"])
@@ -204,7 +192,7 @@ async def test_one_trace_from_start_run_to_every_scratchpad_append(
 
 
 def is_statement(span: trace_pb2.Span) -> bool:
-    return any(key in attributes(span) for key in ("db.system", "db.system.name"))
+    return any(key in span_attributes(span) for key in ("db.system", "db.system.name"))
 
 
 @pytest.mark.slow

@@ -407,12 +407,15 @@ async def test_a_job_stopped_at_its_time_limit_is_a_failed_cycle_and_a_recorded_
     assert [d["rule"] for d in decisions if d["kind"] == "violation"] == ["job_over_budget"]
 
 
-async def test_a_protected_file_a_command_made_is_a_recorded_violation(lab: Lab) -> None:
+async def test_a_protected_file_a_command_made_is_a_violation_and_the_campaign_stops_for_a_human(lab: Lab) -> None:
     """The engineer writes no file itself: it runs commands. The sandbox keeps the protected files that exist
     read-only, so rewriting train.py fails; but a new file under a protected glob cannot be bound read-only
-    before it exists. What git says the commit changed is what the scan checks, so it is flagged all the same."""
+    before it exists. What git says the commit changed is what the scan checks, so it is flagged all the same.
+    The change is worse, so it is discarded; the monitor never changes a protected path, so it will not reset
+    the file away either: the campaign pauses, naming it, for a human to look at."""
     rewrite = "import pathlib; p = pathlib.Path('train.py'); p.write_text('print(0)')"
     create = "import pathlib; pathlib.Path('labels.csv').write_text('x,y')"
+    worse = f"import pathlib; pathlib.Path('config.json').write_text({WORSE_CONFIG!r})"
     seen: list[str] = []
 
     def engineer_reads_its_results(body: dict[str, Any]) -> Reply:
@@ -428,9 +431,9 @@ async def test_a_protected_file_a_command_made_is_a_recorded_violation(lab: Lab)
     lab.script.engineer.extend(
         [
             Reply(
-                calls=(
-                    Call("run_command", {"command": f'{sys.executable} -c "{rewrite}"'}, "c1"),
-                    Call("run_command", {"command": f'{sys.executable} -c "{create}"'}, "c2"),
+                calls=tuple(
+                    Call("run_command", {"command": f'{sys.executable} -c "{code}"'}, f"c{n}")
+                    for n, code in enumerate((rewrite, create, worse))
                 )
             ),
             engineer_reads_its_results,
@@ -440,12 +443,14 @@ async def test_a_protected_file_a_command_made_is_a_recorded_violation(lab: Lab)
     message.brief.protected_paths.append("*.csv")
     message.signals.CopyFrom(campaign_pb2.CampaignSignalRules(baseline_runs=2))
     campaign = await lab.campaigns.start_campaign(message, request_id="lab-command-violation")
-    stream = [event async for event in lab.campaigns.stream_campaign(campaign.campaign_id)]
+    stream: list[campaign_pb2.CampaignEvent] = []
+    async for event in lab.campaigns.stream_campaign(campaign.campaign_id):  # a paused campaign's stream goes on
+        stream.append(event)
+        if event.HasField("paused"):
+            break
 
-    assert "Read-only file system: 'train.py'" in seen[0] and seen[1].startswith("completed"), seen
-    rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
-    assert len(rows) == 3 and rows[2].commit, rows
-    assert git(lab.project, "show", f"{rows[2].commit}:labels.csv") == "x,y"
+    assert "Read-only file system: 'train.py'" in seen[0], seen
+    assert seen[1].startswith("completed") and seen[2].startswith("completed"), seen
     found = [event.violation for event in stream if event.HasField("violation")]
     assert [(v.cycle, v.rule, v.subject) for v in found] == [
         (3, campaign_pb2.VIOLATION_RULE_PROTECTED_PATH_TOUCHED, "labels.csv")
@@ -453,6 +458,9 @@ async def test_a_protected_file_a_command_made_is_a_recorded_violation(lab: Lab)
     entries = await lab.scratchpad.read_all(campaign.campaign_id)
     decisions = [json.loads(e.content) for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_CAMPAIGN_DECISION]
     assert [d["rule"] for d in decisions if d["kind"] == "violation"] == ["protected_path_touched"]
+    reason = stream[-1].paused.reason
+    assert "labels.csv is read-only" in reason and "'*.csv'" in reason, reason
+    assert (lab.project / "labels.csv").read_text() == "x,y"
 
 
 async def test_a_workspace_the_monitor_refuses_pauses_the_campaign_with_the_reason(lab: Lab, tmp_path: Path) -> None:

@@ -9,9 +9,7 @@ run is a trace of its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from opentelemetry.proto.trace.v1 import trace_pb2
@@ -21,20 +19,10 @@ from quarry.clients.channels import open_channel
 from quarry.v1 import campaign_pb2
 from tests.conftest import TEST_API_KEY
 from tests.fakes.openai_server import ScriptedModel
-from tests.fakes.otlp import Collector, attribute_value, serving_collector
+from tests.fakes.otlp import Collector, span_attributes
 from tests.supervisor_svc.campaign_lab import BASELINE, BETTER_CONFIG, KEEP, Script, make_project, process_lab, spec
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def collector() -> Iterator[tuple[Collector, str]]:
-    with serving_collector() as served:
-        yield served
-
-
-def attributes(span: trace_pb2.Span) -> dict[str, Any]:
-    return {a.key: attribute_value(a.value) for a in span.attributes}
 
 
 async def test_each_cycle_is_one_trace_from_think_through_the_monitors_job_to_reflect(
@@ -65,11 +53,11 @@ async def test_each_cycle_is_one_trace_from_think_through_the_monitors_job_to_re
 
     spans = receiver.spans()
     by_id = {span.span_id: span for _, span in spans}
-    cycles = {attributes(span)["quarry.cycle"]: span for _, span in spans if span.name == "campaign cycle"}
+    cycles = {span_attributes(span)["quarry.cycle"]: span for _, span in spans if span.name == "campaign cycle"}
     assert sorted(cycles) == [1, 2, 3]
     assert len({span.trace_id for span in cycles.values()}) == 3, "one trace per cycle"
     for number, span in cycles.items():
-        seen = attributes(span)
+        seen = span_attributes(span)
         assert seen["quarry.campaign_id"] == campaign.campaign_id and not span.parent_span_id
         assert seen["quarry.cycle.kind"] == ("experiment" if number == 3 else "baseline")
 
@@ -101,9 +89,9 @@ async def test_each_cycle_is_one_trace_from_think_through_the_monitors_job_to_re
 
     assert all(root_of(span).span_id == experiment.span_id for _, span in in_cycle)
     [reflected] = [span for _, span in in_cycle if span.name == "campaign reflect"]
-    assert attributes(reflected)["quarry.verdict"] == "keep"
+    assert span_attributes(reflected)["quarry.verdict"] == "keep"
     [ran] = [span for _, span in in_cycle if span.name == "campaign experiment"]
-    assert attributes(ran)["quarry.job_id"] == rows[2].job_id
+    assert span_attributes(ran)["quarry.job_id"] == rows[2].job_id
     # A baseline cycle has no THINK: the job and REFLECT only.
     baseline_names = {span.name for _, span in spans if span.trace_id == cycles[1].trace_id}
     assert "campaign think" not in baseline_names and "/quarry.v1.MonitorService/SubmitJob" in baseline_names
