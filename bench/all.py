@@ -41,6 +41,7 @@ BENCHES: dict[str, list[str]] = {
     "sandbox_launch": ["bench/sandbox_launch.py"],
     "retrieval": ["bench/retrieval.py"],
     "campaign": ["bench/campaign.py"],
+    "gpu_sharing": ["bench/gpu_sharing.py"],
 }
 
 # | `bench/figure` | median (low-high) ... ; the range's dash may be an en dash.

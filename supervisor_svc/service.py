@@ -186,6 +186,7 @@ async def build_host(
         # within most of the grace period; the rest is for the lease keepers to stop.
         on_drain=[
             lambda: campaigns.close(end_within=common.shutdown_grace_seconds * 0.2),
+            reports.close,
             lambda: supervisor.close(end_within=common.shutdown_grace_seconds * 0.8),
         ],
         on_stopped=[release],

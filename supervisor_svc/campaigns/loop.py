@@ -30,7 +30,7 @@ from supervisor_svc.campaigns import exports, limiter, memory
 from supervisor_svc.campaigns.experiment import GpuWait, run_experiment
 from supervisor_svc.campaigns.ports import DrivenCampaign, Lab, LabOpener, monitor_lab
 from supervisor_svc.campaigns.reflect import JobEnd, ReflectInput, Reflection, Trial, reflect
-from supervisor_svc.campaigns.report import Reports
+from supervisor_svc.campaigns.report import Reports, at_end
 from supervisor_svc.campaigns.service import CampaignHandle, CampaignLoopFactory
 from supervisor_svc.campaigns.spec import CampaignSpec
 from supervisor_svc.campaigns.state import CampaignState, Phase, branch_name
@@ -192,7 +192,7 @@ class CampaignLoop:
             await self._handle.set_phase(Phase.REFLECT, current.cycle, "writing the campaign's report")
             attributes = {"quarry.campaign_id": self._id}
             with tracer.start_as_current_span("campaign report", context=otel_context.Context(), attributes=attributes):
-                report, written = await self._reports.write(self._id, self._spec, self._thread, f"{self._id}/at-end")
+                report, written = await self._reports.write(self._id, self._spec, self._thread, at_end(self._id))
             if written:
                 await self._handle.record_usage(report.tokens_used)
         await self._handle.finish(CampaignState.COMPLETED, reason)

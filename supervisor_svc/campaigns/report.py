@@ -11,14 +11,16 @@ The ledger table is code's, never the writer's.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from quarry import ids
-from quarry.errors import NotFound
+from quarry.errors import NotFound, QuarryError
 from quarry.identity import Role
 from quarry.records.campaign import CampaignRecord, CampaignReport, DeadEnd, Insight, TrialRecord
 from quarry.records.signals import Signals, read_signals
@@ -26,11 +28,15 @@ from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import MetricDirection
 from supervisor_svc.campaigns.service import Campaigns
 from supervisor_svc.campaigns.spec import CampaignSpec
+from supervisor_svc.campaigns.state import CampaignRecord as StoredCampaign
+from supervisor_svc.campaigns.state import CampaignState
 from supervisor_svc.campaigns.think import CampaignDesk, campaign_desk
 from supervisor_svc.campaigns.thread import CampaignThread
 from supervisor_svc.runs.budget import RunAccount, TokenBudget
 from supervisor_svc.runs.delegating import Contract, Delegator
 from supervisor_svc.runs.worker_client import DelegationClient
+
+log = logging.getLogger(__name__)
 
 # The writer's task (the objective) fits a worker's limit of 16,000 characters; its answer is cut to this.
 _MAX_FACTS_CHARS = 14_000
@@ -223,11 +229,35 @@ class Reports:
 
 
 class CampaignReports:
-    """WriteCampaignReport and GetCampaignReport: a campaign's reports, for any campaign of the store."""
+    """WriteCampaignReport and GetCampaignReport: a campaign's reports, for any campaign of the store; and the
+    report a campaign stopped by a human gets when its spec asks for one at the end."""
 
     def __init__(self, campaigns: Campaigns, reports: Reports) -> None:
         self._campaigns = campaigns
         self._reports = reports
+        self._writing: set[asyncio.Task[None]] = set()
+
+    def after_stop(self, record: StoredCampaign) -> None:
+        """A campaign a human stopped gets its end report, written in the background (the loop writes it before
+        the campaigns it completes end); `quarry lab report` writes one for any other."""
+        if record.state is not CampaignState.STOPPED or not record.spec.write_report_at_end:
+            return
+        task = asyncio.create_task(self._write_at_end(record), name=f"report {record.campaign_id}")
+        self._writing.add(task)
+        task.add_done_callback(self._writing.discard)
+
+    async def _write_at_end(self, record: StoredCampaign) -> None:
+        thread = self._reports.thread(record.campaign_id, record.scratchpad_thread_id)
+        try:
+            await self._reports.write(record.campaign_id, record.spec, thread, at_end(record.campaign_id))
+        except QuarryError as error:
+            log.warning("campaign %s: its end report was not written: %s", record.campaign_id, error)
+
+    async def close(self) -> None:
+        """Stop the reports being written (a human may write one again with `quarry lab report`)."""
+        for task in list(self._writing):
+            task.cancel()
+        await asyncio.gather(*self._writing, return_exceptions=True)
 
     async def write(self, campaign_id: str, request_id: str) -> CampaignReport:
         ids.REQUEST_ID.require("request_id", request_id)
@@ -242,6 +272,11 @@ class CampaignReports:
         if report is None:
             raise NotFound("campaign report", campaign_id, field="campaign_id")
         return report
+
+
+def at_end(campaign_id: str) -> str:
+    """The request_id of a campaign's end report, whoever writes it (the loop, or a human's stop)."""
+    return f"{campaign_id}/at-end"
 
 
 def _written(records: Sequence[CampaignRecord], request_id: str) -> CampaignReport | None:

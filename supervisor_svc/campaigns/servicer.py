@@ -269,6 +269,7 @@ class CampaignServicer(campaign_pb2_grpc.CampaignServiceServicer):
         self, request: campaign_pb2.StopCampaignRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> campaign_pb2.StopCampaignResponse:
         record = await self._campaigns.stop(request.campaign_id, request.reason)
+        self._reports.after_stop(record)
         return campaign_pb2.StopCampaignResponse(campaign=campaign_to_proto(record))
 
     async def SendDirective(

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from quarry.cli.lab.report import report as lab_report
@@ -384,6 +385,40 @@ async def test_the_limiter_makes_the_campaign_sleep_and_say_why(lab: Lab) -> Non
     assert lab.script.times == []  # two baseline runs, then the wait: no model call
     stopped = await lab.campaigns.stop_campaign(campaign.campaign_id)
     assert stopped.state == campaign_pb2.CAMPAIGN_STATE_STOPPED
+
+
+async def test_a_campaign_a_human_stops_gets_its_report_when_its_spec_asks_for_one(lab: Lab) -> None:
+    def cite_the_baseline(body: dict[str, Any]) -> Reply:
+        found = re.search(r"- (baseline: val_loss [0-9.e-]+)", _task(body))
+        assert found, _task(body)
+        return Reply(content=f"## Best result against the baseline\nOnly the baseline ran: {found.group(1)}.")
+
+    lab.script.writer.append(cite_the_baseline)
+    message = spec(lab.project, cycles=10)
+    message.budgets.max_cycles_per_hour = 2  # two baseline runs, then it sleeps
+    message.signals.CopyFrom(campaign_pb2.CampaignSignalRules(baseline_runs=2))
+    message.write_report_at_end = True
+    campaign = await lab.campaigns.start_campaign(message, request_id="lab-stop-report")
+    async for event in lab.campaigns.stream_campaign(campaign.campaign_id):
+        if event.HasField("sleeping"):
+            break
+    stopped = await lab.campaigns.stop_campaign(campaign.campaign_id, reason="enough for tonight")
+    assert stopped.state == campaign_pb2.CAMPAIGN_STATE_STOPPED
+
+    report = None
+    for _ in range(100):  # written in the background: up to 10 s
+        try:
+            report = await lab.campaigns.get_campaign_report(campaign.campaign_id)
+            break
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.NOT_FOUND, error
+            await asyncio.sleep(0.1)
+    assert report is not None and report.checked and report.cycles == 2, report
+    assert "Only the baseline ran: baseline: val_loss " in report.markdown
+    again = await lab.campaigns.stop_campaign(campaign.campaign_id)  # a no-op, and no second report
+    assert again.state == campaign_pb2.CAMPAIGN_STATE_STOPPED
+    await asyncio.sleep(0.5)
+    assert len(lab.script.writer_requests) == 1
 
 
 async def test_a_job_stopped_at_its_time_limit_is_a_failed_cycle_and_a_recorded_violation(lab: Lab) -> None:
