@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,3 +43,25 @@ def tail(log: Path) -> str:
         return "\n".join(log.read_text(errors="replace").splitlines()[-20:])
     except FileNotFoundError:
         return "(no log)"
+
+
+def listening(process: subprocess.Popen[bytes], port: int, log: Path) -> Callable[[], bool]:
+    """Whether the daemon accepts connections on 127.0.0.1:`port`; RuntimeError once it has exited."""
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with status {process.returncode}: {tail(log)}")
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    return ready
+
+
+def stop(process: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds."""
+    process.terminate()
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
-import socket
 import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ import asyncssh
 
 from quarry.config import MonitorSettings, SshHost
 from tests.conftest import reusable_port
-from tests.hosts import tail, unavailable, wait_until
+from tests.hosts import listening, stop, unavailable, wait_until
 
 SSHD = "/usr/sbin/sshd"
 
@@ -94,24 +93,12 @@ def openssh_host(directory: Path, environment: Mapping[str, str] | None = None) 
     with open(log, "wb") as output:
         process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=output, stderr=subprocess.STDOUT)
     try:
-
-        def listening() -> bool:
-            if process.poll() is not None:
-                raise RuntimeError(f"sshd exited with status {process.returncode}: {tail(log)}")
-            with socket.socket() as probe:
-                return probe.connect_ex(("127.0.0.1", port)) == 0
-
-        wait_until(listening, "sshd", log, 20.0)
+        wait_until(listening(process, port, log), "sshd", log, 20.0)
         known_hosts = directory / "known_hosts"
         known_hosts.write_text(f"[127.0.0.1]:{port} {host_key.export_public_key().decode().strip()}\n")
         yield OpenSshHost(port, known_hosts, directory / "client_key", log, user=_user())
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, 10)
 
 
 def _user() -> str:

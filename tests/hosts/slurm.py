@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import reusable_port
-from tests.hosts import tail, unavailable, wait_until, which
+from tests.hosts import listening, stop, unavailable, wait_until, which
 
 PROGRAMS = ("munged", "mungekey", "munge", "slurmdbd", "slurmctld", "slurmd", "sbatch", "sacct", "scancel", "mariadb")
 PACKAGES = "munge slurmdbd slurmctld slurmd slurm-client mariadb-client"
@@ -208,22 +208,11 @@ def _daemon(argv: list[str], environment: dict[str, str], log: Path, port: int) 
     with open(log.with_suffix(".out"), "wb") as output:
         process = subprocess.Popen(argv, env=environment, stdout=output, stderr=subprocess.STDOUT)
 
-    def listening() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"{argv[0]} exited with status {process.returncode}: {tail(log)}")
-        with socket.socket() as probe:
-            return probe.connect_ex(("127.0.0.1", port)) == 0
-
     try:
-        wait_until(listening, argv[0], log)
+        wait_until(listening(process, port, log), argv[0], log)
         yield
     finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, 15)
 
 
 def _wait_until_idle(cluster: SlurmCluster) -> None:
