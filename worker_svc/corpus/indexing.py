@@ -159,8 +159,9 @@ def _index_file(
         title, text = extract(SCHEME + key, content_type, body)
     except PageError as error:
         return str(error)
-    if title == SCHEME + key:
-        title = plain_title(text, file)
+    if title == SCHEME + key:  # none in the document: a text's first Markdown heading, else the file's name
+        pdf = body.startswith(b"%PDF-") or content_type == "application/pdf"
+        title = plain_title("" if pdf else text, file)
     digest = content_hash(title, text)
     doc = None if before is None else before[2]
     if doc is None:

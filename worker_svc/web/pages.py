@@ -22,6 +22,7 @@ import httpx
 from quarry.recording import current_run
 from worker_svc.web.fetch import BodyError, read_body
 from worker_svc.web.isolation import IsolatedPool, IsolationError, MemoryLimitExceeded, PoolClosed, TimeLimitExceeded
+from worker_svc.web.titles import html_title, is_admonition, pdf_title
 
 DEFAULT_CHUNK_CHARS = 4000
 DEFAULT_MAX_BYTES = 5 * 1024 * 1024
@@ -193,9 +194,14 @@ def _extract_html(url: str, html: str) -> tuple[str, str]:
         raise PageError(f"{url} has no readable text")
     _flatten_inline(tree)
     _drop_permalinks(tree)
-    # The title is read before headings become paragraphs (metadata looks at <h1>).
-    metadata = trafilatura.extract_metadata(copy.deepcopy(tree), default_url=url)
-    title = (metadata.title if metadata is not None and metadata.title else "") or url
+    # The title is read before headings become paragraphs: <title>, else the first <h1>, else what
+    # trafilatura's metadata finds, never an admonition's heading.
+    title = html_title(tree)
+    if not title:
+        metadata = trafilatura.extract_metadata(copy.deepcopy(tree), default_url=url)
+        found = metadata.title if metadata is not None and metadata.title else ""
+        title = "" if is_admonition(found) else found
+    title = title or url
     _keep_headings(tree)
     text = trafilatura.extract(tree, url=url, include_comments=False, favor_recall=True)
     if not text:
@@ -208,8 +214,10 @@ def _extract_pdf(url: str, body: bytes) -> tuple[str, str]:
 
     try:
         reader = PdfReader(io.BytesIO(body))
-        text = "\n\n".join(page.extract_text() or "" for page in reader.pages)
-        title = str(reader.metadata.title) if reader.metadata and reader.metadata.title else url
+        pages = [page.extract_text() or "" for page in reader.pages]
+        text = _join_hyphenated("\n\n".join(pages))
+        metadata_title = str(reader.metadata.title) if reader.metadata and reader.metadata.title else ""
+        title = pdf_title(metadata_title, pages[0] if pages else "") or url
     except MemoryError:
         raise  # the memory limit, reported as such
     except Exception as error:
@@ -219,6 +227,15 @@ def _extract_pdf(url: str, body: bytes) -> tuple[str, str]:
     if not text.strip():
         raise PageError(f"{url} is a PDF without extractable text")
     return title, text
+
+
+# A word split at a line's end by a hyphen, in text laid out for print: "exam-\nple" is "example". Only
+# before a lowercase letter, so "self-\nContained" names and list dashes stay as they are.
+_LINE_END_HYPHEN = re.compile(r"(\w)-\n[ \t]*([a-z])")
+
+
+def _join_hyphenated(text: str) -> str:
+    return _LINE_END_HYPHEN.sub(r"\1\2", text)
 
 
 class DocumentSource(Protocol):
