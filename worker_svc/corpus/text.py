@@ -74,9 +74,10 @@ def _stem(word: str) -> str:
 
 def snippet(text: str, query: str, passage: int | None) -> str:
     """About SNIPPET_CHARS of the text where the most of the query's words occur together; where none
-    does, the passage the vectors matched, else the beginning. Whitespace collapsed, cuts marked."""
+    does, the passage the vectors matched, else the beginning. Whitespace collapsed, but a table's rows
+    stay one per line; cuts marked."""
     if len(text) <= SNIPPET_CHARS:
-        return " ".join(text.split())
+        return _collapsed(text)
     words = [word.lower() for word in re.findall(r"\w+", query)]
     stems = {_stem(word) for word in ([word for word in words if word not in COMMON_WORDS] or words)}
     begin = passage or 0
@@ -100,5 +101,22 @@ def snippet(text: str, query: str, passage: int | None) -> str:
     if end < len(text):  # and end at one
         space_at = max(text.rfind(" ", end - 30, end), text.rfind("\n", end - 30, end))
         end = space_at if space_at > begin else end
-    piece = " ".join(text[begin:end].split())
+    piece = _collapsed(text[begin:end])
     return ("… " if begin > 0 else "") + piece + (" …" if end < len(text) else "")
+
+
+def _collapsed(text: str) -> str:
+    """The text on one line, except that each row of a table ("| a | b |", as extraction writes tables) keeps
+    a line of its own: rows run together read as one line of pipes."""
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    joined, previous = "", ""
+    for line in filter(None, lines):
+        if joined:
+            joined += "\n" if _row(line) or _row(previous) else " "
+        joined += line
+        previous = line
+    return joined
+
+
+def _row(line: str) -> bool:
+    return line.startswith("|") or line.endswith("|")
