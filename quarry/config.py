@@ -338,6 +338,16 @@ class WorkerSettings(ModelTier):
     """Passages sent in one /v1/embeddings request while indexing."""
     embedding_rerank_web: bool = True
     """With embeddings configured, web and literature results are reranked by similarity to the query too."""
+    corpus_fusion_k: int = Field(default=60, ge=1, le=10_000)
+    """The corpus's hybrid search fuses BM25's and the vectors' rankings by weighted reciprocal rank: each
+    document scores weight / (k + rank) in each ranking. A larger k flattens the top ranks' advantage."""
+    corpus_fusion_lexical_weight: float = Field(default=1.0, ge=0.0, le=100.0)
+    """BM25's ranking's weight in the fusion."""
+    corpus_fusion_semantic_weight: float = Field(default=1.0, ge=0.0, le=100.0)
+    """The vectors' ranking's weight in the fusion: above BM25's, a document the vectors rank first outranks
+    one both rank middling."""
+    corpus_fusion_depth: int = Field(default=100, ge=1, le=10_000)
+    """How many documents each ranking contributes before fusion."""
     fetch_allow: str = ""
     """Internal addresses page fetching may reach anyway, as HOST:PORT or CIDR, comma-separated; every
     other non-public address is refused."""

@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from quarry.config import QuarrySettings, WorkerSettings
 from worker_svc.corpus import Corpus, CorpusError, Embedder, EmbeddingSettings, IndexReport, Retrieval, Root
+from worker_svc.corpus.fusion import Fusion
 
 
 def _when(root: Root) -> str:
@@ -153,7 +154,7 @@ def run(args: argparse.Namespace, index: Path, settings: WorkerSettings, common:
     indexing computes vectors and search is hybrid."""
     embedding = EmbeddingSettings.for_worker(settings, common)
     embedder = None if embedding is None else Embedder(embedding)
-    corpus = Corpus(index, embedder)
+    corpus = Corpus(index, embedder, Fusion.of(settings))
     try:
         if args.corpus_command == "index":
             return _index(corpus, args.folder, args.reembed)

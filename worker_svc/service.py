@@ -27,6 +27,7 @@ from quarry.v1 import worker_pb2, worker_pb2_grpc
 from quarry.vocabulary import Tier
 from quarry.workspace import WorkspaceView
 from worker_svc.corpus import Corpus, Embedder, EmbeddingSettings, RerankedSearch
+from worker_svc.corpus.fusion import Fusion
 from worker_svc.delegations import DelegationRequest
 from worker_svc.diagnostics import diagnostics
 from worker_svc.roles import ROLES
@@ -79,7 +80,8 @@ async def build_host(
     monitor = ComputeView(monitor_client) if monitor_client else None
     embedding = EmbeddingSettings.for_worker(settings, common)
     embedder = None if embedding is None else Embedder(embedding)
-    corpus = Corpus(Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db", embedder)
+    index = Path(settings.corpus_index) if settings.corpus_index else common.data_dir / "corpus.db"
+    corpus = Corpus(index, embedder, Fusion.of(settings))
     search_http = httpx.AsyncClient(
         timeout=settings.search_seconds, transport=RecordingTransport(httpx.AsyncHTTPTransport())
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from worker_svc.corpus import indexing, schema, search, vectors
 from worker_svc.corpus.embeddings import Embedder
+from worker_svc.corpus.fusion import DEFAULT_FUSION, Fusion
 from worker_svc.corpus.indexing import IndexReport, Root
 from worker_svc.corpus.schema import CorpusError
 from worker_svc.corpus.search import Retrieval, match_expression
@@ -18,10 +19,11 @@ from worker_svc.web.search import SearchResult, SearchResults
 
 
 class Corpus:
-    def __init__(self, index_path: Path, embedder: Embedder | None = None) -> None:
+    def __init__(self, index_path: Path, embedder: Embedder | None = None, fusion: Fusion = DEFAULT_FUSION) -> None:
         self.index_path = index_path
         # Without one, indexing writes no vectors and search is BM25 alone.
         self.embedder = embedder
+        self._fusion = fusion
         self._vectors = PassageVectors()
 
     def _connect(self, *, write: bool = False) -> AbstractContextManager[sqlite3.Connection]:
@@ -68,7 +70,7 @@ class Corpus:
         if not expression:
             return Retrieval([], "bm25")
         with self._connect() as connection:
-            return search.retrieve(connection, expression, query, limit, self.embedder, self._vectors)
+            return search.retrieve(connection, expression, query, limit, self.embedder, self._vectors, self._fusion)
 
     async def search(self, query: str, limit: int) -> list[SearchResult]:
         """Best matches first: BM25 and vectors fused, or BM25 alone (with a notice when it fell back)."""

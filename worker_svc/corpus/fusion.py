@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
+from quarry.config import WorkerSettings
 from worker_svc.corpus.embeddings import Embedder, EmbeddingError
 from worker_svc.web.search import SearchBackend, SearchResult, SearchResults
 
@@ -19,18 +21,52 @@ RRF_K = 60
 # Web results fetched for a rerank, at most: a reranked page of results draws on twice as many.
 RERANK_POOL = 20
 
+# How deep each of the corpus's rankings goes before fusion: a page the vectors rank well but BM25 ranks
+# outside this depth (or not at all) is still a candidate.
+FUSION_DEPTH = 100
+
 Item = TypeVar("Item", bound=Hashable)
 
 
-def reciprocal_rank_fusion(rankings: Sequence[Sequence[Item]], k: int = RRF_K) -> list[Item]:
-    """Every item of the rankings (each best first), by the sum of 1 / (k + rank) over the rankings holding it.
+@dataclass(frozen=True)
+class Fusion:
+    """How the corpus fuses BM25's ranking with the vectors': weighted reciprocal rank fusion over the top
+    `depth` of each (settings `QUARRY_WORKER_CORPUS_FUSION_*`)."""
+
+    k: int = RRF_K
+    lexical_weight: float = 1.0
+    semantic_weight: float = 1.0
+    depth: int = FUSION_DEPTH
+
+    @classmethod
+    def of(cls, settings: WorkerSettings) -> Fusion:
+        return cls(
+            settings.corpus_fusion_k,
+            settings.corpus_fusion_lexical_weight,
+            settings.corpus_fusion_semantic_weight,
+            settings.corpus_fusion_depth,
+        )
+
+    def fuse(self, lexical: Sequence[Item], semantic: Sequence[Item]) -> list[Item]:
+        return reciprocal_rank_fusion([lexical, semantic], self.k, (self.lexical_weight, self.semantic_weight))
+
+
+DEFAULT_FUSION = Fusion()
+
+
+def reciprocal_rank_fusion(
+    rankings: Sequence[Sequence[Item]], k: int = RRF_K, weights: Sequence[float] | None = None
+) -> list[Item]:
+    """Every item of the rankings (each best first), by the sum of weight / (k + rank) over the rankings holding
+    it (each ranking's weight 1 unless given).
 
     Ties keep the order in which the items were first seen, the first ranking's first.
     """
     scores: dict[Item, float] = {}
-    for ranking in rankings:
+    for index, ranking in enumerate(rankings):
+        weight = 1.0 if weights is None else weights[index]
         for rank, item in enumerate(ranking, start=1):
-            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
+            scores[item] = scores.get(item, 0.0) + weight / (k + rank)
     return sorted(scores, key=lambda item: -scores[item])
 
 

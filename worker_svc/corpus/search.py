@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from worker_svc.corpus.embeddings import Embedder, EmbeddingError
-from worker_svc.corpus.fusion import reciprocal_rank_fusion
+from worker_svc.corpus.fusion import Fusion
 from worker_svc.corpus.schema import SCHEME
 from worker_svc.corpus.text import COMMON_WORDS, snippet
 from worker_svc.corpus.vectors import PassageVectors, VectorsUnusable
@@ -19,9 +19,6 @@ from worker_svc.web.pages import PageError
 from worker_svc.web.search import SearchResult
 
 log = logging.getLogger(__name__)
-
-# How deep each ranking goes before fusion.
-FUSION_DEPTH = 50
 
 
 @dataclass(frozen=True)
@@ -53,13 +50,14 @@ def retrieve(
     limit: int,
     embedder: Embedder | None,
     vectors: PassageVectors,
+    fusion: Fusion,
 ) -> Retrieval:
     """The best `limit` documents for the query (its match expression given), with snippets, and how
     they were found."""
     # One snapshot: the documents, the vectors and their version agree whatever an indexing commits.
     connection.execute("BEGIN")
     try:
-        return _retrieve(connection, expression, query, limit, embedder, vectors)
+        return _retrieve(connection, expression, query, limit, embedder, vectors, fusion)
     finally:
         connection.execute("COMMIT")
 
@@ -71,8 +69,9 @@ def _retrieve(
     limit: int,
     embedder: Embedder | None,
     vectors: PassageVectors,
+    fusion: Fusion,
 ) -> Retrieval:
-    depth = limit if embedder is None else max(limit, FUSION_DEPTH)
+    depth = limit if embedder is None else max(limit, fusion.depth)
     lexical = [
         doc
         for (doc,) in connection.execute(
@@ -86,7 +85,7 @@ def _retrieve(
     except (VectorsUnusable, EmbeddingError) as error:
         log.warning("corpus search fell back to BM25 alone: %s", error)
         return Retrieval(_hits(connection, lexical[:limit], query, {}), "bm25", str(error))
-    fused = reciprocal_rank_fusion([lexical, list(nearest)])[:limit]
+    fused = fusion.fuse(lexical, list(nearest))[:limit]
     return Retrieval(_hits(connection, fused, query, nearest), "hybrid")
 
 

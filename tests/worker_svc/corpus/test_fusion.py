@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from quarry.config import WorkerSettings
 from tests.fakes.openai_server import HttpError, ScriptedModel
 from tests.worker_svc.corpus.documents import embedder_for
 from worker_svc.corpus import RerankedSearch, reciprocal_rank_fusion
+from worker_svc.corpus.fusion import Fusion
 from worker_svc.web.search import SearchResult, SearchResults
 
 
@@ -14,6 +16,19 @@ def test_reciprocal_rank_fusion_sums_reciprocal_ranks() -> None:
     # Second in both lists beats first in one.
     assert reciprocal_rank_fusion([["x", "both"], ["both", "y"]])[0] == "both"
     assert reciprocal_rank_fusion([["x"], ["y"]]) == ["x", "y"], "ties keep the order first seen"
+
+
+def test_weighted_fusion_lets_the_vectors_first_hit_outrank_what_both_rank_middling() -> None:
+    lexical = [*(f"l{n}" for n in range(9)), "both"]  # tenth for BM25
+    semantic = ["meaning", *(f"s{n}" for n in range(48)), "both"]  # fiftieth for the vectors
+    # Equal weights: in both lists, however low, beats first in one only.
+    assert Fusion().fuse(lexical, semantic)[0] == "both"
+    # Weighted towards the vectors, their first hit comes first; a larger k flattens the top ranks' lead.
+    assert Fusion(semantic_weight=2.0).fuse(lexical, semantic)[0] == "meaning"
+    assert Fusion(k=1000, semantic_weight=2.0).fuse(lexical, semantic)[0] == "both"
+    assert Fusion(lexical_weight=0.0).fuse(lexical, semantic)[:2] == ["meaning", "s0"]
+    settings = WorkerSettings(corpus_fusion_k=10, corpus_fusion_semantic_weight=1.5, corpus_fusion_depth=30)
+    assert Fusion.of(settings) == Fusion(k=10, lexical_weight=1.0, semantic_weight=1.5, depth=30)
 
 
 async def test_web_results_are_reranked_by_meaning(embeddings: ScriptedModel) -> None:
