@@ -336,6 +336,8 @@ class WorkerSettings(ModelTier):
     """The embeddings endpoint's key; empty: the worker tier's model key."""
     embedding_batch_size: int = Field(default=64, ge=1, le=2048)
     """Passages sent in one /v1/embeddings request while indexing."""
+    embedding_concurrency: int = Field(default=4, ge=1, le=64)
+    """/v1/embeddings requests in flight at once while indexing."""
     embedding_rerank_web: bool = True
     """With embeddings configured, web and literature results are reranked by similarity to the query too."""
     corpus_fusion_k: int = Field(default=60, ge=1, le=10_000)

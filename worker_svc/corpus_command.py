@@ -98,6 +98,11 @@ def _index(corpus: Corpus, folder: Path, reembed: bool) -> int:
                 f"  the index still holds {root.documents} documents indexed before folders were recorded;"
                 f" once their folder is indexed again, `quarry corpus remove {root.name}` drops them"
             )
+    if report.not_embedded:
+        print(f"  {len(report.not_embedded)} documents got no vectors; `quarry corpus index` again retries them:")
+        for url, why in report.not_embedded[:20]:
+            print(f"    {url}: {why}")
+        return 1
     return 0
 
 

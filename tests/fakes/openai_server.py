@@ -128,6 +128,12 @@ class ScriptedModel(Served):
     # Answered, in order, instead of the next /v1/embeddings requests; None answers as usual.
     embedding_faults: deque[HttpError | None] = field(default_factory=deque)
     embedding_requests: list[dict[str, Any]] = field(default_factory=list)
+    # Every vector's values NaN (as some servers answer a broken model), in JSON's NaN literal.
+    force_nan: bool = False
+    # Each /v1/embeddings answer waits this long; the most requests it had in flight at once.
+    embedding_delay: float = 0.0
+    embeddings_in_flight_most: int = 0
+    _embeddings_in_flight: int = 0
     base_url: str = ""
     _runner: web.AppRunner | None = None
     _closing: asyncio.Event = field(default_factory=asyncio.Event)
@@ -166,13 +172,29 @@ class ScriptedModel(Served):
     async def _embeddings(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.embedding_requests.append(body)
+        self._embeddings_in_flight += 1
+        self.embeddings_in_flight_most = max(self.embeddings_in_flight_most, self._embeddings_in_flight)
+        try:
+            if self.embedding_delay:
+                await asyncio.sleep(self.embedding_delay)
+            return self._embeddings_answer(body)
+        finally:
+            self._embeddings_in_flight -= 1
+
+    def _embeddings_answer(self, body: dict[str, Any]) -> web.Response:
         fault = self.embedding_faults.popleft() if self.embedding_faults else None
         if fault is not None:
             return web.json_response({"error": {"message": fault.message}}, status=fault.status)
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
         dimensions = self.force_dimensions or body.get("dimensions") or self.embedding_dimensions
         data = [
-            {"object": "embedding", "index": index, "embedding": bag_of_words_vector(text, dimensions, self.synonyms)}
+            {
+                "object": "embedding",
+                "index": index,
+                "embedding": [math.nan] * dimensions
+                if self.force_nan
+                else bag_of_words_vector(text, dimensions, self.synonyms),
+            }
             for index, text in enumerate(inputs)
         ]
         tokens = sum(len(text.split()) for text in inputs)

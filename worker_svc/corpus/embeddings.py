@@ -27,6 +27,10 @@ class EmbeddingError(Exception):
     """The embeddings endpoint failed, or answered vectors that cannot be used."""
 
 
+class UnusableVectors(EmbeddingError):
+    """The endpoint answered, with vectors that cannot be used (another size, NaN): asking again will not help."""
+
+
 @dataclass(frozen=True)
 class EmbeddingSettings:
     base_url: str
@@ -34,8 +38,9 @@ class EmbeddingSettings:
     api_key: str = "unused"
     # Asked for and checked; None takes the model's own size.
     dimensions: int | None = None
-    # Texts per request while indexing.
+    # Texts per request while indexing, and requests in flight at once.
     batch_size: int = 64
+    concurrency: int = 4
     request_timeout: float = 120.0
     # The openai SDK's retries (429, 5xx, connection errors), with its backoff.
     max_retries: int = 2
@@ -53,6 +58,7 @@ class EmbeddingSettings:
             api_key=settings.embedding_api_key or tier.api_key,
             dimensions=settings.embedding_dimensions,
             batch_size=settings.embedding_batch_size,
+            concurrency=settings.embedding_concurrency,
             request_timeout=tier.request_timeout,
         )
 
@@ -93,18 +99,23 @@ class Embedder:
         except Exception as error:  # the SDK, httpx or a malformed answer: all are the endpoint failing
             raise EmbeddingError(f"{where} failed: {type(error).__name__}: {error}") from error
         if len(rows) != len(texts):
-            raise EmbeddingError(f"{where} answered {len(rows)} vectors for {len(texts)} texts")
+            raise UnusableVectors(f"{where} answered {len(rows)} vectors for {len(texts)} texts")
         sizes = sorted({len(row) for row in rows})
         if len(sizes) > 1 or not sizes or sizes[0] == 0:
-            raise EmbeddingError(f"{where} answered vectors of sizes {sizes}, not one size")
+            raise UnusableVectors(f"{where} answered vectors of sizes {sizes}, not one size")
         if self.settings.dimensions is not None and sizes[0] != self.settings.dimensions:
-            raise EmbeddingError(
+            raise UnusableVectors(
                 f"{where} answered {sizes[0]}-dimensional vectors, but embedding_dimensions is "
                 f"{self.settings.dimensions}: set it to a size the model gives"
             )
         import numpy as np
 
-        matrix = np.asarray(rows, dtype=np.float32)
+        try:
+            matrix = np.asarray(rows, dtype=np.float32)
+        except (TypeError, ValueError) as error:
+            raise UnusableVectors(f"{where} answered vectors that are not numbers: {error}") from error
+        if not np.isfinite(matrix).all():
+            raise UnusableVectors(f"{where} answered vectors with NaN or infinite values")
         norms = np.linalg.norm(matrix, axis=1, keepdims=True)
         unit: Vectors = (matrix / np.where(norms == 0, 1, norms)).astype(np.float32)
         return unit

@@ -2,8 +2,9 @@
 
 Indexing a root is incremental and touches only that root: unchanged files (same size and
 modification time) are skipped, and files gone from the folder leave the index; other roots stay
-as they are until removed. With an embedder, the vectors every document lacks are computed after
-the text, in the same transaction: a failure leaves the index as it was.
+as they are until removed. The text is committed first. With an embedder, the vectors every document
+lacks are computed after it, and committed a batch of whole documents at a time: an indexing stopped
+anywhere (a failure, Ctrl-C, a crash) keeps what it committed, and the next one goes on from there.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class IndexReport:
     ignored: Counter[str] = field(default_factory=Counter)  # files of other types, by extension
     embedded: int = 0  # documents given vectors, from this root or others
     reembedded: str = ""  # why every document was embedded again, if it was
+    not_embedded: list[tuple[str, str]] = field(default_factory=list)  # (document URL, why): the next run retries
 
 
 @dataclass(frozen=True)
@@ -128,13 +130,25 @@ def index_folder(
         _drop_documents(connection, [] if doc is None else [doc])
         connection.execute("DELETE FROM files WHERE root = ? AND path = ?", (root, gone))
         report.removed.append(gone)
+    connection.execute("UPDATE roots SET indexed_at = ? WHERE id = ?", (time.time(), root))
+
+    def commit() -> None:
+        bump_vectors_version(connection)
+        connection.execute("COMMIT")
+        connection.execute("BEGIN IMMEDIATE")
+
+    commit()  # the text, whatever the embeddings do
     if embedder is not None:
         try:
-            report.embedded, report.reembedded = embed_missing(connection, embedder, reembed, progress)
+            embedded = embed_missing(connection, embedder, reembed, progress, commit)
         except EmbeddingError as error:
-            raise CorpusError(f"{error}; nothing was written: the index is as it was") from error
-    bump_vectors_version(connection)
-    connection.execute("UPDATE roots SET indexed_at = ? WHERE id = ?", (time.time(), root))
+            raise CorpusError(
+                f"{error}. The text is indexed and the vectors computed before this are kept: "
+                "`quarry corpus index` again goes on from there"
+            ) from error
+        report.embedded, report.reembedded = embedded.documents, embedded.reembedded
+        keys = dict(connection.execute("SELECT doc, key FROM files WHERE doc IS NOT NULL"))
+        report.not_embedded = [(SCHEME + keys.get(doc, str(doc)), why) for doc, why in embedded.failed]
     return report
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from worker_svc.corpus.embeddings import Embedder, EmbeddingError, Vectors
+from worker_svc.corpus.embeddings import Embedder, EmbeddingError, UnusableVectors, Vectors
 from worker_svc.corpus.schema import meta, set_meta
 from worker_svc.corpus.text import passages
 
@@ -39,67 +41,137 @@ def _space(model: str | None, dimensions: int | None) -> str:
     return f"{'' if dimensions is None else f'{dimensions}-dimensional '}vectors from {model!r}"
 
 
+@dataclass
+class Embedded:
+    """What one indexing's embedding did."""
+
+    documents: int = 0  # given vectors
+    reembedded: str = ""  # why every document was embedded again, if it was
+    failed: list[tuple[int, str]] = field(default_factory=list)  # (document rowid, why): no vectors yet
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """Documents committed together once all their passages are embedded: several small ones in one batch, or
+    one long document over several batches."""
+
+    docs: tuple[int, ...]
+    batches: tuple[tuple[tuple[int, int, str], ...], ...]  # (doc, start, text) per passage
+
+
+# Failed units in a row after which the endpoint is taken to be down: indexing stops, keeping what it wrote.
+MAX_FAILED_IN_A_ROW = 3
+
+
 def embed_missing(
     connection: sqlite3.Connection,
     embedder: Embedder,
     reembed: bool,
     progress: Callable[[int, int], None] | None,
-) -> tuple[int, str]:
-    """Vectors for every document without them, in batches; returns how many documents, and why all
-    were embedded again if they were. Raises EmbeddingError, the transaction's to roll back."""
+    commit: Callable[[], None],
+) -> Embedded:
+    """Vectors for every document without them, in batches of whole documents, `embedder.settings.concurrency`
+    requests at a time, each unit committed (`commit`) as it is written, so an interrupted indexing goes on where
+    it stopped. A unit the endpoint fails (after its own retries) is reported by document and the rest goes on;
+    MAX_FAILED_IN_A_ROW of them, or vectors that cannot be used (another size than the index's, NaN), raise
+    EmbeddingError, what was committed staying."""
     stored = meta(connection)
     model, wanted = stored.get("embedding_model"), embedder.settings
     dimensions = int(stored["embedding_dimensions"]) if "embedding_dimensions" in stored else None
-    reembedded = ""
+    done = Embedded()
     if reembed or model != wanted.model or wanted.dimensions not in (None, dimensions):
         if connection.execute("SELECT 1 FROM vectors LIMIT 1").fetchone():
-            reembedded = (
+            done.reembedded = (
                 "asked to"
                 if reembed
                 else f"the index held {_space(model, dimensions)}, not {_space(wanted.model, wanted.dimensions)}"
             )
         connection.execute("DELETE FROM vectors")
         set_meta(connection, "embedding_model", wanted.model)
-        dimensions = wanted.dimensions
-    todo = connection.execute(
-        "SELECT doc FROM files WHERE doc IS NOT NULL"
-        " AND NOT EXISTS (SELECT 1 FROM vectors WHERE vectors.doc = files.doc) ORDER BY key"
-    ).fetchall()
-    batch: list[tuple[int, int, str]] = []  # (doc, start, text)
-    queued = 0  # documents whose every passage is in a batch
-
-    def flush() -> None:
-        nonlocal dimensions
-        vectors = embedder.embed([text for _, _, text in batch])
-        if dimensions is None:
-            dimensions = vectors.shape[1]
-        elif vectors.shape[1] != dimensions:
-            raise EmbeddingError(
-                f"{wanted.model!r} answered {vectors.shape[1]}-dimensional vectors, but the index holds "
-                f"{dimensions}-dimensional ones from it; `quarry corpus index --reembed` computes them all again"
-            )
-        connection.executemany(
-            "INSERT INTO vectors (doc, start, vector) VALUES (?, ?, ?)",
-            [
-                (doc, start, vector.astype("<f4").tobytes())
-                for (doc, start, _), vector in zip(batch, vectors, strict=True)
-            ],
+        set_meta(connection, "embedding_dimensions", None)
+        dimensions = None
+    todo = [
+        doc
+        for (doc,) in connection.execute(
+            "SELECT doc FROM files WHERE doc IS NOT NULL"
+            " AND NOT EXISTS (SELECT 1 FROM vectors WHERE vectors.doc = files.doc) ORDER BY key"
         )
-        batch.clear()
-        if progress is not None:
-            progress(queued, len(todo))
+    ]
+    failed_in_a_row = 0
+    with ThreadPoolExecutor(max_workers=wanted.concurrency, thread_name_prefix="embed") as pool:
+        in_flight: deque[tuple[_Unit, list[Future[Vectors]]]] = deque()
+        units = _units(connection, todo, wanted.batch_size)
+        try:
+            while True:
+                while sum(len(futures) for _, futures in in_flight) < wanted.concurrency:
+                    unit = next(units, None)
+                    if unit is None:
+                        break
+                    in_flight.append((unit, [pool.submit(embedder.embed, [t for *_, t in b]) for b in unit.batches]))
+                if not in_flight:
+                    break
+                unit, futures = in_flight.popleft()
+                try:
+                    answers = [future.result() for future in futures]
+                except UnusableVectors:
+                    raise
+                except EmbeddingError as error:
+                    done.failed.extend((doc, str(error)) for doc in unit.docs)
+                    failed_in_a_row += 1
+                    if failed_in_a_row >= MAX_FAILED_IN_A_ROW:
+                        raise EmbeddingError(f"{error} ({failed_in_a_row} batches in a row failed)") from error
+                    continue
+                failed_in_a_row = 0
+                for batch, vectors in zip(unit.batches, answers, strict=True):
+                    dimensions = _check_size(wanted.model, dimensions, vectors)
+                    connection.executemany(
+                        "INSERT INTO vectors (doc, start, vector) VALUES (?, ?, ?)",
+                        [
+                            (doc, start, vector.astype("<f4").tobytes())
+                            for (doc, start, _), vector in zip(batch, vectors, strict=True)
+                        ],
+                    )
+                set_meta(connection, "embedding_dimensions", dimensions)
+                commit()
+                done.documents += len(unit.docs)
+                if progress is not None:
+                    progress(done.documents + len(done.failed), len(todo))
+        finally:
+            for _, futures in in_flight:
+                for future in futures:
+                    future.cancel()
+    return done
 
-    for (doc,) in todo:
+
+def _check_size(model: str, dimensions: int | None, vectors: Vectors) -> int:
+    """The index's size once these vectors are in; UnusableVectors when they are of another."""
+    size = int(vectors.shape[1])
+    if dimensions is not None and size != dimensions:
+        raise UnusableVectors(
+            f"{model!r} answered {size}-dimensional vectors, but the index holds {dimensions}-dimensional ones "
+            "from it; `quarry corpus index --reembed` computes them all again"
+        )
+    return size
+
+
+def _units(connection: sqlite3.Connection, docs: list[int], batch_size: int) -> Iterator[_Unit]:
+    """The documents' passages in batches of at most `batch_size`, never splitting a document between units."""
+    pending_docs: list[int] = []
+    pending: list[tuple[int, int, str]] = []
+    for doc in docs:
         title, text = connection.execute("SELECT title, text FROM documents WHERE rowid = ?", (doc,)).fetchone()
-        for start, passage in passages(title, text):
-            if len(batch) == wanted.batch_size:
-                flush()
-            batch.append((doc, start, passage))
-        queued += 1
-    if batch:
-        flush()
-    set_meta(connection, "embedding_dimensions", dimensions)
-    return len(todo), reembedded
+        pieces = [(doc, start, passage) for start, passage in passages(title, text)]
+        if pending and len(pending) + len(pieces) > batch_size:
+            yield _Unit(tuple(pending_docs), (tuple(pending),))
+            pending_docs, pending = [], []
+        if len(pieces) > batch_size:
+            chunks = tuple(tuple(pieces[at : at + batch_size]) for at in range(0, len(pieces), batch_size))
+            yield _Unit((doc,), chunks)
+            continue
+        pending_docs.append(doc)
+        pending.extend(pieces)
+    if pending:
+        yield _Unit(tuple(pending_docs), (tuple(pending),))
 
 
 def embedding_status(connection: sqlite3.Connection) -> EmbeddingStatus:

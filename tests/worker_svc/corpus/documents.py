@@ -38,9 +38,17 @@ def write_second_folder(folder: Path) -> None:
     (folder / "rome.txt").write_text("The Colosseum in Rome held fifty thousand spectators.")
 
 
-def embedder_for(server: ScriptedModel, dimensions: int | None = None, batch_size: int = 2) -> Embedder:
+def embedder_for(
+    server: ScriptedModel, dimensions: int | None = None, batch_size: int = 2, concurrency: int = 1
+) -> Embedder:
+    """One request at a time unless told: the scripted faults then meet the requests in the documents' order."""
     settings = EmbeddingSettings(
-        base_url=server.base_url, model=MODEL, dimensions=dimensions, batch_size=batch_size, max_retries=0
+        base_url=server.base_url,
+        model=MODEL,
+        dimensions=dimensions,
+        batch_size=batch_size,
+        max_retries=0,
+        concurrency=concurrency,
     )
     return Embedder(settings)
 
