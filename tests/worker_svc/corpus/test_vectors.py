@@ -112,9 +112,7 @@ async def test_a_batch_the_endpoint_fails_is_reported_by_document_and_the_rest_i
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
-    down = Corpus(
-        index, Embedder(EmbeddingSettings(f"http://127.0.0.1:{port}/v1", MODEL, batch_size=1, max_retries=0))
-    )
+    down = Corpus(index, Embedder(EmbeddingSettings(f"http://127.0.0.1:{port}/v1", MODEL, batch_size=1, max_retries=0)))
     with pytest.raises(CorpusError, match=r"failed: APIConnectionError.*\(3 batches in a row failed\)") as error:
         await asyncio.to_thread(down.index_folder, docs)
     assert "`quarry corpus index` again goes on from there" in str(error.value)
