@@ -338,6 +338,12 @@ class WorkerSettings(ModelTier):
     """Passages sent in one /v1/embeddings request while indexing."""
     embedding_concurrency: int = Field(default=4, ge=1, le=64)
     """/v1/embeddings requests in flight at once while indexing."""
+    embedding_passage_tokens: int = Field(default=256, ge=32, le=32_768)
+    """The most tokens of one embedded passage, title included: the embedding model's window (256 fits the common
+    small ones, all-MiniLM and bge-small; larger models take 512 or more). Tokens are estimated at 3 characters
+    each, so that markup and code fit too. A change re-embeds the index at the next `quarry corpus index`."""
+    embedding_passage_overlap_tokens: int = Field(default=32, ge=0, le=4096)
+    """How many tokens each passage shares with the one before, so a sentence cut between two is whole in one."""
     embedding_rerank_web: bool = True
     """With embeddings configured, web and literature results are reranked by similarity to the query too."""
     corpus_fusion_k: int = Field(default=60, ge=1, le=10_000)

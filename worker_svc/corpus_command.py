@@ -71,8 +71,10 @@ def _progress_bar() -> Iterator[Callable[[int, int], None]]:
 def _print_vectors(corpus: Corpus, report: IndexReport) -> None:
     if corpus.embedder is not None:
         model = corpus.embedder.settings.model
+        size = corpus.embedder.settings
         print(
-            f"  {report.embedded} documents embedded with {model}"
+            f"  {report.embedded} documents embedded with {model}, {report.embedded_share:.0%} of their text, in"
+            f" passages of at most {size.passage_tokens} tokens overlapping by {size.passage_overlap_tokens}"
             if report.embedded
             else f"  vectors: {model}, up to date"
         )

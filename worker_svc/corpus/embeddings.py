@@ -41,6 +41,9 @@ class EmbeddingSettings:
     # Texts per request while indexing, and requests in flight at once.
     batch_size: int = 64
     concurrency: int = 4
+    # The passages' size, in the model's tokens (estimated), and their overlap.
+    passage_tokens: int = 256
+    passage_overlap_tokens: int = 32
     request_timeout: float = 120.0
     # The openai SDK's retries (429, 5xx, connection errors), with its backoff.
     max_retries: int = 2
@@ -59,6 +62,8 @@ class EmbeddingSettings:
             dimensions=settings.embedding_dimensions,
             batch_size=settings.embedding_batch_size,
             concurrency=settings.embedding_concurrency,
+            passage_tokens=settings.embedding_passage_tokens,
+            passage_overlap_tokens=settings.embedding_passage_overlap_tokens,
             request_timeout=tier.request_timeout,
         )
 

@@ -49,6 +49,7 @@ class IndexReport:
     embedded: int = 0  # documents given vectors, from this root or others
     reembedded: str = ""  # why every document was embedded again, if it was
     not_embedded: list[tuple[str, str]] = field(default_factory=list)  # (document URL, why): the next run retries
+    embedded_share: float = 1.0  # of the embedded documents' text, how much is in some passage
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ def index_folder(
                 "`quarry corpus index` again goes on from there"
             ) from error
         report.embedded, report.reembedded = embedded.documents, embedded.reembedded
+        report.embedded_share = embedded.share
         keys = dict(connection.execute("SELECT doc, key FROM files WHERE doc IS NOT NULL"))
         report.not_embedded = [(SCHEME + keys.get(doc, str(doc)), why) for doc, why in embedded.failed]
     return report

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
 # How much of a file decides whether it is text.
 SNIFF_BYTES = 8192
-# Characters of text per embedded passage: under the 512 tokens many embedding models take.
-PASSAGE_CHARS = 1500
 # Characters of text a snippet shows, about FTS5's 24-token snippets.
 SNIPPET_CHARS = 200
 # Occurrences of the query's words a snippet chooses among: the first ones, in a long text.
@@ -45,22 +44,66 @@ def content_hash(title: str, text: str) -> str:
     return hashlib.sha256(f"{title}\0{text}".encode()).hexdigest()
 
 
-def passages(title: str, text: str) -> list[tuple[int, str]]:
-    """(where it starts, what is embedded) for each piece of about PASSAGE_CHARS of the text, cut at
-    whitespace, with the title, which says what the piece is about. A text without words: its title."""
+@dataclass(frozen=True)
+class PassageSize:
+    """How big an embedded passage is, in tokens of the embedding model, and how much consecutive ones overlap.
+
+    Without the model's tokenizer, tokens are estimated at CHARS_PER_TOKEN characters each: fewer than English
+    prose has (about 4), as markup, code and numbers do, so that a passage fits the model's window."""
+
+    tokens: int = 256  # the window of common small embedders (all-MiniLM, bge-small: 256 to 512)
+    overlap_tokens: int = 32
+
+    @property
+    def chars(self) -> int:
+        return int(self.tokens * CHARS_PER_TOKEN)
+
+    @property
+    def overlap_chars(self) -> int:
+        return int(self.overlap_tokens * CHARS_PER_TOKEN)
+
+
+CHARS_PER_TOKEN = 3.0
+DEFAULT_PASSAGE_SIZE = PassageSize()
+
+
+def passages(title: str, text: str, size: PassageSize = DEFAULT_PASSAGE_SIZE) -> list[tuple[int, str]]:
+    """(where it starts, what is embedded) for each piece of the text that fits `size` with the title (which says
+    what the piece is about), cut at whitespace, each overlapping the one before by about `size.overlap_chars`.
+    A text without words: its title."""
+    heading = title[: size.chars // 4]  # a long title never leaves the text no room
+    room = max(size.chars - len(heading) - 2, 50)
+    overlap = min(size.overlap_chars, room // 2)
     pieces = []
     start = 0
     while start < len(text):
-        end = min(len(text), start + PASSAGE_CHARS)
+        end = min(len(text), start + room)
         if end < len(text):
-            cut = max(
-                text.rfind(" ", start + PASSAGE_CHARS // 2, end), text.rfind("\n", start + PASSAGE_CHARS // 2, end)
-            )
+            cut = max(text.rfind(" ", start + room // 2, end), text.rfind("\n", start + room // 2, end))
             end = cut if cut > start else end
         if text[start:end].strip():
-            pieces.append((start, f"{title}\n\n{text[start:end].strip()}"))
-        start = end
+            pieces.append((start, f"{heading}\n\n{text[start:end].strip()}"))
+        if end >= len(text):
+            break
+        following = end - overlap
+        if overlap and following > start:  # start the next piece at a word inside the overlap
+            space = text.find(" ", following, end)
+            following = space + 1 if space != -1 else following
+        start = max(following, start + 1) if overlap else end
     return pieces or [(0, title or "(no text)")]
+
+
+def embedded_share(text: str, pieces: list[tuple[int, str]], title: str, size: PassageSize) -> float:
+    """The share of the text's non-blank characters that some passage holds: 1.0 when all of it is embedded."""
+    heading = len(title[: size.chars // 4]) + 2
+    held = bytearray(len(text))
+    for start, piece in pieces:
+        body = piece[heading:]
+        at = text.find(body, start) if body else -1
+        if at != -1:
+            held[at : at + len(body)] = b"\x01" * len(body)
+    wanted = [index for index, char in enumerate(text) if not char.isspace()]
+    return sum(held[index] for index in wanted) / len(wanted) if wanted else 1.0
 
 
 def _stem(word: str) -> str:

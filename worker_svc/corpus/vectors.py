@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from worker_svc.corpus.embeddings import Embedder, EmbeddingError, UnusableVectors, Vectors
 from worker_svc.corpus.schema import meta, set_meta
-from worker_svc.corpus.text import passages
+from worker_svc.corpus.text import PassageSize, embedded_share, passages
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,6 +47,15 @@ class Embedded:
 
     documents: int = 0  # given vectors
     reembedded: str = ""  # why every document was embedded again, if it was
+    # Of the embedded documents' non-blank characters: how many, and how many some passage holds.
+    characters: int = 0
+    held: float = 0.0
+
+    @property
+    def share(self) -> float:
+        """How much of the embedded documents' text is in some passage: 1.0 when all of it."""
+        return self.held / self.characters if self.characters else 1.0
+
     failed: list[tuple[int, str]] = field(default_factory=list)  # (document rowid, why): no vectors yet
 
 
@@ -57,6 +66,8 @@ class _Unit:
 
     docs: tuple[int, ...]
     batches: tuple[tuple[tuple[int, int, str], ...], ...]  # (doc, start, text) per passage
+    characters: int  # the documents' non-blank characters
+    held: float  # how many of them some passage holds
 
 
 # Failed units in a row after which the endpoint is taken to be down: indexing stops, keeping what it wrote.
@@ -78,6 +89,8 @@ def embed_missing(
     stored = meta(connection)
     model, wanted = stored.get("embedding_model"), embedder.settings
     dimensions = int(stored["embedding_dimensions"]) if "embedding_dimensions" in stored else None
+    size = PassageSize(wanted.passage_tokens, wanted.passage_overlap_tokens)
+    passages_were = stored.get("embedding_passages")  # absent in an index written before passages had a size
     done = Embedded()
     if reembed or model != wanted.model or wanted.dimensions not in (None, dimensions):
         if connection.execute("SELECT 1 FROM vectors LIMIT 1").fetchone():
@@ -90,6 +103,10 @@ def embed_missing(
         set_meta(connection, "embedding_model", wanted.model)
         set_meta(connection, "embedding_dimensions", None)
         dimensions = None
+    elif passages_were not in (None, _passages(size)) and connection.execute("SELECT 1 FROM vectors").fetchone():
+        done.reembedded = f"the index held passages of {passages_were} tokens, not {_passages(size)}"
+        connection.execute("DELETE FROM vectors")
+    set_meta(connection, "embedding_passages", _passages(size))
     todo = [
         doc
         for (doc,) in connection.execute(
@@ -100,7 +117,7 @@ def embed_missing(
     failed_in_a_row = 0
     with ThreadPoolExecutor(max_workers=wanted.concurrency, thread_name_prefix="embed") as pool:
         in_flight: deque[tuple[_Unit, list[Future[Vectors]]]] = deque()
-        units = _units(connection, todo, wanted.batch_size)
+        units = _units(connection, todo, wanted.batch_size, size)
         try:
             while True:
                 while sum(len(futures) for _, futures in in_flight) < wanted.concurrency:
@@ -134,6 +151,8 @@ def embed_missing(
                 set_meta(connection, "embedding_dimensions", dimensions)
                 commit()
                 done.documents += len(unit.docs)
+                done.characters += unit.characters
+                done.held += unit.held
                 if progress is not None:
                     progress(done.documents + len(done.failed), len(todo))
         finally:
@@ -154,24 +173,34 @@ def _check_size(model: str, dimensions: int | None, vectors: Vectors) -> int:
     return size
 
 
-def _units(connection: sqlite3.Connection, docs: list[int], batch_size: int) -> Iterator[_Unit]:
+def _passages(size: PassageSize) -> str:
+    return f"{size.tokens}/{size.overlap_tokens}"
+
+
+def _units(connection: sqlite3.Connection, docs: list[int], batch_size: int, size: PassageSize) -> Iterator[_Unit]:
     """The documents' passages in batches of at most `batch_size`, never splitting a document between units."""
     pending_docs: list[int] = []
     pending: list[tuple[int, int, str]] = []
+    characters, held = 0, 0.0
     for doc in docs:
         title, text = connection.execute("SELECT title, text FROM documents WHERE rowid = ?", (doc,)).fetchone()
-        pieces = [(doc, start, passage) for start, passage in passages(title, text)]
+        cut = passages(title, text, size)
+        pieces = [(doc, start, passage) for start, passage in cut]
+        count = sum(1 for char in text if not char.isspace())
+        share = embedded_share(text, cut, title, size)
         if pending and len(pending) + len(pieces) > batch_size:
-            yield _Unit(tuple(pending_docs), (tuple(pending),))
-            pending_docs, pending = [], []
+            yield _Unit(tuple(pending_docs), (tuple(pending),), characters, held)
+            pending_docs, pending, characters, held = [], [], 0, 0.0
         if len(pieces) > batch_size:
             chunks = tuple(tuple(pieces[at : at + batch_size]) for at in range(0, len(pieces), batch_size))
-            yield _Unit((doc,), chunks)
+            yield _Unit((doc,), chunks, count, share * count)
             continue
         pending_docs.append(doc)
         pending.extend(pieces)
+        characters += count
+        held += share * count
     if pending:
-        yield _Unit(tuple(pending_docs), (tuple(pending),))
+        yield _Unit(tuple(pending_docs), (tuple(pending),), characters, held)
 
 
 def embedding_status(connection: sqlite3.Connection) -> EmbeddingStatus:

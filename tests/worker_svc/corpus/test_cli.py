@@ -64,7 +64,9 @@ async def test_cli_indexes_with_embeddings_and_says_which_search_it_ran(
     monkeypatch.setenv("QUARRY_MODEL_BASE_URL", embeddings.base_url)
     assert await asyncio.to_thread(main, ["corpus", "index", str(tmp_path / "docs"), *index]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1:] == [f"  4 documents embedded with {MODEL}"]
+    assert out[1:] == [
+        f"  4 documents embedded with {MODEL}, 100% of their text, in passages of at most 256 tokens overlapping by 32"
+    ]
     assert await asyncio.to_thread(main, ["corpus", "list", *index]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"vectors: {MODEL}, 64 dimensions, for 4 of 4 documents"
     assert await asyncio.to_thread(main, ["corpus", "search", "vessel crossings", "--limit", "1", *index]) == 0

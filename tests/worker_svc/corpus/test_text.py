@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 
 from tests.fakes.openai_server import ScriptedModel
 from tests.worker_svc.corpus.documents import embedder_for
 from worker_svc.corpus import Corpus
-from worker_svc.corpus.text import snippet
+from worker_svc.corpus.text import PassageSize, embedded_share, passages, snippet
 
 
 async def test_snippets_come_from_the_hit_s_text_around_the_query_words(
@@ -35,3 +36,20 @@ def test_a_tables_rows_stay_one_per_line_in_a_snippet() -> None:
         "Harbour fees:\n| vessel | fee |\n| --- | --- |\n| trawler | 40 |\n| ferry | 90 |\nPaid at the quay." in shown
     )
     assert snippet("plain  words\nacross   lines", "words", None) == "plain words across lines"
+
+
+def test_passages_fit_the_models_window_overlap_and_hold_all_the_text() -> None:
+    text = " ".join(f"word{n}" for n in range(2000))
+    size = PassageSize(tokens=128, overlap_tokens=16)
+    cut = passages("A title", text, size)
+    assert all(len(passage) <= size.chars for _, passage in cut), "title and text within the window"
+    starts = [start for start, _ in cut]
+    assert starts == sorted(set(starts)) and len(cut) > 20
+    for (start, passage), (following, _) in itertools.pairwise(cut):
+        end = start + len(passage) - len("A title\n\n")
+        assert following < end, "each passage overlaps the one before"
+        assert end - following <= size.overlap_chars + 10
+    assert embedded_share(text, cut, "A title", size) == 1.0
+    # Whatever the title's length, the text keeps room, and a word longer than a passage is cut, not lost.
+    long_title = passages("T" * 5000, "x" * 3000, size)
+    assert embedded_share("x" * 3000, long_title, "T" * 5000, size) == 1.0

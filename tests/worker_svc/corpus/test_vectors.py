@@ -165,3 +165,15 @@ async def test_embedding_requests_run_concurrently_within_the_bound(embeddings: 
     report = await asyncio.to_thread(corpus.index_folder, docs)
     assert report.embedded == 12 and vector_count(tmp_path / "corpus.db") == 12
     assert embeddings.embeddings_in_flight_most == 3
+
+
+async def test_passages_of_another_size_re_embed_the_index(embeddings: ScriptedModel, tmp_path: Path) -> None:
+    docs = write_documents(tmp_path / "docs")
+    index = tmp_path / "corpus.db"
+    await asyncio.to_thread(Corpus(index, embedder_for(embeddings)).index_folder, docs)
+    smaller = EmbeddingSettings(embeddings.base_url, MODEL, max_retries=0, passage_tokens=64, passage_overlap_tokens=8)
+    report = await asyncio.to_thread(Corpus(index, Embedder(smaller)).index_folder, docs)
+    assert (report.embedded, report.reembedded) == (4, "the index held passages of 256/32 tokens, not 64/8")
+    assert report.embedded_share == 1.0
+    again = await asyncio.to_thread(Corpus(index, Embedder(smaller)).index_folder, docs)
+    assert (again.embedded, again.reembedded) == (0, "")
