@@ -152,7 +152,8 @@ def _search(corpus: Corpus, query: str, limit: int) -> int:
     for rank, hit in enumerate(hits, start=1):
         print(f"{rank}. {hit.result.title}")
         print(f"   {hit.result.url}" + (f"  ({hit.file})" if hit.file else ""))
-        print(f"   {' '.join(hit.result.snippet.split())}")
+        for line in hit.result.snippet.splitlines():  # one line, or a table's rows one per line
+            print(f"   {' '.join(line.split())}")
     return 0
 
 

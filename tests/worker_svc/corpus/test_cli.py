@@ -79,3 +79,15 @@ async def test_cli_indexes_with_embeddings_and_says_which_search_it_ran(
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("BM25 search alone: the embeddings endpoint http://127.0.0.1:9/v1")
     assert out[1] == "1. Harbours"
+
+
+def test_cli_search_shows_a_tables_rows_one_per_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "fees.md").write_text("# Harbour fees\n\n| vessel | fee |\n| --- | --- |\n| ferry | 90 |\n")
+    index = ["--index", str(tmp_path / "corpus.db")]
+    assert main(["corpus", "index", str(docs), *index]) == 0
+    capsys.readouterr()
+    assert main(["corpus", "search", "ferry", *index]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert "   | vessel | fee |" in shown and "   | ferry | 90 |" in shown, shown
