@@ -301,6 +301,14 @@ async def ask(supervisor: Supervisor, question: str, options: supervisor_pb2.Run
     return exit_code(last)
 
 
+# What to do when the supervisor wants a credential the command line did not send, or does not know it.
+CREDENTIAL_HINT = (
+    "the supervisor wants an API key: set QUARRY_API_KEY to one (an operator makes them with `quarry keys add`), "
+    "or run the command where `quarry up` runs, which reads the key it wrote in its data directory "
+    "(--data-dir); `quarry doctor` says which key is sent"
+)
+
+
 def describe_rpc_error(error: grpc.aio.AioRpcError) -> str:
     return f"{error.code().name}: {error.details()}"
 
@@ -311,6 +319,8 @@ def run_client_command(command: Coroutine[Any, Any, int]) -> int:
         return asyncio.run(command)
     except grpc.aio.AioRpcError as error:
         print(f"quarry: {clean(describe_rpc_error(error))}", file=sys.stderr)
+        if error.code() is grpc.StatusCode.UNAUTHENTICATED:
+            print(f"quarry: {CREDENTIAL_HINT}", file=sys.stderr)
         return EXIT_FAILED
     except Unavailable as error:
         print(f"quarry: {clean(str(error))}", file=sys.stderr)

@@ -293,3 +293,14 @@ async def test_ask_and_runs_show_and_list_print_what_a_model_wrote_literally(mes
         assert "[bold]b[/] [/]" in output, output
         assert not any(sequence in output for sequence in ("\x1b[38;5;196m", "\x1b]0;", "\x07")), repr(output)
     assert "[link=https://e.x]l[/link]" in asked and "red" in shown_run
+
+
+async def test_a_command_without_an_api_key_says_how_to_give_one(mesh: Mesh, tmp_path: Path) -> None:
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    listing = await quarry(
+        "runs", "list", "--address", mesh.supervisor.address, env={"QUARRY_API_KEY": "", "QUARRY_DATA_DIR": str(empty)}
+    )
+    code, said = await finish(listing)
+    assert code == 1 and "UNAUTHENTICATED" in said and "Traceback" not in said, said
+    assert "set QUARRY_API_KEY" in said and "`quarry keys add`" in said and "`quarry doctor`" in said
