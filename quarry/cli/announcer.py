@@ -31,12 +31,12 @@ def describe_exit(status: int) -> str:
 class Announcer:
     """Prints what `quarry up` is doing; a class so tests and other front ends can replace it."""
 
-    def __init__(self, data_dir: Path, models: Sequence[tuple[str, str, str]] = ()) -> None:
+    def __init__(self, data_dir: Path, models: Sequence[tuple[str, str, str, bool]] = ()) -> None:
         from rich.console import Console
 
         self._console = Console(highlight=False)
         self._data_dir = data_dir
-        # (tier, model name, endpoint) for each tier that calls a model.
+        # (tier, model name, endpoint, whether any setting named them) for each tier that calls a model.
         self._models = models
 
     def _table(self, services: Sequence[ServiceRow]) -> None:
@@ -56,8 +56,17 @@ class Announcer:
         # One plain line per service, stable for scripts: "<name> <address>".
         for row in services:
             print(f"serving {row.name} {row.address}", flush=True)
-        for tier, model, endpoint in self._models:
-            self._console.print(f"{tier} model: {model} at {endpoint}")
+        unset = [tier for tier, *_, configured in self._models if not configured]
+        for tier, model, endpoint, configured in self._models:
+            if configured:
+                self._console.print(f"{tier} model: {model} at {endpoint}")
+        if unset:
+            self._console.print(
+                f"[yellow]no model is configured[/yellow] for the {' and '.join(unset)}: runs fail until one is. "
+                "Set QUARRY_MODEL_BASE_URL (an OpenAI-compatible endpoint ending in /v1: vLLM, Ollama, a hosted "
+                "API) and QUARRY_MODEL_NAME, or [quarry] model_base_url and model_name in the config file; "
+                "`quarry doctor` checks them."
+            )
         self._console.print(f"data: {self._data_dir}")
         key = self._data_dir / API_KEY_FILE
         if key.exists():  # not under --open-api

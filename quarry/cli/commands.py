@@ -47,7 +47,10 @@ def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
         settings = spec.load_settings(**overrides)
         if isinstance(settings, ModelTier):
             model = ModelSettings.for_tier(settings, common)
-            models.append((spec.name, model.model, model.base_url))
+            # Nothing set anywhere (the tier, [quarry], QUARRY_MODEL_*): the defaults name no real model.
+            named = bool(settings.model_base_url or settings.model_name)
+            configured = named or bool({"model_base_url", "model_name"} & common.model_fields_set)
+            models.append((spec.name, model.model, model.base_url, configured))
     if args.open_api and load_settings(MonitorSettings).allow_job_submission:
         raise ConfigurationError(
             "--open-api is refused while the monitor allows job submission (QUARRY_MONITOR_ALLOW_JOB_SUBMISSION): "

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from quarry.cli.announcer import Announcer, ServiceRow
 from quarry.cli.launcher import Child, Instance, RestartPolicy, plan, start_stages, stop_stages
 from quarry.cli.registry import SERVICES
 
@@ -44,3 +45,14 @@ def test_restart_backoff_doubles_from_half_a_second_up_to_its_cap() -> None:
     policy = RestartPolicy()
     assert [policy.delay(exits) for exits in range(1, 9)] == [0.5, 1, 2, 4, 8, 16, 30, 30]
     assert (policy.max_restarts, policy.window_seconds) == (5, 600)
+
+
+def test_up_says_plainly_when_no_model_is_configured(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [ServiceRow("supervisor", "127.0.0.1:7410", 10, 0)]
+    Announcer(tmp_path, [("supervisor", "default", "http://127.0.0.1:8000/v1", False)]).ready(rows)
+    unset = " ".join(capsys.readouterr().out.split())
+    assert "no model is configured for the supervisor: runs fail until one is" in unset
+    assert "QUARRY_MODEL_BASE_URL" in unset and "127.0.0.1:8000" not in unset
+    Announcer(tmp_path, [("worker", "qwen3", "http://gpu:8000/v1", True)]).ready(rows)
+    named = capsys.readouterr().out
+    assert "worker model: qwen3 at http://gpu:8000/v1" in named and "no model is configured" not in named
