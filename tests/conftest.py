@@ -135,13 +135,35 @@ class PostgresSchema:
     application_name: str
 
 
+# Why PostgreSQL could not be reached, once known: the next tests fail at once with the same line.
+_POSTGRES_PROBLEM: list[str] = []
+
+
+def _require_postgres() -> None:
+    """Fail the test in one line that says what to do, without a traceback, when PostgreSQL is not there."""
+    if not _POSTGRES_PROBLEM:
+        try:
+            with psycopg.connect(_postgres_conninfo(), autocommit=True, connect_timeout=5):
+                return
+        except psycopg.OperationalError as error:
+            reason = (str(error).strip().splitlines() or ["no answer"])[-1].strip()
+            _POSTGRES_PROBLEM.append(
+                f"PostgreSQL at {make_url(POSTGRES_URL).render_as_string(hide_password=True)} is not reachable "
+                f"({reason}): start it and create the database (`createdb test` as postgres), or set "
+                "QUARRY_TEST_POSTGRES_URL to one; `-k 'not postgresql'` runs the SQLite half alone"
+            )
+    pytest.fail(_POSTGRES_PROBLEM[0], pytrace=False)
+
+
 @contextlib.contextmanager
 def postgres_schema() -> Iterator[PostgresSchema]:
     """A URL whose connections use a new, empty PostgreSQL schema, dropped afterwards.
 
-    PostgreSQL must be reachable: a missing database fails the test, it is never skipped.
+    PostgreSQL must be reachable: a missing database fails the test (in one line saying what to do), it is
+    never skipped.
     """
     schema = f"test_{uuid.uuid4().hex[:12]}"
+    _require_postgres()
     with psycopg.connect(_postgres_conninfo(), autocommit=True) as connection:
         connection.execute(f'CREATE SCHEMA "{schema}"')
     url = make_url(POSTGRES_URL).update_query_dict({"options": f"-csearch_path={schema}", "application_name": schema})
