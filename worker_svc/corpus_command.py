@@ -44,6 +44,11 @@ def _print_report(report: IndexReport, folder: Path, index: Path) -> None:
     if report.ignored:
         kinds = ", ".join(f"{count} {extension}" for extension, count in sorted(report.ignored.items()))
         print(f"  not Markdown, HTML, text or PDF, so not indexed: {kinds}")
+    if not (report.added or report.updated or report.unchanged or report.skipped):
+        print(
+            f"  {folder} holds no Markdown (.md), HTML (.html), text (.txt) or PDF (.pdf) file, in it or below:"
+            " add some and index it again"
+        )
 
 
 @contextmanager

@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     # addresses (mesh.json) are.
     data_dir = argparse.ArgumentParser(add_help=False)
     data_dir.add_argument(
-        "--data-dir", type=Path, help="the data directory (default: QUARRY_DATA_DIR, else ~/.local/share/quarry)"
+        "--data-dir",
+        type=Path,
+        help="the data directory (default: QUARRY_DATA_DIR, else $XDG_DATA_HOME/quarry, else ~/.local/share/quarry)",
     )
     parser = argparse.ArgumentParser(
         prog="quarry",
@@ -113,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         "data directory serves, else 127.0.0.1:7410)"
     )
     ask = commands.add_parser("ask", parents=[data_dir], help="research a question and follow the run live")
-    ask.add_argument("question")
+    ask.add_argument("question", help="the question to research, in quotes")
     ask.add_argument("--address", help=address_help)
     ask.add_argument("--json", action="store_true", help="print one JSON object per event instead")
     ask.add_argument("--max-turns", type=int, default=0, help="bound on supervisor turns (default 12)")

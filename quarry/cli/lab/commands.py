@@ -92,6 +92,10 @@ async def _list(client: CampaignsClient, state: str, limit: int, *, as_json: boo
         for campaign in response.campaigns:
             print(json.dumps(json_format.MessageToDict(campaign)))
         return 0
+    if not response.campaigns:
+        which = f"{state} campaigns" if state else "campaigns"
+        print(f"no {which} yet; start one with `quarry lab start campaign.toml` (or flags: `quarry lab start --help`)")
+        return 0
     table = Table("state", "phase", "cycle", "best", "created", "title")
     table.add_column("campaign", no_wrap=True)  # whole, so it can be copied into other commands
     for campaign in response.campaigns:

@@ -84,6 +84,8 @@ async def lab(served: ServedCampaigns, *args: str) -> tuple[int, str]:
 async def test_start_from_a_file_with_a_flag_over_it_then_list_show_and_direct(
     served: ServedCampaigns, tmp_path: Path
 ) -> None:
+    code, empty = await lab(served, "list")
+    assert code == 0 and "no campaigns yet; start one with `quarry lab start campaign.toml`" in empty, empty
     path = tmp_path / "campaign.toml"
     path.write_text(CAMPAIGN_FILE)
     code, output = await lab(served, "start", str(path), "--max-cycles", "7", "--json")

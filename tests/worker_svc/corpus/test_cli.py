@@ -91,3 +91,10 @@ def test_cli_search_shows_a_tables_rows_one_per_line(tmp_path: Path, capsys: pyt
     assert main(["corpus", "search", "ferry", *index]) == 0
     shown = capsys.readouterr().out.splitlines()
     assert "   | vessel | fee |" in shown and "   | ferry | 90 |" in shown, shown
+
+
+def test_cli_says_what_to_do_with_an_empty_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty").mkdir()
+    assert main(["corpus", "index", str(tmp_path / "empty"), "--index", str(tmp_path / "corpus.db")]) == 0
+    said = capsys.readouterr().out
+    assert "0 added" in said and "holds no Markdown (.md), HTML (.html), text (.txt) or PDF (.pdf) file" in said
