@@ -166,7 +166,7 @@ def _bounded(lines: Sequence[str], cap: int, noun: str, total: int = 0) -> str:
     `total`: how many lines there were before the caller kept only `lines`, the newest of them.
     """
     total = max(total, len(lines))
-    clipped = [_clip(line, LINE_CAP) for line in lines]
+    clipped = [clip_line(line, LINE_CAP) for line in lines]
     whole = "\n".join(clipped)
     if total == len(lines) and len(whole) <= cap:
         return whole
@@ -178,16 +178,16 @@ def _bounded(lines: Sequence[str], cap: int, noun: str, total: int = 0) -> str:
         kept.append(line)
         used += 1 + len(line)
     if not kept and clipped and cap - used - 1 > 0:
-        kept.append(_clip(clipped[-1], cap - used - 1))
+        kept.append(clip_line(clipped[-1], cap - used - 1))
     marker = _marker(total - len(kept), noun)
-    return _clip(marker, cap) if len(marker) > cap else "\n".join([marker, *reversed(kept)])
+    return clip_line(marker, cap) if len(marker) > cap else "\n".join([marker, *reversed(kept)])
 
 
 def _marker(count: int, noun: str) -> str:
     return f"[{count} older {noun} left out]"
 
 
-def _clip(text: str, limit: int) -> str:
+def clip_line(text: str, limit: int) -> str:
     """`text` on one line, cut to `limit` characters with an ellipsis."""
     line = " ".join(text.split())
     if len(line) <= limit:

@@ -26,6 +26,7 @@ from quarry.records.campaign import CampaignRecord, CampaignReport, DeadEnd, Ins
 from quarry.records.signals import Signals, read_signals
 from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import MetricDirection
+from supervisor_svc.campaigns.memory import clip_line
 from supervisor_svc.campaigns.service import Campaigns
 from supervisor_svc.campaigns.spec import CampaignSpec
 from supervisor_svc.campaigns.state import CampaignRecord as StoredCampaign
@@ -309,7 +310,7 @@ def render(facts: ReportFacts, prose: str, problems: Sequence[str]) -> str:
         lines.append(f"| c{trial.cycle} | {trial.verdict.value} | {shown} | {_cell(trial.hypothesis)} |")
     if facts.dead_ends:
         lines += ["", "## Dead ends", ""]
-        lines += [f"- c{d.cycle}: {_inline(_short(d.approach))}: {_inline(_short(d.reason))}" for d in facts.dead_ends]
+        lines += [f"- c{d.cycle}: {_short(d.approach)}: {_short(d.reason)}" for d in facts.dead_ends]
     return "\n".join(lines) + "\n"
 
 
@@ -344,8 +345,7 @@ def _canonical(number: str) -> str:
 
 
 def _short(text: str) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= _TEXT_CHARS else flat[: _TEXT_CHARS - 1] + "…"
+    return clip_line(text, _TEXT_CHARS)
 
 
 def _inline(text: str) -> str:
