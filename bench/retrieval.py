@@ -1,328 +1,307 @@
-"""Corpus retrieval benchmark: indexing time, query latency, recall, and what snippets cost.
+"""Corpus retrieval on a real manual with a real embedding model: recall, the fusion's constants, latency, indexing.
 
-    python3 bench/retrieval.py [--pages 600] [--questions 100] [--dimensions 384] [--batch 64] [--rounds 5]
+    python3 bench/retrieval.py [--corpus /usr/share/doc/postgresql-doc-15/html]
+        [--questions bench/questions/postgresql-15.toml] [--rounds 5]
 
-Writes `pages` synthetic manual pages (Markdown, about 7 KB each): each is about one
-subject and one aspect of it ("Replica latency"), with cross-references to other
-pages and the sentences every page of a manual shares. Each question names one page's
-subject and aspect: directly, in the pages' own words; reworded, with one of the two
-words replaced by another (standby for replica, delay for latency) that only the
-embeddings know to be the same; and with both replaced. The scripted model server
-(tests/fakes) answers /v1/embeddings with hashed bags of words in which those synonyms
-count as the words they stand for: the embeddings are an oracle for this rewording.
-  - Indexing: the pages into a fresh BM25-only index and a fresh hybrid one (vectors from
-    the scripted server over loopback HTTP, `batch` passages a request), per 1,000 pages.
-  - Queries: each question through `Corpus.retrieve` (5 hits) in both modes: latency
-    p50/p99, and recall (the page asked about is first: R@1, in the five: R@5); and
-    the vector ranking alone, for reference. Recall is deterministic; it is still
-    reported per round, as a check that every round searched alike.
-  - Snippets: the same BM25 queries as the search ran them before (every word of the
-    question, FTS5 `snippet()` in the ranking query) and as it runs them now (common
-    words left out, ranking, then snippets from the 5 hits' text only), each also as
-    the ranking alone.
-Each of `rounds` rounds (bench/rounds.py) builds both indexes, then runs every search
-and every snippet query over that round's indexes, in an order that rotates between
-rounds; ratios (hybrid / BM25, before / now) are taken within a round.
-The embeddings cost what the scripted server costs (hashing words), not what a model
-costs: the hybrid figures are Quarry's share plus one loopback HTTP request per query.
-Prints figures only.
+The corpus is the PostgreSQL 15 manual as Debian's postgresql-doc-15 package ships it (1,173 HTML
+pages; `apt-get install postgresql-doc-15`). The questions file names, for each question, the page or
+pages that answer it: "reworded" questions avoid the pages' own words, "own words" questions use them,
+and within each kind they alternate between a development set and a held-out set. The embeddings come
+from bench/embeddings_server.py, a real small model (WordLlama, 256 dimensions) whose weights ship in
+its PyPI package, behind /v1/embeddings on a loopback port, started as a process here.
+
+Each round (bench/rounds.py; the order of the contenders rotates):
+  - indexes the corpus afresh, BM25 only and with embeddings: seconds, and size on disk;
+  - the model alone: every passage the hybrid index embedded, sent straight to the server in the same
+    batches and with the same concurrency, without Quarry. "embedding's share of indexing / model
+    alone" is (hybrid indexing - BM25 indexing) / that time: what Quarry's embedding costs beside the
+    model's own time (1.0 would be none);
+  - asks every question through the three searches (BM25 alone, the embeddings alone, hybrid with the
+    fusion the worker's settings default to): latency p50 and p95.
+Recall is deterministic and computed once: R@1, R@5 and MRR (over the first 10; a hit is any of the
+question's pages) per search and question set. Then the fusion sweep: weighted reciprocal rank fusion
+over the constant k and the embeddings' weight beside BM25's (1), ranked on the development set by
+R@5 + MRR; the best is shown on the held-out set beside the default.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import random
-import sqlite3
+import os
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
-from contextlib import ExitStack, closing
+import tomllib
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 from harness import arguments, percentile
 from rounds import MIN_ROUNDS, Rounds
 
-from tests.fakes.openai_server import ScriptedModel
+from quarry.config import WorkerSettings
 from worker_svc.corpus import Corpus, Embedder, EmbeddingSettings
+from worker_svc.corpus.fusion import Fusion
 from worker_svc.corpus.search import match_expression
+from worker_svc.corpus.text import PassageSize, passages
 
-# (the word the pages use, the word a reader may use instead)
-SUBJECTS = [
-    ("vacuum", "garbage"),
-    ("checkpoint", "flushpoint"),
-    ("replica", "standby"),
-    ("tablespace", "volume"),
-    ("trigger", "hook"),
-    ("sequence", "counter"),
-    ("cursor", "iterator"),
-    ("schema", "namespace"),
-    ("role", "account"),
-    ("extension", "plugin"),
-    ("partition", "shard"),
-    ("tuple", "record"),
-    ("lock", "mutex"),
-    ("transaction", "txn"),
-    ("planner", "optimizer"),
-    ("collation", "ordering"),
-    ("publication", "feed"),
-    ("subscription", "follower"),
-    ("aggregate", "rollup"),
-    ("view", "projection"),
-    ("autovacuum", "janitor"),
-    ("wal", "journal"),
-    ("buffer", "cache"),
-    ("index", "lookup"),
-    ("archive", "backup"),
-    ("listener", "socket"),
-    ("statistics", "metrics"),
-    ("tokenizer", "lexer"),
-    ("operator", "symbol"),
-    ("domain", "subtype"),
-]
-ASPECTS = [
-    ("size", "footprint"),
-    ("timeout", "deadline"),
-    ("memory", "ram"),
-    ("limit", "ceiling"),
-    ("priority", "precedence"),
-    ("owner", "holder"),
-    ("permission", "grant"),
-    ("encoding", "charset"),
-    ("latency", "delay"),
-    ("throughput", "rate"),
-    ("visibility", "exposure"),
-    ("naming", "label"),
-    ("logging", "tracing"),
-    ("compression", "packing"),
-    ("encryption", "cipher"),
-    ("retention", "keeping"),
-    ("startup", "boot"),
-    ("shutdown", "teardown"),
-    ("monitoring", "observation"),
-    ("recovery", "restore"),
-]
-SYNONYMS = {reader: page for page, reader in SUBJECTS + ASPECTS}
-# What every page of a manual says in some form: the words all pages share.
-COMMON = [
-    "Changes take effect after the configuration file is reloaded by the server process.",
-    "Only a superuser can change this setting, unless the administrator grants it explicitly.",
-    "The default is chosen to suit a small installation and should be raised on larger systems.",
-    "See the release notes for behaviour that changed between major versions of the server.",
-    "The value is read once at server start and cannot be changed in a running session.",
-    "A warning is written to the server log when the configured value cannot be honoured.",
-    "Setting the value too low can make the server slower, too high can exhaust the machine.",
-    "The setting can also be given on the command line when the server is started.",
-    "Existing sessions keep the old value until they reconnect to the server.",
-    "The system views show the value currently in effect for every session.",
-]
-FOCUS = [
-    "The {a} of a {s} is configured per database, and each {s} may override it.",
-    "When the {s} {a} grows beyond what was planned, the server reports it in the log.",
-    "Administrators tune {s} {a} first when the workload changes.",
-    "A {s} keeps its {a} until it is altered or dropped.",
-    "The {a} applies to every {s} created afterwards, not to existing ones.",
-    "Monitoring the {a} of each {s} early avoids surprises later.",
-]
-MENTIONS = [
-    "This differs from the {a} of a {s}, described in its own section.",
-    "The {s} also has a {a}, which is independent of this one.",
-]
-DIRECT = ["How is the {a} of a {s} configured?", "What controls {s} {a}?", "Where do I set the {a} for a {s}?"]
-PATH = "SELECT path FROM documents WHERE rowid = ?"
+BENCH = Path(__file__).resolve().parent
+CORPUS = Path("/usr/share/doc/postgresql-doc-15/html")
+QUESTIONS = BENCH / "questions" / "postgresql-15.toml"
+DEPTH = 100  # of each ranking, as the search fuses them
+TOP = 10  # MRR counts a hit this deep at most
+KS = (2, 5, 10, 20, 30, 60, 100)
+SEMANTIC_WEIGHTS = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 
 
 @dataclass(frozen=True)
 class Question:
     text: str
-    page: str  # corpus:// URL of the page that answers it
+    pages: frozenset[str]  # file names in the corpus folder
+    kind: str  # "reworded" or "own words"
+    held_out: bool
 
 
-def write_pages(folder: Path, count: int, rng: random.Random) -> list[tuple[int, int]]:
-    """`count` pages, each on its own (subject, aspect); returns those pairs by page number."""
-    pairs = [(s, a) for s in range(len(SUBJECTS)) for a in range(len(ASPECTS))]
-    rng.shuffle(pairs)
-    if count > len(pairs):
-        raise SystemExit(f"at most {len(pairs)} pages")
-    folder.mkdir(parents=True)
-    for number, (s, a) in enumerate(pairs[:count]):
-        subject, aspect = SUBJECTS[s][0], ASPECTS[a][0]
-        sentences: list[str] = []
-        while sum(len(sentence) + 1 for sentence in sentences) < 7000:
-            roll = rng.random()
-            if roll < 0.3:
-                sentences.append(rng.choice(FOCUS).format(s=subject, a=aspect))
-            elif roll < 0.4:
-                other_s, other_a = rng.choice(pairs)
-                sentences.append(rng.choice(MENTIONS).format(s=SUBJECTS[other_s][0], a=ASPECTS[other_a][0]))
-            else:
-                sentences.append(rng.choice(COMMON))
-        paragraphs = [" ".join(sentences[start : start + 6]) for start in range(0, len(sentences), 6)]
-        body = "\n\n".join(paragraphs)
-        (folder / f"page-{number:04d}.md").write_text(f"# {subject.title()} {aspect}\n\n{body}\n")
-    return pairs[:count]
+@dataclass(frozen=True)
+class Rankings:
+    """One question's two rankings, page file names best first, as deep as the search fuses them."""
+
+    lexical: list[str]
+    semantic: list[str]
 
 
-def questions_for(pairs: list[tuple[int, int]], count: int, rng: random.Random) -> dict[str, list[Question]]:
-    """For `count` pages drawn at random, a question in each of three phrasings."""
-    sets: dict[str, list[Question]] = {"direct": [], "reworded, one word": [], "reworded, both words": []}
-    for number in rng.sample(range(len(pairs)), min(count, len(pairs))):
-        (subject, subject_other), (aspect, aspect_other) = SUBJECTS[pairs[number][0]], ASPECTS[pairs[number][1]]
-        url = f"corpus://pages/page-{number:04d}.md"
-        template = rng.choice(DIRECT)
-        one = (subject_other, aspect) if number % 2 else (subject, aspect_other)
-        sets["direct"].append(Question(template.format(s=subject, a=aspect), url))
-        sets["reworded, one word"].append(Question(template.format(s=one[0], a=one[1]), url))
-        sets["reworded, both words"].append(Question(template.format(s=subject_other, a=aspect_other), url))
+def load_questions(path: Path, corpus: Path) -> list[Question]:
+    entries = tomllib.loads(path.read_text())["question"]
+    seen: dict[str, int] = {}
+    questions = []
+    for entry in entries:
+        missing = [page for page in entry["pages"] if not (corpus / page).is_file()]
+        if missing:
+            raise SystemExit(f"{path}: {entry['text']!r} names pages the corpus lacks: {missing}")
+        order = seen[entry["kind"]] = seen.get(entry["kind"], -1) + 1
+        questions.append(Question(entry["text"], frozenset(entry["pages"]), entry["kind"], order % 2 == 1))
+    return questions
+
+
+def question_sets(questions: list[Question]) -> dict[str, list[Question]]:
+    sets: dict[str, list[Question]] = {}
+    for question in questions:
+        sets.setdefault(question.kind, []).append(question)
+        sets.setdefault(f"{question.kind}, {'held-out' if question.held_out else 'development'}", []).append(question)
     return sets
 
 
-def timed(run: Callable[[str], list[str]], questions: list[Question]) -> tuple[list[float], float, float]:
-    """Latencies (ms) of each question, and R@1 and R@5."""
-    latencies, first, five = [], 0, 0
+def recall(found: list[list[str]], questions: list[Question]) -> tuple[float, float, float]:
+    """R@1, R@5 and MRR of the rankings found for the questions."""
+    at_1 = at_5 = reciprocal = 0.0
+    for ranking, question in zip(found, questions, strict=True):
+        rank = next((at for at, page in enumerate(ranking[:TOP], 1) if page in question.pages), None)
+        at_1 += rank == 1
+        at_5 += rank is not None and rank <= 5
+        reciprocal += 1 / rank if rank else 0.0
+    return at_1 / len(questions), at_5 / len(questions), reciprocal / len(questions)
+
+
+@contextmanager
+def embeddings_server() -> Iterator[str]:
+    """bench/embeddings_server.py as a process; its base URL."""
+    process = subprocess.Popen([sys.executable, str(BENCH / "embeddings_server.py")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not line.startswith("listening on "):
+            raise SystemExit(f"the embeddings server did not start: {line!r}")
+        yield line.removeprefix("listening on ").strip()
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def page(connection_path: str) -> str:
+    return Path(connection_path).name
+
+
+def rankings(corpus: Corpus, embedder: Embedder, question: Question) -> Rankings:
+    """The question's BM25 and vector rankings, as deep as the search fuses them (the corpus's internals)."""
+    with corpus._connect() as connection:
+        names = dict(connection.execute("SELECT rowid, path FROM documents"))
+        lexical = [
+            page(names[doc])
+            for (doc,) in connection.execute(
+                "SELECT rowid FROM documents WHERE documents MATCH ? ORDER BY rank LIMIT ?",
+                (match_expression(question.text), DEPTH),
+            )
+        ]
+        semantic = [page(names[doc]) for doc in corpus._vectors.nearest(connection, embedder, question.text, DEPTH)]
+    return Rankings(lexical, semantic)
+
+
+def passage_texts(corpus: Corpus, settings: EmbeddingSettings) -> list[str]:
+    """Every passage the index's documents are embedded as."""
+    size = PassageSize(settings.passage_tokens, settings.passage_overlap_tokens)
+    with corpus._connect() as connection:
+        return [
+            piece
+            for title, text in connection.execute("SELECT title, text FROM documents")
+            for _, piece in passages(title, text, size)
+        ]
+
+
+def model_alone(base_url: str, texts: list[str], settings: EmbeddingSettings) -> float:
+    """Seconds the server takes to embed the texts, in the indexing's batches and concurrency."""
+    batches = [texts[at : at + settings.batch_size] for at in range(0, len(texts), settings.batch_size)]
+    with httpx.Client(base_url=base_url, timeout=120) as client, ThreadPoolExecutor(settings.concurrency) as pool:
+
+        def embed(batch: list[str]) -> None:
+            response = client.post("/embeddings", json={"model": "m", "input": batch, "encoding_format": "float"})
+            response.raise_for_status()
+
+        started = time.perf_counter()
+        list(pool.map(embed, batches))
+        return time.perf_counter() - started
+
+
+def latencies(run: Callable[[str], object], questions: list[Question]) -> list[float]:
+    times = []
     for question in questions:
         started = time.perf_counter()
-        found = run(question.text)
-        latencies.append((time.perf_counter() - started) * 1000)
-        first += found[:1] == [question.page]
-        five += question.page in found[:5]
-    return latencies, first / len(questions), five / len(questions)
+        run(question.text)
+        times.append((time.perf_counter() - started) * 1000)
+    return times
 
 
-def search(corpus: Corpus) -> Callable[[str], list[str]]:
-    return lambda text: [hit.result.url for hit in corpus.retrieve(text, 5).hits]
+def size_mib(path: Path) -> float:
+    return sum(file.stat().st_size for file in path.parent.glob(path.name + "*")) / 2**20
 
 
-def vectors_alone(corpus: Corpus, embedder: Embedder) -> Callable[[str], list[str]]:
-    """The vector ranking before fusion (the corpus's own internals): what the embeddings find by themselves."""
+def sweep(found: list[Rankings], questions: list[Question], default: Fusion) -> None:
+    """Weighted RRF over KS x SEMANTIC_WEIGHTS, best on the development questions first; the held-out figures beside."""
+    development = [index for index, question in enumerate(questions) if not question.held_out]
+    held_out = [index for index, question in enumerate(questions) if question.held_out]
 
-    def run(text: str) -> list[str]:
-        with corpus._connect() as connection:
-            docs = list(corpus._vectors.nearest(connection, embedder, text, 5))
-            return [f"corpus://{connection.execute(PATH, (doc,)).fetchone()[0]}" for doc in docs]
+    def scores(fusion: Fusion, indexes: list[int]) -> tuple[float, float, float]:
+        fused = [fusion.fuse(found[index].lexical, found[index].semantic) for index in indexes]
+        return recall(fused, [questions[index] for index in indexes])
 
-    return run
-
-
-def every_word(query: str) -> str:
-    """The FTS5 expression the search used before: every word, common ones too."""
-    return " OR ".join('"{}"'.format(word.replace('"', '""')) for word in query.split())
-
-
-def fts5_query(
-    connection: sqlite3.Connection, sql: str, expression: Callable[[str], str]
-) -> Callable[[str], list[str]]:
-    """One BM25 query as raw SQL on the index, on one connection (the search opens one per query)."""
-
-    def run(text: str) -> list[str]:
-        return [f"corpus://{row[0]}" for row in connection.execute(sql, (expression(text), 5))]
-
-    return run
+    candidates = [Fusion(k, 1.0, weight, DEPTH) for k in KS for weight in SEMANTIC_WEIGHTS]
+    ranked = sorted(candidates, key=lambda fusion: sum(scores(fusion, development)[1:]), reverse=True)
+    print(f"\nFusion sweep: weighted RRF, BM25's weight 1; {len(development)} development, {len(held_out)} held-out")
+    columns = ("dev R@1", "dev R@5", "dev MRR", "held R@1", "held R@5", "held MRR")
+    print(f"{'k':>4} {'embeddings':>10}  " + " ".join(f"{column:>8}" for column in columns))
+    for fusion in [*ranked[:8], default]:
+        dev, held = scores(fusion, development), scores(fusion, held_out)
+        label = "  (default)" if fusion == default else ""
+        figures = " ".join(f"{value:>8.2f}" for value in (*dev, *held))
+        print(f"{fusion.k:>4} {fusion.semantic_weight:>10.2f}  {figures}{label}")
 
 
-SEARCHES = ("BM25 only", "hybrid (RRF)", "vectors alone (reference)")
-SNIPPETS = (
-    "before: snippet() in the ranking query",
-    "before: ranking alone",
-    "now: ranking, then snippets (Corpus.retrieve)",
-    "now: ranking alone",
-)
-SELECT_SNIPPETS = "SELECT path, title, snippet(documents, 2, '', '', ' … ', 24) FROM documents"
-SELECT_RANKED = "SELECT path FROM documents"
-RANKING = " WHERE documents MATCH ? ORDER BY bm25(documents) LIMIT ?"
-
-
-async def index_both(
-    rounds: Rounds, index: int, pages: Path, workdir: Path, server: ScriptedModel, embedder: Embedder
-) -> tuple[Corpus, Corpus]:
-    """This round's fresh indexes, BM25 only and hybrid, built in turn; their time per 1,000 pages recorded."""
-    corpora = {
-        "BM25 only": Corpus(workdir / f"bm25-{index}.db"),
-        "hybrid": Corpus(workdir / f"hybrid-{index}.db", embedder),
-    }
-    for label in rounds.order(list(corpora), index):
-        server.embedding_requests.clear()
+def index_round(
+    rounds: Rounds, index: int, folder: Path, workdir: Path, base_url: str, texts: list[str], hybrid: Corpus
+) -> Corpus:
+    """This round's fresh indexes, BM25 only and hybrid, and the model alone, in rotating order; the BM25 index."""
+    plain = Corpus(workdir / f"bm25-{index}.db")
+    timings: dict[str, float] = {}
+    for label in rounds.order(["BM25 only", "hybrid", "model alone"], index):
         started = time.perf_counter()
-        report = await asyncio.to_thread(corpora[label].index_folder, pages)
-        elapsed = time.perf_counter() - started
-        rounds.record(f"indexing, {label}", elapsed * 1000 / len(report.added), "s per 1,000 pages")
+        if label == "model alone":
+            assert hybrid.embedder is not None
+            timings[label] = model_alone(base_url, texts, hybrid.embedder.settings)
+            rounds.record("model alone", timings[label], "s")
+            continue
+        corpus = plain if label == "BM25 only" else hybrid
+        report = corpus.index_folder(folder)
+        timings[label] = time.perf_counter() - started
+        rounds.record(f"indexing, {label}", timings[label], "s")
+        rounds.record(f"index size, {label}", size_mib(corpus.index_path), "MiB")
         if report.embedded:
-            rounds.record("passages embedded", sum(len(request["input"]) for request in server.embedding_requests))
-            rounds.record("embedding requests", len(server.embedding_requests))
-    return corpora["BM25 only"], corpora["hybrid"]
+            rounds.record("pages indexed", len(report.added))
+            rounds.record("share of the text embedded", report.embedded_share)
+    rounds.record(
+        "embedding's share of indexing / model alone",
+        (timings["hybrid"] - timings["BM25 only"]) / timings["model alone"],
+        "x",
+    )
+    return plain
 
 
-async def search_round(
-    rounds: Rounds, index: int, searches: dict[str, Callable[[str], list[str]]], questions: dict[str, list[Question]]
+def search_round(
+    rounds: Rounds, index: int, searches: dict[str, Callable[[str], object]], asked: list[Question]
 ) -> None:
     for label in rounds.order(list(searches), index):
-        for kind, asked in questions.items():
-            times, at_1, at_5 = await asyncio.to_thread(timed, searches[label], asked)
-            rounds.record(f"{label} [{kind}] p50", percentile(times, 0.5), "ms")
-            rounds.record(f"{label} [{kind}] p99", percentile(times, 0.99), "ms")
-            rounds.record(f"{label} [{kind}] R@1", at_1)
-            rounds.record(f"{label} [{kind}] R@5", at_5)
+        times = latencies(searches[label], asked)
+        rounds.record(f"{label} p50", percentile(times, 0.5), "ms")
+        rounds.record(f"{label} p95", percentile(times, 0.95), "ms")
 
 
-async def snippet_round(rounds: Rounds, index: int, plain: Corpus, database: Path, everything: list[Question]) -> None:
-    with ExitStack() as stack:
-
-        def query(sql: str, expression: Callable[[str], str]) -> Callable[[str], list[str]]:
-            connection = stack.enter_context(closing(sqlite3.connect(database, check_same_thread=False)))
-            return fts5_query(connection, sql, expression)
-
-        queries = dict(
-            zip(
-                SNIPPETS,
-                (
-                    query(SELECT_SNIPPETS + RANKING, every_word),
-                    query(SELECT_RANKED + RANKING, every_word),
-                    search(plain),
-                    query(SELECT_RANKED + RANKING, match_expression),
-                ),
-                strict=True,
-            )
-        )
-        for label in rounds.order(list(queries), index):
-            times, _, _ = await asyncio.to_thread(timed, queries[label], everything)
-            rounds.record(f"snippets, {label} p50", percentile(times, 0.5), "ms")
-            rounds.record(f"snippets, {label} p99", percentile(times, 0.99), "ms")
+def record_recall(rounds: Rounds, found: list[Rankings], questions: list[Question], fusion: Fusion) -> None:
+    """R@1, R@5 and MRR of each search on each question set (deterministic: the same in every round)."""
+    for name, asked in question_sets(questions).items():
+        picked = [found[questions.index(question)] for question in asked]
+        searches = {
+            "BM25 only": [ranks.lexical for ranks in picked],
+            "embeddings alone": [ranks.semantic for ranks in picked],
+            "hybrid": [fusion.fuse(ranks.lexical, ranks.semantic) for ranks in picked],
+        }
+        for label, ranked in searches.items():
+            for figure, value in zip(("R@1", "R@5", "MRR"), recall(ranked, asked), strict=True):
+                rounds.values[f"{label} [{name}] {figure}"] = [value] * rounds.count
 
 
-async def main_async(args: argparse.Namespace) -> None:
-    rng = random.Random(17)
+def run(args: argparse.Namespace) -> None:
+    folder = Path(args.corpus)
+    if not folder.is_dir():
+        raise SystemExit(f"{folder} is missing: apt-get install postgresql-doc-15 (or give --corpus)")
+    questions = load_questions(Path(args.questions), folder)
+    default = Fusion.of(WorkerSettings())
     rounds = Rounds("retrieval", args.rounds)
-    with tempfile.TemporaryDirectory() as workdir_name:
+    found: list[Rankings] = []
+    with tempfile.TemporaryDirectory() as workdir_name, embeddings_server() as base_url:
         workdir = Path(workdir_name)
-        pairs = write_pages(workdir / "pages", args.pages, rng)
-        questions = questions_for(pairs, args.questions, rng)
-        everything = [question for asked in questions.values() for question in asked]
-        async with ScriptedModel(synonyms=SYNONYMS, embedding_dimensions=args.dimensions) as server:
-            embedder = Embedder(EmbeddingSettings(server.base_url, "bench-embedder", batch_size=args.batch))
+        settings = EmbeddingSettings(base_url, "wordllama-l2-supercat-256")
+        embedder = Embedder(settings)
+        first = Corpus(workdir / "passages.db")
+        first.index_folder(folder)
+        texts = passage_texts(first, settings)
+        try:
             for index in rounds:
-                plain, hybrid = await index_both(rounds, index, workdir / "pages", workdir, server, embedder)
-                await asyncio.to_thread(search(hybrid), "warm up")  # reads the vectors into memory
-                searches = dict(
-                    zip(SEARCHES, (search(plain), search(hybrid), vectors_alone(hybrid, embedder)), strict=True)
-                )
-                await search_round(rounds, index, searches, questions)
-                await snippet_round(rounds, index, plain, workdir / f"bm25-{index}.db", everything)
+                hybrid = Corpus(workdir / f"hybrid-{index}.db", embedder, default)
+                plain = index_round(rounds, index, folder, workdir, base_url, texts, hybrid)
+                hybrid.retrieve("warm up", 5)  # reads the vectors into memory
+
+                def alone(text: str, corpus: Corpus = hybrid) -> object:
+                    with corpus._connect() as connection:
+                        return corpus._vectors.nearest(connection, embedder, text, 5)
+
+                searches: dict[str, Callable[[str], object]] = {
+                    "BM25 only": lambda text, corpus=plain: corpus.retrieve(text, 5),
+                    "embeddings alone": alone,
+                    "hybrid": lambda text, corpus=hybrid: corpus.retrieve(text, 5),
+                }
+                search_round(rounds, index, searches, questions)
+                found = found or [rankings(hybrid, embedder, question) for question in questions]
+                for database in [*workdir.glob("bm25-*"), *workdir.glob("hybrid-*")]:
+                    database.unlink()
+            stats = httpx.get(base_url.removesuffix("/v1") + "/stats").json()
+        finally:
             embedder.close()
+    record_recall(rounds, found, questions, default)
     rounds.ratio("indexing, hybrid / BM25 only", "indexing, hybrid", "indexing, BM25 only")
-    for kind in questions:
-        rounds.ratio(f"hybrid / BM25 only [{kind}] p50", f"hybrid (RRF) [{kind}] p50", f"BM25 only [{kind}] p50")
-    rounds.ratio("snippets, before / now p50", f"snippets, {SNIPPETS[0]} p50", f"snippets, {SNIPPETS[2]} p50")
-    rounds.ratio("ranking alone, before / now p50", f"snippets, {SNIPPETS[1]} p50", f"snippets, {SNIPPETS[3]} p50")
+    rounds.ratio("hybrid / BM25 only p50", "hybrid p50", "BM25 only p50")
+    sets = ", ".join(f"{len(asked)} {name}" for name, asked in question_sets(questions).items())
     print(
-        f"{args.pages} pages; {len(everything)} questions ({args.questions} pages asked about, in three phrasings), "
-        "5 hits each; the snippet queries over all of them, BM25 only"
+        f"{folder}; {len(questions)} questions ({sets}); {len(texts):,} passages; fusion {default}; "
+        f"tokens the model's window cut: {stats['cut']:,} of {stats['tokens']:,}; {os.cpu_count()} CPUs"
     )
     rounds.report()
+    sweep(found, questions, default)
 
 
 def main() -> None:
-    asyncio.run(main_async(arguments(__doc__, pages=600, questions=100, dimensions=384, batch=64, rounds=MIN_ROUNDS)))
+    run(arguments(__doc__, corpus=str(CORPUS), questions=str(QUESTIONS), rounds=MIN_ROUNDS))
 
 
 if __name__ == "__main__":

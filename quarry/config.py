@@ -346,14 +346,15 @@ class WorkerSettings(ModelTier):
     """How many tokens each passage shares with the one before, so a sentence cut between two is whole in one."""
     embedding_rerank_web: bool = True
     """With embeddings configured, web and literature results are reranked by similarity to the query too."""
-    corpus_fusion_k: int = Field(default=60, ge=1, le=10_000)
+    corpus_fusion_k: int = Field(default=30, ge=1, le=10_000)
     """The corpus's hybrid search fuses BM25's and the vectors' rankings by weighted reciprocal rank: each
     document scores weight / (k + rank) in each ranking. A larger k flattens the top ranks' advantage."""
     corpus_fusion_lexical_weight: float = Field(default=1.0, ge=0.0, le=100.0)
     """BM25's ranking's weight in the fusion."""
-    corpus_fusion_semantic_weight: float = Field(default=1.0, ge=0.0, le=100.0)
+    corpus_fusion_semantic_weight: float = Field(default=3.0, ge=0.0, le=100.0)
     """The vectors' ranking's weight in the fusion: above BM25's, a document the vectors rank first outranks
-    one both rank middling."""
+    one both rank middling. The defaults (30, 1 and 3) were chosen on a benchmark of a real manual and a real
+    embedding model; a weak embedding model may do better with less."""
     corpus_fusion_depth: int = Field(default=100, ge=1, le=10_000)
     """How many documents each ranking contributes before fusion."""
     fetch_allow: str = ""

@@ -16,6 +16,8 @@ class Capability(enum.StrEnum):
     READ_SCRATCHPAD = "read_scratchpad"
     # Looking papers up in the literature catalogues (arXiv, Semantic Scholar), whatever the search backend.
     LITERATURE = "literature"
+    # The literature skills: new arXiv papers, citation snowballing, venue search (worker_svc/web/papers.py).
+    PAPERS = "papers"
     # Searching without reading: a scout lists what it found, for others to read.
     SEARCH = "search"
     # The monitor's GPU and job status.

@@ -39,7 +39,7 @@ from quarry.recording import Recordings, recording
 from quarry.records.research import CitationAudit, ClaimVerdict, InputRefs, ResearchRecord
 from quarry.telemetry import meter, tracer
 from quarry.vocabulary import DelegationErrorCode, DelegationResult, Source, Tier
-from worker_svc.capabilities import MONITOR_CAPABILITIES
+from worker_svc.capabilities import MONITOR_CAPABILITIES, Capability
 from worker_svc.delegations import DelegationRequest, Event, Progress
 from worker_svc.outputs import OutputGate, describe
 from worker_svc.roles import ROLES
@@ -221,7 +221,9 @@ class DelegationRunner:
                 max_tokens=request.max_tokens,
                 context_tokens=self._context_tokens,
             )
-            available = MONITOR_CAPABILITIES if self._compute else frozenset()
+            available = (MONITOR_CAPABILITIES if self._compute else frozenset()) | (
+                {Capability.PAPERS} if context.papers is not None else frozenset()
+            )
             tools = tools_for(spec.capabilities_given(available), spec.output)
             run = AgentRun(
                 model,

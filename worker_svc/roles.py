@@ -80,7 +80,7 @@ ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
                 "for one. Finish with a short summary of what you promoted."
             ),
             capabilities=(Capability.WEB_SEARCH, Capability.SCRATCHPAD),
-            optional_capabilities=(Capability.COMPUTE,),
+            optional_capabilities=(Capability.COMPUTE, Capability.PAPERS),
         ),
         Role.VERIFIER: RoleSpec(
             instructions=(
@@ -130,6 +130,7 @@ ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
                 "by calling submit_candidate_sources."
             ),
             capabilities=(Capability.SEARCH, Capability.LITERATURE, Capability.READ_SCRATCHPAD),
+            optional_capabilities=(Capability.PAPERS,),
             output=CandidateSources,
         ),
         Role.EXTRACTOR: RoleSpec(

@@ -36,6 +36,7 @@ from worker_svc.store import DelegationStore
 from worker_svc.tools import DelegationContext
 from worker_svc.web.fetch import AddressPolicy, guarded_client
 from worker_svc.web.pages import PageReader
+from worker_svc.web.papers import LiteratureSkills
 from worker_svc.web.search import SearchBackend, http_backend, literature_catalogues
 from worker_svc.worker import Worker, WorkerLimits
 from worker_svc.workspace_tools import WorkspaceSession
@@ -99,6 +100,7 @@ async def build_host(
     )
     search: SearchBackend = http_backend(settings, search_http) or corpus
     literature = literature_catalogues(settings, search_http)
+    papers = LiteratureSkills.of(settings, search_http)
     if embedder is not None and search is not corpus and settings.embedding_rerank_web:
         search = RerankedSearch(search, embedder)
 
@@ -116,6 +118,7 @@ async def build_host(
             search=search,
             pages=pages,
             literature=literature,
+            papers=papers,
             monitor=monitor,
             workspace=workspace,
         )

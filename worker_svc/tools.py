@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -29,6 +30,7 @@ from quarry.vocabulary import JobRef
 from worker_svc.capabilities import Capability
 from worker_svc.outputs import OUTPUT_KINDS, OutputGate, offered_schema, submit_tool_name
 from worker_svc.web.pages import Page, PageError, PageReader
+from worker_svc.web.papers import LiteratureSkills, Paper, describe
 from worker_svc.web.search import SearchBackend, SearchError, SearchResult, SearchResults
 from worker_svc.workspace_tools import WORKSPACE_TOOLS, WorkspaceSession, describe_look
 
@@ -42,6 +44,7 @@ CAPABILITIES: dict[Capability, list[str]] = {
     Capability.SCRATCHPAD: ["read_scratchpad", "append_scratchpad"],
     Capability.READ_SCRATCHPAD: ["read_scratchpad"],
     Capability.LITERATURE: ["look_up_paper"],
+    Capability.PAPERS: ["new_papers", "citation_snowball", "venue_papers"],
     Capability.SEARCH: ["perform_web_search"],
     Capability.COMPUTE: ["gpu_status", "job_status"],
     Capability.WORKSPACE: [
@@ -74,6 +77,8 @@ class DelegationContext:
     # The literature catalogues look_up_paper asks; what it and perform_web_search listed here, by URL.
     literature: Sequence[SearchBackend] = ()
     listed: dict[str, SearchResult] = field(default_factory=dict)
+    # The literature skills (the `papers` capability), when this worker reaches arXiv or Semantic Scholar.
+    papers: LiteratureSkills | None = None
     promoted: list[int] = field(default_factory=list)
     # A blind role's whole view: the entries and pages its contract names (None: the whole thread and web).
     inputs: InputRefs | None = None
@@ -210,6 +215,111 @@ LITERATURE_TOOLS: list[Tool[Any, DelegationContext]] = [
 ]
 
 
+class NewPapersParams(BaseModel):
+    categories: list[str] = Field(min_length=1, max_length=10, description="arXiv categories, such as cs.CL, cs.LG")
+    since: date = Field(description="the first day of the listing, YYYY-MM-DD")
+    until: date | None = Field(default=None, description="its last day, YYYY-MM-DD (default: today)")
+    topic: str = Field(default="", max_length=300, description="what the papers should be about: ranks them")
+    limit: int = Field(default=10, ge=1, le=30)
+
+
+class SnowballParams(BaseModel):
+    paper: str = Field(min_length=1, max_length=300, description="an arXiv id or URL, a DOI, or a Semantic Scholar id")
+    direction: Literal["references", "citations", "both"] = Field(
+        default="both", description="the papers it cites, the papers citing it, or both"
+    )
+    topic: str = Field(default="", max_length=300, description="what the papers should be about: ranks them")
+    limit: int = Field(default=10, ge=1, le=30, description="papers listed in each direction")
+
+
+class VenueParams(BaseModel):
+    venue: str = Field(min_length=1, max_length=200, description="a conference or journal, such as NeurIPS or ACL")
+    year: int = Field(ge=1900, le=2100)
+    topic: str = Field(default="", max_length=300, description="what the papers should be about: ranks them")
+    limit: int = Field(default=10, ge=1, le=30)
+
+
+def _skills(context: DelegationContext) -> LiteratureSkills:
+    if context.papers is None:
+        raise ToolError("this worker reaches neither arXiv nor Semantic Scholar")
+    return context.papers
+
+
+def _listing(context: DelegationContext, papers: list[Paper], heading: str, why: str = "") -> str:
+    """The papers for the model; each is remembered as listed, for the output gate."""
+    for paper in papers:
+        context.listed[paper.result.url] = paper.result
+    return "\n".join([heading, *(describe(paper, why) for paper in papers)])
+
+
+async def new_papers(params: NewPapersParams, context: DelegationContext) -> str:
+    until = params.until or datetime.now(UTC).date()
+    try:
+        papers = await _skills(context).new_papers(params.categories, params.since, until, params.topic, params.limit)
+    except SearchError as error:
+        raise ToolError(str(error)) from error
+    where = ", ".join(params.categories)
+    if not papers:
+        return f"arXiv lists no paper in {where} from {params.since} to {until}."
+    ranked = f", ranked against {params.topic!r}" if params.topic else ", newest first"
+    return _listing(context, papers, f"New on arXiv in {where} from {params.since} to {until}{ranked}:")
+
+
+async def citation_snowball(params: SnowballParams, context: DelegationContext) -> str:
+    skills = _skills(context)
+    directions: tuple[Literal["references", "citations"], ...] = (
+        ("references", "citations") if params.direction == "both" else (params.direction,)
+    )
+    parts = []
+    for direction in directions:
+        try:
+            papers = await skills.snowball(params.paper, direction, params.topic, params.limit)
+        except SearchError as error:
+            raise ToolError(str(error)) from error
+        heading = f"{'Cited by' if direction == 'references' else 'Citing'} {params.paper} ({len(papers)} shown):"
+        why = "cited by it" if direction == "references" else "cites it"
+        parts.append(_listing(context, papers, heading, why) if papers else f"{heading} none listed.")
+    return "\n\n".join(parts)
+
+
+async def venue_papers(params: VenueParams, context: DelegationContext) -> str:
+    try:
+        papers = await _skills(context).venue_papers(params.venue, params.year, params.topic, params.limit)
+    except SearchError as error:
+        raise ToolError(str(error)) from error
+    if not papers:
+        return f"Semantic Scholar lists no paper of {params.venue} {params.year}" + (
+            f" about {params.topic!r}." if params.topic else "."
+        )
+    order = f"ranked against {params.topic!r}" if params.topic else "most cited first"
+    return _listing(context, papers, f"{params.venue} {params.year}, {order}:")
+
+
+PAPER_TOOLS: list[Tool[Any, DelegationContext]] = [
+    Tool(
+        "new_papers",
+        "List the papers arXiv received in some categories between two days, ranked against a topic: each with "
+        "its authors, date, categories, catalogue URL, full-text URLs and abstract.",
+        NewPapersParams,
+        new_papers,
+    ),
+    Tool(
+        "citation_snowball",
+        "Follow a paper's citations (Semantic Scholar): the papers it cites and the papers citing it, ranked "
+        "against a topic or by citations.",
+        SnowballParams,
+        citation_snowball,
+    ),
+    Tool(
+        "venue_papers",
+        "List a conference's or journal's papers of one year (Semantic Scholar), ranked against a topic or by "
+        "citations.",
+        VenueParams,
+        venue_papers,
+    ),
+]
+
+
 WEB_TOOLS: list[Tool[Any, DelegationContext]] = [
     Tool(
         "perform_web_search",
@@ -320,6 +430,7 @@ READ_SCRATCHPAD: Tool[ReadParams, DelegationContext] = Tool(
 _CATALOG: list[Tool[Any, DelegationContext]] = [
     *WEB_TOOLS,
     *LITERATURE_TOOLS,
+    *PAPER_TOOLS,
     READ_SCRATCHPAD,
     *(tool for tool in SCRATCHPAD_TOOLS if tool.name != READ_SCRATCHPAD.name),
     *COMPUTE_TOOLS,

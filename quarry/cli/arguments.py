@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from datetime import date
 from pathlib import Path
 
 from quarry.api_auth import ApiRole
@@ -109,6 +110,32 @@ def build_parser() -> argparse.ArgumentParser:
     search = corpus_commands.add_parser("search", parents=[index_file], help="search the corpus as the workers do")
     search.add_argument("query")
     search.add_argument("--limit", type=_positive, default=10, help="hits to show (default 10)")
+
+    papers = commands.add_parser(
+        "papers", help="new papers, citations and venues from arXiv and Semantic Scholar, as the workers see them"
+    )
+    papers_commands = papers.add_subparsers(dest="papers_command", required=True)
+    listing = argparse.ArgumentParser(add_help=False)
+    listing.add_argument("--topic", help="what the papers should be about: ranks them by it")
+    listing.add_argument("--limit", type=_positive, default=10, help="papers to show (default 10)")
+    listing.add_argument("--json", action="store_true", help="print the papers as JSON")
+    new = papers_commands.add_parser("new", parents=[listing], help="what arXiv received in some categories lately")
+    new.add_argument("category", nargs="+", help="arXiv categories, such as cs.CL cs.LG")
+    new.add_argument("--since", type=date.fromisoformat, help="first day, YYYY-MM-DD (default: the day before --until)")
+    new.add_argument("--until", type=date.fromisoformat, help="last day, YYYY-MM-DD (default: today, UTC)")
+    snowball = papers_commands.add_parser(
+        "snowball", parents=[listing], help="a paper's references and the papers citing it (Semantic Scholar)"
+    )
+    snowball.add_argument("paper", help="an arXiv id or URL, a DOI, or a Semantic Scholar paper id")
+    snowball.add_argument(
+        "--direction",
+        choices=("references", "citations", "both"),
+        default="both",
+        help="the papers it cites, the papers citing it, or both (default)",
+    )
+    venue = papers_commands.add_parser("venue", parents=[listing], help="a venue's papers of one year")
+    venue.add_argument("venue", help="a conference or journal, such as NeurIPS or ACL")
+    venue.add_argument("year", type=int, help="the year, such as 2024")
 
     address_help = (
         "the supervisor's HOST:PORT (default: QUARRY_SUPERVISOR_ADDRESS, else where the quarry up running on the "

@@ -83,6 +83,13 @@ def _corpus(args: argparse.Namespace, common: QuarrySettings) -> int:
     return SERVICES["worker"].command("corpus")(args, index, settings, common)
 
 
+def _papers(args: argparse.Namespace, common: QuarrySettings) -> int:
+    from quarry.cli.registry import SERVICES
+    from quarry.config import WorkerSettings
+
+    return SERVICES["worker"].command("papers")(args, load_settings(WorkerSettings))
+
+
 def service_addresses(name: str, common: QuarrySettings, explicit: str | None = None) -> list[str]:
     """Where a client command finds a service: the address it was given, else the address set in the
     environment, else where the `quarry up` running on the data directory serves it, else the setting.
@@ -247,6 +254,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace, QuarrySettings], int]] = {
     "serve": _serve,
     "up": _up,
     "corpus": _corpus,
+    "papers": _papers,
     "ask": _ask,
     "runs": _runs,
     "lab": _lab,

@@ -97,7 +97,7 @@ SERVICES: dict[str, ServiceSpec] = {
         migrations=_migrations("worker_svc"),
         mesh_role=MeshRole.WORKER,
         model_tiers=("supervisor",),  # the citation auditor and the adjudicator run on workers
-        commands={"corpus": "worker_svc.corpus_command:run"},
+        commands={"corpus": "worker_svc.corpus_command:run", "papers": "worker_svc.papers_command:run"},
     ),
     "supervisor": ServiceSpec(
         name="supervisor",

@@ -557,13 +557,42 @@ async def test_a_scout_lists_only_sources_its_searches_listed(ledger: Ledger) ->
     assert result.summary == "2 candidate source(s)"
     entry = (await ledger.entries())[-1]
     assert (entry.kind, entry.author.role) == (scratchpad_pb2.ENTRY_KIND_CANDIDATES, common_pb2.ROLE_SCOUT)
-    # It searches and looks up; it reads no page and appends nothing.
+    # It searches, looks up and lists papers; it reads no page and appends nothing.
     assert offered(requests[0]) == [
         "perform_web_search",
         "look_up_paper",
         "read_scratchpad",
+        "new_papers",
+        "citation_snowball",
+        "venue_papers",
         "submit_candidate_sources",
     ]
+
+
+async def test_a_researcher_lists_new_papers_and_hears_which_catalogue_this_worker_lacks(ledger: Ledger) -> None:
+    """The literature skills, through a real delegation: arXiv (the fake) answers; Semantic Scholar is not among
+    this worker's catalogues, and the model is told so instead of the worker reaching it."""
+    listing = {"categories": ["physics.class-ph"], "since": "2019-01-01", "until": "2021-12-31", "topic": "wind"}
+    ledger.model.script(
+        Reply(
+            calls=(
+                Call("new_papers", listing, "new"),
+                Call("citation_snowball", {"paper": "1901.00001", "direction": "citations"}, "snowball"),
+                Call("new_papers", {**listing, "categories": ["not a category"]}, "bad"),
+            )
+        ),
+        Reply(content="Listed the new papers."),
+    )
+    _, result, requests = await ledger.delegate(common_pb2.ROLE_RESEARCHER, [], "What is new on towers?")
+
+    assert result.outcome == common_pb2.DELEGATION_OUTCOME_SUCCEEDED, result.error
+    assert {"new_papers", "citation_snowball", "venue_papers"} <= set(offered(requests[0]))
+    results = tool_results(requests[1])
+    assert results["new"].startswith("New on arXiv in physics.class-ph from 2019-01-01 to 2021-12-31, ranked")
+    assert "- Wind Load on Wrought-Iron Lattice Towers" in results["new"]
+    assert "full text: https://arxiv.org/html/1901.00001" in results["new"]
+    assert "does not use Semantic Scholar (QUARRY_WORKER_LITERATURE_CATALOGUES)" in results["snowball"]
+    assert "name arXiv categories such as cs.CL" in results["bad"]
 
 
 async def test_an_extractor_quotes_the_one_source_it_read(ledger: Ledger) -> None:

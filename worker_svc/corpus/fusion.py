@@ -24,6 +24,11 @@ RERANK_POOL = 20
 # How deep each of the corpus's rankings goes before fusion: a page the vectors rank well but BM25 ranks
 # outside this depth (or not at all) is still a candidate.
 FUSION_DEPTH = 100
+# The corpus's defaults, chosen by bench/retrieval.py's sweep on its development questions (a real manual,
+# a real embedding model) and checked on its held-out ones (docs/benchmarks.md): the vectors' ranking
+# weighs three times BM25's, and a smaller k than RRF's usual 60 keeps the top ranks' lead.
+CORPUS_FUSION_K = 30
+CORPUS_SEMANTIC_WEIGHT = 3.0
 
 Item = TypeVar("Item", bound=Hashable)
 
@@ -33,9 +38,9 @@ class Fusion:
     """How the corpus fuses BM25's ranking with the vectors': weighted reciprocal rank fusion over the top
     `depth` of each (settings `QUARRY_WORKER_CORPUS_FUSION_*`)."""
 
-    k: int = RRF_K
+    k: int = CORPUS_FUSION_K
     lexical_weight: float = 1.0
-    semantic_weight: float = 1.0
+    semantic_weight: float = CORPUS_SEMANTIC_WEIGHT
     depth: int = FUSION_DEPTH
 
     @classmethod

@@ -93,17 +93,30 @@ def passages(title: str, text: str, size: PassageSize = DEFAULT_PASSAGE_SIZE) ->
     return pieces or [(0, title or "(no text)")]
 
 
+def non_blank_chars(text: str) -> int:
+    """How many of the text's characters are not whitespace (counted in C: indexing counts whole corpora)."""
+    return len("".join(text.split()))
+
+
 def embedded_share(text: str, pieces: list[tuple[int, str]], title: str, size: PassageSize) -> float:
     """The share of the text's non-blank characters that some passage holds: 1.0 when all of it is embedded."""
     heading = len(title[: size.chars // 4]) + 2
-    held = bytearray(len(text))
+    spans = []
     for start, piece in pieces:
         body = piece[heading:]
         at = text.find(body, start) if body else -1
         if at != -1:
-            held[at : at + len(body)] = b"\x01" * len(body)
-    wanted = [index for index, char in enumerate(text) if not char.isspace()]
-    return sum(held[index] for index in wanted) / len(wanted) if wanted else 1.0
+            spans.append((at, at + len(body)))
+    wanted = non_blank_chars(text)
+    if not wanted:
+        return 1.0
+    held, covered = 0, 0  # non-blank characters held; where the spans so far end
+    for start, end in sorted(spans):
+        start = max(start, covered)
+        if end > start:
+            held += non_blank_chars(text[start:end])
+            covered = end
+    return held / wanted
 
 
 def _stem(word: str) -> str:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from worker_svc.corpus.embeddings import Embedder, EmbeddingError, UnusableVectors, Vectors
 from worker_svc.corpus.schema import meta, set_meta
-from worker_svc.corpus.text import PassageSize, embedded_share, passages
+from worker_svc.corpus.text import PassageSize, embedded_share, non_blank_chars, passages
 
 if TYPE_CHECKING:
     import numpy as np
@@ -186,7 +186,7 @@ def _units(connection: sqlite3.Connection, docs: list[int], batch_size: int, siz
         title, text = connection.execute("SELECT title, text FROM documents WHERE rowid = ?", (doc,)).fetchone()
         cut = passages(title, text, size)
         pieces = [(doc, start, passage) for start, passage in cut]
-        count = sum(1 for char in text if not char.isspace())
+        count = non_blank_chars(text)
         share = embedded_share(text, cut, title, size)
         if pending and len(pending) + len(pieces) > batch_size:
             yield _Unit(tuple(pending_docs), (tuple(pending),), characters, held)

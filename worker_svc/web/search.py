@@ -39,7 +39,12 @@ SEMANTIC_SCHOLAR_FIELDS = "title,authors,year,abstract,url,externalIds"
 
 
 class SearchError(Exception):
-    """The search backend failed; the message is for the model."""
+    """The search backend failed; the message is for the model. status: the service's HTTP status, if it
+    answered with one."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -79,9 +84,9 @@ async def _fetch(
     try:
         async with asyncio.timeout(seconds), client.stream(method, url, **kwargs) as response:
             if response.status_code == 429:
-                raise SearchError(_rate_limited(service, response.headers.get("retry-after")))
+                raise SearchError(_rate_limited(service, response.headers.get("retry-after")), 429)
             if response.status_code != 200:
-                raise SearchError(f"{service} answered HTTP {response.status_code}")
+                raise SearchError(f"{service} answered HTTP {response.status_code}", response.status_code)
             body = bytearray()
             async for chunk in response.aiter_bytes():
                 body += chunk
@@ -224,7 +229,8 @@ class ArxivBackend:
         return _atom_entries(body)[:limit]
 
 
-def _atom_entries(body: bytes) -> list[SearchResult]:
+def atom_entries(body: bytes) -> list[Element]:
+    """The entries of an arXiv Atom feed, parsed without a DTD."""
     try:
         # No DTD at all: an Atom feed needs none, and one could declare entities that expand without bound.
         feed = SafeXml.fromstring(body, forbid_dtd=True)
@@ -234,26 +240,28 @@ def _atom_entries(body: bytes) -> list[SearchResult]:
         raise SearchError("arXiv answered something that is not XML") from error
     if feed.tag != f"{ATOM}feed":
         raise SearchError("arXiv answered XML that is not an Atom feed")
-    results = []
-    for entry in feed.findall(f"{ATOM}entry"):
-        url = _abs_url(entry)
-        if not url:
-            continue
-        published = entry.findtext(f"{ATOM}published") or ""
-        results.append(
-            SearchResult(
-                title=_prose(entry.findtext(f"{ATOM}title") or "") or url,
-                url=url,
-                snippet=_prose(entry.findtext(f"{ATOM}summary") or "", ABSTRACT_CHARS),
-                authors=tuple(
-                    name
-                    for author in entry.findall(f"{ATOM}author")
-                    if (name := _prose(author.findtext(f"{ATOM}name") or ""))
-                ),
-                year=int(published[:4]) if published[:4].isdigit() else None,
-            )
-        )
-    return results
+    return feed.findall(f"{ATOM}entry")
+
+
+def atom_result(entry: Element) -> SearchResult | None:
+    """An arXiv feed's entry as a result; None for an entry without an address."""
+    url = _abs_url(entry)
+    if not url:
+        return None
+    published = entry.findtext(f"{ATOM}published") or ""
+    return SearchResult(
+        title=_prose(entry.findtext(f"{ATOM}title") or "") or url,
+        url=url,
+        snippet=_prose(entry.findtext(f"{ATOM}summary") or "", ABSTRACT_CHARS),
+        authors=tuple(
+            name for author in entry.findall(f"{ATOM}author") if (name := _prose(author.findtext(f"{ATOM}name") or ""))
+        ),
+        year=int(published[:4]) if published[:4].isdigit() else None,
+    )
+
+
+def _atom_entries(body: bytes) -> list[SearchResult]:
+    return [result for entry in atom_entries(body) if (result := atom_result(entry)) is not None]
 
 
 def _abs_url(entry: Element) -> str:
@@ -298,14 +306,15 @@ class SemanticScholarBackend:
         papers = data.get("data", []) if isinstance(data, dict) else None
         if not isinstance(papers, list):
             raise SearchError("Semantic Scholar answered in an unexpected shape")
-        return [result for paper in papers if (result := _paper(paper)) is not None][:limit]
+        return [result for paper in papers if (result := s2_result(paper)) is not None][:limit]
 
 
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _paper(paper: Any) -> SearchResult | None:
+def s2_result(paper: Any) -> SearchResult | None:
+    """A Semantic Scholar paper object as a result; None for one without an address."""
     if not isinstance(paper, dict):
         return None
     ids = paper.get("externalIds")

@@ -22,10 +22,13 @@ def test_weighted_fusion_lets_the_vectors_first_hit_outrank_what_both_rank_middl
     lexical = [*(f"l{n}" for n in range(9)), "both"]  # tenth for BM25
     semantic = ["meaning", *(f"s{n}" for n in range(48)), "both"]  # fiftieth for the vectors
     # Equal weights: in both lists, however low, beats first in one only.
-    assert Fusion().fuse(lexical, semantic)[0] == "both"
+    assert Fusion(k=60, semantic_weight=1.0).fuse(lexical, semantic)[0] == "both"
     # Weighted towards the vectors, their first hit comes first; a larger k flattens the top ranks' lead.
-    assert Fusion(semantic_weight=2.0).fuse(lexical, semantic)[0] == "meaning"
+    assert Fusion(k=60, semantic_weight=2.0).fuse(lexical, semantic)[0] == "meaning"
     assert Fusion(k=1000, semantic_weight=2.0).fuse(lexical, semantic)[0] == "both"
+    # The defaults weigh the vectors above BM25, and are the worker's settings' defaults.
+    assert Fusion().fuse(lexical, semantic)[0] == "meaning"
+    assert Fusion.of(WorkerSettings()) == Fusion()
     assert Fusion(lexical_weight=0.0).fuse(lexical, semantic)[:2] == ["meaning", "s0"]
     settings = WorkerSettings(corpus_fusion_k=10, corpus_fusion_semantic_weight=1.5, corpus_fusion_depth=30)
     assert Fusion.of(settings) == Fusion(k=10, lexical_weight=1.0, semantic_weight=1.5, depth=30)

@@ -17,6 +17,7 @@ from quarry.research_plane import ResearchPlane
 from tests.fakes.openai_server import HttpError, ScriptedModel, bag_of_words_vector
 from tests.worker_svc.corpus.documents import SYNONYMS, embedder_for, urls, write_documents
 from worker_svc.corpus import Corpus, reciprocal_rank_fusion
+from worker_svc.corpus.fusion import Fusion
 from worker_svc.tools import DelegationContext, SearchParams, perform_web_search
 from worker_svc.web.pages import PageError, PageReader
 from worker_svc.web.search import SearchResults
@@ -58,7 +59,8 @@ async def test_page_tools_read_corpus_urls_like_web_pages(corpus: Corpus, tmp_pa
 
 async def test_hybrid_search_fuses_bm25_and_vector_ranks(embeddings: ScriptedModel, tmp_path: Path) -> None:
     index = tmp_path / "corpus.db"
-    corpus = Corpus(index, embedder_for(embeddings))
+    equal_weights = Fusion(k=60, lexical_weight=1.0, semantic_weight=1.0)
+    corpus = Corpus(index, embedder_for(embeddings), equal_weights)
     report = await asyncio.to_thread(corpus.index_folder, write_documents(tmp_path / "docs"))
     assert report.embedded == 4
     query = "vessel crossings to the harbour"
@@ -81,6 +83,9 @@ async def test_hybrid_search_fuses_bm25_and_vector_ranks(embeddings: ScriptedMod
     assert hybrid not in (bm25, vectors), "fusion is neither ranking alone"
     assert "corpus://docs/logbooks.md" in hybrid, "a page without any of the words, found by meaning"
     assert [r.url for r in await corpus.search(query, 2)] == hybrid[:2], "the worker's search is the same search"
+    # With the default fusion, the vectors weigh more: their first hit comes first.
+    weighted = await asyncio.to_thread(Corpus(index, embedder_for(embeddings)).retrieve, query, 10)
+    assert [hit.result.url for hit in weighted.hits][:2] == ["corpus://docs/ships.md", "corpus://docs/harbours.md"]
 
 
 async def test_a_document_without_the_query_words_is_found_by_meaning(
@@ -139,6 +144,7 @@ async def test_the_endpoint_failing_at_search_time_falls_back_to_bm25_and_says_s
         assert "answered HTTP 503: overloaded" in lines[0]
         assert [line for line in lines if line[0].isdigit()] == ["1. Harbours", "2. Trains"]
         assert any("corpus search fell back to BM25 alone" in record.getMessage() for record in caplog.records)
-        # With the endpoint back, the same search is hybrid and says nothing of it.
+        # With the endpoint back, the same search is hybrid (the page about vessels, found by meaning, first)
+        # and says nothing of it.
         text = await perform_web_search(SearchParams(query="vessel crossings harbour", limit=2), context)
-        assert [line for line in text.splitlines() if not line.startswith(" ")] == ["1. Harbours", "2. Ships"]
+        assert [line for line in text.splitlines() if not line.startswith(" ")] == ["1. Ships", "2. Harbours"]

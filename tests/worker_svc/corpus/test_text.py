@@ -53,3 +53,9 @@ def test_passages_fit_the_models_window_overlap_and_hold_all_the_text() -> None:
     # Whatever the title's length, the text keeps room, and a word longer than a passage is cut, not lost.
     long_title = passages("T" * 5000, "x" * 3000, size)
     assert embedded_share("x" * 3000, long_title, "T" * 5000, size) == 1.0
+    # Passages that leave text out: the share counts the non-blank characters some passage holds, overlaps once.
+    text = "aaaa bbbb\n\ncccc dddd"
+    assert embedded_share(text, [(0, "T\n\naaaa"), (2, "T\n\naa bb")], "T", size) == 6 / 16
+    assert embedded_share(text, [(0, "T\n\naaaa bbbb"), (11, "T\n\ncc dddd")], "T", size) == 14 / 16
+    assert embedded_share(text, [(0, "T\n\nnot in the text")], "T", size) == 0.0
+    assert embedded_share("   ", [], "T", size) == 1.0
