@@ -138,8 +138,9 @@ ROLES: Mapping[Role, RoleSpec] = MappingProxyType(
                 "You are an extractor. Your task names one source (a URL). Read it (read_web_page, "
                 "search_web_page, scroll_web_page) and take out the claims and experiments that bear on the "
                 "task: for each, a one-sentence statement, the source's own words it rests on quoted exactly, "
-                "and where in the source they are (a section, a table, a page). End by calling "
-                "submit_extracted_evidence."
+                "and where in the source they are (a section, a table, a page). Asked to analyse a paper, "
+                "take out its problem, its method, each main result with its numbers, and each limitation it "
+                "states, as records of those kinds. End by calling submit_extracted_evidence."
             ),
             capabilities=(Capability.READ_PAGES, Capability.READ_SCRATCHPAD),
             output=ExtractedEvidence,

@@ -507,6 +507,11 @@ class CandidateSources(ResearchRecord):
 class EvidenceKind(enum.StrEnum):
     CLAIM = "claim"
     EXPERIMENT = "experiment"
+    # A paper's analysis (quarry.literature): what it sets out to solve, how, what it found, where it stops.
+    PROBLEM = "problem"
+    METHOD = "method"
+    RESULT = "result"
+    LIMITATION = "limitation"
 
 
 class Extract(BaseModel):
@@ -515,7 +520,10 @@ class Extract(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     kind: EvidenceKind
-    statement: Text = Field(description="the claim, or the experiment and its result, in one sentence")
+    statement: Text = Field(
+        description="the claim, the experiment and its result, or (analysing a paper) its problem, method, a "
+        "result with its numbers, or a limitation, in one sentence"
+    )
     quote: Excerpt = Field(description="the source's words it rests on, quoted verbatim")
     location: Annotated[str, StringConstraints(min_length=1, max_length=200)] = Field(
         description="where in the source: a section, a table, a page"

@@ -23,7 +23,9 @@ from quarry.agent.messages import system, user
 from quarry.agent.model import ModelClient
 from quarry.agent.tools import Tool, ToolError, ToolRegistry, current_call
 from quarry.identity import Role
+from quarry.literature import PAPER_ANALYSIS_CRITERIA, full_text_url, paper_analysis
 from quarry.records.campaign import DeadEnd, Insight, InsightSource
+from quarry.records.research import ExtractedEvidence
 from quarry.research_plane import ResearchPlane
 from quarry.vocabulary import DelegationResult, Entry, EntryKind
 from supervisor_svc.campaigns.memory import ThinkBriefing
@@ -40,7 +42,9 @@ Read the brief, the memory, the signals and the recent experiments, then choose 
 single change that could improve the metric. Never retry a dead end. Follow the human's directives.
 Have an engineer make the change with delegate_engineer (it edits the workspace; it must not run the
 full experiment: the campaign runs it after you). Before choosing, you may have a researcher look
-something up in the literature with delegate_research. You may record an insight or a dead end.
+something up in the literature with delegate_research (a researcher can list new papers, a paper's
+citations and a venue's papers), or have a paper analysed with analyze_paper. You may record an
+insight or a dead end.
 End with a short answer that states the hypothesis, and nothing else."""
 
 
@@ -77,6 +81,13 @@ class EngineerParams(BaseModel):
 class ResearchParams(BaseModel):
     objective: str = Field(min_length=1, max_length=4000, description="the research task, self-contained")
     criteria: list[Criterion] = Field(default_factory=list, max_length=10, description="what a good answer must show")
+
+
+class PaperParams(BaseModel):
+    paper: str = Field(
+        min_length=1, max_length=500, description="an arXiv id or URL, a DOI, or the URL of the paper's full text"
+    )
+    focus: str = Field(default="", max_length=1000, description="what the campaign wants from the paper")
 
 
 class NoteParams(BaseModel):
@@ -121,6 +132,14 @@ async def delegate_research(params: ResearchParams, session: ThinkSession) -> st
     return await session.thinker.research(params.objective, tuple(params.criteria), session)
 
 
+async def analyze_paper(params: PaperParams, session: ThinkSession) -> str:
+    try:
+        url = full_text_url(params.paper)
+    except ValueError as error:
+        raise ToolError(str(error)) from error
+    return await session.thinker.analyze_paper(url, params.focus, session)
+
+
 async def record_insight(params: InsightParams, session: ThinkSession) -> str:
     """An insight, with the findings it cites copied in (their pages and quotes): only findings this THINK's
     research promoted, each a finding on the campaign's thread."""
@@ -163,6 +182,13 @@ THINK_TOOLS: ToolRegistry[ThinkSession] = ToolRegistry(
             "it promoted to the campaign's thread.",
             ResearchParams,
             delegate_research,
+        ),
+        Tool(
+            "analyze_paper",
+            "Have an extractor read a paper whole and take out its problem, method, results with their numbers, "
+            "and limitations, each quoted with where it is; returns them.",
+            PaperParams,
+            analyze_paper,
         ),
         Tool(
             "record_insight",
@@ -323,6 +349,28 @@ class Thinker:
             return f"the researcher failed: {result.error_message}"
         entries = f" (entries {', '.join(map(str, sorted(result.promoted)))}; record_insight cites the findings)"
         return f"done; findings promoted: {len(result.promoted)}{entries if result.promoted else ''}\n{result.summary}"
+
+    async def analyze_paper(self, url: str, focus: str, session: ThinkSession) -> str:
+        """One extractor delegation on the paper's full text (its records promoted as evidence); its records."""
+        settings = self._settings
+        contract = Contract(
+            Role.EXTRACTOR,
+            paper_analysis(url, focus),
+            PAPER_ANALYSIS_CRITERIA,
+            input_refs=(url,),
+            max_turns=settings.research_turns,
+            timeout_seconds=settings.research_timeout_seconds,
+        )
+        result = await _delegate(session, contract)
+        if not result.succeeded:
+            return f"the extractor failed: {result.error_message}"
+        evidence = ExtractedEvidence.parse(result.output_json)
+        assert isinstance(evidence, ExtractedEvidence)  # an extractor's output is nothing else
+        lines = [
+            f'- {record.kind.value}: {record.statement} ({record.location}: "{record.quote}")'
+            for record in evidence.records
+        ]
+        return "\n".join([f"{url}, recorded as entry {result.output_sequence_no}:", *lines])
 
 
 async def _delegate(session: ThinkSession, contract: Contract) -> DelegationResult:

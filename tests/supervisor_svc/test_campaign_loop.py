@@ -25,7 +25,7 @@ import pytest
 
 from quarry.cli.lab.report import report as lab_report
 from quarry.config import MonitorSettings
-from quarry.v1 import campaign_pb2, monitor_pb2, scratchpad_pb2
+from quarry.v1 import campaign_pb2, common_pb2, monitor_pb2, scratchpad_pb2
 from tests.fakes.choreography import append_finding
 from tests.fakes.openai_server import Await, Call, Reply, ScriptedModel
 from tests.fakes.web_server import FixtureWeb
@@ -289,6 +289,78 @@ async def test_a_leader_has_the_literature_researched_records_the_insight_with_i
     delegations = {a["delegation_id"] for a in assigned}
     for kind in (scratchpad_pb2.ENTRY_KIND_ROUTE, scratchpad_pb2.ENTRY_KIND_USAGE):
         assert {json.loads(e.content)["delegation_id"] for e in entries if e.kind == kind} == delegations, kind
+
+
+PAPER = (
+    "<html><head><title>Fast Step Sizes</title></head><body><h1>Fast Step Sizes</h1>"
+    "<h2>1 Introduction</h2><p>We ask which step size makes gradient descent fastest on quadratics.</p>"
+    "<h2>3 Method</h2><p>We sweep the step size over a grid on 40 random quadratics.</p>"
+    "<h2>4 Results</h2><p>A step of 1/L halves the iterations against 0.5/L.</p>"
+    "<h2>5 Limitations</h2><p>Our quadratics are all well conditioned.</p></body></html>"
+)
+ANALYSIS = [
+    ("problem", "Which step size is fastest on quadratics.", "which step size makes gradient descent fastest", "1"),
+    ("method", "A grid sweep on 40 random quadratics.", "We sweep the step size over a grid on 40", "3"),
+    ("result", "1/L halves the iterations against 0.5/L.", "A step of 1/L halves the iterations against 0.5/L", "4"),
+    ("limitation", "Only well-conditioned quadratics.", "Our quadratics are all well conditioned", "5"),
+]
+
+
+async def test_a_leader_has_a_paper_analysed_into_quoted_records_then_the_change_is_run(
+    lab: Lab, site: FixtureWeb
+) -> None:
+    script = lab.script
+    paper = site.add("/fast-step-sizes.html", PAPER)
+    script.leader.extend(
+        [
+            Reply(
+                calls=(
+                    Call("analyze_paper", {"paper": "not a paper"}, "bad"),
+                    Call("analyze_paper", {"paper": paper, "focus": "the fastest step size"}, "a"),
+                )
+            ),
+            Reply(calls=(Call("delegate_engineer", {"change": "Set lr to 0.1 in config.json."}, "e"),)),
+            Reply(content="A step of 1/L is fastest."),
+        ]
+    )
+    records = [
+        {"kind": kind, "statement": statement, "quote": quote, "location": f"section {section}"}
+        for kind, statement, quote, section in ANALYSIS
+    ]
+    script.researchers.add(
+        f"Analyse the paper at {paper}.",
+        Reply(calls=(Call("read_web_page", {"url": paper}, "read"),)),
+        Reply(calls=(Call("submit_extracted_evidence", {"source_url": paper, "records": records}, "submit"),)),
+    )
+    script.engineer.extend(
+        [
+            Reply(calls=(Call("write_file", {"path": "config.json", "content": BETTER_CONFIG}, "w"),)),
+            Reply(content="config.json now says lr 0.1"),
+        ]
+    )
+    message = spec(lab.project, cycles=3)
+    message.signals.CopyFrom(campaign_pb2.CampaignSignalRules(baseline_runs=2))
+    campaign = await lab.campaigns.start_campaign(message, request_id="lab-paper")
+    stream = [event async for event in lab.campaigns.stream_campaign(campaign.campaign_id)]
+
+    assert stream[-1].ended.state == campaign_pb2.CAMPAIGN_STATE_COMPLETED, stream[-1].ended.reason
+    # The extractor was given the paper's text as its one input, and the analysis the campaign wants.
+    (asked, *_) = script.researchers.requests[f"Analyse the paper at {paper}."]
+    task = next(m["content"] for m in asked["messages"] if m["role"] == "user")
+    assert "What the campaign wants from it: the fastest step size" in task and "- one record of kind problem" in task
+    # The leader saw each record with its kind, its location and its quote; a name that is no paper was refused.
+    seen = {m["tool_call_id"]: m["content"] for m in script.leader_requests[1]["messages"] if m["role"] == "tool"}
+    assert "'not a paper' is not an arXiv id, a DOI or the URL of a paper's text" in seen["bad"]
+    assert seen["a"].startswith(f"{paper}, recorded as entry ")
+    assert '- result: 1/L halves the iterations against 0.5/L. (section 4: "A step of 1/L halves' in seen["a"]
+    assert "- limitation: Only well-conditioned quadratics." in seen["a"]
+    # The records are evidence on the campaign's thread, by an extractor; the cycle went on and kept the change.
+    entries = await lab.scratchpad.read_all(campaign.campaign_id)
+    [evidence] = [e for e in entries if e.kind == scratchpad_pb2.ENTRY_KIND_EVIDENCE]
+    assert evidence.author.role == common_pb2.ROLE_EXTRACTOR
+    assert [r["kind"] for r in json.loads(evidence.content)["records"]] == ["problem", "method", "result", "limitation"]
+    rows = [event.ledger_recorded for event in stream if event.HasField("ledger_recorded")]
+    assert [row.verdict for row in rows] == [BASELINE, BASELINE, KEEP]
 
 
 async def test_stagnation_is_signalled_and_the_phase_gate_completes_the_campaign(lab: Lab) -> None:

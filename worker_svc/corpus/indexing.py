@@ -166,6 +166,8 @@ def _index_file(
     """Index one changed file; None when done, else why it was skipped."""
     if stat.st_size > MAX_FILE_BYTES:
         return f"larger than {MAX_FILE_BYTES} bytes"
+    if stat.st_size == 0:
+        return "empty"
     body = file.read_bytes()
     content_type = CONTENT_TYPES[file.suffix.lower()]
     # Whatever the extension says: a PDF is extracted as one, and anything else must be text.
@@ -175,6 +177,8 @@ def _index_file(
         title, text = extract(SCHEME + key, content_type, body)
     except PageError as error:
         return str(error)
+    if not text.strip():
+        return "no text in it"
     if title == SCHEME + key:  # none in the document: a text's first Markdown heading, else the file's name
         pdf = body.startswith(b"%PDF-") or content_type == "application/pdf"
         title = plain_title("" if pdf else text, file)

@@ -22,6 +22,7 @@ from xml.etree.ElementTree import Element
 import httpx
 
 from quarry.config import WorkerSettings
+from quarry.literature import arxiv_id
 from worker_svc.corpus.text import COMMON_WORDS
 from worker_svc.web.search import (
     ATOM,
@@ -40,8 +41,6 @@ from worker_svc.web.search import (
 ARXIV = "{http://arxiv.org/schemas/atom}"
 # An arXiv category: an archive, and a subject class where the archive has them (cs.CL, math.AG, hep-th).
 CATEGORY = re.compile(r"^[a-z][a-z-]*(\.[A-Za-z][A-Za-z-]*)?$")
-# New arXiv identifiers (2106.15928, with a version or not) and old ones (hep-th/9901001).
-ARXIV_ID = re.compile(r"^(?:\d{4}\.\d{4,5}|[a-z][a-z.-]*/\d{7})(?:v\d+)?$")
 S2_ID = re.compile(r"^[0-9a-f]{40}$")
 # How many papers a new-papers listing reads from arXiv before ranking them: a day of cs.LG is several hundred.
 MAX_LISTED = 300
@@ -71,13 +70,6 @@ class Paper:
         return (f"https://doi.org/{self.doi}",) if self.doi else (self.result.url,)
 
 
-def _arxiv_id(url_or_id: str) -> str:
-    """The arXiv identifier in an abs/pdf URL or an id, without its version; "" when there is none."""
-    tail = re.sub(r"^https?://(?:export\.)?arxiv\.org/(?:abs|pdf|html)/", "", url_or_id.strip()).removesuffix(".pdf")
-    tail = tail.removeprefix("arXiv:").removeprefix("arxiv:")
-    return re.sub(r"v\d+$", "", tail) if ARXIV_ID.match(tail) else ""
-
-
 def _date(text: str) -> date | None:
     try:
         return date.fromisoformat(text[:10])
@@ -91,7 +83,7 @@ def atom_paper(entry: Element) -> Paper | None:
         return None
     return Paper(
         result,
-        arxiv_id=_arxiv_id(result.url),
+        arxiv_id=arxiv_id(result.url),
         doi=(entry.findtext(f"{ARXIV}doi") or "").strip(),
         published=_date(entry.findtext(f"{ATOM}published") or ""),
         categories=tuple(term for c in entry.findall(f"{ATOM}category") if (term := c.get("term") or "")),
@@ -107,7 +99,7 @@ def s2_paper(data: Any) -> Paper | None:
     citations = data.get("citationCount")
     return Paper(
         result,
-        arxiv_id=_arxiv_id(_text(ids.get("ArXiv"))),
+        arxiv_id=arxiv_id(_text(ids.get("ArXiv"))),
         doi=_text(ids.get("DOI")),
         published=_date(_text(data.get("publicationDate"))),
         venue=" ".join(_text(data.get("venue")).split()),
@@ -147,7 +139,7 @@ def rank(papers: list[Paper], topic: str) -> list[Paper]:
 def paper_ref(text: str) -> str:
     """A paper as Semantic Scholar's API names it: arXiv:ID, DOI:..., or its own 40-hex id."""
     given = text.strip()
-    if arxiv := _arxiv_id(given):
+    if arxiv := arxiv_id(given):
         return f"arXiv:{arxiv}"
     doi = re.sub(r"^(?:https?://(?:dx\.)?doi\.org/|doi:)", "", given, flags=re.IGNORECASE)
     if doi.startswith("10.") and "/" in doi:

@@ -79,6 +79,27 @@ def test_folders_with_the_same_name_get_distinct_roots(corpus: Corpus, tmp_path:
     assert corpus.index_folder(tmp_path / "docs").root == "docs", "a root keeps its name when re-indexed"
 
 
+async def test_empty_blank_huge_and_malformed_files_are_skipped_each_with_its_reason(
+    corpus: Corpus, tmp_path: Path
+) -> None:
+    docs = tmp_path / "docs"
+    (docs / "empty.md").write_bytes(b"")
+    (docs / "blank.txt").write_text("  \n\t\n")
+    with (docs / "huge.txt").open("wb") as huge:  # 100 MB, sparse: never read
+        huge.truncate(100 * 2**20)
+    (docs / "broken.pdf").write_bytes(b"%PDF-1.7\n1 0 obj << /Type /Catalog >> garbage")
+    (docs / "tags.html").write_text("<html><body><p>Unclosed <b>tags <table><tr><td>Riveted girders<td>1889")
+    report = corpus.index_folder(docs)
+    skipped = dict(report.skipped)
+    assert set(skipped) == {"empty.md", "blank.txt", "huge.txt", "broken.pdf"}
+    assert (skipped["empty.md"], skipped["blank.txt"]) == ("empty", "no text in it")
+    assert skipped["huge.txt"] == "larger than 52428800 bytes"
+    assert "PDF" in skipped["broken.pdf"]
+    assert "tags.html" in report.added and len(report.added) == 5  # with the folder's four good documents
+    _, text = await corpus.read("corpus://docs/tags.html")
+    assert "Riveted girders" in text
+
+
 async def test_binary_files_are_skipped_and_listed_whatever_their_extension(corpus: Corpus, tmp_path: Path) -> None:
     docs = tmp_path / "docs"
     (docs / "dump.txt").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 8)
