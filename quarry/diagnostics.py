@@ -253,6 +253,8 @@ def model_diagnostics(
 async def _model_endpoint(settings: ModelSettings, *, base_url: str, model: str, api_key: str) -> Finding:
     import httpx
 
+    from quarry.agent.model import v1_hint
+
     shown = public_url(settings.base_url)
     secrets = [settings.api_key, urllib.parse.urlsplit(settings.base_url).password or ""]
     try:
@@ -265,6 +267,8 @@ async def _model_endpoint(settings: ModelSettings, *, base_url: str, model: str,
     code = response.status_code
     if code in (401, 403):
         return Finding(Status.FAILED, f"{shown} refused the API key (HTTP {code})", api_key)
+    if code == 404 and (hint := v1_hint(settings.base_url)):
+        return Finding(Status.FAILED, f"{shown} has no /models (HTTP 404): {hint}", base_url)
     if code == 404:
         # Some OpenAI-compatible servers have no model list; the endpoint answers all the same.
         return Finding(Status.WARNING, f"{shown} answers but lists no models (HTTP 404); the name is unchecked")

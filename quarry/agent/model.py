@@ -178,6 +178,15 @@ def _retry_after(error: _StatusError) -> float | None:
 _STATUS_HINTS = {401: ("MODEL_API_KEY",), 403: ("MODEL_API_KEY",), 404: ("MODEL_NAME", "MODEL_BASE_URL")}
 
 
+def v1_hint(base_url: str) -> str:
+    """ "did you mean http://host:port/v1?" for a base URL with no path at all (the usual slip with vLLM, Ollama
+    and most OpenAI-compatible servers, which serve under /v1); "" otherwise."""
+    parts = urllib.parse.urlsplit(base_url)
+    if parts.path.strip("/") or not parts.netloc:
+        return ""
+    return f"did you mean {base_url.rstrip('/')}/v1?"
+
+
 def _retryable(error: Exception) -> bool:
     if isinstance(error, _NotAnswered):
         return True
@@ -303,7 +312,8 @@ class ModelClient:
             )
         if isinstance(error, _StatusError) and error.status_code in _STATUS_HINTS:
             check = " and ".join(setting(name) for name in _STATUS_HINTS[error.status_code])
-            return f"model request failed: {url} answered {_describe(error)}; check {check}"
+            hint = v1_hint(url) if error.status_code == 404 else ""
+            return f"model request failed: {url} answered {_describe(error)}; {hint + ' ' if hint else ''}check {check}"
         return f"model request failed: {_describe(error)} (from {url})"
 
     async def _stream(

@@ -89,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("question", help="the question to research, in quotes")
     ask.add_argument("--address", help=address_help)
     ask.add_argument("--json", action="store_true", help="print one JSON object per event instead")
+    ask.add_argument(
+        "--wait-for-supervisor",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long to wait for a supervisor that went away mid-run before leaving the run to `quarry runs "
+        "watch` (default 120)",
+    )
     ask.add_argument("--max-turns", type=int, default=0, help="bound on supervisor turns (default 12)")
     ask.add_argument(
         "--max-worker-turns",
@@ -137,6 +145,19 @@ def build_parser() -> argparse.ArgumentParser:
     runs_show.add_argument("run_id", help=RUN_ID)
     runs_show.add_argument("--json", action="store_true", help="print the run as JSON")
     runs_show.add_argument("--address", help=address_help)
+    runs_watch = runs_commands.add_parser(
+        "watch", parents=[data_dir], help="follow a run live to its end (Ctrl-C leaves it running)"
+    )
+    runs_watch.add_argument("run_id", help=RUN_ID)
+    runs_watch.add_argument("--json", action="store_true", help="print one JSON object per event instead")
+    runs_watch.add_argument(
+        "--wait-for-supervisor",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long to wait for a supervisor that goes away (default 120)",
+    )
+    runs_watch.add_argument("--address", help=address_help)
     runs_approve = runs_commands.add_parser(
         "approve", parents=[data_dir], help="approve a run awaiting approval: it completes with its report"
     )

@@ -4,7 +4,11 @@ showing a run's warnings and usage, ending with the right status). `quarry runs`
 `ask` starts a run and follows it: live with rich (delegations and their
 turns, scratchpad entries as they land, the report as it streams), or one JSON
 object per event with --json. Ctrl-C cancels the run and waits for its
-cancelled event; a second Ctrl-C leaves at once.
+cancelled event; a second Ctrl-C leaves at once. When the supervisor goes away
+mid-run, it says so at once and waits for it (a restarted `quarry up` serves it
+again, maybe on new ports), then follows the run from the last event it showed;
+after --wait-for-supervisor seconds it gives up with EXIT_SUPERVISOR_LOST and the
+`quarry runs watch` command that takes the run up again.
 """
 
 from __future__ import annotations
@@ -40,6 +44,12 @@ EXIT_FAILED = 1
 EXIT_CANCELLED = 130
 # The run completed, but its review did not finish: some cited sentences are marked unverified.
 EXIT_UNVERIFIED = 3
+# The supervisor went away mid-run and did not come back in time; the run may well go on without the command.
+EXIT_SUPERVISOR_LOST = 4
+SUPERVISOR_LOST = "the supervisor went away; waiting for it (Ctrl-C to stop)"
+SUPERVISOR_BACK = "the supervisor is back; following the run again"
+# Seconds between asking whether a supervisor that went away is back.
+BACK_POLL_SECONDS = 1.0
 _SHOWN_ENTRIES = 8
 # What a succeeded run's warnings say here; one this build does not know is shown in the server's words.
 _WARNINGS = {
@@ -257,42 +267,139 @@ def exit_code(event: supervisor_pb2.RunEvent | None) -> int:
     return EXIT_CANCELLED if event is not None and event.HasField("cancelled") else EXIT_FAILED
 
 
-async def ask(supervisor: Supervisor, question: str, options: supervisor_pb2.RunOptions, *, as_json: bool) -> int:
-    console = Console()
+class SupervisorLost(Exception):
+    """The supervisor went away mid-stream and did not answer again within the time given."""
+
+
+def watch_hint(run_id: str) -> str:
+    return f"follow it again with: quarry runs watch {run_id}"
+
+
+async def _back(supervisor: Supervisor, wait_seconds: float) -> Supervisor:
+    """The supervisor once it answers again, wherever it serves now; SupervisorLost after `wait_seconds`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_seconds
+    while True:
+        current = supervisor.current()
+        try:
+            async with current.connect():
+                return current
+        except Unavailable:
+            pass
+        except grpc.aio.AioRpcError as error:
+            if error.code() is not grpc.StatusCode.UNAVAILABLE:
+                raise
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise SupervisorLost
+        await asyncio.sleep(min(BACK_POLL_SECONDS, remaining))
+
+
+async def run_events(
+    supervisor: Supervisor,
+    run_id: str,
+    *,
+    wait_seconds: float,
+    say: Callable[[str], None],
+    waiting: Callable[[bool], None] = lambda _: None,
+) -> AsyncIterator[supervisor_pb2.RunEvent]:
+    """The run's events in order until its terminal one, across the supervisor going away: `say` is told at
+    once, and the stream goes on after the last event received when a supervisor answers again (`waiting` is
+    told when the wait begins and ends); SupervisorLost after `wait_seconds` without one."""
+    after, current = 0, supervisor
+    while True:
+        try:
+            async with current.connect() as client:
+                async for event in client.stream_run(run_id, after_sequence_no=after, max_reconnects=0):
+                    after = event.sequence_no
+                    yield event
+                    if is_terminal(event):
+                        return
+                return
+        except Unavailable:
+            pass
+        except grpc.aio.AioRpcError as error:
+            if error.code() is not grpc.StatusCode.UNAVAILABLE:
+                raise
+        say(SUPERVISOR_LOST)
+        waiting(True)
+        current = await _back(supervisor, wait_seconds)
+        waiting(False)
+        say(SUPERVISOR_BACK)
+
+
+async def ask(
+    supervisor: Supervisor,
+    question: str,
+    options: supervisor_pb2.RunOptions,
+    *,
+    as_json: bool,
+    wait_seconds: float = 120.0,
+) -> int:
     async with supervisor.connect() as client:
         run = await client.start_run(question, options=options)
-        if not as_json:
-            console.print(f"[dim]run {run.run_id} (Ctrl-C cancels it)[/]")
-        interrupted = asyncio.Event()
-        loop = asyncio.get_running_loop()
+    if not as_json:
+        Console().print(f"[dim]run {run.run_id} (Ctrl-C cancels it)[/]")
+    return await follow(supervisor, run.run_id, question, as_json=as_json, wait_seconds=wait_seconds, cancel=True)
 
-        def on_interrupt() -> None:
-            if interrupted.is_set():
-                raise SystemExit(EXIT_CANCELLED)  # a second Ctrl-C: leave now
-            interrupted.set()
 
-        async def cancel_when_interrupted() -> None:
-            await interrupted.wait()
-            await client.cancel_run(run.run_id, reason="cancelled from quarry ask (Ctrl-C)")
+async def follow(
+    supervisor: Supervisor, run_id: str, question: str, *, as_json: bool, wait_seconds: float, cancel: bool
+) -> int:
+    """Follow the run to its end, live or as JSON lines; its exit status. Ctrl-C cancels it when `cancel` (a second
+    leaves at once), else leaves it running; while the supervisor is away, Ctrl-C leaves at once."""
+    console = Console()
+    interrupted = asyncio.Event()
+    away = False
+    loop = asyncio.get_running_loop()
 
-        loop.add_signal_handler(signal.SIGINT, on_interrupt)
-        canceller = asyncio.create_task(cancel_when_interrupted())
-        view = RunView(question, run_id=run.run_id)
-        last: supervisor_pb2.RunEvent | None = None
-        display = contextlib.nullcontext() if as_json else Live(console=console, auto_refresh=False, transient=True)
+    def say(message: str) -> None:
+        print(f"quarry: {message}", file=sys.stderr, flush=True)
+
+    def waiting(now: bool) -> None:
+        nonlocal away
+        away = now
+
+    def on_interrupt() -> None:
+        if away or not cancel:
+            say(f"left the run {run_id} as it is; {watch_hint(run_id)}")
+            raise SystemExit(EXIT_CANCELLED)
+        if interrupted.is_set():
+            raise SystemExit(EXIT_CANCELLED)  # a second Ctrl-C: leave now
+        interrupted.set()
+
+    async def cancel_when_interrupted() -> None:
+        await interrupted.wait()
         try:
-            with display as live:
-                async for last in client.stream_run(run.run_id):
-                    if as_json:
-                        print(json.dumps(json_format.MessageToDict(last)), flush=True)
-                    elif live is not None:
-                        view.apply(last)
-                        live.update(view.render(), refresh=True)
-        finally:
-            canceller.cancel()
-            loop.remove_signal_handler(signal.SIGINT)
+            async with supervisor.current().connect() as client:
+                await client.cancel_run(run_id, reason="cancelled from quarry ask (Ctrl-C)")
+        except (Unavailable, grpc.aio.AioRpcError) as error:
+            say(f"the run could not be cancelled: {clean(str(error))}")
+
+    loop.add_signal_handler(signal.SIGINT, on_interrupt)
+    canceller = asyncio.create_task(cancel_when_interrupted())
+    view = RunView(question, run_id=run_id)
+    last: supervisor_pb2.RunEvent | None = None
+    display = contextlib.nullcontext() if as_json else Live(console=console, auto_refresh=False, transient=True)
+    try:
+        with display as live:
+            async for last in run_events(supervisor, run_id, wait_seconds=wait_seconds, say=say, waiting=waiting):
+                if as_json:
+                    print(json.dumps(json_format.MessageToDict(last)), flush=True)
+                elif live is not None:
+                    view.apply(last)
+                    live.update(view.render(), refresh=True)
+    except SupervisorLost:
+        say(
+            f"the supervisor did not come back within {wait_seconds:g} s; the run {run_id} goes on where the mesh "
+            f"runs it: {watch_hint(run_id)}"
+        )
+        return EXIT_SUPERVISOR_LOST
+    finally:
+        canceller.cancel()
+        loop.remove_signal_handler(signal.SIGINT)
     if last is None or not is_terminal(last):
-        print("quarry ask: the run's event stream ended without a result", file=sys.stderr)
+        print("quarry: the run's event stream ended without a result", file=sys.stderr)
         return EXIT_FAILED
     if not as_json:
         for reason, count in view.failures().items():

@@ -147,7 +147,9 @@ def _ask(args: argparse.Namespace, common: QuarrySettings) -> int:
     )
     if args.timeout:
         options.timeout.FromNanoseconds(int(args.timeout * 1e9))
-    return ask.run_client_command(ask.ask(supervisor, args.question, options, as_json=args.json))
+    return ask.run_client_command(
+        ask.ask(supervisor, args.question, options, as_json=args.json, wait_seconds=args.wait_for_supervisor)
+    )
 
 
 def _role_route(role: str, tier: str) -> supervisor_pb2.RoleRoute:
@@ -174,6 +176,10 @@ def _runs(args: argparse.Namespace, common: QuarrySettings) -> int:
         return ask.run_client_command(runs.export_run(supervisor, args.run_id))
     if args.runs_command == "verify":
         return ask.run_client_command(runs.verify_run(supervisor, args.run_id))
+    if args.runs_command == "watch":
+        return ask.run_client_command(
+            runs.watch_run(supervisor, args.run_id, as_json=args.json, wait_seconds=args.wait_for_supervisor)
+        )
     if args.runs_command == "list":
         return ask.run_client_command(runs.list_runs(supervisor, args.state or "", args.limit, as_json=args.json))
     if args.runs_command == "approve":

@@ -14,6 +14,7 @@ import fcntl
 import functools
 import os
 import signal
+import socket
 import stat
 import sys
 import tempfile
@@ -169,6 +170,31 @@ def data_dir_lock(data_dir: Path) -> Iterator[None]:
         yield  # the lock goes with the file's closing, or with the process
 
 
+def port_taken(address: str | None) -> bool:
+    """Whether something else listens on the address's port (a child that could not bind it), by trying to bind it."""
+    host, _, port = (address or "").rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return False
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host.strip("[]") or "0.0.0.0", int(port)))
+        except OSError:
+            return True
+    return False
+
+
+def _exited_while_starting(child: Child, returncode: int) -> LaunchError:
+    """Why the child is gone before serving: a taken port said as such, with what to do."""
+    address = child.address or child.instance.spec.load_settings().address  # its settings' when none was given
+    if port_taken(address):
+        return LaunchError(
+            f"{child.name} could not listen on {address}: the port is in use (another program, or another "
+            "quarry up); stop that, set another address, or run `quarry up --ephemeral-ports`"
+        )
+    return LaunchError(f"{child.name} {describe_exit(returncode)} while starting")
+
+
 async def _wait_ready(child: Child, deadline: float) -> str:
     """Wait for the child to write its bound address, then for health to say SERVING; its address."""
     loop = asyncio.get_running_loop()
@@ -176,7 +202,7 @@ async def _wait_ready(child: Child, deadline: float) -> str:
     assert process is not None
     while not child.port_file.exists():
         if process.returncode is not None:
-            raise LaunchError(f"{child.name} {describe_exit(process.returncode)} while starting")
+            raise _exited_while_starting(child, process.returncode)
         if loop.time() > deadline:
             raise LaunchError(f"{child.name} did not bind an address in time")
         await asyncio.sleep(READY_POLL_SECONDS)
@@ -186,7 +212,7 @@ async def _wait_ready(child: Child, deadline: float) -> str:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             if process.returncode is not None:
-                raise LaunchError(f"{child.name} {describe_exit(process.returncode)} while starting")
+                raise _exited_while_starting(child, process.returncode)
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise LaunchError(f"{child.name} did not report SERVING in time")
@@ -285,6 +311,9 @@ class ProcessGroup:
             env[variable] = ",".join(c.address or "" for c in self.children if c.instance.spec.name == needed)
         env.update(self._service_env.get(instance.spec.name, {}))
         env.update(instance.env)
+        # gRPC's C-core logs a failed bind (add_port.cc) before the service says what it means; Quarry's own
+        # messages say it all. GRPC_VERBOSITY set by the user brings gRPC's logging back.
+        env["GRPC_VERBOSITY"] = os.environ.get("GRPC_VERBOSITY", "NONE")
         return env
 
     async def _launch(self, child: Child) -> None:

@@ -1,4 +1,4 @@
-"""`quarry runs`: list, show, approve or reject, verify and export the runs of the public API."""
+"""`quarry runs`: list, show, watch, approve or reject, verify and export the runs of the public API."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from quarry.cli.ask import (
     EXIT_FAILED,
     Supervisor,
     approval_hint,
+    follow,
     name_of,
     print_warnings,
     usage_line,
@@ -46,6 +47,13 @@ async def list_runs(supervisor: Supervisor, state: str, limit: int, *, as_json: 
         )
     Console().print(table)
     return 0
+
+
+async def watch_run(supervisor: Supervisor, run_id: str, *, as_json: bool, wait_seconds: float) -> int:
+    """Follow a run from its first event to its end, as `quarry ask` does, without cancelling it on Ctrl-C."""
+    async with supervisor.connect() as client:
+        run = await client.get_run(run_id)
+    return await follow(supervisor, run_id, run.question, as_json=as_json, wait_seconds=wait_seconds, cancel=False)
 
 
 async def export_run(supervisor: Supervisor, run_id: str) -> int:

@@ -169,8 +169,10 @@ async def test_every_service_answers_anyone_and_reveals_no_secret(tmp_path: Path
 
 async def test_a_service_reports_a_model_it_cannot_use_and_the_setting_to_change(model: ScriptedModel) -> None:
     closed = f"http://127.0.0.1:{reusable_port()}/v1"
+    root = model.base_url.removesuffix("/v1")
     findings = {}
-    for base_url, name in [(model.base_url, "scripted"), (model.base_url, "no-such-model"), (closed, "scripted")]:
+    cases = [(model.base_url, "scripted"), (model.base_url, "no-such-model"), (closed, "scripted"), (root, "scripted")]
+    for base_url, name in cases:
         _, check = model_diagnostics(
             WorkerSettings(model_base_url=base_url, model_name=name), QuarrySettings(model_base_url="http://unused")
         )
@@ -182,6 +184,10 @@ async def test_a_service_reports_a_model_it_cannot_use_and_the_setting_to_change
     unreachable = findings[closed, "scripted"]
     assert unreachable.status == Status.FAILED and unreachable.detail.startswith(f"{closed} is not reachable: ")
     assert unreachable.setting == "QUARRY_WORKER_MODEL_BASE_URL or QUARRY_MODEL_BASE_URL"
+    # The usual slip: the server's address without /v1. An error, with what was meant.
+    without_v1 = findings[root, "scripted"]
+    assert without_v1.status == Status.FAILED and without_v1.setting == unreachable.setting
+    assert without_v1.detail == f"{root} has no /models (HTTP 404): did you mean {root}/v1?"
     assert model.requests == []
 
 

@@ -166,9 +166,10 @@ class ProcessMesh:
     supervisor_env: dict[str, str]
     workdir: Path
 
-    def start_supervisor(self) -> ServiceProcess:
-        """Another supervisor process over the same database (once the last one was stopped or killed)."""
-        self.supervisor = start_service("supervisor", self.supervisor_env, self.workdir)
+    def start_supervisor(self, port: int = 0) -> ServiceProcess:
+        """Another supervisor process over the same database (once the last one was stopped or killed), on `port`
+        (0: any free one)."""
+        self.supervisor = start_service("supervisor", self.supervisor_env, self.workdir, port=port)
         return self.supervisor
 
     @property

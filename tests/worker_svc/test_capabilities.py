@@ -14,6 +14,7 @@ def test_capabilities_keep_their_names_and_each_has_tools() -> None:
         "scratchpad",
         "read_scratchpad",
         "literature",
+        "papers",
         "search",
         "compute",
         "workspace",

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from quarry.agent.messages import system, user
-from quarry.agent.model import ModelClient, ModelSettings, ProviderError
+from quarry.agent.model import ModelClient, ModelSettings, ProviderError, v1_hint
 from quarry.agent.usage import Usage
 from quarry.config import ModelTier, QuarrySettings, SupervisorSettings, WorkerSettings
 from tests.conftest import reusable_port
@@ -163,6 +163,20 @@ async def test_a_refusal_names_the_endpoint_and_the_setting_to_check(
         await client(model).complete(HISTORY, call_id_prefix="t1")
     assert f"{model.base_url} answered HTTP {status}" in str(failure.value)
     assert f"check {setting}" in str(failure.value)
+
+
+async def test_a_base_url_without_v1_answering_404_asks_whether_v1_was_meant(model: ScriptedModel) -> None:
+    root = model.base_url.removesuffix("/v1")  # the scripted server, like vLLM and Ollama, serves under /v1
+    settings = ModelSettings.for_tier(WorkerSettings(), QuarrySettings(model_base_url=root, model_name="scripted"))
+    without_v1 = ModelClient(settings)
+    with pytest.raises(ProviderError) as failure:
+        await without_v1.complete(HISTORY, call_id_prefix="t1")
+    await without_v1.close()
+    assert f"{root} answered HTTP 404" in str(failure.value)
+    assert f"did you mean {root}/v1? check QUARRY_WORKER_MODEL_NAME" in str(failure.value)
+    assert model.requests == []
+    assert v1_hint(model.base_url) == "" and v1_hint("http://gpu-box:8000/") == "did you mean http://gpu-box:8000/v1?"
+    assert v1_hint("https://api.example.com/openai") == "", "a path of its own is the deployment's choice"
 
 
 async def test_text_protocol_for_models_without_native_tools(model: ScriptedModel) -> None:

@@ -457,3 +457,29 @@ async def test_two_workers_are_told_apart_ask_finds_up_by_its_data_dir_and_calle
     stages = [line.split()[1] for line in output.splitlines() if line.startswith("stopped ")]
     assert stages[0] == "supervisor" and set(stages[1:3]) == {"worker-1", "worker-2"}
     assert set(stages[3:]) == {"monitor", "scratchpad"}
+
+
+def test_a_taken_port_ends_quarry_up_with_one_line_naming_it_the_service_and_ephemeral_ports(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = f"127.0.0.1:{holder.getsockname()[1]}"
+        others = {
+            f"QUARRY_{name}_ADDRESS": f"127.0.0.1:{reusable_port()}" for name in ("MONITOR", "WORKER", "SUPERVISOR")
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "quarry", "up", "--data-dir", str(tmp_path / "data")],
+            env={**os.environ, **others, "QUARRY_SCRATCHPAD_ADDRESS": taken, "TMPDIR": str(tmp_path), "COLUMNS": "250"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "add_port.cc" not in output and "chttp2" not in output, "gRPC's own logging is silenced"
+    [failed] = [line for line in output.splitlines() if line.startswith("quarry up failed")]
+    assert f"scratchpad could not listen on {taken}: the port is in use" in failed, output
+    assert failed.endswith("or run `quarry up --ephemeral-ports`")
+    assert "Warning" not in output, "nothing but what the user needs"

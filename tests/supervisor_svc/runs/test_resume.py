@@ -7,14 +7,18 @@ a worker killed, and a database cut off, get meshes of their own."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import make_url
 
+from quarry.cli.ask import EXIT_SUPERVISOR_LOST
 from quarry.clients.runs import RunsClient
 from quarry.v1 import common_pb2, supervisor_pb2
 from tests.conftest import postgres_schema, stop_service
@@ -106,6 +110,76 @@ async def test_a_supervisor_killed_during_a_delegation_is_taken_up_and_the_run_s
     # The delegation continued under its id: it ran once, on one conversation.
     delegated = [e for e in events if e.status.phase == supervisor_pb2.RESEARCH_PHASE_WORKER_DELEGATED]
     assert {e.status.delegation_id for e in delegated} == {delegation_id}
+
+
+async def _quarry(*args: str) -> asyncio.subprocess.Process:
+    """`quarry ARGS` as a user runs it, its stderr with its stdout."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "quarry",
+        *args,
+        env={**os.environ, "COLUMNS": "160"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+
+
+async def _line_with(process: asyncio.subprocess.Process, text: str, seconds: float = 30.0) -> tuple[str, float]:
+    """The first line of the process's output holding `text`, and when it came (the loop's clock)."""
+    assert process.stdout is not None
+    async with asyncio.timeout(seconds):
+        while line := (await process.stdout.readline()).decode():
+            if text in line:
+                return line, asyncio.get_running_loop().time()
+    raise AssertionError(f"the output ended without {text!r}")
+
+
+async def test_ask_says_at_once_that_the_supervisor_went_away_and_follows_the_run_again_when_it_is_back(
+    mesh: ProcessMesh, site: FixtureWeb, shared_script: EvidenceScript
+) -> None:
+    script = shared_script
+    _script_an_interrupted_measurement(script, site)
+    address = mesh.supervisor.address
+    ask = await _quarry("ask", "How tall is the tower?", "--address", address, "--verification", "off")
+    await _wait_for(lambda: len(script.requests.get("Measure the tower", ())) == 2, "the worker's second call")
+    os.kill(mesh.supervisor.process.pid, signal.SIGKILL)
+    killed = asyncio.get_running_loop().time()
+    line, said = await _line_with(ask, "went away")
+    assert line.strip() == "quarry: the supervisor went away; waiting for it (Ctrl-C to stop)"
+    assert said - killed < 2.0, "said within 2 seconds"
+    assert mesh.supervisor.process.wait(10) == -signal.SIGKILL
+    mesh.start_supervisor(port=int(address.rsplit(":", 1)[1]))  # where ask looks for it
+    await _line_with(ask, "the supervisor is back; following the run again")
+    output, _ = await asyncio.wait_for(ask.communicate(), 60)
+    assert ask.returncode == 0, output.decode()
+    assert "The tower is 330 m tall" in output.decode()
+
+
+async def test_ask_gives_a_supervisor_that_stays_away_up_and_runs_watch_takes_the_run_up(
+    mesh: ProcessMesh, site: FixtureWeb, shared_script: EvidenceScript
+) -> None:
+    script = shared_script
+    _script_an_interrupted_measurement(script, site)
+    address = mesh.supervisor.address
+    ask = await _quarry(
+        "ask", "How tall is the tower?", "--address", address, "--verification", "off", "--wait-for-supervisor", "2"
+    )
+    await _wait_for(lambda: len(script.requests.get("Measure the tower", ())) == 2, "the worker's second call")
+    os.kill(mesh.supervisor.process.pid, signal.SIGKILL)
+    assert mesh.supervisor.process.wait(10) == -signal.SIGKILL
+    output, _ = await asyncio.wait_for(ask.communicate(), 30)
+    text = output.decode()
+    assert ask.returncode == EXIT_SUPERVISOR_LOST, text
+    [run_id] = re.findall(r"quarry runs watch (run-\w+)", text)
+    assert "the supervisor did not come back within 2 s" in text
+    mesh.start_supervisor()
+    watch = await _quarry("runs", "watch", run_id, "--address", mesh.supervisor.address, "--json")
+    output, _ = await asyncio.wait_for(watch.communicate(), 60)
+    assert watch.returncode == 0, output.decode()
+    events = [json.loads(line) for line in output.decode().splitlines() if line.startswith("{")]
+    assert [int(event["sequenceNo"]) for event in events] == list(range(1, len(events) + 1)), "every event, once"
+    assert "completed" in events[-1] and events[-1]["completed"]["report"]["markdown"].startswith("The tower is")
 
 
 async def _until_researching(client: RunsClient, run_id: str):  # type: ignore[no-untyped-def]
