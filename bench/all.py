@@ -44,6 +44,7 @@ BENCHES: dict[str, list[str]] = {
     "retrieval_synthetic": ["bench/retrieval_synthetic.py"],
     "campaign": ["bench/campaign.py"],
     "gpu_sharing": ["bench/gpu_sharing.py"],
+    "cli_startup": ["bench/cli_startup.py"],
 }
 
 # | `bench/figure` | median (low-high) ... ; the range's dash may be an en dash.

@@ -26,8 +26,9 @@ import grpc
 from harness import arguments, percentile
 from rounds import MIN_ROUNDS, Rounds
 
-from quarry.api_auth import ALL_ROLES, ApiAuthentication, ApiKeys, ApiPrincipal, ApiRole, api_key_digest, new_api_key
+from quarry.api_auth import ALL_ROLES, ApiAuthentication, ApiKeys, ApiPrincipal, api_key_digest, new_api_key
 from quarry.clients.channels import open_channel
+from quarry.identity import ApiRole
 from quarry.server import ServiceRegistration, create_server
 from quarry.v1 import supervisor_pb2, supervisor_pb2_grpc
 from supervisor_svc.access.guard import SUPERVISOR_ACCESS

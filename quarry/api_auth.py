@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import enum
 import hashlib
 import logging
 import secrets
@@ -24,6 +23,7 @@ from typing import Any
 
 from quarry.config import ConfigurationError
 from quarry.errors import ErrorReason, PermissionDenied, Unauthenticated
+from quarry.identity import ApiRole
 from quarry.mesh_auth import token_digest
 from quarry.security import MethodGuard, certificate_names, presented_token
 
@@ -34,7 +34,6 @@ __all__ = [
     "ApiAuthentication",
     "ApiKeys",
     "ApiPrincipal",
-    "ApiRole",
     "KeyLoader",
     "access_table",
     "api_key_digest",
@@ -55,16 +54,6 @@ API_KEY_PREFIX = "qk_"
 API_KEY_FILE = "api-key"
 _DIGEST_PREFIX = "sha256:"
 _CN_PREFIX = "cn:"
-
-
-class ApiRole(enum.StrEnum):
-    """What a principal may do with the public API. Every role also reads."""
-
-    READER = "reader"  # Get/List/Stream runs and campaigns, ListLedgerRows
-    RESEARCHER = "researcher"  # StartRun, CancelRun
-    # StartCampaign, Pause/Resume/Stop, SendDirective: code execution on the monitor's host.
-    OPERATOR = "operator"
-    APPROVER = "approver"  # ApproveRun, RejectRun
 
 
 ALL_ROLES = frozenset(ApiRole)

@@ -28,11 +28,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic_settings import BaseSettings
-from sqlalchemy.engine import make_url
 
 from quarry.clients.channels import Dialer
 from quarry.config import ModelTier, QuarrySettings, ServiceSettings
-from quarry.migrations import schema_revisions
 
 if TYPE_CHECKING:
     import httpx
@@ -322,6 +320,11 @@ def database_diagnostics(
 ) -> tuple[Fact, Check]:
     """The service's database (its kind and place, never its URL) and a check that it is reachable and
     at the revision this code has."""
+    # Loaded here: the client commands read diagnostics' types, and SQLAlchemy costs them a third of a second.
+    from sqlalchemy.engine import make_url
+
+    from quarry.migrations import schema_revisions
+
     url = settings.resolved_database_url(common.data_dir)
     setting = setting_name(settings, "database_url")
     parsed = make_url(url)

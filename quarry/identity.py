@@ -39,3 +39,13 @@ class MeshRole(enum.StrEnum):
 
     SUPERVISOR = "supervisor"
     WORKER = "worker"
+
+
+class ApiRole(enum.StrEnum):
+    """What a principal may do with the public API. Every role also reads."""
+
+    READER = "reader"  # Get/List/Stream runs and campaigns, ListLedgerRows
+    RESEARCHER = "researcher"  # StartRun, CancelRun
+    # StartCampaign, Pause/Resume/Stop, SendDirective: code execution on the monitor's host.
+    OPERATOR = "operator"
+    APPROVER = "approver"  # ApproveRun, RejectRun

@@ -24,10 +24,10 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from quarry.api_auth import ALL_ROLES, ApiRole, new_api_key, static_key_entry
+from quarry.api_auth import ALL_ROLES, new_api_key, static_key_entry
 from quarry.clients.runs import RunsClient
 from quarry.config import QuarrySettings, ScratchpadSettings, SupervisorSettings, WorkerSettings
-from quarry.identity import MeshRole
+from quarry.identity import ApiRole, MeshRole
 from quarry.mesh_auth import MeshKeys
 from quarry.recording import replaying
 from quarry.replay.compare import run_difference

@@ -23,9 +23,10 @@ from alembic.script import ScriptDirectory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy.engine import make_url
 
-from quarry.api_auth import ALL_ROLES, ApiRole, new_api_key, static_key_entry
+from quarry.api_auth import ALL_ROLES, new_api_key, static_key_entry
 from quarry.cli.launcher import serve_command
 from quarry.db import create_engine
+from quarry.identity import ApiRole
 from quarry.migrations import upgrade_schema
 from tests.fakes.loopback import served_in_thread
 from tests.fakes.openai_server import ScriptedModel

@@ -29,11 +29,8 @@ from quarry.identity import Role
 from quarry.records.base import RecordError
 from quarry.records.research import (
     RECORD_TYPES,
-    Adjudication,
     BibliographicVerdict,
     CandidateSources,
-    CitationAudit,
-    CitationJudgement,
     ClaimVerdict,
     ExtractedEvidence,
     InputRefs,
@@ -297,17 +294,4 @@ def _json_answer(text: str) -> dict[str, Any] | None:
 
 def describe(record: ResearchRecord) -> str:
     """A one-line summary of an accepted output, the delegation's summary."""
-    if isinstance(record, ClaimVerdict):
-        return f"finding {record.finding_ref}: {record.judgement.value}"
-    if isinstance(record, CitationAudit):
-        raised = sum(sentence.judgement is not CitationJudgement.SOUND for sentence in record.sentences)
-        return f"{len(record.sentences)} sentence(s) audited, {raised} objection(s) raised"
-    if isinstance(record, Adjudication):
-        return f"objection {record.objection_ref}: {record.decision.value}"
-    if isinstance(record, BibliographicVerdict):
-        return f"finding {record.finding_ref}'s paper: {record.judgement.value}"
-    if isinstance(record, CandidateSources):
-        return f"{len(record.candidates)} candidate source(s)"
-    if isinstance(record, ExtractedEvidence):
-        return f"{len(record.records)} record(s) from {record.source_url}"
-    return record.record_kind()
+    return record.headline()

@@ -19,9 +19,14 @@ EXIT_INTERRUPTED = 130
 def main(argv: Sequence[str] | None = None) -> int:
     """The `quarry` command; a Ctrl-C that no command has taken charge of ends it without a traceback."""
     try:
-        from quarry.cli.commands import run
+        # The arguments first, with nothing heavy loaded: `--help` and a mistyped flag answer at once.
+        from quarry.cli.arguments import build_parser
 
-        return run(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        from quarry.cli.commands import run_parsed
+
+        return run_parsed(parser, args)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from quarry.api_auth import API_KEY_FILE
 
 if TYPE_CHECKING:
-    from quarry.cli.launcher import RestartPolicy
+    from quarry.cli.restarts import RestartPolicy
 
 
 class ServiceRow(NamedTuple):

@@ -6,9 +6,9 @@ import argparse
 from datetime import date
 from pathlib import Path
 
-from quarry.api_auth import ApiRole
-from quarry.cli.launcher import RestartPolicy
 from quarry.cli.registry import SERVICES, databases
+from quarry.cli.restarts import RestartPolicy
+from quarry.identity import ApiRole
 
 CONFIGURATION_HELP = """configuration:
   QUARRY_* environment variables (QUARRY_DATA_DIR, QUARRY_LOG_LEVEL,

@@ -10,13 +10,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from quarry.cli.arguments import build_parser
 from quarry.cli.registry import SERVICES, databases
 from quarry.cli.settings import load_settings
 from quarry.config import ConfigurationError, QuarrySettings
-from quarry.db import UnsupportedDatabase
 
 if TYPE_CHECKING:
     from quarry.cli.ask import Supervisor
@@ -34,7 +31,8 @@ def _serve(args: argparse.Namespace, common: QuarrySettings) -> int:
 def _up(args: argparse.Namespace, common: QuarrySettings) -> int:
     from quarry.agent.model import ModelSettings
     from quarry.cli.announcer import Announcer
-    from quarry.cli.launcher import RestartPolicy, plan, run_process_group
+    from quarry.cli.launcher import plan, run_process_group
+    from quarry.cli.restarts import RestartPolicy
     from quarry.cli.up_api_key import supervisor_api_environment
     from quarry.config import ModelTier, MonitorSettings, SupervisorSettings
     from quarry.credentials import keep_private
@@ -208,6 +206,9 @@ def _lab(args: argparse.Namespace, common: QuarrySettings) -> int:
 
 
 def _migrate(args: argparse.Namespace, common: QuarrySettings) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from quarry.db import UnsupportedDatabase
     from quarry.migrations import upgrade_schema
 
     known = {spec.name: (spec, migrations) for spec, migrations in databases()}
@@ -274,7 +275,11 @@ HANDLERS: dict[str, Callable[[argparse.Namespace, QuarrySettings], int]] = {
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and run its command; a configuration error is one line and status 2."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    return run_parsed(parser, parser.parse_args(argv))
+
+
+def run_parsed(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Run the command line's command, parsed; a configuration error is one line and status 2."""
     if args.command is None:
         parser.print_help()
         return 2

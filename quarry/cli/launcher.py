@@ -30,6 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from quarry.cli.announcer import Announcer, ServiceRow, describe_exit
 from quarry.cli.environment import service_environment
 from quarry.cli.registry import ServiceSpec
+from quarry.cli.restarts import RestartPolicy
 from quarry.cli.up_state import UpState
 from quarry.clients.channels import open_channel
 from quarry.config import QuarrySettings
@@ -54,20 +55,6 @@ def serve_command(
     if parent_pid:
         command += ["--parent-pid", str(parent_pid)]
     return command
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """How often a service that keeps dying is restarted before `quarry up` gives up on its process group."""
-
-    max_restarts: int = 5
-    window_seconds: float = 600.0
-    first_delay: float = 0.5
-    max_delay: float = 30.0
-
-    def delay(self, exits: int) -> float:
-        """The wait before the restart that follows the `exits`-th exit within the window."""
-        return float(min(self.first_delay * 2 ** (exits - 1), self.max_delay))
 
 
 @dataclass(frozen=True)

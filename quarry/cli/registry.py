@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from quarry.cli.settings import load_settings
-from quarry.config import QuarrySettings, ServiceSettings
 from quarry.identity import MeshRole
 
-if TYPE_CHECKING:  # the gRPC server is for `serve`; other commands need not load it
+if TYPE_CHECKING:  # the settings and the gRPC server load when a command needs them, not for its help
+    from quarry.config import QuarrySettings, ServiceSettings
     from quarry.server import ServiceHost
 
 
@@ -51,9 +50,11 @@ class ServiceSpec:
     commands: dict[str, str] = field(default_factory=dict)
 
     def settings_type(self) -> type[ServiceSettings]:
-        return cast(type[ServiceSettings], resolve(self.settings_class))
+        return cast("type[ServiceSettings]", resolve(self.settings_class))
 
     def load_settings(self, **overrides: Any) -> ServiceSettings:
+        from quarry.cli.settings import load_settings
+
         return load_settings(self.settings_type(), **overrides)
 
     def command(self, name: str) -> Callable[..., int]:

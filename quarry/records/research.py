@@ -126,6 +126,21 @@ class ResearchRecord(Record):
         """The report sentences this record judges, by index."""
         return frozenset()
 
+    def headline(self) -> str:
+        """The record in a few words, for a person following the run (a delegation's summary, a live view)."""
+        return self.record_kind().replace("_", " ")
+
+
+def _short(text: str, chars: int = 80) -> str:
+    """Text on one line, cut at a word to at most `chars`."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= chars else flat[:chars].rsplit(" ", 1)[0] + "…"
+
+
+def _delegation(delegation_id: str) -> str:
+    """A delegation by the part of its id its run does not share: "d1" for "run-5f3….1.d1"."""
+    return delegation_id.split(".")[-1] if delegation_id.startswith("run-") else delegation_id
+
 
 # -- what the evidence roles emit ----------------------------------------------------------------------
 
@@ -172,6 +187,9 @@ class ClaimVerdict(ResearchRecord):
 
     def cited_urls(self) -> frozenset[str]:
         return frozenset({self.quote.url}) if self.quote else frozenset()
+
+    def headline(self) -> str:
+        return f"finding {self.finding_ref}: {self.judgement.value}"
 
 
 class CitationJudgement(enum.StrEnum):
@@ -242,6 +260,9 @@ class Objection(ResearchRecord):
         audit = {self.audit_ref: EntryKind.AUDIT} if self.audit_ref is not None else {}
         return {**_findings(self.finding_refs), **audit}
 
+    def headline(self) -> str:
+        return f"sentence {self.sentence_index}: {_short(self.reason)}"
+
 
 class CitationAudit(ResearchRecord):
     """A citation auditor's judgement of the sentences it was given, recorded as ENTRY_KIND_AUDIT."""
@@ -277,6 +298,10 @@ class CitationAudit(ResearchRecord):
             if sentence.judgement is not CitationJudgement.SOUND
         )
 
+    def headline(self) -> str:
+        raised = sum(sentence.judgement is not CitationJudgement.SOUND for sentence in self.sentences)
+        return f"{len(self.sentences)} sentence(s) audited, {raised} objection(s) raised"
+
 
 class AdjudicationDecision(enum.StrEnum):
     # The objection is dismissed: the sentence stands.
@@ -300,6 +325,9 @@ class Adjudication(ResearchRecord):
     def referenced_kinds(self) -> dict[int, EntryKind]:
         return {self.objection_ref: EntryKind.OBJECTION}
 
+    def headline(self) -> str:
+        return f"objection {self.objection_ref}: {self.decision.value}"
+
 
 # -- what the supervisor logs ----------------------------------------------------------------------------
 
@@ -320,6 +348,9 @@ class Assignment(ResearchRecord):
         default=(), max_length=_MAX_REFS
     )
 
+    def headline(self) -> str:
+        return f"{self.role.value} {_delegation(self.delegation_id)}: {_short(self.objective)}"
+
 
 class RouteDecision(ResearchRecord):
     """Where a delegation runs: the worker that took it, the tier and the model that tier asks for."""
@@ -332,6 +363,9 @@ class RouteDecision(ResearchRecord):
     tier: Tier
     model: Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
+    def headline(self) -> str:
+        return f"{_delegation(self.delegation_id)} on {self.worker_id}, {self.tier.value} tier ({self.model})"
+
 
 class UsageObserved(ResearchRecord):
     """What a delegation cost, as the model endpoint reported it (never an estimate)."""
@@ -343,6 +377,10 @@ class UsageObserved(ResearchRecord):
     input_tokens: Count
     output_tokens: Count
     model_calls: Count
+
+    def headline(self) -> str:
+        tokens = self.input_tokens + self.output_tokens
+        return f"{_delegation(self.delegation_id)}: {tokens:,} tokens in {self.model_calls} model call(s)"
 
 
 class Resolution(enum.StrEnum):
@@ -397,6 +435,9 @@ class ObjectionResolution(ResearchRecord):
         }
         return {ref: kind for ref, kind in refs.items() if ref is not None}
 
+    def headline(self) -> str:
+        return f"objection {self.objection_ref}: {self.resolution.value.replace('_', ' ')}"
+
 
 class ClaimRefusal(ResearchRecord):
     """The supervisor did not count a finding as verified, recorded as ENTRY_KIND_REFUSAL: the verdict it
@@ -414,6 +455,9 @@ class ClaimRefusal(ResearchRecord):
     def referenced_kinds(self) -> dict[int, EntryKind]:
         verdict = {self.verdict_ref: EntryKind.VERDICT} if self.verdict_ref is not None else {}
         return {self.finding_ref: EntryKind.FINDING, **verdict}
+
+    def headline(self) -> str:
+        return f"finding {self.finding_ref} not counted verified: {_short(self.reason)}"
 
 
 class DraftSentence(ResearchRecord):
@@ -433,6 +477,9 @@ class DraftSentence(ResearchRecord):
 
     def referenced_kinds(self) -> dict[int, EntryKind]:
         return _findings(self.finding_refs)
+
+    def headline(self) -> str:
+        return f"sentence {self.sentence_index}: {_short(self.text)}"
 
 
 class BibliographicJudgement(enum.StrEnum):
@@ -483,6 +530,9 @@ class BibliographicVerdict(ResearchRecord):
     def cited_urls(self) -> frozenset[str]:
         return frozenset({self.cited_url})
 
+    def headline(self) -> str:
+        return f"finding {self.finding_ref}'s paper: {self.judgement.value}"
+
 
 class Candidate(BaseModel):
     """One source a scout found, as its search or look-up listed it, and why it bears on the question."""
@@ -502,6 +552,9 @@ class CandidateSources(ResearchRecord):
 
     kind: Literal["candidate_sources"] = "candidate_sources"
     candidates: tuple[Candidate, ...] = Field(min_length=1, max_length=_MAX_REFS)
+
+    def headline(self) -> str:
+        return f"{len(self.candidates)} candidate source(s)"
 
 
 class EvidenceKind(enum.StrEnum):
@@ -541,6 +594,9 @@ class ExtractedEvidence(ResearchRecord):
 
     def cited_urls(self) -> frozenset[str]:
         return frozenset({self.source_url})
+
+    def headline(self) -> str:
+        return f"{len(self.records)} record(s) from {self.source_url}"
 
 
 class TaskKind(enum.StrEnum):

@@ -12,7 +12,6 @@ from quarry.api_auth import (
     ApiAuthentication,
     ApiKeys,
     ApiPrincipal,
-    ApiRole,
     KeyLoader,
     access_table,
     api_key_digest,
@@ -20,6 +19,7 @@ from quarry.api_auth import (
     parse_client_certificates,
 )
 from quarry.config import ConfigurationError, QuarrySettings, SupervisorSettings
+from quarry.identity import ApiRole
 from quarry.security import Tls
 
 __all__ = ["CAMPAIGN_ACCESS", "SUPERVISOR_ACCESS", "api_guard", "how_to_get_a_key"]

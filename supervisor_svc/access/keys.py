@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from quarry.api_auth import ApiPrincipal, ApiRole, api_key_digest, new_api_key
+from quarry.api_auth import ApiPrincipal, api_key_digest, new_api_key
+from quarry.identity import ApiRole
 from supervisor_svc.schema import api_keys
 
 __all__ = ["KeyNameTaken", "StoredKey", "active_keys", "add_key", "list_keys", "revoke_key"]

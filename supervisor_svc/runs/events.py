@@ -7,6 +7,7 @@ reach a client as something to execute.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -19,6 +20,7 @@ from quarry.convert import (
     usage_to_proto,
     verification_to_proto,
 )
+from quarry.records.research import RECORD_TYPES, parse_record
 from quarry.v1 import common_pb2, supervisor_pb2
 from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc.runs.domain import (
@@ -123,15 +125,23 @@ def delegation_ended(result: DelegationResult) -> PublicEvent:
     return PublicEvent(event)
 
 
+def preview(entry: Entry) -> str:
+    """What a person following the run reads of an entry: a ledger record's headline, else its text, cut at a word."""
+    text = entry.content
+    if entry.kind in RECORD_TYPES:
+        with contextlib.suppress(ValueError):  # a record this build cannot read is shown as it is
+            text = parse_record(entry.kind, entry.content).headline()
+    return text if len(text) <= _PREVIEW_CHARS else text[:_PREVIEW_CHARS].rsplit(" ", 1)[0] + "…"
+
+
 def scratchpad_entry(entry: Entry) -> PublicEvent:
-    preview = entry.content if len(entry.content) <= _PREVIEW_CHARS else entry.content[:_PREVIEW_CHARS] + "…"
     return PublicEvent(
         supervisor_pb2.RunEvent(
             scratchpad=supervisor_pb2.ScratchpadEvent(
                 scratchpad_sequence_no=entry.sequence_no,
                 kind=ENTRY_KINDS.to_proto(entry.kind),
                 author=principal_to_proto(entry.author),
-                preview=preview,
+                preview=preview(entry),
             )
         )
     )

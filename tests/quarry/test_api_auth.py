@@ -10,7 +10,6 @@ from quarry.api_auth import (
     ALL_ROLES,
     ApiKeys,
     ApiPrincipal,
-    ApiRole,
     access_table,
     api_key_digest,
     new_api_key,
@@ -19,6 +18,7 @@ from quarry.api_auth import (
     static_key_entry,
 )
 from quarry.config import ConfigurationError
+from quarry.identity import ApiRole
 
 DIGEST = "ab" * 32
 

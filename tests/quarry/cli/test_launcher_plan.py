@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from quarry.cli.announcer import Announcer, ServiceRow
-from quarry.cli.launcher import Child, Instance, RestartPolicy, plan, start_stages, stop_stages
+from quarry.cli.launcher import Child, Instance, plan, start_stages, stop_stages
 from quarry.cli.registry import SERVICES
+from quarry.cli.restarts import RestartPolicy
 
 
 def names(stages: Sequence[Sequence[Instance | Child]]) -> list[set[str]]:

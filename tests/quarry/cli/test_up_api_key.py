@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from quarry.api_auth import ALL_ROLES, ApiPrincipal, ApiRole, api_key_digest, parse_api_keys, static_key_entry
+from quarry.api_auth import ALL_ROLES, ApiPrincipal, api_key_digest, parse_api_keys, static_key_entry
 from quarry.cli.commands import run
 from quarry.cli.up_api_key import ensure_api_key, supervisor_api_environment
 from quarry.config import ConfigurationError, SupervisorSettings
+from quarry.identity import ApiRole
 
 
 def test_the_key_is_made_once_readable_by_its_owner_only_and_kept_across_starts(tmp_path: Path) -> None:

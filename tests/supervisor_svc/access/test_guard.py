@@ -15,11 +15,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from quarry.api_auth import ApiRole, new_api_key, static_key_entry
+from quarry.api_auth import new_api_key, static_key_entry
 from quarry.clients.campaigns import CampaignsClient
 from quarry.clients.channels import open_channel
 from quarry.clients.runs import RunsClient
 from quarry.config import QuarrySettings, SupervisorSettings
+from quarry.identity import ApiRole
 from supervisor_svc.service import build_host as build_supervisor
 from tests.conftest import ServiceProcess, reusable_port, start_service, stop_service
 from tests.rpc import error_reason, expect_error

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from quarry.api_auth import ALL_ROLES, ApiRole, api_key_digest
+from quarry.api_auth import ALL_ROLES, api_key_digest
 from quarry.cli.commands import run
 from quarry.config import ConfigurationError, QuarrySettings, SupervisorSettings
 from quarry.db import create_engine
+from quarry.identity import ApiRole
 from quarry.v1 import campaign_pb2, supervisor_pb2
 from supervisor_svc.access.guard import CAMPAIGN_ACCESS, SUPERVISOR_ACCESS, api_guard
 from supervisor_svc.schema import api_keys
