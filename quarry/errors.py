@@ -34,6 +34,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "Unimplemented",
+    "answered_violations",
     "internal_status",
     "to_rpc_status",
 ]
@@ -275,6 +276,20 @@ class ServiceError(QuarryError):
     def of(cls, error: grpc.aio.AioRpcError) -> Self:
         """The error as answered, with the reason its ErrorInfo names (GPUS_BUSY, say) where it names one."""
         return cls(error.details() or error.code().name, code=error.code(), reason=_answered_reason(error))
+
+
+def answered_violations(error: grpc.aio.AioRpcError) -> list[FieldViolation]:
+    """The field violations of a BadRequest the answer carries; none when it carries none."""
+    try:
+        status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    except ValueError:  # a status whose code or message disagrees with the call's
+        return []
+    violations: list[FieldViolation] = []
+    for detail in status.details if status is not None else ():
+        bad_request = error_details_pb2.BadRequest()
+        if detail.Unpack(bad_request):
+            violations.extend(FieldViolation(v.field, v.description) for v in bad_request.field_violations)
+    return violations
 
 
 def _answered_reason(error: grpc.aio.AioRpcError) -> ErrorReason | None:

@@ -114,3 +114,19 @@ def test_the_benchmarks_doc_states_figures_that_bench_all_reruns() -> None:
     assert undocumented == []
     assert len(figures) >= len(benches)
     assert strays == []
+
+
+_MESSAGE = re.compile(r"^> message: `([^`]+)`$", re.MULTILINE)
+
+
+def test_every_message_the_troubleshooting_page_quotes_is_still_said_by_the_code() -> None:
+    quoted = _MESSAGE.findall((ROOT / "docs" / "troubleshooting.md").read_text())
+    assert len(quoted) >= 12, "the page quotes its messages as `> message: ...` lines"
+    sources = [
+        path.read_text()
+        for package in (*_PACKAGES, "tests")
+        for path in (ROOT / package).rglob("*.py")
+        if path != Path(__file__)
+    ]
+    missing = [message for message in quoted if not any(message in source for source in sources)]
+    assert missing == []

@@ -386,7 +386,9 @@ def _lab_arguments(lab: argparse.ArgumentParser, parents: list[argparse.Argument
     start.add_argument("--max-cycles", type=int, help="cycles it may run in all (TOML: budgets.max_cycles)")
     start.add_argument("--stop-time", help="when to stop, with a zone: 2026-12-24T08:00:00Z")
     start.add_argument("--max-consecutive-failures", type=int, help="failed cycles in a row before pausing")
-    start.add_argument("--baseline-runs", type=int, help="runs of the unchanged state per baseline (default 3)")
+    start.add_argument(
+        "--baseline-runs", type=int, help="runs of the unchanged state per baseline, at least 2 (default 3)"
+    )
     start.add_argument("--phase-gate", type=float, help="the metric value whose clearing is reported")
     start.add_argument("--stop-at-gate", action="store_true", help="complete the campaign at the phase gate")
     start.add_argument(

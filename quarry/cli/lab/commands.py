@@ -9,16 +9,18 @@ from collections.abc import Sequence
 from datetime import UTC
 from pathlib import Path
 
+import grpc
 from google.protobuf import json_format
 from rich.console import Console
 from rich.table import Table
 
 from quarry.cli.ask import Supervisor, name_of
 from quarry.cli.lab.report import report
-from quarry.cli.lab.spec import SpecError, load_settings, settings_from_flags, spec_from_settings
+from quarry.cli.lab.spec import SpecError, load_settings, settings_from_flags, spec_from_settings, user_name
 from quarry.cli.lab.view import ledger_table, number, watch
 from quarry.cli.terminal import safe_markup, shown
 from quarry.clients.campaigns import CampaignsClient
+from quarry.errors import answered_violations
 from quarry.v1 import campaign_pb2, monitor_pb2
 
 
@@ -74,7 +76,17 @@ async def run(args: argparse.Namespace, supervisor: Supervisor) -> int:
 
 async def start(supervisor: Supervisor, spec: campaign_pb2.CampaignSpec, *, request_id: str, as_json: bool) -> int:
     async with supervisor.campaigns() as client:
-        campaign = await client.start_campaign(spec, request_id=request_id)
+        try:
+            campaign = await client.start_campaign(spec, request_id=request_id)
+        except grpc.aio.AioRpcError as error:
+            violations = answered_violations(error) if error.code() is grpc.StatusCode.INVALID_ARGUMENT else []
+            if not violations:
+                raise
+            # Said in the words the campaign was given in: its flags and the campaign file's keys.
+            console = Console(stderr=True, highlight=False)
+            for violation in violations:
+                console.print(f"quarry lab start: {user_name(violation.field)}: {safe_markup(violation.description)}")
+            return 2
     if as_json:
         print(json.dumps(json_format.MessageToDict(campaign)))
     else:

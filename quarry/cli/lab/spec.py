@@ -178,52 +178,79 @@ def spec_from_settings(data: Mapping[str, Any]) -> campaign_pb2.CampaignSpec:
     return spec
 
 
+# The campaign file's key each valued flag sets, "section.key" (a top-level key alone), with the flag's dest.
+FLAG_DESTS: dict[str, str] = {
+    "title": "title",
+    "brief.goal": "goal",
+    "brief.constraints": "constraint",
+    "brief.editable_paths": "editable",
+    "brief.protected_paths": "protected",
+    "workspace.host": "host",
+    "workspace.root": "root",
+    "metric.name": "metric",
+    "metric.direction": "direction",
+    "metric.log_regex": "log_regex",
+    "metric.jsonl_path": "jsonl_path",
+    "metric.jsonl_key": "jsonl_key",
+    "experiment.command": "experiment_command",
+    "experiment.slurm_script": "slurm_script",
+    "experiment.wall_clock_seconds": "experiment_seconds",
+    "experiment.gpus": "gpus",
+    **{f"budgets.{key}": key for key in _SCHEMA["budgets"]},
+    "signals.baseline_runs": "baseline_runs",
+    "signals.phase_gate": "phase_gate",
+}
+# The campaign file's key each switch sets to true.
+SWITCH_DESTS: dict[str, str] = {
+    "write_report_at_end": "report_at_end",
+    "experiment.isolate_network": "isolate_network",
+    "signals.stop_at_phase_gate": "stop_at_gate",
+}
+# A dest whose flag is not --<dest with dashes>.
+_FLAG_OF_DEST = {"experiment_command": "--command"}
+# The API's field under `spec.` -> the campaign file's key, where the two differ.
+_FILE_KEY_OF_FIELD = {
+    "experiment.wall_clock_limit": "experiment.wall_clock_seconds",
+    "experiment.command_line": "experiment.command",
+    "experiment.gpus.count": "experiment.gpus",
+    "experiment.gpus.indices": "experiment.gpu_indices",
+    "experiment.slurm.script_path": "experiment.slurm_script",
+    "experiment.slurm.sbatch_args": "experiment.sbatch_args",
+    "metric.jsonl_file.path": "metric.jsonl_path",
+    "metric.jsonl_file.key": "metric.jsonl_key",
+    "metric.jsonl_file": "metric.jsonl_path",
+    "experiment.slurm": "experiment.slurm_script",
+}
+
+
 def settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The campaign file's shape for the flags given (None: not given), to lay over the file."""
-    flags = {
-        "": {"title": args.title, "write_report_at_end": True if args.report_at_end else None},
-        "brief": {
-            "goal": args.goal,
-            "constraints": args.constraint,
-            "editable_paths": args.editable,
-            "protected_paths": args.protected,
-        },
-        "workspace": {"host": args.host, "root": args.root},
-        "metric": {
-            "name": args.metric,
-            "direction": args.direction,
-            "log_regex": args.log_regex,
-            "jsonl_path": args.jsonl_path,
-            "jsonl_key": args.jsonl_key,
-        },
-        "experiment": {
-            "command": args.experiment_command,
-            "slurm_script": args.slurm_script,
-            "wall_clock_seconds": args.experiment_seconds,
-            "gpus": args.gpus,
-            "isolate_network": True if args.isolate_network else None,
-        },
-        "budgets": {
-            "max_tokens_per_hour": args.max_tokens_per_hour,
-            "max_tokens": args.max_tokens,
-            "max_cycles_per_hour": args.max_cycles_per_hour,
-            "max_cycles": args.max_cycles,
-            "stop_time": args.stop_time,
-            "max_consecutive_failures": args.max_consecutive_failures,
-        },
-        "signals": {"baseline_runs": args.baseline_runs, "phase_gate": args.phase_gate},
-    }
-    if args.stop_at_gate:
-        flags["signals"]["stop_at_phase_gate"] = True
     given: dict[str, Any] = {}
-    for section, values in flags.items():
-        chosen = {key: value for key, value in values.items() if value is not None}
-        if section:
-            if chosen:
-                given[section] = chosen
-        else:
-            given.update(chosen)
+    chosen = {key: getattr(args, dest) for key, dest in FLAG_DESTS.items()}
+    chosen |= {key: True if getattr(args, dest) else None for key, dest in SWITCH_DESTS.items()}
+    for key, value in chosen.items():
+        if value is None:
+            continue
+        section, _, name = key.rpartition(".")
+        (given.setdefault(section, {}) if section else given)[name] = value
     return given
+
+
+def user_name(field: str) -> str:
+    """An API field of a CampaignSpec as the person starting the campaign named it: the flag, and the campaign
+    file's key (`--baseline-runs (signals.baseline_runs in the file)`); the field itself when it is neither."""
+    path = field.removeprefix("spec.")
+    bare = path.split("[", 1)[0]  # brief.constraints[2] -> brief.constraints
+    key = next(
+        (file_key for api, file_key in _FILE_KEY_OF_FIELD.items() if bare == api or bare.startswith(f"{api}.")),
+        bare,
+    )
+    dest = FLAG_DESTS.get(key) or SWITCH_DESTS.get(key)
+    known = key in FLAG_DESTS or key in SWITCH_DESTS or key.partition(".")[2] in _SCHEMA.get(key.partition(".")[0], {})
+    if not known:
+        return field
+    flag = _FLAG_OF_DEST.get(dest, f"--{dest.replace('_', '-')}") if dest else ""
+    return f"{flag} ({key} in the campaign file)" if flag else f"{key} in the campaign file"
 
 
 def load_settings(path: Path | None, flags: Mapping[str, Any]) -> dict[str, Any]:

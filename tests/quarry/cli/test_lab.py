@@ -141,6 +141,24 @@ LEDGER = [
 ]
 
 
+async def test_a_refused_campaign_is_said_in_the_flags_and_file_keys_it_was_given_in(
+    served: ServedCampaigns, tmp_path: Path
+) -> None:
+    path = tmp_path / "campaign.toml"
+    path.write_text(CAMPAIGN_FILE.replace("wall_clock_seconds = 120", "wall_clock_seconds = 0"))
+    code, output = await lab(served, "start", str(path), "--baseline-runs", "1", "--gpus", "-1")
+    assert code == 2, output
+    lines = output.strip().splitlines()
+    assert "quarry lab start: --baseline-runs (signals.baseline_runs in the campaign file): between 2 and 100" in lines
+    assert any(
+        line.startswith("quarry lab start: --experiment-seconds (experiment.wall_clock_seconds in the campaign file): ")
+        for line in lines
+    ), output
+    assert any(line.startswith("quarry lab start: --gpus (experiment.gpus in the campaign file): ") for line in lines)
+    assert "spec." not in output and "Traceback" not in output
+    assert (await served.client.list_campaigns()).campaigns == [], "nothing was started"
+
+
 async def test_ledger_and_plot_read_the_ledger_recorded_events(served: ServedCampaigns, tmp_path: Path) -> None:
     started = await served.client.start_campaign(campaign_spec())
     handle = await served.loops.next_started()
