@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -55,7 +56,7 @@ class Announcer:
         self._table(services)
         # One plain line per service, stable for scripts: "<name> <address>".
         for row in services:
-            print(f"serving {row.name} {row.address}", flush=True)
+            _line(f"serving {row.name} {row.address}")
         unset = [tier for tier, *_, configured in self._models if not configured]
         for tier, model, endpoint, configured in self._models:
             if configured:
@@ -85,16 +86,23 @@ class Announcer:
     def restarted(self, name: str, services: Sequence[ServiceRow]) -> None:
         self._table(services)
         row = next(row for row in services if row.name == name)
-        print(f"restarted {row.name} {row.address}", flush=True)
+        _line(f"restarted {row.name} {row.address}")
 
     def stopping(self) -> None:
         self._console.print("stopping…")
 
     def stopped(self, name: str, status: int) -> None:
-        print(f"stopped {name}" + (f" ({describe_exit(status)})" if status else ""), flush=True)
+        _line(f"stopped {name}" + (f" ({describe_exit(status)})" if status else ""))
 
     def warning(self, message: str) -> None:
         self._console.print(f"[yellow]warning:[/yellow] {message}")
 
     def failed(self, reason: str) -> None:
         self._console.print(f"[red]quarry up failed:[/red] {reason}")
+
+
+def _line(text: str) -> None:
+    """One line for scripts, written whole in one write: the services' logs share the terminal, and under an
+    unbuffered stdout print's separate newline could land after another process's bytes."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
