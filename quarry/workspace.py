@@ -137,6 +137,7 @@ class Experiment:
 class GitState:
     branch: str
     head_commit: str
+    is_repo: bool = True  # the root is the top of a git working tree
 
 
 @dataclass(frozen=True)
@@ -270,7 +271,7 @@ class WorkspaceView:
 
 
 def _git(workspace: monitor_pb2.Workspace) -> GitState:
-    return GitState(workspace.git.branch, workspace.git.head_commit)
+    return GitState(workspace.git.branch, workspace.git.head_commit, workspace.git.is_repo)
 
 
 def _metric_spec(metric: MetricWanted) -> monitor_pb2.MetricSpec:

@@ -23,6 +23,8 @@ from quarry.v1 import campaign_pb2, campaign_pb2_grpc, supervisor_pb2, superviso
 from supervisor_svc.access.guard import CAMPAIGN_ACCESS, SUPERVISOR_ACCESS, api_guard
 from supervisor_svc.access.keys import active_keys
 from supervisor_svc.campaigns.loop import LoopDependencies, LoopSettings, loop_factory
+from supervisor_svc.campaigns.ports import monitor_lab
+from supervisor_svc.campaigns.preflight import monitor_preflight
 from supervisor_svc.campaigns.report import CampaignReports, Reports
 from supervisor_svc.campaigns.service import MAX_ACTIVE_CAMPAIGNS, CampaignLoopFactory, Campaigns
 from supervisor_svc.campaigns.servicer import CampaignServicer
@@ -130,14 +132,17 @@ async def build_host(
         allow_self_approval=settings.allow_self_approval,
     )
     monitor_channel = dial.channel(settings.monitor_address) if settings.monitor_address else None
+    preflight = None
     if campaign_loop is None and monitor_channel is not None:
+        monitor_client = MonitorClient(monitor_channel)
+        preflight = monitor_preflight(monitor_channel, monitor_lab(monitor_client), settings.monitor_address)
         campaign_loop = loop_factory(
             LoopDependencies(
                 model=model,
                 conversations=ConversationStore(database),
                 scratchpad=ResearchPlane(ScratchpadClient(channel)),
                 delegations=delegations,
-                monitor=MonitorClient(monitor_channel),
+                monitor=monitor_client,
                 settings=LoopSettings(think=ThinkSettings(parallel_delegations=settings.max_parallel_delegations)),
             )
         )
@@ -152,6 +157,7 @@ async def build_host(
             stream_poll_seconds=settings.stream_poll_seconds,
         ),
         campaign_signal,
+        preflight,
     )
     # The writer's reports, of any campaign in the store (the loop writes one at the end through its own).
     reports = CampaignReports(campaigns, Reports(ResearchPlane(ScratchpadClient(channel)), delegations))

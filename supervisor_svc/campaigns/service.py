@@ -40,6 +40,7 @@ from quarry.notify import CommitSignal
 from quarry.records.campaign import TrialRecord
 from supervisor_svc.campaigns import events
 from supervisor_svc.campaigns.events import Event
+from supervisor_svc.campaigns.preflight import Preflight
 from supervisor_svc.campaigns.spec import CampaignSpec, check_campaign_id, check_directive, reason_text, validate_spec
 from supervisor_svc.campaigns.state import CampaignRecord, CampaignState, DirectiveRecord, Phase, Progress
 from supervisor_svc.campaigns.store import CampaignLost, CampaignStore
@@ -135,9 +136,12 @@ class Campaigns:
         loop: CampaignLoopFactory | None,
         limits: HostLimits,
         signal: CommitSignal | None = None,
+        preflight: Preflight | None = None,
     ) -> None:
         self._store = store
         self._loop = loop
+        # Asks the monitor whether a campaign can run before it is accepted; None: nothing to ask.
+        self._preflight = preflight
         tenant = Tenant(
             kind="campaign",
             owner_prefix="campaigns",
@@ -163,6 +167,9 @@ class Campaigns:
         if request_id:
             ids.REQUEST_ID.require("request_id", request_id)
         spec = validate_spec(spec, datetime.now(UTC))
+        self._check_loop()
+        if self._preflight is not None:
+            await self._preflight(spec)
         created_by = current_principal_name()
         return await self._host.start_work(
             request_id, spec, lambda: self._create_and_launch(spec, request_id, created_by), ready=self._check_loop

@@ -570,16 +570,37 @@ async def test_a_protected_file_a_command_made_is_a_violation_and_the_campaign_s
     assert (lab.project / "labels.csv").read_text() == "x,y"
 
 
-async def test_a_workspace_the_monitor_refuses_pauses_the_campaign_with_the_reason(lab: Lab, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        (
+            "jobs refused",
+            "does not run jobs, so the campaign could never run its experiment: set "
+            "QUARRY_MONITOR_ALLOW_JOB_SUBMISSION=true where the monitor runs",
+        ),
+        ("root elsewhere", "add a directory above it to QUARRY_MONITOR_WORKSPACE_ROOTS"),
+        ("not a repository", "make it a git repository (`git init`, then commit the code)"),
+    ],
+)
+async def test_a_campaign_the_monitor_cannot_serve_is_refused_at_start_naming_what_to_change(
+    tmp_path: Path, model: ScriptedModel, case: str, said: str
+) -> None:
+    roots = tmp_path / "roots"
+    project = make_project(roots)
+    if case == "not a repository":
+        project = roots / "plain"
+        project.mkdir()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    campaign = await lab.campaigns.start_campaign(spec(elsewhere, cycles=3), request_id="lab-refused")
-    reason = ""
-    async for event in lab.campaigns.stream_campaign(campaign.campaign_id):  # a paused campaign's stream goes on
-        if event.HasField("paused"):
-            reason = event.paused.reason
-            break
-    assert "FAILED_PRECONDITION" in reason and "root" in reason, reason
-    paused = await lab.campaigns.get_campaign(campaign.campaign_id)
-    assert paused.state == campaign_pb2.CAMPAIGN_STATE_PAUSED
-    assert lab.script.times == []
+    monitor_settings = MonitorSettings(
+        address="127.0.0.1:0",
+        allow_job_submission=case != "jobs refused",
+        workspace_roots=[str((elsewhere if case == "root elsewhere" else roots).resolve())],
+    )
+    async with open_lab(tmp_path, model, project, monitor_settings) as lab:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await lab.campaigns.start_campaign(spec(project, cycles=3), request_id=f"refused-{case.split()[0]}")
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert said in (refused.value.details() or "")
+        assert (await lab.campaigns.list_campaigns()).campaigns == [], "nothing was accepted, so nothing pauses"
+        assert lab.script.times == [], "no model was asked"
