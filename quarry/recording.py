@@ -260,8 +260,9 @@ class ReplayAnswers(Protocol):
 
     async def answer(self, request: httpx.Request, body: bytes) -> httpx.Response: ...
 
-    async def before_append(self, author: str, kind: str, content: str) -> None:
-        """Waits (a bounded time) until the entries recorded before this one are in."""
+    async def before_append(self, author: str, kind: str, content: str, preview: str) -> None:
+        """Waits (a bounded time) until the entries recorded before this one are in; `preview` is what the run's
+        stream shows of the entry (quarry.records.research.entry_preview)."""
 
     def appended(self, sequence_no: int) -> None: ...
 

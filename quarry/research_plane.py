@@ -16,6 +16,7 @@ from quarry.clients.scratchpad import ScratchpadClient
 from quarry.convert import ENTRY_KINDS, entry_from_proto, principal_to_proto, source_to_proto
 from quarry.identity import Principal
 from quarry.recording import replay_in_force
+from quarry.records.research import entry_preview
 from quarry.v1 import scratchpad_pb2
 from quarry.vocabulary import Entry, EntryKind, Source
 
@@ -64,7 +65,7 @@ class ResearchPlane:
         replay = replay_in_force()
         if replay is not None:
             entry_kind = scratchpad_pb2.EntryKind.Name(ENTRY_KINDS.to_proto(kind))
-            await replay.before_append(author.principal_id, entry_kind, content)
+            await replay.before_append(author.principal_id, entry_kind, content, entry_preview(kind, content))
         response = await self._client.append(
             thread_id,
             kind=ENTRY_KINDS.to_proto(kind),

@@ -211,7 +211,8 @@ def print_warnings(console: Console, warnings: Iterable[supervisor_pb2.RunWarnin
         console.print(shown(_WARNINGS.get(warning.code, warning.message), "bold yellow"))
 
 
-def _summary(console: Console, event: supervisor_pb2.RunEvent) -> None:
+def summary(console: Console, event: supervisor_pb2.RunEvent) -> None:
+    """How a run ended: its report and citations, warnings and notes, or why it failed; then its usage."""
     payload = event.WhichOneof("payload")
     if payload == "completed":
         completed = event.completed
@@ -404,7 +405,7 @@ async def follow(
     if not as_json:
         for reason, count in view.failures().items():
             console.print(f"[yellow]{count} delegation(s) failed[/]: {safe_markup(reason)}")
-        _summary(console, last)
+        summary(console, last)
     return exit_code(last)
 
 

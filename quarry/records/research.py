@@ -15,6 +15,7 @@ ResearchTask's `input_refs`) it is written in decimal ("12"), a page by its URL.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from quarry.records.base import Record, RecordError
 from quarry.vocabulary import EntryKind, Tier
 
 __all__ = [
+    "PREVIEW_CHARS",
     "RECORD_TYPES",
     "SENTENCE_REF",
     "TASK_KINDS",
@@ -59,6 +61,7 @@ __all__ = [
     "TaskKind",
     "UsageObserved",
     "VerifiedQuote",
+    "entry_preview",
     "parse_record",
 ]
 
@@ -660,6 +663,20 @@ def parse_record(kind: EntryKind, content: str | bytes) -> ResearchRecord:
     if record is None:
         raise RecordError([f"ENTRY_KIND_{kind.name} entries hold no research record"])
     return record.parse(content)
+
+
+# How much of an entry a run's stream shows.
+PREVIEW_CHARS = 500
+
+
+def entry_preview(kind: EntryKind, content: str) -> str:
+    """What a person following a run reads of an entry: a ledger record's headline, else its text, cut at a word
+    (a replay matches an append to its recorded entry by this)."""
+    text = content
+    if kind in RECORD_TYPES:
+        with contextlib.suppress(ValueError):  # a record this build cannot read is shown as it is
+            text = parse_record(kind, content).headline()
+    return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS].rsplit(" ", 1)[0] + "…"
 
 
 @dataclass(frozen=True)

@@ -145,18 +145,20 @@ class ReplaySource:
         self._wake()
         return self._response(self.recording.exchanges[index])
 
-    async def before_append(self, author: str, kind: str, content: str) -> None:
+    async def before_append(self, author: str, kind: str, content: str, preview: str) -> None:
         """Holds an append until the entries recorded before it are in, so that parallel agents' entries take
         their recorded numbers; one that never comes holds it for the order wait at most.
 
-        The entry is the author's next recorded one of its kind whose recorded preview its content begins with
-        (the supervisor writes one assignment per delegation, in whatever order they get there), else the
-        author's next one of its kind."""
+        The entry is the author's next recorded one of its kind whose recorded preview is its preview (a ledger
+        record's headline), or begins its content (prose, and recordings made before previews were headlines),
+        the supervisor writing one assignment per delegation in whatever order they get there; else the author's
+        next one of its kind."""
         planned = self._entries.get((self._as_recorded(author), kind))
         if not planned:
             return  # an entry the recording lacks: the replay differs, and says so where it shows
-        text = self._as_recorded(content)
-        chosen = next((n for n, (_, preview) in enumerate(planned) if text.startswith(preview)), 0)
+        text, shown = self._as_recorded(content), self._as_recorded(preview).removesuffix("…")
+        # A recording's preview is the entry's headline; an older recording's, the start of its text.
+        chosen = next((n for n, (_, preview) in enumerate(planned) if preview == shown or text.startswith(preview)), 0)
         expected, _ = planned.pop(chosen)
         progress = self._condition()
         with contextlib.suppress(TimeoutError):

@@ -7,7 +7,6 @@ reach a client as something to execute.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -20,7 +19,7 @@ from quarry.convert import (
     usage_to_proto,
     verification_to_proto,
 )
-from quarry.records.research import RECORD_TYPES, parse_record
+from quarry.records.research import entry_preview
 from quarry.v1 import common_pb2, supervisor_pb2
 from quarry.vocabulary import DelegationResult, Entry
 from supervisor_svc.runs.domain import (
@@ -33,8 +32,6 @@ from supervisor_svc.runs.domain import (
     RunUsage,
     RunWarning,
 )
-
-_PREVIEW_CHARS = 500
 
 
 class PublicEvent:
@@ -126,12 +123,7 @@ def delegation_ended(result: DelegationResult) -> PublicEvent:
 
 
 def preview(entry: Entry) -> str:
-    """What a person following the run reads of an entry: a ledger record's headline, else its text, cut at a word."""
-    text = entry.content
-    if entry.kind in RECORD_TYPES:
-        with contextlib.suppress(ValueError):  # a record this build cannot read is shown as it is
-            text = parse_record(entry.kind, entry.content).headline()
-    return text if len(text) <= _PREVIEW_CHARS else text[:_PREVIEW_CHARS].rsplit(" ", 1)[0] + "…"
+    return entry_preview(entry.kind, entry.content)
 
 
 def scratchpad_entry(entry: Entry) -> PublicEvent:

@@ -8,7 +8,7 @@ import re
 import pytest
 from rich.console import Console, RenderableType
 
-from quarry.cli.ask import RunView, _summary
+from quarry.cli.ask import RunView, summary
 from quarry.cli.doctor import Verdict, print_verdict
 from quarry.cli.lab.commands import _show
 from quarry.cli.lab.view import CampaignView, ledger_table
@@ -85,7 +85,7 @@ def test_quarry_ask_live_view_and_summary_show_model_text_literally() -> None:
     for event in (completed, failed):
         console = terminal()
         with console.capture() as captured:
-            _summary(console, event)
+            summary(console, event)
         assert_harmless(captured.get())
 
 

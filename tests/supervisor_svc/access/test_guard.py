@@ -32,8 +32,8 @@ PRINCIPALS = {ApiRole.READER: "rita", ApiRole.RESEARCHER: "rob", ApiRole.OPERATO
 
 @pytest.fixture(scope="module")
 def supervisor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServiceProcess, Path]]:
-    """A supervisor that can run campaigns (a monitor address: nothing listens there, no campaign gets far)
-    and accepts one key per role."""
+    """A supervisor that can run campaigns (a monitor address: nothing listens there, so the preflight refuses
+    every campaign that gets past the guard) and accepts one key per role."""
     data_dir = tmp_path_factory.mktemp("guarded")
     env = {
         "QUARRY_DATA_DIR": str(data_dir),
@@ -88,8 +88,11 @@ async def test_each_role_may_call_its_methods_and_every_role_reads(supervisor: t
         assert (await runs.get_run(run.run_id)).created_by == "rob"
         await expect_error(runs.cancel_run(run.run_id), grpc.StatusCode.PERMISSION_DENIED)
     async with CampaignsClient.connect(address, api_key=KEYS[ApiRole.OPERATOR]) as campaigns:
-        campaign = await campaigns.start_campaign(campaign_spec(), request_id="ops-start")
-    assert campaign.created_by == "ops"
+        # Past the guard: the operator's campaign reaches the preflight, which finds no monitor there.
+        error = await expect_error(
+            campaigns.start_campaign(campaign_spec(), request_id="ops-start"), grpc.StatusCode.UNAVAILABLE
+        )
+    assert "does not answer, so no campaign can run" in (error.details() or "")
 
 
 async def test_a_stored_key_works_at_once_and_is_refused_once_revoked(supervisor: tuple[ServiceProcess, Path]) -> None:
