@@ -85,11 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
         "the supervisor's HOST:PORT (default: QUARRY_SUPERVISOR_ADDRESS, else where the quarry up running on the "
         "data directory serves, else 127.0.0.1:7410)"
     )
-    ask = commands.add_parser("ask", parents=[data_dir], help="research a question and follow the run live")
-    ask.add_argument("question", help="the question to research, in quotes")
-    ask.add_argument("--address", help=address_help)
-    ask.add_argument("--json", action="store_true", help="print one JSON object per event instead")
-    ask.add_argument(
+    # What the commands that follow a run share.
+    following = argparse.ArgumentParser(add_help=False)
+    following.add_argument("--json", action="store_true", help="print one JSON object per event instead")
+    following.add_argument(
         "--wait-for-supervisor",
         type=float,
         default=120.0,
@@ -97,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long to wait for a supervisor that went away mid-run before leaving the run to `quarry runs "
         "watch` (default 120)",
     )
+    ask = commands.add_parser("ask", parents=[data_dir, following], help="research a question and follow the run live")
+    ask.add_argument("question", help="the question to research, in quotes")
+    ask.add_argument("--address", help=address_help)
     ask.add_argument("--max-turns", type=int, default=0, help="bound on supervisor turns (default 12)")
     ask.add_argument(
         "--max-worker-turns",
@@ -146,17 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     runs_show.add_argument("--json", action="store_true", help="print the run as JSON")
     runs_show.add_argument("--address", help=address_help)
     runs_watch = runs_commands.add_parser(
-        "watch", parents=[data_dir], help="follow a run live to its end (Ctrl-C leaves it running)"
+        "watch", parents=[data_dir, following], help="follow a run live to its end (Ctrl-C leaves it running)"
     )
     runs_watch.add_argument("run_id", help=RUN_ID)
-    runs_watch.add_argument("--json", action="store_true", help="print one JSON object per event instead")
-    runs_watch.add_argument(
-        "--wait-for-supervisor",
-        type=float,
-        default=120.0,
-        metavar="SECONDS",
-        help="how long to wait for a supervisor that goes away (default 120)",
-    )
     runs_watch.add_argument("--address", help=address_help)
     runs_approve = runs_commands.add_parser(
         "approve", parents=[data_dir], help="approve a run awaiting approval: it completes with its report"
