@@ -37,6 +37,7 @@ __all__ = [
     "create_server",
     "serve_until_signalled",
     "service_host",
+    "stop_signals",
 ]
 
 log = logging.getLogger(__name__)
@@ -327,12 +328,22 @@ def _freeze_startup_heap() -> None:
     gc.freeze()
 
 
-async def serve_until_signalled(host: ServiceHost) -> None:
-    """Start `host` and run until SIGTERM or SIGINT, then shut it down gracefully."""
+def stop_signals() -> asyncio.Event:
+    """An event SIGTERM and SIGINT set from now on, in the running loop (its handlers stay until the loop's
+    owner removes them): installed before a service is built, a Ctrl-C while it builds stops it once built,
+    instead of cancelling whatever step the build was in."""
     loop = asyncio.get_running_loop()
     requested = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, requested.set)
+    return requested
+
+
+async def serve_until_signalled(host: ServiceHost, requested: asyncio.Event | None = None) -> None:
+    """Start `host` and run until SIGTERM or SIGINT (`requested`, when the signals were taken in hand before the
+    host was built), then shut it down gracefully."""
+    loop = asyncio.get_running_loop()
+    requested = requested or stop_signals()
     try:
         await host.start()
         _freeze_startup_heap()

@@ -16,7 +16,7 @@ from quarry.cli.registry import ServiceSpec
 from quarry.config import ConfigurationError, QuarrySettings, ServiceSettings
 from quarry.credentials import keep_private
 from quarry.db import UnsupportedDatabase
-from quarry.server import ServiceHost, serve_until_signalled
+from quarry.server import ServiceHost, serve_until_signalled, stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ def serve(
         return 1
 
     async def build_and_serve() -> int:
-        return await _serve(await spec.build(settings, common), port_file)
+        requested = stop_signals()  # first: a Ctrl-C while the service builds stops it once built
+        return await _serve(await spec.build(settings, common), port_file, requested)
 
     try:
         return asyncio.run(build_and_serve())
@@ -95,7 +96,7 @@ def configure_logging(common: QuarrySettings, service: str, settings: ServiceSet
     logging.basicConfig(level=common.log_level.upper(), handlers=[handler], force=True)
 
 
-async def _serve(host: ServiceHost, port_file: Path | None) -> int:
+async def _serve(host: ServiceHost, port_file: Path | None, requested: asyncio.Event) -> int:
     async def announce_port() -> None:
         await host.wait_started()
         if port_file is not None:
@@ -105,7 +106,7 @@ async def _serve(host: ServiceHost, port_file: Path | None) -> int:
 
     announcer = asyncio.create_task(announce_port())
     try:
-        await serve_until_signalled(host)
+        await serve_until_signalled(host, requested)
     finally:
         announcer.cancel()
     return 0
