@@ -6,6 +6,7 @@ or more on a busy machine) ends the command as quietly as one later.
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -18,6 +19,10 @@ EXIT_INTERRUPTED = 130
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The `quarry` command; a Ctrl-C that no command has taken charge of ends it without a traceback."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Ignored by the parent (a test runner's worker, a shell's background job), so Python left it ignored: the
+        # commands take SIGINT over once they run anyway, and a Ctrl-C while they load would be lost.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         # The arguments first, with nothing heavy loaded: `--help` and a mistyped flag answer at once.
         from quarry.cli.arguments import build_parser
