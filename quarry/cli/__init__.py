@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -19,7 +20,7 @@ EXIT_INTERRUPTED = 130
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The `quarry` command; a Ctrl-C that no command has taken charge of ends it without a traceback."""
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
         # Ignored by the parent (a test runner's worker, a shell's background job), so Python left it ignored: the
         # commands take SIGINT over once they run anyway, and a Ctrl-C while they load would be lost.
         signal.signal(signal.SIGINT, signal.default_int_handler)
