@@ -119,7 +119,7 @@ def embedded_share(text: str, pieces: list[tuple[int, str]], title: str, size: P
     return held / wanted
 
 
-def _stem(word: str) -> str:
+def stem(word: str) -> str:
     """A word less its commonest English endings, so that `towers` finds `tower` (a little of what porter does)."""
     word = word.lower()
     for ending in ("ing", "ed", "es", "s"):
@@ -135,7 +135,7 @@ def snippet(text: str, query: str, passage: int | None) -> str:
     if len(text) <= SNIPPET_CHARS:
         return _collapsed(text)
     words = [word.lower() for word in re.findall(r"\w+", query)]
-    stems = {_stem(word) for word in ([word for word in words if word not in COMMON_WORDS] or words)}
+    stems = {stem(word) for word in ([word for word in words if word not in COMMON_WORDS] or words)}
     begin = passage or 0
     if stems:
         alternatives = "|".join(re.escape(stem) for stem in sorted(stems, key=len, reverse=True))

@@ -23,7 +23,7 @@ import httpx
 
 from quarry.config import WorkerSettings
 from quarry.literature import arxiv_id
-from worker_svc.corpus.text import COMMON_WORDS
+from worker_svc.corpus.text import COMMON_WORDS, stem
 from worker_svc.web.search import (
     ATOM,
     MAX_LITERATURE_RESULTS,
@@ -109,14 +109,7 @@ def s2_paper(data: Any) -> Paper | None:
 
 def _terms(text: str) -> set[str]:
     words = re.findall(r"[a-z0-9]+", text.lower())
-    return {_fold(word) for word in words if word not in COMMON_WORDS and len(word) > 1}
-
-
-def _fold(word: str) -> str:
-    for ending in ("ing", "ed", "es", "s"):
-        if word.endswith(ending) and len(word) - len(ending) >= 3:
-            return word[: -len(ending)]
-    return word
+    return {stem(word) for word in words if word not in COMMON_WORDS and len(word) > 1}
 
 
 def rank(papers: list[Paper], topic: str) -> list[Paper]:
